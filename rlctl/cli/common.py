@@ -1,0 +1,30 @@
+"""Small helpers shared by the cli modules (stdlib + typer only)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import typer
+
+from rlctl.errors import UsageError
+
+FORMATS = ("text", "json")
+
+
+def emit(data, fmt: str, *, text: str | None = None) -> None:
+    """Print `data` as JSON (`--format json`) or `text` for people."""
+    if fmt not in FORMATS:
+        raise UsageError(f"--format {fmt!r} is not one of {', '.join(FORMATS)}")
+    if fmt == "json":
+        typer.echo(json.dumps(data, indent=2, default=str))
+    elif text is not None:
+        typer.echo(text)
+
+
+def refuse_overwrite(path: Path, force: bool) -> None:
+    """Refuse to write into an existing non-empty folder or over a file unless --force."""
+    if path.exists() and not path.is_dir():
+        raise UsageError(f"{path} exists and is not a folder", hint="choose another path.")
+    if path.is_dir() and any(path.iterdir()) and not force:
+        raise UsageError(f"{path} is not empty", hint="pass --force to overwrite, or choose another path.")

@@ -1,0 +1,83 @@
+"""The `rlctl` command line: one typer app, commands registered from small modules.
+
+Nothing here (or in any cli module at import time) imports torch, ray, transformers or peft:
+`rlctl --help` must stay fast. Heavy imports happen inside command bodies.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+
+import typer
+
+from rlctl import __version__
+from rlctl.errors import EXIT_INTERNAL, EXIT_INTERRUPTED, Interrupted, RlctlError
+
+app = typer.Typer(
+    name="rlctl",
+    help="RL post-training of LLMs: init -> data prep -> config validate -> train -> merge -> serve.\n\n"
+         "Example: rlctl init myproj --recipe grpo-gsm8k",
+    no_args_is_help=True,
+    add_completion=True,
+    pretty_exceptions_enable=False,
+    rich_markup_mode="rich",
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
+
+
+def _version(value: bool) -> None:
+    if value:
+        typer.echo(f"rlctl {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(version: bool = typer.Option(False, "--version", callback=_version, is_eager=True,
+                                       help="Print the version and exit.")) -> None:
+    """RL post-training of LLMs from the command line."""
+
+
+# Each module adds its commands to `app`; keep this list in help order.
+from rlctl.cli import project as _project  # noqa: E402
+from rlctl.cli import config_cmd as _config_cmd  # noqa: E402
+from rlctl.cli import model_cmd as _model_cmd  # noqa: E402
+
+for _module in (_project, _config_cmd, _model_cmd):
+    _module.register(app)
+
+
+def _raise_interrupted(signum, _frame):
+    raise Interrupted("interrupted", exit_code=128 + signum)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Console-script entry: known errors become one line and their exit code."""
+    debug = os.environ.get("RLCTL_DEBUG", "") not in ("", "0")
+    signal.signal(signal.SIGTERM, _raise_interrupted)
+    try:
+        app(args=argv, prog_name="rlctl")
+    except SystemExit as e:
+        return e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+    except RlctlError as e:
+        if debug:
+            import traceback
+            traceback.print_exc()
+        msg = e.message if e.hint is None else f"{e.message} {e.hint}"
+        print(f"error: {msg}", file=sys.stderr)
+        return e.exit_code
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except Exception:  # a bug: show it in full so it can be reported
+        import traceback
+        traceback.print_exc()
+        print("error: internal error (a bug in rlctl); please report it with the traceback above",
+              file=sys.stderr)
+        return EXIT_INTERNAL
+    return 0
+
+
+def run() -> None:  # pragma: no cover - exercised through the console script
+    sys.exit(main())

@@ -1,0 +1,44 @@
+"""`rlctl model tiny`: an offline tiny model for smoke runs, CI and tests."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from rlctl.cli.common import emit, refuse_overwrite
+
+model_app = typer.Typer(help="Model utilities.", no_args_is_help=True)
+
+
+@model_app.command("tiny")
+def tiny(
+    out: Path = typer.Argument(..., help="Folder to write the model into."),
+    layers: int = typer.Option(2, min=1, help="Transformer layers."),
+    hidden: int = typer.Option(64, min=8, help="Hidden size (a multiple of --heads)."),
+    heads: int = typer.Option(4, min=1, help="Attention heads."),
+    kv_heads: int = typer.Option(2, min=1, help="Key/value heads (divides --heads)."),
+    untied: bool = typer.Option(False, "--untied", help="Separate lm_head instead of tied embeddings."),
+    seed: int = typer.Option(0, help="Initialisation seed (same seed, same weights)."),
+    force: bool = typer.Option(False, "--force", help="Overwrite a non-empty OUT."),
+    fmt: str = typer.Option("text", "--format", help="text or json."),
+) -> None:
+    """Write a tiny random Qwen2 model with a byte-level tokenizer, fully offline.
+
+    Example: rlctl model tiny models/tiny --layers 2 --hidden 64
+    """
+    from rlctl.errors import UsageError
+
+    if hidden % heads or heads % kv_heads:
+        raise UsageError(f"--hidden {hidden} / --heads {heads} / --kv-heads {kv_heads} do not divide",
+                         hint="hidden must be a multiple of heads, and heads a multiple of kv-heads.")
+    refuse_overwrite(out, force)
+    from rlctl.models.tiny import build_tiny_model
+
+    info = build_tiny_model(out, layers=layers, hidden=hidden, heads=heads, kv_heads=kv_heads,
+                            tie_embeddings=not untied, seed=seed)
+    emit(info, fmt, text=f"wrote a tiny Qwen2 model ({info['params']:,} parameters) to {out}")
+
+
+def register(app: typer.Typer) -> None:
+    app.add_typer(model_app, name="model")

@@ -1,0 +1,202 @@
+"""The typed, frozen config of rlctl.toml: the only place defaults live.
+
+Sections are dataclasses; a nested section (`model.lora`) is a dataclass-typed field. Each field
+carries its help text and bounds in `metadata`, which the loader (validation), `config schema`
+(JSON schema) and the docs read. Nothing else in rlctl calls `cfg.get(key, default)`.
+
+Batch-size units follow verl: `data.batch_size` and `actor.mini_batch_size` count prompts;
+`actor.micro_batch_size` counts sequences per worker per forward/backward.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields, is_dataclass
+from typing import Any
+
+
+def opt(default: Any, help: str, *, ge=None, gt=None, le=None, lt=None, choices=None,
+        required: bool = False, path: bool = False) -> Any:
+    """A config field with its help text, bounds and allowed values in `metadata`."""
+    meta = {"help": help, "ge": ge, "gt": gt, "le": le, "lt": lt, "choices": choices,
+            "required": required, "path": path}
+    if isinstance(default, (list, tuple)):
+        return field(default_factory=lambda: tuple(default), metadata=meta)
+    return field(default=default, metadata=meta)
+
+
+LOSS_AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
+KL_TYPES = ("k1", "kl", "abs", "k2", "mse", "k3", "low_var_kl")
+ADV_ESTIMATORS = ("gae", "grpo", "rloo", "remax", "reinforce_plus_plus", "reinforce_plus_plus_baseline")
+LOGGERS = ("console", "jsonl", "tensorboard", "wandb")
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    name: str = opt("run", "Run name; the run folder is <output_dir>/<name>.")
+    output_dir: str = opt("runs", "Folder that holds run folders (relative to the config file).", path=True)
+    seed: int = opt(42, "Seed for data order, sampling and initialisation.", ge=0)
+    total_steps: int = opt(0, "Training steps; 0 means total_epochs x steps per epoch.", ge=0)
+    total_epochs: int = opt(1, "Epochs over the training data when total_steps is 0.", ge=1)
+    save_every: int = opt(0, "Checkpoint every N steps (0 = only at the end and on interrupt).", ge=0)
+    keep_last: int = opt(2, "Checkpoints to keep (0 = keep all).", ge=0)
+    val_every: int = opt(0, "Validate every N steps (0 = only at the end).", ge=0)
+    val_before_train: bool = opt(False, "Validate once before the first step.")
+    loggers: tuple = opt(("console", "jsonl"), "Metric sinks.", choices=LOGGERS)
+    log_samples: int = opt(4, "Prompt/response pairs written to samples.jsonl per step.", ge=0)
+
+
+@dataclass(frozen=True)
+class LoraConfig:
+    rank: int = opt(0, "LoRA rank; 0 means full fine-tuning.", ge=0, le=4096)
+    alpha: float = opt(16.0, "LoRA alpha (scaling = alpha / rank).", gt=0)
+    dropout: float = opt(0.0, "LoRA dropout.", ge=0, lt=1)
+    target_modules: tuple = opt(("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"),
+                                "Module names that get adapters (or [\"all-linear\"]).")
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    path: str = opt("", "Hugging Face model id or local folder.", required=True)
+    dtype: str = opt("auto", "Training dtype; auto = bfloat16 on GPU, float32 on CPU.",
+                     choices=("auto", "float32", "bfloat16", "float16"))
+    gradient_checkpointing: bool = opt(False, "Recompute activations in backward to save memory.")
+    trust_remote_code: bool = opt(False, "Allow model code from the hub (runs that code).")
+    lora: LoraConfig = field(default_factory=LoraConfig, metadata={"help": "LoRA adapters."})
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    train_files: tuple = opt((), "Training parquet files (verl schema).", required=True, path=True)
+    val_files: tuple = opt((), "Validation parquet files.", path=True)
+    max_prompt_length: int = opt(512, "Longest prompt in tokens after the chat template.", ge=1)
+    max_response_length: int = opt(512, "Longest generated response in tokens.", ge=1)
+    batch_size: int = opt(8, "Prompts per training step.", ge=1)
+    overlong_prompts: str = opt("filter", "What to do with prompts over max_prompt_length.",
+                                choices=("filter", "error", "truncate"))
+    shuffle: bool = opt(True, "Shuffle the training data every epoch (seeded).")
+    val_batch_size: int = opt(64, "Prompts per validation generation batch.", ge=1)
+
+
+@dataclass(frozen=True)
+class DynamicSamplingConfig:
+    enable: bool = opt(False, "DAPO: keep only groups whose metric varies; regenerate to fill the batch.")
+    metric: str = opt("score", "Per-sample metric whose within-group spread decides.", choices=("score", "acc"))
+    max_gen_batches: int = opt(4, "Generation rounds per step before training on what there is.", ge=1)
+
+
+@dataclass(frozen=True)
+class AlgorithmConfig:
+    name: str = opt("grpo", "Advantage estimator.", choices=ADV_ESTIMATORS)
+    gamma: float = opt(1.0, "Discount factor.", ge=0, le=1)
+    lam: float = opt(1.0, "GAE lambda.", ge=0, le=1)
+    norm_adv_by_std: bool = opt(True, "GRPO: divide by the group std (False = Dr. GRPO).")
+    kl_in_reward: bool = opt(False, "Subtract kl_coef x KL(actor || ref) from token rewards.")
+    kl_coef: float = opt(0.001, "KL-in-reward coefficient (initial value when adaptive).", ge=0)
+    kl_type: str = opt("kl", "KL estimator for the in-reward penalty.", choices=KL_TYPES)
+    kl_ctrl: str = opt("fixed", "KL-in-reward coefficient controller.", choices=("fixed", "adaptive"))
+    kl_target: float = opt(0.1, "Adaptive controller: target KL.", gt=0)
+    kl_horizon: int = opt(10000, "Adaptive controller: horizon in samples.", ge=1)
+    dynamic_sampling: DynamicSamplingConfig = field(default_factory=DynamicSamplingConfig,
+                                                    metadata={"help": "DAPO dynamic sampling."})
+
+
+@dataclass(frozen=True)
+class ActorConfig:
+    lr: float = opt(1e-6, "Learning rate.", gt=0, le=1)
+    warmup_steps: int = opt(0, "Linear warm-up steps.", ge=0)
+    lr_schedule: str = opt("constant", "LR schedule after warm-up.", choices=("constant", "cosine"))
+    min_lr_ratio: float = opt(0.0, "Cosine floor as a fraction of lr.", ge=0, le=1)
+    weight_decay: float = opt(0.01, "AdamW weight decay.", ge=0)
+    grad_clip: float = opt(1.0, "Clip the global gradient norm (0 = off).", ge=0)
+    ppo_epochs: int = opt(1, "Passes over each rollout batch.", ge=1)
+    mini_batch_size: int = opt(0, "Prompts per optimizer step (0 = data.batch_size, one step per rollout).", ge=0)
+    micro_batch_size: int = opt(4, "Sequences per worker per forward/backward (gradient accumulation).", ge=1)
+    policy_loss: str = opt("vanilla", "Policy loss.", choices=("vanilla", "gspo"))
+    clip_ratio_low: float = opt(0.2, "PPO clip below 1 (ratio >= 1 - low).", ge=0, lt=1)
+    clip_ratio_high: float = opt(0.2, "PPO clip above 1 (ratio <= 1 + high); DAPO clip-higher uses 0.28.", ge=0)
+    clip_ratio_c: float = opt(3.0, "Dual-clip bound for negative advantages (> 1).", gt=1)
+    loss_agg_mode: str = opt("token-mean", "How token losses are aggregated.", choices=LOSS_AGG_MODES)
+    entropy_coef: float = opt(0.0, "Entropy bonus coefficient.", ge=0)
+    use_kl_loss: bool = opt(False, "Add kl_loss_coef x KL(actor || ref) to the loss (GRPO).")
+    kl_loss_coef: float = opt(0.001, "KL-loss coefficient.", ge=0)
+    kl_loss_type: str = opt("low_var_kl", "KL estimator for the KL loss.", choices=KL_TYPES)
+
+
+@dataclass(frozen=True)
+class CriticConfig:
+    model_path: str = opt("", "Critic model (empty = model.path); a value head is added.")
+    lr: float = opt(1e-5, "Learning rate.", gt=0, le=1)
+    warmup_steps: int = opt(0, "Linear warm-up steps.", ge=0)
+    weight_decay: float = opt(0.01, "AdamW weight decay.", ge=0)
+    grad_clip: float = opt(1.0, "Clip the global gradient norm (0 = off).", ge=0)
+    ppo_epochs: int = opt(1, "Passes over each rollout batch.", ge=1)
+    mini_batch_size: int = opt(0, "Prompts per optimizer step (0 = data.batch_size).", ge=0)
+    micro_batch_size: int = opt(4, "Sequences per worker per forward/backward.", ge=1)
+    value_clip: float = opt(0.5, "Clip value predictions to values +- value_clip.", gt=0)
+    loss_agg_mode: str = opt("token-mean", "How token losses are aggregated.", choices=LOSS_AGG_MODES)
+
+
+@dataclass(frozen=True)
+class RolloutConfig:
+    engine: str = opt("hf", "Generation engine.", choices=("hf", "vllm", "sglang"))
+    n: int = opt(1, "Samples per prompt (group size).", ge=1)
+    temperature: float = opt(1.0, "Sampling temperature.", ge=0)
+    top_p: float = opt(1.0, "Nucleus sampling mass.", gt=0, le=1)
+    top_k: int = opt(0, "Top-k sampling (0 = off).", ge=0)
+    val_temperature: float = opt(0.0, "Validation temperature (0 = greedy).", ge=0)
+    val_n: int = opt(1, "Validation samples per prompt.", ge=1)
+    gpu_memory_utilization: float = opt(0.5, "vLLM/SGLang: share of GPU memory for the engine.", gt=0, le=1)
+    tensor_parallel_size: int = opt(1, "vLLM/SGLang tensor-parallel size.", ge=1)
+
+
+@dataclass(frozen=True)
+class OverlongConfig:
+    enable: bool = opt(False, "DAPO overlong shaping: penalise responses in the last buffer_len tokens.")
+    buffer_len: int = opt(64, "Tokens before max_response_length where the penalty ramps up.", ge=1)
+    penalty_factor: float = opt(1.0, "Penalty at max_response_length.", ge=0)
+
+
+@dataclass(frozen=True)
+class RewardConfig:
+    function: str = opt("", "Empty = built-in scorer by data_source; or \"file.py:fn\" (verl signature).")
+    format_score: float = opt(0.0, "Built-ins: score for a well-formed but wrong answer.")
+    timeout_s: float = opt(10.0, "Per-sample timeout.", gt=0)
+    on_error: str = opt("fail", "A reward that raises, hangs or returns junk: stop (fail) or score 0 (zero).",
+                        choices=("fail", "zero"))
+    workers: int = opt(2, "Reward process-pool size.", ge=1)
+    overlong: OverlongConfig = field(default_factory=OverlongConfig, metadata={"help": "DAPO overlong shaping."})
+
+
+@dataclass(frozen=True)
+class ResourcesConfig:
+    address: str = opt("", "Ray address: empty = embedded Ray; 'auto' or 'ray://host:port' joins a cluster.")
+    nodes: int = opt(1, "Nodes to spread workers over.", ge=1)
+    gpus_per_node: int = opt(0, "GPUs per node (0 = CPU training).", ge=0)
+    workers: int = opt(1, "Data-parallel workers per role.", ge=1)
+    cpus_per_worker: int = opt(1, "CPU cores per worker (torch threads).", ge=1)
+    colocate: bool = opt(True, "Critic shares the actor's workers (else its own group).")
+
+
+@dataclass(frozen=True)
+class Config:
+    run: RunConfig = field(default_factory=RunConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
+    actor: ActorConfig = field(default_factory=ActorConfig)
+    critic: CriticConfig = field(default_factory=CriticConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    reward: RewardConfig = field(default_factory=RewardConfig)
+    resources: ResourcesConfig = field(default_factory=ResourcesConfig)
+
+
+SECTIONS = tuple(f.name for f in fields(Config))
+
+
+def iter_keys(cls=Config, prefix: str = ""):
+    """Yield (dotted_key, dataclass_field) for every leaf key of the schema."""
+    for f in fields(cls):
+        if is_dataclass(f.type) or (isinstance(f.default_factory, type) and is_dataclass(f.default_factory)):
+            yield from iter_keys(f.default_factory, prefix + f.name + ".")
+        else:
+            yield prefix + f.name, f

@@ -1,0 +1,88 @@
+"""`rlctl model tiny`: a deterministic, random-initialised Qwen2 model, built fully offline.
+
+Tests, CI and the demo need a real Hugging Face model folder without a hub. The tokenizer is
+byte-level (one token per UTF-8 byte, ids 0..255) plus four special tokens, with a ChatML chat
+template, so `apply_chat_template` and round-trip decoding work like a real chat model's.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|pad|>")
+CHAT_TEMPLATE = (
+    "{% for message in messages %}"
+    "{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+
+
+def _byte_alphabet() -> dict[int, str]:
+    """The reversible byte -> printable character map that byte-level BPE tokenizers use."""
+    printable = [*range(33, 127), *range(161, 173), *range(174, 256)]
+    table, extra = {}, 0
+    for b in range(256):
+        if b in printable:
+            table[b] = chr(b)
+        else:
+            table[b] = chr(256 + extra)
+            extra += 1
+    return table
+
+
+def build_tokenizer(max_length: int = 2048):
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {ch: b for b, ch in _byte_alphabet().items()}
+    core = Tokenizer(models.BPE(vocab=vocab, merges=[], fuse_unk=False))
+    core.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    core.decoder = decoders.ByteLevel()
+    core.add_special_tokens(list(SPECIAL_TOKENS))  # ids 256..259
+    tok = PreTrainedTokenizerFast(
+        tokenizer_object=core, eos_token="<|im_end|>", pad_token="<|pad|>", bos_token=None,
+        unk_token=None, additional_special_tokens=["<|endoftext|>", "<|im_start|>"],
+        model_max_length=max_length, padding_side="left", clean_up_tokenization_spaces=False,
+    )
+    tok.chat_template = CHAT_TEMPLATE
+    return tok
+
+
+def build_tiny_model(out: str | os.PathLike, *, layers: int = 2, hidden: int = 64, heads: int = 4,
+                     kv_heads: int = 2, intermediate: int | None = None, max_positions: int = 2048,
+                     tie_embeddings: bool = True, seed: int = 0) -> dict:
+    """Write a tiny Qwen2ForCausalLM + tokenizer to `out`; returns a summary dict.
+
+    The same arguments always give bitwise-identical weights (seeded CPU init, float32).
+    """
+    import torch
+    from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
+
+    tok = build_tokenizer(max_positions)
+    eos, eot = tok.convert_tokens_to_ids("<|im_end|>"), tok.convert_tokens_to_ids("<|endoftext|>")
+    cfg = Qwen2Config(
+        vocab_size=len(tok), hidden_size=hidden, intermediate_size=intermediate or 4 * hidden,
+        num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=kv_heads,
+        max_position_embeddings=max_positions, rope_theta=10000.0, rms_norm_eps=1e-6,
+        tie_word_embeddings=tie_embeddings, initializer_range=0.02, use_cache=True,
+        bos_token_id=None, eos_token_id=eos, pad_token_id=tok.pad_token_id,
+    )
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = Qwen2ForCausalLM(cfg).to(torch.float32)
+    model.generation_config = GenerationConfig(
+        eos_token_id=[eos, eot], pad_token_id=tok.pad_token_id, bos_token_id=None,
+        do_sample=True, temperature=1.0, top_p=1.0, top_k=0,
+    )
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out, safe_serialization=True)
+    tok.save_pretrained(out)
+    info = {"path": str(out), "params": sum(p.numel() for p in model.parameters()), "layers": layers,
+            "hidden": hidden, "heads": heads, "kv_heads": kv_heads, "vocab": len(tok),
+            "tied_embeddings": tie_embeddings, "seed": seed}
+    (out / "rlctl_tiny.json").write_text(json.dumps(info, indent=1) + "\n")
+    return info
