@@ -1,5 +1,143 @@
-"""(being written)"""
+"""`rlctl config validate | show | schema`."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+
+from rlctl.cli.common import emit
+
+config_app = typer.Typer(help="Check, show and describe rlctl.toml.", no_args_is_help=True)
+
+FILE_ARG = typer.Argument(None, help="Config file or project folder (default ./rlctl.toml).", show_default=False)
+OVERRIDES_ARG = typer.Argument(None, help="Overrides as section.key=value, e.g. actor.lr=1e-6.",
+                               show_default=False)
 
 
-def register(app):
-    pass
+def split_file_and_overrides(file: Optional[str], overrides: Optional[List[str]]) -> tuple[Path, list[str]]:
+    """`rlctl config validate actor.lr=1` has no file: the first word is then an override."""
+    from rlctl.config.loader import find_config
+
+    words = list(overrides or [])
+    if file is not None and "=" in file and not Path(file).exists():
+        words.insert(0, file)
+        file = None
+    return find_config(file), words
+
+
+def load_checked(file: Optional[str], overrides: Optional[List[str]]):
+    from rlctl.config.loader import load_config
+
+    path, words = split_file_and_overrides(file, overrides)
+    return load_config(path, words)
+
+
+@config_app.command("validate")
+def validate_cmd(
+    file: Optional[str] = FILE_ARG,
+    overrides: Optional[List[str]] = OVERRIDES_ARG,
+    skip_machine: bool = typer.Option(False, "--skip-machine",
+                                      help="Check the config alone: not files, model, GPUs or packages."),
+    fmt: str = typer.Option("text", "--format", help="text or json."),
+) -> None:
+    """Report every problem in the config at once, then the batch plan. Exit 2 on any error.
+
+    Example: rlctl config validate rlctl.toml actor.lr=1e-6 rollout.n=8
+    """
+    from rlctl.config.loader import key_lines
+    from rlctl.config.validate import validate
+
+    loaded = load_checked(file, overrides)
+    problems, plan = validate(loaded, machine=not skip_machine)
+    lines = key_lines(loaded.path.read_text()) if loaded.path else {}
+    source = str(file or loaded.path.name) if loaded.path else "overrides"
+    errors = [p for p in problems if p.severity == "error"]
+    warnings = [p for p in problems if p.severity != "error"]
+    render = [_with_line(p, lines).format(source) for p in errors]
+    if fmt == "json":
+        emit({"ok": not errors, "errors": render,
+              "warnings": [_with_line(p, lines).format(source) for p in warnings],
+              "batch_plan": dict(plan.rows())}, fmt)
+    else:
+        _print_report(source, errors, warnings, plan, lines)
+    if errors:
+        raise typer.Exit(2)
+
+
+def _with_line(problem, lines):
+    from dataclasses import replace
+
+    if problem.line:
+        return problem
+    key = problem.key
+    while key and key not in lines:
+        key = key.rpartition(".")[0]
+    return replace(problem, line=lines.get(key))
+
+
+def _print_report(source, errors, warnings, plan, lines) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    out, err = Console(), Console(stderr=True)
+    for p in errors:
+        err.print(f"[red]error[/red]: {_with_line(p, lines).format(source)}", highlight=False, markup=True)
+    for p in warnings:
+        err.print(f"[yellow]warning[/yellow]: {_with_line(p, lines).format(source)}", highlight=False)
+    if errors:
+        err.print(f"{len(errors)} error(s), {len(warnings)} warning(s) in {source}", highlight=False)
+        return
+    table = Table(title="batch plan", show_header=False, title_justify="left")
+    for name, value in plan.rows():
+        table.add_row(name, str(value))
+    out.print(table)
+    out.print(f"[green]ok[/green]: {source} is valid ({len(warnings)} warning(s))", highlight=False)
+
+
+@config_app.command("show")
+def show_cmd(
+    file: Optional[str] = FILE_ARG,
+    overrides: Optional[List[str]] = OVERRIDES_ARG,
+    fmt: str = typer.Option("toml", "--format", help="toml or json."),
+) -> None:
+    """Print the resolved config: your settings, overrides and every default.
+
+    Example: rlctl config show rlctl.toml rollout.n=8 --format json
+    """
+    import tomlkit
+
+    from rlctl.config.loader import config_to_dict
+    from rlctl.errors import UsageError
+
+    resolved = config_to_dict(load_checked(file, overrides).config)
+    if fmt == "json":
+        typer.echo(json.dumps(resolved, indent=2))
+    elif fmt == "toml":
+        typer.echo(tomlkit.dumps(resolved), nl=False)
+    else:
+        raise UsageError(f"--format {fmt!r} is not one of toml, json")
+
+
+@config_app.command("schema")
+def schema_cmd(out: Optional[Path] = typer.Option(None, "--out", "-o", help="Write to a file instead of stdout.")) -> None:
+    """Print a JSON schema of rlctl.toml for editors (Even Better TOML / taplo: `#:schema`).
+
+    Example: rlctl config schema --out rlctl.schema.json
+    """
+    from rlctl.config.jsonschema import config_json_schema
+
+    text = json.dumps(config_json_schema(), indent=2) + "\n"
+    if out is None:
+        typer.echo(text, nl=False)
+    else:
+        from rlctl.utils.fs import atomic_write_text
+
+        atomic_write_text(out, text)
+        typer.echo(f"wrote {out}")
+
+
+def register(app: typer.Typer) -> None:
+    app.add_typer(config_app, name="config")

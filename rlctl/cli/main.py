@@ -66,6 +66,8 @@ def main(argv: list[str] | None = None) -> int:
             traceback.print_exc()
         msg = e.message if e.hint is None else f"{e.message} {e.hint}"
         print(f"error: {msg}", file=sys.stderr)
+        for problem in getattr(e, "problems", ()):
+            print(f"  {problem}", file=sys.stderr)
         return e.exit_code
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)

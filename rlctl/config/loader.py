@@ -1,0 +1,252 @@
+"""Read rlctl.toml + dotted overrides into the typed `Config`, reporting every problem at once.
+
+Pass 1 (here) checks the file alone: syntax, unknown keys ("did you mean"), types, ranges, enum
+values and required keys. Cross-field rules and checks against the machine live in
+`rlctl.config.validate`. Nothing raises on the first problem: all are collected, then one
+ConfigError carries the list (exit 2).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import math
+import re
+from dataclasses import dataclass, fields, is_dataclass
+from pathlib import Path
+from typing import Any
+
+from rlctl.config.schema import Config, iter_keys
+from rlctl.errors import ConfigError, UsageError
+
+MAX_CONFIG_BYTES = 1 << 20  # a real rlctl.toml is a few KiB; anything this big is a mistake
+MAX_INT = 2**53  # beyond this an "int" setting is a typo (and floats lose it)
+LEAF_KEYS = {key: f for key, f in iter_keys()}
+
+
+@dataclass(frozen=True)
+class Problem:
+    key: str
+    message: str
+    line: int | None = None
+    severity: str = "error"  # or "warning"
+
+    def format(self, source: str = "") -> str:
+        where = f"{source}:{self.line}: " if source and self.line else (f"{source}: " if source else "")
+        return f"{where}{self.key}: {self.message}" if self.key else f"{where}{self.message}"
+
+
+@dataclass(frozen=True)
+class LoadedConfig:
+    config: Config
+    path: Path | None  # None when built from overrides alone
+    raw: dict  # the user's own keys (after overrides), for `config show --only-set`
+    warnings: tuple = ()
+
+    @property
+    def base_dir(self) -> Path:
+        return self.path.parent if self.path else Path.cwd()
+
+
+def read_toml_text(path: Path) -> str:
+    """The file's text, or a one-line UsageError for a missing, huge, binary or non-file path."""
+    if not path.exists():
+        raise UsageError(f"config file {path} not found",
+                         hint="run `rlctl init DIR --recipe NAME` to create one, or pass its path.")
+    if path.is_dir():
+        raise UsageError(f"{path} is a folder, not a config file",
+                         hint=f"pass the TOML file, e.g. {path / 'rlctl.toml'}.")
+    size = path.stat().st_size
+    if size > MAX_CONFIG_BYTES:
+        raise UsageError(f"{path} is {size / 2**20:.1f} MiB; an rlctl config is a small TOML file",
+                         hint="check that you passed the right file.")
+    data = path.read_bytes()
+    if b"\x00" in data:
+        raise UsageError(f"{path} is a binary file, not TOML", hint="pass the rlctl.toml file.")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise UsageError(f"{path} is not UTF-8 text (byte {e.start})", hint="save it as UTF-8.") from None
+
+
+def parse_toml(text: str, source: str) -> dict:
+    import tomlkit
+    from tomlkit.exceptions import ParseError, TOMLKitError
+
+    try:
+        return tomlkit.parse(text).unwrap()
+    except ParseError as e:
+        raise UsageError(f"{source}:{e.line}: invalid TOML: {_parse_reason(e)}",
+                         hint="fix the syntax at that line (strings need quotes, tables need [brackets]).") from None
+    except (TOMLKitError, ValueError, OverflowError) as e:
+        raise UsageError(f"{source}: invalid TOML: {e}") from None
+
+
+def _parse_reason(e) -> str:
+    return re.sub(r"\s+at line \d+ col \d+$", "", str(e))
+
+
+def key_lines(text: str) -> dict[str, int]:
+    """Map dotted keys to the 1-based line that sets them (tomlkit keeps no positions)."""
+    lines, table = {}, ""
+    for no, line in enumerate(text.splitlines(), 1):
+        s = line.strip()
+        if m := re.match(r"^\[\s*([A-Za-z0-9_.\-\s\"']+?)\s*\]", s):
+            table = m.group(1).replace(" ", "").replace('"', "").replace("'", "")
+            lines.setdefault(table, no)
+        elif m := re.match(r"^([A-Za-z0-9_.\-\"']+)\s*=", s):
+            key = m.group(1).replace('"', "").replace("'", "")
+            lines.setdefault(f"{table}.{key}" if table else key, no)
+    return lines
+
+
+def parse_override(word: str) -> tuple[str, Any]:
+    """`section.key=value` -> (dotted key, value); the value is read as TOML, else as a string."""
+    if "=" not in word:
+        raise UsageError(f"override {word!r} is not section.key=value", hint="e.g. actor.lr=1e-6 rollout.n=8")
+    key, text = word.split("=", 1)
+    key = key.strip()
+    if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)+", key):
+        raise UsageError(f"override key {key!r} is not a dotted section.key", hint="e.g. actor.lr=1e-6")
+    import tomlkit
+
+    try:
+        value = tomlkit.parse(f"v = {text}").unwrap()["v"]
+    except Exception:
+        value = text  # a bare word: a string such as a path or an enum value
+    return key, value
+
+
+def set_dotted(d: dict, key: str, value: Any) -> None:
+    parts = key.split(".")
+    for p in parts[:-1]:
+        nxt = d.setdefault(p, {})
+        if not isinstance(nxt, dict):
+            d[p] = nxt = {}
+        d = nxt
+    d[parts[-1]] = value
+
+
+def suggest(word: str, options) -> str:
+    match = difflib.get_close_matches(word, list(options), n=1, cutoff=0.6)
+    return f" (did you mean {match[0]!r}?)" if match else ""
+
+
+def check_value(key: str, f: dataclasses.Field, value: Any) -> tuple[Any, list[str]]:
+    """Coerce a TOML value to the field's type; return (value, problems)."""
+    default = f.default_factory() if f.default is dataclasses.MISSING else f.default
+    meta = f.metadata
+    kind = type(default)
+    if kind is bool:
+        if not isinstance(value, bool):
+            return value, [f"expected true or false, got {_show(value)}"]
+    elif kind is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            return value, [f"expected an integer, got {_show(value)}"]
+        if abs(value) > MAX_INT:
+            return value, [f"{value} is implausibly large (limit {MAX_INT})"]
+    elif kind is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            return value, [f"expected a number, got {_show(value)}"]
+        if not math.isfinite(value) or abs(value) > 1e30:
+            return value, [f"{value} is not a usable finite number"]
+        value = float(value)
+    elif kind is str:
+        if not isinstance(value, str):
+            return value, [f"expected a string, got {_show(value)}"]
+    elif kind is tuple:
+        if isinstance(value, str):
+            value = [value]
+        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+            return value, [f"expected a list of strings, got {_show(value)}"]
+        value = tuple(value)
+    return value, _bounds(meta, value)
+
+
+def _bounds(meta, value) -> list[str]:
+    problems = []
+    choices = meta.get("choices")
+    if choices:
+        bad = [v for v in (value if isinstance(value, tuple) else (value,)) if v not in choices]
+        for v in bad:
+            problems.append(f"{v!r} is not one of {', '.join(map(repr, choices))}{suggest(str(v), choices)}")
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        for name, sign, ok in (("ge", ">=", lambda b: value >= b), ("gt", ">", lambda b: value > b),
+                               ("le", "<=", lambda b: value <= b), ("lt", "<", lambda b: value < b)):
+            bound = meta.get(name)
+            if bound is not None and not ok(bound):
+                problems.append(f"must be {sign} {bound}, got {value}")
+    return problems
+
+
+def _show(value) -> str:
+    return f"{type(value).__name__} {value!r}"[:80]
+
+
+def build_section(cls, raw: dict, prefix: str, problems: list[Problem], lines: dict) -> Any:
+    """Instantiate dataclass `cls` from `raw`, appending problems instead of raising."""
+    known = {f.name: f for f in fields(cls)}
+    kwargs = {}
+    for name, value in raw.items():
+        key = prefix + name
+        if name not in known:
+            options = [k for k in LEAF_KEYS if k.startswith(prefix)] + [prefix + n for n in known]
+            problems.append(Problem(key, f"unknown key{suggest(key, options) or suggest(key, LEAF_KEYS)}",
+                                    lines.get(key)))
+            continue
+        f = known[name]
+        sub = f.default_factory if isinstance(f.default_factory, type) and is_dataclass(f.default_factory) else None
+        if sub is not None:
+            if not isinstance(value, dict):
+                problems.append(Problem(key, f"expected a [{key}] table, got {_show(value)}", lines.get(key)))
+                continue
+            kwargs[name] = build_section(sub, value, key + ".", problems, lines)
+            continue
+        value, errs = check_value(key, f, value)
+        problems.extend(Problem(key, e, lines.get(key)) for e in errs)
+        if not errs:
+            kwargs[name] = value
+    for f in fields(cls):
+        if f.metadata.get("required") and f.name not in raw:
+            problems.append(Problem(prefix + f.name, f"missing required key ({f.metadata['help']})",
+                                    lines.get(prefix.rstrip("."))))
+    return cls(**kwargs)
+
+
+def load_config(path: str | Path | None, overrides: list[str] | tuple = ()) -> LoadedConfig:
+    """Read, override and type-check a config; raise ConfigError listing every problem."""
+    raw, lines, source = {}, {}, "overrides"
+    if path is not None:
+        path = Path(path)
+        text = read_toml_text(path)
+        source = str(path)
+        raw = parse_toml(text, source)
+        lines = key_lines(text)
+    for word in overrides:
+        key, value = parse_override(word)
+        set_dotted(raw, key, value)
+    problems: list[Problem] = []
+    config = build_section(Config, raw, "", problems, lines)
+    errors = [p for p in problems if p.severity == "error"]
+    if errors:
+        raise ConfigError(f"{len(errors)} problem(s) in {source}",
+                          [p.format(source) for p in problems if p.severity == "error"])
+    return LoadedConfig(config=config, path=path.resolve() if path else None, raw=raw,
+                        warnings=tuple(p for p in problems if p.severity == "warning"))
+
+
+def find_config(path: str | Path | None) -> Path:
+    """The config to use: the given file, DIR/rlctl.toml for a folder, else ./rlctl.toml."""
+    if path is None:
+        return Path("rlctl.toml")
+    p = Path(path)
+    return p / "rlctl.toml" if p.is_dir() and (p / "rlctl.toml").is_file() else p
+
+
+def config_to_dict(config) -> dict:
+    """The resolved config as plain TOML-able values (tuples become lists)."""
+    out = {}
+    for f in fields(config):
+        v = getattr(config, f.name)
+        out[f.name] = config_to_dict(v) if is_dataclass(v) else (list(v) if isinstance(v, tuple) else v)
+    return out

@@ -1,0 +1,87 @@
+"""`rlctl doctor`: what is installed, what devices there are, and how to get what is missing."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import importlib.util
+import os
+import platform
+import shutil
+
+CORE = ("torch", "transformers", "peft", "ray", "pyarrow", "tomlkit", "typer", "rich", "safetensors",
+        "huggingface-hub")
+OPTIONAL = {
+    "vllm": ("vllm", 'pip install "rlctl[vllm]" (GPU only; not together with sglang)'),
+    "sglang": ("sglang", 'pip install "rlctl[sglang]" (GPU only; not together with vllm)'),
+    "tensorboard": ("tensorboard", 'pip install "rlctl[tensorboard]"'),
+    "wandb": ("wandb", 'pip install "rlctl[wandb]"'),
+    "matplotlib": ("matplotlib", 'pip install "rlctl[plot]" (for rlctl status --plot)'),
+}
+
+
+def _version(dist: str) -> str | None:
+    try:
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def _devices() -> dict:
+    info = {"cpus": os.cpu_count(), "cuda": False, "gpus": []}
+    try:
+        import torch
+
+        info["torch_threads"] = torch.get_num_threads()
+        if torch.cuda.is_available():
+            info["cuda"] = True
+            info["gpus"] = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
+    except Exception as e:  # a broken torch is exactly what doctor should report
+        info["error"] = f"torch failed to import: {e}"
+    return info
+
+
+def collect() -> dict:
+    from rlctl import __version__
+
+    core = {d: _version(d) for d in CORE}
+    optional = {name: {"installed": _version(dist) is not None and importlib.util.find_spec(name) is not None,
+                       "version": _version(dist), "how": how}
+                for name, (dist, how) in OPTIONAL.items()}
+    problems = [f"{d} is not installed: pip install rlctl" for d, v in core.items() if v is None]
+    devices = _devices()
+    if "error" in devices:
+        problems.append(devices["error"])
+    hub_offline = os.environ.get("HF_HUB_OFFLINE", "") not in ("", "0")
+    return {
+        "rlctl": __version__, "python": platform.python_version(), "platform": platform.platform(),
+        "core": core, "optional": optional, "devices": devices,
+        "ray": {"address": os.environ.get("RAY_ADDRESS", "") or "embedded (started by rlctl train)",
+                "ray_cli": shutil.which("ray") is not None},
+        "hub": {"offline": hub_offline, "cache": os.environ.get("HF_HOME", "~/.cache/huggingface")},
+        "problems": problems,
+    }
+
+
+def render(report: dict) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console()
+    console.print(f"rlctl {report['rlctl']} on Python {report['python']} ({report['platform']})", highlight=False)
+    table = Table("package", "version / status", "how to get it", title="packages", title_justify="left")
+    for name, version in report["core"].items():
+        table.add_row(name, version or "[red]missing[/red]", "" if version else "pip install rlctl")
+    for name, opt in report["optional"].items():
+        status = opt["version"] if opt["installed"] else "[dim]not installed[/dim]"
+        table.add_row(name, status, "" if opt["installed"] else opt["how"])
+    console.print(table)
+    dev = report["devices"]
+    gpus = ", ".join(dev["gpus"]) if dev["gpus"] else "none (CPU training: resources.gpus_per_node = 0)"
+    console.print(f"devices: {dev['cpus']} CPU cores; GPUs: {gpus}", highlight=False)
+    console.print(f"ray: {report['ray']['address']}", highlight=False)
+    hub = "offline (HF_HUB_OFFLINE=1): use local model folders" if report["hub"]["offline"] else "online"
+    console.print(f"hugging face hub: {hub}", highlight=False)
+    for p in report["problems"]:
+        console.print(f"[red]problem[/red]: {p}", highlight=False)
+    if not report["problems"]:
+        console.print("[green]ok[/green]: everything rlctl needs is here", highlight=False)
