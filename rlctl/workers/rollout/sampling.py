@@ -1,0 +1,85 @@
+"""Next-token sampling with per-row temperature / top-p / top-k, shared by the hf rollout engine
+and the built-in OpenAI-compatible server (each request row may carry its own parameters).
+
+Sampling is Gumbel-max: argmax(logits / T + g) with g = -log(-log(u)), u ~ U[0, 1) drawn from
+the caller's torch.Generator, which is exactly a draw from softmax(logits / T). It needs no sort
+and no normalisation, and the same generator state always gives the same tokens.
+"""
+
+from __future__ import annotations
+
+import torch
+
+Scalar = float | int
+RowParam = torch.Tensor | Scalar
+
+
+def _per_row(value: RowParam, rows: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """A scalar or a [rows] tensor -> a [rows] tensor on `device`."""
+    if isinstance(value, torch.Tensor):
+        return value.to(device=device, dtype=dtype).reshape(rows)
+    return torch.full((rows,), value, dtype=dtype, device=device)
+
+
+def apply_top_k(logits: torch.Tensor, top_k: torch.Tensor) -> torch.Tensor:
+    """Keep the k largest logits of each row (k = top_k[row], 0 = keep all), -inf elsewhere.
+
+    One topk with the largest k of the batch; the row's k-th value is its threshold (ties at the
+    threshold are kept, as in HF's TopKLogitsWarper). logits [B, V], top_k [B] int.
+    """
+    vocab = logits.shape[-1]
+    k = torch.where(top_k <= 0, vocab, top_k.clamp(max=vocab))
+    if bool((k >= vocab).all()):
+        return logits
+    k_max = int(k.max())
+    kth = torch.topk(logits, k_max, dim=-1).values.gather(-1, (k - 1).clamp(max=k_max - 1).unsqueeze(-1))
+    kth = torch.where((k >= vocab).unsqueeze(-1), torch.full_like(kth, float("-inf")), kth)
+    return logits.masked_fill(logits < kth, float("-inf"))
+
+
+def apply_top_p(logits: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
+    """Nucleus filter: keep the smallest set of top tokens whose probability reaches top_p[row].
+
+    Sorted descending, a token is dropped when the mass of the tokens before it already reaches
+    p (so the top token always stays). logits [B, V] (already divided by T), top_p [B] in (0, 1].
+    """
+    sorted_logits, order = torch.sort(logits, dim=-1, descending=True)
+    probs = torch.softmax(sorted_logits, dim=-1)
+    mass_before = torch.cumsum(probs, dim=-1) - probs
+    drop_sorted = mass_before >= top_p.unsqueeze(-1)
+    drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
+    return logits.masked_fill(drop, float("-inf"))
+
+
+def gumbel_noise(shape: torch.Size, generator: torch.Generator | None, device: torch.device) -> torch.Tensor:
+    """g = -log(-log(u)), u ~ U[0, 1), drawn on the generator's device (CPU generators stay usable
+    for GPU logits) so that one generator state gives one stream of tokens everywhere."""
+    gen_device = generator.device if generator is not None else torch.device("cpu")
+    u = torch.rand(shape, generator=generator, device=gen_device, dtype=torch.float32)
+    return u.to(device).log_().neg_().log_().neg_()
+
+
+def sample_tokens(logits: torch.Tensor, *, temperature: RowParam = 1.0, top_p: RowParam = 1.0,
+                  top_k: RowParam = 0, generator: torch.Generator | None = None) -> torch.Tensor:
+    """One next token per row from logits [B, V]; returns int64 [B].
+
+    Per row: temperature 0 -> argmax; otherwise softmax(logits / T) filtered by top-k then top-p
+    (HF's order). Scalars apply to every row; tensors give one value per row. Noise is drawn for
+    every row (greedy rows too), so the generator advances by the same amount whatever the mix.
+    """
+    rows, device = logits.shape[0], logits.device
+    logits = logits.float()
+    temp = _per_row(temperature, rows, torch.float32, device)
+    greedy = temp <= 0
+    noise = gumbel_noise(logits.shape, generator, device)
+    if bool(greedy.all()):
+        return logits.argmax(dim=-1)
+    scaled = logits / torch.where(greedy, 1.0, temp).unsqueeze(-1)
+    k = _per_row(top_k, rows, torch.int64, device)
+    if bool((k > 0).any()):
+        scaled = apply_top_k(scaled, k)
+    p = _per_row(top_p, rows, torch.float32, device)
+    if bool((p < 1).any()):
+        scaled = apply_top_p(scaled, p)
+    sampled = (scaled + noise).argmax(dim=-1)
+    return torch.where(greedy, logits.argmax(dim=-1), sampled)
