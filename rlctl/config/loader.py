@@ -207,7 +207,11 @@ def build_section(cls, raw: dict, prefix: str, problems: list[Problem], lines: d
         if not errs:
             kwargs[name] = value
     for f in fields(cls):
-        if f.metadata.get("required") and f.name not in raw:
+        if f.name in raw:
+            continue
+        if isinstance(f.default_factory, type) and is_dataclass(f.default_factory):
+            kwargs[f.name] = build_section(f.default_factory, {}, prefix + f.name + ".", problems, lines)
+        elif f.metadata.get("required"):
             problems.append(Problem(prefix + f.name, f"missing required key ({f.metadata['help']})",
                                     lines.get(prefix.rstrip("."))))
     return cls(**kwargs)

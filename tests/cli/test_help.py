@@ -1,0 +1,62 @@
+"""Every command's --help works and imports none of the heavy libraries."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+HEAVY = ("torch", "ray", "transformers", "peft", "vllm", "sglang")
+
+PROBE = r"""
+import json, sys, io, contextlib
+import typer
+from rlctl.cli.main import app
+
+def walk(cmd, path):
+    yield path
+    for name, sub in sorted(getattr(cmd, "commands", {}).items()):
+        yield from walk(sub, path + [name])
+
+results = {}
+for path in walk(typer.main.get_command(app), []):
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        try:
+            app(args=path + ["--help"], prog_name="rlctl")
+        except SystemExit as e:
+            code = e.code
+    results[" ".join(path) or "(root)"] = {"code": code, "usage": "Usage:" in out.getvalue(),
+                                            "example": "Example" in out.getvalue()}
+heavy = sorted(m for m in sys.modules if m.split(".")[0] in %r)
+print(json.dumps({"results": results, "heavy": heavy}))
+""" % (HEAVY,)
+
+
+def test_every_help_is_light_and_has_usage():
+    proc = subprocess.run([sys.executable, "-c", PROBE], capture_output=True, text=True, timeout=120,
+                          env={"COLUMNS": "100", "PATH": "/usr/bin:/bin"})
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert report["heavy"] == [], f"--help imported {report['heavy']}"
+    assert len(report["results"]) >= 10
+    for name, r in report["results"].items():
+        assert r["code"] == 0 and r["usage"], name
+        # Leaf commands (not groups) show an example (STYLE.md "CLI").
+        if name not in ("(root)",) and not any(k.startswith(name + " ") for k in report["results"]):
+            assert r["example"], f"`rlctl {name} --help` has no example"
+
+
+def test_version_and_no_args():
+    from rlctl import __version__
+
+    out = subprocess.run([sys.executable, "-m", "rlctl", "--version"], capture_output=True, text=True)
+    assert out.returncode == 0 and out.stdout.strip() == f"rlctl {__version__}"
+    bare = subprocess.run([sys.executable, "-m", "rlctl"], capture_output=True, text=True)
+    assert "Usage" in bare.stdout + bare.stderr
+    assert bare.returncode in (0, 2)
+
+
+def test_unknown_command_is_usage_error():
+    out = subprocess.run([sys.executable, "-m", "rlctl", "trian"], capture_output=True, text=True)
+    assert out.returncode == 2

@@ -1,0 +1,150 @@
+"""rlctl.toml loading: every problem at once, typed overrides, hostile files -> one line, exit 2."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from rlctl.config.loader import load_config, parse_override
+from rlctl.errors import ConfigError, UsageError
+
+GOOD = """
+[model]
+path = "some/model"
+
+[data]
+train_files = ["train.parquet"]
+batch_size = 4
+
+[rollout]
+n = 4
+"""
+
+
+def write(tmp_path, text, name="rlctl.toml"):
+    p = tmp_path / name
+    p.write_text(text)
+    return p
+
+
+def problems_of(path, overrides=()):
+    with pytest.raises(ConfigError) as e:
+        load_config(path, overrides)
+    return e.value.problems
+
+
+def test_good_config_has_defaults_filled(tmp_path):
+    loaded = load_config(write(tmp_path, GOOD))
+    c = loaded.config
+    assert c.model.path == "some/model" and c.data.train_files == ("train.parquet",)
+    assert c.rollout.n == 4 and c.actor.clip_ratio_low == 0.2 and c.model.lora.rank == 0
+
+
+def test_all_problems_reported_at_once_with_lines(tmp_path):
+    text = GOOD + """
+[acter]
+lr = 1e-6
+
+[actor]
+lr = -1.0
+clip_ratio_low = "big"
+loss_agg_mode = "token_mean"
+
+[algorithm]
+name = "grp"
+"""
+    problems = problems_of(write(tmp_path, text))
+    joined = "\n".join(problems)
+    assert len(problems) == 5, joined
+    assert "acter: unknown key (did you mean 'actor'?)" in joined
+    assert "actor.lr: must be > 0, got -1.0" in joined
+    assert "actor.clip_ratio_low: expected a number, got str 'big'" in joined
+    assert "'token-mean'" in joined and "did you mean" in joined
+    assert "algorithm.name: 'grp' is not one of" in joined
+    # file:line prefixes point at the offending lines
+    lines = text.splitlines()
+    for p in problems:
+        file_line = p.split(": ", 1)[0]
+        no = int(file_line.rsplit(":", 1)[1])
+        key = p.split(": ")[1].split(".")[-1]
+        assert key.split(" ")[0] in lines[no - 1], (p, lines[no - 1])
+
+
+def test_unknown_dotted_key_suggests_full_key(tmp_path):
+    problems = problems_of(write(tmp_path, GOOD + "\n[actor]\nlrr = 1e-6\n"))
+    assert problems == [f"{tmp_path / 'rlctl.toml'}:13: actor.lrr: unknown key (did you mean 'actor.lr'?)"]
+
+
+def test_missing_required_keys(tmp_path):
+    problems = problems_of(write(tmp_path, "[run]\nname = 'x'\n"))
+    assert any("model.path: missing required key" in p for p in problems)
+    assert any("data.train_files: missing required key" in p for p in problems)
+
+
+def test_overrides_are_typed_by_schema(tmp_path):
+    path = write(tmp_path, GOOD)
+    c = load_config(path, ["actor.lr=1e-6", "rollout.n=8", 'data.train_files=["a.parquet","b.parquet"]',
+                           "model.lora.rank=16", "model.dtype=bfloat16", "run.name=my run"]).config
+    assert c.actor.lr == 1e-6 and c.rollout.n == 8 and c.model.lora.rank == 16
+    assert c.data.train_files == ("a.parquet", "b.parquet") and c.model.dtype == "bfloat16"
+    assert c.run.name == "my run"
+    problems = problems_of(path, ["acter.lr=1e-6", "rollout.n=eight"])
+    assert any("acter: unknown key (did you mean 'actor'?)" in p for p in problems)
+    assert any("rollout.n: expected an integer, got str 'eight'" in p for p in problems)
+
+
+def test_override_syntax():
+    assert parse_override("a.b=1") == ("a.b", 1)
+    assert parse_override("a.b=true") == ("a.b", True)
+    assert parse_override("a.b=path/to/x") == ("a.b", "path/to/x")
+    with pytest.raises(UsageError):
+        parse_override("nonsense")
+    with pytest.raises(UsageError):
+        parse_override("lr=1")
+
+
+@pytest.mark.parametrize("content,needle", [
+    (b"[model\npath = 1\n", "invalid TOML"),
+    (b"\x00\x01\x02binary", "binary file"),
+    (b"\xff\xfe[model]\n", "not UTF-8"),
+    (b"[model]\npath='x'\n[data]\ntrain_files=['a']\nbatch_size = 99999999999999999999999\n", "batch_size"),
+])
+def test_hostile_files_give_one_line(tmp_path, content, needle):
+    p = tmp_path / "rlctl.toml"
+    p.write_bytes(content)
+    with pytest.raises(UsageError) as e:
+        load_config(p)
+    text = str(e.value) + " ".join(getattr(e.value, "problems", []))
+    assert needle in text
+
+
+def test_huge_file_and_directory(tmp_path):
+    big = tmp_path / "big.toml"
+    big.write_bytes(b"# x\n" * (50 * 2**20 // 4))
+    with pytest.raises(UsageError, match="MiB"):
+        load_config(big)
+    with pytest.raises(UsageError, match="is a folder"):
+        load_config(tmp_path)
+    with pytest.raises(UsageError, match="not found"):
+        load_config(tmp_path / "missing.toml")
+
+
+@pytest.mark.parametrize("content", [b"[model\n", b"\x00\x00", b"x = 1\n" * 10])
+def test_cli_errors_are_one_line_exit_2(tmp_path, content):
+    p = tmp_path / "rlctl.toml"
+    p.write_bytes(content)
+    out = subprocess.run([sys.executable, "-m", "rlctl", "config", "validate", str(p)],
+                         capture_output=True, text=True, env={"PATH": "/usr/bin:/bin"})
+    assert out.returncode == 2, out.stderr
+    assert "Traceback" not in out.stderr
+    assert out.stderr.startswith("error: ")
+
+
+def test_debug_env_shows_traceback(tmp_path):
+    p = tmp_path / "rlctl.toml"
+    p.write_bytes(b"[model\n")
+    out = subprocess.run([sys.executable, "-m", "rlctl", "config", "validate", str(p)],
+                         capture_output=True, text=True, env={"PATH": "/usr/bin:/bin", "RLCTL_DEBUG": "1"})
+    assert out.returncode == 2 and "Traceback" in out.stderr
