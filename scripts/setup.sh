@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# Set up .venv on a fresh machine: torch 2.13.0 (CPU wheel) FIRST, then rlctl with its test extra.
+# A bare `torch` requirement with nothing installed would pull a multi-GB CUDA build, so torch
+# is installed on its own before pip resolves rlctl's dependencies. Idempotent and quiet.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PYTHON=${PYTHON:-python3}
+if [ ! -x .venv/bin/python ]; then
+  "$PYTHON" -m venv .venv
+fi
+pip() { .venv/bin/python -m pip --disable-pip-version-check -q "$@" 2>&1 | grep -v -e "^WARNING: Location" -e "is ignored: it is neither" || true; }
+.venv/bin/python -c "import torch, sys; sys.exit(torch.__version__.split('+')[0] != '2.13.0')" 2>/dev/null \
+  || pip install "torch==2.13.0"
+pip install -e ".[test]"
+.venv/bin/python -c "import torch, rlctl; print(f'rlctl {rlctl.__version__} ready in .venv (torch {torch.__version__})')"

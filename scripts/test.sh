@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# The test command of the README: set up .venv if needed, then run the whole suite.
+# pytest's exit code 5 (no tests collected) is a failure here, never a silent pass.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup.sh || exit 1
+export OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 RAY_USAGE_STATS_ENABLED=0 RAY_AUTH_MODE=disabled
+.venv/bin/python -m pytest -q "$@"
+rc=$?
+if [ "$rc" -eq 5 ]; then
+  echo "error: pytest collected no tests" >&2
+  exit 1
+fi
+exit "$rc"
