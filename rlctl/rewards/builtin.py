@@ -1,0 +1,72 @@
+"""Built-in rule rewards with verl's signature, chosen by `data_source` or by name.
+
+    compute_score(data_source, solution_str, ground_truth, extra_info=None) -> dict
+
+Every built-in returns a dict: `score` (the reward) and `acc` (1.0 when the answer is right),
+plus task-specific metrics. `reward.function = ""` uses `default_compute_score` (dispatch on the
+row's data_source); `reward.function = "gsm8k"` (or "math", "arith") forces one scorer.
+"""
+
+from __future__ import annotations
+
+from rlctl.errors import UsageError
+from rlctl.rewards.scorers import arith, gsm8k, math
+
+GSM8K_SOURCES = ("openai/gsm8k",)
+MATH_SOURCES = ("DigitalLearningGmbH/MATH-lighteval", "lighteval/MATH")
+ARITH_SOURCES = (arith.DATA_SOURCE,)
+
+
+def compute_gsm8k(data_source, solution_str, ground_truth, extra_info=None, *, format_score=0.0) -> dict:
+    """verl's strict GSM8K reward: the number after the last `#### `, exact match."""
+    return gsm8k.score(solution_str, ground_truth, format_score=format_score)
+
+
+def compute_math(data_source, solution_str, ground_truth, extra_info=None, *, format_score=0.0) -> dict:
+    """The last `\\boxed{}` answer, equal to the ground truth after MATH normalisation."""
+    return math.score(solution_str, ground_truth, format_score=format_score)
+
+
+def compute_arith(data_source, solution_str, ground_truth, extra_info=None, *, format_score=0.0) -> dict:
+    """The synthetic task's shaped reward (format_score is unused: the shaping is built in)."""
+    return arith.score(solution_str, ground_truth)
+
+
+BUILTINS = {"gsm8k": compute_gsm8k, "math": compute_math, "arith": compute_arith}
+_BY_SOURCE = {
+    **{src: compute_gsm8k for src in GSM8K_SOURCES},
+    **{src: compute_math for src in MATH_SOURCES},
+    **{src: compute_arith for src in ARITH_SOURCES},
+}
+
+
+def builtin_sources() -> tuple[str, ...]:
+    """The data_source values a built-in scorer knows."""
+    return tuple(_BY_SOURCE)
+
+
+def scorer_for_source(data_source: str):
+    """The built-in scorer for `data_source`; UsageError naming the source and the fix if none."""
+    fn = _BY_SOURCE.get(data_source)
+    if fn is None:
+        raise UsageError(
+            f"no built-in reward for data_source {data_source!r} (built-ins: {', '.join(_BY_SOURCE)})",
+            hint='set reward.function = "reward.py:compute_score" in rlctl.toml to score it with your own '
+                 'function, or reward.function = "gsm8k" / "math" to use a built-in.')
+    return fn
+
+
+def resolve_builtin(name: str):
+    """`reward.function = "gsm8k"` -> its scorer; UsageError listing the names otherwise."""
+    fn = BUILTINS.get(name)
+    if fn is None:
+        raise UsageError(f"unknown built-in reward {name!r} (built-ins: {', '.join(BUILTINS)})",
+                         hint='or point reward.function at your own: "reward.py:compute_score".')
+    return fn
+
+
+def default_compute_score(data_source, solution_str, ground_truth, extra_info=None, *,
+                          format_score=0.0) -> dict:
+    """Score one response with the built-in that matches its row's data_source."""
+    fn = scorer_for_source(data_source)
+    return fn(data_source, solution_str, ground_truth, extra_info, format_score=format_score)
