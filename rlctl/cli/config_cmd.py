@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import List, Optional
 
@@ -28,11 +29,11 @@ def split_file_and_overrides(file: Optional[str], overrides: Optional[List[str]]
     return find_config(file), words
 
 
-def load_checked(file: Optional[str], overrides: Optional[List[str]]):
+def load_checked(file: Optional[str], overrides: Optional[List[str]], *, strict: bool = True):
     from rlctl.config.loader import load_config
 
     path, words = split_file_and_overrides(file, overrides)
-    return load_config(path, words)
+    return load_config(path, words, strict=strict)
 
 
 @config_app.command("validate")
@@ -50,10 +51,10 @@ def validate_cmd(
     from rlctl.config.loader import key_lines
     from rlctl.config.validate import validate
 
-    loaded = load_checked(file, overrides)
+    loaded = load_checked(file, overrides, strict=False)
     problems, plan = validate(loaded, machine=not skip_machine)
     lines = key_lines(loaded.path.read_text()) if loaded.path else {}
-    source = str(file or loaded.path.name) if loaded.path else "overrides"
+    source = os.path.relpath(loaded.path) if loaded.path else "overrides"
     errors = [p for p in problems if p.severity == "error"]
     warnings = [p for p in problems if p.severity != "error"]
     render = [_with_line(p, lines).format(source) for p in errors]
@@ -82,7 +83,7 @@ def _print_report(source, errors, warnings, plan, lines) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    out, err = Console(), Console(stderr=True)
+    out, err = Console(soft_wrap=True), Console(stderr=True, soft_wrap=True)
     for p in errors:
         err.print(f"[red]error[/red]: {_with_line(p, lines).format(source)}", highlight=False, markup=True)
     for p in warnings:

@@ -40,8 +40,8 @@ class Problem:
 class LoadedConfig:
     config: Config
     path: Path | None  # None when built from overrides alone
-    raw: dict  # the user's own keys (after overrides), for `config show --only-set`
-    warnings: tuple = ()
+    raw: dict  # the user's own keys (after overrides)
+    problems: tuple = ()  # warnings; with strict=False also the errors (their keys keep defaults)
 
     @property
     def base_dir(self) -> Path:
@@ -217,8 +217,12 @@ def build_section(cls, raw: dict, prefix: str, problems: list[Problem], lines: d
     return cls(**kwargs)
 
 
-def load_config(path: str | Path | None, overrides: list[str] | tuple = ()) -> LoadedConfig:
-    """Read, override and type-check a config; raise ConfigError listing every problem."""
+def load_config(path: str | Path | None, overrides: list[str] | tuple = (), *, strict: bool = True) -> LoadedConfig:
+    """Read, override and type-check a config; raise ConfigError listing every problem.
+
+    With strict=False, key errors are returned in `problems` instead (the bad keys keep their
+    defaults), so `config validate` can add the cross-field problems and report all at once.
+    """
     raw, lines, source = {}, {}, "overrides"
     if path is not None:
         path = Path(path)
@@ -232,11 +236,9 @@ def load_config(path: str | Path | None, overrides: list[str] | tuple = ()) -> L
     problems: list[Problem] = []
     config = build_section(Config, raw, "", problems, lines)
     errors = [p for p in problems if p.severity == "error"]
-    if errors:
-        raise ConfigError(f"{len(errors)} problem(s) in {source}",
-                          [p.format(source) for p in problems if p.severity == "error"])
-    return LoadedConfig(config=config, path=path.resolve() if path else None, raw=raw,
-                        warnings=tuple(p for p in problems if p.severity == "warning"))
+    if errors and strict:
+        raise ConfigError(f"{len(errors)} problem(s) in {source}", [p.format(source) for p in errors])
+    return LoadedConfig(config=config, path=path.resolve() if path else None, raw=raw, problems=tuple(problems))
 
 
 def find_config(path: str | Path | None) -> Path:

@@ -213,8 +213,10 @@ def validate(loaded: LoadedConfig, *, machine: bool = True) -> tuple[list[Proble
     """All problems (errors and warnings) of a type-checked config, and its batch plan."""
     c = loaded.config
     problems, plan = check_batches(c)
-    problems += check_algorithm(c, loaded.raw) + check_lora(c) + list(loaded.warnings)
+    problems += check_algorithm(c, loaded.raw) + check_lora(c)
     if machine:
         file_problems, plan = check_files(loaded, plan)
         problems += file_problems + check_model(loaded) + check_machine(c)
-    return problems, plan
+    # A key that failed its own check keeps its default: rules about it would mislead.
+    bad_keys = {p.key for p in loaded.problems if p.severity == "error"}
+    return list(loaded.problems) + [p for p in problems if p.key not in bad_keys], plan

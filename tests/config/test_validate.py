@@ -1,0 +1,118 @@
+"""Cross-field rules, checks against files and the machine, and the batch plan."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from rlctl.config.loader import load_config
+from rlctl.config.validate import validate
+
+BASE = """
+[model]
+path = "{model}"
+
+[data]
+train_files = ["train.parquet"]
+batch_size = 8
+max_prompt_length = 256
+max_response_length = 64
+
+[algorithm]
+name = "grpo"
+
+[actor]
+mini_batch_size = 4
+micro_batch_size = 4
+
+[rollout]
+n = 4
+
+[resources]
+workers = 2
+"""
+
+
+@pytest.fixture
+def project(tmp_path, tiny_model_dir):
+    # 20 rows; only the row count matters to validate (the schema is `rlctl data inspect`'s job).
+    pq.write_table(pa.table({"data_source": ["x"] * 20}), tmp_path / "train.parquet")
+    (tmp_path / "rlctl.toml").write_text(BASE.format(model=tiny_model_dir))
+    return tmp_path
+
+
+def check(project, *overrides, machine=True):
+    problems, plan = validate(load_config(project / "rlctl.toml", list(overrides)), machine=machine)
+    errors = [f"{p.key}: {p.message}" for p in problems if p.severity == "error"]
+    warnings = [f"{p.key}: {p.message}" for p in problems if p.severity == "warning"]
+    return errors, warnings, plan
+
+
+def test_valid_config_and_batch_plan(project):
+    errors, warnings, plan = check(project)
+    assert errors == [] and warnings == []
+    assert plan.prompts_per_step == 8 and plan.sequences_per_step == 32
+    assert plan.mini_batches_per_rollout == 2  # 8 prompts / 4 per optimizer step
+    assert plan.sequences_per_worker_per_mini_batch == 8  # 4 prompts x 4 samples / 2 workers
+    assert plan.micro_batches_per_optimizer_step == 2
+    assert plan.train_rows == 20 and plan.steps_per_epoch == 2 and plan.total_steps == 2
+
+
+@pytest.mark.parametrize("overrides,needle", [
+    (["actor.mini_batch_size=3"], "actor.mini_batch_size: 3 prompts does not divide data.batch_size = 8"),
+    (["actor.micro_batch_size=3"], "actor.micro_batch_size: 3 does not divide the 8 sequences"),
+    (["resources.workers=3"], "cannot be split evenly over resources.workers = 3"),
+    (["rollout.n=1"], "rollout.n: algorithm 'grpo' compares samples"),
+    (["algorithm.name=rloo", "rollout.n=1"], "needs rollout.n >= 2"),
+    (["algorithm.name=reinforce_plus_plus_baseline", "rollout.n=1"], "needs rollout.n >= 2"),
+    (["algorithm.name=gae"], "critic: algorithm 'gae' trains a value model"),
+    (["algorithm.name=remax", "rollout.n=1", "algorithm.dynamic_sampling.enable=true"], "dynamic sampling"),
+    (["data.max_response_length=4000"], "exceeds the model's context of 2048 tokens"),
+    (['data.val_files=["nope.parquet"]'], "data.val_files: nope.parquet does not exist"),
+    (["reward.function=missing.py:fn"], "reward.function: missing.py does not exist"),
+    (["reward.function=nocolon"], "is not \"file.py:function\""),
+    (["rollout.engine=vllm"], "runs on GPUs only"),
+    (["resources.gpus_per_node=1"], "no CUDA GPU is visible"),
+    (["model.path=./no/such/model"], "has no config.json"),
+    (["data.batch_size=32", "actor.mini_batch_size=32"], "only 20 training rows"),
+    (["model.lora.rank=8", "model.lora.target_modules=[]"], "target_modules: is empty"),
+])
+def test_cross_field_errors(project, overrides, needle):
+    errors, _, _ = check(project, *overrides)
+    assert any(needle in e for e in errors), errors
+
+
+def test_warnings_do_not_fail(project):
+    (project / "rlctl.toml").write_text((project / "rlctl.toml").read_text() + "\n[critic]\nlr = 1e-5\n")
+    errors, warnings, _ = check(project, "rollout.temperature=0", "model.lora.rank=8", "model.lora.alpha=1024")
+    assert errors == []
+    joined = "\n".join(warnings)
+    assert "[critic] is unused" in joined and "identical" in joined and "alpha/rank" in joined
+
+
+def test_skip_machine_ignores_files(project):
+    errors, _, _ = check(project, 'data.train_files=["missing.parquet"]', "resources.gpus_per_node=1",
+                         machine=False)
+    assert errors == []
+
+
+def test_cli_reports_all_and_json(project):
+    cmd = [sys.executable, "-m", "rlctl", "config", "validate"]
+    ok = subprocess.run(cmd, cwd=project, capture_output=True, text=True)
+    assert ok.returncode == 0, ok.stderr
+    assert "steps per epoch" in ok.stdout and "ok:" in ok.stdout
+    bad = subprocess.run(cmd + ["rollout.n=1", "actor.micro_batch_size=3", "actor.lr=-1"], cwd=project,
+                         capture_output=True, text=True)
+    assert bad.returncode == 2
+    lines = [l for l in bad.stderr.splitlines() if l.startswith("error")]
+    assert len(lines) == 3 and "actor.lr: must be > 0" in lines[0]  # key and cross-field errors together
+    bad2 = subprocess.run(cmd + ["rollout.n=1", "actor.micro_batch_size=3", "--format", "json"], cwd=project,
+                          capture_output=True, text=True)
+    report = json.loads(bad2.stdout)
+    assert bad2.returncode == 2 and not report["ok"] and len(report["errors"]) == 2
+    assert all(e.startswith("rlctl.toml:") for e in report["errors"])
