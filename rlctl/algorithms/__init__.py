@@ -1,0 +1,29 @@
+"""rlctl.algorithms: the RL math as pure torch functions. Imports only torch, numpy and the stdlib.
+
+Advantage estimators and policy losses are registered by name with what they need; the training
+loop calls `compute_advantages`, `policy_loss`, `value_loss`, `kl_penalty`, `aggregate_loss` and
+reads `algorithm_needs(...)` instead of branching on names. See docs/algorithms.md.
+"""
+
+from .aggregation import LOSS_AGG_MODES, LossNorm, aggregate_loss
+from .advantages import compute_advantages
+from .functional import (entropy_from_logits, group_index, log_probs_from_logits, masked_mean, masked_sum,
+                         masked_var, masked_whiten)
+from .kl import (KL_KINDS, AdaptiveKLController, FixedKLController, apply_kl_in_reward, kl_penalty,
+                 make_kl_controller)
+from .losses import policy_loss, value_loss
+from .registry import (AlgorithmError, EstimatorSpec, Needs, PolicyLossSpec, algorithm_needs, estimator_names,
+                       get_estimator, get_policy_loss, policy_loss_names, register_estimator,
+                       register_policy_loss)
+from .sampling import GroupFilter, filter_groups
+from .shaping import overlong_penalty, scores_to_token_rewards
+
+__all__ = [
+    "AdaptiveKLController", "AlgorithmError", "EstimatorSpec", "FixedKLController", "GroupFilter", "KL_KINDS",
+    "LOSS_AGG_MODES", "LossNorm", "Needs", "PolicyLossSpec", "aggregate_loss", "algorithm_needs",
+    "apply_kl_in_reward", "compute_advantages", "entropy_from_logits", "estimator_names", "filter_groups",
+    "get_estimator", "get_policy_loss", "group_index", "kl_penalty", "log_probs_from_logits",
+    "make_kl_controller", "masked_mean", "masked_sum", "masked_var", "masked_whiten", "overlong_penalty",
+    "policy_loss", "policy_loss_names", "register_estimator", "register_policy_loss",
+    "scores_to_token_rewards", "value_loss",
+]

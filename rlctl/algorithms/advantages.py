@@ -1,0 +1,172 @@
+"""Advantage estimators, registered by name, and `compute_advantages`, the one entry point.
+
+Shapes: token_level_rewards, response_mask, values, advantages, returns are [B, T] over response
+tokens only; group_ids and reward_baselines are per sequence [B]. Each estimator matches verl's
+(`verl/trainer/ppo/core_algos.py`) on valid positions for the same inputs; rlctl additionally puts
+0 at every padding position of both outputs, and ignores whatever the inputs hold there.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .functional import group_index, group_sum, masked_sum, masked_whiten
+from .registry import AlgorithmError, get_estimator, register_estimator
+
+
+def compute_advantages(name: str, *, token_level_rewards: torch.Tensor, response_mask: torch.Tensor,
+                       group_ids=None, values: torch.Tensor | None = None,
+                       reward_baselines: torch.Tensor | None = None, gamma: float = 1.0, lam: float = 1.0,
+                       norm_adv_by_std: bool = True, epsilon: float = 1e-6) -> tuple[torch.Tensor, torch.Tensor]:
+    """Run the estimator registered as `name`; returns (advantages, returns), [B, T] each, no grad.
+
+    Checks that what the estimator declares it needs was given, with the right shapes, and
+    computes in at least float32 (float64 stays float64).
+    """
+    spec = get_estimator(name)
+    rewards = _as_matrix("token_level_rewards", token_level_rewards)
+    dtype = torch.promote_types(rewards.dtype, torch.float32)
+    valid = _mask_of(response_mask, rewards.shape)
+    mask = valid.to(dtype)
+    zero = torch.zeros((), dtype=dtype, device=rewards.device)
+    rewards = torch.where(valid, rewards.to(dtype), zero)
+    if spec.needs_critic or values is not None:
+        values = torch.where(valid, _required(name, "values", values, rewards.shape).to(dtype), zero)
+    if spec.needs_greedy_baseline or reward_baselines is not None:
+        reward_baselines = _required(name, "reward_baselines", reward_baselines, rewards.shape[:1]).to(dtype)
+    if spec.needs_group or group_ids is not None:
+        group_ids = _group_ids(name, group_ids, rewards.shape[0])
+    with torch.no_grad():
+        advantages, returns = spec.fn(token_level_rewards=rewards, response_mask=mask, group_ids=group_ids,
+                                      values=values, reward_baselines=reward_baselines, gamma=gamma, lam=lam,
+                                      norm_adv_by_std=norm_adv_by_std, epsilon=epsilon)
+    for what, out in (("advantages", advantages), ("returns", returns)):
+        if not isinstance(out, torch.Tensor) or out.shape != rewards.shape:
+            raise AlgorithmError(f"estimator {name!r} returned {what} that is not a [B, T] tensor of shape "
+                                 f"{tuple(rewards.shape)}; fix the estimator")
+    return torch.where(valid, advantages, zero), torch.where(valid, returns, zero)
+
+
+def _as_matrix(what: str, x) -> torch.Tensor:
+    if not isinstance(x, torch.Tensor) or x.dim() != 2:
+        raise AlgorithmError(f"{what} must be a [B, T] torch tensor, got {getattr(x, 'shape', type(x).__name__)}")
+    return x
+
+
+def _mask_of(response_mask, shape) -> torch.Tensor:
+    mask = _as_matrix("response_mask", response_mask)
+    if mask.shape != shape:
+        raise AlgorithmError(f"response_mask {tuple(mask.shape)} must match token_level_rewards {tuple(shape)}")
+    return mask if mask.dtype == torch.bool else mask != 0
+
+
+def _required(name: str, what: str, x, shape) -> torch.Tensor:
+    if x is None:
+        raise AlgorithmError(f"estimator {name!r} needs {what} (shape {tuple(shape)}) but none was given")
+    if not isinstance(x, torch.Tensor) or x.shape != shape:
+        raise AlgorithmError(f"{what} must be a tensor of shape {tuple(shape)} for estimator {name!r}, "
+                             f"got {getattr(x, 'shape', type(x).__name__)}")
+    return x
+
+
+def _group_ids(name: str, group_ids, batch: int):
+    if group_ids is None:
+        raise AlgorithmError(f"estimator {name!r} needs group_ids (one id per sequence, e.g. the prompt uid)")
+    if len(group_ids) != batch:
+        raise AlgorithmError(f"group_ids has {len(group_ids)} entries but the batch has {batch} sequences")
+    return group_ids
+
+
+def _group_stats(scores: torch.Tensor, group_ids):
+    """Per-sequence (group mean, group unbiased std, group size) of scores [B], each [B]."""
+    index, n_groups = group_index(group_ids)
+    index = index.to(scores.device)
+    count = torch.bincount(index, minlength=n_groups).to(scores.dtype)
+    mean = group_sum(scores, index, n_groups) / count
+    sq_dev = group_sum((scores - mean[index]) ** 2, index, n_groups)
+    std = (sq_dev / (count - 1).clamp(min=1)).sqrt()
+    return mean[index], std[index], count[index]
+
+
+@register_estimator("gae", needs_critic=True)
+def gae(*, token_level_rewards, values, response_mask, gamma, lam, **_):
+    """PPO's GAE: delta_t = r_t + gamma V_{t+1} - V_t, A_t = delta_t + gamma lam A_{t+1}.
+
+    The recursion runs over valid tokens only: at a padding (or masked observation) position
+    the next value and running advantage pass through unchanged. returns = A + V (the critic's
+    target, before whitening); advantages are whitened over all valid tokens of the batch.
+    """
+    batch, horizon = token_level_rewards.shape
+    next_value = token_level_rewards.new_zeros(batch)
+    running = token_level_rewards.new_zeros(batch)
+    advantages = torch.zeros_like(token_level_rewards)
+    for t in reversed(range(horizon)):
+        valid = response_mask[:, t] > 0
+        delta = token_level_rewards[:, t] + gamma * next_value - values[:, t]
+        running = torch.where(valid, delta + gamma * lam * running, running)
+        next_value = torch.where(valid, values[:, t], next_value)
+        advantages[:, t] = running
+    returns = advantages + values
+    return masked_whiten(advantages, response_mask), returns
+
+
+@register_estimator("grpo", needs_group=True)
+def grpo(*, token_level_rewards, response_mask, group_ids, norm_adv_by_std, epsilon, **_):
+    """GRPO: A_i = (R_i - mean_g R) / (std_g R + epsilon), R_i = sum of the row's rewards,
+    broadcast over the row's tokens; std is unbiased. norm_adv_by_std=False gives Dr. GRPO
+    (A_i = R_i - mean_g R). A group of one uses verl's convention mean 0, std 1: A_i = R_i / (1 + eps)
+    (R_i with Dr. GRPO) -- the raw score, not 0.
+    """
+    scores = masked_sum(token_level_rewards, response_mask, dim=-1)               # [B]
+    mean, std, count = _group_stats(scores, group_ids)
+    single = count == 1
+    mean = torch.where(single, torch.zeros_like(mean), mean)
+    adv = scores - mean
+    if norm_adv_by_std:
+        adv = adv / (torch.where(single, torch.ones_like(std), std) + epsilon)
+    adv = adv.unsqueeze(-1) * response_mask
+    return adv, adv
+
+
+@register_estimator("rloo", needs_group=True)
+def rloo(*, token_level_rewards, response_mask, group_ids, **_):
+    """RLOO: A_i = R_i - mean_{j != i} R_j = n/(n-1) (R_i - mean_g R), broadcast over tokens.
+    A group of one has no other sample: A_i = R_i (verl's `rloo` convention)."""
+    scores = masked_sum(token_level_rewards, response_mask, dim=-1)
+    mean, _, count = _group_stats(scores, group_ids)
+    loo = (scores - mean) * count / (count - 1).clamp(min=1)
+    adv = torch.where(count > 1, loo, scores).unsqueeze(-1) * response_mask
+    return adv, adv
+
+
+@register_estimator("remax", needs_greedy_baseline=True)
+def remax(*, token_level_rewards, response_mask, reward_baselines, **_):
+    """ReMax: returns_t = sum_{s >= t} r_s (undiscounted), A_t = returns_t - b, where b [B] is the
+    score of the greedy rollout of the same prompt. With one outcome reward A_t = R - b on every token."""
+    returns = (token_level_rewards * response_mask).flip(-1).cumsum(-1).flip(-1)
+    advantages = returns - reward_baselines.unsqueeze(-1) * response_mask
+    return advantages, returns
+
+
+@register_estimator("reinforce_plus_plus")
+def reinforce_plus_plus(*, token_level_rewards, response_mask, gamma, **_):
+    """REINFORCE++: G_t = r_t + gamma G_{t+1}, reset to 0 after a masked position (so padding and
+    later turns do not leak back), then whitened over all valid tokens of the batch."""
+    returns = torch.zeros_like(token_level_rewards)
+    running = token_level_rewards.new_zeros(token_level_rewards.shape[0])
+    for t in reversed(range(token_level_rewards.shape[1])):
+        running = token_level_rewards[:, t] + gamma * running
+        returns[:, t] = running
+        running = running * response_mask[:, t]
+    return masked_whiten(returns, response_mask), returns
+
+
+@register_estimator("reinforce_plus_plus_baseline", needs_group=True)
+def reinforce_plus_plus_baseline(*, token_level_rewards, response_mask, group_ids, **_):
+    """REINFORCE++-baseline: A_i = R_i - mean_g R broadcast over tokens, then whitened over all valid
+    tokens of the batch. A group of one has baseline 0 (verl's convention); returns = advantages."""
+    scores = masked_sum(token_level_rewards, response_mask, dim=-1)
+    mean, _, count = _group_stats(scores, group_ids)
+    centred = scores - torch.where(count > 1, mean, torch.zeros_like(mean))
+    adv = masked_whiten(centred.unsqueeze(-1) * response_mask, response_mask)
+    return adv, adv

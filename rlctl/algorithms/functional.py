@@ -1,0 +1,97 @@
+"""Masked statistics, entropy, log-probs and grouping: the small tensor helpers the algorithms share.
+
+Masks are float or bool [B, T]; a position is valid where mask != 0. Values under padding never
+reach a result: they are replaced by zero with `torch.where` first, so even NaN or inf padding is
+harmless (multiplying by the mask would turn inf * 0 into NaN).
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+import torch
+
+
+def _valid(mask: torch.Tensor) -> torch.Tensor:
+    return mask if mask.dtype == torch.bool else mask != 0
+
+
+def masked_sum(values: torch.Tensor, mask: torch.Tensor, dim=None) -> torch.Tensor:
+    """Sum of values where mask is set (all elements when dim is None)."""
+    kept = torch.where(_valid(mask), values, torch.zeros((), dtype=values.dtype, device=values.device))
+    return kept.sum() if dim is None else kept.sum(dim=dim)
+
+
+def masked_count(mask: torch.Tensor, dim=None) -> torch.Tensor:
+    valid = _valid(mask)
+    return valid.sum() if dim is None else valid.sum(dim=dim)
+
+
+def masked_mean(values: torch.Tensor, mask: torch.Tensor, dim=None) -> torch.Tensor:
+    """Mean over valid positions; 0 where there are none (not NaN)."""
+    count = masked_count(mask, dim).clamp(min=1).to(values.dtype)
+    return masked_sum(values, mask, dim) / count
+
+
+def masked_var(values: torch.Tensor, mask: torch.Tensor, unbiased: bool = True) -> torch.Tensor:
+    """Variance over all valid positions (Bessel-corrected like verl/TRL); 0 with < 2 valid."""
+    mean = masked_mean(values, mask)
+    var = masked_mean((values - mean) ** 2, mask)
+    n = masked_count(mask).to(values.dtype)
+    if unbiased and n > 1:
+        var = var * n / (n - 1)
+    return var
+
+
+def masked_whiten(values: torch.Tensor, mask: torch.Tensor, shift_mean: bool = True) -> torch.Tensor:
+    """(values - mean) / sqrt(var + 1e-8) with stats over valid positions; 0 under padding.
+
+    Same as verl's masked_whiten on valid positions. With a single valid position var is 0 and the
+    result is 0 there (verl raises instead); with none, everything is 0.
+    """
+    mean, var = masked_mean(values, mask), masked_var(values, mask)
+    whitened = (values - mean) * torch.rsqrt(var + 1e-8)
+    if not shift_mean:
+        whitened = whitened + mean
+    return torch.where(_valid(mask), whitened, torch.zeros_like(whitened))
+
+
+def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:
+    """Entropy of softmax(logits) over the last dim: [..., V] -> [...].
+
+    H = logsumexp(z) - sum_v p_v z_v. Terms with p_v = 0 are dropped so that -inf logits
+    (top-k / banned tokens) give 0 instead of 0 * -inf = NaN.
+    """
+    probs = torch.softmax(logits, dim=-1)
+    p_times_z = torch.where(probs > 0, probs * logits, torch.zeros((), dtype=logits.dtype, device=logits.device))
+    return torch.logsumexp(logits, dim=-1) - p_times_z.sum(dim=-1)
+
+
+def log_probs_from_logits(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """log softmax(logits)[label]: logits [..., V], labels [...] (int) -> [...]."""
+    log_z = torch.logsumexp(logits, dim=-1)
+    return torch.gather(logits, -1, labels.long().unsqueeze(-1)).squeeze(-1) - log_z
+
+
+def group_index(group_ids) -> tuple[torch.Tensor, int]:
+    """Map per-sequence group ids (any hashables) to dense ints in first-seen order.
+
+    Returns (index [B] long, number of groups). Rows of one group need not be adjacent.
+    """
+    if isinstance(group_ids, torch.Tensor):
+        group_ids = group_ids.tolist()
+    elif isinstance(group_ids, np.ndarray):
+        group_ids = group_ids.tolist()
+    dense: dict = {}
+    index = [dense.setdefault(g, len(dense)) for g in _as_sequence(group_ids)]
+    return torch.tensor(index, dtype=torch.long), len(dense)
+
+
+def _as_sequence(group_ids) -> Sequence:
+    return group_ids if isinstance(group_ids, (list, tuple)) else list(group_ids)
+
+
+def group_sum(x: torch.Tensor, index: torch.Tensor, n_groups: int) -> torch.Tensor:
+    """Per-group sums of a [B] tensor -> [G]."""
+    return torch.zeros(n_groups, dtype=x.dtype, device=x.device).index_add_(0, index.to(x.device), x)

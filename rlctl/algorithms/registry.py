@@ -1,0 +1,137 @@
+"""Name -> algorithm registries that reject duplicates, and what each algorithm needs.
+
+An advantage estimator or policy loss is a pure tensor function registered under a name together
+with a declaration of what it needs (a critic, a group of samples per prompt, a greedy baseline).
+The training loop and the config validator read those declarations through `algorithm_needs`,
+so no code outside this package ever branches on an algorithm's name.
+"""
+
+from __future__ import annotations
+
+import difflib
+from dataclasses import dataclass
+from typing import Callable
+
+
+class AlgorithmError(ValueError):
+    """Bad input to rlctl.algorithms (unknown name, duplicate name, missing or misshaped tensor).
+
+    A plain ValueError subclass so this package stays a leaf; callers map it to the project's
+    own error classes (ConfigError for names, NumericalError for tensors).
+    """
+
+
+@dataclass(frozen=True)
+class EstimatorSpec:
+    """An advantage estimator and what it needs from the rollout.
+
+    fn is called with keyword arguments only: token_level_rewards, response_mask, group_ids,
+    values, reward_baselines, gamma, lam, norm_adv_by_std, epsilon; it returns
+    (advantages, returns), both [B, T]. Accept **kwargs to ignore what you do not use.
+    """
+
+    name: str
+    fn: Callable
+    needs_critic: bool = False           # values [B, T] from a critic (and a critic to train)
+    needs_group: bool = False            # group_ids; rollout.n >= 2 for a meaningful baseline
+    needs_greedy_baseline: bool = False  # reward_baselines [B]: the score of a greedy rollout
+
+    @property
+    def min_group_size(self) -> int:
+        return 2 if self.needs_group else 1
+
+
+@dataclass(frozen=True)
+class PolicyLossSpec:
+    """A policy loss; `loss_agg_mode` set means the loss always aggregates that way (GSPO)."""
+
+    name: str
+    fn: Callable
+    loss_agg_mode: str | None = None
+
+
+@dataclass(frozen=True)
+class Needs:
+    """What a training run must set up, derived from declarations and the KL settings."""
+
+    critic: bool
+    reference: bool
+    greedy_baseline: bool
+    min_group_size: int
+
+
+_ESTIMATORS: dict[str, EstimatorSpec] = {}
+_POLICY_LOSSES: dict[str, PolicyLossSpec] = {}
+
+
+def _check_new(kind: str, name: str, table: dict) -> None:
+    if not isinstance(name, str) or not name:
+        raise AlgorithmError(f"{kind} name must be a non-empty string, got {name!r}")
+    if name in table:
+        raise AlgorithmError(f"{kind} {name!r} is already registered (by {table[name].fn.__module__}); "
+                             f"pick another name")
+
+
+def _lookup(kind: str, name: str, table: dict):
+    if name in table:
+        return table[name]
+    close = difflib.get_close_matches(str(name), list(table), n=1)
+    hint = f"did you mean {close[0]!r}? " if close else ""
+    raise AlgorithmError(f"unknown {kind} {name!r}: {hint}known: {', '.join(sorted(table))}")
+
+
+def register_estimator(name: str, *, needs_critic: bool = False, needs_group: bool = False,
+                       needs_greedy_baseline: bool = False) -> Callable[[Callable], Callable]:
+    """Decorator: register an advantage estimator under `name`; a taken name is an error."""
+    _check_new("advantage estimator", name, _ESTIMATORS)
+
+    def decorator(fn: Callable) -> Callable:
+        _check_new("advantage estimator", name, _ESTIMATORS)
+        _ESTIMATORS[name] = EstimatorSpec(name, fn, needs_critic, needs_group, needs_greedy_baseline)
+        return fn
+
+    return decorator
+
+
+def register_policy_loss(name: str, *, loss_agg_mode: str | None = None) -> Callable[[Callable], Callable]:
+    """Decorator: register a policy loss under `name`; a taken name is an error.
+
+    fn is called with keyword arguments only: old_log_prob, log_prob, advantages, response_mask,
+    clip_ratio_low, clip_ratio_high, clip_ratio_c, loss_agg_mode, norm; it returns
+    (loss: scalar tensor, metrics: dict[str, float]).
+    """
+    _check_new("policy loss", name, _POLICY_LOSSES)
+
+    def decorator(fn: Callable) -> Callable:
+        _check_new("policy loss", name, _POLICY_LOSSES)
+        _POLICY_LOSSES[name] = PolicyLossSpec(name, fn, loss_agg_mode)
+        return fn
+
+    return decorator
+
+
+def get_estimator(name: str) -> EstimatorSpec:
+    return _lookup("advantage estimator", name, _ESTIMATORS)
+
+
+def get_policy_loss(name: str) -> PolicyLossSpec:
+    return _lookup("policy loss", name, _POLICY_LOSSES)
+
+
+def estimator_names() -> tuple[str, ...]:
+    return tuple(_ESTIMATORS)
+
+
+def policy_loss_names() -> tuple[str, ...]:
+    return tuple(_POLICY_LOSSES)
+
+
+def algorithm_needs(estimator: str, *, kl_in_reward: bool, use_kl_loss: bool) -> Needs:
+    """What to build for a run: the estimator's declaration plus the KL settings.
+
+    The reference model is needed exactly when a KL term is computed (in the reward or as a loss);
+    that is a property of the config, not of the estimator.
+    """
+    spec = get_estimator(estimator)
+    return Needs(critic=spec.needs_critic, reference=bool(kl_in_reward or use_kl_loss),
+                 greedy_baseline=spec.needs_greedy_baseline, min_group_size=spec.min_group_size)
