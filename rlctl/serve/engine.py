@@ -1,0 +1,257 @@
+"""The built-in `hf` engine: a transformers model behind a continuous-batching scheduler thread.
+
+Requests are queued by HTTP threads; one scheduler thread owns the model. Each loop it admits
+waiting requests (all n choices of a request together, while the batch has room), prefills them
+in one forward, appends them to the running decode batch, then runs one decode step for every
+row. Finished or cancelled rows leave at once, so a long request never holds a short one back.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import queue
+import threading
+from dataclasses import dataclass, field
+
+from rlctl.serve.textstream import TextStream
+
+log = logging.getLogger("rlctl.serve")
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    max_tokens: int
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    n: int = 1
+    stop: tuple[str, ...] = ()
+    seed: int | None = None
+
+
+@dataclass
+class Event:
+    """One step of one choice: new text, tokens generated so far, and why it ended (if it did)."""
+
+    index: int
+    text: str
+    completion_tokens: int
+    finish_reason: str | None = None  # "stop" | "length" | "error"
+    error: str | None = None
+
+
+@dataclass
+class Request:
+    prompt_ids: list[int]
+    params: SamplingParams
+    events: queue.Queue
+    index_base: int = 0  # choice index of this request's first row (batched completion prompts)
+    cancelled: threading.Event = field(default_factory=threading.Event)
+
+    def cancel(self) -> None:
+        self.cancelled.set()
+
+
+@dataclass
+class _Row:
+    request: Request
+    index: int
+    stream: TextStream
+    generator: object  # torch.Generator | None
+    tokens: int = 0
+    last_token: int = -1
+    done: bool = False
+
+
+def _row_seed(seed: int, choice: int) -> int:
+    """Distinct, reproducible seeds for the n choices of one seeded request."""
+    return (seed * 6364136223846793005 + choice * 1442695040888963407 + 1) % (2**63)
+
+
+class Engine:
+    """Owns model + tokenizer; `submit` is thread-safe, generation happens on the scheduler thread."""
+
+    def __init__(self, model, tokenizer, *, max_rows: int = 32, max_waiting: int = 1024):
+        import torch
+
+        self.model, self.tokenizer = model, tokenizer
+        self.max_rows, self.max_waiting = max_rows, max_waiting
+        self.context_length = int(getattr(model.config, "max_position_embeddings", 0) or 2048)
+        self.eos_ids = _eos_ids(model, tokenizer)
+        self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos_ids[0]
+        self.tokenizer_lock = threading.Lock()  # fast tokenizers are not safe to share across threads
+        self._waiting: collections.deque[Request] = collections.deque()
+        self._cond = threading.Condition()
+        self._stopping = False
+        self._rows: list[_Row] = []
+        self._batch = None
+        self.peak_rows = 0  # most rows ever decoded in one step: evidence that batching happens
+        self._default_generator = torch.Generator(device=model.device)
+        self._default_generator.seed()
+        self._thread = threading.Thread(target=self._loop, name="rlctl-scheduler", daemon=True)
+        self._thread.start()
+
+    # ---- called from HTTP threads -------------------------------------------------------------
+    def encode(self, text: str) -> list[int]:
+        with self.tokenizer_lock:
+            return self.tokenizer(text, add_special_tokens=False)["input_ids"]
+
+    def encode_chat(self, messages: list[dict]) -> list[int]:
+        """The prompt exactly as training renders it: the chat template with the generation prompt."""
+        with self.tokenizer_lock:
+            out = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+        return list(out["input_ids"] if hasattr(out, "keys") else out)
+
+    def submit(self, request: Request) -> bool:
+        """Queue a request; False when the waiting queue is full (the caller answers 429)."""
+        with self._cond:
+            if self._stopping or len(self._waiting) >= self.max_waiting:
+                return False
+            self._waiting.append(request)
+            self._cond.notify()
+        return True
+
+    def load(self) -> dict:
+        with self._cond:
+            return {"running": len(self._rows), "waiting": len(self._waiting), "peak_running": self.peak_rows}
+
+    def shutdown(self, timeout: float = 10.0) -> None:
+        """Stop admitting, let running rows finish for up to `timeout` seconds, then cancel the rest."""
+        with self._cond:
+            self._stopping = True
+            for request in self._waiting:
+                request.cancel()
+            self._cond.notify()
+        self._thread.join(timeout)
+        with self._cond:
+            for row in self._rows:
+                row.request.cancel()
+        self._thread.join(5.0)
+
+    # ---- scheduler thread ---------------------------------------------------------------------
+    def _loop(self) -> None:
+        while True:
+            with self._cond:
+                while not self._waiting and not self._rows and not self._stopping:
+                    self._cond.wait()
+                if self._stopping and not self._rows:
+                    return
+                admitted = self._admit()
+            try:
+                self._step(admitted)
+            except Exception as e:  # a model failure must not kill the server: fail those requests
+                log.exception("generation failed")
+                self._fail_all(admitted, f"generation failed: {type(e).__name__}: {e}")
+
+    def _admit(self) -> list[Request]:
+        admitted, room = [], self.max_rows - len(self._rows)
+        while self._waiting and not self._stopping:
+            request = self._waiting[0]
+            if request.cancelled.is_set():
+                self._waiting.popleft()
+                continue
+            if request.params.n > room:
+                break
+            admitted.append(self._waiting.popleft())
+            room -= request.params.n
+        return admitted
+
+    def _step(self, admitted: list[Request]) -> None:
+        import torch
+
+        from rlctl.serve.batch import DecodeBatch
+
+        logits = None
+        if self._rows:
+            last = torch.tensor([r.last_token for r in self._rows], dtype=torch.long)
+            logits = self._batch.decode(self.model, last)
+        if admitted:
+            new_rows = [self._new_row(req, i) for req in admitted for i in range(req.params.n)]
+            new_batch, new_logits = DecodeBatch.prefill(
+                self.model, [r.request.prompt_ids for r in new_rows], self.pad_id)
+            if self._rows:
+                self._batch.extend(new_batch)
+                logits = torch.cat([logits, new_logits], dim=0)
+            else:
+                self._batch, logits = new_batch, new_logits
+            self._rows.extend(new_rows)
+            self.peak_rows = max(self.peak_rows, len(self._rows))
+        self._sample_and_emit(logits)
+
+    def _new_row(self, request: Request, choice: int) -> _Row:
+        import torch
+
+        p = request.params
+        generator = None
+        if p.seed is not None:
+            generator = torch.Generator(device=self.model.device)
+            generator.manual_seed(_row_seed(p.seed, choice))
+        return _Row(request, request.index_base + choice, TextStream(self._decode, p.stop), generator)
+
+    def _decode(self, ids: list[int]) -> str:
+        with self.tokenizer_lock:
+            return self.tokenizer.decode(ids, skip_special_tokens=True)
+
+    def _sample_and_emit(self, logits) -> None:
+        import torch
+
+        from rlctl.serve.sampling import sample_next_tokens
+
+        rows, device = self._rows, logits.device
+        params = [r.request.params for r in rows]
+        tokens = sample_next_tokens(
+            logits,
+            torch.tensor([p.temperature for p in params], device=device),
+            torch.tensor([p.top_p for p in params], device=device),
+            torch.tensor([p.top_k for p in params], dtype=torch.long, device=device),
+            [r.generator for r in rows], self._default_generator,
+        ).tolist()
+        for row, token in zip(rows, tokens):
+            self._advance(row, token)
+        keep = [i for i, r in enumerate(rows) if not r.done]
+        if len(keep) < len(rows):
+            self._rows = [rows[i] for i in keep]
+            if keep:
+                self._batch.keep(keep)
+            else:
+                self._batch = None
+
+    def _advance(self, row: _Row, token: int) -> None:
+        """Append one sampled token to a row and tell its request what changed."""
+        request = row.request
+        if request.cancelled.is_set():
+            row.done = True
+            return
+        row.tokens += 1
+        row.last_token = token
+        finish, text = None, ""
+        if token in self.eos_ids:
+            finish, text = "stop", row.stream.flush()
+        else:
+            text, stopped = row.stream.push(token)
+            if stopped:
+                finish = "stop"
+            elif (row.tokens >= request.params.max_tokens
+                  or len(request.prompt_ids) + row.tokens >= self.context_length):
+                finish, text = "length", text + row.stream.flush()
+        row.done = finish is not None
+        if text or finish:
+            request.events.put(Event(row.index, text, row.tokens, finish))
+
+    def _fail_all(self, admitted: list[Request], message: str) -> None:
+        failed = {id(r.request): r.request for r in self._rows}
+        failed.update({id(r): r for r in admitted})
+        for request in failed.values():
+            for i in range(request.params.n):
+                request.events.put(Event(request.index_base + i, "", 0, "error", message))
+        self._rows, self._batch = [], None
+
+
+def _eos_ids(model, tokenizer) -> tuple[int, ...]:
+    """Token ids that end a response: the generation config's eos list plus the tokenizer's eos."""
+    ids = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    ids = [] if ids is None else ([ids] if isinstance(ids, int) else list(ids))
+    if tokenizer.eos_token_id is not None:
+        ids.append(tokenizer.eos_token_id)
+    return tuple(dict.fromkeys(ids))

@@ -1,0 +1,133 @@
+"""`--engine vllm|sglang`: run that engine's own OpenAI-compatible server as a child process.
+
+We only build its command line, check that it can run at all (package installed, a GPU
+present), pass its logs straight through (inherited stdout/stderr) and forward SIGINT/SIGTERM
+so Ctrl-C stops it cleanly. The child gets its own session: a terminal's Ctrl-C reaches it once,
+through us, instead of twice.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+
+from rlctl.errors import UsageError
+
+ENGINES = ("auto", "hf", "vllm", "sglang")
+EXTERNAL = ("vllm", "sglang")
+
+
+@dataclass(frozen=True)
+class LaunchSpec:
+    model_path: str
+    host: str
+    port: int
+    served_name: str
+    api_key: str | None = None
+    tensor_parallel_size: int = 1
+    dtype: str = "auto"
+    max_concurrency: int | None = None
+
+
+def build_command(engine: str, spec: LaunchSpec, extra: tuple[str, ...] = (),
+                  python: str | None = None) -> list[str]:
+    """The argv that starts `engine`'s OpenAI server (flags as of vLLM 0.31 / SGLang 0.5.2x)."""
+    python = python or sys.executable
+    if engine == "vllm":
+        argv = [python, "-m", "vllm.entrypoints.openai.api_server", "--model", spec.model_path,
+                "--tensor-parallel-size", str(spec.tensor_parallel_size)]
+        concurrency_flag = "--max-num-seqs"
+    elif engine == "sglang":
+        argv = [python, "-m", "sglang.launch_server", "--model-path", spec.model_path,
+                "--tp-size", str(spec.tensor_parallel_size)]
+        concurrency_flag = "--max-running-requests"
+    else:
+        raise UsageError(f"engine {engine!r} is not an external engine; choose one of {', '.join(EXTERNAL)}")
+    argv += ["--host", spec.host, "--port", str(spec.port), "--served-model-name", spec.served_name,
+             "--dtype", spec.dtype]
+    if spec.api_key:
+        argv += ["--api-key", spec.api_key]
+    if spec.max_concurrency:
+        argv += [concurrency_flag, str(spec.max_concurrency)]
+    return argv + list(extra)
+
+
+def installed(engine: str) -> bool:
+    return importlib.util.find_spec(engine) is not None
+
+
+def gpu_count() -> int:
+    import torch
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def unavailable_reason(engine: str, *, is_installed: bool, gpus: int, tensor_parallel_size: int = 1) -> str | None:
+    """Why `engine` cannot run here (None if it can). Facts are passed in so callers probe once."""
+    if not is_installed:
+        return (f"--engine {engine} needs the {engine} package, which is not installed; "
+                f"install it with `pip install 'rlctl[{engine}]'` on a GPU machine, or use --engine hf")
+    if gpus == 0:
+        return f"--engine {engine} needs a CUDA GPU and none is visible; use --engine hf to serve on CPU"
+    if tensor_parallel_size > gpus:
+        return (f"--tensor-parallel-size {tensor_parallel_size} needs {tensor_parallel_size} GPUs "
+                f"but {gpus} are visible")
+    return None
+
+
+def pick_engine(requested: str, *, tensor_parallel_size: int = 1) -> str:
+    """`auto` = vLLM, then SGLang, then the built-in engine; an explicit choice must be runnable."""
+    if requested not in ENGINES:
+        raise UsageError(f"--engine {requested!r} is not one of {', '.join(ENGINES)}")
+    if requested == "hf":
+        return "hf"
+    candidates = EXTERNAL if requested == "auto" else (requested,)
+    gpus = None
+    for engine in candidates:
+        is_installed = installed(engine)
+        if is_installed and gpus is None:
+            gpus = gpu_count()
+        reason = unavailable_reason(engine, is_installed=is_installed, gpus=gpus or 0,
+                                    tensor_parallel_size=tensor_parallel_size)
+        if reason is None:
+            return engine
+        if requested != "auto":
+            raise UsageError(reason)
+    return "hf"
+
+
+def run_child(argv: list[str], *, grace_s: float = 30.0) -> int:
+    """Run argv with inherited stdio, forwarding SIGINT/SIGTERM; returns its exit code.
+
+    A second signal, or a child still alive `grace_s` after the first, gets SIGKILL.
+    """
+    child = subprocess.Popen(argv, start_new_session=True)
+    received: list[int] = []
+
+    def forward(signum, _frame):
+        received.append(signum)
+        if child.poll() is None:
+            child.send_signal(signal.SIGKILL if len(received) > 1 else signum)
+
+    previous = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
+    deadline = None
+    try:
+        while True:
+            try:
+                code = child.wait(timeout=0.5)
+                break
+            except subprocess.TimeoutExpired:
+                if received and deadline is None:
+                    deadline = time.monotonic() + grace_s
+                if deadline is not None and time.monotonic() > deadline:
+                    child.kill()
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+    if received:  # we were asked to stop and the child did: a clean shutdown
+        return 0
+    return code if code >= 0 else 128 - code

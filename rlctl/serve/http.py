@@ -1,0 +1,238 @@
+"""The HTTP front of the built-in engine: stdlib ThreadingHTTPServer, one thread per connection.
+
+Handler threads parse and validate, submit to the engine's scheduler and wait on a queue of
+events; they never touch the model. Anything a client sends wrong is a 4xx with OpenAI's error
+JSON; a client that goes away (mid-stream or while waiting) cancels its rows at the next step.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+import logging
+import queue
+import select
+import socket
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+from rlctl.serve import protocol
+from rlctl.serve.engine import Engine, Request
+from rlctl.serve.protocol import APIError
+
+log = logging.getLogger("rlctl.serve")
+POLL_S = 0.2  # how often a waiting handler checks whether its client is still there
+
+
+class _ClientGone(Exception):
+    pass
+
+
+class OpenAIServer(ThreadingHTTPServer):
+    daemon_threads = True
+    allow_reuse_address = True
+    request_queue_size = 256  # a burst of clients must not overflow the listen backlog
+
+    def __init__(self, address, engine: Engine, *, model_name: str, api_key: str | None = None,
+                 max_body_bytes: int = 4 << 20):
+        super().__init__(address, _Handler)
+        self.engine, self.model_name, self.api_key = engine, model_name, api_key
+        self.max_body_bytes = max_body_bytes
+        self.created = int(time.time())
+
+
+class _Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    server_version = "rlctl"
+    timeout = 300  # idle keep-alive connections are closed after this many seconds
+    server: OpenAIServer
+
+    def log_message(self, fmt, *args):
+        log.info("%s %s", self.address_string(), fmt % args)
+
+    def do_GET(self):
+        self._dispatch("GET")
+
+    def do_POST(self):
+        self._dispatch("POST")
+
+    def do_PUT(self):
+        self._dispatch("PUT")
+
+    def do_DELETE(self):
+        self._dispatch("DELETE")
+
+    def _dispatch(self, method: str) -> None:
+        try:
+            self._route(method, self.path.split("?", 1)[0].rstrip("/") or "/")
+        except APIError as e:
+            self._send_json(e.status, e.body(), close=e.status in (411, 413))
+        except (_ClientGone, BrokenPipeError, ConnectionResetError, socket.timeout):
+            self.close_connection = True
+        except Exception:  # a bug: keep serving, tell the client it was us
+            log.exception("internal error on %s %s", method, self.path)
+            body = APIError(500, "internal server error", type="server_error").body()
+            self._send_json(500, body, close=True)
+
+    def _route(self, method: str, path: str) -> None:
+        if path == "/health":
+            return self._only(method, "GET") or self._send_json(200, {"status": "ok", **self.server.engine.load()})
+        self._authorize()
+        if path == "/v1/models":
+            return self._only(method, "GET") or self._send_json(200, {"object": "list", "data": [self._model_card()]})
+        if path.startswith("/v1/models/"):
+            self._only(method, "GET")
+            if path[len("/v1/models/"):] != self.server.model_name:
+                raise APIError(404, f"The model '{path[len('/v1/models/'):]}' does not exist",
+                               code="model_not_found")
+            return self._send_json(200, self._model_card())
+        if path in ("/v1/chat/completions", "/v1/completions"):
+            self._only(method, "POST")
+            body = self._read_json()
+            protocol.check_model(body, self.server.model_name)
+            engine, max_n = self.server.engine, self.server.engine.max_rows
+            parsed = (protocol.parse_chat(body, engine, max_n) if path.endswith("chat/completions")
+                      else protocol.parse_completion(body, engine, max_n))
+            return self._generate(parsed)
+        raise APIError(404, f"no route {method} {path}", code="not_found")
+
+    # ---- request plumbing ---------------------------------------------------------------------
+    def _only(self, method: str, allowed: str) -> None:
+        if method != allowed:
+            raise APIError(405, f"use {allowed} for {self.path}", code="method_not_allowed")
+
+    def _authorize(self) -> None:
+        key = self.server.api_key
+        if key is None:
+            return
+        given = self.headers.get("Authorization", "")
+        if not hmac.compare_digest(given.encode(), f"Bearer {key}".encode()):
+            raise APIError(401, "Incorrect or missing API key: send 'Authorization: Bearer <key>'",
+                           type="authentication_error", code="invalid_api_key")
+
+    def _read_json(self) -> dict:
+        length = self.headers.get("Content-Length")
+        if self.headers.get("Transfer-Encoding", "").lower() == "chunked" or length is None:
+            raise APIError(411, "send the body with a Content-Length header", code="length_required")
+        try:
+            length = int(length)
+        except ValueError:
+            raise APIError(400, "Content-Length is not a number") from None
+        if length > self.server.max_body_bytes:
+            self._discard(length)
+            raise APIError(413, f"request body of {length} bytes exceeds the limit of "
+                                f"{self.server.max_body_bytes} bytes", code="request_too_large")
+        raw = self.rfile.read(length)
+        try:
+            body = json.loads(raw)
+        except (UnicodeDecodeError, json.JSONDecodeError) as e:
+            raise APIError(400, f"invalid JSON body: {e}", code="invalid_json") from None
+        if not isinstance(body, dict):
+            raise APIError(400, "the JSON body must be an object", code="invalid_json")
+        return body
+
+    def _discard(self, length: int) -> None:
+        """Drain a moderately oversized body so the client can read our 413 instead of a reset."""
+        if length > 16 * self.server.max_body_bytes:
+            return
+        while length > 0:
+            got = self.rfile.read(min(length, 1 << 16))
+            if not got:
+                return
+            length -= len(got)
+
+    def _model_card(self) -> dict:
+        return {"id": self.server.model_name, "object": "model", "created": self.server.created,
+                "owned_by": "rlctl", "max_model_len": self.server.engine.context_length}
+
+    def _send_json(self, status: int, body: dict, *, close: bool = False) -> None:
+        data = json.dumps(body).encode()
+        try:
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            if close:
+                self.send_header("Connection", "close")
+                self.close_connection = True
+            self.end_headers()
+            self.wfile.write(data)
+        except (BrokenPipeError, ConnectionResetError, socket.timeout):
+            self.close_connection = True
+
+    # ---- generation ---------------------------------------------------------------------------
+    def _generate(self, parsed: protocol.ParsedRequest) -> None:
+        events: queue.Queue = queue.Queue()
+        n = parsed.params.n
+        requests = [Request(p, parsed.params, events, index_base=i * n) for i, p in enumerate(parsed.prompts)]
+        try:
+            for request in requests:
+                if not self.server.engine.submit(request):
+                    raise APIError(429, "the server is busy (queue full) or shutting down; retry later",
+                                   type="server_error", code="server_busy")
+            if parsed.stream:
+                self._stream(parsed, requests, events)
+            else:
+                self._collect(parsed, requests, events)
+        finally:
+            for request in requests:  # no-op for finished rows; frees the slots of abandoned ones
+                request.cancel()
+
+    def _next_event(self, events: queue.Queue):
+        while True:
+            try:
+                return events.get(timeout=POLL_S)
+            except queue.Empty:
+                if self._client_gone():
+                    raise _ClientGone() from None
+
+    def _client_gone(self) -> bool:
+        """A readable socket with nothing to read means the peer closed it."""
+        try:
+            readable, _, _ = select.select([self.connection], [], [], 0)
+            return bool(readable) and self.connection.recv(1, socket.MSG_PEEK) == b""
+        except (OSError, ValueError):
+            return True
+
+    def _collect(self, parsed, requests, events) -> None:
+        total = len(requests) * parsed.params.n
+        texts, finish, tokens = [""] * total, [None] * total, [0] * total
+        while any(f is None for f in finish):
+            ev = self._next_event(events)
+            if ev.error:
+                raise APIError(500, ev.error, type="server_error")
+            texts[ev.index] += ev.text
+            tokens[ev.index] = ev.completion_tokens
+            finish[ev.index] = ev.finish_reason
+        use = protocol.usage(sum(len(r.prompt_ids) for r in requests), sum(tokens))
+        rid = protocol.new_id(parsed.kind)
+        self._send_json(200, protocol.response(parsed.kind, rid, self.server.model_name,
+                                               list(zip(texts, finish)), use))
+
+    def _stream(self, parsed, requests, events) -> None:
+        kind, model, rid = parsed.kind, self.server.model_name, protocol.new_id(parsed.kind)
+        total = len(requests) * parsed.params.n
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.send_header("Cache-Control", "no-cache")
+        self.send_header("Connection", "close")  # the stream ends when we close the socket
+        self.close_connection = True
+        self.end_headers()
+        if kind == "chat":
+            for i in range(total):
+                self._sse(protocol.chunk(kind, rid, model, i, None, None, role=True))
+        tokens, done = [0] * total, 0
+        while done < total:
+            ev = self._next_event(events)
+            if ev.error:
+                self._sse(APIError(500, ev.error, type="server_error").body())
+                break
+            tokens[ev.index] = ev.completion_tokens
+            done += ev.finish_reason is not None
+            self._sse(protocol.chunk(kind, rid, model, ev.index, ev.text, ev.finish_reason))
+        if parsed.include_usage:
+            use = protocol.usage(sum(len(r.prompt_ids) for r in requests), sum(tokens))
+            self._sse(protocol.usage_chunk(kind, rid, model, use))
+        self.wfile.write(b"data: [DONE]\n\n")
+
+    def _sse(self, obj: dict) -> None:
+        self.wfile.write(b"data: " + json.dumps(obj).encode() + b"\n\n")

@@ -1,0 +1,229 @@
+"""The OpenAI wire format: validate request bodies, build responses, chunks and error JSON.
+
+Every way a body can be wrong becomes an `APIError` with a 4xx status and OpenAI's error shape
+({"error": {"message", "type", "param", "code"}}), so clients raise their usual exceptions.
+Unknown fields are ignored (like vLLM); known fields the built-in engine cannot honour
+(logprobs, tools, penalties) are refused rather than silently dropped.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from dataclasses import dataclass
+
+from rlctl.serve.engine import SamplingParams
+
+MAX_STOP = 16
+COMPLETION_DEFAULT_MAX_TOKENS = 16  # OpenAI's legacy /v1/completions default
+
+
+class APIError(Exception):
+    def __init__(self, status: int, message: str, *, type: str = "invalid_request_error",
+                 param: str | None = None, code: str | None = None):
+        super().__init__(message)
+        self.status, self.message, self.type, self.param, self.code = status, message, type, param, code
+
+    def body(self) -> dict:
+        return {"error": {"message": self.message, "type": self.type, "param": self.param,
+                          "code": self.code}}
+
+
+@dataclass
+class ParsedRequest:
+    kind: str  # "chat" | "completion"
+    prompts: list[list[int]]
+    params: SamplingParams
+    stream: bool
+    include_usage: bool
+
+
+def _field(body: dict, key: str, types: tuple, default=None, *, nullable: bool = True):
+    """body[key] checked against `types` (bool is never accepted as a number)."""
+    value = body.get(key, default)
+    if value is None and nullable:
+        return default
+    numeric = int in types or float in types
+    if not isinstance(value, types) or (numeric and isinstance(value, bool) and bool not in types):
+        names = " or ".join("number" if t is float else t.__name__ for t in types)
+        raise APIError(400, f"'{key}' must be {names}, got {type(value).__name__}", param=key)
+    return value
+
+
+def _in_range(key: str, value, lo, hi) -> None:
+    if not lo <= value <= hi:
+        raise APIError(400, f"'{key}' must be between {lo} and {hi}, got {value}", param=key)
+
+
+def check_model(body: dict, served_name: str) -> None:
+    model = _field(body, "model", (str,), nullable=False) if "model" in body else None
+    if model is None:
+        raise APIError(400, "'model' is required", param="model")
+    if model != served_name:
+        raise APIError(404, f"The model '{model}' does not exist; this server serves '{served_name}'",
+                       param="model", code="model_not_found")
+
+
+def _refuse_unsupported(body: dict) -> None:
+    """Fields whose meaning we cannot honour: better a clear 400 than a silently different answer."""
+    for key in ("logprobs", "top_logprobs", "echo", "suffix", "tools", "functions"):
+        if body.get(key) not in (None, False, [], 0):
+            raise APIError(400, f"'{key}' is not supported by the built-in engine "
+                                "(use --engine vllm or sglang)", param=key)
+    for key in ("presence_penalty", "frequency_penalty"):
+        if body.get(key) not in (None, 0, 0.0):
+            raise APIError(400, f"'{key}' is not supported by the built-in engine", param=key)
+    fmt = body.get("response_format")
+    if fmt is not None and not (isinstance(fmt, dict) and fmt.get("type") == "text"):
+        raise APIError(400, "'response_format' other than text is not supported", param="response_format")
+
+
+def _sampling(body: dict, prompt_lens: list[int], context: int, max_n: int, default_max) -> tuple:
+    temperature = float(_field(body, "temperature", (int, float), 1.0))
+    _in_range("temperature", temperature, 0.0, 2.0)
+    top_p = float(_field(body, "top_p", (int, float), 1.0))
+    if not 0.0 < top_p <= 1.0:
+        raise APIError(400, f"'top_p' must be in (0, 1], got {top_p}", param="top_p")
+    top_k = _field(body, "top_k", (int,), 0)
+    if top_k < -1:
+        raise APIError(400, f"'top_k' must be -1, 0 (off) or positive, got {top_k}", param="top_k")
+    n = _field(body, "n", (int,), 1)
+    _in_range("n", n, 1, max_n)
+    seed = _field(body, "seed", (int,), None)
+    stop = _field(body, "stop", (str, list), [])
+    stop = [stop] if isinstance(stop, str) else stop
+    if len(stop) > MAX_STOP or not all(isinstance(s, str) for s in stop):
+        raise APIError(400, f"'stop' must be a string or a list of at most {MAX_STOP} strings", param="stop")
+    key = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
+    max_tokens = _field(body, key, (int,), None)
+    longest = max(prompt_lens)
+    if longest >= context:
+        raise APIError(400, f"This model's maximum context length is {context} tokens, but the prompt "
+                            f"has {longest}; shorten the prompt", param="messages",
+                       code="context_length_exceeded")
+    if max_tokens is None:
+        max_tokens = context - longest if default_max is None else min(default_max, context - longest)
+    if max_tokens < 1:
+        raise APIError(400, f"'{key}' must be at least 1, got {max_tokens}", param=key)
+    if longest + max_tokens > context:
+        raise APIError(400, f"This model's maximum context length is {context} tokens. However, you "
+                            f"requested {longest + max_tokens} tokens ({longest} in the prompt, "
+                            f"{max_tokens} for the completion); reduce '{key}' or the prompt",
+                       param=key, code="context_length_exceeded")
+    params = SamplingParams(max_tokens=max_tokens, temperature=temperature, top_p=top_p,
+                            top_k=max(top_k, 0), n=n, stop=tuple(stop), seed=seed)
+    stream = _field(body, "stream", (bool,), False)
+    options = _field(body, "stream_options", (dict,), {})
+    include_usage = bool(options.get("include_usage", False))
+    return params, stream, include_usage
+
+
+def _message_text(message, i: int) -> dict:
+    if not isinstance(message, dict):
+        raise APIError(400, f"messages[{i}] must be an object", param=f"messages[{i}]")
+    role = message.get("role")
+    if not isinstance(role, str) or not role:
+        raise APIError(400, f"messages[{i}].role must be a non-empty string", param=f"messages[{i}].role")
+    content = message.get("content")
+    if content is None:
+        content = ""
+    elif isinstance(content, list):  # content parts: only text can be rendered by a text model
+        if not all(isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str)
+                   for p in content):
+            raise APIError(400, f"messages[{i}].content: only text parts are supported",
+                           param=f"messages[{i}].content")
+        content = "".join(p["text"] for p in content)
+    elif not isinstance(content, str):
+        raise APIError(400, f"messages[{i}].content must be a string or a list of text parts",
+                       param=f"messages[{i}].content")
+    return {"role": role, "content": content}
+
+
+def parse_chat(body: dict, engine, max_n: int) -> ParsedRequest:
+    _refuse_unsupported(body)
+    messages = _field(body, "messages", (list,), nullable=False) if "messages" in body else None
+    if not messages:
+        raise APIError(400, "'messages' must be a non-empty list", param="messages")
+    messages = [_message_text(m, i) for i, m in enumerate(messages)]
+    if not getattr(engine.tokenizer, "chat_template", None):
+        raise APIError(400, "this model has no chat template; use /v1/completions", param="messages")
+    try:
+        prompt = engine.encode_chat(messages)
+    except Exception as e:  # a template can raise on roles it does not know (jinja raise_exception)
+        raise APIError(400, f"the chat template rejected these messages: {e}", param="messages") from e
+    params, stream, usage = _sampling(body, [len(prompt)], engine.context_length, max_n, None)
+    return ParsedRequest("chat", [prompt], params, stream, usage)
+
+
+def parse_completion(body: dict, engine, max_n: int) -> ParsedRequest:
+    _refuse_unsupported(body)
+    if body.get("best_of") not in (None, 1, body.get("n", 1)):
+        raise APIError(400, "'best_of' is not supported by the built-in engine", param="best_of")
+    prompt = body.get("prompt")
+    if isinstance(prompt, str):
+        prompts = [engine.encode(prompt)]
+    elif isinstance(prompt, list) and prompt and all(isinstance(p, str) for p in prompt):
+        prompts = [engine.encode(p) for p in prompt]
+    elif _is_ids(prompt, engine):
+        prompts = [list(prompt)]
+    elif isinstance(prompt, list) and prompt and all(_is_ids(p, engine) for p in prompt):
+        prompts = [list(p) for p in prompt]
+    else:
+        raise APIError(400, "'prompt' must be a string, a list of strings, or token ids", param="prompt")
+    if any(len(p) == 0 for p in prompts):
+        raise APIError(400, "'prompt' must not be empty", param="prompt")
+    params, stream, usage = _sampling(body, [len(p) for p in prompts], engine.context_length,
+                                      max_n, COMPLETION_DEFAULT_MAX_TOKENS)
+    if len(prompts) * params.n > max_n:
+        raise APIError(400, f"prompts x n = {len(prompts) * params.n} exceeds this server's limit "
+                            f"of {max_n} sequences per request", param="prompt")
+    return ParsedRequest("completion", prompts, params, stream, usage)
+
+
+def _is_ids(value, engine) -> bool:
+    vocab = len(engine.tokenizer)
+    return (isinstance(value, list) and len(value) > 0
+            and all(isinstance(t, int) and not isinstance(t, bool) and 0 <= t < vocab for t in value))
+
+
+# ---- responses ------------------------------------------------------------------------------------
+def new_id(kind: str) -> str:
+    return ("chatcmpl-" if kind == "chat" else "cmpl-") + uuid.uuid4().hex[:24]
+
+
+def usage(prompt_tokens: int, completion_tokens: int) -> dict:
+    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens}
+
+
+def response(kind: str, rid: str, model: str, choices: list[tuple[str, str]], use: dict) -> dict:
+    """A whole (non-streamed) answer; `choices` are (text, finish_reason) by index."""
+    if kind == "chat":
+        out = [{"index": i, "message": {"role": "assistant", "content": text}, "logprobs": None,
+                "finish_reason": finish} for i, (text, finish) in enumerate(choices)]
+        obj = "chat.completion"
+    else:
+        out = [{"index": i, "text": text, "logprobs": None, "finish_reason": finish}
+               for i, (text, finish) in enumerate(choices)]
+        obj = "text_completion"
+    return {"id": rid, "object": obj, "created": int(time.time()), "model": model, "choices": out,
+            "usage": use, "system_fingerprint": None}
+
+
+def chunk(kind: str, rid: str, model: str, index: int, text: str | None, finish: str | None,
+          *, role: bool = False) -> dict:
+    """One streamed piece of one choice (OpenAI chunk format)."""
+    if kind == "chat":
+        delta = {"role": "assistant", "content": ""} if role else ({} if text is None else {"content": text})
+        choice = {"index": index, "delta": delta, "logprobs": None, "finish_reason": finish}
+        obj = "chat.completion.chunk"
+    else:
+        choice = {"index": index, "text": text or "", "logprobs": None, "finish_reason": finish}
+        obj = "text_completion"
+    return {"id": rid, "object": obj, "created": int(time.time()), "model": model, "choices": [choice]}
+
+
+def usage_chunk(kind: str, rid: str, model: str, use: dict) -> dict:
+    obj = "chat.completion.chunk" if kind == "chat" else "text_completion"
+    return {"id": rid, "object": obj, "created": int(time.time()), "model": model, "choices": [],
+            "usage": use}

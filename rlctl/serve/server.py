@@ -1,0 +1,89 @@
+"""Start, run and stop the built-in server: bind safely, serve until SIGINT/SIGTERM, drain, exit."""
+
+from __future__ import annotations
+
+import ipaddress
+import logging
+import signal
+import socket
+import sys
+import threading
+from pathlib import Path
+
+from rlctl.errors import UsageError
+
+log = logging.getLogger("rlctl.serve")
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:  # a host name: only trust it if it resolves to loopback addresses alone
+        try:
+            infos = socket.getaddrinfo(host, None)
+        except OSError:
+            return False
+        return bool(infos) and all(ipaddress.ip_address(i[4][0]).is_loopback for i in infos)
+
+
+def check_bind(host: str, api_key: str | None, insecure: bool) -> None:
+    """Refuse to expose an unauthenticated model to the network unless asked to in so many words."""
+    if not is_loopback(host) and not api_key and not insecure:
+        raise UsageError(f"--host {host} exposes the server beyond this machine without an API key",
+                         hint="pass --api-key KEY (or RLCTL_API_KEY), or --insecure if you mean it.")
+
+
+def make_server(engine, host: str, port: int, *, model_name: str, api_key: str | None = None,
+                max_body_bytes: int = 4 << 20):
+    from rlctl.serve.http import OpenAIServer
+
+    cls = OpenAIServer
+    if ":" in host:
+        cls = type("OpenAIServer6", (OpenAIServer,), {"address_family": socket.AF_INET6})
+    try:
+        return cls((host, port), engine, model_name=model_name, api_key=api_key,
+                   max_body_bytes=max_body_bytes)
+    except OSError as e:
+        raise UsageError(f"cannot listen on {host}:{port}: {e.strerror or e}",
+                         hint="pick another --port, or stop what is using it.") from None
+
+
+def serve_builtin(folder: Path, *, host: str, port: int, model_name: str, api_key: str | None,
+                  max_concurrency: int, dtype: str, drain_s: float = 10.0) -> int:
+    """Load the model, serve until a signal, let running requests finish (up to drain_s), return 0."""
+    from rlctl.serve.engine import Engine
+    from rlctl.serve.source import load_model
+
+    log.info("loading %s", folder)
+    model, tokenizer = load_model(folder, dtype)
+    engine = Engine(model, tokenizer, max_rows=max_concurrency)
+    server = make_server(engine, host, port, model_name=model_name, api_key=api_key)
+    stopping = threading.Event()
+
+    def stop(signum, _frame):
+        if stopping.is_set():
+            return
+        stopping.set()
+        log.info("%s received: finishing running requests, then exiting", signal.Signals(signum).name)
+        threading.Thread(target=server.shutdown, daemon=True).start()
+
+    previous = {s: signal.signal(s, stop) for s in (signal.SIGINT, signal.SIGTERM)}
+    bound_host, bound_port = server.server_address[:2]
+    print(f"serving {model_name!r} ({model.device}, {engine.context_length} context, up to "
+          f"{max_concurrency} sequences per batch) on http://{_url_host(bound_host)}:{bound_port}/v1",
+          file=sys.stderr, flush=True)
+    try:
+        server.serve_forever(poll_interval=0.5)
+    finally:
+        engine.shutdown(timeout=drain_s)
+        server.server_close()
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+    log.info("stopped")
+    return 0
+
+
+def _url_host(host: str) -> str:
+    return f"[{host}]" if ":" in host else host

@@ -1,0 +1,78 @@
+"""What `serve` and `eval` were pointed at: a Hugging Face model folder, or a training run folder.
+
+A run folder (it has checkpoints/ or run.json) holds sharded training checkpoints, not a model
+a server can load, so it is exported to a temporary Hugging Face folder first with
+`rlctl.checkpoint.merge.export_hf`, the same code `rlctl merge` uses.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import tempfile
+from pathlib import Path
+
+from rlctl.errors import CheckpointError, DataError, UsageError
+
+DTYPES = ("auto", "float32", "bfloat16", "float16")
+
+
+def is_run_dir(path: Path) -> bool:
+    return (path / "checkpoints").is_dir() or (path / "run.json").is_file()
+
+
+def is_model_dir(path: Path) -> bool:
+    return (path / "config.json").is_file()
+
+
+@contextlib.contextmanager
+def model_folder(path: str | Path, step: int | None = None):
+    """Yield a loadable Hugging Face folder for `path` (exporting a run's checkpoint if needed)."""
+    path = Path(path)
+    if not path.exists():
+        raise DataError(f"{path} does not exist", hint="pass a Hugging Face model folder or a run folder.")
+    if is_model_dir(path) and not is_run_dir(path):
+        if step is not None:
+            raise UsageError(f"--step applies to run folders; {path} is a model folder")
+        yield path
+        return
+    if not is_run_dir(path):
+        raise DataError(f"{path} is neither a Hugging Face model folder (no config.json) nor a run "
+                        "folder (no checkpoints/ or run.json)",
+                        hint="pass the folder `rlctl merge` wrote, or a run folder.")
+    try:
+        from rlctl.checkpoint.merge import export_hf
+    except ImportError:
+        raise CheckpointError(
+            f"{path} is a training run folder, and exporting its checkpoint needs rlctl.checkpoint.merge, "
+            "which this build does not have", hint=f"run `rlctl merge {path} --to-hf OUT` and serve OUT.") from None
+    with tempfile.TemporaryDirectory(prefix="rlctl-serve-") as tmp:
+        export_hf(path, tmp, step=step)
+        yield Path(tmp)
+
+
+def resolve_dtype(name: str, device: str):
+    """Torch dtype for `--dtype`; auto = bfloat16 on GPU (float16 when bf16 is missing), float32 on CPU."""
+    import torch
+
+    if name not in DTYPES:
+        raise UsageError(f"--dtype {name!r} is not one of {', '.join(DTYPES)}")
+    if name != "auto":
+        return getattr(torch, name)
+    if device.startswith("cuda"):
+        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+    return torch.float32
+
+
+def load_model(folder: Path, dtype: str = "auto", device: str | None = None):
+    """(model, tokenizer) in eval mode on `device` (cuda when available, else cpu)."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(folder)
+        model = AutoModelForCausalLM.from_pretrained(folder, dtype=resolve_dtype(dtype, device))
+    except (OSError, ValueError) as e:
+        raise DataError(f"cannot load a model from {folder}: {e}",
+                        hint="is it a complete Hugging Face folder (config, weights, tokenizer)?") from None
+    return model.to(device).eval(), tokenizer
