@@ -70,7 +70,8 @@ def aggregate_loss(loss_mat: torch.Tensor, mask: torch.Tensor, mode: str, *,
     if mode not in LOSS_AGG_MODES:
         raise AlgorithmError(f"unknown loss_agg_mode {mode!r}: use one of {', '.join(LOSS_AGG_MODES)}")
     if loss_mat.shape != mask.shape:
-        raise AlgorithmError(f"loss_mat {tuple(loss_mat.shape)} and mask {tuple(mask.shape)} must have one shape [B, T]")
+        raise AlgorithmError(f"loss_mat {tuple(loss_mat.shape)} and mask {tuple(mask.shape)} "
+                             f"must have one shape [B, T]")
     norm = norm or LossNorm()
     if mode == "token-mean":
         tokens = norm.tokens if norm.tokens is not None else masked_count(mask).clamp(min=1)

@@ -7,8 +7,6 @@ harmless (multiplying by the mask would turn inf * 0 into NaN).
 
 from __future__ import annotations
 
-from typing import Sequence
-
 import numpy as np
 import torch
 
@@ -79,17 +77,10 @@ def group_index(group_ids) -> tuple[torch.Tensor, int]:
 
     Returns (index [B] long, number of groups). Rows of one group need not be adjacent.
     """
-    if isinstance(group_ids, torch.Tensor):
-        group_ids = group_ids.tolist()
-    elif isinstance(group_ids, np.ndarray):
-        group_ids = group_ids.tolist()
+    ids = group_ids.tolist() if isinstance(group_ids, (torch.Tensor, np.ndarray)) else list(group_ids)
     dense: dict = {}
-    index = [dense.setdefault(g, len(dense)) for g in _as_sequence(group_ids)]
+    index = [dense.setdefault(g, len(dense)) for g in ids]
     return torch.tensor(index, dtype=torch.long), len(dense)
-
-
-def _as_sequence(group_ids) -> Sequence:
-    return group_ids if isinstance(group_ids, (list, tuple)) else list(group_ids)
 
 
 def group_sum(x: torch.Tensor, index: torch.Tensor, n_groups: int) -> torch.Tensor:

@@ -40,17 +40,16 @@ def filter_groups(group_ids, metric) -> GroupFilter:
     values = np.asarray(metric.tolist() if hasattr(metric, "tolist") else metric, dtype=np.float64)
     if values.ndim != 1 or len(values) != len(group_ids):
         raise AlgorithmError(f"metric must hold one number per sequence ({len(group_ids)}), got shape {values.shape}")
-    index, n_groups = group_index(group_ids)
+    ids = group_ids.tolist() if hasattr(group_ids, "tolist") else list(group_ids)
+    index, n_groups = group_index(ids)
     index = index.numpy()
-    first_ids: list = [None] * n_groups
-    for row, g in enumerate(index):
-        if first_ids[g] is None:
-            first_ids[g] = row
-    ids = list(group_ids.tolist() if hasattr(group_ids, "tolist") else group_ids)
+    id_of: dict = {}                                  # dense group -> its id, first-seen order
+    for g, gid in zip(index.tolist(), ids):
+        id_of.setdefault(g, gid)
     keep_group = np.zeros(n_groups, dtype=bool)
     for g in range(n_groups):
         members = values[index == g]
         keep_group[g] = len(members) == 1 or bool(np.std(members) > 0)
-    kept = tuple(ids[first_ids[g]] for g in range(n_groups) if keep_group[g])
-    dropped = tuple(ids[first_ids[g]] for g in range(n_groups) if not keep_group[g])
+    kept = tuple(id_of[g] for g in range(n_groups) if keep_group[g])
+    dropped = tuple(id_of[g] for g in range(n_groups) if not keep_group[g])
     return GroupFilter(keep=keep_group[index], kept_groups=kept, dropped_groups=dropped)

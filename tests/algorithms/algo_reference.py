@@ -45,7 +45,7 @@ def gae(rewards, values, mask, gamma, lam):
     return expand(whiten(raw), mask), expand(returns, mask)
 
 
-def _groups(group_ids, scores):
+def _groups(group_ids):
     members = defaultdict(list)
     for i, g in enumerate(group_ids):
         members[g].append(i)
@@ -55,7 +55,7 @@ def _groups(group_ids, scores):
 def grpo(rewards, mask, group_ids, norm_adv_by_std=True, eps=1e-6):
     scores = [sum(row) for row in compact(rewards, mask)]
     adv = [0.0] * len(scores)
-    for idx in _groups(group_ids, scores).values():
+    for idx in _groups(group_ids).values():
         group = [scores[i] for i in idx]
         mean = sum(group) / len(group) if len(group) > 1 else 0.0
         std = math.sqrt(sum((s - mean) ** 2 for s in group) / (len(group) - 1)) if len(group) > 1 else 1.0
@@ -67,7 +67,7 @@ def grpo(rewards, mask, group_ids, norm_adv_by_std=True, eps=1e-6):
 def rloo(rewards, mask, group_ids):
     scores = [sum(row) for row in compact(rewards, mask)]
     adv = list(scores)
-    for idx in _groups(group_ids, scores).values():
+    for idx in _groups(group_ids).values():
         for i in idx:
             others = [scores[j] for j in idx if j != i]
             if others:
@@ -92,7 +92,7 @@ def reinforce_plus_plus(rewards, mask, gamma):
 def rf_baseline(rewards, mask, group_ids):
     scores = [sum(row) for row in compact(rewards, mask)]
     centred = list(scores)
-    for idx in _groups(group_ids, scores).values():
+    for idx in _groups(group_ids).values():
         if len(idx) > 1:
             mean = sum(scores[i] for i in idx) / len(idx)
             for i in idx:

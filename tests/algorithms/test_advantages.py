@@ -10,7 +10,6 @@ import torch
 
 from rlctl.algorithms import AlgorithmError, compute_advantages
 
-T = torch.tensor
 
 
 def f64(x):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import torch
 
 from rlctl.algorithms import entropy_from_logits, log_probs_from_logits, masked_mean, masked_var, masked_whiten
@@ -57,7 +58,6 @@ def test_log_probs_from_logits_matches_log_softmax():
 def test_group_index_accepts_any_hashables_in_first_seen_order():
     index, n = group_index(["q", ("t", 1), "q", 7, ("t", 1)])
     assert n == 3 and index.tolist() == [0, 1, 0, 2, 1]
-    import numpy as np
     index, n = group_index(np.array(["b", "a", "b"]))
     assert n == 2 and index.tolist() == [0, 1, 0]
     index, n = group_index(torch.tensor([5, 5, 2]))
