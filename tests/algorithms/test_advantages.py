@@ -11,7 +11,6 @@ import torch
 from rlctl.algorithms import AlgorithmError, compute_advantages
 
 
-
 def f64(x):
     return torch.tensor(x, dtype=torch.float64)
 
