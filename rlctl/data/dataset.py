@@ -1,0 +1,95 @@
+"""What the training loop reads: validated rows from parquet files, prompt lengths, a fingerprint.
+
+    read_table(files) -> pyarrow.Table        every file validated, then concatenated
+    load_rows(files) -> list[dict]            the same rows as plain dicts (verl schema)
+    render_prompts(prompts, tokenizer) -> list[str]   chat template + generation prompt
+    prompt_token_lengths(prompts, tokenizer) -> list[int]
+    files_fingerprint(files) -> str           content hash, for "is this the data I resumed with?"
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from pathlib import Path
+
+from rlctl.errors import DataError
+
+
+def read_parquet(path: str | os.PathLike):
+    """One parquet file as a validated pyarrow Table; DataError naming the file and column."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from rlctl.data.schema import validate_table
+
+    path = Path(path)
+    if not path.is_file():
+        raise DataError(f"data file {path} does not exist", hint="run `rlctl data prep` or fix data.train_files.")
+    try:
+        table = pq.read_table(path)
+    except (pa.ArrowException, OSError) as e:
+        raise DataError(f"{path} is not a readable parquet file ({str(e).splitlines()[0]})") from None
+    validate_table(table, source=str(path))
+    return table
+
+
+def read_table(files):
+    """All `files` (a path or a list of paths) validated and concatenated, in the order given.
+
+    Files whose extra_info carries different fields are merged (missing fields become null).
+    """
+    import pyarrow as pa
+
+    paths = [files] if isinstance(files, (str, os.PathLike)) else list(files)
+    if not paths:
+        raise DataError("no data files given", hint="set data.train_files to one or more parquet files.")
+    tables = [read_parquet(p) for p in paths]
+    if len(tables) == 1:
+        return tables[0]
+    try:
+        return pa.concat_tables(tables, promote_options="permissive")
+    except pa.ArrowException as e:
+        raise DataError(f"data files {', '.join(map(str, paths))} do not share a schema ({e})") from None
+
+
+def load_rows(files) -> list[dict]:
+    """Rows of `files` as dicts: data_source, prompt (list of {role, content}), ability,
+    reward_model {style, ground_truth}, extra_info {...}."""
+    return read_table(files).to_pylist()
+
+
+def render_prompts(prompts: list[list[dict]], tokenizer) -> list[str]:
+    """The text a model sees for each prompt: its chat template with the generation prompt.
+
+    A tokenizer without a chat template (a base model) gets the contents joined by newlines.
+    """
+    if not getattr(tokenizer, "chat_template", None):
+        return ["\n".join(m["content"] for m in messages) for messages in prompts]
+    if not prompts:
+        return []
+    return tokenizer.apply_chat_template(prompts, add_generation_prompt=True, tokenize=False)
+
+
+def prompt_token_lengths(prompts: list[list[dict]], tokenizer) -> list[int]:
+    """Tokens per prompt after `render_prompts` (the template already holds the special tokens)."""
+    texts = render_prompts(prompts, tokenizer)
+    if not texts:
+        return []
+    return [len(ids) for ids in tokenizer(texts, add_special_tokens=False)["input_ids"]]
+
+
+def files_fingerprint(files) -> str:
+    """`sha256:<hex>` over the files' bytes in order: same data, same order -> same fingerprint."""
+    paths = [files] if isinstance(files, (str, os.PathLike)) else list(files)
+    outer = hashlib.sha256()
+    for path in paths:
+        inner = hashlib.sha256()
+        try:
+            with open(path, "rb") as f:
+                while chunk := f.read(1 << 20):
+                    inner.update(chunk)
+        except OSError as e:
+            raise DataError(f"cannot read data file {path} ({e.strerror})") from None
+        outer.update(f"{inner.hexdigest()}\n".encode())
+    return f"sha256:{outer.hexdigest()}"

@@ -1,0 +1,103 @@
+"""`rlctl data inspect`: what is in a parquet file, and how long its prompts are in tokens."""
+
+from __future__ import annotations
+
+import math
+import os
+from pathlib import Path
+
+from rlctl.errors import DataError
+
+PERCENTILES = (50, 90, 95, 99)
+HISTOGRAM_BINS = 10
+SAMPLE_CHARS = 160
+
+
+def _counts(values) -> dict:
+    counts: dict = {}
+    for v in values:
+        counts[v] = counts.get(v, 0) + 1
+    return dict(sorted(counts.items(), key=lambda kv: -kv[1]))
+
+
+def _sample(row: dict) -> dict:
+    """A short view of one row: its data source, last prompt message and ground truth."""
+    last = row["prompt"][-1]["content"] if row["prompt"] else ""
+    text = last if len(last) <= SAMPLE_CHARS else last[: SAMPLE_CHARS - 3] + "..."
+    return {"data_source": row["data_source"], "roles": [m["role"] for m in row["prompt"]],
+            "prompt": text, "ground_truth": row["reward_model"]["ground_truth"]}
+
+
+def percentile(sorted_values: list[int], q: float) -> int:
+    """Nearest-rank percentile of an ascending list (q in (0, 100])."""
+    rank = max(1, math.ceil(q / 100 * len(sorted_values)))
+    return sorted_values[rank - 1]
+
+
+def histogram(values: list[int], bins: int = HISTOGRAM_BINS) -> list[dict]:
+    """Equal-width integer bins [lo, hi] over min..max, each with its count."""
+    lo, hi = min(values), max(values)
+    width = max(1, math.ceil((hi - lo + 1) / bins))
+    edges = list(range(lo, hi + 1, width))
+    counts = [0] * len(edges)
+    for v in values:
+        counts[(v - lo) // width] += 1
+    return [{"lo": e, "hi": min(e + width - 1, hi), "count": c} for e, c in zip(edges, counts)]
+
+
+def load_tokenizer(model: str | os.PathLike):
+    """AutoTokenizer from a local folder or hub id; DataError (one line) when it cannot load."""
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(str(model))
+    except Exception as e:  # missing folder, offline hub, broken files: one message for all
+        reason = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
+        raise DataError(f"cannot load a tokenizer from {model} ({reason})",
+                        hint="pass --model a local model folder (rlctl model tiny OUT makes one).") from None
+
+
+def length_report(prompts: list, tokenizer, max_prompt_length: int | None) -> dict:
+    """Prompt lengths in tokens after the chat template: stats, percentiles, histogram, over limit."""
+    from rlctl.data.dataset import prompt_token_lengths
+
+    lengths = prompt_token_lengths(prompts, tokenizer)
+    ordered = sorted(lengths)
+    report = {
+        "chat_template": bool(getattr(tokenizer, "chat_template", None)),
+        "min": ordered[0], "mean": round(sum(ordered) / len(ordered), 1), "max": ordered[-1],
+        "percentiles": {f"p{q}": percentile(ordered, q) for q in PERCENTILES},
+        "histogram": histogram(ordered),
+    }
+    if max_prompt_length is not None:
+        over = sum(n > max_prompt_length for n in lengths)
+        report.update(max_prompt_length=max_prompt_length, over_limit=over,
+                      over_limit_share=round(over / len(lengths), 4))
+    return report
+
+
+def inspect_file(path: str | os.PathLike, *, model: str | None = None, max_prompt_length: int | None = None,
+                 samples: int = 3) -> dict:
+    """Validate `path` (DataError naming the wrong column) and describe it; token lengths with `model`."""
+    from rlctl.data.dataset import read_parquet
+
+    table = read_parquet(Path(path))
+    rows = table.to_pylist()
+    if not rows:
+        raise DataError(f"{path} has no rows", hint="re-run `rlctl data prep`.")
+    splits = [(r.get("extra_info") or {}).get("split") for r in rows]
+    report = {
+        "file": str(path),
+        "rows": len(rows),
+        "columns": table.column_names,
+        "data_sources": _counts(r["data_source"] for r in rows),
+        "abilities": _counts(r.get("ability") for r in rows) if "ability" in table.column_names else {},
+        "splits": _counts(s for s in splits if s is not None),
+        "empty_ground_truth": sum(not str(r["reward_model"]["ground_truth"]).strip() for r in rows),
+        "samples": [_sample(r) for r in rows[:samples]],
+    }
+    if model is not None:
+        tokenizer = load_tokenizer(model)
+        report["prompt_tokens"] = {"model": str(model),
+                                   **length_report([r["prompt"] for r in rows], tokenizer, max_prompt_length)}
+    return report

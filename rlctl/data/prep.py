@@ -1,0 +1,208 @@
+"""`rlctl data prep`: a source (hub, local files, or the synthetic task) -> verl parquet per split.
+
+Every record either becomes a row or a counted `Problem`; with on_error="fail" (the default)
+any problem stops the prep with the first few shown, with "skip" they are dropped and counted
+in the report. Duplicate rows (same messages and ground truth within a split) are always dropped
+and counted. Each split is written to a temp file and renamed, so a reader never sees half a file.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from rlctl.data import arith
+from rlctl.data.readers import Problem, read_records
+from rlctl.data.sources import SPLIT_NAMES, RowError, Task, convert, locate, make_task
+from rlctl.errors import DataError, UsageError
+
+SOURCES = ("gsm8k", "math", "arith", "jsonl", "csv", "parquet")
+ALIASES = {"synthetic": "arith"}
+SHOWN_PROBLEMS = 3
+
+
+@dataclass(frozen=True)
+class PrepOptions:
+    source: str | None = None          # a local file/folder or a hub dataset id
+    out: Path | None = None            # default data/<name>/
+    splits: tuple = ()                 # empty = every split there is
+    limit: int | None = None           # keep the first N rows of each split
+    seed: int = 0
+    val_fraction: float | None = None  # None = the source's default (arith 0.1, files 0)
+    on_error: str = "fail"
+    prompt_col: str | None = None
+    answer_col: str | None = None
+    system: str | None = None
+    instruction: str | None = None
+    data_source: str | None = None
+    force: bool = False
+
+
+@dataclass
+class SplitRows:
+    rows: list = field(default_factory=list)
+    problems: list = field(default_factory=list)    # rows that could not be used
+    duplicates: list = field(default_factory=list)  # rows dropped as repeats
+
+
+def _check_options(name: str, opts: PrepOptions) -> None:
+    if name not in SOURCES:
+        raise UsageError(f"unknown source {name!r}", hint=f"choose one of {', '.join(SOURCES)}.")
+    if opts.on_error not in ("fail", "skip"):
+        raise UsageError(f"--on-error {opts.on_error!r} is not fail or skip")
+    if opts.val_fraction is not None and not 0 <= opts.val_fraction < 1:
+        raise UsageError(f"--val-fraction {opts.val_fraction} is outside [0, 1)")
+    if opts.limit is not None and opts.limit < 1:
+        raise UsageError(f"--limit {opts.limit} must be at least 1")
+    if name == "arith" and opts.source:
+        raise UsageError("the arith task is generated offline and takes no --source")
+
+
+def _check_columns(task: Task, raw) -> None:
+    """A column the mapping names but the file lacks is a usage mistake, not a bad row."""
+    if not raw.records:
+        return
+    for flag, column in (("--prompt-col", task.prompt_col), ("--answer-col", task.answer_col)):
+        if column not in raw.columns:
+            raise DataError(f"{raw.path} has no column {column!r} (columns: {', '.join(map(str, raw.columns))})",
+                            hint=f"pass {flag} NAME to say which column holds it.")
+
+
+def read_split(task: Task, split: str, paths: list[Path]) -> SplitRows:
+    """Convert every record of a split's files, deduplicating on (messages, ground truth)."""
+    out, seen = SplitRows(), {}
+    index = 0
+    for path in paths:
+        raw = read_records(path)
+        _check_columns(task, raw)
+        out.problems.extend(raw.problems)
+        for where, record in raw.records:
+            try:
+                row = convert(task, record, split, index)
+            except RowError as e:
+                out.problems.append(Problem(where, e.kind, e.detail))
+                continue
+            finally:
+                index += 1
+            key = (tuple((m["role"], m["content"]) for m in row["prompt"]), row["reward_model"]["ground_truth"])
+            if key in seen:
+                out.duplicates.append(Problem(where, "duplicate", f"duplicate of {seen[key]}"))
+            else:
+                seen[key] = where
+                out.rows.append(row)
+    return out
+
+
+def _carve_validation(splits: dict, fraction: float, seed: int) -> None:
+    """Move a seeded random `fraction` of train into a new test split (source order kept)."""
+    train = splits["train"].rows
+    n_test = max(1, round(len(train) * fraction))
+    if n_test >= len(train):
+        raise DataError(f"--val-fraction {fraction} leaves no training rows ({len(train)} rows)")
+    chosen = set(random.Random(seed).sample(range(len(train)), n_test))
+    test = SplitRows(rows=[r for i, r in enumerate(train) if i in chosen])
+    splits["train"].rows = [r for i, r in enumerate(train) if i not in chosen]
+    for row in test.rows:
+        row["extra_info"]["split"] = "test"
+    splits["test"] = test
+
+
+def _gather(name: str, opts: PrepOptions) -> tuple[str, Task | None, dict, list[str]]:
+    """(origin, task, {split: SplitRows}, notes) before limits and writing."""
+    notes = []
+    if name == "arith":
+        fraction = arith.DEFAULT_VAL_FRACTION if opts.val_fraction is None else opts.val_fraction
+        generated = arith.generate(opts.seed, fraction)
+        return f"generated (seed {opts.seed})", None, {s: SplitRows(rows=r) for s, r in generated.items()}, notes
+    stem = Path(opts.source).stem if opts.source else name
+    task = make_task(name, prompt_col=opts.prompt_col, answer_col=opts.answer_col, instruction=opts.instruction,
+                     system=opts.system, data_source=opts.data_source, default_data_source=stem)
+    origin, files, ignored = locate(task, opts.source)
+    if ignored:
+        notes.append(f"ignored {len(ignored)} file(s) not named after a split: "
+                     + ", ".join(p.name for p in ignored[:5]))
+    splits = {split: read_split(task, split, paths) for split, paths in sorted(files.items(), key=lambda kv: SPLIT_NAMES.index(kv[0]))}
+    if opts.val_fraction:
+        if set(splits) == {"train"}:
+            _carve_validation(splits, opts.val_fraction, opts.seed)
+        else:
+            notes.append("--val-fraction ignored: the source has its own evaluation split")
+    return origin, task, splits, notes
+
+
+def _fail_on_problems(splits: dict, origin: str) -> None:
+    problems = [p for s in splits.values() for p in s.problems]
+    if not problems:
+        return
+    shown = "; ".join(map(str, problems[:SHOWN_PROBLEMS]))
+    more = f" (and {len(problems) - SHOWN_PROBLEMS} more)" if len(problems) > SHOWN_PROBLEMS else ""
+    raise DataError(f"{len(problems)} bad row(s) in {origin}: {shown}{more}",
+                    hint="fix them, or pass --on-error skip to drop and count them.")
+
+
+def out_dir(name: str, opts: PrepOptions, task: Task | None) -> Path:
+    if opts.out is not None:
+        return Path(opts.out)
+    label = name if name in ("gsm8k", "math", "arith") else Path(opts.source or name).stem
+    return Path("data") / label
+
+
+def _write(out: Path, tables: dict, force: bool) -> dict[str, str]:
+    """Each split to <out>/<split>.parquet, atomically; refuses to overwrite without --force."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from rlctl.utils.fs import atomic_write_bytes
+
+    targets = {split: out / f"{split}.parquet" for split in tables}
+    existing = [str(p) for p in targets.values() if p.exists()]
+    if existing and not force:
+        raise UsageError(f"{', '.join(existing)} already exist(s)", hint="pass --force to overwrite, or --out DIR.")
+    for split, table in tables.items():
+        sink = pa.BufferOutputStream()
+        pq.write_table(table, sink)
+        atomic_write_bytes(targets[split], sink.getvalue().to_pybytes())
+    return {split: str(p) for split, p in targets.items()}
+
+
+def prepare(name: str, opts: PrepOptions) -> dict:
+    """Run a prep end to end and return the report (rows and skips per split, files, notes)."""
+    import pyarrow as pa
+
+    from rlctl.data.schema import arrow_schema
+
+    name = ALIASES.get(name, name)
+    _check_options(name, opts)
+    origin, task, splits, notes = _gather(name, opts)
+    if opts.splits:
+        missing = [s for s in opts.splits if s not in splits]
+        if missing:
+            raise DataError(f"split(s) {', '.join(missing)} not in {origin} (found: {', '.join(splits)})")
+        splits = {s: splits[s] for s in opts.splits}
+    if opts.on_error == "fail":
+        _fail_on_problems(splits, origin)
+    for split, rows in splits.items():
+        if not rows.rows:
+            raise DataError(f"split {split!r} of {origin} has no usable rows ({len(rows.problems)} bad)",
+                            hint="check the column mapping (--prompt-col/--answer-col) and the file.")
+    limited = {s: max(0, len(r.rows) - opts.limit) if opts.limit else 0 for s, r in splits.items()}
+    schema = arrow_schema()
+    tables = {s: pa.Table.from_pylist(r.rows[: opts.limit], schema=schema) for s, r in splits.items()}
+    out = out_dir(name, opts, task)
+    files = _write(out, tables, opts.force)
+    return _report(name, origin, task, out, splits, tables, files, limited, notes)
+
+
+def _report(name, origin, task, out, splits, tables, files, limited, notes) -> dict:
+    per_split = {}
+    for split, rows in splits.items():
+        skipped: dict[str, int] = {}
+        for p in rows.problems + rows.duplicates:
+            skipped[p.kind] = skipped.get(p.kind, 0) + 1
+        per_split[split] = {"rows": tables[split].num_rows, "file": files[split], "skipped": skipped,
+                            "over_limit": limited[split]}
+    shown = [str(p) for rows in splits.values() for p in rows.problems + rows.duplicates][:5]
+    data_source = task.data_source if task else arith.DATA_SOURCE
+    return {"source": name, "origin": origin, "data_source": data_source, "out": str(out),
+            "splits": per_split, "skipped_examples": shown, "notes": notes}
