@@ -64,16 +64,16 @@ def sample_tokens(logits: torch.Tensor, *, temperature: RowParam = 1.0, top_p: R
     """One next token per row from logits [B, V]; returns int64 [B].
 
     Per row: temperature 0 -> argmax; otherwise softmax(logits / T) filtered by top-k then top-p
-    (HF's order). Scalars apply to every row; tensors give one value per row. Noise is drawn for
-    every row (greedy rows too), so the generator advances by the same amount whatever the mix.
+    (HF's order). Scalars apply to every row; tensors give one value per row. Unless every row is
+    greedy, noise is drawn for all rows, so the generator advances the same whatever the mix.
     """
     rows, device = logits.shape[0], logits.device
     logits = logits.float()
     temp = _per_row(temperature, rows, torch.float32, device)
     greedy = temp <= 0
-    noise = gumbel_noise(logits.shape, generator, device)
     if bool(greedy.all()):
         return logits.argmax(dim=-1)
+    noise = gumbel_noise(logits.shape, generator, device)
     scaled = logits / torch.where(greedy, 1.0, temp).unsqueeze(-1)
     k = _per_row(top_k, rows, torch.int64, device)
     if bool((k > 0).any()):

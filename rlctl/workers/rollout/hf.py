@@ -1,0 +1,188 @@
+"""The `hf` rollout engine: batched sampling on the trainer's own transformers model.
+
+The engine holds no copy of the weights: it runs the very module the actor trains, so every
+optimizer step is visible to the next `generate` (update_weights is a no-op). Per call:
+  1. prefill each distinct prompt once (left-padded batch [B, P]) and copy its KV n times,
+  2. decode all B*n rows one token per step, sampling with sampling.sample_tokens,
+  3. drop a row from the batch and the KV cache as soon as it emits an EOS.
+
+FSDP2: a sharded model all-gathers parameters in every forward, and ranks that ran a different
+number of decode steps (their rows finish at different times) would deadlock on those
+collectives. So the engine all-gathers every FSDP unit once before generating (`unshard`, the
+same calls in the same order on every rank), keeps the parameters whole while it decodes (no
+collective at all, any number of steps per rank) and reshards afterwards. Peak memory during
+generation is one full copy of the weights per rank, as with verl's HF rollout.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from typing import Any, Iterable, Iterator, Mapping
+
+import numpy as np
+import torch
+
+from rlctl.workers.rollout.base import (PROMPT_INDEX, RESPONSE_LENGTH, RESPONSE_MASK, RESPONSES,
+                                        TRUNCATED, RolloutEngine, check_sampling_args)
+from rlctl.workers.rollout.decoder import (DecoderRunner, HFCacheRunner, causal_lm_parts,
+                                           fast_path_supported)
+from rlctl.workers.rollout.sampling import sample_tokens
+
+
+class HFRolloutEngine(RolloutEngine):
+    """Generation with a transformers causal LM (plain, peft-wrapped, or FSDP2-sharded).
+
+    `fast=True` uses DecoderRunner for Llama-style models and HF forward otherwise; `fast=False`
+    always uses HF forward (a reference path for tests and unusual models).
+    """
+
+    def __init__(self, model: torch.nn.Module, *, pad_token_id: int, eos_token_ids: list[int],
+                 fast: bool = True):
+        if not eos_token_ids:
+            from rlctl.errors import UsageError
+
+            raise UsageError("the hf rollout engine needs at least one EOS token id",
+                             hint="set eos_token_id in the model's generation_config.json")
+        self.model = model
+        self.pad_token_id = int(pad_token_id)
+        self.eos_token_ids = [int(e) for e in eos_token_ids]
+        self.fast = fast
+        self.last_stats: dict[str, float] = {}
+
+    def generate(self, prompt_ids: list[list[int]], *, n: int, max_new_tokens: int,
+                 temperature: float = 1.0, top_p: float = 1.0, top_k: int = 0,
+                 generator: torch.Generator | None = None,
+                 greedy: bool = False) -> dict[str, np.ndarray]:
+        check_sampling_args(prompt_ids, n, max_new_tokens, temperature, top_p, top_k)
+        params = dict(temperature=0.0 if greedy else float(temperature), top_p=float(top_p),
+                      top_k=int(top_k), generator=generator)
+        t0 = time.perf_counter()
+        was_training = self.model.training
+        self.model.eval()  # no dropout while sampling; restored for the trainer afterwards
+        try:
+            with _whole_parameters(self.model), torch.no_grad():
+                responses, lengths, steps = self._sample(prompt_ids, n, max_new_tokens, params)
+        finally:
+            self.model.train(was_training)
+        out = _to_numpy(responses, lengths, n, len(prompt_ids), self.eos_token_ids)
+        self.last_stats = {"seconds": time.perf_counter() - t0, "tokens": int(lengths.sum()),
+                           "rows": len(lengths), "decode_steps": steps}
+        return out
+
+    def _sample(self, prompt_ids: list[list[int]], n: int, max_new_tokens: int,
+                params: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor, int]:
+        """The decode loop. Returns responses [B*n, T] (pad after EOS), lengths [B*n], steps."""
+        device = _device_of(self.model)
+        input_ids, valid = _left_pad(prompt_ids, self.pad_token_id, device)
+        rows, plen = len(prompt_ids) * n, input_ids.shape[1]
+        runner = self._runner(rows, plen + max_new_tokens)
+        logits = runner.prefill(input_ids, valid, n).repeat_interleave(n, dim=0)
+        prompt_len = valid.sum(-1).repeat_interleave(n)  # [B*n] real prompt tokens per row
+        eos = torch.tensor(self.eos_token_ids, device=device)
+        responses = torch.full((rows, max_new_tokens), self.pad_token_id, dtype=torch.long, device=device)
+        lengths = torch.zeros(rows, dtype=torch.long, device=device)
+        active = torch.arange(rows, device=device)  # original row of each active row
+        for step in range(max_new_tokens):
+            tokens = sample_tokens(logits, **params)
+            responses[active, step] = tokens
+            lengths[active] = step + 1
+            if step + 1 == max_new_tokens:
+                break
+            finished = torch.isin(tokens, eos)
+            if bool(finished.any()):
+                keep = (~finished).nonzero().squeeze(-1)
+                if keep.numel() == 0:
+                    break
+                runner.select(keep)
+                active, tokens = active[keep], tokens[keep]
+            logits = runner.decode(tokens, prompt_len[active] + step)
+        return responses, lengths, step + 1
+
+    def _runner(self, rows: int, max_len: int):
+        lm = causal_lm_parts(self.model)
+        if self.fast and fast_path_supported(lm, max_len):
+            return DecoderRunner(lm, rows, max_len)
+        return HFCacheRunner(self.model)
+
+    def update_weights(self, weights: Mapping[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]] | None = None) -> None:
+        """No-op: the engine runs the trainer's module itself, so it always has the live weights."""
+
+    def sleep(self) -> None:
+        """Nothing persists between calls (the KV cache lives inside generate); on GPU hand the
+        allocator's cached blocks back so the trainer can use them."""
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+
+    def wake(self) -> None:
+        """Nothing to re-acquire: weights are the trainer's, the cache is allocated per call."""
+
+
+def _left_pad(prompt_ids: list[list[int]], pad_id: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Prompts -> input_ids [B, P] left-padded with pad_id and valid [B, P] (True = real token).
+    Left padding lines every prompt's last token up in column P-1, where decoding continues."""
+    plen = max(len(p) for p in prompt_ids)
+    input_ids = torch.full((len(prompt_ids), plen), pad_id, dtype=torch.long)
+    valid = torch.zeros((len(prompt_ids), plen), dtype=torch.bool)
+    for row, ids in enumerate(prompt_ids):
+        input_ids[row, plen - len(ids):] = torch.as_tensor(ids, dtype=torch.long)
+        valid[row, plen - len(ids):] = True
+    return input_ids.to(device), valid.to(device)
+
+
+def _to_numpy(responses: torch.Tensor, lengths: torch.Tensor, n: int, prompts: int,
+              eos_token_ids: list[int]) -> dict[str, np.ndarray]:
+    responses_np = responses.cpu().numpy().astype(np.int64)
+    lengths_np = lengths.cpu().numpy().astype(np.int64)
+    width = responses_np.shape[1]
+    last = responses_np[np.arange(len(lengths_np)), lengths_np - 1]
+    return {
+        RESPONSES: responses_np,
+        RESPONSE_MASK: (np.arange(width)[None, :] < lengths_np[:, None]).astype(np.int64),
+        RESPONSE_LENGTH: lengths_np,
+        PROMPT_INDEX: np.repeat(np.arange(prompts, dtype=np.int64), n),
+        TRUNCATED: ~np.isin(last, eos_token_ids),
+    }
+
+
+def _device_of(model: torch.nn.Module) -> torch.device:
+    for p in model.parameters():
+        return p.device
+    return torch.device("cpu")
+
+
+@contextlib.contextmanager
+def _whole_parameters(model: torch.nn.Module) -> Iterator[None]:
+    """FSDP2: all-gather every unit once, keep it whole while decoding, reshard on exit.
+
+    `unshard` on each FSDP module (all ranks, same order) makes the full parameters the module's
+    attributes; switching reshard-after-forward off makes FSDP's own forward hooks no-ops, so a
+    rank may run any number of forward calls without a collective. Plain modules pass through.
+    """
+    units = _fsdp_units(model)
+    if not units:
+        yield
+        return
+    # FSDP2 has no public getter for reshard_after_forward; remember each group's setting
+    # (post_forward_mesh_info is None <=> no reshard) so the trainer's choice comes back exactly.
+    saved = [(group, group.post_forward_mesh_info)
+             for unit in units for group in unit._get_fsdp_state()._fsdp_param_groups]
+    try:
+        for unit in units:
+            unit.unshard()
+        for unit in units:
+            unit.set_reshard_after_forward(False, recurse=False)
+        yield
+    finally:
+        for group, info in saved:
+            group.post_forward_mesh_info = info
+        for unit in units:
+            unit.reshard()
+
+
+def _fsdp_units(model: torch.nn.Module) -> list[torch.nn.Module]:
+    if not torch.distributed.is_available():
+        return []
+    from torch.distributed.fsdp import FSDPModule
+
+    return [m for m in model.modules() if isinstance(m, FSDPModule)]
