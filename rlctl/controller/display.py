@@ -50,7 +50,7 @@ class LiveDisplay:
         if self.live:
             self._progress = _make_progress(self.console)
             self._task = self._progress.add_task(self.title, total=self.total_steps or None,
-                                                 completed=self.start_step, phase="starting", eta=_clock(None))
+                                                 completed=self.start_step, phase="starting", eta=format_clock(None))
             self._progress.start()
         return self
 
@@ -74,7 +74,7 @@ class LiveDisplay:
         line = format_step(self.step, self.total_steps, metrics, eta)
         if self._progress is not None:
             self._progress.console.print(line, soft_wrap=True)
-            self._progress.update(self._task, completed=self.step, phase="", eta=_clock(eta))
+            self._progress.update(self._task, completed=self.step, phase="", eta=format_clock(eta))
         else:
             self.print(line)
         return line
@@ -106,7 +106,7 @@ def format_step(step: int, total_steps: int, metrics: dict, eta_s: float | None 
             line.append(_format_value(metrics[key], fmt), style="cyan" if key == "reward/mean" else "")
     if eta_s is not None:
         line.append("  eta ", style="dim")
-        line.append(_clock(eta_s))
+        line.append(format_clock(eta_s))
     return line
 
 
@@ -118,7 +118,8 @@ def _format_value(value, fmt: str) -> str:
     return fmt.format(number) if math.isfinite(number) else str(number)
 
 
-def _clock(seconds: float | None) -> str:
+def format_clock(seconds: float | None) -> str:
+    """`h:mm:ss`, or `-:--:--` when unknown."""
     if seconds is None:
         return "-:--:--"
     seconds = int(round(seconds))

@@ -1,0 +1,337 @@
+"""A run folder as a person asks about it: `rlctl status` (progress, last metrics, checkpoints) and a
+PNG of the curves. Also writes run.json, the run's identity card.
+
+run.json (written atomically by the trainer; every field is always present):
+    name            run.name
+    status          "running" | "finished" | "failed" | "interrupted"
+    step            last completed step;   total_steps   steps the run will take
+    created_at      first start (UTC, ISO 8601);  started_at  start of this session (train or resume)
+    updated_at      last write;  finished_at  when the session ended (null while running)
+    exit_code       the process exit code once ended (0, 5, 130...);  error   the one-line message or null
+    command         "train" | "resume";  resumed_from  the checkpoint step this session resumed from, or null
+    pid, host       the controller process, so `status` can tell a live run from one that died
+    rlctl_version   the rlctl that wrote it
+`status` reports "died" for a run whose run.json says running but whose pid is gone on this host.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+import re
+import socket
+from pathlib import Path
+
+from rlctl import __version__
+from rlctl.controller.logging import METRICS_FILE, read_jsonl
+from rlctl.errors import UsageError
+
+RUN_FILE = "run.json"
+CHECKPOINTS_DIR = "checkpoints"
+STATES = ("running", "finished", "failed", "interrupted")
+_STEP_DIR = re.compile(r"^step_(\d+)$")
+
+
+# -- run.json -------------------------------------------------------------------------------------
+
+def start_run(run_dir: str | os.PathLike, *, name: str, total_steps: int, command: str = "train",
+              resumed_from: int | None = None) -> dict:
+    """Mark the run as running in this process (a fresh run, or a resume keeping `created_at`)."""
+    old = read_run_info(run_dir)
+    now = _now()
+    return write_run_info(run_dir, name=name, status="running", step=resumed_from or 0, total_steps=int(total_steps),
+                          created_at=old.get("created_at") or now, started_at=now, finished_at=None,
+                          exit_code=None, error=None, command=command, resumed_from=resumed_from,
+                          pid=os.getpid(), host=socket.gethostname(), rlctl_version=__version__)
+
+
+def finish_run(run_dir: str | os.PathLike, *, status: str, exit_code: int, error: str | None = None) -> dict:
+    """Record how the session ended: status finished / failed / interrupted and the exit code."""
+    if status not in STATES[1:]:
+        raise ValueError(f"finish_run status {status!r} is not one of {STATES[1:]}")
+    return write_run_info(run_dir, status=status, exit_code=int(exit_code), error=error, finished_at=_now())
+
+
+def write_run_info(run_dir: str | os.PathLike, **fields) -> dict:
+    """Merge `fields` into run.json (e.g. `step=12` after each step) and write it atomically."""
+    from rlctl.utils.fs import atomic_write_text
+
+    info = {**read_run_info(run_dir), **fields, "updated_at": _now()}
+    atomic_write_text(Path(run_dir) / RUN_FILE, json.dumps(info, indent=2) + "\n")
+    return info
+
+
+def read_run_info(run_dir: str | os.PathLike) -> dict:
+    path = Path(run_dir) / RUN_FILE
+    try:
+        info = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError):
+        return {}
+    return info if isinstance(info, dict) else {}
+
+
+# -- reading a run --------------------------------------------------------------------------------
+
+def find_run_dir(path: str | os.PathLike | None = None) -> Path:
+    """`path` itself when it is a run folder, else the most recently updated run below it
+    (`path/*`, `path/runs/*`); UsageError (exit 2) when there is none."""
+    root = Path(path or ".")
+    if _is_run_dir(root):
+        return root
+    candidates = [p for pattern in ("*", "runs/*", "*/*") for p in root.glob(pattern) if _is_run_dir(p)]
+    if not candidates:
+        raise UsageError(f"no run folder in {root} (a run folder has run.json or metrics.jsonl)",
+                         hint="pass the run folder: rlctl status runs/<name>.")
+    return max(candidates, key=lambda p: _mtime(p / RUN_FILE) or _mtime(p / METRICS_FILE))
+
+
+def status_summary(run_dir: str | os.PathLike) -> dict:
+    """Everything `rlctl status` shows, as plain JSON-ready data."""
+    run_dir = Path(run_dir)
+    if not _is_run_dir(run_dir):
+        raise UsageError(f"{run_dir} is not a run folder (no run.json or metrics.jsonl)",
+                         hint="pass <output_dir>/<run name>, e.g. runs/my-run.")
+    info = read_run_info(run_dir)
+    rows = read_jsonl(run_dir / METRICS_FILE)
+    step = max([int(info.get("step") or 0)] + [int(r["step"]) for r in rows if isinstance(r.get("step"), int)])
+    total = info.get("total_steps")
+    state = _state(info)
+    checkpoints = list_checkpoints(run_dir)
+    return {
+        "run_dir": str(run_dir), "name": info.get("name") or run_dir.name, "state": state,
+        "step": step, "total_steps": total, "progress": step / total if total else None,
+        "elapsed_s": _elapsed(info), "eta_s": _eta(rows, step, total) if state == "running" else None,
+        **{k: info.get(k) for k in ("created_at", "started_at", "updated_at", "finished_at", "exit_code", "error",
+                                    "command", "resumed_from", "pid", "host", "rlctl_version")},
+        "metrics_rows": len(rows),
+        "last_metrics": _last_metrics(rows),
+        "last_validation": _last_validation(rows),
+        "checkpoints": checkpoints,
+        "latest_checkpoint": _latest(run_dir, checkpoints),
+    }
+
+
+def list_checkpoints(run_dir: str | os.PathLike) -> list[dict]:
+    """checkpoints/step_<N> folders by step; `valid` = MANIFEST.json is there (it is written last)."""
+    root = Path(run_dir) / CHECKPOINTS_DIR
+    out = []
+    for path in root.iterdir() if root.is_dir() else ():
+        match = _STEP_DIR.match(path.name)
+        if match and path.is_dir():
+            size = sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
+            out.append({"step": int(match.group(1)), "path": str(path), "valid": (path / "MANIFEST.json").is_file(),
+                        "bytes": size})
+    return sorted(out, key=lambda c: c["step"])
+
+
+def _latest(run_dir: Path, checkpoints: list[dict]) -> int | None:
+    """The step checkpoints/LATEST names ("step_12" or "12"), if that checkpoint is valid."""
+    try:
+        text = (run_dir / CHECKPOINTS_DIR / "LATEST").read_text().strip()
+    except OSError:
+        return None
+    match = re.search(r"(\d+)$", text)
+    step = int(match.group(1)) if match else None
+    return step if any(c["step"] == step and c["valid"] for c in checkpoints) else None
+
+
+def _state(info: dict) -> str:
+    status = info.get("status")
+    if status not in STATES:
+        return "unknown"
+    if status == "running" and info.get("host") == socket.gethostname() and not _pid_alive(info.get("pid")):
+        return "died"
+    return status
+
+
+def _pid_alive(pid) -> bool:
+    if not isinstance(pid, int) or pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's process: it exists
+        return True
+    return True
+
+
+def _last_metrics(rows: list[dict]) -> dict:
+    """The training metrics of the newest step (rows of one step are merged, `val/` keys left out)."""
+    if not rows:
+        return {}
+    last = rows[-1].get("step")
+    merged: dict = {}
+    for row in rows:
+        if row.get("step") == last:
+            merged.update({k: v for k, v in row.items() if not k.startswith("val/")})
+    return merged
+
+
+def _last_validation(rows: list[dict]) -> dict:
+    for row in reversed(rows):
+        val = {k: v for k, v in row.items() if k.startswith("val/")}
+        if val:
+            return {"step": row.get("step"), **val}
+    return {}
+
+
+def _eta(rows: list[dict], step: int, total) -> float | None:
+    times = [r["timing/step_s"] for r in rows[-10:] if isinstance(r.get("timing/step_s"), (int, float))]
+    if not times or not total:
+        return None
+    return max(0, total - step) * sum(times) / len(times)
+
+
+def _elapsed(info: dict) -> float | None:
+    start, end = _parse_time(info.get("started_at")), _parse_time(info.get("finished_at"))
+    if start is None:
+        return None
+    end = end or (dt.datetime.now(dt.timezone.utc) if info.get("status") == "running" else
+                  _parse_time(info.get("updated_at")))
+    return max(0.0, (end - start).total_seconds()) if end else None
+
+
+def _is_run_dir(path: Path) -> bool:
+    return (path / RUN_FILE).is_file() or (path / METRICS_FILE).is_file()
+
+
+def _mtime(path: Path) -> float:
+    try:
+        return path.stat().st_mtime
+    except OSError:
+        return 0.0
+
+
+def _now() -> str:
+    return dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+
+
+def _parse_time(text) -> dt.datetime | None:
+    try:
+        return dt.datetime.fromisoformat(text)
+    except (TypeError, ValueError):
+        return None
+
+
+# -- showing a run --------------------------------------------------------------------------------
+
+_STATE_STYLE = {"running": "bold green", "finished": "bold blue", "failed": "bold red", "interrupted": "bold yellow",
+                "died": "bold red", "unknown": "dim"}
+
+
+def render_status(summary: dict, console) -> None:
+    """Print a status summary for people: state, progress, last step's key metrics, checkpoints."""
+    from rich.text import Text
+
+    from rlctl.controller.display import format_clock, format_step
+
+    s = summary
+    head = Text.assemble(("run ", "dim"), (s["name"], "bold"), "  ", (s["state"], _STATE_STYLE[s["state"]]))
+    if s.get("host") and s["state"] in ("running", "died"):
+        head.append(f"  (pid {s.get('pid')} on {s['host']})", style="dim")
+    console.print(head)
+    total = s["total_steps"]
+    progress = f"step {s['step']}/{total} ({s['progress']:.0%})" if total else f"step {s['step']}"
+    times = [f"elapsed {format_clock(s['elapsed_s'])}"] if s["elapsed_s"] is not None else []
+    if s["eta_s"] is not None:
+        times.append(f"eta {format_clock(s['eta_s'])}")
+    console.print(f"  {progress}   " + "   ".join(times), highlight=False)
+    if s["state"] in ("failed", "interrupted", "died") and (s.get("error") or s.get("exit_code") is not None):
+        console.print(Text(f"  exit {s.get('exit_code')}: {s.get('error') or ''}", style="red"))
+    if s["last_metrics"]:
+        line = format_step(s["last_metrics"].get("step", s["step"]), total or 0, s["last_metrics"])
+        console.print(Text("  last ", style="dim") + line, soft_wrap=True)
+    if s["last_validation"]:
+        v = s["last_validation"]
+        parts = [f"{k[4:]} {v[k]:.3f}" for k in ("val/reward/mean", "val/acc") if isinstance(v.get(k), (int, float))]
+        console.print(f"  validation at step {v['step']}: " + ("  ".join(parts) or "(no reward)"), highlight=False)
+    console.print(_checkpoint_line(s))
+
+
+def _checkpoint_line(s: dict):
+    from rich.text import Text
+
+    line = Text("  checkpoints ", style="dim")
+    if not s["checkpoints"]:
+        return line.append("none yet")
+    for i, ckpt in enumerate(reversed(s["checkpoints"])):
+        line.append(", " if i else "")
+        line.append(f"step_{ckpt['step']}", style="bold" if ckpt["step"] == s["latest_checkpoint"] else "")
+        if ckpt["step"] == s["latest_checkpoint"]:
+            line.append(" (latest)", style="green")
+        line.append(f" {ckpt['bytes'] / 2**20:.1f} MiB" if ckpt["valid"] else " incomplete (no MANIFEST.json)",
+                    style="dim" if ckpt["valid"] else "red")
+    return line
+
+
+# (panel title, training metric keys, validation metric key): the four curves of `--plot`.
+PANELS = (
+    ("reward", ("reward/mean", "reward/acc"), "val/reward/mean"),
+    ("KL (actor || ref)", ("actor/kl",), None),
+    ("response length (tokens)", ("response_length/mean",), "val/response_length/mean"),
+    ("entropy", ("actor/entropy",), None),
+)
+
+
+def plot_curves(run_dir: str | os.PathLike, out_png: str | os.PathLike) -> Path:
+    """Write a PNG with reward, KL, response length and entropy over steps (2 x 2 panels)."""
+    try:
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+        from matplotlib.figure import Figure
+    except ImportError:
+        raise UsageError("plotting needs matplotlib, which is not installed",
+                         hint='pip install "rlctl[plot]".') from None
+    summary = status_summary(run_dir)
+    rows = read_jsonl(Path(run_dir) / METRICS_FILE)
+    fig = Figure(figsize=(11, 7), dpi=110, layout="constrained")
+    FigureCanvasAgg(fig)  # Agg without pyplot: no global backend switch, no display needed
+    fig.suptitle(f"{summary['name']}: step {summary['step']}" + (f"/{summary['total_steps']}"
+                                                                 if summary["total_steps"] else ""))
+    for ax, (title, keys, val_key) in zip(fig.subplots(2, 2).flat, PANELS):
+        _plot_panel(ax, rows, title, keys, val_key)
+    out = Path(out_png)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, format="png")
+    return out
+
+
+def _plot_panel(ax, rows: list[dict], title: str, keys, val_key) -> None:
+    ax.set_title(title)
+    ax.set_xlabel("step")
+    ax.grid(True, alpha=0.3)
+    drawn = False
+    for key, color in zip(keys, ("tab:blue", "tab:orange")):
+        steps, values = _series(rows, key)
+        if not steps:
+            continue
+        drawn = True
+        smooth = len(values) >= 20  # noisy RL curves: a faint raw line under a moving average
+        ax.plot(steps, values, color=color, alpha=0.3 if smooth else 1.0, label=None if smooth else key)
+        if smooth:
+            ax.plot(steps, _moving_average(values, max(3, len(values) // 20)), color=color, label=key)
+    steps, values = _series(rows, val_key) if val_key else ([], [])
+    if steps:
+        drawn = True
+        ax.plot(steps, values, "o--", color="tab:green", label=val_key)
+    if drawn:
+        ax.legend(loc="best", fontsize="small")
+    else:
+        ax.text(0.5, 0.5, "no data", ha="center", va="center", transform=ax.transAxes, color="gray")
+
+
+def _series(rows: list[dict], key: str) -> tuple[list[int], list[float]]:
+    pairs = [(r["step"], r[key]) for r in rows if isinstance(r.get(key), (int, float)) and "step" in r]
+    return [p[0] for p in pairs], [float(p[1]) for p in pairs]
+
+
+def _moving_average(values: list[float], window: int) -> list[float]:
+    """Centred mean over `window` points (fewer at the ends), so the smooth curve does not lag."""
+    import numpy as np
+
+    half = window // 2
+    csum = np.concatenate([[0.0], np.cumsum(values)])
+    idx = np.arange(len(values))
+    lo, hi = np.maximum(idx - half, 0), np.minimum(idx + half + 1, len(values))
+    return ((csum[hi] - csum[lo]) / (hi - lo)).tolist()
