@@ -97,6 +97,9 @@ def check_algorithm(c: Config, raw: dict) -> list[Problem]:
     if c.rollout.temperature == 0 and c.rollout.n > 1:
         problems.append(Problem("rollout.temperature", "0 (greedy) makes all rollout.n samples identical, so "
                                                         "group advantages are zero", severity="warning"))
+    if c.reward.overlong.enable and c.reward.overlong.buffer_len > c.data.max_response_length:
+        problems.append(Problem("reward.overlong.buffer_len", f"{c.reward.overlong.buffer_len} is longer than "
+                                                              f"data.max_response_length = {c.data.max_response_length}"))
     if c.actor.use_kl_loss and c.algorithm.kl_in_reward:
         problems.append(Problem("actor.use_kl_loss", "KL is both in the reward (algorithm.kl_in_reward) and in the "
                                                     "loss; usually you want one of them", severity="warning"))

@@ -81,6 +81,7 @@ def test_valid_config_and_batch_plan(project):
     (["model.path=./no/such/model"], "has no config.json"),
     (["data.batch_size=32", "actor.mini_batch_size=32"], "only 20 training rows"),
     (["model.lora.rank=8", "model.lora.target_modules=[]"], "target_modules: is empty"),
+    (["reward.overlong.enable=true", "reward.overlong.buffer_len=65"], "longer than data.max_response_length"),
 ])
 def test_cross_field_errors(project, overrides, needle):
     errors, _, _ = check(project, *overrides)
