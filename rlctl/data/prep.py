@@ -72,25 +72,23 @@ def _check_columns(task: Task, raw) -> None:
 def read_split(task: Task, split: str, paths: list[Path]) -> SplitRows:
     """Convert every record of a split's files, deduplicating on (messages, ground truth)."""
     out, seen = SplitRows(), {}
-    index = 0
-    for path in paths:
-        raw = read_records(path)
+    raws = [read_records(path) for path in paths]
+    for raw in raws:
         _check_columns(task, raw)
         out.problems.extend(raw.problems)
-        for where, record in raw.records:
-            try:
-                row = convert(task, record, split, index)
-            except RowError as e:
-                out.problems.append(Problem(where, e.kind, e.detail))
-                continue
-            finally:
-                index += 1
-            key = (tuple((m["role"], m["content"]) for m in row["prompt"]), row["reward_model"]["ground_truth"])
-            if key in seen:
-                out.duplicates.append(Problem(where, "duplicate", f"duplicate of {seen[key]}"))
-            else:
-                seen[key] = where
-                out.rows.append(row)
+    records = [record for raw in raws for record in raw.records]
+    for index, (where, record) in enumerate(records):  # index: the record's place in its split
+        try:
+            row = convert(task, record, split, index)
+        except RowError as e:
+            out.problems.append(Problem(where, e.kind, e.detail))
+            continue
+        key = (tuple((m["role"], m["content"]) for m in row["prompt"]), row["reward_model"]["ground_truth"])
+        if key in seen:
+            out.duplicates.append(Problem(where, "duplicate", f"duplicate of {seen[key]}"))
+        else:
+            seen[key] = where
+            out.rows.append(row)
     return out
 
 
@@ -141,7 +139,7 @@ def _fail_on_problems(splits: dict, origin: str) -> None:
                     hint="fix them, or pass --on-error skip to drop and count them.")
 
 
-def out_dir(name: str, opts: PrepOptions, task: Task | None) -> Path:
+def out_dir(name: str, opts: PrepOptions) -> Path:
     if opts.out is not None:
         return Path(opts.out)
     label = name if name in ("gsm8k", "math", "arith") else Path(opts.source or name).stem
@@ -189,7 +187,7 @@ def prepare(name: str, opts: PrepOptions) -> dict:
     limited = {s: max(0, len(r.rows) - opts.limit) if opts.limit else 0 for s, r in splits.items()}
     schema = arrow_schema()
     tables = {s: pa.Table.from_pylist(r.rows[: opts.limit], schema=schema) for s, r in splits.items()}
-    out = out_dir(name, opts, task)
+    out = out_dir(name, opts)
     files = _write(out, tables, opts.force)
     return _report(name, origin, task, out, splits, tables, files, limited, notes)
 
