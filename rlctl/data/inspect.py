@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import os
+from collections import Counter
 from pathlib import Path
 
 from rlctl.errors import DataError
@@ -14,10 +15,8 @@ SAMPLE_CHARS = 160
 
 
 def _counts(values) -> dict:
-    counts: dict = {}
-    for v in values:
-        counts[v] = counts.get(v, 0) + 1
-    return dict(sorted(counts.items(), key=lambda kv: -kv[1]))
+    """{value: count}, most common first."""
+    return dict(Counter(values).most_common())
 
 
 def _sample(row: dict) -> dict:

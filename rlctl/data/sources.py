@@ -8,6 +8,7 @@ extracted, and the prompt instruction. GSM8K and MATH follow verl's preprocessin
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -37,7 +38,7 @@ class Task:
     ability: str
     prompt_col: str
     answer_col: str
-    ground_truth: object  # answer text -> ground truth string; raises RowError
+    ground_truth: Callable[[str], str]  # answer text -> ground truth; raises RowError
     instruction: str = ""
     system: str = ""
     hub_id: str = ""
