@@ -104,13 +104,8 @@ class RewardRunner:
             self._run(queue, batch, items)
         finally:
             self._drop_busy_workers()  # after an abort, a busy worker is still on old samples
-        result = batch.result()
         self._warn_dropped(batch.dropped)
-        if result.errors and len(result.errors) * 2 > n:
-            raise RewardError(f"the reward function failed on {len(result.errors)} of {n} samples (more than half); "
-                              f"first: {_describe(items, *min(result.errors.items()))}",
-                              hint="fix the reward function; reward.on_error = \"zero\" tolerates up to half.")
-        return result
+        return batch.result()
 
     # -- the scheduling loop ------------------------------------------------------------------
 
@@ -186,6 +181,11 @@ class RewardRunner:
         batch.errors[index] = why
         batch.timeouts += timeout
         batch.open -= 1
+        if len(batch.errors) * 2 > batch.n:  # stop now: waiting out more timeouts changes nothing
+            first = min(batch.errors)
+            raise RewardError(f"the reward function failed on more than half of a batch of {batch.n} samples; "
+                              f"first: {_describe(items, first, batch.errors[first])}",
+                              hint='fix the reward function; reward.on_error = "zero" tolerates up to half.')
 
     # -- worker lifecycle ---------------------------------------------------------------------
 

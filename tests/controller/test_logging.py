@@ -22,8 +22,8 @@ def step_metrics(step: int) -> dict:
 
 
 def samples(step: int) -> list[dict]:
-    return [{"prompt": f"What is {step}+{i}? ✓", "response": str(step + i), "reward": np.float32(i), "index": np.int64(i)}
-            for i in range(2)]
+    return [{"prompt": f"What is {step}+{i}? ✓", "response": str(step + i), "reward": np.float32(i),
+             "index": np.int64(i)} for i in range(2)]
 
 
 def run_steps(run_dir, steps, **kw) -> None:

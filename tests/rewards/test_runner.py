@@ -87,7 +87,7 @@ def test_more_than_half_failing_stops_the_run(runner):
     with pytest.raises(RewardError) as info:
         runner.score(items_for(["raise", "42", "raise", "raise"]))
     assert info.value.exit_code == 5
-    assert "3 of 4 samples" in info.value.message and "sample 0" in info.value.message
+    assert "more than half of a batch of 4 samples" in info.value.message and "sample 0" in info.value.message
     # The pool is still usable afterwards.
     assert runner.score(items_for(["42"])).scores.tolist() == [1.0]
 
@@ -180,7 +180,8 @@ BROKEN = {
     "missing file": ("nope.py:compute_score", None, "does not exist"),
     "syntax error": ("bad.py:compute_score", "def compute_score(:\n", "syntax error in .* line 1"),
     "import error": ("bad.py:compute_score", "import not_a_module_xyz\n", "ModuleNotFoundError"),
-    "missing function": ("bad.py:compute_score", "def other(a, b, c, d):\n    return 1\n", "has no 'compute_score'.*other"),
+    "missing function": ("bad.py:compute_score", "def other(a, b, c, d):\n    return 1\n",
+                         "has no 'compute_score'.*other"),
     "not callable": ("bad.py:compute_score", "compute_score = 3\n", "compute_score is 3, not a function"),
     "wrong signature": ("bad.py:compute_score", "def compute_score(solution_str):\n    return 1\n",
                         r"signature compute_score\(solution_str\)"),
