@@ -9,6 +9,7 @@ and counted. Each split is written to a temp file and renamed, so a reader never
 from __future__ import annotations
 
 import random
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -120,7 +121,8 @@ def _gather(name: str, opts: PrepOptions) -> tuple[str, Task | None, dict, list[
     if ignored:
         notes.append(f"ignored {len(ignored)} file(s) not named after a split: "
                      + ", ".join(p.name for p in ignored[:5]))
-    splits = {split: read_split(task, split, paths) for split, paths in sorted(files.items(), key=lambda kv: SPLIT_NAMES.index(kv[0]))}
+    ordered = sorted(files, key=SPLIT_NAMES.index)  # train first, whatever the folder listing says
+    splits = {split: read_split(task, split, files[split]) for split in ordered}
     if opts.val_fraction:
         if set(splits) == {"train"}:
             _carve_validation(splits, opts.val_fraction, opts.seed)
@@ -195,9 +197,7 @@ def prepare(name: str, opts: PrepOptions) -> dict:
 def _report(name, origin, task, out, splits, tables, files, limited, notes) -> dict:
     per_split = {}
     for split, rows in splits.items():
-        skipped: dict[str, int] = {}
-        for p in rows.problems + rows.duplicates:
-            skipped[p.kind] = skipped.get(p.kind, 0) + 1
+        skipped = dict(Counter(p.kind for p in rows.problems + rows.duplicates))
         per_split[split] = {"rows": tables[split].num_rows, "file": files[split], "skipped": skipped,
                             "over_limit": limited[split]}
     shown = [str(p) for rows in splits.values() for p in rows.problems + rows.duplicates][:5]
