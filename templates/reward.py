@@ -15,7 +15,8 @@ from rlctl.rewards.builtin import default_compute_score
 
 
 def compute_score(data_source, solution_str, ground_truth, extra_info=None):
-    score = default_compute_score(data_source, solution_str, ground_truth, extra_info)
-    score = score["score"] if isinstance(score, dict) else float(score)
+    result = default_compute_score(data_source, solution_str, ground_truth, extra_info)
+    result = dict(result) if isinstance(result, dict) else {"score": float(result)}
     # An extra metric to watch in metrics.jsonl: how often the response is over 200 characters.
-    return {"score": score, "long_answer": float(len(solution_str) > 200)}
+    result["long_answer"] = float(len(solution_str) > 200)
+    return result

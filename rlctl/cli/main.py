@@ -66,7 +66,7 @@ def main(argv: list[str] | None = None) -> int:
         if debug:
             import traceback
             traceback.print_exc()
-        msg = e.message if e.hint is None else f"{e.message} {e.hint}"
+        msg = e.message if e.hint is None else f"{e.message}; {e.hint}"
         print(f"error: {msg}", file=sys.stderr)
         for problem in getattr(e, "problems", ()):
             print(f"  {problem}", file=sys.stderr)
