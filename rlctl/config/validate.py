@@ -16,6 +16,8 @@ from pathlib import Path
 from rlctl.config.loader import LoadedConfig, Problem
 from rlctl.config.schema import Config
 
+BUILTIN_REWARDS = ("gsm8k", "math", "arith")  # rlctl.rewards.builtin.BUILTINS, without importing it
+
 
 @dataclass(frozen=True)
 class BatchPlan:
@@ -141,10 +143,11 @@ def check_files(loaded: LoadedConfig, plan: BatchPlan) -> tuple[list[Problem], B
                                                        "create it with `rlctl data prep ...`"))
             elif key == "train_files" and rows is not None:
                 rows = _add_rows(rows, path)
-    if c.reward.function:
+    if c.reward.function and c.reward.function not in BUILTIN_REWARDS:
         file, _, fn = c.reward.function.rpartition(":")
         if not file or not fn:
-            problems.append(Problem("reward.function", f"{c.reward.function!r} is not \"file.py:function\""))
+            problems.append(Problem("reward.function", f"{c.reward.function!r} is neither \"file.py:function\" "
+                                                       f"nor a built-in ({', '.join(BUILTIN_REWARDS)})"))
         elif not _resolve(base, file).is_file():
             problems.append(Problem("reward.function", f"{file} does not exist (relative to {base})"))
     if rows and not problems:

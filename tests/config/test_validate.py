@@ -75,7 +75,7 @@ def test_valid_config_and_batch_plan(project):
     (["data.max_response_length=4000"], "exceeds the model's context of 2048 tokens"),
     (['data.val_files=["nope.parquet"]'], "data.val_files: nope.parquet does not exist"),
     (["reward.function=missing.py:fn"], "reward.function: missing.py does not exist"),
-    (["reward.function=nocolon"], "is not \"file.py:function\""),
+    (["reward.function=nocolon"], "is neither \"file.py:function\" nor a built-in"),
     (["rollout.engine=vllm"], "runs on GPUs only"),
     (["resources.gpus_per_node=1"], "no CUDA GPU is visible"),
     (["model.path=./no/such/model"], "has no config.json"),
@@ -86,6 +86,14 @@ def test_valid_config_and_batch_plan(project):
 def test_cross_field_errors(project, overrides, needle):
     errors, _, _ = check(project, *overrides)
     assert any(needle in e for e in errors), errors
+
+
+def test_builtin_reward_names_are_accepted(project):
+    from rlctl.rewards.builtin import BUILTINS
+    from rlctl.config.validate import BUILTIN_REWARDS
+
+    assert set(BUILTIN_REWARDS) == set(BUILTINS)
+    assert check(project, "reward.function=gsm8k")[0] == []
 
 
 def test_warnings_do_not_fail(project):
