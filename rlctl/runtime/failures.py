@@ -1,0 +1,77 @@
+"""Waiting on a group's calls without ever hanging, and turning Ray failures into rlctl errors.
+
+A rank that dies (killed, OOM, segfault) or raises makes its result ready with an error at once,
+while its peers may sit in a collective waiting for it forever. So the controller never blocks
+on all results together: it polls them one by one and stops at the first failure, naming the
+role and rank; the group is then killed (its process group cannot recover).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Sequence
+
+from rlctl.errors import RlctlError, WorkerDiedError
+
+
+def _debug() -> bool:
+    return os.environ.get("RLCTL_DEBUG", "") not in ("", "0")
+
+
+def wait_all(refs: Sequence[Any], *, role: str, method: str, logs: str = "", poll_s: float = 0.5) -> list:
+    """Results of `refs` (one per rank, rank order); raises on the first rank that failed."""
+    import ray
+
+    index = {ref: rank for rank, ref in enumerate(refs)}
+    results: list[Any] = [None] * len(refs)
+    pending = list(refs)
+    while pending:
+        # A timeout keeps Ctrl-C responsive; num_returns=1 reports a failure the moment it happens.
+        ready, pending = ray.wait(pending, num_returns=1, timeout=poll_s)
+        for ref in ready:
+            rank = index[ref]
+            try:
+                results[rank] = ray.get(ref)
+            except Exception as err:  # noqa: BLE001 - every Ray failure is mapped below
+                raise worker_error(err, role=role, rank=rank, method=method, logs=logs) from None
+    return results
+
+
+def worker_error(err: BaseException, *, role: str, rank: int, method: str, logs: str = "") -> RlctlError:
+    """The rlctl error for a failed call of `role`.`method` on `rank`."""
+    from ray import exceptions as rx
+
+    where = f"{role} worker rank {rank}"
+    log_hint = f"the worker's log is under {logs}" if logs else "see Ray's session logs (/tmp/ray/session_latest/logs)"
+    if isinstance(err, rx.RayTaskError):
+        cause = getattr(err, "cause", None)
+        if isinstance(cause, RlctlError):
+            # A known error raised inside the worker keeps its class and exit code.
+            cause.message = f"{where}: {cause.message}"
+            cause.args = (cause.message if cause.hint is None else f"{cause.message} ({cause.hint})",)
+            return cause
+        name = type(cause).__name__ if cause is not None else "an error"
+        first = str(cause).strip().splitlines()[0] if cause is not None and str(cause).strip() else ""
+        detail = f"\n{err}" if _debug() else ""
+        return WorkerDiedError(f"{where} raised {name} in {method}: {first}{detail}",
+                               hint=None if _debug() else "rerun with RLCTL_DEBUG=1 for the worker's traceback")
+    if isinstance(err, rx.OutOfMemoryError):
+        return WorkerDiedError(f"{where} was killed for lack of memory during {method}",
+                               hint="lower actor.micro_batch_size or data.max_response_length, or use "
+                                    "bigger machines")
+    if isinstance(err, (rx.RayActorError, rx.WorkerCrashedError, rx.NodeDiedError)):
+        reason = _death_reason(err)
+        return WorkerDiedError(f"{where} died during {method}{': ' + reason if reason else ''}", hint=log_hint)
+    return WorkerDiedError(f"{where} failed during {method}: {type(err).__name__}: {err}", hint=log_hint)
+
+
+def _death_reason(err: BaseException) -> str:
+    """Ray's death cause, one line: "the actor's worker process exited (killed by a signal?)"."""
+    text = str(err)
+    for marker in ("The actor died unexpectedly", "The actor is dead because", "The worker died",
+                   "The process was killed", "Worker exit", "was killed"):
+        at = text.find(marker)
+        if at >= 0:
+            return text[at:].splitlines()[0].strip().rstrip(".")[:200]
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    return lines[-1][:200] if lines else ""

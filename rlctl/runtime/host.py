@@ -1,0 +1,64 @@
+"""`WorkerHost`: the Ray actor behind one rank of a worker group.
+
+The host sets the torch thread count, joins the group's torch.distributed process group (gloo on
+CPU, NCCL for CUDA tensors) and then holds one object per role (`actor`, `critic`, ...).
+Co-located roles are objects in the same process: they share the rank, the device and the
+process group, and the actor/rollout/reference roles share one copy of the weights.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from datetime import timedelta
+from typing import Any
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("", 0))
+        return s.getsockname()[1]
+
+
+class WorkerHost:
+    """One rank. Created by WorkerGroup through `ray.remote(WorkerHost).options(...)`."""
+
+    def __init__(self, rank: int, world_size: int, local_rank: int, cpus: int, use_gpu: bool):
+        import torch
+
+        self.rank, self.world_size, self.local_rank, self.use_gpu = rank, world_size, local_rank, use_gpu
+        self.roles: dict[str, Any] = {}
+        # Each worker owns `cpus` cores: more threads than cores only makes ranks fight.
+        torch.set_num_threads(max(1, cpus))
+        if use_gpu:
+            torch.cuda.set_device(0)  # Ray narrows CUDA_VISIBLE_DEVICES to this actor's GPU
+
+    def node_info(self) -> dict:
+        import ray
+
+        ctx = ray.get_runtime_context()
+        return {"rank": self.rank, "pid": os.getpid(), "node_id": ctx.get_node_id(),
+                "ip": ray.util.get_node_ip_address(), "port": free_port() if self.rank == 0 else 0}
+
+    def init_process_group(self, master_addr: str, master_port: int, timeout_s: float) -> None:
+        import torch.distributed as dist
+
+        os.environ.update(MASTER_ADDR=master_addr, MASTER_PORT=str(master_port), RANK=str(self.rank),
+                          WORLD_SIZE=str(self.world_size), LOCAL_RANK=str(self.local_rank))
+        backend = "cpu:gloo,cuda:nccl" if self.use_gpu else "gloo"
+        dist.init_process_group(backend=backend, rank=self.rank, world_size=self.world_size,
+                                timeout=timedelta(seconds=timeout_s))
+
+    def add_role(self, name: str, cls: type, kwargs: dict) -> None:
+        self.roles[name] = cls(**kwargs)
+
+    def call(self, role: str, method: str, *args: Any, **kwargs: Any) -> Any:
+        return getattr(self.roles[role], method)(*args, **kwargs)
+
+    def shutdown(self) -> None:
+        """Leave the process group cleanly (best effort: the group may already be broken)."""
+        import torch.distributed as dist
+
+        self.roles.clear()
+        if dist.is_initialized():
+            dist.destroy_process_group()

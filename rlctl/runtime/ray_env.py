@@ -1,0 +1,102 @@
+"""Ray's lifecycle: an embedded local instance by default, or joining a running cluster.
+
+`ray_session()` is the only place rlctl starts or stops Ray. It is a context manager so Ray is
+shut down on every way out (success, an error, Ctrl-C): worker groups are killed first, then the
+embedded instance (raylet, GCS, object store) is stopped, so no process outlives the command.
+Ray is imported here lazily: commands that do not train never pay its ~5 s start.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Iterator
+
+from rlctl.errors import UsageError
+
+# Local runs: no usage-stats prompt or upload, no token auth between our own processes.
+LOCAL_RAY_ENV = {"RAY_USAGE_STATS_ENABLED": "0", "RAY_AUTH_MODE": "disabled"}
+
+
+@dataclass(frozen=True)
+class RaySession:
+    """What `ray_session` started or joined."""
+
+    address: str          # the GCS address ("host:port") or the ray:// address that was joined
+    embedded: bool        # True when rlctl started Ray itself (and stops it on exit)
+    owned: bool           # True when this context called ray.init (and so calls ray.shutdown)
+    nodes: int
+    cpus: float
+    gpus: float
+    session_dir: str      # Ray's logs live under <session_dir>/logs
+
+
+def resolve_address(cli_address: str | None = None, config_address: str = "") -> str:
+    """The Ray address to use: --address, then resources.address, then RAY_ADDRESS; "" = embedded."""
+    for value in (cli_address, config_address, os.environ.get("RAY_ADDRESS", "")):
+        if value and value.strip():
+            return value.strip()
+    return ""
+
+
+def machine_cpus() -> int:
+    """CPU cores this process may use (cgroup/affinity aware where the OS says so)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # macOS, Windows
+        return os.cpu_count() or 1
+
+
+def _debug() -> bool:
+    return os.environ.get("RLCTL_DEBUG", "") not in ("", "0")
+
+
+def _init(address: str, num_cpus: int | None, log_to_driver: bool, namespace: str):
+    import ray
+
+    quiet = {"log_to_driver": log_to_driver, "logging_level": logging.DEBUG if _debug() else logging.WARNING,
+             "namespace": namespace}
+    if not address:
+        for key, value in LOCAL_RAY_ENV.items():
+            os.environ.setdefault(key, value)
+        # address="local" starts a fresh instance even when RAY_ADDRESS is set in the shell.
+        return ray.init(address="local", num_cpus=num_cpus or machine_cpus(), include_dashboard=False, **quiet)
+    try:
+        return ray.init(address=address, **quiet)
+    except (ConnectionError, TimeoutError, RuntimeError) as err:
+        raise UsageError(f"could not join the Ray cluster at {address!r}: {str(err).splitlines()[0]}",
+                         hint="start it with `ray start --head`, or fix --address / resources.address / "
+                              "RAY_ADDRESS (empty = embedded Ray)") from None
+
+
+@contextmanager
+def ray_session(address: str = "", *, num_cpus: int | None = None, log_to_driver: bool | None = None,
+                namespace: str = "rlctl") -> Iterator[RaySession]:
+    """Start embedded Ray (address "") or join a cluster ("auto", "host:port", "ray://host:port").
+
+    When Ray is already initialised in this process (a test fixture, a notebook) it is used as is
+    and left running. Worker groups created inside are always killed on exit.
+    """
+    import ray
+
+    from rlctl.runtime import worker_group
+
+    owned = not ray.is_initialized()
+    if owned:
+        ctx = _init(address, num_cpus, _debug() if log_to_driver is None else log_to_driver, namespace)
+        gcs = ctx.address_info.get("gcs_address") or ctx.address_info.get("address") or address
+        session_dir = ctx.address_info.get("session_dir", "")
+    else:
+        gcs, session_dir = address, ""
+    try:
+        nodes = [n for n in ray.nodes() if n.get("Alive")]
+        total = ray.cluster_resources()
+        yield RaySession(address=gcs or address, embedded=owned and not address, owned=owned,
+                         nodes=len(nodes), cpus=total.get("CPU", 0.0), gpus=total.get("GPU", 0.0),
+                         session_dir=session_dir)
+    finally:
+        worker_group.shutdown_all()
+        if owned:
+            ray.shutdown()

@@ -1,0 +1,169 @@
+"""Worker groups: N Ray actors (ranks) forming one torch.distributed process group.
+
+    pool = ResourcePool(cfg.resources, name="actor")
+    group = WorkerGroup(pool, {"actor": (ActorRolloutRefWorker, {"config": cfg, ...}),
+                               "critic": (CriticWorker, {"config": cfg, ...})}, name="actor")
+    actor = group.role("actor")
+    out = actor.compute_log_prob(batch)        # split by @register(Dispatch.DP), joined in order
+
+Several roles in one group are co-located: every rank holds one object per role. A call is sent
+to every rank before any result is awaited, and the first failing rank stops the call with
+WorkerDiedError (exit 4) naming the role and rank; the group is then killed, never left hanging.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import weakref
+from typing import Any
+
+from rlctl.errors import WorkerDiedError
+from rlctl.runtime.batch import Batch
+from rlctl.runtime.dispatch import Dispatch, collect_results, dispatch_mode, split_arguments
+from rlctl.runtime.failures import wait_all
+
+# Every live group, so `ray_session` can kill them on any way out.
+_LIVE: "weakref.WeakSet[WorkerGroup]" = weakref.WeakSet()
+
+# Environment each worker process starts with: one thread per core it owns, no hub downloads
+# unless the driver allows them, and the debug switch.
+_FORWARDED_ENV = ("RLCTL_DEBUG", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_HOME", "HF_TOKEN",
+                  "HF_HUB_DISABLE_PROGRESS_BARS", "TOKENIZERS_PARALLELISM")
+
+
+def shutdown_all() -> None:
+    for group in list(_LIVE):
+        group.shutdown()
+
+
+class WorkerGroup:
+    """The ranks of one pool, each hosting one object per role (co-located roles)."""
+
+    def __init__(self, pool, roles: dict[str, tuple[type, dict]], *, name: str = "workers",
+                 collective_timeout_s: float = 1800.0):
+        import ray
+
+        from rlctl.runtime.host import WorkerHost
+
+        self.name, self.pool, self.role_classes = name, pool, {r: cls for r, (cls, _) in roles.items()}
+        self.world_size = pool.world_size
+        self._broken: str | None = None
+        self._logs = _session_logs()
+        pool.ready()
+        _LIVE.add(self)
+        host = ray.remote(WorkerHost)
+        env = {k: os.environ[k] for k in _FORWARDED_ENV if k in os.environ}
+        threads = str(pool.cpus_per_worker)
+        env.update(OMP_NUM_THREADS=threads, MKL_NUM_THREADS=threads, TOKENIZERS_PARALLELISM="false")
+        self._actors = [
+            host.options(**pool.actor_options(rank), runtime_env={"env_vars": env}).remote(
+                rank, self.world_size, rank % pool.ranks_per_node, pool.cpus_per_worker, pool.use_gpu)
+            for rank in range(self.world_size)
+        ]
+        try:
+            self.info = self._all("node_info", role=name)
+            master = self.info[0]
+            self._all("init_process_group", master["ip"], master["port"], collective_timeout_s, role=name)
+            for role, (cls, kwargs) in roles.items():
+                self._all("add_role", role, cls, kwargs, role=role, method=f"{cls.__name__}.__init__")
+        except BaseException:
+            self.shutdown()
+            raise
+
+    # --- calls -----------------------------------------------------------------------------
+    def role(self, name: str) -> "RoleHandle":
+        if name not in self.role_classes:
+            raise KeyError(f"group {self.name!r} has no role {name!r}; it has {sorted(self.role_classes)}")
+        return RoleHandle(self, name, self.role_classes[name])
+
+    def call(self, role: str, method: str, *args: Any, **kwargs: Any) -> Any:
+        """Run `role`.`method` on every rank with its registered dispatch; see RoleHandle."""
+        mode = dispatch_mode(self.role_classes[role], method)
+        label = f"{role}.{method}"
+        per_rank = split_arguments(mode, self.world_size, _put_shared(mode, args), _put_shared(mode, kwargs),
+                                   label)
+        refs = [actor.call.remote(role, method, *a, **k) for actor, (a, k) in zip(self._actors, per_rank)]
+        results = self._wait(refs, role=role, method=method)
+        return collect_results(mode, results)
+
+    def _all(self, host_method: str, *args: Any, role: str, method: str | None = None) -> list:
+        refs = [getattr(actor, host_method).remote(*args) for actor in self._actors]
+        return self._wait(refs, role=role, method=method or host_method)
+
+    def _wait(self, refs: list, *, role: str, method: str) -> list:
+        if self._broken:
+            raise WorkerDiedError(f"the {self.name} worker group is down after an earlier failure: {self._broken}")
+        try:
+            return wait_all(refs, role=role, method=method, logs=self._logs)
+        except BaseException as err:
+            # A failed rank leaves its peers stuck in collectives: kill the whole group now.
+            self._broken = getattr(err, "message", None) or type(err).__name__
+            self.shutdown()
+            raise
+
+    # --- introspection and teardown -----------------------------------------------------------
+    def pids(self) -> list[int]:
+        return [i["pid"] for i in self.info]
+
+    def node_ids(self) -> list[str]:
+        return [i["node_id"] for i in self.info]
+
+    def shutdown(self) -> None:
+        """Kill every rank and free the placement group (idempotent)."""
+        import ray
+
+        actors, self._actors = getattr(self, "_actors", []), []
+        for actor in actors:
+            try:
+                ray.kill(actor, no_restart=True)
+            except Exception:  # already dead, or Ray is gone
+                pass
+        self.pool.remove()
+        _LIVE.discard(self)
+
+    def __enter__(self) -> "WorkerGroup":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.shutdown()
+
+
+class RoleHandle:
+    """`handle.method(*args)` runs the role's method on all ranks with its registered dispatch."""
+
+    def __init__(self, group: WorkerGroup, role: str, cls: type):
+        self.group, self.role, self.cls = group, role, cls
+
+    def __getattr__(self, method: str):
+        if method.startswith("__"):
+            raise AttributeError(method)
+        dispatch_mode(self.cls, method)  # AttributeError now, not at call time
+        return functools.partial(self.group.call, self.role, method)
+
+    @property
+    def world_size(self) -> int:
+        return self.group.world_size
+
+    def __repr__(self) -> str:
+        return f"RoleHandle({self.role!r}, {self.cls.__name__}, ranks={self.group.world_size})"
+
+
+def _put_shared(mode: Dispatch, values):
+    """ALL/RANK0 send the same Batch to every rank: put it in the object store once."""
+    if mode not in (Dispatch.ALL, Dispatch.RANK0):
+        return values
+    import ray
+
+    if isinstance(values, dict):
+        return {k: ray.put(v) if isinstance(v, Batch) else v for k, v in values.items()}
+    return tuple(ray.put(v) if isinstance(v, Batch) else v for v in values)
+
+
+def _session_logs() -> str:
+    try:
+        from ray._private.worker import global_worker  # session dir for error hints only
+
+        return os.path.join(global_worker.node.get_session_dir_path(), "logs")
+    except Exception:
+        return ""

@@ -1,0 +1,209 @@
+"""`ActorRolloutRefWorker`: the policy's rank, holding actor, rollout and reference together.
+
+One copy of the policy weights per rank serves all three roles: the rollout engine generates
+with the very module the optimizer updates (so generation always uses the latest weights), and
+with LoRA the reference is the same module with its adapters switched off. Only full
+fine-tuning with a KL term keeps a second, frozen copy for the reference.
+
+Batch keys (B rows; see rlctl.runtime.batch for shapes):
+    generate          in:  input_ids, attention_mask [B, P] left-padded prompts, plus any per-prompt
+                           columns (repeated n times)   out: B*n rows of prompts, responses,
+                           response_mask, response_length, truncated, input_ids, attention_mask
+    compute_log_prob  in:  input_ids, attention_mask, response_mask   out: old_log_prob, entropy
+    compute_ref_log_prob   same in                                    out: ref_log_prob
+    update_actor      in:  input_ids, attention_mask, response_mask, advantages, old_log_prob
+                           (optional when on-policy), ref_log_prob (when actor.use_kl_loss)
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import numpy as np
+import torch
+
+from rlctl.errors import ConfigError
+from rlctl.runtime import Batch, Dispatch, register
+from rlctl.workers import fsdp
+from rlctl.workers.engine import OptimSpec, TrainEngine
+from rlctl.workers.logprob import response_log_probs
+from rlctl.workers.models import apply_lora, eos_token_ids, load_causal_lm, load_tokenizer
+from rlctl.workers.training import mini_batch_count, run_updates
+
+_MODEL_KEYS = ["input_ids", "attention_mask"]
+
+
+class ActorRolloutRefWorker:
+    """The policy on one rank. `config` is rlctl.config.schema.Config with model.path resolved.
+
+    total_steps: training steps of the run (the cosine schedule's length).
+    with_ref: the run needs reference log-probs (a KL term in the reward or the loss).
+    """
+
+    def __init__(self, config, *, total_steps: int = 0, with_ref: bool = False):
+        self.cfg, self.with_ref = config, with_ref
+        self.rank, self.world = fsdp.rank_and_world()
+        self.lora = config.model.lora.rank > 0
+        dtype = fsdp.resolve_dtype(config.model.dtype)
+        torch.manual_seed(config.run.seed)  # same LoRA init on every rank
+        model = load_causal_lm(config.model)
+        if self.lora:
+            model = apply_lora(model, config.model.lora)
+        self.actor = TrainEngine(model, OptimSpec.for_actor(config.actor, total_steps), compute_dtype=dtype,
+                                 gradient_checkpointing=config.model.gradient_checkpointing)
+        self.ref = None
+        if with_ref and not self.lora:
+            self.ref = TrainEngine(load_causal_lm(config.model, dtype), None, compute_dtype=dtype)
+        self.tokenizer = load_tokenizer(config.model.path, config.model.trust_remote_code)
+        self.eos_ids = eos_token_ids(config.model.path, self.tokenizer)
+        self.temperature = config.rollout.temperature or 1.0  # log-probs of the sampling distribution
+        self._rollout = None
+
+    # --- rollout -------------------------------------------------------------------------------
+    def rollout_engine(self):
+        if self._rollout is None:
+            from rlctl.workers.rollout.base import make_rollout_engine
+
+            pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.eos_ids[0]
+            self._rollout = make_rollout_engine(self.cfg.rollout.engine, self.actor.module,
+                                                pad_token_id=pad, eos_token_ids=self.eos_ids)
+        return self._rollout
+
+    @register(Dispatch.DP)
+    def generate(self, batch: Batch, *, seed: int, validate: bool = False) -> Batch:
+        """n responses per prompt (rollout.n / val_n) with the current weights.
+
+        seed: the controller's per-step seed; each rank samples from (seed, rank), so a run
+        with the same seeds and ranks generates the same tokens.
+        """
+        rc = self.cfg.rollout
+        n, temperature = (rc.val_n, rc.val_temperature) if validate else (rc.n, rc.temperature)
+        prompts = [row[mask != 0].tolist() for row, mask in zip(batch["input_ids"], batch["attention_mask"])]
+        generator = torch.Generator(device=self.actor.device)
+        generator.manual_seed(int(np.random.SeedSequence([seed, self.rank]).generate_state(1)[0]))
+        with self.actor.autocast():
+            out = self.rollout_engine().generate(
+                prompts, n=n, max_new_tokens=self.cfg.data.max_response_length, temperature=temperature,
+                top_p=rc.top_p, top_k=rc.top_k, generator=generator, greedy=temperature == 0)
+        return _rollout_batch(batch, out, n)
+
+    # --- log-probs -----------------------------------------------------------------------------
+    def _log_probs(self, engine: TrainEngine, batch: Batch, *, with_entropy: bool,
+                   adapter: bool = True) -> dict[str, np.ndarray]:
+        width = batch["response_mask"].shape[1]
+        parts: dict[str, list] = {"log_prob": [], "entropy": []}
+        order = np.argsort(batch["attention_mask"].sum(1), kind="stable")  # similar lengths together
+        off = self.actor.module.disable_adapter() if not adapter else contextlib.nullcontext()
+        with engine.inference() as module, off:
+            for micro in batch.select(order).split(self.cfg.actor.micro_batch_size):
+                t = micro.to_torch(engine.device, keys=_MODEL_KEYS)
+                out = response_log_probs(module, t["input_ids"], t["attention_mask"], width,
+                                         temperature=self.temperature, with_entropy=with_entropy)
+                for key, value in out.items():
+                    parts[key].append(value.cpu().numpy())
+        inverse = np.argsort(order)
+        return {k: np.concatenate(v)[inverse] for k, v in parts.items() if v}
+
+    @register(Dispatch.DP)
+    def compute_log_prob(self, batch: Batch) -> Batch:
+        """old_log_prob [B, T] and entropy [B, T] under the current policy."""
+        out = self._log_probs(self.actor, batch, with_entropy=True)
+        return Batch({"old_log_prob": out["log_prob"], "entropy": out["entropy"]}, batch.meta)
+
+    @register(Dispatch.DP)
+    def compute_ref_log_prob(self, batch: Batch) -> Batch:
+        """ref_log_prob [B, T]: LoRA = the policy with adapters off; full FT = the frozen copy."""
+        if self.lora:
+            out = self._log_probs(self.actor, batch, with_entropy=False, adapter=False)
+        elif self.ref is not None:
+            out = self._log_probs(self.ref, batch, with_entropy=False)
+        else:
+            raise ConfigError("this actor was built without a reference model",
+                              hint="start the workers with with_ref=True when a KL term is used")
+        return Batch({"ref_log_prob": out["log_prob"]}, batch.meta)
+
+    # --- training --------------------------------------------------------------------------------
+    @register(Dispatch.DP_TRAIN)
+    def update_actor(self, batch: Batch) -> dict[str, float]:
+        """PPO epochs x mini-batches x micro-batches; metrics named actor/... (same on all ranks)."""
+        ac = self.cfg.actor
+        if ac.use_kl_loss and "ref_log_prob" not in batch:
+            raise ConfigError("actor.use_kl_loss needs ref_log_prob in the batch (compute_ref_log_prob)")
+        mini = mini_batch_count(batch, world=self.world, n=self.cfg.rollout.n,
+                                prompts_per_mini=ac.mini_batch_size or self.cfg.data.batch_size)
+        if "old_log_prob" not in batch and (ac.ppo_epochs > 1 or mini > 1):
+            raise ConfigError("update_actor needs old_log_prob when it takes more than one optimizer step",
+                              hint="call compute_log_prob first (it may be skipped only when on-policy)")
+        keys = _MODEL_KEYS + ["response_mask", "advantages", "old_log_prob", "ref_log_prob"]
+        metrics = run_updates(self.actor, batch, epochs=ac.ppo_epochs, mini_batches=mini,
+                              micro_batch_size=ac.micro_batch_size, horizon=self.cfg.data.max_response_length,
+                              make_loss=self._policy_loss_fn, keys=keys)
+        return {f"actor/{k}": v for k, v in metrics.items()}
+
+    def _policy_loss_fn(self, norm):
+        from rlctl.algorithms import aggregate_loss, kl_penalty, policy_loss
+
+        ac = self.cfg.actor
+
+        def loss_fn(micro: dict) -> tuple[torch.Tensor, dict]:
+            mask = micro["response_mask"]
+            out = response_log_probs(self.actor.module, micro["input_ids"], micro["attention_mask"],
+                                     mask.shape[1], temperature=self.temperature, with_entropy=True,
+                                     entropy_grad=ac.entropy_coef > 0)
+            log_prob = out["log_prob"]
+            old = micro["old_log_prob"] if "old_log_prob" in micro else log_prob.detach()
+            pg_loss, metrics = policy_loss(ac.policy_loss, old_log_prob=old, log_prob=log_prob,
+                                           advantages=micro["advantages"], response_mask=mask,
+                                           clip_ratio_low=ac.clip_ratio_low, clip_ratio_high=ac.clip_ratio_high,
+                                           clip_ratio_c=ac.clip_ratio_c, loss_agg_mode=ac.loss_agg_mode, norm=norm)
+            entropy = aggregate_loss(out["entropy"], mask, ac.loss_agg_mode, norm=norm)
+            loss = pg_loss - ac.entropy_coef * entropy if ac.entropy_coef > 0 else pg_loss
+            metrics = {**metrics, "pg_loss": float(pg_loss.detach()), "entropy": float(entropy.detach())}
+            if ac.use_kl_loss:
+                kl = aggregate_loss(kl_penalty(log_prob, micro["ref_log_prob"], ac.kl_loss_type), mask,
+                                    ac.loss_agg_mode, norm=norm)
+                loss = loss + ac.kl_loss_coef * kl
+                metrics["kl_loss"] = float(kl.detach())
+            return loss, metrics
+
+        return loss_fn
+
+    # --- checkpoints and export -----------------------------------------------------------------
+    @register(Dispatch.RANK0)
+    def save_checkpoint(self, path: str) -> None:
+        """Model (trained params) + optimizer + schedule + RNG, sharded per rank, under `path`."""
+        from rlctl.workers.checkpoint_io import save_engine
+
+        save_engine(self.actor, path)
+
+    @register(Dispatch.RANK0)
+    def load_checkpoint(self, path: str) -> dict:
+        """Restore what save_checkpoint wrote (any number of ranks); returns its engine.json."""
+        from rlctl.workers.checkpoint_io import load_engine
+
+        return load_engine(self.actor, path)
+
+    @register(Dispatch.RANK0)
+    def export_hf(self, out_dir: str, *, merge_lora: bool = True) -> None:
+        """Full HF weights + tokenizer in out_dir (LoRA merged, or kept as an adapter folder)."""
+        from rlctl.workers.export import export_engine
+
+        export_engine(self.actor, self.cfg.model, out_dir, merge_lora=merge_lora)
+
+
+def _rollout_batch(prompts: Batch, out: dict, n: int) -> Batch:
+    """B prompts + the engine's B*n responses -> rows of [prompt ++ response] (prompt-major)."""
+    prompt_ids = np.repeat(prompts["input_ids"], n, axis=0)
+    prompt_mask = np.repeat(prompts["attention_mask"], n, axis=0).astype(np.int64)
+    responses = out["responses"].astype(np.int64)
+    response_mask = out["response_mask"].astype(np.int64)
+    rows = {
+        "prompts": prompt_ids, "responses": responses,
+        "response_mask": response_mask.astype(np.float32),
+        "response_length": out["response_length"].astype(np.int64),
+        "truncated": np.asarray(out["truncated"], dtype=bool),
+        "input_ids": np.concatenate([prompt_ids, responses], axis=1),
+        "attention_mask": np.concatenate([prompt_mask, response_mask], axis=1),
+    }
+    carried = {k: np.repeat(v, n, axis=0) for k, v in prompts.tensors.items() if k not in _MODEL_KEYS}
+    return Batch({**carried, **rows}, prompts.meta)

@@ -1,0 +1,86 @@
+"""`CriticWorker`: the value model V(s) on one rank (PPO / GAE runs only).
+
+The critic is the base model with a Linear(hidden, 1) head (transformers' token-classification
+class, head dropout off), trained in full (LoRA applies to the actor only). Its value for
+response token j is the head's output at the token before it, the state the policy acted in,
+aligned like the actor's log-probs.
+
+Batch keys:  compute_values  in: input_ids, attention_mask, response_mask   out: values [B, T]
+             update_critic   in: input_ids, attention_mask, response_mask, values, returns
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from rlctl.runtime import Batch, Dispatch, register
+from rlctl.workers import fsdp
+from rlctl.workers.engine import OptimSpec, TrainEngine
+from rlctl.workers.logprob import response_values
+from rlctl.workers.models import load_value_model
+from rlctl.workers.training import mini_batch_count, run_updates
+
+_MODEL_KEYS = ["input_ids", "attention_mask"]
+
+
+class CriticWorker:
+    """The critic on one rank; `config` is the run's Config (critic.model_path or model.path)."""
+
+    def __init__(self, config, *, total_steps: int = 0):
+        self.cfg = config
+        self.rank, self.world = fsdp.rank_and_world()
+        torch.manual_seed(config.run.seed + 1)  # the value head's init, the same on every rank
+        model = load_value_model(config.critic.model_path or config.model.path, config.model)
+        self.critic = TrainEngine(model, OptimSpec.for_critic(config.critic, total_steps),
+                                  compute_dtype=fsdp.resolve_dtype(config.model.dtype),
+                                  gradient_checkpointing=config.model.gradient_checkpointing)
+
+    @register(Dispatch.DP)
+    def compute_values(self, batch: Batch) -> Batch:
+        width = batch["response_mask"].shape[1]
+        order = np.argsort(batch["attention_mask"].sum(1), kind="stable")
+        parts = []
+        with self.critic.inference() as module:
+            for micro in batch.select(order).split(self.cfg.critic.micro_batch_size):
+                t = micro.to_torch(self.critic.device, keys=_MODEL_KEYS)
+                parts.append(response_values(module, t["input_ids"], t["attention_mask"], width).cpu().numpy())
+        return Batch({"values": np.concatenate(parts)[np.argsort(order)]}, batch.meta)
+
+    @register(Dispatch.DP_TRAIN)
+    def update_critic(self, batch: Batch) -> dict[str, float]:
+        cc = self.cfg.critic
+        mini = mini_batch_count(batch, world=self.world, n=self.cfg.rollout.n,
+                                prompts_per_mini=cc.mini_batch_size or self.cfg.data.batch_size)
+        keys = _MODEL_KEYS + ["response_mask", "values", "returns"]
+        metrics = run_updates(self.critic, batch, epochs=cc.ppo_epochs, mini_batches=mini,
+                              micro_batch_size=cc.micro_batch_size, horizon=self.cfg.data.max_response_length,
+                              make_loss=self._value_loss_fn, keys=keys)
+        return {f"critic/{k}": v for k, v in metrics.items()}
+
+    def _value_loss_fn(self, norm):
+        from rlctl.algorithms import value_loss
+
+        cc = self.cfg.critic
+
+        def loss_fn(micro: dict) -> tuple[torch.Tensor, dict]:
+            mask = micro["response_mask"]
+            vpreds = response_values(self.critic.module, micro["input_ids"], micro["attention_mask"], mask.shape[1])
+            loss, metrics = value_loss(vpreds=vpreds, returns=micro["returns"], values=micro["values"],
+                                       response_mask=mask, value_clip=cc.value_clip,
+                                       loss_agg_mode=cc.loss_agg_mode, norm=norm)
+            return loss, {**metrics, "vf_loss": float(loss.detach())}
+
+        return loss_fn
+
+    @register(Dispatch.RANK0)
+    def save_checkpoint(self, path: str) -> None:
+        from rlctl.workers.checkpoint_io import save_engine
+
+        save_engine(self.critic, path)
+
+    @register(Dispatch.RANK0)
+    def load_checkpoint(self, path: str) -> dict:
+        from rlctl.workers.checkpoint_io import load_engine
+
+        return load_engine(self.critic, path)

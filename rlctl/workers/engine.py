@@ -1,0 +1,153 @@
+"""The training engine: a transformers model under FSDP2 with AdamW, LR schedule and clipping.
+
+One engine per trained model (the actor's policy, the critic). The engine owns what every
+trainer needs and nothing algorithm-specific: the loss is a function handed to
+`train_mini_batch`, which runs gradient accumulation over micro-batches, clips the global
+gradient norm and skips the optimizer step when that norm is not finite (weights unchanged).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from dataclasses import dataclass
+from typing import Callable, Iterator
+
+import torch
+
+from rlctl.workers import fsdp
+
+
+@dataclass(frozen=True)
+class OptimSpec:
+    """AdamW + schedule settings, from [actor] or [critic]."""
+
+    lr: float
+    weight_decay: float
+    grad_clip: float
+    warmup_steps: int
+    total_steps: int
+    schedule: str = "constant"      # "constant" | "cosine" after warm-up
+    min_lr_ratio: float = 0.0       # cosine floor as a fraction of lr
+
+    @classmethod
+    def for_actor(cls, actor, total_steps: int) -> "OptimSpec":
+        return cls(lr=actor.lr, weight_decay=actor.weight_decay, grad_clip=actor.grad_clip,
+                   warmup_steps=actor.warmup_steps, total_steps=total_steps, schedule=actor.lr_schedule,
+                   min_lr_ratio=actor.min_lr_ratio)
+
+    @classmethod
+    def for_critic(cls, critic, total_steps: int) -> "OptimSpec":
+        return cls(lr=critic.lr, weight_decay=critic.weight_decay, grad_clip=critic.grad_clip,
+                   warmup_steps=critic.warmup_steps, total_steps=total_steps)
+
+
+def lr_factor(step: int, spec: OptimSpec) -> float:
+    """LR multiplier at training step `step` (0-based).
+
+    Warm-up ramps linearly to 1 over warmup_steps ((step+1)/warmup, so no step runs at lr 0);
+    then constant, or cosine from 1 down to min_lr_ratio at total_steps.
+    """
+    if step < spec.warmup_steps:
+        return (step + 1) / spec.warmup_steps
+    if spec.schedule != "cosine" or spec.total_steps <= spec.warmup_steps:
+        return 1.0
+    progress = min(1.0, (step - spec.warmup_steps) / (spec.total_steps - spec.warmup_steps))
+    return spec.min_lr_ratio + (1.0 - spec.min_lr_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
+
+
+# A loss function gets one micro-batch (tensors on the device) and returns the micro-batch's share
+# of the mini-batch loss (already normalised by mini-batch counts) and float metrics.
+LossFn = Callable[[dict], "tuple[torch.Tensor, dict[str, float]]"]
+
+
+class TrainEngine:
+    """Wraps `model` (sharded when the group has > 1 rank) with its optimizer and scheduler.
+
+    compute_dtype: the dtype forward/backward run in; parameters stay float32 masters when
+    trained (FSDP all-gathers them in compute_dtype; one rank uses autocast). optim=None makes a
+    frozen engine (a reference model) whose parameters are kept in compute_dtype.
+    """
+
+    def __init__(self, model: torch.nn.Module, optim: OptimSpec | None, *, compute_dtype: torch.dtype,
+                 gradient_checkpointing: bool = False):
+        self.rank, self.world_size = fsdp.rank_and_world()
+        self.compute_dtype, self.optim_spec = compute_dtype, optim
+        self.device = fsdp.device()
+        if optim is None:
+            model.requires_grad_(False)
+            model.to(compute_dtype)
+        elif gradient_checkpointing:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        if self.world_size > 1:
+            trained_in_low_precision = optim is not None and compute_dtype != torch.float32
+            fsdp.shard(model, param_dtype=compute_dtype if trained_in_low_precision else None)
+        self.module = model.to(self.device)
+        self.params = [p for p in model.parameters() if p.requires_grad]
+        self.optimizer = self.scheduler = None
+        self.train_steps = 0   # scheduler steps taken = training steps done
+        if optim is not None:
+            self.optimizer = torch.optim.AdamW(self.params, lr=optim.lr, weight_decay=optim.weight_decay)
+            self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda s: lr_factor(s, optim))
+        model.train(optim is not None)
+
+    # --- contexts ----------------------------------------------------------------------------
+    def autocast(self):
+        """One rank in bf16/fp16: autocast (FSDP applies its own mixed precision with > 1 rank)."""
+        if self.world_size > 1 or self.compute_dtype == torch.float32 or self.optimizer is None:
+            return contextlib.nullcontext()
+        return torch.autocast(self.device.type, dtype=self.compute_dtype)
+
+    @contextlib.contextmanager
+    def inference(self) -> Iterator[torch.nn.Module]:
+        """Eval mode, no grad, whole weights (no collectives per forward), restored afterwards."""
+        was_training = self.module.training
+        self.module.eval()
+        try:
+            with torch.no_grad(), fsdp.whole_weights(self.module), self.autocast():
+                yield self.module
+        finally:
+            self.module.train(was_training)
+
+    # --- training ------------------------------------------------------------------------------
+    def train_mini_batch(self, micro_batches: list[dict], loss_fn: LossFn) -> dict:
+        """Accumulate gradients over `micro_batches`, clip, and take one optimizer step.
+
+        Returns loss (sum of the micro-batch losses on this rank), grad_norm (global, before
+        clipping), skipped (1.0 when the norm was not finite: no step, weights unchanged) and the
+        per-micro-batch metric dicts under "micro".
+        """
+        if self.optimizer is None:
+            raise RuntimeError("this engine is frozen (no optimizer); it cannot train")
+        self.optimizer.zero_grad(set_to_none=True)
+        loss_sum, micro_metrics = 0.0, []
+        for micro in micro_batches:
+            with self.autocast():
+                loss, metrics = loss_fn(micro)
+            loss.backward()
+            loss_sum += float(loss.detach())
+            micro_metrics.append(metrics)
+        grad_norm = fsdp.total_grad_norm(self.params, self.optim_spec.grad_clip)
+        skipped = not math.isfinite(grad_norm)
+        if skipped:
+            self.optimizer.zero_grad(set_to_none=True)
+        else:
+            self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return {"loss": loss_sum, "grad_norm": grad_norm, "skipped": float(skipped), "micro": micro_metrics}
+
+    def end_train_step(self) -> None:
+        """Advance the LR schedule: once per training step, however many optimizer steps it took."""
+        self.scheduler.step()
+        self.train_steps += 1
+
+    def lr(self) -> float:
+        return float(self.optimizer.param_groups[0]["lr"]) if self.optimizer else 0.0
+
+    def set_train_steps(self, steps: int) -> None:
+        """Put the schedule at `steps` training steps done (after loading a checkpoint)."""
+        self.train_steps = steps
+        self.scheduler.last_epoch = steps
+        for group, base in zip(self.optimizer.param_groups, self.scheduler.base_lrs):
+            group["lr"] = base * lr_factor(steps, self.optim_spec)
+        self.scheduler._last_lr = [g["lr"] for g in self.optimizer.param_groups]

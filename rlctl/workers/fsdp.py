@@ -1,0 +1,126 @@
+"""FSDP2 plumbing for the training engine: device, dtype, sharding, whole-weight inference.
+
+A group of W ranks shards each decoder layer and the root with `fully_shard` (one all-gather per
+layer in forward, one reduce-scatter per layer in backward; gradients are *averaged* over ranks).
+With one rank the model stays a plain module. Outside a process group (tests, tools) everything
+here behaves as a single rank.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Iterator
+
+import torch
+import torch.distributed as dist
+
+from rlctl.errors import ConfigError
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def device() -> torch.device:
+    return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
+
+
+def rank_and_world() -> tuple[int, int]:
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
+
+
+def resolve_dtype(name: str) -> torch.dtype:
+    """model.dtype: auto = bfloat16 on GPU, float32 on CPU (CPU bf16 matmuls are slow and lossy)."""
+    if name == "auto":
+        return torch.bfloat16 if torch.cuda.is_available() else torch.float32
+    if name not in DTYPES:
+        raise ConfigError(f"model.dtype = {name!r} is not supported", hint=f"use auto or one of {', '.join(DTYPES)}")
+    return DTYPES[name]
+
+
+def all_reduce_sum(values: list[float]) -> list[float]:
+    """Element-wise sum over ranks (float64, on the device the backend needs)."""
+    _, world = rank_and_world()
+    if world == 1:
+        return list(values)
+    t = torch.tensor(values, dtype=torch.float64, device=device())
+    dist.all_reduce(t)
+    return t.tolist()
+
+
+def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """The repeated transformer blocks, found by the model's own `_no_split_modules` names."""
+    names: set[str] = set()
+    for module in model.modules():
+        names.update(getattr(module, "_no_split_modules", None) or [])
+    return [m for m in model.modules() if type(m).__name__ in names]
+
+
+def shard(model: torch.nn.Module, *, param_dtype: torch.dtype | None = None) -> torch.nn.Module:
+    """fully_shard every decoder layer, then the root (embeddings, final norm, heads).
+
+    param_dtype (e.g. bf16) is the compute dtype: parameters stay fp32 masters and are all-gathered
+    in param_dtype; gradients are reduced in fp32.
+    """
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    _, world = rank_and_world()
+    mesh = init_device_mesh(device().type, (world,))
+    mp = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32) if param_dtype else MixedPrecisionPolicy()
+    layers = decoder_layers(model)
+    if not layers:
+        raise ConfigError(f"cannot find the decoder layers of {type(model).__name__} to shard",
+                          hint="the model class needs `_no_split_modules` (all transformers LLMs have it)")
+    for layer in layers:
+        fully_shard(layer, mesh=mesh, mp_policy=mp)
+    fully_shard(model, mesh=mesh, mp_policy=mp)
+    return model
+
+
+def fsdp_units(model: torch.nn.Module) -> list[torch.nn.Module]:
+    from torch.distributed.fsdp import FSDPModule
+
+    return [m for m in model.modules() if isinstance(m, FSDPModule)]
+
+
+@contextlib.contextmanager
+def whole_weights(model: torch.nn.Module) -> Iterator[None]:
+    """Inference with every FSDP unit all-gathered once (same calls, same order on every rank).
+
+    With the parameters whole and reshard-after-forward off, forward runs no collective, so ranks
+    may run different numbers of micro-batches (uneven splits) without deadlocking. Peak memory
+    is one full copy of the weights per rank, as during generation. Plain modules pass through.
+    """
+    units = fsdp_units(model)
+    if not units:
+        yield
+        return
+    # FSDP2 has no getter for reshard_after_forward; keep each group's setting to restore it.
+    saved = [(g, g.post_forward_mesh_info) for u in units for g in u._get_fsdp_state()._fsdp_param_groups]
+    try:
+        for unit in units:
+            unit.unshard()
+        for unit in units:
+            unit.set_reshard_after_forward(False, recurse=False)
+        yield
+    finally:
+        for group, info in saved:
+            group.post_forward_mesh_info = info
+        for unit in units:
+            unit.reshard()
+
+
+def total_grad_norm(params: list[torch.nn.Parameter], max_norm: float) -> float:
+    """Global L2 norm of the gradients (over all ranks' shards), clipped to max_norm when > 0.
+
+    clip_grad_norm_ works on DTensor shards: the norm it returns is itself a DTensor whose
+    full_tensor() is the norm of the whole model's gradient, the same on every rank.
+    """
+    grads = [p for p in params if p.grad is not None]
+    if not grads:
+        return 0.0
+    norm = torch.nn.utils.clip_grad_norm_(grads, max_norm if max_norm > 0 else float("inf"))
+    if hasattr(norm, "full_tensor"):
+        norm = norm.full_tensor()
+    return float(norm)

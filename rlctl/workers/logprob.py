@@ -1,0 +1,113 @@
+"""Per-token outputs for the response part of [prompt ++ response] rows, without padding compute.
+
+Rows arrive as input_ids/attention_mask [b, P+T] (left-padded prompt, right-padded response).
+The token at column P+j is predicted by the model output at the previous real token, so for
+each real response token we gather the output of its predecessor. Two ways to drop padding:
+
+  pack (flash-attention models): all real tokens of the micro-batch in one row [1, N] with
+      position_ids restarting at 0 per sequence; transformers then runs varlen attention.
+  trim (sdpa/eager): each row's real tokens moved to the left, the micro-batch cut to its
+      longest real length [b, L_max] (right padding, so no query row is fully masked).
+
+Either way only the positions that predict response tokens go through the LM head
+(`logits_to_keep`), so prompt logits are never materialised.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from rlctl.errors import DataError
+
+
+@dataclass
+class Layout:
+    """Model inputs without padding and where each response token's predictor sits in the output."""
+
+    input_ids: torch.Tensor        # [1, N] (pack) or [b, L_max] (trim)
+    position_ids: torch.Tensor     # same shape as input_ids
+    attention_mask: torch.Tensor | None  # None when packed (position_ids mark the boundaries)
+    pred_row: torch.Tensor         # [M] output row of the predictor of each real response token
+    pred_col: torch.Tensor         # [M] output column of that predictor
+    targets: torch.Tensor          # [M] the response tokens themselves
+    response_valid: torch.Tensor   # [b, T] bool, where the M values go back
+
+
+def make_layout(input_ids: torch.Tensor, attention_mask: torch.Tensor, response_width: int, *,
+                pack: bool) -> Layout:
+    b, width = input_ids.shape
+    prompt_width = width - response_width
+    valid = attention_mask.bool()
+    pos = valid.long().cumsum(1) - 1                       # [b, P+T] index among the row's real tokens
+    response_valid = valid[:, prompt_width:]               # [b, T]
+    rows = torch.arange(b, device=input_ids.device)[:, None].expand(b, response_width)[response_valid]
+    target_pos = pos[:, prompt_width:][response_valid]     # [M]
+    if bool((target_pos < 1).any()):
+        raise DataError("a response has no prompt token before it; every prompt needs at least one token")
+    targets = input_ids[:, prompt_width:][response_valid]
+    lengths = valid.sum(1)                                 # [b]
+    if pack:
+        offsets = lengths.cumsum(0) - lengths              # [b] start of each row in the packed row
+        return Layout(input_ids=input_ids[valid][None], position_ids=pos[valid][None], attention_mask=None,
+                      pred_row=torch.zeros_like(rows), pred_col=offsets[rows] + target_pos - 1,
+                      targets=targets, response_valid=response_valid)
+    max_len = int(lengths.max())
+    row_of = torch.arange(b, device=input_ids.device)[:, None].expand_as(valid)[valid]
+    ids = torch.zeros((b, max_len), dtype=input_ids.dtype, device=input_ids.device)
+    ids[row_of, pos[valid]] = input_ids[valid]
+    cols = torch.arange(max_len, device=input_ids.device)[None, :]
+    return Layout(input_ids=ids, position_ids=cols.expand(b, max_len).contiguous(),
+                  attention_mask=(cols < lengths[:, None]).long(), pred_row=rows, pred_col=target_pos - 1,
+                  targets=targets, response_valid=response_valid)
+
+
+def use_packing(model: torch.nn.Module) -> bool:
+    """Pack only where attention is varlen (flash); a packed row under sdpa costs O(N^2) memory."""
+    config = getattr(model, "config", None)
+    impl = str(getattr(config, "_attn_implementation", "") or "")
+    return "flash" in impl
+
+
+def response_log_probs(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                       response_width: int, *, temperature: float = 1.0, with_entropy: bool = False,
+                       entropy_grad: bool = False, pack: bool | None = None) -> dict[str, torch.Tensor]:
+    """log pi(response token) and entropy, both [b, T] float32, 0 on padding.
+
+    temperature divides the logits (the sampling distribution of the rollout). The entropy is
+    computed without gradient unless `entropy_grad` (an entropy bonus needs it).
+    """
+    from rlctl.algorithms import entropy_from_logits, log_probs_from_logits
+
+    layout = make_layout(input_ids, attention_mask, response_width,
+                         pack=use_packing(model) if pack is None else pack)
+    # Keep only the output columns some response token needs: a contiguous range per layout.
+    first, last = int(layout.pred_col.min()), int(layout.pred_col.max())
+    out = model(input_ids=layout.input_ids, attention_mask=layout.attention_mask,
+                position_ids=layout.position_ids, use_cache=False,
+                logits_to_keep=torch.arange(first, last + 1, device=input_ids.device))
+    logits = out.logits[layout.pred_row, layout.pred_col - first].float()   # [M, V]
+    if temperature and temperature != 1.0:
+        logits = logits / temperature
+    result = {"log_prob": _scatter(log_probs_from_logits(logits, layout.targets), layout.response_valid)}
+    if with_entropy:
+        with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
+            result["entropy"] = _scatter(entropy_from_logits(logits), layout.response_valid)
+    return result
+
+
+def response_values(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                    response_width: int, *, pack: bool | None = None) -> torch.Tensor:
+    """Critic values V(s) [b, T] float32 at the state before each response token, 0 on padding."""
+    layout = make_layout(input_ids, attention_mask, response_width,
+                         pack=use_packing(model) if pack is None else pack)
+    out = model(input_ids=layout.input_ids, attention_mask=layout.attention_mask,
+                position_ids=layout.position_ids, use_cache=False)
+    values = out.logits[layout.pred_row, layout.pred_col, 0].float()         # [M]
+    return _scatter(values, layout.response_valid)
+
+
+def _scatter(values: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+    """[M] values back to their [b, T] places (row-major, the order boolean indexing produced)."""
+    return torch.zeros(valid.shape, dtype=values.dtype, device=values.device).masked_scatter(valid, values)

@@ -1,0 +1,91 @@
+"""Loading the models the workers train: the policy (+ LoRA), the critic, the tokenizer."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from rlctl.errors import DataError
+
+
+def quiet_transformers() -> None:
+    """Workers log through the controller; transformers' per-load bars and warnings are noise."""
+    import transformers
+
+    transformers.utils.logging.set_verbosity_error()
+    transformers.utils.logging.disable_progress_bar()
+
+
+def _check_path(path: str, what: str) -> None:
+    if not path:
+        raise DataError(f"{what} is empty", hint="set model.path to a Hugging Face model folder or id")
+    if path.startswith((".", "/", "~")) and not Path(path).expanduser().is_dir():
+        raise DataError(f"{what} {path!r} is not a folder", hint="fix model.path, or build one with `rlctl model tiny`")
+
+
+def load_causal_lm(model_cfg, dtype: torch.dtype = torch.float32) -> torch.nn.Module:
+    """The HF causal LM at model.path in `dtype` (float32 for trained masters)."""
+    from transformers import AutoModelForCausalLM
+
+    quiet_transformers()
+    _check_path(model_cfg.path, "model.path")
+    try:
+        return AutoModelForCausalLM.from_pretrained(model_cfg.path, dtype=dtype,
+                                                    trust_remote_code=model_cfg.trust_remote_code)
+    except OSError as err:
+        raise DataError(f"cannot load the model at {model_cfg.path!r}: {str(err).splitlines()[0]}",
+                        hint="check model.path (offline runs need a local folder)") from None
+
+
+def load_value_model(path: str, model_cfg, dtype: torch.dtype = torch.float32) -> torch.nn.Module:
+    """The base model with a Linear(hidden, 1) value head (`score`), no head dropout."""
+    from transformers import AutoConfig, AutoModelForTokenClassification
+
+    quiet_transformers()
+    _check_path(path, "critic.model_path / model.path")
+    config = AutoConfig.from_pretrained(path, trust_remote_code=model_cfg.trust_remote_code)
+    config.num_labels, config.classifier_dropout = 1, 0.0
+    try:
+        return AutoModelForTokenClassification.from_pretrained(path, config=config, dtype=dtype,
+                                                               trust_remote_code=model_cfg.trust_remote_code)
+    except (OSError, ValueError) as err:
+        raise DataError(f"cannot load {path!r} as a critic: {str(err).splitlines()[0]}",
+                        hint="the critic needs a model class with a token-classification head") from None
+
+
+def lora_config(lora_cfg):
+    from peft import LoraConfig
+
+    targets = list(lora_cfg.target_modules)
+    return LoraConfig(r=lora_cfg.rank, lora_alpha=lora_cfg.alpha, lora_dropout=lora_cfg.dropout,
+                      target_modules="all-linear" if targets == ["all-linear"] else targets,
+                      task_type="CAUSAL_LM", bias="none")
+
+
+def apply_lora(model: torch.nn.Module, lora_cfg) -> torch.nn.Module:
+    """Wrap with peft adapters; only the adapters train, the base weights stay frozen."""
+    from peft import get_peft_model
+
+    return get_peft_model(model, lora_config(lora_cfg))
+
+
+def load_tokenizer(path: str, trust_remote_code: bool = False):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
+
+
+def eos_token_ids(path: str, tokenizer) -> list[int]:
+    """Stop tokens: the generation config's eos ids (chat models list several), else the tokenizer's."""
+    from transformers import GenerationConfig
+
+    ids: list[int] = []
+    try:
+        eos = GenerationConfig.from_pretrained(path).eos_token_id
+        ids = [eos] if isinstance(eos, int) else list(eos or [])
+    except OSError:
+        pass
+    if tokenizer.eos_token_id is not None and tokenizer.eos_token_id not in ids:
+        ids.append(tokenizer.eos_token_id)
+    return [int(i) for i in ids]

@@ -1,0 +1,93 @@
+"""The PPO update schedule shared by the actor and the critic: epochs x mini-batches x micro-batches.
+
+Each rank holds its shard of the rollout batch. A mini-batch is one optimizer step; it is cut
+into micro-batches whose gradients accumulate. Losses are normalised by counts of the *whole*
+mini-batch over all ranks (LossNorm with dp_size = W, since FSDP averages gradients over ranks),
+so W ranks take exactly the optimizer step one rank would take on the same global mini-batch.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Callable
+
+import numpy as np
+
+from rlctl.errors import ConfigError
+from rlctl.runtime.batch import Batch
+from rlctl.workers import fsdp
+
+
+def mini_batch_count(shard: Batch, *, world: int, prompts_per_mini: int, n: int) -> int:
+    """Mini-batches in this update: batch.meta["mini_batches"] when the controller set it (the
+    group then striped the rows so mini-batch k is the same on W ranks as on one), else the
+    config's prompts per mini-batch x rollout.n sequences each."""
+    if "mini_batches" in shard.meta:
+        count = int(shard.meta["mini_batches"])
+    else:
+        count = max(1, round(len(shard) * world / max(1, prompts_per_mini * n)))
+    if count < 1 or len(shard) % count:
+        raise ConfigError(f"{len(shard)} rows per worker do not split into {count} equal mini-batches",
+                          hint="make data.batch_size a multiple of the mini-batch size (actor/critic.mini_batch_size)")
+    return count
+
+
+def minibatch_norm(mini: Batch, *, horizon: int):
+    """LossNorm of a mini-batch over all ranks: token and sequence counts summed by all-reduce."""
+    from rlctl.algorithms import LossNorm
+
+    mask = mini["response_mask"] != 0
+    tokens, seqs = fsdp.all_reduce_sum([float(mask.sum()), float((mask.sum(-1) > 0).sum())])
+    world = fsdp.rank_and_world()[1]
+    return LossNorm(tokens=max(tokens, 1.0), seqs=max(seqs, 1.0), horizon=float(horizon), dp_size=world)
+
+
+def run_updates(engine, shard: Batch, *, epochs: int, mini_batches: int, micro_batch_size: int,
+                horizon: int, make_loss: Callable, keys: list[str]) -> dict[str, float]:
+    """Train `engine` on `shard`; returns metrics averaged over optimizer steps and ranks.
+
+    make_loss(norm) -> loss_fn(micro) -> (loss, metrics). Metrics named in ADDITIVE are shares
+    of the mini-batch value (summed over micro-batches and ranks, / W); others are averaged.
+    """
+    steps: list[dict[str, float]] = []
+    for _ in range(epochs):
+        for mini in shard.chunk(mini_batches, even=True):
+            norm = minibatch_norm(mini, horizon=horizon)
+            micros = [m.to_torch(engine.device, keys=[k for k in keys if k in m])
+                      for m in mini.split(micro_batch_size)]
+            out = engine.train_mini_batch(micros, make_loss(norm))
+            steps.append(_step_metrics(out))
+    lr = engine.lr()
+    engine.end_train_step()
+    metrics = _reduce_over_ranks(steps)
+    metrics.update(lr=lr, optimizer_steps=float(len(steps)))
+    return metrics
+
+
+ADDITIVE = ("loss", "pg_loss", "entropy", "kl_loss", "vf_loss")
+
+
+def _step_metrics(out: dict) -> dict[str, float]:
+    """One optimizer step on this rank: additive metrics summed over micro-batches, others averaged."""
+    sums: dict[str, float] = defaultdict(float)
+    for micro in out["micro"]:
+        for key, value in micro.items():
+            sums[key] += float(value)
+    count = max(1, len(out["micro"]))
+    step = {k: v if k in ADDITIVE else v / count for k, v in sums.items()}
+    step.update(loss=out["loss"], grad_norm=out["grad_norm"], skipped=out["skipped"])
+    return step
+
+
+def _reduce_over_ranks(steps: list[dict[str, float]]) -> dict[str, float]:
+    """Mean over steps of the rank mean (additive: rank sum / W = the global mini-batch value).
+
+    grad_norm and skipped are already global (every rank has the same value)."""
+    keys = sorted(steps[0]) if steps else []
+    local = np.array([[s.get(k, 0.0) for k in keys] for s in steps], dtype=np.float64).mean(0) if steps else []
+    world = fsdp.rank_and_world()[1]
+    summed = fsdp.all_reduce_sum(list(local))
+    out = {k: float(v) / world for k, v in zip(keys, summed)}
+    if "skipped" in out:
+        out["skipped_steps"] = out.pop("skipped") * len(steps)   # mean -> count of skipped steps
+    return out
