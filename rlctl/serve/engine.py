@@ -28,6 +28,7 @@ class SamplingParams:
     n: int = 1
     stop: tuple[str, ...] = ()
     seed: int | None = None
+    ignore_eos: bool = False  # vLLM extension: keep going past EOS (benchmarks, fixed-length tests)
 
 
 @dataclass
@@ -39,6 +40,7 @@ class Event:
     completion_tokens: int
     finish_reason: str | None = None  # "stop" | "length" | "error"
     error: str | None = None
+    status: int = 500  # HTTP status for an error: 500 engine failure, 503 shutting down
 
 
 @dataclass
@@ -87,6 +89,7 @@ class Engine:
         self._rows: list[_Row] = []
         self._batch = None
         self.peak_rows = 0  # most rows ever decoded in one step: evidence that batching happens
+        self.cancelled_rows = 0  # rows dropped because their client went away
         self._default_generator = torch.Generator(device=model.device)
         self._default_generator.seed()
         self._thread = threading.Thread(target=self._loop, name="rlctl-scheduler", daemon=True)
@@ -112,22 +115,31 @@ class Engine:
             self._cond.notify()
         return True
 
+    @property
+    def stopping(self) -> bool:
+        return self._stopping
+
     def load(self) -> dict:
         with self._cond:
-            return {"running": len(self._rows), "waiting": len(self._waiting), "peak_running": self.peak_rows}
+            return {"running": len(self._rows), "waiting": len(self._waiting), "peak_running": self.peak_rows,
+                    "cancelled": self.cancelled_rows}
 
     def shutdown(self, timeout: float = 10.0) -> None:
         """Stop admitting, let running rows finish for up to `timeout` seconds, then cancel the rest."""
         with self._cond:
             self._stopping = True
-            for request in self._waiting:
-                request.cancel()
+            waiting, self._waiting = list(self._waiting), collections.deque()
             self._cond.notify()
+        for request in waiting:
+            _abort(request, "the server is shutting down", 503)
         self._thread.join(timeout)
         with self._cond:
-            for row in self._rows:
-                row.request.cancel()
+            unfinished = {id(r.request): r.request for r in self._rows}.values()
+            for request in unfinished:
+                request.cancel()
         self._thread.join(5.0)
+        for request in unfinished:
+            _abort(request, "the server shut down before this request finished", 503)
 
     # ---- scheduler thread ---------------------------------------------------------------------
     def _loop(self) -> None:
@@ -222,11 +234,12 @@ class Engine:
         request = row.request
         if request.cancelled.is_set():
             row.done = True
+            self.cancelled_rows += 1
             return
         row.tokens += 1
         row.last_token = token
         finish, text = None, ""
-        if token in self.eos_ids:
+        if token in self.eos_ids and not request.params.ignore_eos:
             finish, text = "stop", row.stream.flush()
         else:
             text, stopped = row.stream.push(token)
@@ -243,9 +256,15 @@ class Engine:
         failed = {id(r.request): r.request for r in self._rows}
         failed.update({id(r): r for r in admitted})
         for request in failed.values():
-            for i in range(request.params.n):
-                request.events.put(Event(request.index_base + i, "", 0, "error", message))
+            _abort(request, message, 500)
         self._rows, self._batch = [], None
+
+
+def _abort(request: Request, message: str, status: int) -> None:
+    """End every choice of `request` with an error its HTTP handler turns into `status`."""
+    request.cancel()
+    for i in range(request.params.n):
+        request.events.put(Event(request.index_base + i, "", 0, "error", message, status))
 
 
 def _eos_ids(model, tokenizer) -> tuple[int, ...]:

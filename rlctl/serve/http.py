@@ -13,6 +13,7 @@ import logging
 import queue
 import select
 import socket
+import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -39,6 +40,17 @@ class OpenAIServer(ThreadingHTTPServer):
         self.engine, self.model_name, self.api_key = engine, model_name, api_key
         self.max_body_bytes = max_body_bytes
         self.created = int(time.time())
+        self._active = 0  # handlers with a generation in flight; shutdown waits for them to reply
+        self._idle = threading.Condition()
+
+    def track(self, delta: int) -> None:
+        with self._idle:
+            self._active += delta
+            self._idle.notify_all()
+
+    def wait_idle(self, timeout: float) -> bool:
+        with self._idle:
+            return self._idle.wait_for(lambda: self._active == 0, timeout)
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -164,10 +176,13 @@ class _Handler(BaseHTTPRequestHandler):
         events: queue.Queue = queue.Queue()
         n = parsed.params.n
         requests = [Request(p, parsed.params, events, index_base=i * n) for i, p in enumerate(parsed.prompts)]
+        self.server.track(+1)
         try:
             for request in requests:
                 if not self.server.engine.submit(request):
-                    raise APIError(429, "the server is busy (queue full) or shutting down; retry later",
+                    if self.server.engine.stopping:
+                        raise APIError(503, "the server is shutting down", type="server_error")
+                    raise APIError(429, "the server is busy (request queue full); retry later",
                                    type="server_error", code="server_busy")
             if parsed.stream:
                 self._stream(parsed, requests, events)
@@ -176,6 +191,7 @@ class _Handler(BaseHTTPRequestHandler):
         finally:
             for request in requests:  # no-op for finished rows; frees the slots of abandoned ones
                 request.cancel()
+            self.server.track(-1)
 
     def _next_event(self, events: queue.Queue):
         while True:
@@ -199,7 +215,7 @@ class _Handler(BaseHTTPRequestHandler):
         while any(f is None for f in finish):
             ev = self._next_event(events)
             if ev.error:
-                raise APIError(500, ev.error, type="server_error")
+                raise APIError(ev.status, ev.error, type="server_error")
             texts[ev.index] += ev.text
             tokens[ev.index] = ev.completion_tokens
             finish[ev.index] = ev.finish_reason
@@ -224,7 +240,7 @@ class _Handler(BaseHTTPRequestHandler):
         while done < total:
             ev = self._next_event(events)
             if ev.error:
-                self._sse(APIError(500, ev.error, type="server_error").body())
+                self._sse(APIError(ev.status, ev.error, type="server_error").body())
                 break
             tokens[ev.index] = ev.completion_tokens
             done += ev.finish_reason is not None

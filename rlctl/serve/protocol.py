@@ -66,7 +66,7 @@ def check_model(body: dict, served_name: str) -> None:
 
 def _refuse_unsupported(body: dict) -> None:
     """Fields whose meaning we cannot honour: better a clear 400 than a silently different answer."""
-    for key in ("logprobs", "top_logprobs", "echo", "suffix", "tools", "functions"):
+    for key in ("logprobs", "top_logprobs", "echo", "suffix", "tools", "functions", "logit_bias"):
         if body.get(key) not in (None, False, [], 0):
             raise APIError(400, f"'{key}' is not supported by the built-in engine "
                                 "(use --engine vllm or sglang)", param=key)
@@ -110,8 +110,9 @@ def _sampling(body: dict, prompt_lens: list[int], context: int, max_n: int, defa
                             f"requested {longest + max_tokens} tokens ({longest} in the prompt, "
                             f"{max_tokens} for the completion); reduce '{key}' or the prompt",
                        param=key, code="context_length_exceeded")
+    ignore_eos = _field(body, "ignore_eos", (bool,), False)
     params = SamplingParams(max_tokens=max_tokens, temperature=temperature, top_p=top_p,
-                            top_k=max(top_k, 0), n=n, stop=tuple(stop), seed=seed)
+                            top_k=max(top_k, 0), n=n, stop=tuple(stop), seed=seed, ignore_eos=ignore_eos)
     stream = _field(body, "stream", (bool,), False)
     options = _field(body, "stream_options", (dict,), {})
     include_usage = bool(options.get("include_usage", False))

@@ -56,10 +56,14 @@ def serve_builtin(folder: Path, *, host: str, port: int, model_name: str, api_ke
     from rlctl.serve.engine import Engine
     from rlctl.serve.source import load_model
 
+    server = make_server(None, host, port, model_name=model_name, api_key=api_key)  # fail fast if taken
     log.info("loading %s", folder)
-    model, tokenizer = load_model(folder, dtype)
-    engine = Engine(model, tokenizer, max_rows=max_concurrency)
-    server = make_server(engine, host, port, model_name=model_name, api_key=api_key)
+    try:
+        model, tokenizer = load_model(folder, dtype)
+    except BaseException:
+        server.server_close()
+        raise
+    engine = server.engine = Engine(model, tokenizer, max_rows=max_concurrency)
     stopping = threading.Event()
 
     def stop(signum, _frame):
@@ -78,6 +82,7 @@ def serve_builtin(folder: Path, *, host: str, port: int, model_name: str, api_ke
         server.serve_forever(poll_interval=0.5)
     finally:
         engine.shutdown(timeout=drain_s)
+        server.wait_idle(timeout=5.0)  # let handlers write the answers the engine just finished
         server.server_close()
         for s, handler in previous.items():
             signal.signal(s, handler)

@@ -66,3 +66,19 @@ def server(tiny_model_dir):
 def client(server):
     openai = pytest.importorskip("openai")
     return openai.OpenAI(base_url=server.base_url + "/v1", api_key=API_KEY, max_retries=0, timeout=60)
+
+
+@pytest.fixture()
+def start_server():
+    """Start extra `rlctl serve` processes for one test; any still running are killed afterwards."""
+    started: list[ServerProcess] = []
+
+    def start(args: list[str]) -> ServerProcess:
+        started.append(ServerProcess(args))
+        return started[-1]
+
+    yield start
+    for srv in started:
+        if srv.proc.poll() is None:
+            srv.proc.kill()
+            srv.proc.wait()
