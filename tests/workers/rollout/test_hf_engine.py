@@ -1,8 +1,5 @@
-"""The hf rollout engine on a real tiny Qwen2 (built offline by the conftest fixture).
-
-Exact comparisons run the model in float64: a random tiny model has near-tied logits, and in
-float32 two correct implementations may round a tie differently; in float64 they cannot.
-"""
+"""The hf rollout engine on a real tiny Qwen2 (built offline by the conftest fixture), compared
+token for token with HF generate and with the engine's own HF-forward reference path."""
 
 from __future__ import annotations
 
@@ -11,33 +8,21 @@ import copy
 import numpy as np
 import pytest
 import torch
+from rollout_models import EOS, NEVER, PAD, load_context_sensitive_model, prompt_batch
 
 from rlctl.errors import UsageError
 from rlctl.workers.rollout import make_rollout_engine
 from rlctl.workers.rollout.hf import HFRolloutEngine
 
-PAD, EOS = 259, [258, 256]
-NEVER = [-1]  # an EOS id no model can emit: every row runs to max_new_tokens
-
 
 @pytest.fixture(scope="module")
 def model(tiny_model_dir):
-    from transformers import AutoModelForCausalLM
-
-    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float64).eval()
-    # At init scale (std 0.02) the tiny model ignores its context and repeats one token, which
-    # would let a broken KV cache pass. Larger layer weights make every token depend on context.
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if ".layers." in name and p.dim() == 2:
-                p.mul_(8.0)
-    return model
+    return load_context_sensitive_model(tiny_model_dir)
 
 
 @pytest.fixture(scope="module")
 def prompts():
-    gen = torch.Generator().manual_seed(0)
-    return [torch.randint(0, 256, (length,), generator=gen).tolist() for length in (9, 14, 4)]
+    return prompt_batch()
 
 
 def hf_greedy(model, prompts, max_new_tokens, eos):
