@@ -4,13 +4,21 @@
 # rlctl config schema
 # rlctl config show
 # rlctl config validate
+# rlctl data
+# rlctl data inspect
+# rlctl data prep
 # rlctl doctor
+# rlctl eval
 # rlctl init
 # rlctl model
 # rlctl model tiny
 # rlctl recipes
 # rlctl recipes list
 # rlctl recipes show
+# rlctl resume
+# rlctl serve
+# rlctl status
+# rlctl train
 _rlctl_completion() {
     local IFS=$'
 '

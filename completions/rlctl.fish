@@ -4,11 +4,19 @@
 # rlctl config schema
 # rlctl config show
 # rlctl config validate
+# rlctl data
+# rlctl data inspect
+# rlctl data prep
 # rlctl doctor
+# rlctl eval
 # rlctl init
 # rlctl model
 # rlctl model tiny
 # rlctl recipes
 # rlctl recipes list
 # rlctl recipes show
+# rlctl resume
+# rlctl serve
+# rlctl status
+# rlctl train
 complete --command rlctl --no-files --arguments "(env _RLCTL_COMPLETE=complete_fish _TYPER_COMPLETE_FISH_ACTION=get-args _TYPER_COMPLETE_ARGS=(commandline -cp) rlctl)" --condition "env _RLCTL_COMPLETE=complete_fish _TYPER_COMPLETE_FISH_ACTION=is-args _TYPER_COMPLETE_ARGS=(commandline -cp) rlctl"

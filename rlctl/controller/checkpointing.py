@@ -1,0 +1,104 @@
+"""Saving and restoring a run: what the trainer writes into a checkpoint, and how resume reads it.
+
+A checkpoint step folder holds actor/ (and critic/): DCP shards of model + optimizer + schedule +
+RNG per rank, written by the workers; trainer_state.json: global step, data-loader position,
+KL-controller value; config.resolved.toml and fingerprint.json: what the run was, so resume can
+refuse a config that would break it. The CheckpointManager makes the folder appear atomically.
+Generation seeds are a pure function of (seed, step, round), so no sampler state is needed.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from rlctl.utils.fs import atomic_write_text
+
+STATE_FILE = "trainer_state.json"
+CONFIG_FILE = "config.resolved.toml"
+FINGERPRINT_FILE = "fingerprint.json"
+
+
+def manager_for(run_dir: Path, keep_last: int):
+    from rlctl.checkpoint.manager import CheckpointManager
+
+    return CheckpointManager(run_dir / "checkpoints", keep_last)
+
+
+def fingerprint(s) -> dict:
+    from rlctl.checkpoint.compat import run_fingerprint
+    from rlctl.config.loader import config_to_dict
+
+    return run_fingerprint(config_to_dict(s.config), s.config_dir, s.config.model.path)
+
+
+def save(s, step: int, *, final: bool = False) -> Path | None:
+    """Write checkpoint `step` (skipped when that step is already the newest saved one)."""
+    if step == 0 or step == s.state.get("saved_step"):
+        return None
+    import tomlkit
+
+    from rlctl.config.loader import config_to_dict
+
+    def write(tmp: Path) -> None:
+        s.actor.save_checkpoint(str(tmp / "actor"))
+        if s.critic is not None:
+            s.critic.save_checkpoint(str(tmp / "critic"))
+        state = {"step": step, "loader": s.loader.state_dict(), "kl_ctrl": s.kl_ctrl.state_dict(),
+                 "world_size": s.config.resources.workers}
+        atomic_write_text(tmp / STATE_FILE, json.dumps(state, indent=1) + "\n")
+        atomic_write_text(tmp / CONFIG_FILE, tomlkit.dumps(config_to_dict(s.config)))
+        atomic_write_text(tmp / FINGERPRINT_FILE, json.dumps(fingerprint(s), indent=1) + "\n")
+
+    if s.checkpoints is None:
+        s.checkpoints = manager_for(s.run_dir, s.config.run.keep_last)
+    with_notice = s.display.print if final else (lambda _msg: None)
+    path = s.checkpoints.save(step, write, meta={"run": s.config.run.name})
+    s.state["saved_step"] = step
+    with_notice(f"checkpoint saved: {path}")
+    return path
+
+
+def prepare_resume(run_dir: Path, step: int | None):
+    """Pick the checkpoint, check the config still fits it, trim logs past it.
+
+    Returns (loaded config, notices, checkpoint step, checkpoint path).
+    """
+    from rlctl.checkpoint.compat import check_resume
+    from rlctl.config.loader import load_config
+    from rlctl.controller.logging import truncate_logs
+
+    config_path = run_dir / CONFIG_FILE
+    loaded = load_config(config_path)
+    manager = manager_for(run_dir, loaded.config.run.keep_last)
+    notices = [f"removed an unfinished checkpoint: {p}" for p in manager.clean_leftovers()]
+    ckpt_step, ckpt_path, warning = manager.latest_valid(step)
+    if warning:
+        notices.append(warning)
+    saved = json.loads((ckpt_path / FINGERPRINT_FILE).read_text())
+    current = _current_fingerprint(loaded)
+    notices += check_resume(saved, current)
+    dropped = truncate_logs(run_dir, ckpt_step)
+    notices.append(f"resuming from checkpoint step {ckpt_step}" + (f" ({dropped} log rows after it dropped)"
+                                                                    if dropped else ""))
+    return loaded, notices, ckpt_step, ckpt_path
+
+
+def _current_fingerprint(loaded) -> dict:
+    from rlctl.checkpoint.compat import run_fingerprint
+    from rlctl.config.loader import config_to_dict
+    from rlctl.controller.setup import resolve_paths
+
+    config = resolve_paths(loaded.config, loaded.base_dir)
+    return run_fingerprint(config_to_dict(config), loaded.base_dir, config.model.path)
+
+
+def restore(s, ckpt_path: Path) -> None:
+    """Load workers, data position and KL controller from a checkpoint folder."""
+    state = json.loads((ckpt_path / STATE_FILE).read_text())
+    s.actor.load_checkpoint(str(ckpt_path / "actor"))
+    if s.critic is not None:
+        s.critic.load_checkpoint(str(ckpt_path / "critic"))
+    s.loader.load_state_dict(state["loader"])
+    s.kl_ctrl.load_state_dict(state["kl_ctrl"])
+    s.state.update(step=int(state["step"]), saved_step=int(state["step"]))

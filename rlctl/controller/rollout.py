@@ -1,0 +1,102 @@
+"""One rollout: prompts -> generated responses -> reward scores, as a `Batch`.
+
+Rows are prompt-major (prompt i's n samples are rows i*n .. i*n+n-1) and carry `uid`, the
+group id that group estimators and dynamic sampling use. DAPO's dynamic sampling lives here:
+it regenerates with fresh prompts until the batch holds `data.batch_size` informative groups or
+`max_gen_batches` rounds have run, then proceeds with what it has (and says so in the metrics).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from rlctl import algorithms as A
+from rlctl.controller.prompts import PromptRow
+from rlctl.runtime.batch import Batch
+
+
+def prompt_batch(rows: list[PromptRow], tag: str, pad_token_id: int) -> Batch:
+    """The generation input: left-padded prompt ids + mask, plus the per-prompt columns scoring needs."""
+    width = max(len(r.prompt_ids) for r in rows)
+    input_ids = np.full((len(rows), width), pad_token_id, dtype=np.int64)
+    attention_mask = np.zeros((len(rows), width), dtype=np.int64)
+    for i, r in enumerate(rows):
+        input_ids[i, width - len(r.prompt_ids):] = r.prompt_ids
+        attention_mask[i, width - len(r.prompt_ids):] = 1
+    return Batch({
+        "input_ids": input_ids, "attention_mask": attention_mask,
+        "uid": _objects([f"{tag}-{i}" for i in range(len(rows))]),
+        "data_source": _objects([r.data_source for r in rows]),
+        "ground_truth": _objects([r.ground_truth for r in rows]),
+        "extra_info": _objects([r.extra_info for r in rows]),
+    })
+
+
+def _objects(values: list) -> np.ndarray:
+    out = np.empty(len(values), dtype=object)
+    out[:] = values
+    return out
+
+
+def generate(actor, rows: list[PromptRow], *, seed: int, tag: str, pad_token_id: int, mode: str = "train") -> Batch:
+    """Generate responses on the actor workers: mode "train" (rollout.n samples), "val" (val_n at
+    val_temperature) or "greedy" (one argmax response per prompt, ReMax's baseline)."""
+    return actor.generate(prompt_batch(rows, tag, pad_token_id), seed=seed, mode=mode)
+
+
+def score(batch: Batch, reward_runner, tokenizer) -> dict:
+    """Decode responses, score them, store `scores` (+ `acc` and extras); return reward metrics."""
+    texts = decode_responses(batch, tokenizer)
+    items = [{"data_source": ds, "solution_str": t, "ground_truth": gt, "extra_info": ei}
+             for ds, t, gt, ei in zip(batch["data_source"], texts, batch["ground_truth"], batch["extra_info"])]
+    result = reward_runner.score(items)
+    batch["scores"] = result.scores.astype(np.float32)
+    acc = result.extras.get("acc")
+    batch["acc"] = (np.nan_to_num(acc, nan=0.0) if acc is not None else (result.scores > 0)).astype(np.float32)
+    batch["response_text"] = _objects(texts)
+    return dict(result.metrics)
+
+
+def decode_responses(batch: Batch, tokenizer) -> list[str]:
+    responses, lengths = batch["responses"], batch["response_length"]
+    return tokenizer.batch_decode([row[:n].tolist() for row, n in zip(responses, lengths)],
+                                  skip_special_tokens=True)
+
+
+def rollout(s, step: int) -> tuple[Batch, dict]:
+    """A full training batch (generate + score), with DAPO dynamic sampling when enabled.
+
+    `s` is the TrainSetup: actor group, prompt loader, reward runner, tokenizer, config.
+    """
+    c = s.config
+    ds, n, want = c.algorithm.dynamic_sampling, c.rollout.n, c.data.batch_size
+    kept: list[Batch] = []
+    metrics: dict = {}
+    have, rounds = 0, 0
+    while True:
+        rounds += 1
+        batch = generate(s.actor, s.loader.next_batch(), seed=s.seed_for(step, rounds), tag=f"{step}.{rounds}",
+                         pad_token_id=s.pad_token_id)
+        metrics = _merge_round(metrics, score(batch, s.reward, s.tokenizer), rounds)
+        if not ds.enable:
+            return batch, metrics
+        metric = batch["acc"] if ds.metric == "acc" else batch["scores"]
+        keep = A.filter_groups(batch["uid"].tolist(), metric)
+        if keep.num_kept:
+            kept.append(batch.select(np.flatnonzero(keep.keep)))
+            have += keep.num_kept
+        if have >= want or rounds >= ds.max_gen_batches:
+            break
+    full = Batch.concat(kept) if kept else batch
+    if have >= want:
+        full = full.slice(0, want * n)
+    metrics.update({"dynamic_sampling/rounds": rounds, "dynamic_sampling/groups": float(min(have, want)),
+                    "dynamic_sampling/short": float(have < want)})
+    return full, metrics
+
+
+def _merge_round(acc: dict, new: dict, rounds: int) -> dict:
+    """Average reward metrics over generation rounds (one round when sampling is static)."""
+    if rounds == 1:
+        return dict(new)
+    return {k: (acc.get(k, v) * (rounds - 1) + v) / rounds for k, v in new.items()}

@@ -1,0 +1,72 @@
+"""Start or resume a training run: the run folder, run.json bookkeeping and every exit path."""
+
+from __future__ import annotations
+
+from contextlib import ExitStack
+from pathlib import Path
+
+from rlctl.config.loader import LoadedConfig, config_to_dict
+from rlctl.errors import ConfigError, Interrupted, RlctlError
+
+
+def _check(loaded: LoadedConfig) -> None:
+    """Refuse to start on any config error (the same checks as `rlctl config validate`)."""
+    from rlctl.config.validate import validate
+
+    problems, _ = validate(loaded)
+    errors = [p for p in problems if p.severity == "error"]
+    if errors:
+        source = str(loaded.path) if loaded.path else "overrides"
+        raise ConfigError(f"{len(errors)} problem(s) in {source}; nothing was started",
+                          [p.format(source) for p in errors])
+
+
+def start_training(loaded: LoadedConfig, *, address: str | None, force: bool) -> None:
+    from rlctl.controller.run_dir import claim_new_run_dir, run_dir_of, write_resolved_config
+
+    _check(loaded)
+    run_dir = run_dir_of(loaded.config, loaded.base_dir)
+    moved = claim_new_run_dir(run_dir, force=force)
+    write_resolved_config(run_dir, config_to_dict(loaded.config))
+    _run(loaded, run_dir, address=address, command="train",
+         notices=[f"moved the old {run_dir.name} aside to {moved}"] if moved else [])
+
+
+def resume_training(run_dir: Path, *, step: int | None, address: str | None) -> None:
+    from rlctl.controller.checkpointing import prepare_resume
+
+    loaded, notices, ckpt_step, ckpt_path = prepare_resume(run_dir, step)
+    _run(loaded, run_dir, address=address, command="resume", notices=notices, resume=(ckpt_step, ckpt_path))
+
+
+def _run(loaded: LoadedConfig, run_dir: Path, *, address: str | None, command: str, notices: list,
+         resume: tuple | None = None) -> None:
+    from rlctl.controller import checkpointing
+    from rlctl.controller.setup import build_setup
+    from rlctl.controller.status import finish_run, start_run
+    from rlctl.controller.trainer import StopFlag, Trainer
+    from rlctl.runtime.ray_env import resolve_address
+
+    with ExitStack() as stack, StopFlag() as stop:
+        s = build_setup(loaded, run_dir, stack, address=resolve_address(address, loaded.config.resources.address),
+                        start_step=resume[0] if resume else 0)
+        s.save = lambda step, final=False: checkpointing.save(s, step, final=final)
+        if resume:
+            checkpointing.restore(s, resume[1])
+        start_run(run_dir, name=loaded.config.run.name, total_steps=s.total_steps, command=command,
+                  resumed_from=resume[0] if resume else None)
+        for line in notices + s.notices:
+            s.display.print(line)
+        try:
+            Trainer(s).fit(stop)
+        except Interrupted as e:
+            s.save(s.state["step"], final=True)
+            finish_run(run_dir, status="interrupted", exit_code=e.exit_code, error=e.message)
+            raise
+        except RlctlError as e:
+            finish_run(run_dir, status="failed", exit_code=e.exit_code, error=e.message)
+            raise
+        except BaseException as e:
+            finish_run(run_dir, status="failed", exit_code=1, error=f"{type(e).__name__}: {e}")
+            raise
+        finish_run(run_dir, status="finished", exit_code=0)

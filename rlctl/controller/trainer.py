@@ -1,0 +1,173 @@
+"""The RL training loop: one plain-Python controller driving the worker groups.
+
+Every recipe runs through `Trainer.fit`. What an algorithm needs (a critic, a reference model,
+a greedy baseline) comes from its registry declaration (`algorithms.algorithm_needs`), so the
+loop never asks which algorithm it is running. Each step is one call per worker method:
+
+    rollout (generate + reward) -> [greedy baseline] -> [old log-probs] -> [ref log-probs]
+    -> [values] -> advantages -> [critic update] -> actor update -> log / validate / save
+"""
+
+from __future__ import annotations
+
+import signal
+import time
+from contextlib import contextmanager
+
+import numpy as np
+
+from rlctl.controller import rollout as R
+from rlctl.controller.advantage import compute_advantages
+from rlctl.controller.setup import TrainSetup
+from rlctl.errors import EXIT_INTERRUPTED, EXIT_TERMINATED, Interrupted, NumericalError
+
+MAX_BAD_STEPS = 3  # non-finite loss/grad steps in a row before the run stops (exit 5)
+
+
+@contextmanager
+def phase(timing: dict, name: str):
+    start = time.perf_counter()
+    yield
+    timing[f"timing/{name}_s"] = timing.get(f"timing/{name}_s", 0.0) + time.perf_counter() - start
+
+
+class StopFlag:
+    """Ctrl-C / SIGTERM ask the loop to stop at the next safe point; a second Ctrl-C aborts now."""
+
+    def __init__(self):
+        self.signum = 0
+
+    def __enter__(self):
+        self._old = {s: signal.signal(s, self._handle) for s in (signal.SIGINT, signal.SIGTERM)}
+        return self
+
+    def __exit__(self, *exc):
+        for s, h in self._old.items():
+            signal.signal(s, h)
+
+    def _handle(self, signum, _frame):
+        if self.signum and signum == signal.SIGINT:
+            raise KeyboardInterrupt
+        self.signum = signum
+
+    def check(self):
+        if self.signum:
+            code = EXIT_TERMINATED if self.signum == signal.SIGTERM else EXIT_INTERRUPTED
+            raise Interrupted("stopped by " + ("SIGTERM" if code == EXIT_TERMINATED else "Ctrl-C")
+                              + " at a safe point", exit_code=code)
+
+
+class Trainer:
+    def __init__(self, setup: TrainSetup):
+        self.s = setup
+        self.c = setup.config
+        self.bad_steps = 0
+
+    def fit(self, stop: StopFlag) -> None:
+        s, c = self.s, self.c
+        if c.run.val_before_train and s.val_rows and s.state["step"] == 0:
+            s.logger.log(0, self.validate(0))
+        for step in range(s.state["step"] + 1, s.total_steps + 1):
+            timing, start = {}, time.perf_counter()
+            with phase(timing, "gen"):
+                batch, metrics = R.rollout(s, step)
+            if s.needs.greedy_baseline:
+                with phase(timing, "greedy_baseline"):
+                    self.add_greedy_baseline(batch, step)
+            if s.recompute_old_log_prob:
+                with phase(timing, "old_log_prob"):
+                    batch = batch.union(s.actor.compute_log_prob(batch))
+            if s.needs.reference:
+                with phase(timing, "ref"):
+                    batch = batch.union(s.actor.compute_ref_log_prob(batch))
+            if s.needs.critic:
+                with phase(timing, "values"):
+                    batch = batch.union(s.critic.compute_values(batch))
+            with phase(timing, "adv"):
+                metrics.update(compute_advantages(batch, c, s.kl_ctrl))
+            if s.needs.critic:
+                with phase(timing, "update_critic"):
+                    metrics.update(s.critic.update_critic(batch))
+            with phase(timing, "update_actor"):
+                metrics.update(s.actor.update_actor(batch))
+            s.state["step"] = step
+            metrics.update(self.step_metrics(batch, time.perf_counter() - start))
+            metrics["actor/kl"] = kl_metric(metrics)
+            if s.val_rows and (step == s.total_steps or (c.run.val_every and step % c.run.val_every == 0)):
+                with phase(timing, "val"):
+                    metrics.update(self.validate(step))
+            metrics.update(timing)
+            self.check_numerics(metrics, step)
+            s.log_step(step, metrics, batch)
+            if step == s.total_steps or (c.run.save_every and step % c.run.save_every == 0):
+                s.save(step)
+            stop.check()
+
+    def add_greedy_baseline(self, batch, step: int) -> None:
+        """ReMax: score one greedy response per prompt; its score is each sample's baseline."""
+        s, n = self.s, self.c.rollout.n
+        rows = s.rows_of(batch, n)
+        greedy = R.generate(s.actor, rows, seed=s.seed_for(step, 0), tag=f"{step}.greedy",
+                            pad_token_id=s.pad_token_id, mode="greedy")
+        R.score(greedy, s.reward, s.tokenizer)
+        batch["reward_baselines"] = np.repeat(greedy["scores"], n)
+
+    def validate(self, step: int) -> dict:
+        """Greedy (val_temperature) generation on data.val_files; reward and accuracy per data source."""
+        s, c = self.s, self.c
+        parts = []
+        for i in range(0, len(s.val_rows), c.data.val_batch_size):
+            rows = s.val_rows[i:i + c.data.val_batch_size]
+            part = R.generate(s.actor, rows, seed=s.seed_for(step, -1 - i), tag=f"val{step}.{i}",
+                              pad_token_id=s.pad_token_id, mode="val")
+            R.score(part, s.reward, s.tokenizer)
+            parts.append(part.select_keys(["data_source", "scores", "acc", "response_length"]))
+        return validation_metrics(parts)
+
+    def step_metrics(self, batch, step_s: float) -> dict:
+        mask = batch["response_mask"]
+        lengths = batch["response_length"].astype(np.float64)
+        generated = float(mask.sum())
+        prompt_tokens = float(batch["attention_mask"].sum() - mask.sum())
+        return {
+            "reward/mean": float(batch["scores"].mean()), "reward/std": float(batch["scores"].std()),
+            "reward/acc": float(batch["acc"].mean()),
+            "response_length/mean": float(lengths.mean()), "response_length/max": float(lengths.max()),
+            "response_length/clip_ratio": float((lengths >= self.c.data.max_response_length).mean()),
+            "prompt_length/mean": prompt_tokens / len(batch),
+            "timing/step_s": step_s, "perf/tokens_per_s": generated / step_s,
+            "perf/total_tokens_per_s": (generated + prompt_tokens) / step_s,
+            "data/epoch": float(self.s.loader.epoch), "data/sequences": float(len(batch)),
+        }
+
+    def check_numerics(self, metrics: dict, step: int) -> None:
+        """A skipped (non-finite) update is counted; several in a row stop the run (exit 5)."""
+        skipped = metrics.get("actor/skipped_steps", 0) + metrics.get("critic/skipped_steps", 0)
+        self.bad_steps = self.bad_steps + 1 if skipped else 0
+        if self.bad_steps >= MAX_BAD_STEPS:
+            raise NumericalError(f"non-finite loss or gradients in {self.bad_steps} steps in a row (last: step "
+                                 f"{step}); the weights were left unchanged",
+                                 hint="lower actor.lr, set actor.grad_clip, or use model.dtype = \"float32\".")
+
+
+def kl_metric(metrics: dict) -> float:
+    """`actor/kl`: KL to the reference when there is one (as a loss or in the reward), else the
+    KL between the rollout policy and the updated one (`actor/ppo_kl`), so the curve always exists."""
+    for key in ("actor/kl_loss", "actor/reward_kl", "actor/ppo_kl"):
+        if key in metrics:
+            return float(metrics[key])
+    return 0.0
+
+
+def validation_metrics(parts) -> dict:
+    from rlctl.runtime.batch import Batch
+
+    batch = Batch.concat(parts)
+    out = {"val/reward/mean": float(batch["scores"].mean()), "val/acc": float(batch["acc"].mean()),
+           "val/response_length/mean": float(batch["response_length"].mean())}
+    sources = batch["data_source"]
+    for ds in sorted(set(sources.tolist())):
+        rows = sources == ds
+        out[f"val/{ds}/reward/mean"] = float(batch["scores"][rows].mean())
+        out[f"val/{ds}/acc"] = float(batch["acc"][rows].mean())
+    return out

@@ -1,0 +1,81 @@
+"""Proof that every recipe learns: a dense reward on the tiny model rises within a few dozen steps.
+
+Real everything: the recipe's own TOML, Ray actors, the HF rollout engine, the reward process pool.
+The reward is the share of lowercase ASCII letters in the response (about 10% for the random
+byte-level model), so every group has signal from the first step.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from rlctl.config.loader import load_config
+from rlctl.controller.run import start_training
+from rlctl.data.prep import PrepOptions, prepare
+from rlctl.project import write_project
+
+DENSE_REWARD = '''
+def compute_score(data_source, solution_str, ground_truth, extra_info=None):
+    text = solution_str
+    return sum("a" <= ch <= "z" for ch in text) / max(len(text), 1)
+'''
+
+COMMON = ["resources.gpus_per_node=0", "resources.workers=1", "data.max_response_length=8",
+          "data.max_prompt_length=96", "data.val_files=[]", 'data.train_files=["data/arith/train.parquet"]',
+          "model.dtype=float32", "model.gradient_checkpointing=false", "run.save_every=0",
+          "reward.function=dense.py:compute_score", "reward.workers=1", "actor.lr=3e-3", "actor.warmup_steps=0"]
+GROUP = ["data.batch_size=8", "rollout.n=8", "actor.mini_batch_size=8", "actor.micro_batch_size=64"]
+PER_RECIPE = {
+    "grpo-gsm8k": GROUP,
+    "dapo-gsm8k": GROUP + ["reward.overlong.buffer_len=4", "algorithm.dynamic_sampling.metric=score",
+                           "algorithm.dynamic_sampling.max_gen_batches=3"],
+    "rloo-gsm8k": GROUP,
+    "remax-gsm8k": ["data.batch_size=16", "rollout.n=4", "actor.mini_batch_size=16", "actor.micro_batch_size=64"],
+    "reinforce-pp-gsm8k": ["data.batch_size=16", "rollout.n=4", "actor.mini_batch_size=16",
+                           "actor.micro_batch_size=64"],
+    "ppo-gsm8k": ["data.batch_size=64", "rollout.n=1", "actor.mini_batch_size=64", "actor.micro_batch_size=64",
+                  "critic.mini_batch_size=64", "critic.micro_batch_size=64", "critic.lr=1e-2"],
+}
+STEPS = 24
+
+
+@pytest.fixture(scope="module")
+def ray_cluster():
+    import ray
+
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    yield
+    ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def arith_data(tmp_path_factory):
+    root = tmp_path_factory.mktemp("arith")
+    prepare("arith", PrepOptions(out=root / "data" / "arith"))
+    return root / "data" / "arith"
+
+
+def make_project(tmp_path: Path, recipe: str, model_dir: Path, data_dir: Path) -> Path:
+    write_project(tmp_path, recipe, str(model_dir))
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "arith").symlink_to(data_dir)
+    (tmp_path / "dense.py").write_text(DENSE_REWARD)
+    return tmp_path
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("recipe", sorted(PER_RECIPE))
+def test_recipe_learns_dense_reward(recipe, tmp_path, tiny_model_dir, arith_data, ray_cluster):
+    proj = make_project(tmp_path, recipe, tiny_model_dir, arith_data)
+    overrides = COMMON + PER_RECIPE[recipe] + [f"run.total_steps={STEPS}"]
+    start_training(load_config(proj / "rlctl.toml", overrides), address=None, force=False)
+    run = proj / "runs" / recipe
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == list(range(1, STEPS + 1))
+    rewards = [r["reward/mean"] for r in rows]
+    first, last = sum(rewards[:4]) / 4, sum(rewards[-4:]) / 4
+    assert last > first + 0.05, f"{recipe}: reward {first:.3f} -> {last:.3f} ({[round(x, 3) for x in rewards]})"
+    assert json.loads((run / "run.json").read_text())["status"] == "finished"
