@@ -9,6 +9,7 @@ role and rank; the group is then killed (its process group cannot recover).
 from __future__ import annotations
 
 import os
+import re
 from typing import Any, Sequence
 
 from rlctl.errors import RlctlError, WorkerDiedError
@@ -52,7 +53,7 @@ def worker_error(err: BaseException, *, role: str, rank: int, method: str, logs:
             return cause
         name = type(cause).__name__ if cause is not None else "an error"
         first = str(cause).strip().splitlines()[0] if cause is not None and str(cause).strip() else ""
-        detail = f"\n{err}" if _debug() else ""
+        detail = "\n" + re.sub(r"\x1b\[[0-9;]*m", "", str(err)) if _debug() else ""  # the remote traceback
         return WorkerDiedError(f"{where} raised {name} in {method}: {first}{detail}",
                                hint=None if _debug() else "rerun with RLCTL_DEBUG=1 for the worker's traceback")
     if isinstance(err, rx.OutOfMemoryError):

@@ -63,10 +63,27 @@ def _init(address: str, num_cpus: int | None, log_to_driver: bool, namespace: st
             os.environ.setdefault(key, value)
         # address="local" starts a fresh instance even when RAY_ADDRESS is set in the shell.
         return ray.init(address="local", num_cpus=num_cpus or machine_cpus(), include_dashboard=False, **quiet)
+    _check_reachable(address)
     try:
         return ray.init(address=address, **quiet)
     except (ConnectionError, TimeoutError, RuntimeError) as err:
         raise UsageError(f"could not join the Ray cluster at {address!r}: {str(err).splitlines()[0]}",
+                         hint="start it with `ray start --head`, or fix --address / resources.address / "
+                              "RAY_ADDRESS (empty = embedded Ray)") from None
+
+
+def _check_reachable(address: str, timeout_s: float = 5.0) -> None:
+    """Fail in seconds on a host:port nobody listens on (ray.init would retry for minutes)."""
+    import socket
+
+    hostport = address[len("ray://"):] if address.startswith("ray://") else address
+    host, _, port = hostport.rpartition(":")
+    if address == "auto" or not host or not port.isdigit():
+        return  # "auto" finds the local cluster itself and fails fast when there is none
+    try:
+        socket.create_connection((host, int(port)), timeout=timeout_s).close()
+    except OSError as err:
+        raise UsageError(f"could not join the Ray cluster at {address!r}: nothing answers at {host}:{port} ({err})",
                          hint="start it with `ray start --head`, or fix --address / resources.address / "
                               "RAY_ADDRESS (empty = embedded Ray)") from None
 

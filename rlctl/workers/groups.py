@@ -1,0 +1,51 @@
+"""Starting a run's workers from its config: the actor group, and the critic co-located or apart.
+
+    workers = start_workers(cfg, total_steps=N, needs_reference=needs.reference,
+                            needs_critic=needs.critic)
+    workers.actor.generate(batch, seed=..., mode="train")     # RoleHandle calls
+    workers.critic.compute_values(batch)                      # None when no critic is needed
+
+Call inside `ray_session()`; its exit kills the groups on any way out.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from rlctl.runtime.resource_pool import ResourcePool
+from rlctl.runtime.worker_group import RoleHandle, WorkerGroup
+
+
+@dataclass
+class Workers:
+    actor: RoleHandle
+    critic: RoleHandle | None
+    groups: list[WorkerGroup] = field(default_factory=list)
+
+    def shutdown(self) -> None:
+        for group in self.groups:
+            group.shutdown()
+
+
+def start_workers(config, *, total_steps: int, needs_reference: bool, needs_critic: bool) -> Workers:
+    """The actor+rollout(+ref) group on resources.workers ranks; the critic in the same ranks when
+    resources.colocate (one process per rank holds both models), else in a pool of its own."""
+    from rlctl.workers.actor import ActorRolloutRefWorker
+    from rlctl.workers.critic import CriticWorker
+
+    actor_spec = (ActorRolloutRefWorker, {"config": config, "total_steps": total_steps,
+                                          "with_ref": needs_reference})
+    critic_spec = (CriticWorker, {"config": config, "total_steps": total_steps})
+    roles = {"actor": actor_spec}
+    if needs_critic and config.resources.colocate:
+        roles["critic"] = critic_spec
+    groups = [WorkerGroup(ResourcePool(config.resources, name="actor"), roles, name="actor")]
+    try:
+        if needs_critic and not config.resources.colocate:
+            groups.append(WorkerGroup(ResourcePool(config.resources, name="critic"), {"critic": critic_spec},
+                                      name="critic"))
+    except BaseException:
+        groups[0].shutdown()
+        raise
+    critic = groups[-1].role("critic") if needs_critic else None
+    return Workers(actor=groups[0].role("actor"), critic=critic, groups=groups)

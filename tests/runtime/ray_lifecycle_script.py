@@ -1,0 +1,34 @@
+"""Run by test_ray_env.py in a subprocess: start Ray + a worker group, then leave by `mode`
+("ok", "error", or "sigint": Ctrl-C while the controller waits on a worker).
+
+Writes the pids of every process Ray started for it (descendants + the worker) to argv[2].
+"""
+
+import json
+import os
+import signal
+import sys
+import threading
+
+import psutil
+import ray
+
+import runtime_test_roles as roles
+from rlctl.config.schema import ResourcesConfig
+from rlctl.runtime.ray_env import ray_session
+from rlctl.runtime.resource_pool import ResourcePool
+from rlctl.runtime.worker_group import WorkerGroup
+
+ray.cloudpickle.register_pickle_by_value(roles)
+mode, out = sys.argv[1], sys.argv[2]
+with ray_session(num_cpus=1) as session:
+    group = WorkerGroup(ResourcePool(ResourcesConfig(workers=1)), {"echo": (roles.EchoWorker, {})})
+    pids = sorted({p.pid for p in psutil.Process().children(recursive=True)} | set(group.pids()))
+    with open(out, "w") as f:
+        json.dump({"pids": pids, "embedded": session.embedded}, f)
+    if mode == "error":
+        raise RuntimeError("the controller failed")
+    if mode == "sigint":
+        threading.Timer(1.0, os.kill, (os.getpid(), signal.SIGINT)).start()
+        group.role("echo").stall(0, 60.0)   # Ctrl-C arrives while the controller waits on a worker
+print("done")
