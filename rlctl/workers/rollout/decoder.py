@@ -44,58 +44,54 @@ def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor
     return x * cos + rotated * sin
 
 
-def _decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_valid: torch.Tensor,
-                      scale: float) -> torch.Tensor:
-    """softmax(q k^T * scale) v for one new token: q [A, kv, G, D], k/v [A, kv, L, D] (strided
-    views of the cache), key_valid [A, 1, 1, L]. Two batched matmuls: for so few queries they
-    beat SDPA's flash kernel on CPU (which is built for long query blocks)."""
-    scores = torch.matmul(q, k.transpose(-1, -2)).mul_(scale)
-    scores.masked_fill_(~key_valid, float("-inf"))
-    return torch.matmul(torch.softmax(scores, dim=-1), v)
-
-
 class DecoderRunner:
-    """Prefill + decode for Llama-style models with a static, row-compactable KV cache.
+    """Prefill + decode for Llama-style models; the n samples of a prompt share its KV cache.
 
-    Cache: k/v [layers, rows, kv_heads, max_len, head_dim]. Prompts are left-padded to P, so
-    column c holds position c - pad for every row; `key_valid` [rows, max_len] marks real keys.
-    Active rows always occupy the buffer's first rows; select() moves survivors to the front.
+    Prompt cache kp/vp [layers, B, kv, P, D] is stored once per prompt (left-padded; pad keys get
+    a -inf bias); the generated cache kg/vg [layers, rows, kv, T, D] holds each live row's own
+    tokens, live rows first (select() moves survivors to the front). `slot` [A] is each live
+    row's original row, so its prompt is slot // n.
     """
 
-    def __init__(self, lm: torch.nn.Module, rows: int, max_len: int):
+    def __init__(self, lm: torch.nn.Module, max_new_tokens: int):
         self.lm, self.core = lm, lm.model
         self.layers = list(self.core.layers)
         cfg, attn = lm.config, self.layers[0].self_attn
         self.heads, self.kv_heads = cfg.num_attention_heads, cfg.num_key_value_heads
+        self.group = self.heads // self.kv_heads
         self.head_dim, self.scale = attn.head_dim, attn.scaling
         self.has_qk_norm = hasattr(attn, "q_norm")
+        self.max_new = max_new_tokens
         weight = self.core.embed_tokens.weight
         self.dtype, self.device = weight.dtype, weight.device
-        shape = (len(self.layers), rows, self.kv_heads, max_len, self.head_dim)
-        self.k = torch.empty(shape, dtype=self.dtype, device=self.device)
-        self.v = torch.empty(shape, dtype=self.dtype, device=self.device)
-        self.key_valid = torch.ones(rows, max_len, dtype=torch.bool, device=self.device)
-        positions = torch.arange(max_len, device=self.device).unsqueeze(0)
-        cos, sin = self.core.rotary_emb(weight[:1], positions)  # [1, max_len, head_dim]
-        self.cos, self.sin = cos[0], sin[0]
-        self.rows, self.length = 0, 0
+
+    def _allocate(self, batch: int, n: int, plen: int) -> None:
+        layers, kv, dim = len(self.layers), self.kv_heads, self.head_dim
+        new = dict(dtype=self.dtype, device=self.device)
+        self.kp, self.vp = (torch.empty(layers, batch, kv, plen, dim, **new) for _ in range(2))
+        self.kg, self.vg = (torch.empty(layers, batch * n, kv, self.max_new, dim, **new) for _ in range(2))
+        positions = torch.arange(plen + self.max_new, device=self.device).unsqueeze(0)
+        cos, sin = self.core.rotary_emb(self.core.embed_tokens.weight[:1], positions)
+        self.cos, self.sin = cos[0], sin[0]  # [P + T, D]
+        self.batch, self.n, self.generated = batch, n, 0
+        self.slot = torch.arange(batch * n, device=self.device)
 
     def prefill(self, input_ids: torch.Tensor, valid: torch.Tensor, n: int) -> torch.Tensor:
-        """Run B left-padded prompts [B, P] once; their K/V fill n cache rows each (prompt-major).
+        """Run B left-padded prompts [B, P] once; returns last-position logits [B, V].
 
         Pad queries may attend to themselves only (never to nothing, which would give NaN);
-        real queries see real keys up to themselves. Returns last-position logits [B, V].
+        real queries see real keys up to themselves.
         """
         batch, plen = input_ids.shape
+        self._allocate(batch, n, plen)
+        zero = torch.zeros((), dtype=self.dtype, device=self.device)
+        self.prompt_bias = torch.where(valid, zero, float("-inf")).view(batch, 1, 1, plen)
         positions = (valid.long().cumsum(-1) - 1).clamp(min=0)
         cos, sin = self.cos[positions].unsqueeze(1), self.sin[positions].unsqueeze(1)  # [B,1,P,D]
         idx = torch.arange(plen, device=self.device)
         causal = idx.unsqueeze(0) <= idx.unsqueeze(1)  # [P(query), P(key)]
         mask = (causal & valid[:, None, :]) | torch.eye(plen, dtype=torch.bool, device=self.device)
         mask = mask.unsqueeze(1)  # [B, 1, P, P]
-        self.rows, self.length = batch * n, plen
-        self.key_valid[: self.rows, :plen] = valid.repeat_interleave(n, dim=0)
-        self.key_valid[: self.rows, plen:] = True
         h = self.core.embed_tokens(input_ids)
         for i, layer in enumerate(self.layers):
             attn = layer.self_attn
@@ -107,25 +103,17 @@ class DecoderRunner:
                 q, k = attn.q_norm(q), attn.k_norm(k)
             q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
             q, k = _rope(q, cos, sin), _rope(k, cos, sin)
-            # the n samples of a prompt share its K/V: write each prompt's block n times
-            self.k[i, : self.rows].view(batch, n, *self.k.shape[2:])[:, :, :, :plen] = k.unsqueeze(1)
-            self.v[i, : self.rows].view(batch, n, *self.v.shape[2:])[:, :, :, :plen] = v.unsqueeze(1)
+            self.kp[i], self.vp[i] = k, v
             out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=self.scale, enable_gqa=True)
             h = h + attn.o_proj(out.transpose(1, 2).reshape(batch, plen, -1))
             h = h + layer.mlp(layer.post_attention_layernorm(h))
         return self.lm.lm_head(self.core.norm(h[:, -1]))
 
     def decode(self, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        """One step for the active rows: tokens [A], positions [A] -> logits [A, V].
-
-        Decode attention groups the query heads by KV head, q [A, kv_heads, G, D] against
-        K [A, kv_heads, L, D], so K/V are read once per KV head instead of repeated G times.
-        """
-        rows, col = tokens.shape[0], self.length
-        self.length += 1
+        """One step for the live rows: tokens [A], positions [A] -> logits [A, V]."""
+        rows, col = tokens.shape[0], self.generated
+        self.generated += 1
         cos, sin = self.cos[positions].unsqueeze(1), self.sin[positions].unsqueeze(1)  # [A,1,D]
-        mask = self.key_valid[:rows, : self.length].view(rows, 1, 1, self.length)
-        group = self.heads // self.kv_heads
         h = self.core.embed_tokens(tokens)
         for i, layer in enumerate(self.layers):
             attn = layer.self_attn
@@ -134,22 +122,41 @@ class DecoderRunner:
             k = attn.k_proj(x).view(rows, self.kv_heads, self.head_dim)
             if self.has_qk_norm:
                 q, k = attn.q_norm(q), attn.k_norm(k)
-            self.k[i, :rows, :, col] = _rope(k, cos, sin)
-            self.v[i, :rows, :, col] = attn.v_proj(x).view(rows, self.kv_heads, self.head_dim)
-            q = _rope(q, cos, sin).view(rows, self.kv_heads, group, self.head_dim)
-            out = _decode_attention(q, self.k[i, :rows, :, : self.length],
-                                    self.v[i, :rows, :, : self.length], mask, self.scale)
+            self.kg[i, :rows, :, col] = _rope(k, cos, sin)
+            self.vg[i, :rows, :, col] = attn.v_proj(x).view(rows, self.kv_heads, self.head_dim)
+            q = _rope(q, cos, sin).view(rows, self.kv_heads, self.group, self.head_dim)
+            out = self._attention(i, q, rows)
             h = h + attn.o_proj(out.reshape(rows, -1))
             h = h + layer.mlp(layer.post_attention_layernorm(h))
         return self.lm.lm_head(self.core.norm(h))
 
+    def _attention(self, i: int, q: torch.Tensor, rows: int) -> torch.Tensor:
+        """softmax over [prompt keys ++ own generated keys] for q [A, kv, G, D] -> [A, kv, G, D].
+
+        Prompt part, per prompt: the queries of all its n samples, [B, kv, n*G, D], against its
+        keys [B, kv, P, D] in one matmul, so the prompt cache is read once per prompt, not once
+        per sample. Generated part, per row: [A, kv, G, D] against [A, kv, t, D].
+        """
+        b, n, kv, g, d = self.batch, self.n, self.kv_heads, self.group, self.head_dim
+        kg, vg = self.kg[i, :rows, :, : self.generated], self.vg[i, :rows, :, : self.generated]
+        grouped = q.new_zeros(b * n, kv, g, d).index_copy_(0, self.slot, q)
+        grouped = grouped.view(b, n, kv, g, d).transpose(1, 2).reshape(b, kv, n * g, d)
+        prompt_scores = torch.matmul(grouped, self.kp[i].transpose(-1, -2)).mul_(self.scale).add_(self.prompt_bias)
+        plen = prompt_scores.shape[-1]
+        prompt_scores = prompt_scores.view(b, kv, n, g, plen).transpose(1, 2).reshape(b * n, kv, g, plen)[self.slot]
+        own_scores = torch.matmul(q, kg.transpose(-1, -2)).mul_(self.scale)
+        probs = torch.softmax(torch.cat([prompt_scores, own_scores], dim=-1), dim=-1)
+        prompt_probs = q.new_zeros(b * n, kv, g, plen).index_copy_(0, self.slot, probs[..., :plen])
+        prompt_probs = prompt_probs.view(b, n, kv, g, plen).transpose(1, 2).reshape(b, kv, n * g, plen)
+        prompt_out = torch.matmul(prompt_probs, self.vp[i]).view(b, kv, n, g, d).transpose(1, 2)
+        return prompt_out.reshape(b * n, kv, g, d)[self.slot] + torch.matmul(probs[..., plen:], vg)
+
     def select(self, keep: torch.Tensor) -> None:
-        """Keep rows `keep` (indices into the active rows, ascending), moved to the front."""
-        cols = self.length
-        self.k[:, : len(keep), :, :cols] = self.k[:, keep, :, :cols]
-        self.v[:, : len(keep), :, :cols] = self.v[:, keep, :, :cols]
-        self.key_valid[: len(keep)] = self.key_valid[keep]
-        self.rows = len(keep)
+        """Keep live rows `keep` (indices into the live rows, ascending), moved to the front."""
+        cols = self.generated
+        self.kg[:, : len(keep), :, :cols] = self.kg[:, keep, :, :cols]
+        self.vg[:, : len(keep), :, :cols] = self.vg[:, keep, :, :cols]
+        self.slot = self.slot[keep]
 
 
 class HFCacheRunner:

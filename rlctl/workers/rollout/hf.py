@@ -76,7 +76,7 @@ class HFRolloutEngine(RolloutEngine):
         device = _device_of(self.model)
         input_ids, valid = _left_pad(prompt_ids, self.pad_token_id, device)
         rows, plen = len(prompt_ids) * n, input_ids.shape[1]
-        runner = self._runner(rows, plen + max_new_tokens)
+        runner = self._runner(max_new_tokens, plen + max_new_tokens)
         logits = runner.prefill(input_ids, valid, n).repeat_interleave(n, dim=0)
         prompt_len = valid.sum(-1).repeat_interleave(n)  # [B*n] real prompt tokens per row
         eos = torch.tensor(self.eos_token_ids, device=device)
@@ -99,10 +99,10 @@ class HFRolloutEngine(RolloutEngine):
             logits = runner.decode(tokens, prompt_len[active] + step)
         return responses, lengths, step + 1
 
-    def _runner(self, rows: int, max_len: int):
+    def _runner(self, max_new_tokens: int, max_len: int):
         lm = causal_lm_parts(self.model)
         if self.fast and fast_path_supported(lm, max_len):
-            return DecoderRunner(lm, rows, max_len)
+            return DecoderRunner(lm, max_new_tokens)
         return HFCacheRunner(self.model)
 
     def update_weights(self, weights: Mapping[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]] | None = None) -> None:
