@@ -62,5 +62,62 @@ def serve(
         raise typer.Exit(code)
 
 
+def eval_cmd(
+    model: Path = MODEL_ARG,
+    data: Path = typer.Option(..., "--data", help="A parquet split (verl schema), e.g. data/gsm8k/test.parquet."),
+    n: int = typer.Option(1, "--n", min=1, help="Samples per prompt; n > 1 adds mean@n and pass@k."),
+    temperature: Optional[float] = typer.Option(None, min=0, help="Sampling temperature (default 0 for n = 1, else 1.0)."),
+    top_p: float = typer.Option(1.0, min=0, max=1, help="Nucleus sampling mass."),
+    limit: Optional[int] = typer.Option(None, min=1, help="Only the first N prompts."),
+    max_new_tokens: Optional[int] = typer.Option(None, min=1,
+                                                 help="Tokens per answer (default: the run's data.max_response_length, else 512)."),
+    engine: str = typer.Option("auto", help="auto (vLLM, then SGLang, then hf), hf, vllm or sglang."),
+    reward: Optional[str] = typer.Option(None, help="Reward function: \"file.py:fn\", a built-in name, or \"\" for "
+                                                    "built-ins by data_source (default: the run's reward.function)."),
+    seed: int = typer.Option(0, help="Sampling seed (prompt i uses seed + i: reproducible in any batch)."),
+    out: Optional[Path] = typer.Option(None, "--out", help="Generations jsonl (default: eval-<data name>.jsonl)."),
+    dtype: str = typer.Option("auto", help="auto, float32, bfloat16 or float16."),
+    max_concurrency: int = typer.Option(32, min=1, help="Sequences generated together."),
+    step: Optional[int] = typer.Option(None, min=0, help="Run folder: evaluate this checkpoint step (default latest)."),
+    fmt: str = typer.Option("text", "--format", help="text or json."),
+) -> None:
+    """Score a model on a parquet split with the training prompts and reward function.
+
+    Prints accuracy and mean reward per data source (mean@n and pass@k when --n > 1) and writes every generation with its score to a jsonl.
+
+    Example: rlctl eval runs/grpo --data data/gsm8k/test.parquet --n 4 --limit 200
+    """
+    import logging
+
+    from rlctl.errors import UsageError
+    from rlctl.serve.eval import EvalOptions, run_eval
+    from rlctl.serve.source import DTYPES
+
+    if dtype not in DTYPES:
+        raise UsageError(f"--dtype {dtype!r} is not one of {', '.join(DTYPES)}")
+    if fmt not in ("text", "json"):
+        raise UsageError(f"--format {fmt!r} is not one of text, json")
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    opts = EvalOptions(n=n, temperature=temperature, top_p=top_p, max_new_tokens=max_new_tokens, limit=limit,
+                       seed=seed, engine=engine, reward=reward, dtype=dtype, max_concurrency=max_concurrency,
+                       step=step)
+    summary = run_eval(model, data, opts, out or Path(f"eval-{data.stem}.jsonl"))
+    emit(summary, fmt, text=_eval_table(summary))
+
+
+def _eval_table(summary: dict) -> str:
+    keys = [k for k in summary["all"] if k not in ("prompts", "samples")]
+    rows = [("data_source", "prompts", "samples", *keys)]
+    for name, m in [*summary["sources"].items(), ("all", summary["all"])]:
+        rows.append((name, str(m["prompts"]), str(m["samples"]), *(f"{m[k]:.4f}" for k in keys)))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    lines = ["  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths)))
+             for r in rows]
+    lines.append(f"n={summary['n']} temperature={summary['temperature']:g} reward={summary['reward']}; "
+                 f"generations written to {summary['out']}")
+    return "\n".join(lines)
+
+
 def register(app: typer.Typer) -> None:
     app.command("serve", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})(serve)
+    app.command("eval")(eval_cmd)

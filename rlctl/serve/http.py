@@ -68,17 +68,26 @@ class _Handler(BaseHTTPRequestHandler):
     def do_POST(self):
         self._dispatch("POST")
 
-    def do_PUT(self):
-        self._dispatch("PUT")
+    do_PUT = do_PATCH = do_DELETE = do_OPTIONS = lambda self: self._dispatch(self.command)
 
-    def do_DELETE(self):
-        self._dispatch("DELETE")
+    def send_error(self, code, message=None, explain=None):
+        """The stdlib's own rejections (bad request line, unknown verb) also get OpenAI JSON."""
+        self.close_connection = True
+        if self.request_version == "HTTP/0.9":  # an unparsable request line: answer as HTTP/1.1 anyway
+            self.request_version = "HTTP/1.1"
+        body = APIError(code, message or explain or "bad request",
+                        type="invalid_request_error" if code < 500 else "server_error").body()
+        self._send_json(code, body, close=True)
 
     def _dispatch(self, method: str) -> None:
+        self._body_read = False
         try:
             self._route(method, self.path.split("?", 1)[0].rstrip("/") or "/")
         except APIError as e:
-            self._send_json(e.status, e.body(), close=e.status in (411, 413))
+            # An unread body would be parsed as the next request on this connection: close it.
+            unread = not self._body_read and self.headers.get("Content-Length", "0").strip() not in ("", "0")
+            chunked = "chunked" in self.headers.get("Transfer-Encoding", "").lower()
+            self._send_json(e.status, e.body(), close=unread or chunked or e.status in (411, 413))
         except (_ClientGone, BrokenPipeError, ConnectionResetError, socket.timeout):
             self.close_connection = True
         except Exception:  # a bug: keep serving, tell the client it was us
@@ -88,16 +97,21 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _route(self, method: str, path: str) -> None:
         if path == "/health":
-            return self._only(method, "GET") or self._send_json(200, {"status": "ok", **self.server.engine.load()})
+            self._only(method, "GET")
+            self._send_json(200, {"status": "ok", **self.server.engine.load()})
+            return
         self._authorize()
         if path == "/v1/models":
-            return self._only(method, "GET") or self._send_json(200, {"object": "list", "data": [self._model_card()]})
+            self._only(method, "GET")
+            self._send_json(200, {"object": "list", "data": [self._model_card()]})
+            return
         if path.startswith("/v1/models/"):
             self._only(method, "GET")
-            if path[len("/v1/models/"):] != self.server.model_name:
-                raise APIError(404, f"The model '{path[len('/v1/models/'):]}' does not exist",
-                               code="model_not_found")
-            return self._send_json(200, self._model_card())
+            name = path[len("/v1/models/"):]
+            if name != self.server.model_name:
+                raise APIError(404, f"The model '{name}' does not exist", code="model_not_found")
+            self._send_json(200, self._model_card())
+            return
         if path in ("/v1/chat/completions", "/v1/completions"):
             self._only(method, "POST")
             body = self._read_json()
@@ -105,7 +119,8 @@ class _Handler(BaseHTTPRequestHandler):
             engine, max_n = self.server.engine, self.server.engine.max_rows
             parsed = (protocol.parse_chat(body, engine, max_n) if path.endswith("chat/completions")
                       else protocol.parse_completion(body, engine, max_n))
-            return self._generate(parsed)
+            self._generate(parsed)
+            return
         raise APIError(404, f"no route {method} {path}", code="not_found")
 
     # ---- request plumbing ---------------------------------------------------------------------
@@ -129,12 +144,15 @@ class _Handler(BaseHTTPRequestHandler):
         try:
             length = int(length)
         except ValueError:
-            raise APIError(400, "Content-Length is not a number") from None
+            length = -1
+        if length < 0:
+            raise APIError(400, "Content-Length must be a non-negative integer", code="bad_content_length")
         if length > self.server.max_body_bytes:
             self._discard(length)
             raise APIError(413, f"request body of {length} bytes exceeds the limit of "
                                 f"{self.server.max_body_bytes} bytes", code="request_too_large")
         raw = self.rfile.read(length)
+        self._body_read = True
         try:
             body = json.loads(raw)
         except (UnicodeDecodeError, json.JSONDecodeError) as e:

@@ -162,9 +162,9 @@ def parse_completion(body: dict, engine, max_n: int) -> ParsedRequest:
         raise APIError(400, "'best_of' is not supported by the built-in engine", param="best_of")
     prompt = body.get("prompt")
     if isinstance(prompt, str):
-        prompts = [engine.encode(prompt)]
+        prompts = [_encode(engine, prompt)]
     elif isinstance(prompt, list) and prompt and all(isinstance(p, str) for p in prompt):
-        prompts = [engine.encode(p) for p in prompt]
+        prompts = [_encode(engine, p) for p in prompt]
     elif _is_ids(prompt, engine):
         prompts = [list(prompt)]
     elif isinstance(prompt, list) and prompt and all(_is_ids(p, engine) for p in prompt):
@@ -179,6 +179,13 @@ def parse_completion(body: dict, engine, max_n: int) -> ParsedRequest:
         raise APIError(400, f"prompts x n = {len(prompts) * params.n} exceeds this server's limit "
                             f"of {max_n} sequences per request", param="prompt")
     return ParsedRequest("completion", prompts, params, stream, usage)
+
+
+def _encode(engine, text: str) -> list[int]:
+    try:
+        return engine.encode(text)
+    except (TypeError, ValueError) as e:  # e.g. a lone UTF-16 surrogate from a "\\ud800" escape
+        raise APIError(400, f"'prompt' cannot be tokenized: {e}", param="prompt") from None
 
 
 def _is_ids(value, engine) -> bool:

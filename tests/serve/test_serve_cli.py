@@ -35,11 +35,11 @@ def _one_error_line(result, code: int, *needles: str) -> None:
 
 
 def test_help_imports_no_heavy_library():
-    code = ("import sys; from rlctl.cli.main import main; main(['serve', '--help']);"
+    code = ("import sys; from rlctl.cli.main import main; main(['serve', '--help']); main(['eval', '--help']);"
             "print([m for m in ('torch', 'transformers', 'ray', 'peft') if m in sys.modules])")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.stdout.strip().splitlines()[-1] == "[]", out.stdout + out.stderr
-    assert "Example: rlctl serve" in out.stdout
+    assert "Example: rlctl serve" in out.stdout and "Example: rlctl eval" in out.stdout
 
 
 def test_public_host_without_a_key_is_refused(tiny_model_dir):

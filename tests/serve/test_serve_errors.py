@@ -125,6 +125,34 @@ def test_unknown_route_and_wrong_method(server):
     _assert_openai_error(*_raw(server, "GET", "/v1/embeddings"), 404)
     _assert_openai_error(*_raw(server, "GET", "/v1/chat/completions"), 405)
     _assert_openai_error(*_raw(server, "DELETE", "/v1/models"), 405)
+    _assert_openai_error(*_raw(server, "PATCH", "/v1/completions", b"{}"), 405)
+
+
+def _raw_bytes(server, data: bytes) -> tuple[int, dict]:
+    url = urllib.parse.urlsplit(server.base_url)
+    with socket.create_connection((url.hostname, url.port), timeout=10) as s:
+        s.sendall(data)
+        received = b""
+        while chunk := s.recv(4096):
+            received += chunk
+    head, _, body = received.partition(b"\r\n\r\n")
+    return int(head.split()[1]), json.loads(body)
+
+
+def test_malformed_http_gets_json_errors_too(server):
+    _assert_openai_error(*_raw_bytes(server, b"garbage\r\n\r\n"), 400)
+    _assert_openai_error(*_raw_bytes(server, b"POST /v1/completions HTTP/1.1\r\nAuthorization: Bearer "
+                                     + API_KEY.encode() + b"\r\nContent-Length: -5\r\n\r\n"), 400)
+    _assert_openai_error(*_raw_bytes(server, b"POST /v1/completions HTTP/1.1\r\nAuthorization: Bearer "
+                                     + API_KEY.encode() + b"\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n"), 411)
+
+
+def test_text_that_cannot_be_tokenized_is_400(server):
+    lone_surrogate = b'"\\ud800"'  # valid JSON, but no UTF-8 text: a tokenizer cannot take it
+    body = b'{"model": "tiny", "max_tokens": 2, "prompt": ' + lone_surrogate + b"}"
+    _assert_openai_error(*_raw(server, "POST", "/v1/completions", body), 400, "prompt")
+    body = b'{"model": "tiny", "max_tokens": 2, "messages": [{"role": "user", "content": ' + lone_surrogate + b"}]}"
+    _assert_openai_error(*_raw(server, "POST", "/v1/chat/completions", body), 400, "messages")
 
 
 def test_client_that_disconnects_mid_stream_frees_its_slot(server):
@@ -154,3 +182,18 @@ def test_client_that_disconnects_mid_stream_frees_its_slot(server):
 def test_server_still_answers_after_all_of_that(client):
     r = client.chat.completions.create(model="tiny", messages=CHAT["messages"], max_tokens=3)
     assert r.choices[0].finish_reason in ("stop", "length")
+
+
+def test_refused_body_does_not_poison_a_kept_alive_connection(server):
+    """A 401 before the body is read must not leave that body to be parsed as the next request."""
+    url = urllib.parse.urlsplit(server.base_url)
+    conn = http.client.HTTPConnection(url.hostname, url.port, timeout=10)
+    body = json.dumps({**CHAT, "messages": [{"role": "user", "content": "GET /v1/models HTTP/1.1\r\n\r\n"}]})
+    conn.request("POST", "/v1/chat/completions", body, {"Authorization": "Bearer wrong"})
+    first = conn.getresponse()
+    first.read()
+    assert first.status == 401
+    conn.request("GET", "/v1/models", headers={"Authorization": f"Bearer {API_KEY}"})
+    second = conn.getresponse()
+    assert second.status == 200 and json.loads(second.read())["data"][0]["id"] == "tiny"
+    conn.close()

@@ -1,0 +1,201 @@
+"""`rlctl eval`: generate for every prompt of a parquet split and score it the way training does.
+
+Same prompts (the chat template with the generation prompt, rendered by the data module's
+`render_prompts`), same reward (a run folder's `reward.*` settings, through the training
+RewardRunner with its timeouts), so an eval number means what the training curve means.
+With n samples per prompt it also reports mean@n and the unbiased pass@k of Chen et al. (2021).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import sys
+from collections import defaultdict
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from rlctl.errors import DataError, UsageError
+
+log = logging.getLogger("rlctl.eval")
+
+
+@dataclass(frozen=True)
+class EvalOptions:
+    n: int = 1
+    temperature: float | None = None  # None: 0 (greedy) for n = 1, else 1.0
+    top_p: float = 1.0
+    max_new_tokens: int | None = None  # None: the run's data.max_response_length (or its default)
+    limit: int | None = None
+    seed: int = 0
+    engine: str = "auto"
+    reward: str | None = None  # None: the run's reward.function (or built-ins by data_source)
+    dtype: str = "auto"
+    max_concurrency: int = 32
+    step: int | None = None
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """P(at least one of k draws without replacement from n samples, c correct, is correct).
+
+    = 1 - C(n-c, k) / C(n, k): unbiased, unlike 1 - (1 - c/n)^k.
+    """
+    if n - c < k:
+        return 1.0
+    return 1.0 - math.comb(n - c, k) / math.comb(n, k)
+
+
+def ks_for(n: int) -> list[int]:
+    """1, 2, 4, ... up to n, and n itself."""
+    ks = [k for k in (2**i for i in range(n.bit_length())) if k <= n]
+    return ks if ks[-1] == n else ks + [n]
+
+
+def summarize(scores: list[list[float]], correct: list[list[bool]], n: int) -> dict:
+    """Metrics over prompts: mean reward, accuracy, and mean@n / pass@k when n > 1."""
+    flat_scores = [s for row in scores for s in row]
+    flat_correct = [c for row in correct for c in row]
+    out = {"prompts": len(scores), "samples": len(flat_scores),
+           "accuracy": sum(flat_correct) / len(flat_correct), "mean_reward": sum(flat_scores) / len(flat_scores)}
+    if n > 1:
+        out[f"mean@{n}"] = out["mean_reward"]
+        for k in ks_for(n):
+            out[f"pass@{k}"] = sum(pass_at_k(len(row), sum(row), k) for row in correct) / len(correct)
+    return out
+
+
+def reward_settings(model_path: Path, override: str | None):
+    """(RewardConfig, folder its relative paths resolve from, max_response_length) for this model."""
+    from rlctl.config.schema import DataConfig, RewardConfig
+    from rlctl.serve.source import is_run_dir
+
+    reward, config_dir, max_response = RewardConfig(), Path.cwd(), DataConfig().max_response_length
+    resolved = model_path / "config.resolved.toml"
+    if is_run_dir(model_path) and resolved.is_file():
+        from rlctl.config.loader import load_config
+
+        loaded = load_config(resolved, strict=False)
+        reward, config_dir = loaded.config.reward, loaded.base_dir  # as `rlctl resume` resolves it
+        max_response = loaded.config.data.max_response_length
+    if override is not None:
+        reward, config_dir = replace(reward, function=override), Path.cwd()
+    return reward, config_dir, max_response
+
+
+def run_eval(model_path: str | Path, data_file: str | Path, opts: EvalOptions, out_path: Path) -> dict:
+    """Generate, score, write one JSON line per sample to `out_path`; returns the summary."""
+    from rlctl.data.dataset import load_rows
+    from rlctl.serve.source import model_folder
+
+    model_path = Path(model_path)
+    rows = load_rows([Path(data_file)])[: opts.limit]
+    if not rows:
+        raise DataError(f"{data_file} has no rows to evaluate")
+    reward, config_dir, default_max = reward_settings(model_path, opts.reward)
+    _check_reward(reward, config_dir, {row["data_source"] for row in rows})  # before minutes of generation
+    temperature = opts.temperature if opts.temperature is not None else (0.0 if opts.n == 1 else 1.0)
+    if opts.n > 1 and temperature == 0:
+        raise UsageError("--n > 1 with --temperature 0 gives n identical answers",
+                         hint="set --temperature (e.g. 1.0) to sample.")
+    with model_folder(model_path, opts.step) as folder:
+        samples = _generate(folder, rows, opts, temperature, opts.max_new_tokens or default_max)
+    scores, correct, records = _score(rows, samples, reward, config_dir)
+    _write_jsonl(out_path, records)
+    by_source = defaultdict(list)
+    for i, row in enumerate(rows):
+        by_source[row["data_source"]].append(i)
+    return {"model": str(model_path), "data": str(data_file), "n": opts.n, "temperature": temperature,
+            "reward": reward.function or "built-in by data_source", "out": str(out_path),
+            "sources": {src: summarize([scores[i] for i in idx], [correct[i] for i in idx], opts.n)
+                        for src, idx in sorted(by_source.items())},
+            "all": summarize(scores, correct, opts.n)}
+
+
+def _check_reward(reward, config_dir: Path, data_sources: set) -> None:
+    from rlctl.rewards.custom import check_builtin_sources, load_reward_fn, parse_spec
+
+    spec = parse_spec(reward.function, config_dir, reward.format_score)
+    load_reward_fn(spec)
+    check_builtin_sources(spec, data_sources)
+
+
+def _generate(folder: Path, rows: list[dict], opts: EvalOptions, temperature: float, max_new: int):
+    from rlctl.data.dataset import render_prompts
+    from rlctl.serve.engine import SamplingParams
+    from rlctl.serve.external import LaunchSpec, build_command, pick_engine
+    from rlctl.serve.generate import external_server, free_port, generate_local, generate_remote
+    from rlctl.serve.source import load_model
+
+    from transformers import AutoConfig, AutoTokenizer
+
+    engine = pick_engine(opts.engine)
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    context = int(getattr(AutoConfig.from_pretrained(folder), "max_position_embeddings", 0) or 2048)
+    texts = render_prompts([row["prompt"] for row in rows], tokenizer)
+    prompt_ids = tokenizer(texts, add_special_tokens=False)["input_ids"]
+    params = []
+    for i, ids in enumerate(prompt_ids):
+        room = context - len(ids)
+        if room < 1:
+            raise DataError(f"prompt {i} has {len(ids)} tokens; the model's context is {context}",
+                            hint="drop it with --limit or shorten it in the data.")
+        params.append(SamplingParams(max_tokens=min(max_new, room), temperature=temperature, top_p=opts.top_p,
+                                     n=opts.n, seed=opts.seed + i))
+    progress = _progress_printer()
+    log.info("generating %d x %d samples with the %s engine", len(rows), opts.n, engine)
+    if engine == "hf":
+        model, tokenizer = load_model(folder, opts.dtype)
+        return generate_local(model, tokenizer, prompt_ids, params,
+                              max_concurrency=max(opts.max_concurrency, opts.n), progress=progress)
+    port = free_port()
+    spec = LaunchSpec(str(folder), "127.0.0.1", port, "eval", dtype=opts.dtype)
+    with external_server(build_command(engine, spec), f"http://127.0.0.1:{port}") as url:
+        return generate_remote(url, "eval", prompt_ids, params, concurrency=opts.max_concurrency,
+                               progress=progress)
+
+
+def _progress_printer():
+    last = [0.0]
+
+    def show(done: int, total: int) -> None:
+        if done == total or done / total - last[0] >= 0.1:
+            last[0] = done / total
+            print(f"generated {done}/{total} prompts", file=sys.stderr, flush=True)
+
+    return show
+
+
+def _score(rows, samples, reward, config_dir: Path):
+    """Scores [prompt][sample], correctness (the reward's `acc` if it gives one, else score > 0), records."""
+    from rlctl.rewards.runner import RewardRunner
+
+    items = [{"data_source": row["data_source"], "solution_str": s.text,
+              "ground_truth": row["reward_model"]["ground_truth"], "extra_info": row.get("extra_info")}
+             for row, row_samples in zip(rows, samples) for s in row_samples]
+    with RewardRunner(reward.function, config_dir, timeout_s=reward.timeout_s, on_error=reward.on_error,
+                      workers=reward.workers, format_score=reward.format_score) as runner:
+        result = runner.score(items)
+    acc = result.extras.get("acc")
+    scores, correct, records, k = [], [], [], 0
+    for i, (row, row_samples) in enumerate(zip(rows, samples)):
+        scores.append([]), correct.append([])
+        for j, s in enumerate(row_samples):
+            score = float(result.scores[k])
+            ok = bool(acc[k] > 0) if acc is not None and not math.isnan(acc[k]) else score > 0
+            scores[-1].append(score), correct[-1].append(ok)
+            records.append({"index": i, "sample": j, "data_source": row["data_source"], "prompt": row["prompt"],
+                            "response": s.text, "ground_truth": row["reward_model"]["ground_truth"],
+                            "score": score, "correct": ok, "finish_reason": s.finish_reason,
+                            "response_tokens": s.tokens})
+            k += 1
+    return scores, correct, records
+
+
+def _write_jsonl(path: Path, records: list[dict]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "w", encoding="utf-8") as f:
+        for record in records:
+            f.write(json.dumps(record, ensure_ascii=False, default=str) + "\n")
+    tmp.replace(path)
