@@ -1,0 +1,234 @@
+"""`CheckpointManager`: atomic saves, LATEST, retention, and picking the checkpoint to resume.
+
+    checkpoints/.tmp-step_<N>-<pid>/   a save in progress (the trainer's writer fills it)
+    checkpoints/step_<N>/MANIFEST.json written last inside the folder, before the rename
+    checkpoints/LATEST                 "step_<N>": the commit point, replaced atomically
+
+A save is: write into the temporary folder, hash + fsync every file, write the manifest, one
+rename to step_<N>, replace LATEST, then retention. Killed at any instant (kill -9), the run is
+left with LATEST naming either the previous or the new complete checkpoint; what the kill left
+behind (.tmp-*) is cleaned, or recovered when it is the checkpoint LATEST names, at the next start.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import sys
+from pathlib import Path
+from typing import Callable, NamedTuple
+
+from rlctl.checkpoint.manifest import fsync_dir, verify, write_manifest
+from rlctl.errors import CheckpointError
+from rlctl.utils.fs import atomic_write_text
+
+LATEST = "LATEST"
+TMP = ".tmp-"
+_STEP = re.compile(r"^step_(\d+)$")
+_NEW = re.compile(r"^\.tmp-step_(\d+)-(\d+)$")            # a save in progress
+_REPLACED = re.compile(r"^\.tmp-replaced-step_(\d+)-(\d+)$")  # the old step_<N> while it is replaced
+_PID = re.compile(r"-(\d+)$")
+
+
+class ResumePoint(NamedTuple):
+    """The checkpoint to resume from; `warning` says why it is not the one LATEST names."""
+
+    step: int
+    path: Path
+    warning: str | None
+
+
+def _stderr(message: str) -> None:
+    print(message, file=sys.stderr)
+
+
+def _pid_alive(pid: int) -> bool:
+    if pid == os.getpid():
+        return False  # our own leftovers (an earlier failed save in this process)
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _remove(path: Path) -> None:
+    """Delete a checkpoint folder: renamed out of the step_* namespace first, so a kill during
+    rmtree never leaves a half-deleted folder that still looks like a checkpoint."""
+    doomed = path.with_name(f"{TMP}delete-{path.name}-{os.getpid()}")
+    os.rename(path, doomed)
+    shutil.rmtree(doomed, ignore_errors=True)
+
+
+class CheckpointManager:
+    """The checkpoints of one run. keep_last: complete checkpoints to keep (0 = all).
+
+    notify(message) receives notices (leftovers cleaned, checkpoints recovered); default stderr.
+    """
+
+    def __init__(self, checkpoints_dir: str | os.PathLike, keep_last: int, *,
+                 notify: Callable[[str], None] | None = None):
+        self.dir = Path(checkpoints_dir)
+        self.keep_last = int(keep_last)
+        self.notify = notify or _stderr
+
+    # --- layout ------------------------------------------------------------------------------
+    def step_dir(self, step: int) -> Path:
+        return self.dir / f"step_{int(step)}"
+
+    def steps(self) -> list[int]:
+        """Steps with a step_<N> folder (complete or not), ascending."""
+        if not self.dir.is_dir():
+            return []
+        return sorted(int(m.group(1)) for p in self.dir.iterdir() if p.is_dir() and (m := _STEP.match(p.name)))
+
+    def latest_named(self) -> int | None:
+        """The step LATEST names, or None when LATEST is missing or unreadable."""
+        try:
+            text = (self.dir / LATEST).read_text(encoding="utf-8").strip()
+        except (OSError, UnicodeDecodeError):
+            return None
+        match = _STEP.match(text)
+        return int(match.group(1)) if match else None
+
+    # --- saving ---------------------------------------------------------------------------------
+    def save(self, step: int, write: Callable[[Path], None], *, meta: dict) -> Path:
+        """Write checkpoint `step` atomically; returns checkpoints/step_<step>.
+
+        write(tmp) fills the temporary folder (actor/, critic/, trainer_state.json, ...). If it
+        raises (or the process is interrupted) before the commit, the temporary folder is removed
+        and LATEST still names the previous checkpoint.
+        """
+        self.dir.mkdir(parents=True, exist_ok=True)
+        tmp = self.dir / f"{TMP}step_{int(step)}-{os.getpid()}"
+        if tmp.exists():
+            shutil.rmtree(tmp)
+        tmp.mkdir()
+        try:
+            write(tmp)
+            write_manifest(tmp, step, meta)
+            final = self._rename_into_place(tmp, step)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        self.apply_retention()
+        return final
+
+    def _rename_into_place(self, tmp: Path, step: int) -> Path:
+        """One rename to step_<N> (an older step_<N> is moved aside first), then LATEST."""
+        final = self.step_dir(step)
+        replaced = None
+        if final.exists():
+            replaced = self.dir / f"{TMP}replaced-step_{int(step)}-{os.getpid()}"
+            os.rename(final, replaced)
+        os.rename(tmp, final)
+        fsync_dir(self.dir)
+        atomic_write_text(self.dir / LATEST, f"step_{int(step)}\n")  # the commit point
+        fsync_dir(self.dir)
+        if replaced is not None:
+            shutil.rmtree(replaced, ignore_errors=True)
+        return final
+
+    def apply_retention(self) -> list[int]:
+        """Delete complete checkpoints beyond the newest keep_last; returns the deleted steps.
+
+        Only steps up to the one LATEST names count: newer folders are from before a
+        `resume --step` to an earlier step and are left alone; LATEST's own step is always kept.
+        """
+        latest = self.latest_named()
+        if self.keep_last <= 0 or latest is None:
+            return []
+        complete = [s for s in self.steps() if s <= latest and (self.step_dir(s) / "MANIFEST.json").is_file()]
+        keep = set(complete[-self.keep_last:]) | {latest}
+        doomed = [s for s in complete if s not in keep]
+        for step in doomed:
+            _remove(self.step_dir(step))
+        return doomed
+
+    # --- leftovers ------------------------------------------------------------------------------
+    def clean_leftovers(self) -> list[str]:
+        """Remove what a killed save left (.tmp-* folders, LATEST temp files); returns the notices.
+
+        One exception: killed while replacing step_<N> (between moving the old folder aside and
+        renaming the new one in), LATEST names a step_<N> that is missing while a complete copy
+        sits in .tmp-*: that copy is renamed back into place instead of being deleted.
+        """
+        if not self.dir.is_dir():
+            return []
+        notices = self._recover_named_step()
+        for path in sorted(self.dir.iterdir()):
+            if path.name.startswith(TMP) and path.is_dir():
+                pid = _PID.search(path.name)
+                if pid and _pid_alive(int(pid.group(1))):
+                    continue  # another live process on this host is saving there
+                shutil.rmtree(path, ignore_errors=True)
+                notices.append(f"removed {path.name} in {self.dir}, left by a save that did not finish")
+            elif path.name.startswith(f".{LATEST}.") and path.name.endswith(".tmp"):
+                path.unlink(missing_ok=True)
+        for message in notices:
+            self.notify(message)
+        return notices
+
+    def _recover_named_step(self) -> list[str]:
+        latest = self.latest_named()
+        if latest is None or self.step_dir(latest).exists():
+            return []
+        # Prefer the new checkpoint (its manifest is written last), then the one it was replacing.
+        for pattern in (_NEW, _REPLACED):
+            for path in sorted(self.dir.iterdir()):
+                match = pattern.match(path.name)
+                if match and int(match.group(1)) == latest and not verify(path, hashes=False):
+                    os.rename(path, self.step_dir(latest))
+                    fsync_dir(self.dir)
+                    return [f"recovered step_{latest} from {path.name} (the process was killed while replacing it)"]
+        return []
+
+    # --- choosing a checkpoint ----------------------------------------------------------------
+    def verify(self, step_dir: str | os.PathLike, *, hashes: bool) -> list[str]:
+        return verify(step_dir, hashes=hashes)
+
+    def latest_valid(self, step: int | None = None, *, hashes: bool = False) -> ResumePoint:
+        """The checkpoint to resume (or merge) from.
+
+        step=None: the step LATEST names when it verifies, else the newest complete step before
+        it (or the newest overall when LATEST is unreadable) with a warning. step=N: that step,
+        or CheckpointError. hashes=True also checks every file's sha256 (reads everything).
+        """
+        steps = self.steps()
+        if not steps:
+            raise CheckpointError(f"no checkpoints in {self.dir}",
+                                  hint="the run has not saved one yet (run.save_every, or it stopped before a save)")
+        if step is not None:
+            return self._exact(step, steps, hashes)
+        named = self.latest_named()
+        if named is None:
+            reason = f"{self.dir / LATEST} is missing or unreadable"
+        else:
+            problems = verify(self.step_dir(named), hashes=hashes) if named in steps else ["the folder is missing"]
+            if not problems:
+                return ResumePoint(named, self.step_dir(named), None)
+            reason = f"LATEST names step_{named}, which is broken ({_summary(problems)})"
+        for candidate in reversed(steps):
+            if (named is None or candidate < named) and not verify(self.step_dir(candidate), hashes=hashes):
+                return ResumePoint(candidate, self.step_dir(candidate),
+                                   f"WARNING: {reason}; using step_{candidate}, the newest valid checkpoint")
+        raise CheckpointError(f"no valid checkpoint in {self.dir}: {reason}, and no earlier step verifies",
+                              hint="the checkpoints are damaged; start a new run (rlctl train with run.name=NEW)")
+
+    def _exact(self, step: int, steps: list[int], hashes: bool) -> ResumePoint:
+        if step not in steps:
+            raise CheckpointError(f"checkpoint step {step} does not exist in {self.dir}",
+                                  hint=f"steps there: {', '.join(map(str, steps))}")
+        problems = verify(self.step_dir(step), hashes=hashes)
+        if problems:
+            raise CheckpointError(f"checkpoint step_{step} is broken: {_summary(problems)}",
+                                  hint="pick another step with --step, or leave it out for the newest valid one")
+        return ResumePoint(step, self.step_dir(step), None)
+
+
+def _summary(problems: list[str]) -> str:
+    more = f" (+{len(problems) - 1} more)" if len(problems) > 1 else ""
+    return f"{problems[0]}{more}"
