@@ -70,14 +70,18 @@ class ActorRolloutRefWorker:
         return self._rollout
 
     @register(Dispatch.DP)
-    def generate(self, batch: Batch, *, seed: int, validate: bool = False) -> Batch:
-        """n responses per prompt (rollout.n / val_n) with the current weights.
+    def generate(self, batch: Batch, *, seed: int, mode: str = "train") -> Batch:
+        """Responses with the current weights. mode: "train" (rollout.n at rollout.temperature),
+        "val" (val_n at val_temperature) or "greedy" (one argmax response per prompt, ReMax).
 
         seed: the controller's per-step seed; each rank samples from (seed, rank), so a run
         with the same seeds and ranks generates the same tokens.
         """
         rc = self.cfg.rollout
-        n, temperature = (rc.val_n, rc.val_temperature) if validate else (rc.n, rc.temperature)
+        modes = {"train": (rc.n, rc.temperature), "val": (rc.val_n, rc.val_temperature), "greedy": (1, 0.0)}
+        if mode not in modes:
+            raise ValueError(f"generate mode must be one of {sorted(modes)}, got {mode!r}")
+        n, temperature = modes[mode]
         prompts = [row[mask != 0].tolist() for row, mask in zip(batch["input_ids"], batch["attention_mask"])]
         generator = torch.Generator(device=self.actor.device)
         generator.manual_seed(int(np.random.SeedSequence([seed, self.rank]).generate_state(1)[0]))

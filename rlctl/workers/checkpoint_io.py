@@ -14,8 +14,10 @@ parameters (a LoRA base, a reference model) are not saved: they come from model.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import random
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -57,6 +59,14 @@ def _no_dist() -> bool:
     return not (dist.is_available() and dist.is_initialized())
 
 
+@contextlib.contextmanager
+def quiet_single_process():
+    """DCP warns on every single-process save/load that it is one; here that is intended."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        yield
+
+
 def _barrier() -> None:
     if fsdp.rank_and_world()[1] > 1:
         dist.barrier()
@@ -64,11 +74,21 @@ def _barrier() -> None:
 
 def save_engine(engine, path: str | Path) -> None:
     """Write the engine's trained params, optimizer and RNG under `path` (call on every rank)."""
+    with quiet_single_process():
+        _save_engine(engine, Path(path))
+
+
+def load_engine(engine, path: str | Path) -> dict:
+    """Restore what save_engine wrote into a freshly built engine; returns engine.json."""
+    with quiet_single_process():
+        return _load_engine(engine, Path(path))
+
+
+def _save_engine(engine, path: Path) -> None:
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.hf_storage import HuggingFaceStorageWriter
     from torch.distributed.checkpoint.state_dict import get_state_dict
 
-    path = Path(path)
     rank, world = fsdp.rank_and_world()
     optim_empty = not engine.optimizer.state   # nothing trained yet: saving would invent a state
     model_sd, optim_sd = get_state_dict(engine.module, [] if optim_empty else engine.optimizer, options=_options())
@@ -87,13 +107,11 @@ def save_engine(engine, path: str | Path) -> None:
     _barrier()
 
 
-def load_engine(engine, path: str | Path) -> dict:
-    """Restore what save_engine wrote into a freshly built engine; returns engine.json."""
+def _load_engine(engine, path: Path) -> dict:
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.hf_storage import HuggingFaceStorageReader
     from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
-    path = Path(path)
     meta = read_engine_meta(path)
     has_optim = meta["optimizer_state"]
     model_sd, optim_sd = get_state_dict(engine.module, engine.optimizer if has_optim else [], options=_options())

@@ -82,7 +82,7 @@ def export_checkpoint(engine_dir: str | Path, model_cfg, out_dir: str | Path, *,
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.hf_storage import HuggingFaceStorageReader
 
-    from rlctl.workers.checkpoint_io import drop_aliases, read_engine_meta
+    from rlctl.workers.checkpoint_io import drop_aliases, quiet_single_process, read_engine_meta
 
     engine_dir = Path(engine_dir)
     read_engine_meta(engine_dir)
@@ -90,5 +90,6 @@ def export_checkpoint(engine_dir: str | Path, model_cfg, out_dir: str | Path, *,
     trained = {k: v for k, v in model.state_dict().items()
                if model_cfg.lora.rank == 0 or "lora_" in k}
     drop_aliases(trained)
-    dcp.load(trained, storage_reader=HuggingFaceStorageReader(str(engine_dir / "model")), no_dist=True)
+    with quiet_single_process():
+        dcp.load(trained, storage_reader=HuggingFaceStorageReader(str(engine_dir / "model")), no_dist=True)
     return save_hf({**model.state_dict(), **trained}, model_cfg, out_dir, merge_lora=merge_lora)

@@ -33,6 +33,9 @@ def fast_path_supported(lm: torch.nn.Module, max_len: int) -> bool:
         return False
     if any(t != "full_attention" for t in getattr(cfg, "layer_types", None) or ()):
         return False
+    rope = getattr(cfg, "rope_parameters", None) or getattr(cfg, "rope_scaling", None) or {}
+    if rope.get("rope_type", rope.get("type")) == "dynamic":  # RoPE changes with the length
+        return False
     window = getattr(cfg, "sliding_window", None) if getattr(cfg, "use_sliding_window", True) else None
     return window is None or window >= max_len
 
@@ -146,7 +149,7 @@ class DecoderRunner:
         prompt_scores = prompt_scores.view(b, kv, n, g, plen).transpose(1, 2).reshape(b * n, kv, g, plen)[self.slot]
         own_scores = torch.matmul(q, kg.transpose(-1, -2)).mul_(self.scale)
         probs = torch.softmax(torch.cat([prompt_scores, own_scores], dim=-1), dim=-1)
-        prompt_probs = q.new_zeros(b * n, kv, g, plen).index_copy_(0, self.slot, probs[..., :plen])
+        prompt_probs = probs.new_zeros(b * n, kv, g, plen).index_copy_(0, self.slot, probs[..., :plen])
         prompt_probs = prompt_probs.view(b, n, kv, g, plen).transpose(1, 2).reshape(b, kv, n * g, plen)
         prompt_out = torch.matmul(prompt_probs, self.vp[i]).view(b, kv, n, g, d).transpose(1, 2)
         return prompt_out.reshape(b * n, kv, g, d)[self.slot] + torch.matmul(probs[..., plen:], vg)

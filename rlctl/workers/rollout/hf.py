@@ -8,17 +8,17 @@ optimizer step is visible to the next `generate` (update_weights is a no-op). Pe
 
 FSDP2: a sharded model all-gathers parameters in every forward, and ranks that ran a different
 number of decode steps (their rows finish at different times) would deadlock on those
-collectives. So the engine all-gathers every FSDP unit once before generating (`unshard`, the
-same calls in the same order on every rank), keeps the parameters whole while it decodes (no
-collective at all, any number of steps per rank) and reshards afterwards. Peak memory during
+collectives. So generation runs inside `rlctl.workers.fsdp.whole_weights`: every FSDP unit is
+all-gathered once (`unshard`, the same calls in the same order on every rank) and kept whole
+with reshard-after-forward off, so decoding runs no collective at all, for any number of steps
+per rank; afterwards the trainer's settings come back and the units reshard. Peak memory during
 generation is one full copy of the weights per rank, as with verl's HF rollout.
 """
 
 from __future__ import annotations
 
-import contextlib
 import time
-from typing import Any, Iterable, Iterator, Mapping
+from typing import Any, Iterable, Mapping
 
 import numpy as np
 import torch
@@ -27,6 +27,7 @@ from rlctl.workers.rollout.base import (PROMPT_INDEX, RESPONSE_LENGTH, RESPONSE_
                                         TRUNCATED, RolloutEngine, check_sampling_args)
 from rlctl.workers.rollout.decoder import (DecoderRunner, HFCacheRunner, causal_lm_parts,
                                            fast_path_supported)
+from rlctl.workers.fsdp import whole_weights
 from rlctl.workers.rollout.sampling import sample_tokens
 
 
@@ -61,7 +62,7 @@ class HFRolloutEngine(RolloutEngine):
         was_training = self.model.training
         self.model.eval()  # no dropout while sampling; restored for the trainer afterwards
         try:
-            with _whole_parameters(self.model), torch.no_grad():
+            with whole_weights(self.model), torch.no_grad():
                 responses, lengths, steps = self._sample(prompt_ids, n, max_new_tokens, params)
         finally:
             self.model.train(was_training)
@@ -149,40 +150,3 @@ def _device_of(model: torch.nn.Module) -> torch.device:
     for p in model.parameters():
         return p.device
     return torch.device("cpu")
-
-
-@contextlib.contextmanager
-def _whole_parameters(model: torch.nn.Module) -> Iterator[None]:
-    """FSDP2: all-gather every unit once, keep it whole while decoding, reshard on exit.
-
-    `unshard` on each FSDP module (all ranks, same order) makes the full parameters the module's
-    attributes; switching reshard-after-forward off makes FSDP's own forward hooks no-ops, so a
-    rank may run any number of forward calls without a collective. Plain modules pass through.
-    """
-    units = _fsdp_units(model)
-    if not units:
-        yield
-        return
-    # FSDP2 has no public getter for reshard_after_forward; remember each group's setting
-    # (post_forward_mesh_info is None <=> no reshard) so the trainer's choice comes back exactly.
-    saved = [(group, group.post_forward_mesh_info)
-             for unit in units for group in unit._get_fsdp_state()._fsdp_param_groups]
-    try:
-        for unit in units:
-            unit.unshard()
-        for unit in units:
-            unit.set_reshard_after_forward(False, recurse=False)
-        yield
-    finally:
-        for group, info in saved:
-            group.post_forward_mesh_info = info
-        for unit in units:
-            unit.reshard()
-
-
-def _fsdp_units(model: torch.nn.Module) -> list[torch.nn.Module]:
-    if not torch.distributed.is_available():
-        return []
-    from torch.distributed.fsdp import FSDPModule
-
-    return [m for m in model.modules() if isinstance(m, FSDPModule)]
