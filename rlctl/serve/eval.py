@@ -75,12 +75,25 @@ def reward_settings(model_path: Path, override: str | None):
     if is_run_dir(model_path) and resolved.is_file():
         from rlctl.config.loader import load_config
 
-        loaded = load_config(resolved, strict=False)
-        reward, config_dir = loaded.config.reward, loaded.base_dir  # as `rlctl resume` resolves it
-        max_response = loaded.config.data.max_response_length
+        config = load_config(resolved, strict=False).config
+        reward, config_dir = config.reward, _project_dir(model_path, config)
+        max_response = config.data.max_response_length
     if override is not None:
         reward, config_dir = replace(reward, function=override), Path.cwd()
     return reward, config_dir, max_response
+
+
+def _project_dir(run_dir: Path, config) -> Path:
+    """The folder the run's config was in: its relative paths (reward.py) point there.
+
+    A run folder is <project>/<run.output_dir>/<run.name>; with an absolute output_dir the
+    project cannot be told from the run folder, and the run folder itself is used.
+    """
+    tail = (*Path(config.run.output_dir).parts, config.run.name)
+    parts = run_dir.resolve().parts
+    if not Path(config.run.output_dir).is_absolute() and len(parts) > len(tail) and parts[-len(tail):] == tail:
+        return Path(*parts[:-len(tail)])
+    return run_dir.resolve()
 
 
 def run_eval(model_path: str | Path, data_file: str | Path, opts: EvalOptions, out_path: Path) -> dict:

@@ -46,8 +46,8 @@ def model_folder(path: str | Path, step: int | None = None):
             f"{path} is a training run folder, and exporting its checkpoint needs rlctl.checkpoint.merge, "
             "which this build does not have", hint=f"run `rlctl merge {path} --to-hf OUT` and serve OUT.") from None
     with tempfile.TemporaryDirectory(prefix="rlctl-serve-") as tmp:
-        export_hf(path, tmp, step=step)
-        yield Path(tmp)
+        out = export_hf(path, Path(tmp) / "model", step=step)
+        yield Path(out or Path(tmp) / "model")
 
 
 def resolve_dtype(name: str, device: str):

@@ -61,11 +61,14 @@ def test_missing_folder_and_unknown_folder_exit_3(tmp_path):
     _one_error_line(_rlctl("serve", str(tmp_path), "--engine", "hf"), 3, "neither")
 
 
-def test_run_folder_without_the_merge_module_is_a_clear_error(tmp_path):
-    if importlib.util.find_spec("rlctl.checkpoint.merge") is not None:
-        pytest.skip("rlctl.checkpoint.merge exists: run folders are exported, see the checkpoint tests")
+def test_run_folder_goes_through_the_checkpoint_export(tmp_path):
+    """A run folder is exported with rlctl.checkpoint.merge.export_hf (a clear exit 3 without it)."""
     (tmp_path / "checkpoints").mkdir()
-    _one_error_line(_rlctl("serve", str(tmp_path), "--engine", "hf"), 3, "rlctl merge")
+    result = _rlctl("serve", str(tmp_path), "--engine", "hf")
+    if importlib.util.find_spec("rlctl.checkpoint.merge") is None:
+        _one_error_line(result, 3, "rlctl merge")
+    else:  # export_hf ran and found no checkpoint to export in this empty run folder
+        _one_error_line(result, 3, "checkpoint")
 
 
 def test_port_in_use_exits_2_before_loading(tiny_model_dir):
@@ -151,3 +154,41 @@ def test_sigint_lets_a_running_request_finish_then_exits_0(tiny_model_dir, start
     caller.join(30)
     assert answer["choices"][0]["finish_reason"] == "length"
     assert answer["usage"]["completion_tokens"] == 150
+
+
+def _gpu_engine(engine: str):
+    """A parameter that is skipped (before any fixture is built) unless `engine` and a GPU exist."""
+    ready = importlib.util.find_spec(engine) is not None
+    if ready:
+        import torch
+
+        ready = torch.cuda.is_available()
+    return pytest.param(engine, marks=pytest.mark.skipif(not ready, reason=f"needs {engine} and a CUDA GPU"))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("engine", [_gpu_engine("vllm"), _gpu_engine("sglang")])
+def test_external_engine_serves_the_tiny_model(tiny_model_dir, engine):
+    """Needs the engine installed and a CUDA GPU: never runs on the CPU CI machine."""
+    import openai
+
+    from rlctl.serve.generate import free_port
+
+    port = free_port()
+    proc = subprocess.Popen([*RLCTL, "serve", str(tiny_model_dir), "--engine", engine, "--port", str(port),
+                             "--served-model-name", "tiny", "--api-key", "k"])
+    try:
+        client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="k", max_retries=0)
+        deadline = time.monotonic() + 600
+        while True:
+            try:
+                client.models.list()
+                break
+            except openai.APIConnectionError:
+                assert proc.poll() is None and time.monotonic() < deadline
+                time.sleep(2)
+        r = client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hi"}], max_tokens=4)
+        assert r.choices[0].finish_reason in ("stop", "length")
+    finally:
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(120) == 0

@@ -120,6 +120,9 @@ def test_run_folder_reward_and_lengths_come_from_its_config(tmp_path):
     run = tmp_path / "runs" / "r1"
     (run / "checkpoints").mkdir(parents=True)
     (run / "config.resolved.toml").write_text(textwrap.dedent("""
+        [run]
+        name = "r1"
+        output_dir = "runs"
         [data]
         max_response_length = 33
         [reward]
@@ -129,7 +132,8 @@ def test_run_folder_reward_and_lengths_come_from_its_config(tmp_path):
     """))
     reward, config_dir, max_response = reward_settings(run, None)
     assert (reward.function, reward.format_score, reward.timeout_s) == ("reward.py:compute_score", 0.25, 3.0)
-    assert config_dir == run.resolve() and max_response == 33
+    # Relative paths point into the project the run was started from: <project>/runs/r1.
+    assert config_dir == tmp_path.resolve() and max_response == 33
     reward, config_dir, _ = reward_settings(run, "gsm8k")
     assert reward.function == "gsm8k" and reward.format_score == 0.25
 
