@@ -179,9 +179,13 @@ class Engine:
             last = torch.tensor([r.last_token for r in self._rows], dtype=torch.long)
             logits = self._batch.decode(self.model, last)
         if admitted:
+            # Prefill each prompt once, then copy its KV rows for the request's n choices.
+            new_batch, new_logits = DecodeBatch.prefill(self.model, [r.prompt_ids for r in admitted], self.pad_id)
+            copies = [k for k, req in enumerate(admitted) for _ in range(req.params.n)]
+            if len(copies) > len(admitted):
+                new_batch.keep(copies)
+                new_logits = new_logits[copies]
             new_rows = [self._new_row(req, i) for req in admitted for i in range(req.params.n)]
-            new_batch, new_logits = DecodeBatch.prefill(
-                self.model, [r.request.prompt_ids for r in new_rows], self.pad_id)
             if self._rows:
                 self._batch.extend(new_batch)
                 logits = torch.cat([logits, new_logits], dim=0)
