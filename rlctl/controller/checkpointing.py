@@ -2,8 +2,10 @@
 
 A checkpoint step folder holds actor/ (and critic/): DCP shards of model + optimizer + schedule +
 RNG per rank, written by the workers; trainer_state.json: global step, data-loader position,
-KL-controller value; config.resolved.toml and fingerprint.json: what the run was, so resume can
-refuse a config that would break it. The CheckpointManager makes the folder appear atomically.
+KL-controller value; config.resolved.toml: the run's config. MANIFEST.json (written by the
+CheckpointManager, which makes the folder appear atomically) carries the run's fingerprint
+(config + content hashes of model, tokenizer, data, reward file), so resume can refuse a config
+that would break the run.
 Generation seeds are a pure function of (seed, step, round), so no sampler state is needed.
 """
 
@@ -16,7 +18,6 @@ from rlctl.utils.fs import atomic_write_text
 
 STATE_FILE = "trainer_state.json"
 CONFIG_FILE = "config.resolved.toml"
-FINGERPRINT_FILE = "fingerprint.json"
 
 
 def manager_for(run_dir: Path, keep_last: int):
@@ -48,12 +49,11 @@ def save(s, step: int, *, final: bool = False) -> Path | None:
                  "world_size": s.config.resources.workers}
         atomic_write_text(tmp / STATE_FILE, json.dumps(state, indent=1) + "\n")
         atomic_write_text(tmp / CONFIG_FILE, tomlkit.dumps(config_to_dict(s.config)))
-        atomic_write_text(tmp / FINGERPRINT_FILE, json.dumps(fingerprint(s), indent=1) + "\n")
 
     if s.checkpoints is None:
         s.checkpoints = manager_for(s.run_dir, s.config.run.keep_last)
     with_notice = s.display.print if final else (lambda _msg: None)
-    path = s.checkpoints.save(step, write, meta={"run": s.config.run.name})
+    path = s.checkpoints.save(step, write, meta={"run": s.config.run.name, "fingerprint": fingerprint(s)})
     s.state["saved_step"] = step
     with_notice(f"checkpoint saved: {path}")
     return path
@@ -64,7 +64,8 @@ def prepare_resume(run_dir: Path, step: int | None):
 
     Returns (loaded config, notices, checkpoint step, checkpoint path).
     """
-    from rlctl.checkpoint.compat import check_resume
+    from rlctl.checkpoint.compat import check_resume, saved_fingerprint
+    from rlctl.errors import CheckpointError
     from rlctl.config.loader import load_config
     from rlctl.controller.logging import truncate_logs
 
@@ -75,7 +76,10 @@ def prepare_resume(run_dir: Path, step: int | None):
     ckpt_step, ckpt_path, warning = manager.latest_valid(step)
     if warning:
         notices.append(warning)
-    saved = json.loads((ckpt_path / FINGERPRINT_FILE).read_text())
+    saved = saved_fingerprint(json.loads((ckpt_path / "MANIFEST.json").read_text()))
+    if saved is None:
+        raise CheckpointError(f"{ckpt_path} has no run fingerprint in its MANIFEST.json",
+                              hint="it was not written by `rlctl train`; start a new run instead")
     current = _current_fingerprint(loaded)
     notices += check_resume(saved, current)
     dropped = truncate_logs(run_dir, ckpt_step)

@@ -23,11 +23,12 @@ def _check(loaded: LoadedConfig) -> None:
 
 def start_training(loaded: LoadedConfig, *, address: str | None, force: bool) -> None:
     from rlctl.controller.run_dir import claim_new_run_dir, run_dir_of, write_resolved_config
+    from rlctl.controller.setup import resolve_paths
 
     _check(loaded)
     run_dir = run_dir_of(loaded.config, loaded.base_dir)
     moved = claim_new_run_dir(run_dir, force=force)
-    write_resolved_config(run_dir, config_to_dict(loaded.config))
+    write_resolved_config(run_dir, config_to_dict(resolve_paths(loaded.config, loaded.base_dir)))
     _run(loaded, run_dir, address=address, command="train",
          notices=[f"moved the old {run_dir.name} aside to {moved}"] if moved else [])
 

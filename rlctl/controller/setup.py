@@ -20,7 +20,8 @@ from rlctl.controller.prompts import PromptLoader, PromptRow, read_rows, render_
 
 
 def resolve_paths(config: Config, base: Path) -> Config:
-    """Paths in rlctl.toml are relative to the file; workers may run elsewhere, so make them absolute."""
+    """Paths in rlctl.toml are relative to the file; workers (and `rlctl resume`, which reads the run's
+    config.resolved.toml) see them from elsewhere, so make them absolute."""
     def absolute(p: str) -> str:
         path = Path(p).expanduser()
         return str(path if path.is_absolute() else (base / path).resolve())
@@ -30,7 +31,13 @@ def resolve_paths(config: Config, base: Path) -> Config:
         model_path = absolute(model_path)
     data = dataclasses.replace(config.data, train_files=tuple(map(absolute, config.data.train_files)),
                                val_files=tuple(map(absolute, config.data.val_files)))
-    return dataclasses.replace(config, model=dataclasses.replace(config.model, path=model_path), data=data)
+    reward = config.reward
+    if ":" in reward.function:
+        file, _, fn = reward.function.rpartition(":")
+        reward = dataclasses.replace(reward, function=f"{absolute(file)}:{fn}")
+    run = dataclasses.replace(config.run, output_dir=absolute(config.run.output_dir))
+    return dataclasses.replace(config, model=dataclasses.replace(config.model, path=model_path), data=data,
+                               reward=reward, run=run)
 
 
 @dataclass
