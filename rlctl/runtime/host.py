@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import socket
+import time
 from datetime import timedelta
 from typing import Any
 
@@ -52,8 +53,11 @@ class WorkerHost:
     def add_role(self, name: str, cls: type, kwargs: dict) -> None:
         self.roles[name] = cls(**kwargs)
 
-    def call(self, role: str, method: str, *args: Any, **kwargs: Any) -> Any:
-        return getattr(self.roles[role], method)(*args, **kwargs)
+    def call(self, role: str, method: str, *args: Any, **kwargs: Any) -> tuple[Any, float]:
+        """(result, seconds spent in the method): the controller's overhead is the rest."""
+        start = time.perf_counter()
+        result = getattr(self.roles[role], method)(*args, **kwargs)
+        return result, time.perf_counter() - start
 
     def shutdown(self) -> None:
         """Leave the process group cleanly (best effort: the group may already be broken)."""

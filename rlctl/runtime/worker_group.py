@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import functools
 import os
+import time
 import weakref
 from typing import Any
 
@@ -49,6 +50,9 @@ class WorkerGroup:
         self.name, self.pool, self.role_classes = name, pool, {r: cls for r, (cls, _) in roles.items()}
         self.world_size = pool.world_size
         self._broken: str | None = None
+        # Seconds per "role.method": wall (controller) and worker (slowest rank inside the method).
+        # wall - worker is the controller's overhead: splitting, serialisation, object store.
+        self.timing: dict[str, dict[str, float]] = {}
         self._logs = _session_logs()
         pool.ready()
         _LIVE.add(self)
@@ -83,9 +87,15 @@ class WorkerGroup:
         label = f"{role}.{method}"
         per_rank = split_arguments(mode, self.world_size, _put_shared(mode, args), _put_shared(mode, kwargs),
                                    label)
+        start = time.perf_counter()
         refs = [actor.call.remote(role, method, *a, **k) for actor, (a, k) in zip(self._actors, per_rank)]
         results = self._wait(refs, role=role, method=method)
-        return collect_results(mode, results)
+        joined = collect_results(mode, [r for r, _ in results])
+        entry = self.timing.setdefault(label, {"calls": 0, "wall_s": 0.0, "worker_s": 0.0})
+        entry["calls"] += 1
+        entry["wall_s"] += time.perf_counter() - start
+        entry["worker_s"] += max(seconds for _, seconds in results)
+        return joined
 
     def _all(self, host_method: str, *args: Any, role: str, method: str | None = None) -> list:
         refs = [getattr(actor, host_method).remote(*args) for actor in self._actors]

@@ -67,6 +67,8 @@ def test_dp_splits_and_joins_in_input_order(pair):
     assert out["x"].tolist() == [0.0, 2.0, 4.0, 6.0, 8.0]
     assert out["rank"].tolist() == [0, 0, 0, 1, 1] and out.meta == {"step": 3}
     assert echo.count_rows(Batch({"x": np.arange(5)})) == [3, 2]   # uneven inference split: handled
+    timing = pair.timing["echo.tag_rows"]
+    assert timing["calls"] == 1 and timing["wall_s"] >= timing["worker_s"] > 0
 
 
 def test_dp_train_stripes_and_rejects_uneven(pair):
