@@ -172,3 +172,20 @@ def test_export_hf_for_serve_fills_an_empty_folder(trained_runs, tmp_path):
     folder = export_hf(run.run_dir, tmp_path / "serve", step=1)
     assert folder == tmp_path / "serve" and (folder / "config.json").is_file()
     assert np.abs(probe_log_prob(load(folder), run) - run.live_log_prob).max() <= 1e-4
+
+
+@pytest.mark.parametrize("name", ["full-untied-2w", "lora-tied-2w"])
+def test_two_worker_checkpoint_resumes_on_one_worker(trained_runs, name):
+    """resources.workers may change on resume (a harmless change in compat): DCP reshards the
+    2-rank model + optimizer shards into 1 rank and the policy is exactly the trained one."""
+    from conftest import run_config
+
+    from rlctl.runtime import Batch
+    from rlctl.workers.actor import ActorRolloutRefWorker
+
+    run = trained_runs[name]
+    worker = ActorRolloutRefWorker(run_config(run.model_dir, lora=run.lora, workers=1), total_steps=4)
+    meta = worker.load_checkpoint(str(run.run_dir / "checkpoints" / "step_1" / "actor"))
+    assert meta["world_size"] == 2 and worker.actor.train_steps == 1 and worker.actor.optimizer.state
+    resumed = worker.compute_log_prob(Batch(run.probe))["old_log_prob"]
+    assert np.abs(resumed - run.live_log_prob).max() <= 1e-5
