@@ -23,11 +23,12 @@ from typing import Any, Iterable, Mapping
 import numpy as np
 import torch
 
+from rlctl.errors import UsageError
+from rlctl.workers.fsdp import whole_weights
 from rlctl.workers.rollout.base import (PROMPT_INDEX, RESPONSE_LENGTH, RESPONSE_MASK, RESPONSES,
                                         TRUNCATED, RolloutEngine, check_sampling_args)
 from rlctl.workers.rollout.decoder import (DecoderRunner, HFCacheRunner, causal_lm_parts,
                                            fast_path_supported)
-from rlctl.workers.fsdp import whole_weights
 from rlctl.workers.rollout.sampling import sample_tokens
 
 
@@ -41,8 +42,6 @@ class HFRolloutEngine(RolloutEngine):
     def __init__(self, model: torch.nn.Module, *, pad_token_id: int, eos_token_ids: list[int],
                  fast: bool = True):
         if not eos_token_ids:
-            from rlctl.errors import UsageError
-
             raise UsageError("the hf rollout engine needs at least one EOS token id",
                              hint="set eos_token_id in the model's generation_config.json")
         self.model = model
