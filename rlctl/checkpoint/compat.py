@@ -69,12 +69,12 @@ def run_fingerprint(config_dict: dict, config_dir: str | os.PathLike,
     """{"config": the resolved config, "fingerprints": {model, tokenizer, train_files, reward_function}}.
 
     config_dir: what relative paths in the config are relative to. tokenizer_dir: where the
-    tokenizer was loaded from (default: the model folder). A fingerprint is None when there is
+    tokenizer was loaded from, a folder or hub id (default: the model). A fingerprint is None when there is
     nothing local to hash (a hub id that is not in the local cache, a built-in reward).
     """
     base = Path(config_dir)
     model_dir = local_model_dir(config_dict["model"]["path"], base)
-    tok_dir = Path(tokenizer_dir) if tokenizer_dir is not None else model_dir
+    tok_dir = local_model_dir(str(tokenizer_dir), base) if tokenizer_dir is not None else model_dir
     return {"config": config_dict, "fingerprints": {
         "model": model_fingerprint(model_dir) if model_dir else None,
         "tokenizer": tokenizer_fingerprint(tok_dir) if tok_dir else None,

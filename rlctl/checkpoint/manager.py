@@ -15,7 +15,6 @@ from __future__ import annotations
 import os
 import re
 import shutil
-import sys
 from pathlib import Path
 from typing import Callable, NamedTuple
 
@@ -37,10 +36,6 @@ class ResumePoint(NamedTuple):
     step: int
     path: Path
     warning: str | None
-
-
-def _stderr(message: str) -> None:
-    print(message, file=sys.stderr)
 
 
 def _pid_alive(pid: int) -> bool:
@@ -66,14 +61,15 @@ def _remove(path: Path) -> None:
 class CheckpointManager:
     """The checkpoints of one run. keep_last: complete checkpoints to keep (0 = all).
 
-    notify(message) receives notices (leftovers cleaned, checkpoints recovered); default stderr.
+    notify(message) also receives the notices that clean_leftovers returns (leftovers removed,
+    a checkpoint recovered); default: none, the caller prints what clean_leftovers returns.
     """
 
     def __init__(self, checkpoints_dir: str | os.PathLike, keep_last: int, *,
                  notify: Callable[[str], None] | None = None):
         self.dir = Path(checkpoints_dir)
         self.keep_last = int(keep_last)
-        self.notify = notify or _stderr
+        self.notify = notify or (lambda message: None)
 
     # --- layout ------------------------------------------------------------------------------
     def step_dir(self, step: int) -> Path:
