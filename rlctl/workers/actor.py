@@ -129,7 +129,9 @@ class ActorRolloutRefWorker:
     # --- training --------------------------------------------------------------------------------
     @register(Dispatch.DP_TRAIN)
     def update_actor(self, batch: Batch) -> dict[str, float]:
-        """PPO epochs x mini-batches x micro-batches; metrics named actor/... (same on all ranks)."""
+        """PPO epochs x mini-batches x micro-batches. Metrics (the same on every rank): actor/pg_loss,
+        entropy, kl (mean log pi - log pi_ref, when ref_log_prob is given), kl_loss, pg_clipfrac,
+        pg_clipfrac_lower, ppo_kl, loss, grad_norm, lr, optimizer_steps, skipped_steps."""
         ac = self.cfg.actor
         if ac.use_kl_loss and "ref_log_prob" not in batch:
             raise ConfigError("actor.use_kl_loss needs ref_log_prob in the batch (compute_ref_log_prob)")
@@ -145,7 +147,7 @@ class ActorRolloutRefWorker:
         return {f"actor/{k}": v for k, v in metrics.items()}
 
     def _policy_loss_fn(self, norm):
-        from rlctl.algorithms import aggregate_loss, kl_penalty, policy_loss
+        from rlctl.algorithms import aggregate_loss, kl_penalty, masked_mean, policy_loss
 
         ac = self.cfg.actor
 
@@ -163,6 +165,8 @@ class ActorRolloutRefWorker:
             entropy = aggregate_loss(out["entropy"], mask, ac.loss_agg_mode, norm=norm)
             loss = pg_loss - ac.entropy_coef * entropy if ac.entropy_coef > 0 else pg_loss
             metrics = {**metrics, "pg_loss": float(pg_loss.detach()), "entropy": float(entropy.detach())}
+            if "ref_log_prob" in micro:   # actor/kl: mean log pi - log pi_ref over response tokens
+                metrics["kl"] = float(masked_mean(log_prob.detach() - micro["ref_log_prob"], mask))
             if ac.use_kl_loss:
                 kl = aggregate_loss(kl_penalty(log_prob, micro["ref_log_prob"], ac.kl_loss_type), mask,
                                     ac.loss_agg_mode, norm=norm)

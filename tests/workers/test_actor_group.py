@@ -69,7 +69,7 @@ def test_two_ranks_train_like_one(groups, tmp_path):
     for step in range(2):
         m1, m2 = one.update_actor(batch), two.actor.update_actor(batch)
         assert m1["actor/optimizer_steps"] == m2["actor/optimizer_steps"] == 2
-        for key in ("actor/pg_loss", "actor/kl_loss", "actor/entropy", "actor/grad_norm", "actor/lr"):
+        for key in ("actor/pg_loss", "actor/kl_loss", "actor/kl", "actor/entropy", "actor/grad_norm", "actor/lr"):
             assert m1[key] == pytest.approx(m2[key], abs=1e-5, rel=1e-5), (step, key)
     w1, w2 = _weights(one, tmp_path / "one"), _weights(two.actor, tmp_path / "two")
     assert sorted(w1) == sorted(w2) and "lm_head.weight" not in w1      # tied embeddings: one copy
