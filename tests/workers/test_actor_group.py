@@ -65,6 +65,9 @@ def test_two_ranks_train_like_one(groups, tmp_path):
     batch = _train_batch(one)
     old_two = two.actor.compute_log_prob(batch)
     np.testing.assert_allclose(old_two["old_log_prob"], batch["old_log_prob"], atol=1e-6)
+    # 5 rows: ranks run 2 and 1 micro-batches; whole-weight inference cannot deadlock on that
+    uneven = two.actor.compute_log_prob(batch.slice(0, 5))
+    np.testing.assert_allclose(uneven["old_log_prob"], batch["old_log_prob"][:5], atol=1e-6)
     batch.meta["mini_batches"] = 2            # two optimizer steps per update, striped over ranks
     for step in range(2):
         m1, m2 = one.update_actor(batch), two.actor.update_actor(batch)
