@@ -10,6 +10,7 @@
 # rlctl doctor
 # rlctl eval
 # rlctl init
+# rlctl merge
 # rlctl model
 # rlctl model tiny
 # rlctl recipes

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The main job end to end on the embedded default: CPU, embedded Ray, a tiny local model, offline.
 #   set-up (.venv) -> rlctl model tiny -> rlctl init -> rlctl data prep arith -> rlctl config validate
-#   -> rlctl train (reward rises) -> rlctl status --plot
-# Everything lands in demo/ (git-ignored); a second run starts from a clean demo/.
+#   -> rlctl train (the reward rises) -> rlctl status --plot -> rlctl merge --to-hf -> rlctl eval
+# Everything lands in demo/ (git-ignored); each run starts from a clean demo/.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
@@ -15,4 +15,13 @@ rlctl data prep arith
 rlctl config validate
 rlctl train "$@"
 rlctl status runs/grpo-arith-cpu --plot runs/grpo-arith-cpu/curves.png
-echo "demo done: see demo/runs/grpo-arith-cpu (metrics.jsonl, curves.png)"
+rlctl merge runs/grpo-arith-cpu --to-hf out/grpo-arith-cpu
+rlctl eval out/grpo-arith-cpu --data data/arith/test.parquet
+python3 - <<'PY'
+import json
+rows = [json.loads(line) for line in open("runs/grpo-arith-cpu/metrics.jsonl")]
+first = sum(r["reward/mean"] for r in rows[:5]) / 5
+last = sum(r["reward/mean"] for r in rows[-5:]) / 5
+print(f"mean reward: first 5 steps {first:.3f} -> last 5 steps {last:.3f}")
+PY
+echo "demo done: demo/runs/grpo-arith-cpu (metrics.jsonl, curves.png); serve it with: .venv/bin/rlctl serve demo/out/grpo-arith-cpu"

@@ -28,17 +28,25 @@ def train(file: Optional[str] = FILE_ARG, overrides: Optional[List[str]] = OVERR
     start_training(load_checked(file, overrides), address=address, force=force)
 
 
-def resume(run_dir: Optional[Path] = typer.Argument(None, help="Run folder (default: the newest under ./runs)."),
+def resume(run_dir: Optional[str] = typer.Argument(None, help="Run folder (default: the newest under ./runs)."),
+           overrides: Optional[List[str]] = typer.Argument(None, help="Harmless changes, e.g. run.total_steps=200 "
+                                                                      "resources.workers=4.", show_default=False),
            step: Optional[int] = typer.Option(None, "--step", min=0, help="Resume from this checkpoint step."),
            address: Optional[str] = ADDRESS) -> None:
     """Continue a run from its newest valid checkpoint (or --step N), with the run's own config.
 
-    Example: rlctl resume runs/grpo-gsm8k --step 40
+    Changes that would break the run (model, algorithm, data, tokenizer, reward) are refused (exit 3).
+
+    Example: rlctl resume runs/grpo-gsm8k --step 40 run.total_steps=200
     """
     from rlctl.controller.run import resume_training
     from rlctl.controller.status import find_run_dir
 
-    resume_training(find_run_dir(run_dir), step=step, address=address)
+    words = list(overrides or [])
+    if run_dir is not None and "=" in run_dir and not Path(run_dir).exists():
+        words.insert(0, run_dir)
+        run_dir = None
+    resume_training(find_run_dir(run_dir), step=step, address=address, overrides=words)
 
 
 def status(run_dir: Optional[Path] = typer.Argument(None, help="Run folder (default: the newest under .)."),

@@ -59,8 +59,8 @@ def save(s, step: int, *, final: bool = False) -> Path | None:
     return path
 
 
-def prepare_resume(run_dir: Path, step: int | None):
-    """Pick the checkpoint, check the config still fits it, trim logs past it.
+def prepare_resume(run_dir: Path, step: int | None, overrides: list[str] | tuple = ()):
+    """Pick the checkpoint, check the config (plus `overrides`) still fits it, trim logs past it.
 
     Returns (loaded config, notices, checkpoint step, checkpoint path).
     """
@@ -70,9 +70,11 @@ def prepare_resume(run_dir: Path, step: int | None):
     from rlctl.controller.logging import truncate_logs
 
     config_path = run_dir / CONFIG_FILE
-    loaded = load_config(config_path)
+    if not config_path.is_file():
+        raise CheckpointError(f"{run_dir} has no {CONFIG_FILE}", hint="pass a run folder made by `rlctl train`.")
+    loaded = load_config(config_path, list(overrides))
     manager = manager_for(run_dir, loaded.config.run.keep_last)
-    notices = [f"removed an unfinished checkpoint: {p}" for p in manager.clean_leftovers()]
+    notices = manager.clean_leftovers()
     ckpt_step, ckpt_path, warning = manager.latest_valid(step)
     if warning:
         notices.append(warning)
@@ -82,6 +84,12 @@ def prepare_resume(run_dir: Path, step: int | None):
                               hint="it was not written by `rlctl train`; start a new run instead")
     current = _current_fingerprint(loaded)
     notices += check_resume(saved, current)
+    if overrides:
+        import tomlkit
+
+        from rlctl.config.loader import config_to_dict
+
+        atomic_write_text(config_path, tomlkit.dumps(config_to_dict(loaded.config)))
     dropped = truncate_logs(run_dir, ckpt_step)
     notices.append(f"resuming from checkpoint step {ckpt_step}" + (f" ({dropped} log rows after it dropped)"
                                                                     if dropped else ""))

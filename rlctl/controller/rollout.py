@@ -87,12 +87,30 @@ def rollout(s, step: int) -> tuple[Batch, dict]:
             have += keep.num_kept
         if have >= want or rounds >= ds.max_gen_batches:
             break
-    full = Batch.concat(kept) if kept else batch
+    full = Batch.concat(align_prompt_width(kept, s.pad_token_id)) if kept else batch
     if have >= want:
         full = full.slice(0, want * n)
     metrics.update({"dynamic_sampling/rounds": rounds, "dynamic_sampling/groups": float(min(have, want)),
                     "dynamic_sampling/short": float(have < want)})
     return full, metrics
+
+
+def align_prompt_width(batches: list[Batch], pad_token_id: int) -> list[Batch]:
+    """Left-pad each batch's prompt part to the widest, so rounds of generation can be joined.
+
+    prompts [B, P] and the prompt part of input_ids / attention_mask [B, P+T] grow on the left;
+    responses keep their fixed width T (max_response_length).
+    """
+    width = max(b["prompts"].shape[1] for b in batches)
+    out = []
+    for b in batches:
+        extra = width - b["prompts"].shape[1]
+        if extra:
+            b = Batch(dict(b.tensors), b.meta)
+            for key, fill in (("prompts", pad_token_id), ("input_ids", pad_token_id), ("attention_mask", 0)):
+                b[key] = np.pad(b[key], ((0, 0), (extra, 0)), constant_values=fill)
+        out.append(b)
+    return out
 
 
 def _merge_round(acc: dict, new: dict, rounds: int) -> dict:

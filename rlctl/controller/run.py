@@ -33,10 +33,11 @@ def start_training(loaded: LoadedConfig, *, address: str | None, force: bool) ->
          notices=[f"moved the old {run_dir.name} aside to {moved}"] if moved else [])
 
 
-def resume_training(run_dir: Path, *, step: int | None, address: str | None) -> None:
+def resume_training(run_dir: Path, *, step: int | None, address: str | None, overrides: list[str] = ()) -> None:
     from rlctl.controller.checkpointing import prepare_resume
 
-    loaded, notices, ckpt_step, ckpt_path = prepare_resume(run_dir, step)
+    loaded, notices, ckpt_step, ckpt_path = prepare_resume(run_dir, step, overrides)
+    _check(loaded)
     _run(loaded, run_dir, address=address, command="resume", notices=notices, resume=(ckpt_step, ckpt_path))
 
 

@@ -1,0 +1,103 @@
+"""Stopping a run at any moment never costs more than the steps since its last checkpoint.
+
+Through the real CLI in subprocesses: Ctrl-C (SIGINT) and SIGTERM stop at a safe point with a
+checkpoint (exit 130 / 143); kill -9 at a random moment leaves the previous checkpoint; in every
+case `rlctl resume` finishes the run with exactly the uninterrupted run's metrics.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from rlctl.data.prep import PrepOptions, prepare
+from rlctl.project import write_project
+
+ARGS = ["resources.gpus_per_node=0", "resources.workers=2", "data.batch_size=4", "rollout.n=2",
+        "actor.mini_batch_size=4", "actor.micro_batch_size=4", "data.max_response_length=8",
+        "data.max_prompt_length=96", "data.val_files=[]", 'data.train_files=["data/arith/train.parquet"]',
+        "reward.function=arith", "reward.workers=1", "model.dtype=float32", "model.gradient_checkpointing=false",
+        "run.total_steps=6", "run.save_every=1", "run.keep_last=2", "actor.lr=1e-3"]
+DETERMINISTIC = lambda row: {k: v for k, v in row.items() if not k.startswith(("timing/", "perf/"))}  # noqa: E731
+
+
+def make_project(root: Path, model: Path) -> Path:
+    write_project(root, "grpo-gsm8k", str(model))
+    prepare("arith", PrepOptions(out=root / "data" / "arith"))
+    return root
+
+
+def rlctl(*args, cwd, **kw):
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    return subprocess.Popen([sys.executable, "-m", "rlctl", *map(str, args)], cwd=cwd, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True, **kw)
+
+
+def metrics(run: Path) -> list[dict]:
+    path = run / "metrics.jsonl"
+    if not path.is_file():
+        return []
+    return [DETERMINISTIC(json.loads(line)) for line in path.read_text().splitlines() if line.strip()]
+
+
+def wait_for_step(proc, run: Path, step: int, timeout: float = 600) -> None:
+    deadline = time.monotonic() + timeout
+    while len(metrics(run)) < step:
+        assert proc.poll() is None, proc.communicate()[1][-3000:]
+        assert time.monotonic() < deadline, "the run made no progress"
+        time.sleep(0.2)
+
+
+def finish(proc, timeout: float = 600) -> tuple[int, str]:
+    _, err = proc.communicate(timeout=timeout)
+    return proc.returncode, err
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory, tiny_model_dir):
+    proj = make_project(tmp_path_factory.mktemp("reference"), tiny_model_dir)
+    code, err = finish(rlctl("train", *ARGS, cwd=proj))
+    assert code == 0, err[-3000:]
+    return metrics(proj / "runs" / "grpo-gsm8k")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("signum,exit_code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_signal_stops_with_checkpoint_and_resume_matches(signum, exit_code, tmp_path, tiny_model_dir, reference):
+    proj = make_project(tmp_path, tiny_model_dir)
+    run = proj / "runs" / "grpo-gsm8k"
+    proc = rlctl("train", *ARGS, "run.save_every=0", cwd=proj)
+    wait_for_step(proc, run, 2)
+    proc.send_signal(signum)
+    code, err = finish(proc)
+    assert code == exit_code, err[-3000:]
+    info = json.loads((run / "run.json").read_text())
+    assert info["status"] == "interrupted" and info["exit_code"] == exit_code
+    stopped_at = info["step"]
+    assert (run / "checkpoints" / "LATEST").read_text().strip() == f"step_{stopped_at}"
+    code, err = finish(rlctl("resume", run, cwd=proj))
+    assert code == 0, err[-3000:]
+    assert metrics(run) == reference
+
+
+@pytest.mark.slow
+def test_kill_9_at_a_random_moment_then_resume_matches(tmp_path, tiny_model_dir, reference):
+    proj = make_project(tmp_path, tiny_model_dir)
+    run = proj / "runs" / "grpo-gsm8k"
+    proc = rlctl("train", *ARGS, cwd=proj)
+    wait_for_step(proc, run, 2)
+    time.sleep(random.uniform(0.0, 1.5))  # anywhere in a step, a save included (save_every=1)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.communicate()
+    code, err = finish(rlctl("resume", run, cwd=proj))
+    assert code == 0, err[-3000:]
+    assert metrics(run) == reference
+    assert not list((run / "checkpoints").glob(".tmp-*"))  # leftovers of the killed save are cleaned

@@ -1,0 +1,119 @@
+"""Exact resume, for every recipe: a run resumed from checkpoint k reproduces the uninterrupted run's
+metrics rows and final weights bit for bit (CPU). Plus the ways resume must refuse or fall back.
+
+`rlctl resume --step 2` on a finished 4-step run is the same as resuming a run killed right after
+its step-2 checkpoint: logs past the checkpoint are dropped and everything after it is recomputed.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from rlctl.config.loader import load_config
+from rlctl.controller.checkpointing import prepare_resume
+from rlctl.controller.run import resume_training, start_training
+from rlctl.data.prep import PrepOptions, prepare
+from rlctl.errors import CheckpointError, UsageError
+from rlctl.project import write_project
+
+CPU = ["resources.gpus_per_node=0", "resources.workers=2", "data.batch_size=4", "actor.mini_batch_size=2",
+       "actor.micro_batch_size=2", "critic.mini_batch_size=2", "critic.micro_batch_size=2", "actor.ppo_epochs=2",
+       "data.max_response_length=8", "data.max_prompt_length=96", "data.val_files=[]",
+       'data.train_files=["data/arith/train.parquet"]', "reward.function=arith", "reward.workers=1",
+       "reward.overlong.buffer_len=4", "model.dtype=float32", "model.gradient_checkpointing=false",
+       "run.total_steps=4", "run.save_every=2", "run.keep_last=0", "actor.lr=1e-3"]
+GROUPED = ["rollout.n=2"]
+RECIPES = {"grpo-gsm8k": GROUPED, "dapo-gsm8k": GROUPED + ["algorithm.dynamic_sampling.metric=score"],
+           "rloo-gsm8k": GROUPED, "remax-gsm8k": GROUPED, "reinforce-pp-gsm8k": GROUPED,
+           "ppo-gsm8k": ["rollout.n=1", "algorithm.kl_ctrl=adaptive", "algorithm.kl_in_reward=true",
+                         "actor.micro_batch_size=1", "critic.micro_batch_size=1"]}
+NONDETERMINISTIC = ("timing/", "perf/")
+
+
+@pytest.fixture(scope="module")
+def ray_cluster():
+    import ray
+
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    yield
+    ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def arith_data(tmp_path_factory):
+    root = tmp_path_factory.mktemp("arith")
+    prepare("arith", PrepOptions(out=root))
+    return root
+
+
+def project(tmp_path: Path, recipe: str, model: Path, data: Path) -> Path:
+    write_project(tmp_path, recipe, str(model))
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "arith").symlink_to(data)
+    return tmp_path
+
+
+def rows(run: Path) -> list[dict]:
+    return [{k: v for k, v in json.loads(line).items() if not k.startswith(NONDETERMINISTIC)}
+            for line in (run / "metrics.jsonl").read_text().splitlines()]
+
+
+def final_weights(run: Path, tmp_path: Path) -> dict:
+    from rlctl.checkpoint.merge import export_hf
+
+    out = export_hf(run, tmp_path / f"export-{run.name}-{len(list(tmp_path.iterdir()))}")
+    return load_file(str(Path(out) / "model.safetensors"))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("recipe", sorted(RECIPES))
+def test_resume_reproduces_uninterrupted_run(recipe, tmp_path, tiny_model_dir, arith_data, ray_cluster):
+    proj = project(tmp_path / "p", recipe, tiny_model_dir, arith_data)
+    start_training(load_config(proj / "rlctl.toml", CPU + RECIPES[recipe]), address=None, force=False)
+    run = proj / "runs" / recipe
+    full_rows, full_weights = rows(run), final_weights(run, tmp_path)
+    assert [r["step"] for r in full_rows] == [1, 2, 3, 4]
+
+    resume_training(run, step=2, address=None)
+    resumed_rows, resumed_weights = rows(run), final_weights(run, tmp_path)
+    assert resumed_rows == full_rows
+    assert resumed_weights.keys() == full_weights.keys()
+    for name, tensor in full_weights.items():
+        assert torch.equal(tensor, resumed_weights[name]), name
+
+
+def test_resume_refuses_changed_config_and_falls_back(tmp_path, tiny_model_dir, arith_data, ray_cluster):
+    proj = project(tmp_path / "p", "grpo-gsm8k", tiny_model_dir, arith_data)
+    start_training(load_config(proj / "rlctl.toml", CPU + GROUPED), address=None, force=False)
+    run = proj / "runs" / "grpo-gsm8k"
+    with pytest.raises(UsageError, match="already has checkpoints"):
+        start_training(load_config(proj / "rlctl.toml", CPU + GROUPED), address=None, force=True)
+
+    # A breaking change in the run's config (the model's algorithm) is refused, naming the key.
+    resolved = run / "config.resolved.toml"
+    original = resolved.read_text()
+    resolved.write_text(original.replace('name = "grpo"', 'name = "rloo"'))
+    with pytest.raises(CheckpointError, match="algorithm.name"):
+        resume_training(run, step=None, address=None)
+    resolved.write_text(original)
+
+    # A harmless change is allowed; a different worker count reshards (DCP) and carries on.
+    resume_training(run, step=2, address=None, overrides=["resources.workers=1", "run.total_steps=5",
+                                                           "actor.micro_batch_size=4"])
+    assert [r["step"] for r in rows(run)] == [1, 2, 3, 4, 5]
+    assert 'workers = 1' in resolved.read_text()
+    resume_training(run, step=4, address=None, overrides=["resources.workers=2", "run.total_steps=4"])
+    with pytest.raises(CheckpointError, match="model.path"):
+        resume_training(run, step=None, address=None, overrides=["model.path=/elsewhere"])
+
+    # LATEST names a broken checkpoint: resume falls back to the newest valid one, with a warning.
+    assert (run / "checkpoints" / "LATEST").read_text().strip() == "step_5"
+    shutil.rmtree(run / "checkpoints" / "step_5" / "actor")
+    _, notices, step, _ = prepare_resume(run, None)
+    assert step == 4 and any("WARNING" in n and "step_5" in n for n in notices)
