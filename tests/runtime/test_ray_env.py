@@ -25,16 +25,12 @@ def test_address_precedence(monkeypatch):
     assert resolve_address("ray://head:10001", "auto") == "ray://head:10001"  # --address beats all
 
 
-def test_joining_a_missing_cluster_is_a_usage_error():
-    from rlctl.errors import UsageError
-    from rlctl.runtime.ray_env import ray_session
-
+def test_joining_a_missing_cluster_is_a_usage_error_in_seconds():
     code = ("from rlctl.runtime.ray_env import ray_session\n"
             "with ray_session('127.0.0.1:1'):\n    pass\n")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert proc.returncode != 0
-    assert "UsageError: could not join the Ray cluster at '127.0.0.1:1'" in proc.stderr
-    assert UsageError.exit_code == 2 and ray_session  # the CLI maps it to exit 2
+    assert "UsageError: could not join the Ray cluster at '127.0.0.1:1'" in proc.stderr  # exit 2 in the CLI
 
 
 def _alive(pids):

@@ -99,6 +99,14 @@ def test_checkpoint_restores_exactly_and_continues_identically(groups, tmp_path)
     files = sorted(p.name for p in (tmp_path / "ckpt" / "model").iterdir())
     assert len(files) == 2 and all(f.endswith(".safetensors") for f in files)  # one shard per rank
 
+    from safetensors.numpy import load_file
+
+    from rlctl.workers.export import export_checkpoint
+
+    export_checkpoint(tmp_path / "ckpt", groups[0].cfg.model, tmp_path / "offline")  # merge: no Ray
+    offline = load_file(str(tmp_path / "offline" / "model.safetensors"))
+    assert all(np.array_equal(saved[k], offline[k]) for k in saved)
+
     one = groups[0]
     one.load_checkpoint(str(tmp_path / "ckpt"))                        # 2 ranks -> 1 rank (resharded)
     resharded = _weights(one, tmp_path / "one_rank")
