@@ -64,9 +64,8 @@ class ActorRolloutRefWorker:
         if self._rollout is None:
             from rlctl.workers.rollout.base import make_rollout_engine
 
-            pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.eos_ids[0]
             self._rollout = make_rollout_engine(self.cfg.rollout.engine, self.actor.module,
-                                                pad_token_id=pad, eos_token_ids=self.eos_ids)
+                                                pad_token_id=self._pad_id(), eos_token_ids=self.eos_ids)
         return self._rollout
 
     @register(Dispatch.DP)
@@ -89,7 +88,10 @@ class ActorRolloutRefWorker:
             out = self.rollout_engine().generate(
                 prompts, n=n, max_new_tokens=self.cfg.data.max_response_length, temperature=temperature,
                 top_p=rc.top_p, top_k=rc.top_k, generator=generator, greedy=temperature == 0)
-        return _rollout_batch(batch, out, n)
+        return _rollout_batch(batch, out, n, width=self.cfg.data.max_prompt_length, pad=self._pad_id())
+
+    def _pad_id(self) -> int:
+        return self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.eos_ids[0]
 
     # --- log-probs -----------------------------------------------------------------------------
     def _log_probs(self, engine: TrainEngine, batch: Batch, *, with_entropy: bool,
@@ -199,10 +201,14 @@ class ActorRolloutRefWorker:
         export_engine(self.actor, self.cfg.model, out_dir, merge_lora=merge_lora)
 
 
-def _rollout_batch(prompts: Batch, out: dict, n: int) -> Batch:
-    """B prompts + the engine's B*n responses -> rows of [prompt ++ response] (prompt-major)."""
-    prompt_ids = np.repeat(prompts["input_ids"], n, axis=0)
-    prompt_mask = np.repeat(prompts["attention_mask"], n, axis=0).astype(np.int64)
+def _rollout_batch(prompts: Batch, out: dict, n: int, *, width: int, pad: int) -> Batch:
+    """B prompts + the engine's B*n responses -> rows of [prompt ++ response] (prompt-major).
+
+    Prompts are left-padded to `width` (data.max_prompt_length) so that batches from different
+    generate calls (dynamic sampling, several ranks) have the same P and concatenate."""
+    extra = max(0, width - prompts["input_ids"].shape[1])
+    prompt_ids = np.pad(np.repeat(prompts["input_ids"], n, axis=0), ((0, 0), (extra, 0)), constant_values=pad)
+    prompt_mask = np.pad(np.repeat(prompts["attention_mask"], n, axis=0).astype(np.int64), ((0, 0), (extra, 0)))
     responses = out["responses"].astype(np.int64)
     response_mask = out["response_mask"].astype(np.int64)
     rows = {

@@ -133,8 +133,12 @@ def test_generate_n_samples_per_prompt_in_order(groups):
                      "uid": np.array(["a", "b", "c"], dtype=object)})
     out = two.actor.generate(prompts, seed=7)
     assert len(out) == 6 and list(out["uid"]) == ["a", "a", "b", "b", "c", "c"]
-    assert out["responses"].shape == (6, T) and out["input_ids"].shape == (6, prompts["input_ids"].shape[1] + T)
+    width = groups[0].cfg.data.max_prompt_length               # prompts left-padded to a fixed P
+    assert out["responses"].shape == (6, T) and out["input_ids"].shape == (6, width + T)
     assert (out["response_mask"].sum(1) == out["response_length"]).all()
-    assert np.array_equal(out["prompts"], np.repeat(prompts["input_ids"], 2, axis=0))
+    assert np.array_equal(out["prompts"][:, -4:], np.repeat(prompts["input_ids"], 2, axis=0))
+    assert (out["attention_mask"][:, :width - 4] == 0).all()
+    log_prob = two.actor.compute_log_prob(out)["old_log_prob"]
+    assert log_prob.shape == (6, T) and ((log_prob != 0) == (out["response_mask"] != 0)).all()
     again = two.actor.generate(prompts, seed=7)
     assert np.array_equal(out["responses"], again["responses"])           # seeded per (seed, rank)
