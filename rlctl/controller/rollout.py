@@ -88,8 +88,10 @@ def rollout(s, step: int) -> tuple[Batch, dict]:
         if have >= want or rounds >= ds.max_gen_batches:
             break
     full = Batch.concat(align_prompt_width(kept, s.pad_token_id)) if kept else batch
-    if have >= want:
-        full = full.slice(0, want * n)
+    groups = min(have, want) if kept else want
+    while groups > 1 and (groups * n) % s.actor.world_size:
+        groups -= 1  # every worker trains on the same number of rows
+    full = full.slice(0, groups * n)
     metrics.update({"dynamic_sampling/rounds": rounds, "dynamic_sampling/groups": float(min(have, want)),
                     "dynamic_sampling/short": float(have < want)})
     return full, metrics

@@ -151,22 +151,10 @@ def build_setup(loaded: LoadedConfig, run_dir: Path, stack: ExitStack, *, addres
 def start_workers(s: TrainSetup, stack: ExitStack, address: str) -> None:
     """Embedded Ray (or the cluster at `address`), the actor group and, when needed, the critic."""
     from rlctl.runtime.ray_env import ray_session
-    from rlctl.runtime.resource_pool import ResourcePool
-    from rlctl.runtime.worker_group import WorkerGroup
-    from rlctl.workers.actor import ActorRolloutRefWorker
-    from rlctl.workers.critic import CriticWorker
+    from rlctl.workers.groups import start_workers as start
 
-    c = s.config
     stack.enter_context(ray_session(address))
-    roles = {"actor": (ActorRolloutRefWorker, {"config": c, "total_steps": s.total_steps,
-                                               "with_ref": s.needs.reference})}
-    critic_role = ("critic", (CriticWorker, {"config": c, "total_steps": s.total_steps}))
-    if s.needs.critic and c.resources.colocate:
-        roles.update([critic_role])
-    group = stack.enter_context(WorkerGroup(ResourcePool(c.resources, name="actor"), roles, name="actor"))
-    s.actor = group.role("actor")
-    if s.needs.critic:
-        if not c.resources.colocate:
-            group = stack.enter_context(WorkerGroup(ResourcePool(c.resources, name="critic"), dict([critic_role]),
-                                                    name="critic"))
-        s.critic = group.role("critic")
+    workers = start(s.config, total_steps=s.total_steps, needs_reference=s.needs.reference,
+                    needs_critic=s.needs.critic)
+    stack.callback(workers.shutdown)
+    s.actor, s.critic = workers.actor, workers.critic

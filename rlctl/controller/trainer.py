@@ -87,9 +87,9 @@ class Trainer:
                 metrics.update(compute_advantages(batch, c, s.kl_ctrl))
             if s.needs.critic:
                 with phase(timing, "update_critic"):
-                    metrics.update(s.critic.update_critic(batch))
+                    metrics.update(s.critic.update_critic(with_mini_batches(batch, c.critic, c, s.critic)))
             with phase(timing, "update_actor"):
-                metrics.update(s.actor.update_actor(batch))
+                metrics.update(s.actor.update_actor(with_mini_batches(batch, c.actor, c, s.actor)))
             s.state["step"] = step
             metrics.update(self.step_metrics(batch, time.perf_counter() - start))
             metrics["actor/kl"] = kl_metric(metrics)
@@ -148,6 +148,22 @@ class Trainer:
             raise NumericalError(f"non-finite loss or gradients in {self.bad_steps} steps in a row (last: step "
                                  f"{step}); the weights were left unchanged",
                                  hint="lower actor.lr, set actor.grad_clip, or use model.dtype = \"float32\".")
+
+
+def with_mini_batches(batch, role_config, config, group):
+    """The batch with meta["mini_batches"] set, so W workers take exactly one worker's optimizer steps.
+
+    Mini-batches hold role.mini_batch_size prompts x rollout.n rows; a short (dynamic-sampling)
+    batch gets fewer, and the count always divides the rows evenly over the workers.
+    """
+    from rlctl.runtime.batch import Batch
+
+    rows, world = len(batch), group.world_size
+    per_mini = (role_config.mini_batch_size or config.data.batch_size) * config.rollout.n
+    count = max(1, rows // per_mini)
+    while count > 1 and rows % (world * count):
+        count -= 1
+    return Batch(batch.tensors, {**batch.meta, "mini_batches": count})
 
 
 def kl_metric(metrics: dict) -> float:

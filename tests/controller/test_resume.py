@@ -108,7 +108,8 @@ def test_resume_refuses_changed_config_and_falls_back(tmp_path, tiny_model_dir, 
                                                            "actor.micro_batch_size=4"])
     assert [r["step"] for r in rows(run)] == [1, 2, 3, 4, 5]
     assert 'workers = 1' in resolved.read_text()
-    resume_training(run, step=4, address=None, overrides=["resources.workers=2", "run.total_steps=4"])
+    resume_training(run, step=4, address=None, overrides=["resources.workers=2", "run.total_steps=4",
+                                                           "actor.micro_batch_size=2"])
     with pytest.raises(CheckpointError, match="model.path"):
         resume_training(run, step=None, address=None, overrides=["model.path=/elsewhere"])
 
