@@ -71,6 +71,10 @@ class Trainer:
             timing, start = {}, time.perf_counter()
             with phase(timing, "gen"):
                 batch, metrics = R.rollout(s, step)
+            if metrics.get("dynamic_sampling/short"):
+                s.display.print(f"step {step}: dynamic sampling found {int(metrics['dynamic_sampling/groups'])} of "
+                                f"{c.data.batch_size} informative groups in {int(metrics['dynamic_sampling/rounds'])} "
+                                "rounds (algorithm.dynamic_sampling.max_gen_batches); training on those")
             if s.needs.greedy_baseline:
                 with phase(timing, "greedy_baseline"):
                     self.add_greedy_baseline(batch, step)

@@ -1,0 +1,61 @@
+"""`rlctl model tiny`: deterministic, offline, loadable by transformers, with a working chat template."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+
+def tiny(*args):
+    return subprocess.run([sys.executable, "-m", "rlctl", "model", "tiny", *map(str, args)], capture_output=True,
+                          text=True, env={"PATH": "/usr/bin:/bin", "HF_HUB_OFFLINE": "1"})
+
+
+def test_same_seed_same_bytes_other_seed_differs(tmp_path):
+    for name, seed in (("a", 3), ("b", 3), ("c", 4)):
+        out = tiny(tmp_path / name, "--seed", seed, "--format", "json")
+        assert out.returncode == 0, out.stderr
+    weights = {n: (tmp_path / n / "model.safetensors").read_bytes() for n in "abc"}
+    assert weights["a"] == weights["b"] and weights["a"] != weights["c"]
+    info = json.loads(tiny(tmp_path / "d", "--layers", 3, "--hidden", 32, "--format", "json").stdout)
+    assert info["layers"] == 3 and info["hidden"] == 32 and info["vocab"] == 260
+
+
+def test_refuses_non_empty_and_bad_shapes(tmp_path):
+    (tmp_path / "x").mkdir()
+    (tmp_path / "x" / "keep.txt").write_text("mine")
+    out = tiny(tmp_path / "x")
+    assert out.returncode == 2 and "--force" in out.stderr and (tmp_path / "x" / "keep.txt").exists()
+    bad = tiny(tmp_path / "y", "--hidden", 30, "--heads", 4)
+    assert bad.returncode == 2 and "do not divide" in bad.stderr
+
+
+def test_loads_and_chats(tiny_model_dir):
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(tiny_model_dir)
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    text = tok.apply_chat_template([{"role": "user", "content": "héllo 12"}], tokenize=False,
+                                   add_generation_prompt=True)
+    ids = tok(text, return_tensors="pt")["input_ids"]
+    assert tok.decode(ids[0]) == text and text.endswith("<|im_start|>assistant\n")
+    with torch.no_grad():
+        logits = model(ids).logits
+    assert logits.shape == (1, ids.shape[1], 260) and torch.isfinite(logits).all()
+
+
+@pytest.mark.parametrize("fmt", ["text", "json"])
+def test_doctor_reports(fmt):
+    out = subprocess.run([sys.executable, "-m", "rlctl", "doctor", "--format", fmt], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    if fmt == "json":
+        report = json.loads(out.stdout)
+        assert report["core"]["torch"] and report["core"]["ray"]
+        assert report["devices"]["cpus"] >= 1 and "vllm" in report["optional"]
+        assert 'rlctl[vllm]' in report["optional"]["vllm"]["how"]
+    else:
+        assert "packages" in out.stdout and "devices" in out.stdout
