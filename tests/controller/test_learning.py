@@ -14,8 +14,6 @@ import pytest
 
 from rlctl.config.loader import load_config
 from rlctl.controller.run import start_training
-from rlctl.data.prep import PrepOptions, prepare
-from rlctl.project import write_project
 
 DENSE_REWARD = '''
 def compute_score(data_source, solution_str, ground_truth, extra_info=None):
@@ -42,34 +40,11 @@ PER_RECIPE = {
 STEPS = 24
 
 
-@pytest.fixture(scope="module")
-def ray_cluster():
-    import ray
-
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-    yield
-    ray.shutdown()
-
-
-@pytest.fixture(scope="module")
-def arith_data(tmp_path_factory):
-    root = tmp_path_factory.mktemp("arith")
-    prepare("arith", PrepOptions(out=root / "data" / "arith"))
-    return root / "data" / "arith"
-
-
-def make_project(tmp_path: Path, recipe: str, model_dir: Path, data_dir: Path) -> Path:
-    write_project(tmp_path, recipe, str(model_dir))
-    (tmp_path / "data").mkdir()
-    (tmp_path / "data" / "arith").symlink_to(data_dir)
-    (tmp_path / "dense.py").write_text(DENSE_REWARD)
-    return tmp_path
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("recipe", sorted(PER_RECIPE))
-def test_recipe_learns_dense_reward(recipe, tmp_path, tiny_model_dir, arith_data, ray_cluster):
-    proj = make_project(tmp_path, recipe, tiny_model_dir, arith_data)
+def test_recipe_learns_dense_reward(recipe, tmp_path, make_project, ray_cluster):
+    proj = make_project(tmp_path, recipe)
+    (proj / "dense.py").write_text(DENSE_REWARD)
     overrides = COMMON + PER_RECIPE[recipe] + [f"run.total_steps={STEPS}"]
     start_training(load_config(proj / "rlctl.toml", overrides), address=None, force=False)
     run = proj / "runs" / recipe

@@ -18,9 +18,7 @@ from safetensors.torch import load_file
 from rlctl.config.loader import load_config
 from rlctl.controller.checkpointing import prepare_resume
 from rlctl.controller.run import resume_training, start_training
-from rlctl.data.prep import PrepOptions, prepare
 from rlctl.errors import CheckpointError, UsageError
-from rlctl.project import write_project
 
 CPU = ["resources.gpus_per_node=0", "resources.workers=2", "data.batch_size=4", "actor.mini_batch_size=2",
        "actor.micro_batch_size=2", "critic.mini_batch_size=2", "critic.micro_batch_size=2", "actor.ppo_epochs=2",
@@ -34,29 +32,6 @@ RECIPES = {"grpo-gsm8k": GROUPED, "dapo-gsm8k": GROUPED + ["algorithm.dynamic_sa
            "ppo-gsm8k": ["rollout.n=1", "algorithm.kl_ctrl=adaptive", "algorithm.kl_in_reward=true",
                          "actor.micro_batch_size=1", "critic.micro_batch_size=1"]}
 NONDETERMINISTIC = ("timing/", "perf/")
-
-
-@pytest.fixture(scope="module")
-def ray_cluster():
-    import ray
-
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-    yield
-    ray.shutdown()
-
-
-@pytest.fixture(scope="module")
-def arith_data(tmp_path_factory):
-    root = tmp_path_factory.mktemp("arith")
-    prepare("arith", PrepOptions(out=root))
-    return root
-
-
-def project(tmp_path: Path, recipe: str, model: Path, data: Path) -> Path:
-    write_project(tmp_path, recipe, str(model))
-    (tmp_path / "data").mkdir()
-    (tmp_path / "data" / "arith").symlink_to(data)
-    return tmp_path
 
 
 def rows(run: Path) -> list[dict]:
@@ -73,8 +48,8 @@ def final_weights(run: Path, tmp_path: Path) -> dict:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("recipe", sorted(RECIPES))
-def test_resume_reproduces_uninterrupted_run(recipe, tmp_path, tiny_model_dir, arith_data, ray_cluster):
-    proj = project(tmp_path / "p", recipe, tiny_model_dir, arith_data)
+def test_resume_reproduces_uninterrupted_run(recipe, tmp_path, make_project, ray_cluster):
+    proj = make_project(tmp_path / "p", recipe)
     start_training(load_config(proj / "rlctl.toml", CPU + RECIPES[recipe]), address=None, force=False)
     run = proj / "runs" / recipe
     full_rows, full_weights = rows(run), final_weights(run, tmp_path)
@@ -88,8 +63,8 @@ def test_resume_reproduces_uninterrupted_run(recipe, tmp_path, tiny_model_dir, a
         assert torch.equal(tensor, resumed_weights[name]), name
 
 
-def test_resume_refuses_changed_config_and_falls_back(tmp_path, tiny_model_dir, arith_data, ray_cluster):
-    proj = project(tmp_path / "p", "grpo-gsm8k", tiny_model_dir, arith_data)
+def test_resume_refuses_changed_config_and_falls_back(tmp_path, make_project, ray_cluster):
+    proj = make_project(tmp_path / "p", "grpo-gsm8k")
     start_training(load_config(proj / "rlctl.toml", CPU + GROUPED), address=None, force=False)
     run = proj / "runs" / "grpo-gsm8k"
     with pytest.raises(UsageError, match="already has checkpoints"):
