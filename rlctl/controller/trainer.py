@@ -96,7 +96,7 @@ class Trainer:
                 metrics.update(s.actor.update_actor(with_mini_batches(batch, c.actor, c, s.actor)))
             s.state["step"] = step
             metrics.update(self.step_metrics(batch, time.perf_counter() - start))
-            metrics["actor/kl"] = kl_metric(metrics)
+            metrics.setdefault("actor/kl", kl_metric(metrics))
             if s.val_rows and (step == s.total_steps or (c.run.val_every and step % c.run.val_every == 0)):
                 with phase(timing, "val"):
                     metrics.update(self.validate(step))
@@ -171,8 +171,8 @@ def with_mini_batches(batch, role_config, config, group):
 
 
 def kl_metric(metrics: dict) -> float:
-    """`actor/kl`: KL to the reference when there is one (as a loss or in the reward), else the
-    KL between the rollout policy and the updated one (`actor/ppo_kl`), so the curve always exists."""
+    """`actor/kl` when the actor did not report it: KL to the reference when there is one (as a loss
+    or in the reward), else between the rollout policy and the updated one (`actor/ppo_kl`)."""
     for key in ("actor/kl_loss", "actor/reward_kl", "actor/ppo_kl"):
         if key in metrics:
             return float(metrics[key])
