@@ -15,7 +15,7 @@ from typing import Callable, Iterator
 
 import torch
 
-from rlctl.workers import fsdp
+from rlctl.workers import fsdp, shared_prompt
 
 
 @dataclass(frozen=True)
@@ -78,7 +78,8 @@ class TrainEngine:
             model.requires_grad_(False)
             model.to(compute_dtype)
         elif gradient_checkpointing:
-            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            # context_fn: layers that ran shared-prompt attention recompute with it (workers.shared_prompt)
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=shared_prompt.checkpoint_kwargs(model))
         if self.world_size > 1:
             trained_in_low_precision = optim is not None and compute_dtype != torch.float32
             fsdp.shard(model, param_dtype=compute_dtype if trained_in_low_precision else None)

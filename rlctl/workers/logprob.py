@@ -2,41 +2,69 @@
 
 Rows arrive as input_ids/attention_mask [b, P+T] (left-padded prompt, right-padded response).
 The token at column P+j is predicted by the model output at the previous real token, so for
-each real response token we gather the output of its predecessor. Two ways to drop padding:
+each real response token we gather the output of its predecessor. Three ways to drop padding:
 
-  pack (flash-attention models): all real tokens of the micro-batch in one row [1, N] with
-      position_ids restarting at 0 per sequence; transformers then runs varlen attention.
-  trim (sdpa/eager): each row's real tokens moved to the left, the micro-batch cut to its
-      longest real length [b, L_max] (right padding, so no query row is fully masked).
+  shared (Llama-style models, the default there): one row [1, N] holding each distinct prompt
+      once, followed by the responses that continue it (rlctl.workers.shared_prompt): the n
+      samples of a prompt pay for its tokens once, and nothing is padding.
+  pack (other flash-attention models): all real tokens of the micro-batch in one row [1, N]
+      with position_ids restarting at 0 per sequence; transformers then runs varlen attention.
+  trim (other sdpa/eager models): each row's real tokens moved to the left, the micro-batch cut
+      to its longest real length [b, L_max] (right padding, so no query row is fully masked).
 
-Either way only the positions that predict response tokens go through the LM head
-(`logits_to_keep`), so prompt logits are never materialised.
+Only the positions that predict response tokens go through the LM head (`logits_to_keep`), so
+prompt logits are never materialised.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+import contextlib
+
 import torch
 
 from rlctl.errors import DataError
+from rlctl.workers import shared_prompt
 
 
 @dataclass
 class Layout:
     """Model inputs without padding and where each response token's predictor sits in the output."""
 
-    input_ids: torch.Tensor        # [1, N] (pack) or [b, L_max] (trim)
+    input_ids: torch.Tensor        # [1, N] (shared, pack) or [b, L_max] (trim)
     position_ids: torch.Tensor     # same shape as input_ids
     attention_mask: torch.Tensor | None  # None when packed (position_ids mark the boundaries)
     pred_row: torch.Tensor         # [M] output row of the predictor of each real response token
     pred_col: torch.Tensor         # [M] output column of that predictor
     targets: torch.Tensor          # [M] the response tokens themselves
     response_valid: torch.Tensor   # [b, T] bool, where the M values go back
+    shared: shared_prompt.SharedPrompt | None = None  # the attention plan of the shared layout
+
+    def forward(self, model: torch.nn.Module, **kwargs):
+        """model(...) on this layout; the shared layout routes attention through its plan."""
+        if self.shared is None:
+            return model(input_ids=self.input_ids, attention_mask=self.attention_mask,
+                         position_ids=self.position_ids, use_cache=False, **kwargs)
+        with shared_prompt.attention(model):
+            return model(input_ids=self.input_ids, position_ids=self.position_ids, use_cache=False,
+                         **{shared_prompt.KWARG: self.shared}, **kwargs)
+
+
+def choose_layout(model: torch.nn.Module, width: int, pack: bool | None = None) -> str:
+    """"shared" where the model supports it, else "pack" under flash attention, else "trim";
+    `pack` (tests, tools) forces pack (True) or trim (False)."""
+    if pack is not None:
+        return "pack" if pack else "trim"
+    if shared_prompt.supported(model, width):
+        return "shared"
+    return "pack" if use_packing(model) else "trim"
 
 
 def make_layout(input_ids: torch.Tensor, attention_mask: torch.Tensor, response_width: int, *,
-                pack: bool) -> Layout:
+                pack: bool = False, layout: str | None = None) -> Layout:
+    """The unpadded model input of a micro-batch; layout "shared" | "pack" | "trim" (else from `pack`)."""
+    layout = layout or ("pack" if pack else "trim")
     b, width = input_ids.shape
     prompt_width = width - response_width
     valid = attention_mask.bool()
@@ -48,7 +76,11 @@ def make_layout(input_ids: torch.Tensor, attention_mask: torch.Tensor, response_
         raise DataError("a response has no prompt token before it; every prompt needs at least one token")
     targets = input_ids[:, prompt_width:][response_valid]
     lengths = valid.sum(1)                                 # [b]
-    if pack:
+    if layout == "shared":
+        ids, positions, plan, pred = shared_prompt.pack(input_ids, valid, response_width)
+        return Layout(input_ids=ids, position_ids=positions, attention_mask=None, pred_row=torch.zeros_like(rows),
+                      pred_col=pred, targets=targets, response_valid=response_valid, shared=plan)
+    if layout == "pack":
         offsets = lengths.cumsum(0) - lengths              # [b] start of each row in the packed row
         return Layout(input_ids=input_ids[valid][None], position_ids=pos[valid][None], attention_mask=None,
                       pred_row=torch.zeros_like(rows), pred_col=offsets[rows] + target_pos - 1,
@@ -81,13 +113,13 @@ def response_log_probs(model: torch.nn.Module, input_ids: torch.Tensor, attentio
     from rlctl.algorithms import entropy_from_logits, log_probs_from_logits
 
     layout = make_layout(input_ids, attention_mask, response_width,
-                         pack=use_packing(model) if pack is None else pack)
-    # Keep only the output columns some response token needs: a contiguous range per layout.
-    first, last = int(layout.pred_col.min()), int(layout.pred_col.max())
-    out = model(input_ids=layout.input_ids, attention_mask=layout.attention_mask,
-                position_ids=layout.position_ids, use_cache=False,
-                logits_to_keep=torch.arange(first, last + 1, device=input_ids.device))
-    logits = out.logits[layout.pred_row, layout.pred_col - first].float()   # [M, V]
+                         layout=choose_layout(model, input_ids.shape[1], pack))
+    if layout.shared is not None:   # the predictors' positions, in target order (prompts never reach the head)
+        logits = layout.forward(model, logits_to_keep=layout.pred_col).logits[0].float()   # [M, V]
+    else:   # keep only the output columns some response token needs: a contiguous range
+        first, last = int(layout.pred_col.min()), int(layout.pred_col.max())
+        out = layout.forward(model, logits_to_keep=torch.arange(first, last + 1, device=input_ids.device))
+        logits = out.logits[layout.pred_row, layout.pred_col - first].float()   # [M, V]
     if temperature and temperature != 1.0:
         logits = logits / temperature
     result = {"log_prob": _scatter(log_probs_from_logits(logits, layout.targets), layout.response_valid)}
@@ -101,10 +133,8 @@ def response_values(model: torch.nn.Module, input_ids: torch.Tensor, attention_m
                     response_width: int, *, pack: bool | None = None) -> torch.Tensor:
     """Critic values V(s) [b, T] float32 at the state before each response token, 0 on padding."""
     layout = make_layout(input_ids, attention_mask, response_width,
-                         pack=use_packing(model) if pack is None else pack)
-    out = model(input_ids=layout.input_ids, attention_mask=layout.attention_mask,
-                position_ids=layout.position_ids, use_cache=False)
-    values = out.logits[layout.pred_row, layout.pred_col, 0].float()         # [M]
+                         layout=choose_layout(model, input_ids.shape[1], pack))
+    values = layout.forward(model).logits[layout.pred_row, layout.pred_col, 0].float()   # [M]
     return _scatter(values, layout.response_valid)
 
 
