@@ -49,9 +49,10 @@ def _run(loaded: LoadedConfig, run_dir: Path, *, address: str | None, command: s
     from rlctl.controller.trainer import StopFlag, Trainer
     from rlctl.runtime.ray_env import resolve_address
 
-    with ExitStack() as stack, StopFlag() as stop:
+    with ExitStack() as stack:
         s = build_setup(loaded, run_dir, stack, address=resolve_address(address, loaded.config.resources.address),
                         start_step=resume[0] if resume else 0)
+        stop = stack.enter_context(StopFlag())  # after ray.init, which installs its own SIGTERM handler
         s.save = lambda step, final=False: checkpointing.save(s, step, final=final)
         if resume:
             checkpointing.restore(s, resume[1])

@@ -76,7 +76,7 @@ def test_signal_stops_with_checkpoint_and_resume_matches(signum, exit_code, tmp_
     run = proj / "runs" / "grpo-gsm8k"
     proc = rlctl("train", *ARGS, "run.save_every=0", cwd=proj)
     wait_for_step(proc, run, 2)
-    proc.send_signal(signum)
+    os.killpg(proc.pid, signum)  # the whole process group, Ray's processes too: a terminal's Ctrl-C
     code, err = finish(proc)
     assert code == exit_code, err[-3000:]
     info = json.loads((run / "run.json").read_text())
