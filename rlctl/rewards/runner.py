@@ -292,7 +292,10 @@ def _describe(items: list[dict], index: int, why: str) -> str:
 
 def _worker_main(conn, spec: RewardSpec) -> None:
     """Load the function once, then answer each sample of each chunk with one message."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the controller's to handle
+    # Ctrl-C and SIGTERM reach the whole process group; stopping is the controller's call (it
+    # finishes the step, saves, then closes this pool), and a worker exits with its parent.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     _exit_with_parent(os.getppid())
     try:
         call = load_reward_fn(spec)
