@@ -8,6 +8,8 @@ it regenerates with fresh prompts until the batch holds `data.batch_size` inform
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 
 from rlctl import algorithms as A
@@ -72,12 +74,15 @@ def rollout(s, step: int) -> tuple[Batch, dict]:
     ds, n, want = c.algorithm.dynamic_sampling, c.rollout.n, c.data.batch_size
     kept: list[Batch] = []
     metrics: dict = {}
-    have, rounds = 0, 0
+    have, rounds, reward_s = 0, 0, 0.0
     while True:
         rounds += 1
         batch = generate(s.actor, s.loader.next_batch(), seed=s.seed_for(step, rounds), tag=f"{step}.{rounds}",
                          pad_token_id=s.pad_token_id)
+        start = time.perf_counter()
         metrics = _merge_round(metrics, score(batch, s.reward, s.tokenizer), rounds)
+        reward_s += time.perf_counter() - start
+        metrics["timing/reward_s"] = reward_s  # part of timing/gen_s (the rollout phase)
         if not ds.enable:
             return batch, metrics
         metric = batch["acc"] if ds.metric == "acc" else batch["scores"]

@@ -1,0 +1,366 @@
+#!/usr/bin/env python3
+"""rlctl vs TRL on the fixed CPU GRPO workload of ../shared/bench (see its BASELINE.md).
+
+  .venv/bin/python bench/rlctl_bench.py [--sizes tiny,small] [--trl-venv /tmp/venv-trl]
+        [--splits 1x2,2x1] [--steps 5 --warmup 1] [--json out.json]
+
+Same workload for both tools: the bench models built by ../shared/bench/tiny_model.py (seed 0),
+the 64 prompts and the rule reward of ../shared/bench/workload.py, 4 prompts x 8 samples = 32
+completions per step, prompts <= 128 tokens, <= 64 new tokens, T=1 top_p=1 top_k=0, KL loss to a
+frozen reference (beta 0.04, k3), token-mean loss (TRL loss_type=dapo), one epoch, lr 1e-6,
+fp32, no gradient checkpointing, no dynamic sampling (every step trains). rlctl runs in this
+process through `rlctl train`'s own code path (rlctl.controller.run.start_training) on a project
+written to a temp folder: data/train.parquet (verl schema), reward.py, rlctl.toml.
+
+Step time = median of --steps after --warmup discarded steps, whole machine for both. TRL is
+measured in the same run when --trl-venv is given (../shared/bench/trl_grpo_bench.py run by that
+venv's python at --trl-threads); otherwise BASELINE.md's figures are printed, marked as such.
+Also: phase split, generated tokens/s, model-FLOPs utilisation against this machine's fp32
+matmul peak (measured here), peak memory of the process tree (RSS and PSS, sampled from /proc),
+controller overhead (WorkerGroup.timing: controller wall minus slowest rank per call), foreign
+CPU load, `rlctl --help` wall time and GSM8K data prep wall time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+os.environ.setdefault("OMP_NUM_THREADS", "1")   # the controller: workers get their own threads
+os.environ.setdefault("MKL_NUM_THREADS", "1")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+REPO = Path(__file__).resolve().parents[1]
+SHARED_BENCH = Path(os.environ.get("RLCTL_SHARED", REPO.parent / "shared")) / "bench"
+sys.path[:0] = [str(REPO), str(SHARED_BENCH), str(REPO / "bench")]
+
+import workload as W  # noqa: E402  (../shared/bench/workload.py)
+from proctree import TreeSampler, idle_probe  # noqa: E402
+
+# TRL GRPOTrainer in BASELINE.md (median of 5 after 1 warm-up), used when no --trl-venv is given.
+BASELINE = {("tiny", 1): dict(step_s=4.70, gen_s=1.37, ref_s=0.77, train_s=2.54, gen_tokens=1637),
+            ("tiny", 2): dict(step_s=3.54, gen_s=1.29, ref_s=0.57, train_s=1.70, gen_tokens=1637),
+            ("small", 1): dict(step_s=30.24, gen_s=7.85, ref_s=5.20, train_s=17.48, gen_tokens=1638),
+            ("small", 2): dict(step_s=22.04, gen_s=6.66, ref_s=3.75, train_s=11.11, gen_tokens=1638)}
+
+REWARD_PY = '''"""The bench workload's rule reward (../shared/bench/workload.py) in verl's signature."""
+import sys
+sys.path.insert(0, {bench!r})
+import workload
+
+
+def compute_score(data_source, solution_str, ground_truth, extra_info=None):
+    return workload.answer_reward(solution_str, ground_truth)
+'''
+
+
+def model_dir(size: str) -> Path:
+    out = Path(f"/tmp/bench-models/{size}")
+    if not (out / "model.safetensors").exists():
+        import tiny_model  # ../shared/bench/tiny_model.py: same seed -> bit-identical weights
+
+        tiny_model.build(str(out), size, seed=0)
+    return out
+
+
+def write_project(root: Path, size: str, a) -> Path:
+    """data/train.parquet + reward.py + rlctl.toml for the workload; returns the config path."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    (root / "data").mkdir(parents=True, exist_ok=True)
+    rows = W.make_rows()
+    table = pa.Table.from_pylist([{
+        "data_source": "bench_math", "prompt": r["prompt"], "ability": "math",
+        "reward_model": {"style": "rule", "ground_truth": r["answer"]},
+        "extra_info": {"split": "train", "index": i}} for i, r in enumerate(rows)])
+    pq.write_table(table, root / "data" / "train.parquet")
+    (root / "reward.py").write_text(REWARD_PY.format(bench=str(SHARED_BENCH)))
+    rows_per_worker = W.BATCH // a.workers
+    toml = f"""
+[run]
+name = "bench-{size}"
+output_dir = "runs"
+seed = 0
+total_steps = {a.warmup + a.steps}
+loggers = ["jsonl"]
+log_samples = 0
+
+[model]
+path = "{model_dir(size)}"
+dtype = "float32"
+gradient_checkpointing = false
+
+[data]
+train_files = ["data/train.parquet"]
+max_prompt_length = {W.MAX_PROMPT_LENGTH}
+max_response_length = {W.MAX_COMPLETION_LENGTH}
+batch_size = {W.PROMPTS_PER_STEP}
+overlong_prompts = "error"
+
+[algorithm]
+name = "grpo"
+norm_adv_by_std = true
+dynamic_sampling.enable = false
+
+[actor]
+lr = {W.LEARNING_RATE}
+weight_decay = 0.0
+grad_clip = 1.0
+ppo_epochs = {W.NUM_ITERATIONS}
+micro_batch_size = {a.micro_batch_size or rows_per_worker}
+loss_agg_mode = "token-mean"
+use_kl_loss = true
+kl_loss_coef = {W.BETA}
+kl_loss_type = "k3"
+
+[rollout]
+n = {W.NUM_GENERATIONS}
+temperature = 1.0
+top_p = 1.0
+top_k = 0
+
+[reward]
+function = "reward.py:compute_score"
+workers = {a.reward_workers}
+
+[resources]
+workers = {a.workers}
+cpus_per_worker = {a.cpus_per_worker}
+"""
+    (root / "rlctl.toml").write_text(toml)
+    return root / "rlctl.toml"
+
+
+def run_rlctl(size: str, a) -> dict:
+    """`rlctl train` in this process; per-step metrics from metrics.jsonl + WorkerGroup.timing."""
+    from rlctl.config.loader import load_config
+    from rlctl.controller import setup as S
+    from rlctl.controller.run import start_training
+
+    snaps: list[tuple[int, float, dict]] = []
+    log_step = S.TrainSetup.log_step
+
+    def recording_log_step(self, step, metrics, batch):  # the group's cumulative call timing per step
+        snaps.append((step, time.perf_counter(), {k: dict(v) for k, v in self.actor.group.timing.items()}))
+        return log_step(self, step, metrics, batch)
+
+    with tempfile.TemporaryDirectory(prefix=f"rlctl-bench-{size}-") as tmp:
+        config = write_project(Path(tmp), size, a)
+        S.TrainSetup.log_step = recording_log_step
+        t0 = time.perf_counter()
+        try:
+            with TreeSampler(os.getpid()) as sampler:
+                start_training(load_config(config), address=None, force=True)
+        finally:
+            S.TrainSetup.log_step = log_step
+        wall = time.perf_counter() - t0
+        lines = (Path(tmp) / "runs" / f"bench-{size}" / "metrics.jsonl").read_text().splitlines()
+        per_step = [json.loads(line) for line in lines]
+    steps = []
+    for i, (m, (step, t_end, snap)) in enumerate(zip(per_step, snaps)):
+        prev = snaps[i - 1][2] if i else {}
+        calls = {k: {f: v[f] - prev.get(k, {}).get(f, 0.0) for f in ("wall_s", "worker_s")} for k, v in snap.items()}
+        worker_wall = sum(c["wall_s"] for c in calls.values())
+        reward = m.get("timing/reward_s", 0.0)
+        steps.append({
+            "step": step, "t_end": t_end, "step_s": m["timing/step_s"],
+            "gen_s": m.get("timing/gen_s", 0.0) - reward, "reward_s": reward,
+            "ref_s": m.get("timing/ref_s", 0.0), "old_s": m.get("timing/old_log_prob_s", 0.0),
+            "train_s": m.get("timing/update_actor_s", 0.0), "adv_s": m.get("timing/adv_s", 0.0),
+            "gen_tokens": m["response_length/mean"] * m["data/sequences"],
+            "prompt_tokens": m["prompt_length/mean"] * m["data/sequences"],
+            "dispatch_s": worker_wall - sum(c["worker_s"] for c in calls.values()),
+            "controller_s": m["timing/step_s"] - worker_wall,
+            "calls": calls})
+    measured = steps[a.warmup:]
+    t_first = steps[a.warmup - 1]["t_end"] if a.warmup else t0
+    out = summarize(measured)
+    out.update(peak_rss=sampler.peak_rss, peak_pss=sampler.peak_pss, wall_s=wall,
+               startup_s=snaps[0][1] - per_step[0]["timing/step_s"] - t0,
+               foreign_cores=sampler.foreign_cores(t_first, measured[-1]["t_end"]),
+               tree_cores=sampler.tree_cores(t_first, measured[-1]["t_end"]), per_step=steps)
+    return out
+
+
+def summarize(rows: list[dict]) -> dict:
+    keys = ("step_s", "gen_s", "reward_s", "ref_s", "old_s", "train_s", "adv_s", "gen_tokens",
+            "prompt_tokens", "dispatch_s", "controller_s")
+    out = {k: statistics.median(r.get(k, 0.0) for r in rows) for k in keys}
+    out["steps"] = [round(r["step_s"], 3) for r in rows]
+    return out
+
+
+def run_trl(size: str, a) -> dict:
+    """../shared/bench/trl_grpo_bench.py in --trl-venv, with the process tree sampled from here."""
+    with tempfile.TemporaryDirectory(prefix="trl-bench-") as tmp:
+        out = Path(tmp) / "trl.json"
+        cmd = [str(Path(a.trl_venv) / "bin" / "python"), str(SHARED_BENCH / "trl_grpo_bench.py"), "--size", size,
+               "--model-dir", str(model_dir(size)), "--threads", str(a.trl_threads), "--steps", str(a.steps),
+               "--warmup", str(a.warmup), "--json", str(out), "--out-dir", str(Path(tmp) / "out")]
+        env = {**os.environ, "OMP_NUM_THREADS": str(a.trl_threads), "MKL_NUM_THREADS": str(a.trl_threads)}
+        t0 = time.perf_counter()
+        proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        with TreeSampler(proc.pid) as sampler:
+            log, _ = proc.communicate()
+        if proc.returncode:
+            raise SystemExit(f"TRL bench failed (exit {proc.returncode}):\n{log[-3000:]}")
+        result = json.loads(out.read_text())
+    s = result["summary"]
+    return {"step_s": s["step_s"], "gen_s": s["gen_s"], "reward_s": s["reward_s"], "ref_s": s["ref_logp_s"],
+            "old_s": 0.0, "train_s": s["train_s"], "gen_tokens": s["gen_tokens"],
+            "prompt_tokens": result["workload"]["prompt_tokens_min_mean_max"][1] * W.BATCH,
+            "steps": [round(r["step_s"], 3) for r in result["per_step"] if not r["warmup"]],
+            "peak_rss": sampler.peak_rss, "peak_pss": sampler.peak_pss, "wall_s": time.perf_counter() - t0,
+            "startup_s": time.perf_counter() - t0 - s["train_wall_s"],   # imports, models, trainer (+ exit)
+            "foreign_cores": s["foreign_cores"], "measured": True}
+
+
+def baseline_trl(size: str, threads: int) -> dict:
+    b = BASELINE[(size, min(threads, 2))]
+    return {**b, "reward_s": float("nan"), "old_s": 0.0, "prompt_tokens": 105.3 * W.BATCH, "steps": [],
+            "peak_rss": float("nan"), "peak_pss": float("nan"), "startup_s": float("nan"),
+            "foreign_cores": float("nan"), "measured": False}
+
+
+def matmul_peak(threads: int, n: int = 2048, reps: int = 5) -> float:
+    """fp32 FLOP/s of a big torch.mm at `threads` threads (best of `reps`), in a fresh process so
+    this (controller) process keeps no extra memory."""
+    code = (f"import time, torch; torch.set_num_threads({threads}); x, y = torch.randn({n}, {n}), torch.randn({n}, {n}); "
+            f"torch.mm(x, y); t = []\nfor _ in range({reps}):\n s = time.perf_counter(); torch.mm(x, y); "
+            f"t.append(time.perf_counter() - s)\nprint(2 * {n} ** 3 / min(t))")
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
+    return float(subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                                check=True).stdout.strip())
+
+
+def _timed(fn) -> float:
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
+
+
+def step_flops(size: str, prompt_tokens: float, gen_tokens: float, rows: int = W.BATCH,
+               n: int = W.NUM_GENERATIONS) -> float:
+    """Model FLOPs one step needs: 5 forward-equivalents (generate, reference, train forward + 2x
+    backward). A forward costs 2 x matmul params (lm_head included) per distinct token -- each
+    prompt once (its n samples share it), every generated token -- plus causal attention,
+    2 x layers x hidden x S^2 per row (S = mean prompt + response length). The same count for
+    both tools whatever they compute (padding, repeated prompts), so MFU compares useful work."""
+    cfg = json.loads((model_dir(size) / "config.json").read_text())
+    h, layers, inter, vocab = cfg["hidden_size"], cfg["num_hidden_layers"], cfg["intermediate_size"], cfg["vocab_size"]
+    kv = cfg["num_key_value_heads"] * h // cfg["num_attention_heads"]
+    matmul_params = layers * (2 * h * h + 2 * h * kv + 3 * h * inter) + h * vocab
+    seq = (prompt_tokens + gen_tokens) / rows
+    forward = 2 * matmul_params * (prompt_tokens / n + gen_tokens) + rows * 2 * layers * h * seq * seq
+    return 5 * forward
+
+
+def help_wall(reps: int = 3) -> float:
+    exe = REPO / ".venv" / "bin" / "rlctl"
+    cmd = [str(exe), "--help"] if exe.exists() else [sys.executable, "-m", "rlctl", "--help"]
+    return statistics.median(_timed(lambda: subprocess.run(cmd, capture_output=True, check=True)) for _ in range(reps))
+
+
+def data_prep_wall() -> str:
+    out = subprocess.run([sys.executable, str(REPO / "bench" / "data_prep_bench.py"), "--reps", "3"],
+                         capture_output=True, text=True, check=True).stdout.strip().splitlines()
+    return out[-1] if out else "?"
+
+
+def fmt_table(results: dict, peak: float, threads: int) -> str:
+    """One markdown table: rows = metrics; per size a column per rlctl split (workers x threads),
+    one for TRL and one for the fastest split / TRL."""
+    cols = [(size, tool) for size, tools in results.items() for tool in tools]
+    for size, tool in cols:
+        r = results[size][tool]
+        r["gen_tok_s"] = r["gen_tokens"] / r["gen_s"] if r["gen_s"] else float("nan")
+        r["mfu"] = step_flops(size, r["prompt_tokens"], r["gen_tokens"]) / r["step_s"] / peak
+        r["dispatch_share"] = r.get("dispatch_s", float("nan")) / r["step_s"]
+        r["controller_share"] = r.get("controller_s", float("nan")) / r["step_s"]
+    best = {size: min((t for t in tools if t != "TRL"), key=lambda t: tools[t]["step_s"], default=None)
+            for size, tools in results.items()}
+    head = [f"{size} {tool}" + ("" if tool != "TRL" or results[size][tool]["measured"] else " (BASELINE.md)")
+            for size, tool in cols]
+    lines = ["| metric | " + " | ".join(head + [f"{s} best/TRL" for s in results]) + " |",
+             "|---|" + "---|" * (len(cols) + len(results))]
+
+    def row(name, key, scale=1.0, fmt="{:.2f}", ratio=True):
+        cells = [fmt.format(results[size][tool].get(key, float("nan")) * scale) for size, tool in cols]
+        for size, tools in results.items():
+            b, t = tools.get(best[size], {}).get(key, float("nan")), tools["TRL"].get(key, float("nan"))
+            cells.append(f"{b / t:.2f}x" if ratio and t and t == t and b == b else "")
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+
+    row("**step s (median)**", "step_s")
+    for name, key in (("generate s", "gen_s"), ("reward s", "reward_s"), ("ref log-prob s", "ref_s"),
+                      ("old log-prob s", "old_s"), ("train s", "train_s")):
+        row(name, key)
+    row("generated tokens / step", "gen_tokens", fmt="{:.0f}", ratio=False)
+    row("generated tokens/s", "gen_tok_s", fmt="{:.0f}")
+    row(f"MFU (vs {peak / 1e9:.0f} GFLOP/s fp32 mm, {threads} thr)", "mfu", 100, "{:.1f}%")
+    row("peak RSS, process tree (MiB)", "peak_rss", 2 ** -20, "{:.0f}")
+    row("peak PSS, process tree (MiB)", "peak_pss", 2 ** -20, "{:.0f}")
+    row("controller overhead (wall - slowest rank)", "dispatch_share", 100, "{:.1f}%", ratio=False)
+    row("controller's own work (reward, adv, metrics)", "controller_share", 100, "{:.1f}%", ratio=False)
+    row("start-up s (launch to first step)", "startup_s", fmt="{:.1f}", ratio=False)
+    row("foreign CPU load (cores)", "foreign_cores", fmt="{:.2f}", ratio=False)
+    row("cores used by the run", "tree_cores", fmt="{:.2f}", ratio=False)
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--sizes", default="tiny,small")
+    ap.add_argument("--steps", type=int, default=5, help="measured steps")
+    ap.add_argument("--warmup", type=int, default=1, help="discarded warm-up steps (at least 1)")
+    ap.add_argument("--splits", default="1x2", help="rlctl resources: WORKERSxCPUS_PER_WORKER, comma-separated")
+    ap.add_argument("--micro-batch-size", type=int, default=16,
+                    help="actor.micro_batch_size (rows per worker per forward; 0 = all of a worker's rows)")
+    ap.add_argument("--reward-workers", type=int, default=1, help="rlctl reward.workers")
+    ap.add_argument("--trl-venv", default="", help="a venv with trl (see BASELINE.md); else BASELINE.md figures")
+    ap.add_argument("--trl-threads", type=int, default=os.cpu_count() or 1)
+    ap.add_argument("--skip-extras", action="store_true", help="no --help / data prep timing")
+    ap.add_argument("--json", default="", help="write every figure here")
+    a = ap.parse_args(argv)
+    a.warmup = max(1, a.warmup)
+    splits = [tuple(int(x) for x in split.split("x")) for split in a.splits.split(",") if split]
+    threads = max([w * c for w, c in splits] + [a.trl_threads])
+
+    print(f"foreign CPU load before: {max(0.0, idle_probe(2.0)):.2f} cores busy (this process idle)", flush=True)
+    results = {}
+    for size in [s for s in a.sizes.split(",") if s]:
+        results[size] = {}
+        for workers, cpus in splits:
+            a.workers, a.cpus_per_worker = workers, cpus
+            rl = run_rlctl(size, a)
+            print(f"rlctl {size} {workers}x{cpus}: step_s={rl['step_s']:.3f} steps={rl['steps']}", flush=True)
+            results[size][f"rlctl {workers}x{cpus}"] = rl
+        trl = run_trl(size, a) if a.trl_venv else baseline_trl(size, a.trl_threads)
+        if trl["measured"]:
+            print(f"TRL {size}: step_s={trl['step_s']:.3f} steps={trl['steps']}", flush=True)
+        results[size]["TRL"] = trl
+    peak = matmul_peak(threads)
+    print(f"\nrlctl WORKERSxTHREADS as in the column names; TRL {a.trl_threads} thread(s); median of {a.steps} steps "
+          f"after {a.warmup} warm-up; {os.cpu_count()} cores\n")
+    print(fmt_table(results, peak, threads))
+    extras = {}
+    if not a.skip_extras:
+        extras = {"help_s": help_wall(), "data_prep": data_prep_wall()}
+        print(f"\n`rlctl --help`: {extras['help_s']:.2f} s (median of 3)\nGSM8K data prep: {extras['data_prep']}")
+    if a.json:
+        Path(a.json).write_text(json.dumps({"results": results, "peak_flops": peak, "extras": extras,
+                                            "args": vars(a)}, indent=1, default=str))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
