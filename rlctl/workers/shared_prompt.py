@@ -157,16 +157,16 @@ def shared_prompt_attention(module, query, key, value, attention_mask=None, drop
     q, k, v = query[0].transpose(0, 1), key[0].transpose(0, 1), value[0].transpose(0, 1)   # [N, *, D]
     heads, dim = q.shape[1], q.shape[2]
 
-    def gather(x, index):   # [N, h, D] -> [rows, h, cols, D]
-        return x[index.flatten()].view(*index.shape, x.shape[1], dim).transpose(1, 2)
+    def gather(x, index):   # [N, h, D] -> [rows, h, cols, D]; index_select: its backward is index_add_
+        return x.index_select(0, index.flatten()).view(*index.shape, x.shape[1], dim).transpose(1, 2)
 
     kp, vp = gather(k, plan.prompt_index), gather(v, plan.prompt_index)
     prompt_out = F.scaled_dot_product_attention(gather(q, plan.prompt_index), kp, vp, is_causal=True,
                                                 scale=scaling, enable_gqa=True)
-    keys = torch.cat([kp[plan.group_of], gather(k, plan.response_index)], dim=2)
-    values = torch.cat([vp[plan.group_of], gather(v, plan.response_index)], dim=2)
+    keys = torch.cat([kp.index_select(0, plan.group_of), gather(k, plan.response_index)], dim=2)
+    values = torch.cat([vp.index_select(0, plan.group_of), gather(v, plan.response_index)], dim=2)
     response_out = F.scaled_dot_product_attention(gather(q, plan.response_index), keys, values,
                                                   attn_mask=plan.response_bias, scale=scaling, enable_gqa=True)
     flat = torch.cat([prompt_out.transpose(1, 2).reshape(-1, heads, dim),
                       response_out.transpose(1, 2).reshape(-1, heads, dim)])
-    return flat[plan.inverse][None], None
+    return flat.index_select(0, plan.inverse)[None], None
