@@ -297,12 +297,14 @@ def fmt_table(results: dict, peak: float, threads: int) -> str:
         cells = [fmt.format(results[size][tool].get(key, float("nan")) * scale) for size, tool in cols]
         for size, tools in results.items():
             b, t = tools.get(best[size], {}).get(key, float("nan")), tools["TRL"].get(key, float("nan"))
-            cells.append(f"{b / t:.2f}x" if ratio and t and t == t and b == b else "")
+            meaningful = ratio and t == t and b == b and abs(t) >= 0.01   # not a ratio of two ~0 timings
+            cells.append(f"{b / t:.2f}x" if meaningful else "")
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
 
     row("**step s (median)**", "step_s")
-    for name, key in (("generate s", "gen_s"), ("reward s", "reward_s"), ("ref log-prob s", "ref_s"),
-                      ("old log-prob s", "old_s"), ("train s", "train_s")):
+    row("generate s", "gen_s")
+    row("reward s", "reward_s", fmt="{:.3f}")
+    for name, key in (("ref log-prob s", "ref_s"), ("old log-prob s", "old_s"), ("train s", "train_s")):
         row(name, key)
     row("generated tokens / step", "gen_tokens", fmt="{:.0f}", ratio=False)
     row("generated tokens/s", "gen_tok_s", fmt="{:.0f}")
