@@ -26,7 +26,7 @@ from rlctl.errors import ConfigError
 from rlctl.runtime import Batch, Dispatch, register
 from rlctl.workers import fsdp
 from rlctl.workers.engine import OptimSpec, TrainEngine
-from rlctl.workers.logprob import choose_layout, response_log_probs
+from rlctl.workers.logprob import inference_order, response_log_probs
 from rlctl.workers.models import apply_lora, eos_token_ids, load_causal_lm, load_tokenizer
 from rlctl.workers.training import mini_batch_count, run_updates
 
@@ -98,10 +98,7 @@ class ActorRolloutRefWorker:
                    adapter: bool = True) -> dict[str, np.ndarray]:
         width = batch["response_mask"].shape[1]
         parts: dict[str, list] = {"log_prob": [], "entropy": []}
-        if choose_layout(engine.module, batch["input_ids"].shape[1]) == "shared":
-            order = np.arange(len(batch))  # prompt-major: a prompt's samples share one micro-batch
-        else:
-            order = np.argsort(batch["attention_mask"].sum(1), kind="stable")  # similar lengths together
+        order = inference_order(engine.module, batch["attention_mask"])
         off = self.actor.module.disable_adapter() if not adapter else contextlib.nullcontext()
         with engine.inference() as module, off:
             for micro in batch.select(order).split(self.cfg.actor.micro_batch_size):

@@ -17,7 +17,7 @@ import torch
 from rlctl.runtime import Batch, Dispatch, register
 from rlctl.workers import fsdp
 from rlctl.workers.engine import OptimSpec, TrainEngine
-from rlctl.workers.logprob import response_values
+from rlctl.workers.logprob import inference_order, response_values
 from rlctl.workers.models import load_value_model
 from rlctl.workers.training import mini_batch_count, run_updates
 
@@ -39,7 +39,7 @@ class CriticWorker:
     @register(Dispatch.DP)
     def compute_values(self, batch: Batch) -> Batch:
         width = batch["response_mask"].shape[1]
-        order = np.argsort(batch["attention_mask"].sum(1), kind="stable")
+        order = inference_order(self.critic.module, batch["attention_mask"])
         parts = []
         with self.critic.inference() as module:
             for micro in batch.select(order).split(self.cfg.critic.micro_batch_size):

@@ -20,8 +20,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import contextlib
-
+import numpy as np
 import torch
 
 from rlctl.errors import DataError
@@ -59,6 +58,15 @@ def choose_layout(model: torch.nn.Module, width: int, pack: bool | None = None) 
     if shared_prompt.supported(model, width):
         return "shared"
     return "pack" if use_packing(model) else "trim"
+
+
+def inference_order(model: torch.nn.Module, attention_mask: np.ndarray) -> np.ndarray:
+    """Row order for forward-only micro-batches of [B, P+T] rows: as given (prompt-major) under the
+    shared layout, so a prompt's samples meet in one micro-batch; else by real length, so the rows
+    of a micro-batch pad little."""
+    if choose_layout(model, attention_mask.shape[1]) == "shared":
+        return np.arange(len(attention_mask))
+    return np.argsort(attention_mask.sum(1), kind="stable")
 
 
 def make_layout(input_ids: torch.Tensor, attention_mask: torch.Tensor, response_width: int, *,
