@@ -12,7 +12,7 @@ import json
 import numpy as np
 import pytest
 import torch
-from conftest import RESPONSE
+from ckpt_runs import RESPONSE, run_config
 
 from rlctl.checkpoint import merge
 from rlctl.checkpoint.merge import export_hf, merge_run
@@ -178,8 +178,6 @@ def test_export_hf_for_serve_fills_an_empty_folder(trained_runs, tmp_path):
 def test_two_worker_checkpoint_resumes_on_one_worker(trained_runs, name):
     """resources.workers may change on resume (a harmless change in compat): DCP reshards the
     2-rank model + optimizer shards into 1 rank and the policy is exactly the trained one."""
-    from conftest import run_config
-
     from rlctl.runtime import Batch
     from rlctl.workers.actor import ActorRolloutRefWorker
 

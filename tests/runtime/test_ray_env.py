@@ -46,9 +46,16 @@ def _alive(pids):
     return out
 
 
-def _session_pids(ray) -> list[int]:
-    """Ray's own processes (GCS, raylet, ...: our descendants) plus a live actor's worker."""
+def _children() -> set[int]:
     import psutil
+
+    return {p.pid for p in psutil.Process().children(recursive=True)}
+
+
+def _session_pids(ray, before: set[int]) -> list[int]:
+    """Ray's own processes (GCS, raylet, ...: our new descendants) plus a live actor's worker.
+    `before` are the descendants that existed before the session (e.g. multiprocessing's
+    resource tracker left by an earlier test in this pytest process): not Ray's to stop."""
 
     @ray.remote(num_cpus=0)
     class Probe:
@@ -56,7 +63,7 @@ def _session_pids(ray) -> list[int]:
             return os.getpid()
 
     worker = ray.get(Probe.remote().pid.remote())
-    return sorted({p.pid for p in psutil.Process().children(recursive=True)} | {worker})
+    return sorted((_children() - before) | {worker})
 
 
 def _wait_gone(pids, within=15.0):
@@ -71,14 +78,15 @@ def test_session_stops_everything_on_success_and_on_error():
 
     from rlctl.runtime.ray_env import ray_session
 
+    before = _children()
     with ray_session(num_cpus=1) as session:
         assert session.embedded and session.owned and session.nodes == 1 and session.cpus == 1
-        pids = _session_pids(ray)
+        pids = _session_pids(ray, before)
     assert len(pids) >= 3 and not ray.is_initialized()
     assert _wait_gone(pids) == []
     with pytest.raises(RuntimeError, match="controller failed"):
         with ray_session(num_cpus=1):
-            pids = _session_pids(ray)
+            pids = _session_pids(ray, before)
             raise RuntimeError("the controller failed")
     assert not ray.is_initialized() and _wait_gone(pids) == []
 
