@@ -108,6 +108,13 @@ def check_algorithm(c: Config, raw: dict) -> list[Problem]:
     if c.actor.clip_ratio_high < c.actor.clip_ratio_low and c.actor.policy_loss == "vanilla":
         problems.append(Problem("actor.clip_ratio_high", "is below clip_ratio_low; DAPO's clip-higher uses "
                                                          "high >= low (e.g. 0.28 vs 0.2)", severity="warning"))
+    if c.rollout.engine != "hf" and c.rollout.tensor_parallel_size != 1:
+        problems.append(Problem("rollout.tensor_parallel_size", f"{c.rollout.tensor_parallel_size}: the training "
+                                "rollout runs one vllm/sglang engine per GPU rank (tensor-parallel 1); set it to 1 "
+                                "(rlctl serve takes --tensor-parallel-size)"))
+    if c.rollout.engine == "vllm" and c.rollout.temperature > 2:
+        problems.append(Problem("rollout.temperature", f"{c.rollout.temperature:g}: vLLM samples with temperature "
+                                                       "<= 2"))
     return problems
 
 

@@ -81,6 +81,8 @@ class Trainer:
             if s.recompute_old_log_prob:
                 with phase(timing, "old_log_prob"):
                     batch = batch.union(s.actor.compute_log_prob(batch))
+                if "rollout_log_prob" in batch:
+                    metrics.update(rollout_drift(batch))
             if s.needs.reference:
                 with phase(timing, "ref"):
                     batch = batch.union(s.actor.compute_ref_log_prob(batch))
@@ -168,6 +170,19 @@ def with_mini_batches(batch, role_config, config, group):
     while count > 1 and rows % (world * count):
         count -= 1
     return Batch(batch.tensors, {**batch.meta, "mini_batches": count})
+
+
+def rollout_drift(batch) -> dict:
+    """How far a GPU engine's log-probs of its sampled tokens are from the trainer's (same weights,
+    other kernels and dtype): a large or growing value means the engine is not generating with
+    the trained weights. Means and max over response tokens, as log-probs and as probabilities."""
+    mask = batch["response_mask"] > 0
+    if not mask.any():
+        return {}
+    old, engine = batch["old_log_prob"][mask].astype(np.float64), batch["rollout_log_prob"][mask].astype(np.float64)
+    diff = np.abs(old - engine)
+    return {"rollout/logprob_diff_mean": float(diff.mean()), "rollout/logprob_diff_max": float(diff.max()),
+            "rollout/prob_diff_mean": float(np.abs(np.exp(old) - np.exp(engine)).mean())}
 
 
 def kl_metric(metrics: dict) -> float:

@@ -58,15 +58,39 @@ class ActorRolloutRefWorker:
         self.eos_ids = eos_token_ids(config.model.path, self.tokenizer)
         self.temperature = config.rollout.temperature or 1.0  # log-probs of the sampling distribution
         self._rollout = None
+        # Engines with their own weight copy (vLLM, SGLang) get the trained weights before a
+        # generate whenever they changed (an update, a checkpoint load) or were dropped (sleep).
+        self._weights_version, self._engine_version = 0, 0
 
     # --- rollout -------------------------------------------------------------------------------
     def rollout_engine(self):
         if self._rollout is None:
             from rlctl.workers.rollout.base import make_rollout_engine
+            from rlctl.workers.rollout.gpu import GPUEngineSpec
 
-            self._rollout = make_rollout_engine(self.cfg.rollout.engine, self.actor.module,
+            spec = None
+            if self.cfg.rollout.engine != "hf":
+                spec = GPUEngineSpec.from_config(self.cfg, str(self.actor.compute_dtype).removeprefix("torch."))
+            self._rollout = make_rollout_engine(self.cfg.rollout.engine, self.actor.module, spec=spec,
                                                 pad_token_id=self._pad_id(), eos_token_ids=self.eos_ids)
         return self._rollout
+
+    def _ready_engine(self):
+        """The rollout engine, awake and holding the latest trained weights."""
+        engine = self.rollout_engine()
+        if engine.owns_weights and self._engine_version != self._weights_version:
+            from rlctl.workers.rollout.weights import engine_weights
+
+            engine.wake()
+            engine.update_weights(engine_weights(self.actor.module, dtype=self.actor.compute_dtype))
+            self._engine_version = self._weights_version
+        return engine
+
+    def _release_engine(self, engine) -> None:
+        """GPU engines give their memory back to the trainer between generations (weights dropped)."""
+        if engine.owns_weights:
+            engine.sleep()
+            self._engine_version = None
 
     @register(Dispatch.DP)
     def generate(self, batch: Batch, *, seed: int, mode: str = "train") -> Batch:
@@ -84,10 +108,14 @@ class ActorRolloutRefWorker:
         prompts = [row[mask != 0].tolist() for row, mask in zip(batch["input_ids"], batch["attention_mask"])]
         generator = torch.Generator(device=self.actor.device)
         generator.manual_seed(int(np.random.SeedSequence([seed, self.rank]).generate_state(1)[0]))
-        with self.actor.autocast():
-            out = self.rollout_engine().generate(
-                prompts, n=n, max_new_tokens=self.cfg.data.max_response_length, temperature=temperature,
-                top_p=rc.top_p, top_k=rc.top_k, generator=generator, greedy=temperature == 0)
+        engine = self._ready_engine()
+        try:
+            with self.actor.autocast():
+                out = engine.generate(
+                    prompts, n=n, max_new_tokens=self.cfg.data.max_response_length, temperature=temperature,
+                    top_p=rc.top_p, top_k=rc.top_k, generator=generator, greedy=temperature == 0)
+        finally:
+            self._release_engine(engine)
         return _rollout_batch(batch, out, n, width=self.cfg.data.max_prompt_length, pad=self._pad_id())
 
     def _pad_id(self) -> int:
@@ -146,6 +174,7 @@ class ActorRolloutRefWorker:
         metrics = run_updates(self.actor, batch, epochs=ac.ppo_epochs, mini_batches=mini,
                               micro_batch_size=ac.micro_batch_size, horizon=self.cfg.data.max_response_length,
                               make_loss=self._policy_loss_fn, keys=keys)
+        self._weights_version += 1
         return {f"actor/{k}": v for k, v in metrics.items()}
 
     def _policy_loss_fn(self, norm):
@@ -191,7 +220,9 @@ class ActorRolloutRefWorker:
         """Restore what save_checkpoint wrote (any number of ranks); returns its engine.json."""
         from rlctl.workers.checkpoint_io import load_engine
 
-        return load_engine(self.actor, path)
+        meta = load_engine(self.actor, path)
+        self._weights_version += 1
+        return meta
 
     @register(Dispatch.RANK0)
     def export_hf(self, out_dir: str, *, merge_lora: bool = True) -> None:
@@ -219,5 +250,7 @@ def _rollout_batch(prompts: Batch, out: dict, n: int, *, width: int, pad: int) -
         "input_ids": np.concatenate([prompt_ids, responses], axis=1),
         "attention_mask": np.concatenate([prompt_mask, response_mask], axis=1),
     }
+    if "rollout_log_prob" in out:   # GPU engines: their log-prob of each sampled token
+        rows["rollout_log_prob"] = out["rollout_log_prob"].astype(np.float32)
     carried = {k: np.repeat(v, n, axis=0) for k, v in prompts.tensors.items() if k not in _MODEL_KEYS}
     return Batch({**carried, **rows}, prompts.meta)

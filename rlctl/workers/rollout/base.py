@@ -29,6 +29,10 @@ TRUNCATED = "truncated"              # [B*n] bool, True when max_new_tokens ran 
 class RolloutEngine(ABC):
     """Generates n sampled responses per prompt with the policy's current weights."""
 
+    # False: the engine runs the trainer's own module (hf). True: it keeps its own copy of the
+    # weights (vLLM, SGLang), which the actor pushes with update_weights after every update.
+    owns_weights = False
+
     @abstractmethod
     def generate(self, prompt_ids: list[list[int]], *, n: int, max_new_tokens: int,
                  temperature: float = 1.0, top_p: float = 1.0, top_k: int = 0,
@@ -78,11 +82,19 @@ def check_sampling_args(prompt_ids: Any, n: int, max_new_tokens: int, temperatur
 
 
 def make_rollout_engine(name: str, model: Any, *, pad_token_id: int, eos_token_ids: list[int],
-                        **kwargs: Any) -> RolloutEngine:
-    """The engine called `name` ("hf", later "vllm"/"sglang") around `model`, imported lazily."""
+                        spec: Any = None, **kwargs: Any) -> RolloutEngine:
+    """The engine called `name`, imported lazily: "hf" runs `model` itself; "vllm" / "sglang"
+    load their own copy from `spec` (a rlctl.workers.rollout.gpu.GPUEngineSpec) on this rank's GPU."""
     if name == "hf":
         from rlctl.workers.rollout.hf import HFRolloutEngine
 
         return HFRolloutEngine(model, pad_token_id=pad_token_id, eos_token_ids=eos_token_ids, **kwargs)
-    raise UsageError(f"rollout engine {name!r} is not available in this build",
-                     hint="use rollout.engine = \"hf\" (vLLM/SGLang engines need a GPU install)")
+    if name in ("vllm", "sglang"):
+        if spec is None:
+            raise UsageError(f"the {name} rollout engine needs its settings (spec=GPUEngineSpec(...))")
+        if name == "vllm":
+            from rlctl.workers.rollout.vllm import VLLMRolloutEngine as engine
+        else:
+            from rlctl.workers.rollout.sglang import SGLangRolloutEngine as engine
+        return engine(spec, pad_token_id=pad_token_id, eos_token_ids=eos_token_ids)
+    raise UsageError(f"unknown rollout engine {name!r}", hint='use rollout.engine = "hf", "vllm" or "sglang"')

@@ -150,8 +150,10 @@ def test_bad_arguments_raise_usage_errors(model, prompts):
         eng.generate(prompts, n=0, max_new_tokens=4)
     with pytest.raises(UsageError, match="EOS"):
         HFRolloutEngine(model, pad_token_id=PAD, eos_token_ids=[])
-    with pytest.raises(UsageError, match="not available"):
+    with pytest.raises(UsageError, match="needs its settings"):
         make_rollout_engine("vllm", model, pad_token_id=PAD, eos_token_ids=EOS)
+    with pytest.raises(UsageError, match="unknown rollout engine"):
+        make_rollout_engine("tgi", model, pad_token_id=PAD, eos_token_ids=EOS)
 
 
 @pytest.mark.parametrize("fast", [True, False], ids=["decoder-runner", "hf-forward"])

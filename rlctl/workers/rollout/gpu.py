@@ -1,0 +1,102 @@
+"""What the vLLM and SGLang rollout engines share: their settings, seeds, and turning per-row
+token lists into the arrays of the engine interface. Pure Python + numpy + torch: testable on CPU.
+
+Both engines run in the actor's own process on its GPU (one engine per rank, tensor-parallel 1),
+hold their own copy of the weights, and are told the trained weights after every update
+(`rlctl.workers.rollout.weights.engine_weights`, no disk). Between generations they sleep: KV cache
+and weight copy are released so the trainer has the GPU, and the next `wake` + `update_weights`
+brings them back.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+
+from rlctl.errors import ConfigError, UsageError
+from rlctl.workers.rollout.base import PROMPT_INDEX, RESPONSE_LENGTH, RESPONSE_MASK, RESPONSES, TRUNCATED
+
+ROLLOUT_LOG_PROB = "rollout_log_prob"  # [B*n, T] float32: the engine's log-prob of each sampled token
+
+
+@dataclass(frozen=True)
+class GPUEngineSpec:
+    """The engine's settings, from [model], [data], [rollout] and [run]."""
+
+    model_path: str
+    dtype: str = "bfloat16"              # "bfloat16" | "float16" | "float32"
+    gpu_memory_utilization: float = 0.5  # share of the GPU the engine may take while awake
+    tensor_parallel_size: int = 1
+    max_model_len: int = 2048            # data.max_prompt_length + data.max_response_length
+    seed: int = 0
+    trust_remote_code: bool = False
+
+    @classmethod
+    def from_config(cls, config, dtype: str) -> "GPUEngineSpec":
+        rc, dc = config.rollout, config.data
+        return cls(model_path=config.model.path, dtype=dtype, gpu_memory_utilization=rc.gpu_memory_utilization,
+                   tensor_parallel_size=rc.tensor_parallel_size,
+                   max_model_len=dc.max_prompt_length + dc.max_response_length, seed=config.run.seed,
+                   trust_remote_code=config.model.trust_remote_code)
+
+
+def require(engine: str) -> None:
+    """UsageError (exit 2) unless `engine` is installed and a CUDA GPU is visible."""
+    if importlib.util.find_spec(engine) is None:
+        raise UsageError(f"rollout.engine = {engine!r} but {engine} is not installed",
+                         hint=f'pip install "rlctl[{engine}]" on a GPU machine, or use rollout.engine = "hf"')
+    import torch
+
+    if not torch.cuda.is_available():
+        raise UsageError(f"rollout.engine = {engine!r} needs a CUDA GPU and none is visible",
+                         hint='use rollout.engine = "hf" on CPU')
+
+
+def check_tensor_parallel(spec: GPUEngineSpec) -> None:
+    if spec.tensor_parallel_size != 1:
+        raise ConfigError(f"rollout.tensor_parallel_size = {spec.tensor_parallel_size}: the training rollout runs "
+                          "one engine per GPU rank (tensor-parallel 1)",
+                          hint="set rollout.tensor_parallel_size = 1 (rlctl serve takes --tensor-parallel-size)")
+
+
+def request_seeds(generator, count: int) -> list[int]:
+    """`count` per-request seeds drawn from the caller's torch.Generator (so a resumed run, which
+    restores the generator, asks the engine for the same samples)."""
+    import torch
+
+    return torch.randint(0, 2**31 - 1, (count,), generator=generator).tolist()
+
+
+def pack_responses(rows: Sequence[Sequence[int]], *, n: int, max_new_tokens: int, pad_token_id: int,
+                   eos_token_ids: Sequence[int], log_probs: Sequence[Sequence[float]] | None = None
+                   ) -> dict[str, np.ndarray]:
+    """Per-row generated ids (prompt-major, B*n rows) -> the engine interface's arrays.
+
+    A row ends at its first EOS (kept, as the hf engine does) or at max_new_tokens; anything an
+    engine returns after that is dropped. `log_probs` (same shape as `rows`) become
+    ROLLOUT_LOG_PROB, 0 on padding.
+    """
+    eos = set(int(e) for e in eos_token_ids)
+    count = len(rows)
+    responses = np.full((count, max_new_tokens), pad_token_id, dtype=np.int64)
+    mask = np.zeros((count, max_new_tokens), dtype=np.int64)
+    lengths = np.zeros(count, dtype=np.int64)
+    truncated = np.zeros(count, dtype=bool)
+    out_lp = np.zeros((count, max_new_tokens), dtype=np.float32) if log_probs is not None else None
+    for r, ids in enumerate(rows):
+        ids = [int(t) for t in ids[:max_new_tokens]]
+        stop = next((i + 1 for i, t in enumerate(ids) if t in eos), None)
+        ids = ids[:stop] if stop else ids
+        k = len(ids)
+        responses[r, :k], mask[r, :k], lengths[r] = ids, 1, k
+        truncated[r] = stop is None and k == max_new_tokens
+        if out_lp is not None:
+            out_lp[r, :k] = np.asarray(log_probs[r][:k], dtype=np.float32)
+    out = {RESPONSES: responses, RESPONSE_MASK: mask, RESPONSE_LENGTH: lengths,
+           PROMPT_INDEX: np.arange(count, dtype=np.int64) // n, TRUNCATED: truncated}
+    if out_lp is not None:
+        out[ROLLOUT_LOG_PROB] = out_lp
+    return out

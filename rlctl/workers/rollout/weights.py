@@ -1,0 +1,76 @@
+"""The trained policy's weights as the Hugging Face checkpoint names a GPU engine loads.
+
+vLLM's and SGLang's `load_weights` take (name, tensor) pairs named as in the model's HF
+safetensors (`model.layers.0.self_attn.q_proj.weight`, ...) and fuse q/k/v and gate/up
+themselves. The module the actor trains is named differently:
+    FSDP2 / torch.compile / checkpoint wrappers   `_orig_mod.`, `_fsdp_wrapped_module.`, ...
+    peft LoRA                                     `base_model.model.` + `<layer>.base_layer.weight`
+                                                  + `lora_A/lora_B` (merged here: W + s * B @ A)
+and tied embeddings exist once (`lm_head.weight` is the embedding; engines tie it themselves).
+`engine_weights` streams one tensor at a time, cast to the engine's dtype, so a sync never holds
+a second full copy of the model.
+"""
+
+from __future__ import annotations
+
+from typing import Iterator
+
+import torch
+
+_WRAPPER_SEGMENTS = ("_orig_mod.", "_fsdp_wrapped_module.", "_checkpoint_wrapped_module.")
+_PEFT_PREFIX = "base_model.model."
+
+
+def hf_name(name: str) -> str:
+    """A trained module's parameter name -> its HF checkpoint name (wrappers and peft removed)."""
+    for segment in _WRAPPER_SEGMENTS:
+        name = name.replace(segment, "")
+    if name.startswith(_PEFT_PREFIX):
+        name = name[len(_PEFT_PREFIX):]
+    return name.replace(".base_layer.", ".")
+
+
+def _full(t: torch.Tensor) -> torch.Tensor:
+    """A whole tensor: FSDP2 DTensor shards are gathered (a collective: every rank, same order)."""
+    return t.full_tensor() if hasattr(t, "full_tensor") else t
+
+
+def _lora_delta(module: torch.nn.Module) -> torch.Tensor | None:
+    """Sum over a peft LoRA layer's active adapters of scaling * B @ A ([out, in]), from whole
+    tensors (so sharded A and B work too)."""
+    adapters = [a for a in getattr(module, "active_adapters", []) if a in getattr(module, "lora_A", {})]
+    if any(getattr(module, "use_dora", {}).get(a) for a in adapters):
+        raise NotImplementedError("DoRA adapters cannot be synced to a GPU engine; use plain LoRA")
+    delta = None
+    for a in adapters:
+        d = (_full(module.lora_B[a].weight) @ _full(module.lora_A[a].weight)) * module.scaling[a]
+        d = d.T if getattr(module, "fan_in_fan_out", False) else d
+        delta = d if delta is None else delta + d
+    return delta
+
+
+def engine_weights(model: torch.nn.Module, *, dtype: torch.dtype | None = None,
+                   tied_embeddings: bool | None = None) -> Iterator[tuple[str, torch.Tensor]]:
+    """(HF name, tensor) for every weight an inference engine needs, LoRA merged.
+
+    Call inside `rlctl.workers.fsdp.whole_weights(model)` on every rank (parameters whole, no
+    per-tensor collectives); DTensors outside it are gathered one by one. `dtype`: the engine's
+    (None = as trained). `tied_embeddings`: drop `lm_head.weight` (None = the model config's).
+    """
+    if tied_embeddings is None:
+        config = getattr(model, "config", None)
+        tied_embeddings = bool(getattr(config, "tie_word_embeddings", False))
+    modules = dict(model.named_modules())
+    for name, param in model.named_parameters():
+        if ".lora_" in name or name.endswith(".lora_magnitude_vector"):
+            continue
+        out = hf_name(name)
+        if tied_embeddings and out == "lm_head.weight":
+            continue
+        tensor = _full(param.detach())
+        owner, _, leaf = name.rpartition(".base_layer.")
+        if leaf == "weight" and owner in modules:
+            delta = _lora_delta(modules[owner])
+            if delta is not None:
+                tensor = tensor + delta.detach().to(tensor.dtype)
+        yield out, tensor.to(dtype) if dtype is not None else tensor

@@ -1,0 +1,248 @@
+"""The vLLM and SGLang rollout engines: everything that does not need a GPU runs here (argument
+mapping, per-request seeds, response packing, HF weight names from plain / LoRA / FSDP2-sharded
+models, errors). The engines themselves are exercised in test_gpu_engines_cuda.py (marked gpu)."""
+
+from __future__ import annotations
+
+import copy
+import os
+
+import numpy as np
+import pytest
+import torch
+import torch.multiprocessing as mp
+from safetensors import safe_open
+
+from rlctl.errors import ConfigError, UsageError
+from rlctl.workers.rollout import make_rollout_engine
+from rlctl.workers.rollout.gpu import ROLLOUT_LOG_PROB, GPUEngineSpec, pack_responses, request_seeds
+from rlctl.workers.rollout.sglang import buckets, output_log_probs, sglang_engine_args, sglang_sampling_params
+from rlctl.workers.rollout.vllm import sampled_log_probs, vllm_engine_args, vllm_sampling_args
+from rlctl.workers.rollout.weights import engine_weights, hf_name
+
+EOS = [258, 256]
+
+
+def spec(**kw) -> GPUEngineSpec:
+    return GPUEngineSpec(**{"model_path": "/models/qwen", **kw})
+
+
+def test_spec_comes_from_the_config(tiny_model_dir):
+    from rlctl.config.schema import Config, DataConfig, ModelConfig, RolloutConfig, RunConfig
+
+    cfg = Config(run=RunConfig(seed=5), model=ModelConfig(path=str(tiny_model_dir)),
+                 data=DataConfig(max_prompt_length=100, max_response_length=28),
+                 rollout=RolloutConfig(engine="vllm", gpu_memory_utilization=0.4))
+    s = GPUEngineSpec.from_config(cfg, "bfloat16")
+    assert s == GPUEngineSpec(model_path=str(tiny_model_dir), dtype="bfloat16", gpu_memory_utilization=0.4,
+                              tensor_parallel_size=1, max_model_len=128, seed=5, trust_remote_code=False)
+
+
+def test_vllm_engine_args():
+    args = vllm_engine_args(spec(gpu_memory_utilization=0.35, max_model_len=640, seed=3))
+    assert args["model"] == args["tokenizer"] == "/models/qwen"
+    assert args["gpu_memory_utilization"] == 0.35 and args["max_model_len"] == 640 and args["seed"] == 3
+    assert args["tensor_parallel_size"] == 1 and args["dtype"] == "bfloat16"
+    assert args["enable_sleep_mode"] is True                      # sleep/wake around training
+    assert args["distributed_executor_backend"] == "external_launcher"  # in-process, joins the rank's world
+    assert args["logprobs_mode"] == "processed_logprobs"          # after temperature, like the trainer
+
+
+def test_sglang_engine_args():
+    args = sglang_engine_args(spec(gpu_memory_utilization=0.35, max_model_len=640, seed=3, dtype="float16"), gpu_id=1)
+    assert args["base_gpu_id"] == 1
+    assert args["model_path"] == "/models/qwen" and args["mem_fraction_static"] == 0.35
+    assert args["context_length"] == 640 and args["random_seed"] == 3 and args["tp_size"] == 1
+    assert args["dtype"] == "float16" and args["enable_memory_saver"] is True and args["skip_tokenizer_init"]
+
+
+def test_vllm_launcher_env(monkeypatch):
+    from rlctl.workers.rollout.vllm import launcher_env
+
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)   # no GPU here: the device index is faked
+    for key in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.delenv(key, raising=False)
+    lone = launcher_env()                                           # a process outside any group
+    assert lone["LOCAL_RANK"] == "0" and lone["RANK"] == "0" and lone["WORLD_SIZE"] == "1"
+    assert int(lone["MASTER_PORT"]) > 0
+    monkeypatch.setenv("RANK", "3")                                 # a rank of a worker group: its world
+    assert launcher_env() == {"LOCAL_RANK": "0"}
+
+
+def test_vllm_sampling_maps_rlctl_conventions():
+    base = dict(n=4, max_new_tokens=32, top_p=0.9, seed=11, eos_token_ids=EOS)
+    sampled = vllm_sampling_args(temperature=0.7, top_k=0, greedy=False, **base)
+    assert sampled == {"n": 4, "max_tokens": 32, "temperature": 0.7, "top_p": 0.9, "top_k": 0, "seed": 11,
+                       "stop_token_ids": EOS, "logprobs": 0, "detokenize": False}
+    assert vllm_sampling_args(temperature=0.7, top_k=20, greedy=False, **base)["top_k"] == 20
+    greedy = vllm_sampling_args(temperature=0.7, top_k=20, greedy=True, **base)
+    assert (greedy["temperature"], greedy["top_p"], greedy["top_k"]) == (0.0, 1.0, 0)
+    assert vllm_sampling_args(temperature=0.0, top_k=5, greedy=False, **base)["temperature"] == 0.0
+    with pytest.raises(UsageError, match="temperature <= 2"):
+        vllm_sampling_args(temperature=2.5, top_k=0, greedy=False, **base)
+
+
+def test_sglang_sampling_maps_top_k_off_to_minus_one():
+    base = dict(max_new_tokens=32, top_p=0.9, seed=11, eos_token_ids=EOS)
+    off = sglang_sampling_params(temperature=0.7, top_k=0, greedy=False, **base)
+    assert off == {"max_new_tokens": 32, "temperature": 0.7, "top_p": 0.9, "top_k": -1,
+                   "stop_token_ids": EOS, "sampling_seed": 11}            # SGLang rejects top_k = 0
+    assert sglang_sampling_params(temperature=0.7, top_k=20, greedy=False, **base)["top_k"] == 20
+    greedy = sglang_sampling_params(temperature=0.7, top_k=20, greedy=True, **base)
+    assert (greedy["temperature"], greedy["top_p"], greedy["top_k"]) == (0.0, 1.0, -1)
+
+
+def test_request_seeds_follow_the_generator():
+    a = request_seeds(torch.Generator().manual_seed(4), 6)
+    assert a == request_seeds(torch.Generator().manual_seed(4), 6)          # resume: same generator, same seeds
+    assert len(set(a)) == 6 and all(0 <= s < 2**31 - 1 for s in a)
+    g = torch.Generator().manual_seed(4)
+    assert request_seeds(g, 3) != request_seeds(g, 3)                        # the generator advances
+
+
+def test_pack_responses_cuts_at_eos_and_marks_truncation():
+    rows = [[5, 6, 258, 9, 9],      # EOS kept, what follows dropped
+            [7, 8, 9, 10],          # ran out of tokens: truncated
+            [11, 256],              # the other EOS id
+            [12, 13]]               # stopped without an EOS (a stop the engine swallowed): not truncated
+    lps = [[-0.1, -0.2, -0.3, -9, -9], [-1.0, -1.1, -1.2, -1.3], [-2.0, -2.1], [-3.0, -3.1]]
+    out = pack_responses(rows, n=2, max_new_tokens=4, pad_token_id=259, eos_token_ids=EOS, log_probs=lps)
+    assert out["responses"].tolist() == [[5, 6, 258, 259], [7, 8, 9, 10], [11, 256, 259, 259], [12, 13, 259, 259]]
+    assert out["response_mask"].tolist() == [[1, 1, 1, 0], [1, 1, 1, 1], [1, 1, 0, 0], [1, 1, 0, 0]]
+    assert out["response_length"].tolist() == [3, 4, 2, 2]
+    assert out["truncated"].tolist() == [False, True, False, False]
+    assert out["prompt_index"].tolist() == [0, 0, 1, 1]
+    np.testing.assert_allclose(out[ROLLOUT_LOG_PROB], [[-0.1, -0.2, -0.3, 0], [-1.0, -1.1, -1.2, -1.3],
+                                                       [-2.0, -2.1, 0, 0], [-3.0, -3.1, 0, 0]], rtol=1e-6)
+    assert ROLLOUT_LOG_PROB not in pack_responses(rows, n=1, max_new_tokens=4, pad_token_id=259, eos_token_ids=EOS)
+
+
+def test_engine_log_prob_readers():
+    class Logprob:
+        def __init__(self, v):
+            self.logprob = v
+
+    class Completion:  # the fields of vllm.outputs.CompletionOutput that are read
+        token_ids = [4, 9]
+        logprobs = [{4: Logprob(-0.5)}, {9: Logprob(-1.5), 3: Logprob(-0.1)}]
+
+    assert sampled_log_probs(Completion()) == [-0.5, -1.5]
+    Completion.logprobs = None
+    assert sampled_log_probs(Completion()) == [0.0, 0.0]
+    out = {"output_ids": [4, 9], "meta_info": {"output_token_logprobs": [(-0.5, 4, None), (-1.5, 9, None)]}}
+    assert output_log_probs(out) == [-0.5, -1.5]
+
+
+def test_weight_buckets_bound_each_update():
+    t = [(f"w{i}", torch.zeros(n, dtype=torch.float32)) for i, n in enumerate([10, 10, 30, 5, 1])]
+    got = [[name for name, _ in b] for b in buckets(t, limit=80)]     # 40, 40, 120, 20, 4 bytes
+    assert got == [["w0", "w1"], ["w2"], ["w3", "w4"]]
+
+
+def test_hf_names_drop_wrappers_and_peft():
+    assert hf_name("_orig_mod.model.layers.0.mlp.up_proj.weight") == "model.layers.0.mlp.up_proj.weight"
+    assert hf_name("base_model.model.model.layers.1.self_attn.q_proj.base_layer.weight") == \
+        "model.layers.1.self_attn.q_proj.weight"
+    assert hf_name("model.layers.0._checkpoint_wrapped_module.input_layernorm.weight") == \
+        "model.layers.0.input_layernorm.weight"
+
+
+def _checkpoint_names(model_dir) -> set[str]:
+    with safe_open(str(model_dir / "model.safetensors"), "pt") as f:
+        return set(f.keys())
+
+
+@pytest.mark.parametrize("tied", [True, False], ids=["tied", "untied"])
+def test_engine_weights_are_the_checkpoint_tensors(tiny_model_dir, tiny_untied_model_dir, tied):
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM
+
+    model_dir = tiny_model_dir if tied else tiny_untied_model_dir
+    model = AutoModelForCausalLM.from_pretrained(model_dir)
+    weights = dict(engine_weights(model, dtype=torch.bfloat16))
+    saved = load_file(str(model_dir / "model.safetensors"))
+    assert set(weights) == _checkpoint_names(model_dir) and ("lm_head.weight" in weights) == (not tied)
+    assert all(weights[k].dtype == torch.bfloat16 and torch.equal(weights[k], saved[k].to(torch.bfloat16))
+               for k in weights)
+
+
+def _lora_model(model_dir):
+    from transformers import AutoModelForCausalLM
+
+    from rlctl.config.schema import LoraConfig
+    from rlctl.workers.models import apply_lora
+
+    torch.manual_seed(0)
+    model = apply_lora(AutoModelForCausalLM.from_pretrained(model_dir), LoraConfig(rank=4, alpha=16.0))
+    with torch.no_grad():   # a trained adapter: B is zero at init, which would hide a missing merge
+        for name, p in model.named_parameters():
+            if "lora_B" in name:
+                p.normal_(std=0.05)
+    return model
+
+
+def test_lora_is_merged_with_its_scaling(tiny_untied_model_dir):
+    model = _lora_model(tiny_untied_model_dir)
+    weights = dict(engine_weights(model))
+    merged = copy.deepcopy(model).merge_and_unload().state_dict()   # peft's own merge
+    assert set(weights) == _checkpoint_names(tiny_untied_model_dir)
+    assert max(float((weights[k] - merged[k]).abs().max()) for k in weights) < 1e-6
+    base = _lora_model(tiny_untied_model_dir).get_base_model().state_dict()
+    assert not torch.equal(weights["model.layers.0.self_attn.q_proj.weight"],
+                           base["model.layers.0.self_attn.q_proj.base_layer.weight"])
+
+
+def _rank_main(rank, model_dir, init_file, out_dir, lora):
+    import torch.distributed as dist
+    from torch.distributed.tensor import DTensor
+
+    from rlctl.workers.fsdp import shard, whole_weights
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=2)
+    if lora:
+        model = _lora_model(model_dir)
+    else:
+        from transformers import AutoModelForCausalLM
+
+        model = AutoModelForCausalLM.from_pretrained(model_dir)
+    shard(model)
+    assert all(isinstance(p, DTensor) for p in model.parameters())
+    gathered = {k: v.clone() for k, v in engine_weights(model)}        # DTensors gathered one by one
+    with whole_weights(model):
+        whole = {k: v.clone() for k, v in engine_weights(model)}        # the actor's path
+    torch.save({"gathered": gathered, "whole": whole}, os.path.join(out_dir, f"rank{rank}.pt"))
+    dist.destroy_process_group()
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("lora", [False, True], ids=["full", "lora"])
+def test_fsdp2_sharded_policy_gives_the_same_engine_weights_on_every_rank(tiny_untied_model_dir, tmp_path, lora):
+    from transformers import AutoModelForCausalLM
+
+    mp.start_processes(_rank_main, args=(tiny_untied_model_dir, str(tmp_path / "pg"), str(tmp_path), lora),
+                       nprocs=2, join=True, start_method="spawn")
+    plain = _lora_model(tiny_untied_model_dir) if lora else AutoModelForCausalLM.from_pretrained(tiny_untied_model_dir)
+    expected = dict(engine_weights(plain))
+    for rank in range(2):
+        got = torch.load(tmp_path / f"rank{rank}.pt", weights_only=True)
+        for path in ("gathered", "whole"):
+            assert set(got[path]) == set(expected)
+            assert max(float((got[path][k] - expected[k]).abs().max()) for k in expected) < 1e-6
+
+
+def test_engine_errors_are_usage_errors(monkeypatch):
+    from rlctl.workers.rollout import gpu
+
+    for name in ("vllm", "sglang"):
+        if gpu.importlib.util.find_spec(name) is None:   # the CPU machine: not installed
+            with pytest.raises(UsageError, match=f'pip install "rlctl\\[{name}\\]"') as err:
+                make_rollout_engine(name, None, pad_token_id=0, eos_token_ids=EOS, spec=spec())
+            assert err.value.exit_code == 2
+    # installed but no GPU (the package's presence is faked: it cannot be installed here)
+    monkeypatch.setattr(gpu.importlib.util, "find_spec", lambda name: object())
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(UsageError, match="needs a CUDA GPU"):
+        gpu.require("vllm")
+    with pytest.raises(ConfigError, match="tensor-parallel 1"):
+        gpu.check_tensor_parallel(spec(tensor_parallel_size=2))

@@ -1,0 +1,152 @@
+"""The actor's side of a GPU engine: after every update the engine generates with exactly the trained
+weights (LoRA merged), it sleeps between generations and is woken and re-synced before the next,
+and the controller's drift metric sees a stale engine.
+
+vLLM and SGLang need a CUDA GPU, so `CopyEngine` stands in for them here: like them it keeps its
+own copy of the model (loaded from model.path), takes weights only through `update_weights`
+(HF names, every one of them), loses them when it sleeps (vLLM sleep level 2: here they become
+NaN, so a missed re-sync cannot go unnoticed) and reports its log-prob of every sampled token.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from rollout_models import PAD
+
+from rlctl.config.schema import (ActorConfig, Config, DataConfig, LoraConfig, ModelConfig, RolloutConfig,
+                                 RunConfig)
+from rlctl.runtime import Batch
+from rlctl.workers.rollout.base import RolloutEngine
+from rlctl.workers.rollout.gpu import ROLLOUT_LOG_PROB
+
+T = 6
+
+
+class CopyEngine(RolloutEngine):
+    owns_weights = True
+
+    def __init__(self, model_dir, eos_token_ids):
+        from safetensors import safe_open
+        from transformers import AutoModelForCausalLM
+
+        self.model = AutoModelForCausalLM.from_pretrained(model_dir).eval()
+        with safe_open(str(model_dir / "model.safetensors"), "pt") as f:
+            self.names = set(f.keys())
+        self.eos, self.events = eos_token_ids, []
+
+    def update_weights(self, weights=None):
+        state = dict(weights)
+        assert set(state) == self.names, "an engine needs every checkpoint tensor, by its HF name"
+        missing, unexpected = self.model.load_state_dict(state, strict=False)
+        assert not unexpected and set(missing) <= {"lm_head.weight"}   # tied: the embedding
+        self.events.append("update")
+
+    def generate(self, prompt_ids, *, n, max_new_tokens, temperature=1.0, top_p=1.0, top_k=0, generator=None,
+                 greedy=False):
+        from rlctl.workers.logprob import response_log_probs
+        from rlctl.workers.rollout.hf import HFRolloutEngine
+
+        self.events.append("generate")
+        out = HFRolloutEngine(self.model, pad_token_id=PAD, eos_token_ids=self.eos).generate(
+            prompt_ids, n=n, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
+            generator=generator, greedy=greedy)
+        width = max(len(p) for p in prompt_ids)
+        prompts = torch.tensor([[PAD] * (width - len(p)) + p for p in prompt_ids]).repeat_interleave(n, 0)
+        valid = (torch.arange(width) >= width - torch.tensor([len(p) for p in prompt_ids])[:, None])
+        ids = torch.cat([prompts, torch.from_numpy(out["responses"])], 1)
+        mask = torch.cat([valid.repeat_interleave(n, 0).long(), torch.from_numpy(out["response_mask"])], 1)
+        with torch.no_grad():
+            lp = response_log_probs(self.model, ids, mask, max_new_tokens, temperature=temperature or 1.0)["log_prob"]
+        out[ROLLOUT_LOG_PROB] = (lp * torch.from_numpy(out["response_mask"])).numpy()
+        return out
+
+    def sleep(self):
+        with torch.no_grad():
+            for p in self.model.parameters():
+                p.fill_(float("nan"))
+        self.events.append("sleep")
+
+    def wake(self):
+        self.events.append("wake")
+
+
+def config(model_dir, lora: bool) -> Config:
+    return Config(run=RunConfig(seed=1), model=ModelConfig(path=str(model_dir), lora=LoraConfig(rank=4 if lora else 0)),
+                  data=DataConfig(batch_size=2, max_prompt_length=8, max_response_length=T),
+                  actor=ActorConfig(lr=5e-2, micro_batch_size=4, grad_clip=0.0),
+                  rollout=RolloutConfig(engine="vllm", n=2, temperature=1.0))
+
+
+def prompts() -> Batch:
+    ids = np.array([[PAD, PAD, 72, 105, 33], [10, 20, 30, 40, 50]])
+    return Batch({"input_ids": ids, "attention_mask": (ids != PAD).astype(np.int64)})
+
+
+@pytest.mark.parametrize("model,lora", [("tied", False), ("untied", True)], ids=["full-tied", "lora-untied"])
+def test_engine_generates_with_the_trained_weights(tiny_model_dir, tiny_untied_model_dir, model, lora):
+    from rlctl.controller.trainer import rollout_drift
+    from rlctl.workers.actor import ActorRolloutRefWorker
+
+    model_dir = tiny_model_dir if model == "tied" else tiny_untied_model_dir
+    worker = ActorRolloutRefWorker(config(model_dir, lora), total_steps=4)
+    engine = worker._rollout = CopyEngine(model_dir, worker.eos_ids)
+
+    first = worker.generate(prompts(), seed=7)          # the engine starts with model.path's weights
+    assert engine.events == ["generate", "sleep"]
+    assert ROLLOUT_LOG_PROB in first and first[ROLLOUT_LOG_PROB].shape == (4, T)
+    first = first.union(worker.compute_log_prob(first))
+    assert rollout_drift(first)["rollout/logprob_diff_max"] < 1e-4
+
+    advantages = np.where(first["response_mask"] > 0, np.linspace(-1, 1, 4)[:, None], 0).astype(np.float32)
+    worker.update_actor(Batch({**first.tensors, "advantages": advantages}))
+    second = worker.generate(prompts(), seed=8)          # woken, re-synced with the trained weights
+    assert engine.events[2:] == ["wake", "update", "generate", "sleep"]
+    second = second.union(worker.compute_log_prob(second))
+    drift = rollout_drift(second)
+    assert drift["rollout/logprob_diff_max"] < 1e-4 and drift["rollout/prob_diff_mean"] < 1e-5
+
+    third = worker.generate(prompts(), seed=8, mode="greedy")   # slept in between: synced again
+    assert engine.events[6:] == ["wake", "update", "generate", "sleep"]
+    assert np.isfinite(third[ROLLOUT_LOG_PROB]).all()
+
+    # A stale engine (model.path's weights, not the trained ones) shows in the drift metric.
+    stale = CopyEngine(model_dir, worker.eos_ids).generate(
+        [row[m != 0].tolist() for row, m in zip(prompts()["input_ids"], prompts()["attention_mask"])],
+        n=2, max_new_tokens=T, generator=torch.Generator().manual_seed(0))
+    batch = worker.generate(prompts(), seed=8)
+    batch[ROLLOUT_LOG_PROB] = stale[ROLLOUT_LOG_PROB]
+    batch = Batch({**batch.tensors, "responses": stale["responses"], "response_mask":
+                   stale["response_mask"].astype(np.float32)})
+    width = batch["prompts"].shape[1]
+    batch["input_ids"] = np.concatenate([batch["prompts"], stale["responses"]], 1)
+    batch["attention_mask"] = np.concatenate([batch["attention_mask"][:, :width], stale["response_mask"]], 1)
+    batch = batch.union(worker.compute_log_prob(batch))
+    assert rollout_drift(batch)["rollout/logprob_diff_mean"] > 1e-2
+
+
+def test_drift_metric_by_hand():
+    from rlctl.controller.trainer import rollout_drift
+
+    batch = Batch({"response_mask": np.array([[1, 1, 0], [1, 0, 0]], dtype=np.float32),
+                   "old_log_prob": np.array([[-1.0, -2.0, 0.0], [-0.5, 0.0, 0.0]], dtype=np.float32),
+                   "rollout_log_prob": np.array([[-1.5, -2.0, -9.0], [-0.25, 0.0, 0.0]], dtype=np.float32)})
+    got = rollout_drift(batch)
+    assert got["rollout/logprob_diff_mean"] == pytest.approx((0.5 + 0 + 0.25) / 3)
+    assert got["rollout/logprob_diff_max"] == pytest.approx(0.5)
+    probs = abs(np.exp(-1) - np.exp(-1.5)) + 0 + abs(np.exp(-0.5) - np.exp(-0.25))
+    assert got["rollout/prob_diff_mean"] == pytest.approx(probs / 3)
+
+
+def test_gpu_engines_make_the_trainer_recompute_old_log_probs(tiny_model_dir):
+    import dataclasses
+
+    from rlctl.controller.setup import TrainSetup
+
+    base = config(tiny_model_dir, lora=False)
+    fields = dict(config_dir=None, run_dir=None, tokenizer=None, pad_token_id=PAD, loader=None, val_rows=[],
+                  total_steps=1, needs=None, kl_ctrl=None)
+    hf = dataclasses.replace(base, rollout=dataclasses.replace(base.rollout, engine="hf"))
+    assert not TrainSetup(config=hf, **fields).recompute_old_log_prob        # on-policy: log-probs reused
+    assert TrainSetup(config=base, **fields).recompute_old_log_prob          # vllm: the trainer's own
