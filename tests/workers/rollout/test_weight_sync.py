@@ -150,3 +150,18 @@ def test_gpu_engines_make_the_trainer_recompute_old_log_probs(tiny_model_dir):
     hf = dataclasses.replace(base, rollout=dataclasses.replace(base.rollout, engine="hf"))
     assert not TrainSetup(config=hf, **fields).recompute_old_log_prob        # on-policy: log-probs reused
     assert TrainSetup(config=base, **fields).recompute_old_log_prob          # vllm: the trainer's own
+
+
+def test_large_drift_is_reported_once(tiny_model_dir):
+    from types import SimpleNamespace
+
+    from rlctl.controller.trainer import Trainer
+
+    printed = []
+    trainer = Trainer(SimpleNamespace(config=config(tiny_model_dir, lora=False),
+                                      display=SimpleNamespace(print=printed.append)))
+    trainer.warn_drift(1, {"rollout/logprob_diff_mean": 0.004})          # bf16 noise: quiet
+    assert printed == []
+    trainer.warn_drift(2, {"rollout/logprob_diff_mean": 0.8})
+    trainer.warn_drift(3, {"rollout/logprob_diff_mean": 0.9})
+    assert len(printed) == 1 and "step 2: the vllm engine's log-probs differ" in printed[0]
