@@ -110,7 +110,8 @@ class ActorRolloutRefWorker:
         generator.manual_seed(int(np.random.SeedSequence([seed, self.rank]).generate_state(1)[0]))
         engine = self._ready_engine()
         try:
-            with self.actor.autocast():
+            # the hf engine runs the trainer's module (its autocast); GPU engines have their own dtype
+            with self.actor.autocast() if not engine.owns_weights else contextlib.nullcontext():
                 out = engine.generate(
                     prompts, n=n, max_new_tokens=self.cfg.data.max_response_length, temperature=temperature,
                     top_p=rc.top_p, top_k=rc.top_k, generator=generator, greedy=temperature == 0)

@@ -87,7 +87,8 @@ class VLLMRolloutEngine(RolloutEngine):
         self.asleep = False
 
     def _model(self):
-        return self.llm.llm_engine.model_executor.driver_worker.worker.model_runner.model
+        """The engine's model itself (get_model unwraps CUDA-graph wrappers)."""
+        return self.llm.llm_engine.model_executor.driver_worker.worker.model_runner.get_model()
 
     def generate(self, prompt_ids: list[list[int]], *, n: int, max_new_tokens: int, temperature: float = 1.0,
                  top_p: float = 1.0, top_k: int = 0, generator=None, greedy: bool = False) -> dict[str, np.ndarray]:
