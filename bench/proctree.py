@@ -51,6 +51,24 @@ def _pss(pid: int) -> int:
     return 0
 
 
+def part_of(pid: int, root: int) -> str:
+    """Which part of a training run a process is: controller, worker rank, Ray daemon, reward pool."""
+    if pid == root:
+        return "controller"
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            cmd = f.read().replace(b"\0", b" ").decode(errors="replace")
+    except (FileNotFoundError, ProcessLookupError):
+        return "other"
+    if cmd.startswith("ray::") and "Agent" not in cmd:
+        return "worker ranks"
+    if "multiprocessing" in cmd:
+        return "reward pool"
+    if "/ray/" in cmd or cmd.startswith("ray::"):
+        return "Ray daemons"
+    return "other"
+
+
 def machine_busy_s() -> float:
     """CPU seconds all cores of the machine have been busy since boot."""
     with open("/proc/stat") as f:
@@ -84,6 +102,7 @@ class TreeSampler:
     def __init__(self, root_pid: int, interval_s: float = 0.25, pss_every: int = 4):
         self.root, self.interval, self.pss_every = root_pid, interval_s, pss_every
         self.peak_rss = self.peak_pss = 0
+        self.peak_parts: dict[str, int] = {}  # RSS per part_of() at the moment of peak_rss
         self.samples: list[tuple[float, float, float]] = []  # (time, machine busy s, tree CPU s)
         self._cpu: dict[int, float] = {}   # last CPU seconds seen per pid (kept after it exits)
         self._stop = threading.Event()
@@ -108,7 +127,13 @@ class TreeSampler:
     def _sample(self, i: int) -> None:
         pids = tree(self.root)
         self._cpu.update(pids)
-        self.peak_rss = max(self.peak_rss, sum(_rss(p) for p in pids))
+        rss = {p: _rss(p) for p in pids}
+        if sum(rss.values()) > self.peak_rss:
+            self.peak_rss = sum(rss.values())
+            self.peak_parts = {}
+            for p, r in rss.items():
+                part = part_of(p, self.root)
+                self.peak_parts[part] = self.peak_parts.get(part, 0) + r
         if i % self.pss_every == 0:
             self.peak_pss = max(self.peak_pss, sum(_pss(p) for p in pids))
         self.samples.append((time.perf_counter(), machine_busy_s(), sum(self._cpu.values())))

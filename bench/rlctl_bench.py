@@ -184,6 +184,7 @@ def run_rlctl(size: str, a) -> dict:
     measured = steps[a.warmup:]
     t_first = steps[a.warmup - 1]["t_end"] if a.warmup else t0
     out = summarize(measured)
+    out.update({f"rss_{part}": v for part, v in sampler.peak_parts.items()})
     out.update(peak_rss=sampler.peak_rss, peak_pss=sampler.peak_pss, wall_s=wall,
                startup_s=snaps[0][1] - per_step[0]["timing/step_s"] - t0,
                foreign_cores=sampler.foreign_cores(t_first, measured[-1]["t_end"]),
@@ -310,6 +311,8 @@ def fmt_table(results: dict, peak: float, threads: int) -> str:
     row("generated tokens/s", "gen_tok_s", fmt="{:.0f}")
     row(f"MFU (vs {peak / 1e9:.0f} GFLOP/s fp32 mm, {threads} thr)", "mfu", 100, "{:.1f}%")
     row("peak RSS, process tree (MiB)", "peak_rss", 2 ** -20, "{:.0f}")
+    for part in ("controller", "worker ranks", "Ray daemons", "reward pool"):   # rlctl's peak RSS, split
+        row(f"&nbsp;&nbsp;of which {part} (MiB)", f"rss_{part}", 2 ** -20, "{:.0f}", ratio=False)
     row("peak PSS, process tree (MiB)", "peak_pss", 2 ** -20, "{:.0f}")
     row("controller overhead (wall - slowest rank)", "dispatch_share", 100, "{:.1f}%", ratio=False)
     row("controller's own work (reward, adv, metrics)", "controller_share", 100, "{:.1f}%", ratio=False)
