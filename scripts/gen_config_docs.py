@@ -34,7 +34,9 @@ def _rules(meta) -> str:
         if meta.get(name) is not None:
             parts.append(f"{sign} {meta[name]}")
     if meta.get("choices"):
-        parts.append("one of " + ", ".join(f"`{c}`" for c in meta["choices"]))
+        names = ", ".join(f"`{c}`" for c in meta["choices"])
+        parts.append(f"built-in: {names}, or a name an `algorithm.plugins` file registers" if meta.get("extensible")
+                     else "one of " + names)
     return "; ".join(parts)
 
 

@@ -8,7 +8,7 @@ training data, a reward file). At resume, `check_resume(saved, current)` compare
         model.* (but gradient_checkpointing / trust_remote_code), algorithm.*, actor.* and
         critic.* (but micro_batch_size; critic keys only when the algorithm has a critic),
         data.* for training, rollout.n / temperature / top_p / top_k, reward.function (and the
-        file's content), reward.format_score / overlong.*, run.seed, the model's and the
+        file's content), algorithm.plugins (and the files' contents), reward.format_score / overlong.*, run.seed, the model's and the
         tokenizer's files, the training files' contents.
     HARMLESS (a notice): run length, logging, saving and validation cadence, validation
         sampling, rollout engine and its memory settings, reward timeout / workers / on_error,
@@ -53,7 +53,8 @@ HARMLESS: dict[str, str] = {
 }
 
 # Path settings whose meaning is the files' contents: compared by fingerprint, not by spelling.
-FINGERPRINTED = {"model.path": "model", "data.train_files": "train_files", "reward.function": "reward_function"}
+FINGERPRINTED = {"model.path": "model", "data.train_files": "train_files", "reward.function": "reward_function",
+                 "algorithm.plugins": "plugins"}
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
                    "chat_template.jinja", "chat_template.json", "vocab.json", "merges.txt", "tokenizer.model",
@@ -80,6 +81,7 @@ def run_fingerprint(config_dict: dict, config_dir: str | os.PathLike,
         "tokenizer": tokenizer_fingerprint(tok_dir) if tok_dir else None,
         "train_files": _data_fingerprint(config_dict["data"]["train_files"], base),
         "reward_function": _reward_fingerprint(config_dict["reward"]["function"], base),
+        "plugins": _plugins_fingerprint(config_dict["algorithm"].get("plugins", []), base),
     }}
 
 
@@ -139,6 +141,13 @@ def _data_fingerprint(files: list, base: Path) -> str | None:
     from rlctl.data.dataset import files_fingerprint
 
     return files_fingerprint([_resolve(f, base) for f in files]) if files else None
+
+
+def _plugins_fingerprint(files: list, base: Path) -> str | None:
+    """algorithm.plugins: the files that define the run's own estimators and losses (missing ones
+    are validate's to report, so they are left out here)."""
+    paths = [_resolve(f, base) for f in files]
+    return _data_fingerprint([str(p) for p in paths if p.is_file()], base) if any(p.is_file() for p in paths) else None
 
 
 def _reward_fingerprint(spec: str, base: Path) -> str | None:

@@ -21,8 +21,8 @@ def _field_schema(f) -> dict:
         out["default"] = list(default)
     else:
         out["default"] = default
-        if meta.get("choices"):
-            out["enum"] = list(meta["choices"])
+        if meta.get("choices"):   # extensible: plugins may register other names, so only suggest these
+            out["examples" if meta.get("extensible") else "enum"] = list(meta["choices"])
     for name, key in (("ge", "minimum"), ("gt", "exclusiveMinimum"), ("le", "maximum"), ("lt", "exclusiveMaximum")):
         if meta.get(name) is not None:
             out[key] = meta[name]

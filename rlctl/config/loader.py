@@ -166,7 +166,7 @@ def check_value(key: str, f: dataclasses.Field, value: Any) -> tuple[Any, list[s
 def _bounds(meta, value) -> list[str]:
     problems = []
     choices = meta.get("choices")
-    if choices:
+    if choices and not meta.get("extensible"):
         bad = [v for v in (value if isinstance(value, tuple) else (value,)) if v not in choices]
         for v in bad:
             problems.append(f"{v!r} is not one of {', '.join(map(repr, choices))}{suggest(str(v), choices)}")
@@ -183,6 +183,13 @@ def _show(value) -> str:
     return f"{type(value).__name__} {value!r}"[:80]
 
 
+def _leaf_paths(table: dict, prefix: str) -> list[str]:
+    out = []
+    for k, v in table.items():
+        out += _leaf_paths(v, f"{prefix}.{k}") if isinstance(v, dict) and v else [f"{prefix}.{k}"]
+    return out
+
+
 def build_section(cls, raw: dict, prefix: str, problems: list[Problem], lines: dict) -> Any:
     """Instantiate dataclass `cls` from `raw`, appending problems instead of raising."""
     known = {f.name: f for f in fields(cls)}
@@ -191,6 +198,11 @@ def build_section(cls, raw: dict, prefix: str, problems: list[Problem], lines: d
         key = prefix + name
         if name not in known:
             options = [k for k in LEAF_KEYS if k.startswith(prefix)] + [prefix + n for n in known]
+            if isinstance(value, dict) and value:   # a misspelt section: name its keys (acter.lr -> actor.lr)
+                for inner in _leaf_paths(value, key):
+                    problems.append(Problem(inner, f"unknown key{suggest(inner, LEAF_KEYS) or suggest(key, options)}",
+                                            lines.get(inner, lines.get(key))))
+                continue
             problems.append(Problem(key, f"unknown key{suggest(key, options) or suggest(key, LEAF_KEYS)}",
                                     lines.get(key)))
             continue
@@ -233,6 +245,7 @@ def load_config(path: str | Path | None, overrides: list[str] | tuple = (), *, s
     for word in overrides:
         key, value = parse_override(word)
         set_dotted(raw, key, value)
+        lines.pop(key, None)   # an overridden key's problems are the override's, not that file line's
     problems: list[Problem] = []
     config = build_section(Config, raw, "", problems, lines)
     errors = [p for p in problems if p.severity == "error"]

@@ -15,10 +15,13 @@ from typing import Any
 
 
 def opt(default: Any, help: str, *, ge=None, gt=None, le=None, lt=None, choices=None,
-        required: bool = False, path: bool = False) -> Any:
-    """A config field with its help text, bounds and allowed values in `metadata`."""
+        required: bool = False, path: bool = False, extensible: bool = False) -> Any:
+    """A config field with its help text, bounds and allowed values in `metadata`.
+
+    extensible: `choices` are the built-in names; algorithm.plugins may register more, so the
+    value is checked against the registry by validate, not against `choices` by the loader."""
     meta = {"help": help, "ge": ge, "gt": gt, "le": le, "lt": lt, "choices": choices,
-            "required": required, "path": path}
+            "required": required, "path": path, "extensible": extensible}
     if isinstance(default, (list, tuple)):
         return field(default_factory=lambda: tuple(default), metadata=meta)
     return field(default=default, metadata=meta)
@@ -86,7 +89,10 @@ class DynamicSamplingConfig:
 
 @dataclass(frozen=True)
 class AlgorithmConfig:
-    name: str = opt("grpo", "Advantage estimator.", choices=ADV_ESTIMATORS)
+    name: str = opt("grpo", "Advantage estimator (built-ins, or one registered by a plugin).", choices=ADV_ESTIMATORS,
+                    extensible=True)
+    plugins: tuple = opt((), "Python files (relative to rlctl.toml) that register your own estimators and policy "
+                             "losses; imported by the controller and every actor worker.", path=True)
     gamma: float = opt(1.0, "Discount factor.", ge=0, le=1)
     lam: float = opt(1.0, "GAE lambda.", ge=0, le=1)
     norm_adv_by_std: bool = opt(True, "GRPO: divide by the group std (False = Dr. GRPO).")
@@ -111,7 +117,8 @@ class ActorConfig:
     ppo_epochs: int = opt(1, "Passes over each rollout batch.", ge=1)
     mini_batch_size: int = opt(0, "Prompts per optimizer step (0 = data.batch_size, one step per rollout).", ge=0)
     micro_batch_size: int = opt(4, "Sequences per worker per forward/backward (gradient accumulation).", ge=1)
-    policy_loss: str = opt("vanilla", "Policy loss.", choices=("vanilla", "gspo"))
+    policy_loss: str = opt("vanilla", "Policy loss (built-ins, or one registered by a plugin).",
+                           choices=("vanilla", "gspo"), extensible=True)
     clip_ratio_low: float = opt(0.2, "PPO clip below 1 (ratio >= 1 - low).", ge=0, lt=1)
     clip_ratio_high: float = opt(0.2, "PPO clip above 1 (ratio <= 1 + high); DAPO clip-higher uses 0.28.", ge=0)
     clip_ratio_c: float = opt(3.0, "Dual-clip bound for negative advantages (> 1).", gt=1)

@@ -49,10 +49,38 @@ def estimator_needs(name: str):
     return get_estimator(name)
 
 
+def check_registered(loaded: LoadedConfig) -> tuple[list[Problem], Config]:
+    """Import algorithm.plugins, then check algorithm.name and actor.policy_loss against the
+    registries. Returns the problems and the config to check further: an unknown name is
+    replaced by its default there, so that rules about it do not mislead."""
+    import dataclasses
+
+    from rlctl.algorithms import estimator_names, policy_loss_names
+    from rlctl.config.loader import suggest
+    from rlctl.errors import ConfigError
+    from rlctl.plugins import import_plugins
+
+    c, problems = loaded.config, []
+    try:
+        import_plugins(c.algorithm.plugins, loaded.base_dir)
+    except ConfigError as err:
+        problems.append(Problem("algorithm.plugins", err.message.removeprefix("algorithm.plugins: ")))
+    for key, names, default in (("algorithm.name", estimator_names(), Config().algorithm.name),
+                                ("actor.policy_loss", policy_loss_names(), Config().actor.policy_loss)):
+        section, field = key.split(".")
+        value = getattr(getattr(c, section), field)
+        if value not in names:
+            problems.append(Problem(key, f"{value!r} is not a registered name ({', '.join(names)}){suggest(value, names)}"
+                                         "; register your own in a file listed in algorithm.plugins"))
+            c = dataclasses.replace(c, **{section: dataclasses.replace(getattr(c, section), **{field: default})})
+    return problems, c
+
+
 def check_batches(c: Config) -> tuple[list[Problem], BatchPlan]:
     problems = []
     n, workers = c.rollout.n, c.resources.workers
-    for role in ("actor", "critic"):
+    roles = ("actor", "critic") if estimator_needs(c.algorithm.name).needs_critic else ("actor",)
+    for role in roles:
         sect = getattr(c, role)
         mini = sect.mini_batch_size or c.data.batch_size
         if c.data.batch_size % mini:
@@ -224,9 +252,9 @@ def _cuda_available() -> bool:
 
 def validate(loaded: LoadedConfig, *, machine: bool = True) -> tuple[list[Problem], BatchPlan]:
     """All problems (errors and warnings) of a type-checked config, and its batch plan."""
-    c = loaded.config
-    problems, plan = check_batches(c)
-    problems += check_algorithm(c, loaded.raw) + check_lora(c)
+    problems, c = check_registered(loaded)
+    batch_problems, plan = check_batches(c)
+    problems += batch_problems + check_algorithm(c, loaded.raw) + check_lora(c)
     if machine:
         file_problems, plan = check_files(loaded, plan)
         problems += file_problems + check_model(loaded) + check_machine(c)

@@ -36,8 +36,9 @@ def resolve_paths(config: Config, base: Path) -> Config:
         file, _, fn = reward.function.rpartition(":")
         reward = dataclasses.replace(reward, function=f"{absolute(file)}:{fn}")
     run = dataclasses.replace(config.run, output_dir=absolute(config.run.output_dir))
+    algorithm = dataclasses.replace(config.algorithm, plugins=tuple(map(absolute, config.algorithm.plugins)))
     return dataclasses.replace(config, model=dataclasses.replace(config.model, path=model_path), data=data,
-                               reward=reward, run=run)
+                               reward=reward, run=run, algorithm=algorithm)
 
 
 @dataclass
@@ -126,8 +127,11 @@ def build_setup(loaded: LoadedConfig, run_dir: Path, stack: ExitStack, *, addres
     from rlctl.controller.logging import MetricsLogger
     from rlctl.rewards.runner import RewardRunner
 
+    from rlctl.plugins import import_plugins
+
     config = resolve_paths(loaded.config, loaded.base_dir)
     c = config
+    import_plugins(c.algorithm.plugins)   # the user's estimators / losses, before anything asks for them
     notices: list[str] = []
     tokenizer, loader, val_rows, train = build_data(config, notices)
     total = c.run.total_steps or loader.steps_per_epoch * c.run.total_epochs

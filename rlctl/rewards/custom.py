@@ -11,10 +11,8 @@ controller (to fail at startup with exit 2) and again once in every reward worke
 from __future__ import annotations
 
 import importlib
-import importlib.util
 import inspect
 import math
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
@@ -93,27 +91,16 @@ def _import_file(path: Path, fn_name: str):
     if not path.is_file():
         raise ConfigError(f"{where}: {path} does not exist",
                           hint="reward.function is resolved relative to the config file's folder.")
-    # Siblings of the reward file (helper modules) must be importable from it, as in verl.
-    folder = str(path.parent)
-    if folder not in sys.path:
-        sys.path.append(folder)
-    name = f"rlctl_user_reward_{abs(hash(str(path)))}"
-    module_spec = importlib.util.spec_from_file_location(name, path)
-    if module_spec is None or module_spec.loader is None:
-        raise ConfigError(f"{where}: {path} is not a Python file", hint="point reward.function at a .py file.")
-    module = importlib.util.module_from_spec(module_spec)
-    sys.modules[name] = module
+    from rlctl.plugins import import_file
+
     try:
-        module_spec.loader.exec_module(module)
+        return import_file(path)  # once per process: it may also be an algorithm.plugins file
     except SyntaxError as e:
-        sys.modules.pop(name, None)
         raise ConfigError(f"{where}: syntax error in {path} line {e.lineno}: {e.msg}",
                           hint="fix the file and try again.") from e
     except Exception as e:
-        sys.modules.pop(name, None)
         raise ConfigError(f"{where}: importing {path} failed: {type(e).__name__}: {e}",
                           hint="run `python <file>` to see the full error.") from e
-    return module
 
 
 def _adapt_call(fn: Callable, where: str) -> Callable:

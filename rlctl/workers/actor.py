@@ -41,6 +41,9 @@ class ActorRolloutRefWorker:
     """
 
     def __init__(self, config, *, total_steps: int = 0, with_ref: bool = False):
+        from rlctl.plugins import import_plugins
+
+        import_plugins(config.algorithm.plugins)   # a user's policy loss runs here (absolute paths)
         self.cfg, self.with_ref = config, with_ref
         self.rank, self.world = fsdp.rank_and_world()
         self.lora = config.model.lora.rank > 0

@@ -44,7 +44,7 @@ def with_key(cfg: dict, key: str, value) -> dict:
 
 def test_identical_runs_resume_silently(project):
     saved = run_fingerprint(config(), project)
-    assert set(saved["fingerprints"]) == {"model", "tokenizer", "train_files", "reward_function"}
+    assert set(saved["fingerprints"]) == {"model", "tokenizer", "train_files", "reward_function", "plugins"}
     assert saved["fingerprints"]["model"].startswith("sha256:") and saved["fingerprints"]["reward_function"] is None
     assert check_resume(saved, run_fingerprint(config(), project)) == []
 
@@ -120,6 +120,22 @@ def test_reward_file_contents_are_fingerprinted(project):
     (project / "reward.py").write_text("def compute_score(*a, **k):\n    return 0.0\n")
     with pytest.raises(CheckpointError, match="reward.function: the contents changed"):
         check_resume(saved, run_fingerprint(cfg, project))
+
+
+def test_plugin_file_contents_are_fingerprinted(project):
+    (project / "algos.py").write_text("# registers nothing yet\n")
+    cfg = with_key(config(), "algorithm.plugins", ["algos.py"])
+    saved = run_fingerprint(cfg, project)
+    assert saved["fingerprints"]["plugins"].startswith("sha256:")
+    assert check_resume(saved, run_fingerprint(cfg, project)) == []
+    (project / "algos.py").write_text("# an estimator changed\n")
+    with pytest.raises(CheckpointError, match="algorithm.plugins: the contents changed"):
+        check_resume(saved, run_fingerprint(cfg, project))
+    old = {**saved, "fingerprints": {k: v for k, v in saved["fingerprints"].items() if k != "plugins"}}
+    old["config"] = {**old["config"], "algorithm": {k: v for k, v in old["config"]["algorithm"].items()
+                                                    if k != "plugins"}}
+    assert check_resume(old, run_fingerprint(config(), project)) == [      # a checkpoint from before the setting
+        "algorithm.plugins: (not set) -> [] (a newer setting, at its default)"]
 
 
 def test_critic_settings_matter_only_with_a_critic(project):
