@@ -133,7 +133,7 @@ def test_cli_reports_all_and_json(project):
 def test_critic_batch_sizes_are_checked_only_when_there_is_a_critic(project):
     # 8 prompts x 3 samples, 4 prompts per mini-batch over 2 workers = 6 sequences per worker:
     # actor micro 3 fits; the critic's default micro 4 would not, but GRPO has no critic.
-    grpo = ["rollout.n=3", "actor.micro_batch_size=3"]
+    grpo = ["rollout.n=3", "actor.micro_batch_size=3", "critic.mini_batch_size=4"]
     assert check(project, *grpo)[0] == []
-    errors, _, _ = check(project, *grpo, "algorithm.name=gae", "critic.lr=1e-5")
+    errors, _, _ = check(project, *grpo, "algorithm.name=gae")
     assert any(e.startswith("critic.micro_batch_size: 4 does not divide") for e in errors), errors
