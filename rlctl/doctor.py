@@ -64,24 +64,29 @@ def collect() -> dict:
 
 def render(report: dict) -> None:
     from rich.console import Console
+    from rich.markup import escape
     from rich.table import Table
 
+    # Everything reported (hints like `pip install "rlctl[vllm]"`, versions, paths, error texts)
+    # is escaped or printed with markup off: rich would read "[vllm]" as a tag and drop it.
     console = Console()
-    console.print(f"rlctl {report['rlctl']} on Python {report['python']} ({report['platform']})", highlight=False)
+    console.print(f"rlctl {report['rlctl']} on Python {report['python']} ({report['platform']})",
+                  highlight=False, markup=False)
     table = Table("package", "version / status", "how to get it", title="packages", title_justify="left")
     for name, version in report["core"].items():
-        table.add_row(name, version or "[red]missing[/red]", "" if version else "pip install rlctl")
+        table.add_row(escape(name), escape(version) if version else "[red]missing[/red]",
+                      "" if version else "pip install rlctl")
     for name, opt in report["optional"].items():
-        status = opt["version"] if opt["installed"] else "[dim]not installed[/dim]"
-        table.add_row(name, status, "" if opt["installed"] else opt["how"])
+        status = escape(opt["version"]) if opt["installed"] else "[dim]not installed[/dim]"
+        table.add_row(escape(name), status, "" if opt["installed"] else escape(opt["how"]))
     console.print(table)
     dev = report["devices"]
     gpus = ", ".join(dev["gpus"]) if dev["gpus"] else "none (CPU training: resources.gpus_per_node = 0)"
-    console.print(f"devices: {dev['cpus']} CPU cores; GPUs: {gpus}", highlight=False)
-    console.print(f"ray: {report['ray']['address']}", highlight=False)
+    console.print(f"devices: {dev['cpus']} CPU cores; GPUs: {gpus}", highlight=False, markup=False)
+    console.print(f"ray: {report['ray']['address']}", highlight=False, markup=False)
     hub = "offline (HF_HUB_OFFLINE=1): use local model folders" if report["hub"]["offline"] else "online"
-    console.print(f"hugging face hub: {hub}", highlight=False)
+    console.print(f"hugging face hub: {hub}", highlight=False, markup=False)
     for p in report["problems"]:
-        console.print(f"[red]problem[/red]: {p}", highlight=False)
+        console.print(f"[red]problem[/red]: {escape(p)}", highlight=False)
     if not report["problems"]:
         console.print("[green]ok[/green]: everything rlctl needs is here", highlight=False)

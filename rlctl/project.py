@@ -6,8 +6,8 @@ import json
 import os
 from pathlib import Path
 
+from rlctl.utils.files import write_files
 from rlctl.recipes import bundled_dir, get_recipe
-from rlctl.utils.fs import atomic_write_text
 
 SCHEMA_FILE = "rlctl.schema.json"
 
@@ -23,7 +23,7 @@ def render_config(recipe_text: str, model: str | None) -> str:
 
 
 def write_project(directory: Path, recipe_name: str, model: str | None) -> list[str]:
-    """Write every project file (each atomically); returns the names written, in order."""
+    """Write every project file (all or none); returns the names written, in order."""
     from rlctl.config.jsonschema import config_json_schema
 
     recipe = get_recipe(recipe_name)
@@ -43,9 +43,8 @@ def write_project(directory: Path, recipe_name: str, model: str | None) -> list[
         ".gitignore": (templates / "gitignore").read_text(encoding="utf-8"),
         SCHEMA_FILE: json.dumps(config_json_schema(), indent=2) + "\n",
     }
-    directory.mkdir(parents=True, exist_ok=True)
-    for name, text in files.items():
-        atomic_write_text(directory / name, text)
+    write_files(directory, {name: text.encode("utf-8") for name, text in files.items()},
+                hint="choose a project folder you can write to.")
     return list(files)
 
 

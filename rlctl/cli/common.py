@@ -12,6 +12,21 @@ from rlctl.errors import UsageError
 FORMATS = ("text", "json")
 
 
+def format_option(*choices: str, help: str):
+    """`--format`, checked while the command line is parsed: a bad value stops before any work.
+
+    The first choice is the default. Raising UsageError (not typer.BadParameter) keeps the
+    one-line `error: ...` of every other known error.
+    """
+    def check(value: str) -> str:
+        if value not in choices:
+            raise UsageError(f"--format {value!r} is not one of {', '.join(choices)}",
+                             hint=f"pass --format {choices[-1]} for scripts, or leave it out for {choices[0]}.")
+        return value
+
+    return typer.Option(choices[0], "--format", help=help, callback=check, autocompletion=lambda: list(choices))
+
+
 def emit(data, fmt: str, *, text: str | None = None) -> None:
     """Print `data` as JSON (`--format json`) or `text` for people."""
     if fmt not in FORMATS:

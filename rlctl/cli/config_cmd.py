@@ -9,7 +9,7 @@ from typing import List, Optional
 
 import typer
 
-from rlctl.cli.common import emit
+from rlctl.cli.common import emit, format_option
 
 config_app = typer.Typer(help="Check, show and describe rlctl.toml.", no_args_is_help=True)
 
@@ -42,7 +42,7 @@ def validate_cmd(
     overrides: Optional[List[str]] = OVERRIDES_ARG,
     skip_machine: bool = typer.Option(False, "--skip-machine",
                                       help="Check the config alone: not files, model, GPUs or packages."),
-    fmt: str = typer.Option("text", "--format", help="text or json."),
+    fmt: str = format_option("text", "json", help="text or json."),
 ) -> None:
     """Report every problem in the config at once, then the batch plan. Exit 2 on any error.
 
@@ -81,28 +81,31 @@ def _with_line(problem, lines):
 
 def _print_report(source, errors, warnings, plan, lines) -> None:
     from rich.console import Console
+    from rich.markup import escape
     from rich.table import Table
 
+    # Problems quote user values and hints like `pip install "rlctl[vllm]"`: escape them, or rich
+    # reads "[...]" as markup (drops it, or raises MarkupError on "[/x]").
     out, err = Console(soft_wrap=True), Console(stderr=True, soft_wrap=True)
     for p in errors:
-        err.print(f"[red]error[/red]: {_with_line(p, lines).format(source)}", highlight=False, markup=True)
+        err.print(f"[red]error[/red]: {escape(_with_line(p, lines).format(source))}", highlight=False)
     for p in warnings:
-        err.print(f"[yellow]warning[/yellow]: {_with_line(p, lines).format(source)}", highlight=False)
+        err.print(f"[yellow]warning[/yellow]: {escape(_with_line(p, lines).format(source))}", highlight=False)
     if errors:
-        err.print(f"{len(errors)} error(s), {len(warnings)} warning(s) in {source}", highlight=False)
+        err.print(f"{len(errors)} error(s), {len(warnings)} warning(s) in {source}", highlight=False, markup=False)
         return
     table = Table(title="batch plan", show_header=False, title_justify="left")
     for name, value in plan.rows():
-        table.add_row(name, str(value))
+        table.add_row(escape(name), escape(str(value)))
     out.print(table)
-    out.print(f"[green]ok[/green]: {source} is valid ({len(warnings)} warning(s))", highlight=False)
+    out.print(f"[green]ok[/green]: {escape(source)} is valid ({len(warnings)} warning(s))", highlight=False)
 
 
 @config_app.command("show")
 def show_cmd(
     file: Optional[str] = FILE_ARG,
     overrides: Optional[List[str]] = OVERRIDES_ARG,
-    fmt: str = typer.Option("toml", "--format", help="toml or json."),
+    fmt: str = format_option("toml", "json", help="toml or json."),
 ) -> None:
     """Print the resolved config: your settings, overrides and every default.
 
@@ -111,15 +114,12 @@ def show_cmd(
     import tomlkit
 
     from rlctl.config.loader import config_to_dict
-    from rlctl.errors import UsageError
 
     resolved = config_to_dict(load_checked(file, overrides).config)
     if fmt == "json":
         typer.echo(json.dumps(resolved, indent=2))
-    elif fmt == "toml":
-        typer.echo(tomlkit.dumps(resolved), nl=False)
     else:
-        raise UsageError(f"--format {fmt!r} is not one of toml, json")
+        typer.echo(tomlkit.dumps(resolved), nl=False)
 
 
 @config_app.command("schema")
@@ -134,9 +134,9 @@ def schema_cmd(out: Optional[Path] = typer.Option(None, "--out", "-o", help="Wri
     if out is None:
         typer.echo(text, nl=False)
     else:
-        from rlctl.utils.fs import atomic_write_text
+        from rlctl.utils.files import write_files
 
-        atomic_write_text(out, text)
+        write_files(out.parent, {out.name: text.encode("utf-8")}, hint="pass --out a file you can write to.")
         typer.echo(f"wrote {out}")
 
 

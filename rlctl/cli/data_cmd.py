@@ -6,7 +6,7 @@ from pathlib import Path
 
 import typer
 
-from rlctl.cli.common import emit
+from rlctl.cli.common import emit, format_option
 
 data_app = typer.Typer(help="Prepare and inspect training data (verl-compatible parquet).", no_args_is_help=True)
 
@@ -36,7 +36,7 @@ def prep(
                                     help="data_source written to each row (picks the built-in reward; "
                                          "default: the file's name)."),
     force: bool = typer.Option(False, "--force", help="Overwrite existing split files in --out."),
-    fmt: str = typer.Option("text", "--format", help="text or json."),
+    fmt: str = format_option("text", "json", help="text or json."),
 ) -> None:
     """Turn a dataset into verl-compatible parquet files, one per split.
 
@@ -58,16 +58,20 @@ def prep(
 
 def _print_prep(report: dict) -> None:
     from rich.console import Console
+    from rich.markup import escape
     from rich.table import Table
 
-    table = Table(title=f"{report['source']} -> {report['out']}  (data_source {report['data_source']})")
+    # Titles and cells are rich markup: paths, data_source and column names come from the user
+    # and may hold "[...]", so each is escaped.
+    title = f"{report['source']} -> {report['out']}  (data_source {report['data_source']})"
+    table = Table(title=escape(title))
     for column in ("split", "rows", "skipped", "file"):
         table.add_column(column, justify="right" if column == "rows" else "left")
     for split, info in report["splits"].items():
         skipped = ", ".join(f"{kind}: {n}" for kind, n in info["skipped"].items()) or "-"
         if info["over_limit"]:
             skipped += f" (+{info['over_limit']} past --limit)"
-        table.add_row(split, f"{info['rows']:,}", skipped, info["file"])
+        table.add_row(escape(split), f"{info['rows']:,}", escape(skipped), escape(info["file"]))
     console = Console()
     console.print(table)
     for example in report["skipped_examples"]:
@@ -84,7 +88,7 @@ def inspect(
     max_prompt_length: int = typer.Option(None, "--max-prompt-length", min=1,
                                           help="Count prompts longer than this many tokens (needs --model)."),
     samples: int = typer.Option(3, "--samples", min=0, help="Rows to show."),
-    fmt: str = typer.Option("text", "--format", help="text or json."),
+    fmt: str = format_option("text", "json", help="text or json."),
 ) -> None:
     """Check a data file's schema and show its rows, sources and prompt lengths.
 
@@ -103,10 +107,11 @@ def inspect(
 
 def _print_inspect(report: dict) -> None:
     from rich.console import Console
+    from rich.markup import escape
 
     console = Console()
-    console.print(f"[bold]{report['file']}[/]: schema ok, {report['rows']:,} rows, "
-                  f"columns {', '.join(report['columns'])}", highlight=False)
+    console.print(f"[bold]{escape(report['file'])}[/]: schema ok, {report['rows']:,} rows, "
+                  f"columns {escape(', '.join(report['columns']))}", highlight=False)
     for label, key in (("data sources", "data_sources"), ("abilities", "abilities"), ("splits", "splits")):
         if report[key]:
             console.print(f"  {label}: " + ", ".join(f"{k} ({n:,})" for k, n in report[key].items()), markup=False)

@@ -7,7 +7,7 @@ from typing import Optional
 
 import typer
 
-from rlctl.cli.common import emit
+from rlctl.cli.common import emit, format_option
 
 
 def merge(
@@ -23,7 +23,7 @@ def merge(
     push_to_hub: Optional[str] = typer.Option(None, "--push-to-hub", metavar="REPO",
                                               help="Then upload the folder to this Hub repo (user/name)."),
     private: bool = typer.Option(False, "--private", help="Create the Hub repo as private (with --push-to-hub)."),
-    fmt: str = typer.Option("text", "--format", help="text or json."),
+    fmt: str = format_option("text", "json", help="text or json."),
 ) -> None:
     """Export a checkpoint as a Hugging Face folder and verify its logits against the trained weights.
 

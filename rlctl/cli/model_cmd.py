@@ -6,7 +6,7 @@ from pathlib import Path
 
 import typer
 
-from rlctl.cli.common import emit, refuse_overwrite
+from rlctl.cli.common import emit, format_option, refuse_overwrite
 
 model_app = typer.Typer(help="Model utilities.", no_args_is_help=True)
 
@@ -21,7 +21,7 @@ def tiny(
     untied: bool = typer.Option(False, "--untied", help="Separate lm_head instead of tied embeddings."),
     seed: int = typer.Option(0, help="Initialisation seed (same seed, same weights)."),
     force: bool = typer.Option(False, "--force", help="Overwrite a non-empty OUT."),
-    fmt: str = typer.Option("text", "--format", help="text or json."),
+    fmt: str = format_option("text", "json", help="text or json."),
 ) -> None:
     """Write a tiny random Qwen2 model with a byte-level tokenizer, fully offline.
 

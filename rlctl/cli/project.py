@@ -7,7 +7,7 @@ from typing import Optional
 
 import typer
 
-from rlctl.cli.common import emit
+from rlctl.cli.common import emit, format_option
 
 recipes_app = typer.Typer(help="The built-in recipes (PPO, GRPO, DAPO, RLOO, ReMax, REINFORCE++).",
                           no_args_is_help=True)
@@ -16,7 +16,7 @@ PROJECT_FILES = ("rlctl.toml", "reward.py", "README.md", ".gitignore", "rlctl.sc
 
 
 @recipes_app.command("list")
-def recipes_list(fmt: str = typer.Option("text", "--format", help="text or json.")) -> None:
+def recipes_list(fmt: str = format_option("text", "json", help="text or json.")) -> None:
     """List the built-in recipes.
 
     Example: rlctl recipes list --format json
@@ -29,17 +29,18 @@ def recipes_list(fmt: str = typer.Option("text", "--format", help="text or json.
     if fmt == "json":
         return emit(rows, fmt)
     from rich.console import Console
+    from rich.markup import escape
     from rich.table import Table
 
     table = Table("recipe", "algorithm", "description")
-    for r in rows:
-        table.add_row(r["name"], r["algorithm"], r["description"])
+    for r in rows:  # cells are rich markup: a "[...]" in a description must print as written
+        table.add_row(escape(r["name"]), escape(r["algorithm"]), escape(r["description"]))
     Console().print(table)
 
 
 @recipes_app.command("show")
 def recipes_show(name: str = typer.Argument(..., help="Recipe name, e.g. grpo-gsm8k."),
-                 fmt: str = typer.Option("toml", "--format", help="toml (commented file) or json.")) -> None:
+                 fmt: str = format_option("toml", "json", help="toml (commented file) or json.")) -> None:
     """Print a recipe's commented TOML.
 
     Example: rlctl recipes show grpo-gsm8k
@@ -80,7 +81,7 @@ def init(
     typer.echo(f"next: cd {directory} and follow README.md (data prep, config validate, train)")
 
 
-def doctor(fmt: str = typer.Option("text", "--format", help="text or json.")) -> None:
+def doctor(fmt: str = format_option("text", "json", help="text or json.")) -> None:
     """Check versions, devices, Ray and optional backends; say what is missing and how to get it.
 
     Example: rlctl doctor --format json

@@ -7,7 +7,7 @@ from typing import Optional
 
 import typer
 
-from rlctl.cli.common import emit
+from rlctl.cli.common import emit, format_option
 
 MODEL_ARG = typer.Argument(..., help="A Hugging Face model folder, or a run folder (its latest checkpoint).",
                            show_default=False)
@@ -79,7 +79,7 @@ def eval_cmd(
     dtype: str = typer.Option("auto", help="auto, float32, bfloat16 or float16."),
     max_concurrency: int = typer.Option(32, min=1, help="Sequences generated together."),
     step: Optional[int] = typer.Option(None, min=0, help="Run folder: evaluate this checkpoint step (default latest)."),
-    fmt: str = typer.Option("text", "--format", help="text or json."),
+    fmt: str = format_option("text", "json", help="text or json."),
 ) -> None:
     """Score a model on a parquet split with the training prompts and reward function.
 
@@ -95,8 +95,6 @@ def eval_cmd(
 
     if dtype not in DTYPES:
         raise UsageError(f"--dtype {dtype!r} is not one of {', '.join(DTYPES)}")
-    if fmt not in ("text", "json"):
-        raise UsageError(f"--format {fmt!r} is not one of text, json")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     opts = EvalOptions(n=n, temperature=temperature, top_p=top_p, max_new_tokens=max_new_tokens, limit=limit,
                        seed=seed, engine=engine, reward=reward, dtype=dtype, max_concurrency=max_concurrency,

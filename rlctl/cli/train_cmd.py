@@ -7,7 +7,7 @@ from typing import List, Optional
 
 import typer
 
-from rlctl.cli.common import emit
+from rlctl.cli.common import emit, format_option
 from rlctl.cli.config_cmd import FILE_ARG, OVERRIDES_ARG
 
 ADDRESS = typer.Option(None, "--address", help="Ray cluster: 'auto' or 'ray://host:port' (default: embedded Ray, "
@@ -51,7 +51,7 @@ def resume(run_dir: Optional[str] = typer.Argument(None, help="Run folder (defau
 
 def status(run_dir: Optional[Path] = typer.Argument(None, help="Run folder (default: the newest under .)."),
            plot: Optional[Path] = typer.Option(None, "--plot", help="Write reward/KL/length/entropy curves as a PNG."),
-           fmt: str = typer.Option("text", "--format", help="text or json.")) -> None:
+           fmt: str = format_option("text", "json", help="text or json.")) -> None:
     """Progress, latest metrics and checkpoints of a run; --plot draws its curves.
 
     Example: rlctl status runs/grpo-gsm8k --plot curves.png
@@ -69,7 +69,7 @@ def status(run_dir: Optional[Path] = typer.Argument(None, help="Run folder (defa
     console = Console()
     render_status(summary, console)
     if plot is not None:
-        console.print(f"curves: {summary['plot']}", highlight=False)
+        console.print(f"curves: {summary['plot']}", highlight=False, markup=False)
 
 
 def register(app: typer.Typer) -> None:

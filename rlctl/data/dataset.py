@@ -24,6 +24,8 @@ def read_parquet(path: str | os.PathLike):
     from rlctl.data.schema import validate_table
 
     path = Path(path)
+    if path.is_dir():
+        raise DataError(f"data file {path} is a folder, not a parquet file", hint=_files_inside(path))
     if not path.is_file():
         raise DataError(f"data file {path} does not exist", hint="run `rlctl data prep` or fix data.train_files.")
     try:
@@ -32,6 +34,15 @@ def read_parquet(path: str | os.PathLike):
         raise DataError(f"{path} is not a readable parquet file ({str(e).splitlines()[0]})") from None
     validate_table(table, source=str(path))
     return table
+
+
+def _files_inside(folder: Path) -> str:
+    """How to fix "a folder was given": name the parquet files in it (what `data prep` writes)."""
+    found = sorted(str(p) for p in folder.glob("*.parquet") if p.is_file())
+    if not found:
+        return "pass a .parquet file (rlctl data prep writes <out>/train.parquet and test.parquet)."
+    more = f" (and {len(found) - 3} more)" if len(found) > 3 else ""
+    return f"pass one .parquet file, e.g. {', '.join(found[:3])}{more}."
 
 
 def read_table(files):

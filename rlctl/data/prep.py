@@ -131,6 +131,15 @@ def _gather(name: str, opts: PrepOptions) -> tuple[str, Task | None, dict, list[
     return origin, task, splits, notes
 
 
+def _pick_splits(splits: dict, wanted: tuple, origin: str) -> dict:
+    """--splits names splits the source has; a name it lacks is a usage mistake (often a typo)."""
+    missing = [s for s in wanted if s not in splits]
+    if missing:
+        raise UsageError(f"--splits: {', '.join(missing)} not in {origin} (found: {', '.join(splits)})",
+                         hint=f"pass --splits with some of {', '.join(splits)}, or leave it out for all.")
+    return {s: splits[s] for s in wanted}
+
+
 def _fail_on_problems(splits: dict, origin: str) -> None:
     problems = [p for s in splits.values() for p in s.problems]
     if not problems:
@@ -149,20 +158,22 @@ def out_dir(name: str, opts: PrepOptions) -> Path:
 
 
 def _write(out: Path, tables: dict, force: bool) -> dict[str, str]:
-    """Each split to <out>/<split>.parquet, atomically; refuses to overwrite without --force."""
+    """Each split to <out>/<split>.parquet, all or none; refuses to overwrite without --force."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from rlctl.utils.fs import atomic_write_bytes
+    from rlctl.utils.files import write_files
 
     targets = {split: out / f"{split}.parquet" for split in tables}
-    existing = [str(p) for p in targets.values() if p.exists()]
+    existing = [str(p) for p in targets.values() if p.is_file()]
     if existing and not force:
         raise UsageError(f"{', '.join(existing)} already exist(s)", hint="pass --force to overwrite, or --out DIR.")
+    files = {}
     for split, table in tables.items():
         sink = pa.BufferOutputStream()
         pq.write_table(table, sink)
-        atomic_write_bytes(targets[split], sink.getvalue().to_pybytes())
+        files[targets[split].name] = sink.getvalue().to_pybytes()
+    write_files(out, files, hint="pass --out a folder you can write to.")
     return {split: str(p) for split, p in targets.items()}
 
 
@@ -176,10 +187,7 @@ def prepare(name: str, opts: PrepOptions) -> dict:
     _check_options(name, opts)
     origin, task, splits, notes = _gather(name, opts)
     if opts.splits:
-        missing = [s for s in opts.splits if s not in splits]
-        if missing:
-            raise DataError(f"split(s) {', '.join(missing)} not in {origin} (found: {', '.join(splits)})")
-        splits = {s: splits[s] for s in opts.splits}
+        splits = _pick_splits(splits, opts.splits, origin)
     if opts.on_error == "fail":
         _fail_on_problems(splits, origin)
     for split, rows in splits.items():

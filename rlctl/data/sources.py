@@ -13,7 +13,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from rlctl.data.readers import SUFFIXES
-from rlctl.errors import DataError
+from rlctl.errors import DataError, UsageError
 from rlctl.rewards.scorers.gsm8k import ground_truth_from_solution
 from rlctl.rewards.scorers.math import last_boxed
 
@@ -169,9 +169,10 @@ def locate(task: Task, source: str | None) -> tuple[str, dict[str, list[Path]], 
         root = Path(source).expanduser()
         return (str(root), *find_split_files(root, task))
     hub_id = source or task.hub_id
-    if not hub_id:
-        raise DataError(f"rlctl data prep {task.name} needs --source PATH (a {'/'.join(task.suffixes)} file "
-                        "or a folder of them)")
+    if not hub_id:  # a missing option, not broken data: a usage error
+        raise UsageError(f"rlctl data prep {task.name} needs --source PATH (a {'/'.join(task.suffixes)} file "
+                         "or a folder of them)", hint=f"e.g. rlctl data prep {task.name} --source my_data"
+                                                      f"{task.suffixes[0]}.")
     if not _HUB_ID.fullmatch(hub_id) or Path(hub_id).suffix.lower() in SUFFIXES:
         raise DataError(f"--source {hub_id}: no such file or folder", hint="check the path.")
     return (f"hf://{hub_id}", *find_split_files(download(task, hub_id, local_too=bool(source)), task))

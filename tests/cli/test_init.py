@@ -78,6 +78,33 @@ def test_init_into_a_file_is_refused(tmp_path):
     assert out.returncode == 2 and f.read_text() == "x"
 
 
+def test_init_into_an_unwritable_place_is_one_line(tmp_path):
+    afile = tmp_path / "afile"
+    afile.write_text("x")
+    places = [(afile / "p", "Not a directory")] + ([(Path("/proc/rlctl-p"), "")] if Path("/proc").is_dir() else [])
+    for place, reason in places:
+        out = rlctl("init", place, "--recipe", "grpo-gsm8k")
+        assert out.returncode == 2, out.stderr
+        assert out.stderr.count("\n") == 1 and f"cannot create folder {place}" in out.stderr and reason in out.stderr
+
+
+def test_init_force_over_a_folder_in_the_way_writes_nothing(tmp_path):
+    proj = tmp_path / "proj"
+    (proj / "README.md").mkdir(parents=True)
+    (proj / "reward.py").write_text("# mine\n")
+    out = rlctl("init", proj, "--recipe", "grpo-gsm8k", "--force")
+    assert out.returncode == 2 and out.stderr.count("\n") == 1, out.stderr
+    assert f"cannot write {proj / 'README.md'}" in out.stderr
+    assert sorted(p.name for p in proj.iterdir()) == ["README.md", "reward.py"]
+    assert (proj / "reward.py").read_text() == "# mine\n"
+
+
+def test_config_schema_out_unwritable(tmp_path):
+    (tmp_path / "afile").write_text("x")
+    out = rlctl("config", "schema", "--out", tmp_path / "afile" / "s.json")
+    assert out.returncode == 2 and "cannot write into" in out.stderr and out.stderr.count("\n") == 1
+
+
 def test_config_show_and_schema(tmp_path):
     proj = tmp_path / "proj"
     assert rlctl("init", proj, "--recipe", "rloo-gsm8k").returncode == 0

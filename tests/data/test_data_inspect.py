@@ -102,6 +102,15 @@ def test_a_file_that_is_not_parquet_exits_3(tmp_path, capsys):
     assert main(["data", "inspect", str(tmp_path / "missing.parquet")]) == 3
 
 
+def test_a_folder_is_not_a_parquet_file(arith_dir, tmp_path, capsys):
+    assert main(["data", "inspect", str(arith_dir)]) == 3
+    err = capsys.readouterr().err
+    assert f"{arith_dir} is a folder, not a parquet file" in err and "does not exist" not in err
+    assert f"{arith_dir / 'test.parquet'}" in err  # the files it holds, to pass instead
+    assert main(["data", "inspect", str(tmp_path)]) == 3
+    assert "pass a .parquet file" in capsys.readouterr().err
+
+
 def test_verl_style_rows_without_optional_columns_pass(tmp_path):
     path = write(tmp_path / "verl.parquet", {k: GOOD[k] for k in ("data_source", "prompt", "reward_model")})
     assert inspect_file(path)["rows"] == 1

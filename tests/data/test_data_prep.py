@@ -157,7 +157,7 @@ def test_val_fraction_limit_and_splits(tmp_path):
                                            limit=5, splits=("test",)))
     assert list(limited["splits"]) == ["test"] and limited["splits"]["test"]["over_limit"] == 15
     assert read(tmp_path / "l/test.parquet") == test[:5] and not (tmp_path / "l/train.parquet").exists()
-    with pytest.raises(DataError, match="split.*validation.*found: train, test"):
+    with pytest.raises(UsageError, match="split.*validation.*found: train, test"):
         prepare("jsonl", PrepOptions(source=str(src), out=tmp_path / "x", splits=("validation",), val_fraction=0.2))
 
 
@@ -181,3 +181,81 @@ def test_cli_prep_json_and_text(tmp_path, capsys):
     assert len(load_rows([tmp_path / "t/train.parquet"])) == 10
     assert main(["data", "prep", "nosuch", "--out", str(tmp_path / "n")]) == 2
     assert "unknown source" in capsys.readouterr().err
+
+
+def test_cli_prep_prints_user_text_as_written(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)  # a short --out keeps the table title on one line
+    write_jsonl(tmp_path / "d.jsonl", [{"question": "q", "answer": "a"}])
+    assert main(["data", "prep", "jsonl", "--source", "d.jsonl", "--out", "o[1]", "--data-source", "[/x]"]) == 0
+    out = capsys.readouterr().out
+    assert "-> o[1]  (data_source [/x])" in out and "o[1]/train.parquet" in out
+
+
+def assert_usage_error(argv, capsys, *words):
+    """exit 2 with one line on stderr that holds every word."""
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err, err
+    for word in words:
+        assert word in err, err
+
+
+def test_unwritable_out_is_a_usage_error_and_writes_nothing(tmp_path, capsys):
+    afile = tmp_path / "afile"
+    afile.write_text("x")
+    prep = ["data", "prep", "arith", "--out"]
+    assert_usage_error([*prep, str(afile)], capsys, f"cannot write into {afile}: it is a file", "--out")
+    assert_usage_error([*prep, str(afile / "sub")], capsys, f"cannot create folder {afile / 'sub'}",
+                       "Not a directory", "--out")
+    assert afile.read_text() == "x"
+    if Path("/proc").is_dir():
+        assert_usage_error([*prep, "/proc/rlctl-out"], capsys, "cannot create folder /proc/rlctl-out", "--out")
+    blocked = tmp_path / "blocked"
+    (blocked / "train.parquet").mkdir(parents=True)
+    assert_usage_error([*prep, str(blocked), "--force"], capsys, f"cannot write {blocked / 'train.parquet'}",
+                       "folder")
+    assert sorted(p.name for p in blocked.iterdir()) == ["train.parquet"]  # test.parquet was not written either
+
+
+def test_a_failed_write_changes_no_file_and_leaves_no_folder(tmp_path, monkeypatch):
+    import rlctl.utils.files as writing
+
+    prepare("arith", PrepOptions(out=tmp_path / "a", seed=0))
+    before = {p.name: p.read_bytes() for p in (tmp_path / "a").iterdir()}
+    real, calls = writing.atomic_write_bytes, []
+
+    def full_disk_on_second_file(path, data):
+        calls.append(path)
+        if len(calls) % 2 == 0:
+            raise OSError(28, "No space left on device")
+        real(path, data)
+
+    monkeypatch.setattr(writing, "atomic_write_bytes", full_disk_on_second_file)
+    with pytest.raises(UsageError, match=r"cannot write .*test.parquet \(No space left on device\)"):
+        prepare("arith", PrepOptions(out=tmp_path / "a", seed=1, force=True))
+    assert {p.name: p.read_bytes() for p in (tmp_path / "a").iterdir()} == before
+    with pytest.raises(UsageError, match="No space left"):
+        prepare("arith", PrepOptions(out=tmp_path / "new" / "deeper"))
+    assert not (tmp_path / "new").exists()
+
+
+def test_usage_mistakes_exit_2_and_data_problems_exit_3(tmp_path, gsm8k_dir, capsys):
+    out = tmp_path / "o"
+    assert_usage_error(["data", "prep", "jsonl", "--out", str(out)], capsys, "needs --source PATH")
+    assert_usage_error(["data", "prep", "gsm8k", "--source", str(gsm8k_dir), "--splits", "tset", "--out", str(out)],
+                       capsys, "tset", "found: train, test")
+    assert not out.exists()
+    assert main(["data", "prep", "jsonl", "--source", str(tmp_path / "nope.jsonl"), "--out", str(out)]) == 3
+
+
+def test_written_files_have_the_usual_permissions(tmp_path):
+    """Atomic writes go through mkstemp (0600); the result must look like a plain open(): 0666 - umask."""
+    import os
+
+    from rlctl.utils.fs import _UMASK, atomic_write_text
+
+    atomic_write_text(tmp_path / "a.txt", "x")
+    assert (tmp_path / "a.txt").stat().st_mode & 0o777 == 0o666 & ~_UMASK
+    os.chmod(tmp_path / "a.txt", 0o640)
+    atomic_write_text(tmp_path / "a.txt", "y")                    # a replaced file keeps its mode
+    assert (tmp_path / "a.txt").stat().st_mode & 0o777 == 0o640
