@@ -8,7 +8,11 @@ PYTHON=${PYTHON:-python3}
 if [ ! -x .venv/bin/python ]; then
   "$PYTHON" -m venv .venv
 fi
-pip() { .venv/bin/python -m pip --disable-pip-version-check -q "$@" 2>&1 | grep -v -e "^WARNING: Location" -e "is ignored: it is neither" || true; }
+# Quiet pip, minus this machine's noise about missing local indexes; pip's own failure fails set-up.
+pip() {
+  .venv/bin/python -m pip --disable-pip-version-check -q "$@" 2>&1 | { grep -v -e "^WARNING: Location" -e "is ignored: it is neither" || true; }
+  return "${PIPESTATUS[0]}"
+}
 .venv/bin/python -c "import torch, sys; sys.exit(torch.__version__.split('+')[0] != '2.13.0')" 2>/dev/null \
   || pip install "torch==2.13.0"
 pip install -e ".[test]"

@@ -20,8 +20,17 @@ from .registry import AlgorithmError
 KL_KINDS = ("k1", "kl", "abs", "k2", "mse", "k3", "low_var_kl")
 
 
-def kl_penalty(logprob: torch.Tensor, ref_logprob: torch.Tensor, kind: str) -> torch.Tensor:
-    """Per-token KL estimate [B, T] from log-probs [B, T] of the sampled tokens (no masking)."""
+def kl_penalty(logprob: torch.Tensor, ref_logprob: torch.Tensor, kind: str,
+               response_mask: torch.Tensor | None = None) -> torch.Tensor:
+    """Per-token KL estimate [B, T] from log-probs [B, T] of the sampled tokens.
+
+    response_mask (optional, [B, T]): padded positions are set to 0 *before* the estimate, so
+    whatever lies there (garbage, inf) yields 0 and no NaN gradient (a square of inf masked
+    afterwards still back-propagates inf * 0 = NaN)."""
+    if response_mask is not None:
+        valid = response_mask if response_mask.dtype == torch.bool else response_mask != 0
+        zero = torch.zeros((), dtype=logprob.dtype, device=logprob.device)
+        logprob, ref_logprob = torch.where(valid, logprob, zero), torch.where(valid, ref_logprob, zero)
     if kind in ("k1", "kl"):
         return logprob - ref_logprob
     if kind == "abs":
@@ -43,7 +52,7 @@ def apply_kl_in_reward(token_level_scores: torch.Tensor, *, old_log_prob: torch.
     sequence's token-mean KL, which is what the adaptive controller is updated with.
     """
     valid = response_mask if response_mask.dtype == torch.bool else response_mask != 0
-    kld = torch.where(valid, kl_penalty(old_log_prob, ref_log_prob, kind),
+    kld = torch.where(valid, kl_penalty(old_log_prob, ref_log_prob, kind, response_mask=valid),
                       torch.zeros((), dtype=old_log_prob.dtype, device=old_log_prob.device))
     rewards = token_level_scores - kl_coef * kld
     current_kl = masked_mean(kld, response_mask, dim=-1).mean().item()

@@ -203,8 +203,8 @@ class ActorRolloutRefWorker:
             if "ref_log_prob" in micro:   # actor/kl: mean log pi - log pi_ref over response tokens
                 metrics["kl"] = float(masked_mean(log_prob.detach() - micro["ref_log_prob"], mask))
             if ac.use_kl_loss:
-                kl = aggregate_loss(kl_penalty(log_prob, micro["ref_log_prob"], ac.kl_loss_type), mask,
-                                    ac.loss_agg_mode, norm=norm)
+                per_token = kl_penalty(log_prob, micro["ref_log_prob"], ac.kl_loss_type, response_mask=mask)
+                kl = aggregate_loss(per_token, mask, ac.loss_agg_mode, norm=norm)
                 loss = loss + ac.kl_loss_coef * kl
                 metrics["kl_loss"] = float(kl.detach())
             return loss, metrics
