@@ -48,12 +48,16 @@ def validate_cmd(
 
     Example: rlctl config validate rlctl.toml actor.lr=1e-6 rollout.n=8
     """
-    from rlctl.config.loader import key_lines
+    from rlctl.config.loader import key_lines, parse_override
     from rlctl.config.validate import validate
 
     loaded = load_checked(file, overrides, strict=False)
     problems, plan = validate(loaded, machine=not skip_machine)
     lines = key_lines(loaded.path.read_text()) if loaded.path else {}
+    for word in split_file_and_overrides(file, overrides)[1]:   # an overridden key's problem: no file line
+        key = parse_override(word)[0]
+        lines = {k: v for k, v in lines.items() if k != key and not k.startswith(key + ".")}
+        lines.setdefault(key, None)
     source = os.path.relpath(loaded.path) if loaded.path else "overrides"
     errors = [p for p in problems if p.severity == "error"]
     warnings = [p for p in problems if p.severity != "error"]
@@ -74,7 +78,7 @@ def _with_line(problem, lines):
     if problem.line:
         return problem
     key = problem.key
-    while key and key not in lines:
+    while key and key not in lines:   # a key the file does not set: its table's line
         key = key.rpartition(".")[0]
     return replace(problem, line=lines.get(key))
 
@@ -91,13 +95,14 @@ def _print_report(source, errors, warnings, plan, lines) -> None:
         err.print(f"[red]error[/red]: {escape(_with_line(p, lines).format(source))}", highlight=False)
     for p in warnings:
         err.print(f"[yellow]warning[/yellow]: {escape(_with_line(p, lines).format(source))}", highlight=False)
-    if errors:
-        err.print(f"{len(errors)} error(s), {len(warnings)} warning(s) in {source}", highlight=False, markup=False)
-        return
-    table = Table(title="batch plan", show_header=False, title_justify="left")
+    title = "batch plan (keys with errors counted at their defaults)" if errors else "batch plan"
+    table = Table(title=title, show_header=False, title_justify="left")
     for name, value in plan.rows():
         table.add_row(escape(name), escape(str(value)))
     out.print(table)
+    if errors:
+        err.print(f"{len(errors)} error(s), {len(warnings)} warning(s) in {source}", highlight=False, markup=False)
+        return
     out.print(f"[green]ok[/green]: {escape(source)} is valid ({len(warnings)} warning(s))", highlight=False)
 
 

@@ -123,6 +123,8 @@ def test_cli_reports_all_and_json(project):
     assert bad.returncode == 2
     lines = [l for l in bad.stderr.splitlines() if l.startswith("error")]
     assert len(lines) == 3 and "actor.lr: must be > 0" in lines[0]  # key and cross-field errors together
+    assert lines[0] == "error: rlctl.toml: actor.lr: must be > 0, got -1.0"   # the override's, no file line
+    assert "batch plan" in bad.stdout and "sequences per step" in bad.stdout   # printed with errors too
     bad2 = subprocess.run(cmd + ["rollout.n=1", "actor.micro_batch_size=3", "--format", "json"], cwd=project,
                           capture_output=True, text=True)
     report = json.loads(bad2.stdout)
