@@ -23,6 +23,10 @@ from pathlib import Path
 from rlctl.checkpoint.manager import CheckpointManager, ResumePoint
 from rlctl.errors import CheckpointError, UsageError
 
+# The run's resolved config, kept next to the weights: `rlctl eval OUT` scores with the training
+# reward and response length, as it does for the run folder. Model loaders ignore the file.
+TRAINING_CONFIG = "rlctl_training.toml"
+
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 LORA_MODES = ("merge", "adapter")
 MAX_SHARD_SIZE = "5GB"
@@ -94,6 +98,10 @@ def merge_run(run_dir: str | os.PathLike, out: str | os.PathLike, *, step: int |
     try:
         verification, written_dtype = _export(point.path, config, tmp, dtype=dtype, lora=lora,
                                               max_shard_size=max_shard_size)
+        from rlctl.checkpoint.trained import CONFIG_FILE
+
+        shutil.copyfile(point.path / CONFIG_FILE, tmp / TRAINING_CONFIG)
+        _usual_modes(tmp)
         files = sorted(p.relative_to(tmp).as_posix() for p in tmp.rglob("*") if p.is_file())
         _replace(tmp, out)
     except BaseException:
@@ -102,6 +110,16 @@ def merge_run(run_dir: str | os.PathLike, out: str | os.PathLike, *, step: int |
     mode = "none" if config.model.lora.rank == 0 else lora
     return MergeResult(out=out, step=point.step, dtype=written_dtype, lora=mode, files=files,
                        verification=verification.as_dict(), warning=point.warning)
+
+
+def _usual_modes(folder: Path) -> None:
+    """0666 - umask for every file: some writers (safetensors via save_pretrained) leave 0600,
+    which an inference server running as another user cannot read."""
+    from rlctl.utils.fs import _UMASK
+
+    for path in folder.rglob("*"):
+        if path.is_file():
+            path.chmod(0o666 & ~_UMASK)
 
 
 def _export(step_dir: Path, config, tmp: Path, *, dtype: str, lora: str, max_shard_size) -> tuple:

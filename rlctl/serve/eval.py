@@ -70,13 +70,18 @@ def reward_settings(model_path: Path, override: str | None):
     from rlctl.config.schema import DataConfig, RewardConfig
     from rlctl.serve.source import is_run_dir
 
+    from rlctl.checkpoint.merge import TRAINING_CONFIG
+    from rlctl.config.loader import load_config
+
     reward, config_dir, max_response = RewardConfig(), Path.cwd(), DataConfig().max_response_length
     resolved = model_path / "config.resolved.toml"
     if is_run_dir(model_path) and resolved.is_file():
-        from rlctl.config.loader import load_config
-
         config = load_config(resolved, strict=False).config
         reward, config_dir = config.reward, _project_dir(model_path, config)
+        max_response = config.data.max_response_length
+    elif (model_path / TRAINING_CONFIG).is_file():   # a merged folder: the run's settings (absolute paths)
+        config = load_config(model_path / TRAINING_CONFIG, strict=False).config
+        reward, config_dir = config.reward, model_path.resolve()
         max_response = config.data.max_response_length
     if override is not None:
         reward, config_dir = replace(reward, function=override), Path.cwd()

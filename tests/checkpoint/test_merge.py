@@ -76,6 +76,15 @@ def test_merged_folder_reproduces_the_live_workers(trained_runs, tmp_path, name)
     assert written.apply_chat_template(chat, tokenize=False, add_generation_prompt=True) == \
         base.apply_chat_template(chat, tokenize=False, add_generation_prompt=True)
     assert json.loads((out / "generation_config.json").read_text())["eos_token_id"] == [258, 256]
+    # the run's settings travel with the weights (rlctl eval OUT scores as training did) ...
+    from rlctl.serve.eval import reward_settings
+
+    assert "rlctl_training.toml" in result.files
+    assert reward_settings(out, None)[2] == run_config(run.model_dir, lora=run.lora, workers=1).data.max_response_length
+    # ... and every file is readable by others (an inference server may run as another user)
+    from rlctl.utils.fs import _UMASK
+
+    assert all(p.stat().st_mode & 0o777 == 0o666 & ~_UMASK for p in out.iterdir() if p.is_file())
 
 
 @pytest.mark.parametrize("name", ["lora-untied-1w", "lora-tied-2w"])
