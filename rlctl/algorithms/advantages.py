@@ -17,7 +17,9 @@ from .registry import AlgorithmError, get_estimator, register_estimator
 def compute_advantages(name: str, *, token_level_rewards: torch.Tensor, response_mask: torch.Tensor,
                        group_ids=None, values: torch.Tensor | None = None,
                        reward_baselines: torch.Tensor | None = None, gamma: float = 1.0, lam: float = 1.0,
-                       norm_adv_by_std: bool = True, epsilon: float = 1e-6) -> tuple[torch.Tensor, torch.Tensor]:
+                       norm_adv_by_std: bool = True, epsilon: float = 1e-6,
+                       ref_log_prob: torch.Tensor | None = None,
+                       old_log_prob: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Run the estimator registered as `name`; returns (advantages, returns), [B, T] each, no grad.
 
     Checks that what the estimator declares it needs was given, with the right shapes, and
@@ -36,10 +38,17 @@ def compute_advantages(name: str, *, token_level_rewards: torch.Tensor, response
         reward_baselines = _required(name, "reward_baselines", reward_baselines, rewards.shape[:1]).to(dtype)
     if spec.needs_group or group_ids is not None:
         group_ids = _group_ids(name, group_ids, rewards.shape[0])
+    extra = {}
+    if spec.needs_reference:   # [B, T] log-probs of the sampled tokens, zero on padding
+        extra["ref_log_prob"] = torch.where(valid, _required(name, "ref_log_prob", ref_log_prob,
+                                                             rewards.shape).to(dtype), zero)
+        if old_log_prob is not None:
+            extra["old_log_prob"] = torch.where(valid, _required(name, "old_log_prob", old_log_prob,
+                                                                 rewards.shape).to(dtype), zero)
     with torch.no_grad():
         advantages, returns = spec.fn(token_level_rewards=rewards, response_mask=mask, group_ids=group_ids,
                                       values=values, reward_baselines=reward_baselines, gamma=gamma, lam=lam,
-                                      norm_adv_by_std=norm_adv_by_std, epsilon=epsilon)
+                                      norm_adv_by_std=norm_adv_by_std, epsilon=epsilon, **extra)
     for what, out in (("advantages", advantages), ("returns", returns)):
         if not isinstance(out, torch.Tensor) or out.shape != rewards.shape:
             raise AlgorithmError(f"estimator {name!r} returned {what} that is not a [B, T] tensor of shape "

@@ -35,6 +35,7 @@ class EstimatorSpec:
     needs_critic: bool = False           # values [B, T] from a critic (and a critic to train)
     needs_group: bool = False            # group_ids; rollout.n >= 2 for a meaningful baseline
     needs_greedy_baseline: bool = False  # reward_baselines [B]: the score of a greedy rollout
+    needs_reference: bool = False        # ref_log_prob [B, T] (and old_log_prob): a reference model
 
     @property
     def min_group_size(self) -> int:
@@ -81,13 +82,15 @@ def _lookup(kind: str, name: str, table: dict):
 
 
 def register_estimator(name: str, *, needs_critic: bool = False, needs_group: bool = False,
-                       needs_greedy_baseline: bool = False) -> Callable[[Callable], Callable]:
+                       needs_greedy_baseline: bool = False,
+                       needs_reference: bool = False) -> Callable[[Callable], Callable]:
     """Decorator: register an advantage estimator under `name`; a taken name is an error."""
     _check_new("advantage estimator", name, _ESTIMATORS)
 
     def decorator(fn: Callable) -> Callable:
         _check_new("advantage estimator", name, _ESTIMATORS)
-        _ESTIMATORS[name] = EstimatorSpec(name, fn, needs_critic, needs_group, needs_greedy_baseline)
+        _ESTIMATORS[name] = EstimatorSpec(name, fn, needs_critic, needs_group, needs_greedy_baseline,
+                                          needs_reference)
         return fn
 
     return decorator
@@ -129,9 +132,9 @@ def policy_loss_names() -> tuple[str, ...]:
 def algorithm_needs(estimator: str, *, kl_in_reward: bool, use_kl_loss: bool) -> Needs:
     """What to build for a run: the estimator's declaration plus the KL settings.
 
-    The reference model is needed exactly when a KL term is computed (in the reward or as a loss);
-    that is a property of the config, not of the estimator.
+    The reference model is needed when a KL term is computed (in the reward or as a loss) or when
+    the estimator declares it reads reference log-probs itself.
     """
     spec = get_estimator(estimator)
-    return Needs(critic=spec.needs_critic, reference=bool(kl_in_reward or use_kl_loss),
+    return Needs(critic=spec.needs_critic, reference=bool(kl_in_reward or use_kl_loss or spec.needs_reference),
                  greedy_baseline=spec.needs_greedy_baseline, min_group_size=spec.min_group_size)

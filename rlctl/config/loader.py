@@ -114,7 +114,14 @@ def parse_override(word: str) -> tuple[str, Any]:
         value = tomlkit.parse(f"v = {text}").unwrap()["v"]
     except Exception:
         value = text  # a bare word: a string such as a path or an enum value
+    field = LEAF_KEYS.get(key)
+    if field is not None and isinstance(_default(field), str) and not isinstance(value, (str, list, dict)):
+        value = text.strip()  # typed by the schema: run.name=123 or =2024-01-01 is the text as written
     return key, value
+
+
+def _default(f: dataclasses.Field) -> Any:
+    return f.default_factory() if f.default is dataclasses.MISSING else f.default
 
 
 def set_dotted(d: dict, key: str, value: Any) -> None:

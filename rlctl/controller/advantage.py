@@ -47,6 +47,9 @@ def compute_advantages(batch: Batch, config: Config, kl_ctrl) -> dict:
         optional["values"] = torch.from_numpy(batch["values"])
     if "reward_baselines" in batch:
         optional["reward_baselines"] = torch.from_numpy(batch["reward_baselines"].astype(np.float32))
+    for key in ("ref_log_prob", "old_log_prob"):   # read by estimators that declare needs_reference
+        if key in batch:
+            optional[key] = torch.from_numpy(batch[key])
     advantages, returns = A.compute_advantages(
         algo.name, token_level_rewards=rewards, response_mask=mask, group_ids=batch["uid"].tolist(),
         gamma=algo.gamma, lam=algo.lam, norm_adv_by_std=algo.norm_adv_by_std, **optional)

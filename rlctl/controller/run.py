@@ -38,7 +38,22 @@ def resume_training(run_dir: Path, *, step: int | None, address: str | None, ove
 
     loaded, notices, ckpt_step, ckpt_path = prepare_resume(run_dir, step, overrides)
     _check(loaded)
+    if _already_finished(run_dir, loaded, ckpt_step, overrides):
+        return
     _run(loaded, run_dir, address=address, command="resume", notices=notices, resume=(ckpt_step, ckpt_path))
+
+
+def _already_finished(run_dir: Path, loaded: LoadedConfig, ckpt_step: int, overrides) -> bool:
+    """A finished run resumed from its last step with the same length: say so, start nothing."""
+    from rlctl.controller.status import read_run_info
+
+    info = read_run_info(run_dir)
+    longer = any(w.startswith(("run.total_steps=", "run.total_epochs=")) for w in overrides)
+    if info.get("status") != "finished" or info.get("total_steps") != ckpt_step or longer:
+        return False
+    print(f"{run_dir.name} already finished at step {ckpt_step}/{ckpt_step}; nothing to do "
+          f"(to train longer: rlctl resume {run_dir} run.total_steps=N)")
+    return True
 
 
 def _run(loaded: LoadedConfig, run_dir: Path, *, address: str | None, command: str, notices: list,
@@ -46,13 +61,18 @@ def _run(loaded: LoadedConfig, run_dir: Path, *, address: str | None, command: s
     from rlctl.controller import checkpointing
     from rlctl.controller.setup import build_setup
     from rlctl.controller.status import finish_run, start_run
-    from rlctl.controller.trainer import StopFlag, Trainer
+    from rlctl.controller.trainer import StopFlag, Trainer, startup_signals
     from rlctl.runtime.ray_env import resolve_address
 
     with ExitStack() as stack:
-        s = build_setup(loaded, run_dir, stack, address=resolve_address(address, loaded.config.resources.address),
-                        start_step=resume[0] if resume else 0)
-        stop = stack.enter_context(StopFlag())  # after ray.init, which installs its own SIGTERM handler
+        try:
+            with startup_signals():
+                s = build_setup(loaded, run_dir, stack, start_step=resume[0] if resume else 0,
+                                address=resolve_address(address, loaded.config.resources.address))
+        except Interrupted as e:   # nothing trained in this session: the run folder says so
+            finish_run(run_dir, status="interrupted", exit_code=e.exit_code, error=e.message)
+            raise
+        stop = stack.enter_context(StopFlag())   # from here on: stop at the next safe point
         s.save = lambda step, final=False: checkpointing.save(s, step, final=final)
         if resume:
             checkpointing.restore(s, resume[1])

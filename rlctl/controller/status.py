@@ -113,15 +113,20 @@ def status_summary(run_dir: str | os.PathLike) -> dict:
 
 
 def list_checkpoints(run_dir: str | os.PathLike) -> list[dict]:
-    """checkpoints/step_<N> folders by step; `valid` = MANIFEST.json is there (it is written last)."""
+    """checkpoints/step_<N> folders by step; `valid` = its manifest is there and every file it lists
+    has the size it records (the cheap check resume makes; merge also compares hashes), else
+    `problem` says what is wrong."""
+    from rlctl.checkpoint.manifest import verify
+
     root = Path(run_dir) / CHECKPOINTS_DIR
     out = []
     for path in root.iterdir() if root.is_dir() else ():
         match = _STEP_DIR.match(path.name)
         if match and path.is_dir():
             size = sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
-            out.append({"step": int(match.group(1)), "path": str(path), "valid": (path / "MANIFEST.json").is_file(),
-                        "bytes": size})
+            problems = verify(path, hashes=False)
+            out.append({"step": int(match.group(1)), "path": str(path), "valid": not problems,
+                        "problem": problems[0] if problems else None, "bytes": size})
     return sorted(out, key=lambda c: c["step"])
 
 
@@ -261,7 +266,7 @@ def _checkpoint_line(s: dict):
         line.append(f"step_{ckpt['step']}", style="bold" if ckpt["step"] == s["latest_checkpoint"] else "")
         if ckpt["step"] == s["latest_checkpoint"]:
             line.append(" (latest)", style="green")
-        line.append(f" {ckpt['bytes'] / 2**20:.1f} MiB" if ckpt["valid"] else " incomplete (no MANIFEST.json)",
+        line.append(f" {ckpt['bytes'] / 2**20:.1f} MiB" if ckpt["valid"] else f" broken: {ckpt['problem']}",
                     style="dim" if ckpt["valid"] else "red")
     return line
 

@@ -11,6 +11,7 @@ loop never asks which algorithm it is running. Each step is one call per worker 
 from __future__ import annotations
 
 import signal
+import threading
 import time
 from contextlib import contextmanager
 
@@ -56,6 +57,27 @@ class StopFlag:
             code = EXIT_TERMINATED if self.signum == signal.SIGTERM else EXIT_INTERRUPTED
             raise Interrupted("stopped by " + ("SIGTERM" if code == EXIT_TERMINATED else "Ctrl-C")
                               + " at a safe point", exit_code=code)
+
+
+@contextmanager
+def startup_signals():
+    """Ctrl-C / SIGTERM while Ray and the workers start: stop right away (nothing to save yet)
+    with exit 130 / 143, unwinding through every cleanup, instead of Ray's own SIGTERM handler
+    (a native stack dump, exit 1). ray_session restores these handlers after ray.init."""
+    def handle(signum, _frame):
+        code = EXIT_TERMINATED if signum == signal.SIGTERM else EXIT_INTERRUPTED
+        raise Interrupted("stopped by " + ("SIGTERM" if code == EXIT_TERMINATED else "Ctrl-C")
+                          + " while starting; no step was run in this session", exit_code=code)
+
+    if threading.current_thread() is not threading.main_thread():   # only it may set handlers
+        yield
+        return
+    old = {s: signal.signal(s, handle) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
 
 
 class Trainer:
@@ -139,7 +161,9 @@ class Trainer:
                               pad_token_id=s.pad_token_id, mode="val")
             R.score(part, s.reward, s.tokenizer)
             parts.append(part.select_keys(["data_source", "scores", "acc", "response_length"]))
-        return validation_metrics(parts)
+        out = validation_metrics(parts)
+        s.display.print(validation_line(step, out))
+        return out
 
     def step_metrics(self, batch, step_s: float) -> dict:
         mask = batch["response_mask"]
@@ -203,6 +227,17 @@ def kl_metric(metrics: dict) -> float:
         if key in metrics:
             return float(metrics[key])
     return 0.0
+
+
+def validation_line(step: int, val: dict) -> str:
+    """One line for the display: overall reward / accuracy / length, and accuracy per data source
+    when there are several."""
+    line = (f"validation at step {step}: reward {val['val/reward/mean']:.3f}  acc {val['val/acc']:.3f}  "
+            f"len {val['val/response_length/mean']:.1f}")
+    sources = [k[len("val/"):-len("/acc")] for k in val if k.endswith("/acc") and k != "val/acc"]
+    if len(sources) > 1:
+        line += "  (" + ", ".join(f"{ds} acc {val[f'val/{ds}/acc']:.3f}" for ds in sources) + ")"
+    return line
 
 
 def validation_metrics(parts) -> dict:

@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
+import threading
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Iterator
 
-from rlctl.errors import UsageError
+from rlctl.errors import EXIT_TERMINATED, Interrupted, UsageError
 
 # Local runs: no usage-stats prompt or upload, no token auth between our own processes, and no
 # idle workers prestarted for the driver (one per CPU, ~80 MB each and CPU time during start-up):
@@ -91,6 +93,42 @@ def _check_reachable(address: str, timeout_s: float = 5.0) -> None:
                               "RAY_ADDRESS (empty = embedded Ray)") from None
 
 
+def _descendants() -> set[int]:
+    import psutil
+
+    return {p.pid for p in psutil.Process().children(recursive=True)}
+
+
+def _stop_partial_start(before: set[int], grace_s: float = 3.0) -> None:
+    """After ray.init stopped half-way (an error, Ctrl-C): ray.shutdown() knows nothing yet, so end
+    what it had started. Ray's daemons run in our process group; the raylet's agents may have
+    been reparented already (a killed raylet does not take them along). Processes that were our
+    children before (the reward pool) and anything that is not Ray's are spared."""
+    import psutil
+    import ray
+
+    ray.shutdown()
+    me, group = os.getpid(), os.getpgid(0)
+    for _ in range(2):   # a second pass for what a dying raylet spawned meanwhile
+        procs = []
+        for proc in psutil.process_iter(["pid", "cmdline"]):
+            try:
+                cmd = " ".join(proc.info["cmdline"] or [])
+                if proc.pid in before or proc.pid == me or os.getpgid(proc.pid) != group:
+                    continue
+                if "ray::" in cmd or f"{os.sep}ray{os.sep}" in cmd:
+                    proc.terminate()
+                    procs.append(proc)
+            except (psutil.NoSuchProcess, psutil.AccessDenied, ProcessLookupError, PermissionError):
+                pass
+        _, alive = psutil.wait_procs(procs, timeout=grace_s)
+        for proc in alive:
+            try:
+                proc.kill()
+            except psutil.NoSuchProcess:
+                pass
+
+
 @contextmanager
 def ray_session(address: str = "", *, num_cpus: int | None = None, log_to_driver: bool | None = None,
                 namespace: str = "rlctl") -> Iterator[RaySession]:
@@ -105,7 +143,21 @@ def ray_session(address: str = "", *, num_cpus: int | None = None, log_to_driver
 
     owned = not ray.is_initialized()
     if owned:
-        ctx = _init(address, num_cpus, _debug() if log_to_driver is None else log_to_driver, namespace)
+        # ray.init installs its own SIGTERM handling (a native stack dump and exit 1); keep ours.
+        before = _descendants()
+        main = threading.current_thread() is threading.main_thread()   # only it may set handlers
+        handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)} if main else {}
+        try:
+            ctx = _init(address, num_cpus, _debug() if log_to_driver is None else log_to_driver, namespace)
+        except BaseException as e:   # a failure or a signal in the middle of ray.init
+            _stop_partial_start(before)
+            if isinstance(e, SystemExit) and e.code == signal.SIGTERM:   # ray.init's handler: sys.exit(15)
+                raise Interrupted("stopped by SIGTERM while starting Ray", exit_code=EXIT_TERMINATED) from None
+            raise
+        finally:
+            for s, h in handlers.items():
+                if h is not None:
+                    signal.signal(s, h)
         gcs = ctx.address_info.get("gcs_address") or ctx.address_info.get("address") or address
         session_dir = ctx.address_info.get("session_dir", "")
     else:

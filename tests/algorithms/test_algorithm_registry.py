@@ -84,3 +84,28 @@ def test_a_user_policy_loss_runs_by_name():
     loss, metrics = policy_loss("test_registry_reinforce", old_log_prob=log_prob, log_prob=log_prob,
                                 advantages=torch.tensor([[1.0, 1.0]]), response_mask=torch.tensor([[1, 0]]))
     assert loss.item() == 1.0 and metrics == {}
+
+
+def test_an_estimator_may_declare_it_needs_the_reference():
+    """needs_reference: the run loads a reference model without any KL term, and the estimator gets
+    ref_log_prob (and old_log_prob when the run has it), zeroed on padding."""
+    seen = {}
+
+    @register_estimator("kl_shaped_test", needs_reference=True)
+    def kl_shaped(*, token_level_rewards, response_mask, ref_log_prob, old_log_prob=None, **_):
+        seen.update(ref=ref_log_prob.clone(), old=old_log_prob)
+        adv = token_level_rewards - 0.1 * (old_log_prob - ref_log_prob) if old_log_prob is not None \
+            else token_level_rewards
+        return adv, adv
+
+    needs = algorithm_needs("kl_shaped_test", kl_in_reward=False, use_kl_loss=False)
+    assert needs.reference and not needs.critic
+    assert not algorithm_needs("grpo", kl_in_reward=False, use_kl_loss=False).reference
+    rewards, mask = torch.tensor([[0.0, 1.0, 0.0]]), torch.tensor([[1.0, 1.0, 0.0]])
+    with pytest.raises(AlgorithmError, match="needs ref_log_prob"):
+        compute_advantages("kl_shaped_test", token_level_rewards=rewards, response_mask=mask)
+    ref, old = torch.tensor([[-1.0, -2.0, float("nan")]]), torch.tensor([[-1.5, -1.0, 7.0]])
+    adv, _ = compute_advantages("kl_shaped_test", token_level_rewards=rewards, response_mask=mask,
+                                ref_log_prob=ref, old_log_prob=old)
+    assert seen["ref"].tolist() == [[-1.0, -2.0, 0.0]] and seen["old"].tolist() == [[-1.5, -1.0, 0.0]]
+    assert torch.allclose(adv, torch.tensor([[0.05, 0.9, 0.0]]))

@@ -90,6 +90,27 @@ def test_damaged_shard(trained_runs, tmp_path, capsys, damage, message):
     assert_clean_failure(code, err, tmp_path, match="no valid checkpoint in")
 
 
+def test_a_broken_newest_checkpoint_is_not_silently_replaced(trained_runs, tmp_path, capsys):
+    """LATEST names step_2, whose shard is truncated; step_1 is fine. Resume would fall back with a
+    warning; merge, meant for the newest weights, stops and names the step to merge instead."""
+    import shutil
+
+    run = copy_run(trained_runs, tmp_path)
+    ckpts = run / "checkpoints"
+    shutil.copytree(ckpts / "step_1", ckpts / "step_2")
+    manifest = json.loads((ckpts / "step_2" / "MANIFEST.json").read_text())
+    manifest["step"] = 2
+    (ckpts / "step_2" / "MANIFEST.json").write_text(json.dumps(manifest))
+    (ckpts / "LATEST").write_text("step_2\n")
+    shard = ckpts / "step_2" / SHARD
+    shard.write_bytes(shard.read_bytes()[:-1000])
+    code, _, err = rlctl(capsys, "merge", run, "--to-hf", tmp_path / "out")
+    assert_clean_failure(code, err, tmp_path, match="the newest checkpoint cannot be merged: LATEST names step_2")
+    assert "--step 1" in err
+    code, _, err = rlctl(capsys, "merge", run, "--to-hf", tmp_path / "out", "--step", "1")
+    assert code == 0, err
+
+
 def test_model_folder_overwritten_since_training(trained_runs, tmp_path, tiny_model_dir, tiny_untied_model_dir,
                                                  capsys):
     model = Path(shutil.copytree(tiny_model_dir, tmp_path / "model"))

@@ -101,3 +101,68 @@ def test_kill_9_at_a_random_moment_then_resume_matches(tmp_path, tiny_model_dir,
     assert code == 0, err[-3000:]
     assert metrics(run) == reference
     assert not list((run / "checkpoints").glob(".tmp-*"))  # leftovers of the killed save are cleaned
+
+
+def _wait_for_ray(proc, timeout: float = 120) -> None:
+    """Until the run's embedded Ray is up (a raylet among its children): ray.init has installed
+    its own SIGTERM handler by then, and no step has run yet."""
+    import psutil
+
+    deadline = time.monotonic() + timeout
+    while True:
+        assert proc.poll() is None, proc.communicate()[1][-3000:]
+        assert time.monotonic() < deadline, "Ray never started"
+        names = " ".join(" ".join(p.cmdline()) for p in psutil.Process(proc.pid).children(recursive=True)
+                         if p.is_running())
+        if "raylet" in names:
+            return
+        time.sleep(0.1)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("signum,exit_code,group", [(signal.SIGTERM, 143, True), (signal.SIGINT, 130, False)],
+                         ids=["sigterm-group", "sigint"])
+def test_signal_while_starting_stops_cleanly(signum, exit_code, group, tmp_path, tiny_model_dir):
+    proj = make_project(tmp_path, tiny_model_dir)
+    run = proj / "runs" / "grpo-gsm8k"
+    proc = rlctl("train", *ARGS, cwd=proj)
+    _wait_for_ray(proc)
+    (os.killpg if group else os.kill)(proc.pid, signum)
+    code, err = finish(proc, timeout=120)
+    assert code == exit_code, err[-3000:]
+    assert "while starting" in err and "Traceback" not in err and "SIGTERM received" not in err
+    info = json.loads((run / "run.json").read_text())
+    assert info["status"] == "interrupted" and info["exit_code"] == exit_code
+    assert metrics(run) == []
+    left = _session_left(proc.pid)
+    assert left == [], _describe(left)             # Ray's processes went with it
+
+
+def _describe(pids: list[int]) -> str:
+    import psutil
+
+    out = []
+    for pid in pids:
+        try:
+            out.append(f"{pid}: {' '.join(psutil.Process(pid).cmdline())[:150]}")
+        except psutil.NoSuchProcess:
+            pass
+    return "; ".join(out)
+
+
+def _session_left(sid: int, within: float = 20.0) -> list[int]:
+    """Live processes of the session the run was started in (start_new_session=True)."""
+    import psutil
+
+    deadline = time.monotonic() + within
+    while True:
+        left = []
+        for p in psutil.process_iter(["pid", "status"]):
+            try:
+                if os.getsid(p.pid) == sid and p.info["status"] != psutil.STATUS_ZOMBIE:
+                    left.append(p.pid)
+            except (ProcessLookupError, PermissionError):
+                pass
+        if not left or time.monotonic() > deadline:
+            return left
+        time.sleep(0.3)

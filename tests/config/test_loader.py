@@ -150,3 +150,13 @@ def test_debug_env_shows_traceback(tmp_path):
     out = subprocess.run([sys.executable, "-m", "rlctl", "config", "validate", str(p)],
                          capture_output=True, text=True, env={"PATH": "/usr/bin:/bin", "RLCTL_DEBUG": "1"})
     assert out.returncode == 2 and "Traceback" in out.stderr
+
+
+def test_string_keys_take_any_override_text():
+    """Overrides are typed by the schema: a string key gets the text as written, even when it
+    would read as a TOML number, boolean or date; other keys keep the TOML reading."""
+    assert parse_override("run.name=123") == ("run.name", "123")
+    assert parse_override("run.name=2024-01-01") == ("run.name", "2024-01-01")
+    assert parse_override("model.path=true") == ("model.path", "true")
+    assert parse_override('run.name="quoted"') == ("run.name", "quoted")
+    assert parse_override("rollout.n=8") == ("rollout.n", 8) and parse_override("actor.lr=1e-6") == ("actor.lr", 1e-6)

@@ -40,7 +40,9 @@ def make_run(run_dir: Path, *, steps: int = 60, total: int = 100, ckpts=(20, 40)
         folder.mkdir(parents=True)
         (folder / "model.safetensors").write_bytes(b"\0" * 3 * 2**20)
         if step not in broken:
-            (folder / "MANIFEST.json").write_text(json.dumps({"files": {"model.safetensors": 3 * 2**20}}))
+            from rlctl.checkpoint.manifest import write_manifest
+
+            write_manifest(folder, step, {})
     if ckpts:
         (run_dir / "checkpoints" / "LATEST").write_text(f"step_{max(ckpts)}\n")
     return run_dir
@@ -100,7 +102,19 @@ def test_render_status_for_people(tmp_path):
     assert "step 60/100 (60%)" in text and "eta 0:01:20" in text
     assert "last step  60/100  reward" in text and "kl 0.0300" in text
     assert "validation at step 60: reward/mean" in text
-    assert "step_60 incomplete (no MANIFEST.json), step_40 (latest) 3.0 MiB, step_20 3.0 MiB" in text
+    assert ("step_60 broken: MANIFEST.json is missing (the save did not finish), step_40 (latest) 3.0 MiB, "
+            "step_20 3.0 MiB") in text
+
+
+def test_a_truncated_latest_checkpoint_is_shown_broken(tmp_path):
+    run = make_run(tmp_path / "grpo-demo", steps=40, ckpts=(20, 40))
+    shard = run / "checkpoints" / "step_40" / "model.safetensors"
+    shard.write_bytes(shard.read_bytes()[:1000])
+    summary = status_summary(run)
+    assert summary["latest_checkpoint"] is None           # LATEST names a checkpoint that does not verify
+    out = io.StringIO()
+    render_status(summary, Console(file=out, width=200, force_terminal=False))
+    assert "step_40 broken: model.safetensors is" in out.getvalue()
 
 
 def test_not_a_run_folder(tmp_path):

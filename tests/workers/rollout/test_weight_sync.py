@@ -165,3 +165,15 @@ def test_large_drift_is_reported_once(tiny_model_dir):
     trainer.warn_drift(2, {"rollout/logprob_diff_mean": 0.8})
     trainer.warn_drift(3, {"rollout/logprob_diff_mean": 0.9})
     assert len(printed) == 1 and "step 2: the vllm engine's log-probs differ" in printed[0]
+
+
+def test_validation_line_names_each_source():
+    from rlctl.controller.trainer import validation_line
+
+    val = {"val/reward/mean": 0.5, "val/acc": 0.25, "val/response_length/mean": 12.0,
+           "val/openai/gsm8k/reward/mean": 0.5, "val/openai/gsm8k/acc": 0.5,
+           "val/rlctl/arith/reward/mean": 0.5, "val/rlctl/arith/acc": 0.0}
+    assert validation_line(3, val) == ("validation at step 3: reward 0.500  acc 0.250  len 12.0  "
+                                       "(openai/gsm8k acc 0.500, rlctl/arith acc 0.000)")
+    one = {k: v for k, v in val.items() if "arith" not in k}
+    assert validation_line(3, one) == "validation at step 3: reward 0.500  acc 0.250  len 12.0"
