@@ -156,3 +156,16 @@ def test_plot_without_matplotlib_says_how_to_install(tmp_path):
                           capture_output=True, text=True, timeout=120)
     assert done.stdout.strip() == '2 plotting needs matplotlib, which is not installed pip install "rlctl[plot]".'
     assert not (tmp_path / "x.png").exists()
+
+
+def test_resuming_a_finished_run_starts_nothing(tmp_path, capsys):
+    from rlctl.controller.run import _already_finished
+
+    run = make_run(tmp_path / "r", steps=40, total=40, ckpts=(20, 40), broken=())
+    finish_run(run, status="finished", exit_code=0)
+    assert _already_finished(run, None, 40, ())
+    assert "r already finished at step 40/40; nothing to do" in capsys.readouterr().out
+    assert not _already_finished(run, None, 40, ["run.total_steps=80"])   # asked to train longer
+    assert not _already_finished(run, None, 20, ())                        # --step 20: redo the rest
+    finish_run(run, status="interrupted", exit_code=130)
+    assert not _already_finished(run, None, 40, ())
