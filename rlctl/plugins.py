@@ -47,19 +47,24 @@ def import_file(path: Path) -> ModuleType:
     return module
 
 
+def import_checked(path: Path, where: str, *, relative_to: str) -> ModuleType:
+    """import_file, with every way it can fail as one ConfigError (exit 2) prefixed by `where`."""
+    if not path.is_file():
+        raise ConfigError(f"{where}: {path} does not exist",
+                          hint=f"{relative_to} is resolved relative to the config file's folder")
+    try:
+        return import_file(path)
+    except SyntaxError as e:
+        raise ConfigError(f"{where}: syntax error in {path} line {e.lineno}: {e.msg}",
+                          hint="fix the file and try again") from e
+    except Exception as e:
+        raise ConfigError(f"{where}: importing {path} failed: {type(e).__name__}: {e}",
+                          hint="run `python <file>` to see the full error") from e
+
+
 def import_plugins(paths, base: Path | None = None) -> None:
     """Import every `algorithm.plugins` file (relative paths from `base`, the config's folder).
     ConfigError (exit 2) naming the file when one is missing or fails to import."""
     for p in paths:
         path = Path(p) if base is None or Path(p).is_absolute() else Path(base) / p
-        if not path.is_file():
-            raise ConfigError(f"algorithm.plugins: {path} does not exist",
-                              hint="plugin files are resolved relative to the config file's folder")
-        try:
-            import_file(path)
-        except SyntaxError as e:
-            raise ConfigError(f"algorithm.plugins: syntax error in {path} line {e.lineno}: {e.msg}",
-                              hint="fix the file and try again") from e
-        except Exception as e:
-            raise ConfigError(f"algorithm.plugins: importing {path} failed: {type(e).__name__}: {e}",
-                              hint="run `python <file>` to see the full error") from e
+        import_checked(path, "algorithm.plugins", relative_to="algorithm.plugins")

@@ -87,20 +87,10 @@ def load_reward_fn(spec: RewardSpec) -> Callable[[str, str, Any, Any], Any]:
 
 
 def _import_file(path: Path, fn_name: str):
-    where = f"reward function {path.name}:{fn_name}"
-    if not path.is_file():
-        raise ConfigError(f"{where}: {path} does not exist",
-                          hint="reward.function is resolved relative to the config file's folder.")
-    from rlctl.plugins import import_file
+    from rlctl.plugins import import_checked
 
-    try:
-        return import_file(path)  # once per process: it may also be an algorithm.plugins file
-    except SyntaxError as e:
-        raise ConfigError(f"{where}: syntax error in {path} line {e.lineno}: {e.msg}",
-                          hint="fix the file and try again.") from e
-    except Exception as e:
-        raise ConfigError(f"{where}: importing {path} failed: {type(e).__name__}: {e}",
-                          hint="run `python <file>` to see the full error.") from e
+    # once per process: the file may also be an algorithm.plugins file
+    return import_checked(path, f"reward function {path.name}:{fn_name}", relative_to="reward.function")
 
 
 def _adapt_call(fn: Callable, where: str) -> Callable:
