@@ -6,7 +6,7 @@ from contextlib import ExitStack
 from pathlib import Path
 
 from rlctl.config.loader import LoadedConfig, config_to_dict
-from rlctl.errors import ConfigError, Interrupted, RlctlError
+from rlctl.errors import EXIT_INTERRUPTED, EXIT_TERMINATED, ConfigError, Interrupted, RlctlError, WorkerDiedError
 
 
 def _check(loaded: LoadedConfig) -> None:
@@ -41,6 +41,21 @@ def resume_training(run_dir: Path, *, step: int | None, address: str | None, ove
     if _already_finished(run_dir, loaded, ckpt_step, overrides):
         return
     _run(loaded, run_dir, address=address, command="resume", notices=notices, resume=(ckpt_step, ckpt_path))
+
+
+def _signal_killed_the_workers(stop, s) -> Interrupted:
+    """A SIGTERM sent to the whole process group (a service manager, `timeout`) also reaches Ray's
+    raylet, whose shutdown kills the worker ranks before the controller's safe point: the run
+    stops as asked (exit 143), without the final checkpoint, and says where resume will start."""
+    import signal
+
+    from rlctl.controller.status import list_checkpoints
+
+    name, code = ("SIGTERM", EXIT_TERMINATED) if stop.signum == signal.SIGTERM else ("Ctrl-C", EXIT_INTERRUPTED)
+    saved = [c["step"] for c in list_checkpoints(s.run_dir) if c["valid"]]
+    where = f"rlctl resume continues from step {max(saved)}" if saved else "no checkpoint was saved yet"
+    return Interrupted(f"stopped by {name}, which also reached Ray's own processes: the workers ended before "
+                       f"step {s.state['step'] + 1} could finish or be saved; {where}", exit_code=code)
 
 
 def _already_finished(run_dir: Path, loaded: LoadedConfig, ckpt_step: int, overrides) -> bool:
@@ -86,6 +101,13 @@ def _run(loaded: LoadedConfig, run_dir: Path, *, address: str | None, command: s
             s.save(s.state["step"], final=True)
             finish_run(run_dir, status="interrupted", exit_code=e.exit_code, error=e.message)
             raise
+        except WorkerDiedError as e:
+            if not stop.signum:
+                finish_run(run_dir, status="failed", exit_code=e.exit_code, error=e.message)
+                raise
+            stopped = _signal_killed_the_workers(stop, s)   # the user's stop, not a crash
+            finish_run(run_dir, status="interrupted", exit_code=stopped.exit_code, error=stopped.message)
+            raise stopped from None
         except RlctlError as e:
             finish_run(run_dir, status="failed", exit_code=e.exit_code, error=e.message)
             raise

@@ -70,19 +70,32 @@ def reference(tmp_path_factory, tiny_model_dir):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("signum,exit_code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
-def test_signal_stops_with_checkpoint_and_resume_matches(signum, exit_code, tmp_path, tiny_model_dir, reference):
+@pytest.mark.parametrize("signum,exit_code,group", [(signal.SIGINT, 130, True), (signal.SIGTERM, 143, False),
+                                                    (signal.SIGTERM, 143, True)],
+                         ids=["sigint-group", "sigterm", "sigterm-group"])
+def test_signal_stops_with_checkpoint_and_resume_matches(signum, exit_code, group, tmp_path, tiny_model_dir,
+                                                         reference):
+    """A terminal's Ctrl-C reaches the whole process group (Ray's daemons block SIGINT); SIGTERM
+    to the controller (`kill PID`) stops at a safe point. SIGTERM to the whole group (`timeout`, a
+    service manager) also reaches Ray's raylet, which kills the worker ranks at once: the run then
+    stops with 143 either at a safe point (checkpoint) or, when the raylet was faster, saying so and
+    keeping the previous checkpoint. Either way resume reproduces the uninterrupted run."""
     proj = make_project(tmp_path, tiny_model_dir)
     run = proj / "runs" / "grpo-gsm8k"
-    proc = rlctl("train", *ARGS, "run.save_every=0", cwd=proj)
+    racy = signum == signal.SIGTERM and group
+    # no periodic saves: a checkpoint can only come from the stop itself (racy case: keep one per step)
+    proc = rlctl("train", *ARGS, f"run.save_every={1 if racy else 0}", cwd=proj)
     wait_for_step(proc, run, 2)
-    os.killpg(proc.pid, signum)  # the whole process group, Ray's processes too: a terminal's Ctrl-C
+    (os.killpg if group else os.kill)(proc.pid, signum)
     code, err = finish(proc)
     assert code == exit_code, err[-3000:]
     info = json.loads((run / "run.json").read_text())
     assert info["status"] == "interrupted" and info["exit_code"] == exit_code
-    stopped_at = info["step"]
-    assert (run / "checkpoints" / "LATEST").read_text().strip() == f"step_{stopped_at}"
+    latest = (run / "checkpoints" / "LATEST").read_text().strip()
+    if "also reached Ray's own processes" in err:           # the raylet ended the workers first
+        assert racy and latest in (f"step_{info['step']}", f"step_{info['step'] - 1}"), (latest, info)
+    else:
+        assert latest == f"step_{info['step']}"             # saved at the safe point it stopped at
     code, err = finish(rlctl("resume", run, cwd=proj))
     assert code == 0, err[-3000:]
     assert metrics(run) == reference

@@ -169,3 +169,24 @@ def test_resuming_a_finished_run_starts_nothing(tmp_path, capsys):
     assert not _already_finished(run, None, 20, ())                        # --step 20: redo the rest
     finish_run(run, status="interrupted", exit_code=130)
     assert not _already_finished(run, None, 40, ())
+
+
+def test_a_stop_signal_that_also_ended_the_workers_is_an_interruption(tmp_path):
+    """SIGTERM to the whole process group reaches Ray's raylet too, which kills the worker ranks
+    (that part needs a real Ray: tests/cli/test_interrupt.py); the run then reports the user's
+    stop (exit 143) and where resume will start, not a worker crash (exit 4)."""
+    import signal
+    from types import SimpleNamespace
+
+    from rlctl.controller.run import _signal_killed_the_workers
+
+    run = make_run(tmp_path / "r", steps=41, ckpts=(20, 40), broken=())
+    stopped = _signal_killed_the_workers(SimpleNamespace(signum=signal.SIGTERM),
+                                         SimpleNamespace(run_dir=run, state={"step": 41}))
+    assert stopped.exit_code == 143
+    assert stopped.message == ("stopped by SIGTERM, which also reached Ray's own processes: the workers ended "
+                               "before step 42 could finish or be saved; rlctl resume continues from step 40")
+    empty = make_run(tmp_path / "e", steps=3, ckpts=(), broken=())
+    stopped = _signal_killed_the_workers(SimpleNamespace(signum=signal.SIGINT),
+                                         SimpleNamespace(run_dir=empty, state={"step": 3}))
+    assert stopped.exit_code == 130 and stopped.message.endswith("no checkpoint was saved yet")
