@@ -12,6 +12,7 @@ import logging
 import os
 import signal
 import threading
+import time
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Iterator
@@ -99,11 +100,11 @@ def _descendants() -> set[int]:
     return {p.pid for p in psutil.Process().children(recursive=True)}
 
 
-def _stop_partial_start(before: set[int], grace_s: float = 3.0) -> None:
-    """After ray.init stopped half-way (an error, Ctrl-C): ray.shutdown() knows nothing yet, so end
-    what it had started. Ray's daemons run in our process group; the raylet's agents may have
-    been reparented already (a killed raylet does not take them along). Processes that were our
-    children before (the reward pool) and anything that is not Ray's are spared."""
+def _stop_partial_start(before: set[int], since: float, grace_s: float = 3.0) -> None:
+    """After an embedded ray.init stopped half-way (an error, Ctrl-C): ray.shutdown() knows nothing
+    yet, so end what it had started: Ray's processes in our process group created since `since`
+    (the raylet's agents may have been reparented already: a killed raylet does not take them
+    along). Processes that were our children before (the reward pool) are spared."""
     import psutil
     import ray
 
@@ -114,7 +115,8 @@ def _stop_partial_start(before: set[int], grace_s: float = 3.0) -> None:
         for proc in psutil.process_iter(["pid", "cmdline"]):
             try:
                 cmd = " ".join(proc.info["cmdline"] or [])
-                if proc.pid in before or proc.pid == me or os.getpgid(proc.pid) != group:
+                if proc.pid in before or proc.pid == me or os.getpgid(proc.pid) != group \
+                        or proc.create_time() < since:
                     continue
                 if "ray::" in cmd or f"{os.sep}ray{os.sep}" in cmd:
                     proc.terminate()
@@ -144,13 +146,16 @@ def ray_session(address: str = "", *, num_cpus: int | None = None, log_to_driver
     owned = not ray.is_initialized()
     if owned:
         # ray.init installs its own SIGTERM handling (a native stack dump and exit 1); keep ours.
-        before = _descendants()
+        before, since = _descendants(), time.time() - 1.0   # create_time has a coarse clock
         main = threading.current_thread() is threading.main_thread()   # only it may set handlers
         handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)} if main else {}
         try:
             ctx = _init(address, num_cpus, _debug() if log_to_driver is None else log_to_driver, namespace)
         except BaseException as e:   # a failure or a signal in the middle of ray.init
-            _stop_partial_start(before)
+            if address:
+                ray.shutdown()   # joining a cluster starts nothing here to clean up
+            else:
+                _stop_partial_start(before, since)
             if isinstance(e, SystemExit) and e.code == signal.SIGTERM:   # ray.init's handler: sys.exit(15)
                 raise Interrupted("stopped by SIGTERM while starting Ray", exit_code=EXIT_TERMINATED) from None
             raise
