@@ -8,8 +8,8 @@ training data, a reward file). At resume, `check_resume(saved, current)` compare
         model.* (but gradient_checkpointing / trust_remote_code), algorithm.*, actor.* and
         critic.* (but micro_batch_size; critic keys only when the algorithm has a critic),
         data.* for training, rollout.n / temperature / top_p / top_k, reward.function (and the
-        file's content), algorithm.plugins (and the files' contents), reward.format_score / overlong.*, run.seed, the model's and the
-        tokenizer's files, the training files' contents.
+        file's content), algorithm.plugins (and the files' contents), reward.format_score /
+        overlong.*, run.seed, the model's and the tokenizer's files, the training files' contents.
     HARMLESS (a notice): run length, logging, saving and validation cadence, validation
         sampling, rollout engine and its memory settings, reward timeout / workers / on_error,
         resources.* (DCP reshards to any worker count), micro-batch sizes, moved paths whose
@@ -146,8 +146,8 @@ def _data_fingerprint(files: list, base: Path) -> str | None:
 def _plugins_fingerprint(files: list, base: Path) -> str | None:
     """algorithm.plugins: the files that define the run's own estimators and losses (missing ones
     are validate's to report, so they are left out here)."""
-    paths = [_resolve(f, base) for f in files]
-    return _data_fingerprint([str(p) for p in paths if p.is_file()], base) if any(p.is_file() for p in paths) else None
+    present = [str(p) for p in (_resolve(f, base) for f in files) if p.is_file()]
+    return _data_fingerprint(present, base)
 
 
 def _reward_fingerprint(spec: str, base: Path) -> str | None:

@@ -121,11 +121,11 @@ def merge_run(run_dir: str | os.PathLike, out: str | os.PathLike, *, step: int |
 def _usual_modes(folder: Path) -> None:
     """0666 - umask for every file: some writers (safetensors via save_pretrained) leave 0600,
     which an inference server running as another user cannot read."""
-    from rlctl.utils.fs import _UMASK
+    from rlctl.utils.fs import FILE_MODE
 
     for path in folder.rglob("*"):
         if path.is_file():
-            path.chmod(0o666 & ~_UMASK)
+            path.chmod(FILE_MODE)
 
 
 def _export(step_dir: Path, config, tmp: Path, *, dtype: str, lora: str, max_shard_size) -> tuple:

@@ -48,16 +48,11 @@ def validate_cmd(
 
     Example: rlctl config validate rlctl.toml actor.lr=1e-6 rollout.n=8
     """
-    from rlctl.config.loader import key_lines, parse_override
     from rlctl.config.validate import validate
 
     loaded = load_checked(file, overrides, strict=False)
     problems, plan = validate(loaded, machine=not skip_machine)
-    lines = key_lines(loaded.path.read_text()) if loaded.path else {}
-    for word in split_file_and_overrides(file, overrides)[1]:   # an overridden key's problem: no file line
-        key = parse_override(word)[0]
-        lines = {k: v for k, v in lines.items() if k != key and not k.startswith(key + ".")}
-        lines.setdefault(key, None)
+    lines = loaded.lines
     source = os.path.relpath(loaded.path) if loaded.path else "overrides"
     errors = [p for p in problems if p.severity == "error"]
     warnings = [p for p in problems if p.severity != "error"]

@@ -42,6 +42,7 @@ class LoadedConfig:
     path: Path | None  # None when built from overrides alone
     raw: dict  # the user's own keys (after overrides)
     problems: tuple = ()  # warnings; with strict=False also the errors (their keys keep defaults)
+    lines: dict = dataclasses.field(default_factory=dict)  # dotted key -> its line in the file (None: overridden)
 
     @property
     def base_dir(self) -> Path:
@@ -252,13 +253,16 @@ def load_config(path: str | Path | None, overrides: list[str] | tuple = (), *, s
     for word in overrides:
         key, value = parse_override(word)
         set_dotted(raw, key, value)
-        lines.pop(key, None)   # an overridden key's problems are the override's, not that file line's
+        # an overridden key's problems are the override's: no file line, nor its table's line
+        lines = {k: v for k, v in lines.items() if k != key and not k.startswith(key + ".")}
+        lines[key] = None
     problems: list[Problem] = []
     config = build_section(Config, raw, "", problems, lines)
     errors = [p for p in problems if p.severity == "error"]
     if errors and strict:
         raise ConfigError(f"{len(errors)} problem(s) in {source}", [p.format(source) for p in errors])
-    return LoadedConfig(config=config, path=path.resolve() if path else None, raw=raw, problems=tuple(problems))
+    return LoadedConfig(config=config, path=path.resolve() if path else None, raw=raw, problems=tuple(problems),
+                        lines=lines)
 
 
 def find_config(path: str | Path | None) -> Path:

@@ -6,7 +6,7 @@ from contextlib import ExitStack
 from pathlib import Path
 
 from rlctl.config.loader import LoadedConfig, config_to_dict
-from rlctl.errors import EXIT_INTERRUPTED, EXIT_TERMINATED, ConfigError, Interrupted, RlctlError, WorkerDiedError
+from rlctl.errors import ConfigError, Interrupted, RlctlError, WorkerDiedError
 
 
 def _check(loaded: LoadedConfig) -> None:
@@ -47,15 +47,13 @@ def _signal_killed_the_workers(stop, s) -> Interrupted:
     """A SIGTERM sent to the whole process group (a service manager, `timeout`) also reaches Ray's
     raylet, whose shutdown kills the worker ranks before the controller's safe point: the run
     stops as asked (exit 143), without the final checkpoint, and says where resume will start."""
-    import signal
-
     from rlctl.controller.status import list_checkpoints
+    from rlctl.controller.trainer import stopped
 
-    name, code = ("SIGTERM", EXIT_TERMINATED) if stop.signum == signal.SIGTERM else ("Ctrl-C", EXIT_INTERRUPTED)
     saved = [c["step"] for c in list_checkpoints(s.run_dir) if c["valid"]]
     where = f"rlctl resume continues from step {max(saved)}" if saved else "no checkpoint was saved yet"
-    return Interrupted(f"stopped by {name}, which also reached Ray's own processes: the workers ended before "
-                       f"step {s.state['step'] + 1} could finish or be saved; {where}", exit_code=code)
+    return stopped(stop.signum, f", which also reached Ray's own processes: the workers ended before "
+                                f"step {s.state['step'] + 1} could finish or be saved; {where}")
 
 
 def _already_finished(run_dir: Path, loaded: LoadedConfig, ckpt_step: int, overrides) -> bool:

@@ -125,9 +125,8 @@ def build_setup(loaded: LoadedConfig, run_dir: Path, stack: ExitStack, *, addres
     from rlctl import algorithms as A
     from rlctl.controller.display import LiveDisplay
     from rlctl.controller.logging import MetricsLogger
-    from rlctl.rewards.runner import RewardRunner
-
     from rlctl.plugins import import_plugins
+    from rlctl.rewards.runner import RewardRunner
 
     config = resolve_paths(loaded.config, loaded.base_dir)
     c = config

@@ -33,6 +33,12 @@ def phase(timing: dict, name: str):
     timing[f"timing/{name}_s"] = timing.get(f"timing/{name}_s", 0.0) + time.perf_counter() - start
 
 
+def stopped(signum: int, how: str) -> Interrupted:
+    """The Interrupted for a stop signal: exit 143 for SIGTERM, 130 for Ctrl-C; `how` ends the message."""
+    name, code = ("SIGTERM", EXIT_TERMINATED) if signum == signal.SIGTERM else ("Ctrl-C", EXIT_INTERRUPTED)
+    return Interrupted(f"stopped by {name}{how}", exit_code=code)
+
+
 class StopFlag:
     """Ctrl-C / SIGTERM ask the loop to stop at the next safe point; a second Ctrl-C aborts now."""
 
@@ -54,9 +60,7 @@ class StopFlag:
 
     def check(self):
         if self.signum:
-            code = EXIT_TERMINATED if self.signum == signal.SIGTERM else EXIT_INTERRUPTED
-            raise Interrupted("stopped by " + ("SIGTERM" if code == EXIT_TERMINATED else "Ctrl-C")
-                              + " at a safe point", exit_code=code)
+            raise stopped(self.signum, " at a safe point")
 
 
 @contextmanager
@@ -65,9 +69,7 @@ def startup_signals():
     with exit 130 / 143, unwinding through every cleanup, instead of Ray's own SIGTERM handler
     (a native stack dump, exit 1). ray_session restores these handlers after ray.init."""
     def handle(signum, _frame):
-        code = EXIT_TERMINATED if signum == signal.SIGTERM else EXIT_INTERRUPTED
-        raise Interrupted("stopped by " + ("SIGTERM" if code == EXIT_TERMINATED else "Ctrl-C")
-                          + " while starting; no step was run in this session", exit_code=code)
+        raise stopped(signum, " while starting; no step was run in this session")
 
     if threading.current_thread() is not threading.main_thread():   # only it may set handlers
         yield

@@ -14,6 +14,7 @@ def _read_umask() -> int:
 
 
 _UMASK = _read_umask()
+FILE_MODE = 0o666 & ~_UMASK   # what open() gives a new file: readable by others unless the umask says no
 
 
 def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
@@ -28,7 +29,7 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
         try:
             mode = path.stat().st_mode & 0o7777
         except OSError:
-            mode = 0o666 & ~_UMASK
+            mode = FILE_MODE
         os.fchmod(fd, mode)
         with os.fdopen(fd, "wb") as f:
             f.write(data)
