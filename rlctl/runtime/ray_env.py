@@ -68,7 +68,9 @@ def _init(address: str, num_cpus: int | None, log_to_driver: bool, namespace: st
         for key, value in LOCAL_RAY_ENV.items():
             os.environ.setdefault(key, value)
         # address="local" starts a fresh instance even when RAY_ADDRESS is set in the shell.
-        return ray.init(address="local", num_cpus=num_cpus or machine_cpus(), include_dashboard=False, **quiet)
+        with _lean_head_node(log_to_driver):
+            return ray.init(address="local", num_cpus=num_cpus or machine_cpus(), include_dashboard=False,
+                            **quiet)
     _check_reachable(address)
     try:
         return ray.init(address=address, **quiet)
@@ -76,6 +78,45 @@ def _init(address: str, num_cpus: int | None, log_to_driver: bool, namespace: st
         raise UsageError(f"could not join the Ray cluster at {address!r}: {str(err).splitlines()[0]}",
                          hint="start it with `ray start --head`, or fix --address / resources.address / "
                               "RAY_ADDRESS (empty = embedded Ray)") from None
+
+
+@contextmanager
+def _lean_head_node(log_to_driver: bool) -> Iterator[None]:
+    """Start the embedded head node without three daemons a one-machine run never uses (~250 MB of
+    the ~480 MB Ray's daemons take): the autoscaler monitor (there is no cluster to scale), the
+    log monitor unless worker output goes to the terminal (workers still write Ray's log files),
+    and the dashboard's API server (rlctl calls no job or state API). GCS, raylet and its agents
+    run as usual.
+
+    ray.init offers no switch for these, so for the duration of the call its Node class is a
+    subclass that turns them off; Ray versions without that internal layout get the plain node.
+    """
+    try:
+        from ray._private import node as ray_node
+    except ImportError:
+        yield
+        return
+    base = getattr(ray_node, "Node", None)
+    if base is None or not hasattr(base, "start_api_server"):
+        yield
+        return
+
+    class LeanHeadNode(base):
+        def __init__(self, ray_params, *args, **kwargs):
+            if kwargs.get("head") or (args and args[0] is True):
+                ray_params.no_monitor = True
+                if not log_to_driver:
+                    ray_params.include_log_monitor = False
+            super().__init__(ray_params, *args, **kwargs)
+
+        def start_api_server(self, *args, **kwargs):
+            return None
+
+    ray_node.Node = LeanHeadNode
+    try:
+        yield
+    finally:
+        ray_node.Node = base
 
 
 def _check_reachable(address: str, timeout_s: float = 5.0) -> None:

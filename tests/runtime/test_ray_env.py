@@ -73,6 +73,18 @@ def _wait_gone(pids, within=15.0):
     return _alive(pids)
 
 
+def _commands(pids) -> str:
+    import psutil
+
+    out = []
+    for pid in pids:
+        try:
+            out.append(" ".join(psutil.Process(pid).cmdline()))
+        except psutil.NoSuchProcess:
+            pass
+    return "\n".join(out)
+
+
 def test_session_stops_everything_on_success_and_on_error():
     import ray
 
@@ -82,11 +94,18 @@ def test_session_stops_everything_on_success_and_on_error():
     with ray_session(num_cpus=1) as session:
         assert session.embedded and session.owned and session.nodes == 1 and session.cpus == 1
         pids = _session_pids(ray, before)
+        commands = _commands(pids)
     assert len(pids) >= 3 and not ray.is_initialized()
     assert _wait_gone(pids) == []
+    # the embedded node runs GCS, raylet and its agents, but not the autoscaler monitor, the log
+    # monitor (worker output stays in Ray's log files) or the dashboard's API server
+    assert "gcs_server" in commands and "raylet" in commands, commands
+    for unused in ("autoscaler/_private/monitor.py", "log_monitor.py", "dashboard/dashboard.py"):
+        assert unused not in commands, f"{unused} runs:\n{commands}"
     with pytest.raises(RuntimeError, match="controller failed"):
-        with ray_session(num_cpus=1):
+        with ray_session(num_cpus=1, log_to_driver=True):
             pids = _session_pids(ray, before)
+            assert "log_monitor.py" in _commands(pids)   # worker output goes to the terminal
             raise RuntimeError("the controller failed")
     assert not ray.is_initialized() and _wait_gone(pids) == []
 
