@@ -136,10 +136,13 @@ def check_algorithm(c: Config, raw: dict) -> list[Problem]:
     if c.actor.clip_ratio_high < c.actor.clip_ratio_low and c.actor.policy_loss == "vanilla":
         problems.append(Problem("actor.clip_ratio_high", "is below clip_ratio_low; DAPO's clip-higher uses "
                                                          "high >= low (e.g. 0.28 vs 0.2)", severity="warning"))
-    if c.rollout.engine != "hf" and c.rollout.tensor_parallel_size != 1:
-        problems.append(Problem("rollout.tensor_parallel_size", f"{c.rollout.tensor_parallel_size}: the training "
-                                "rollout runs one vllm/sglang engine per GPU rank (tensor-parallel 1); set it to 1 "
-                                "(rlctl serve takes --tensor-parallel-size)"))
+    tp, gpus = c.rollout.tensor_parallel_size, c.resources.gpus_per_node
+    if tp != 1 and c.rollout.engine == "sglang":
+        problems.append(Problem("rollout.tensor_parallel_size", f"{tp}: the sglang training rollout runs one engine "
+                                "per GPU rank (tensor-parallel 1); set it to 1, or use rollout.engine = \"vllm\""))
+    elif tp != 1 and c.rollout.engine == "vllm" and gpus and gpus % tp:
+        problems.append(Problem("rollout.tensor_parallel_size", f"{tp}: a vLLM engine spans {tp} GPUs of one node, "
+                                f"but resources.gpus_per_node = {gpus} is not a multiple of it"))
     if c.rollout.engine == "vllm" and c.rollout.temperature > 2:
         problems.append(Problem("rollout.temperature", f"{c.rollout.temperature:g}: vLLM samples with temperature "
                                                        "<= 2"))

@@ -1,11 +1,12 @@
 """What the vLLM and SGLang rollout engines share: their settings, seeds, and turning per-row
 token lists into the arrays of the engine interface. Pure Python + numpy + torch: testable on CPU.
 
-Both engines run in the actor's own process on its GPU (one engine per rank, tensor-parallel 1),
-hold their own copy of the weights, and are told the trained weights after every update
-(`rlctl.workers.rollout.weights.engine_weights`, no disk). Between generations they sleep: KV cache
-and weight copy are released so the trainer has the GPU, and the next `wake` + `update_weights`
-brings them back.
+Both engines run in the actor's own process on its GPU, hold their own copy of the weights, and
+are told the trained weights after every update (`rlctl.workers.rollout.weights.engine_weights`, no
+disk). Between generations they sleep: KV cache and weight copy are released so the trainer has the
+GPU, and the next `wake` + `update_weights` brings them back. SGLang runs one engine per rank
+(tensor-parallel 1); vLLM can also shard one engine over `rollout.tensor_parallel_size`
+consecutive ranks of a node, which then submit the same requests (`share_requests`).
 """
 
 from __future__ import annotations
@@ -55,11 +56,33 @@ def require(engine: str) -> None:
                          hint='use rollout.engine = "hf" on CPU')
 
 
-def check_tensor_parallel(spec: GPUEngineSpec) -> None:
-    if spec.tensor_parallel_size != 1:
-        raise ConfigError(f"rollout.tensor_parallel_size = {spec.tensor_parallel_size}: the training rollout runs "
-                          "one engine per GPU rank (tensor-parallel 1)",
-                          hint="set rollout.tensor_parallel_size = 1 (rlctl serve takes --tensor-parallel-size)")
+def check_tensor_parallel(spec: GPUEngineSpec, engine: str, world: int) -> None:
+    """ConfigError unless the engine can shard over `spec.tensor_parallel_size` of `world` ranks."""
+    tp = spec.tensor_parallel_size
+    if tp == 1:
+        return
+    if engine != "vllm":
+        raise ConfigError(f"rollout.tensor_parallel_size = {tp}: the {engine} training rollout runs one engine "
+                          "per GPU rank (tensor-parallel 1)",
+                          hint='set rollout.tensor_parallel_size = 1, or use rollout.engine = "vllm"')
+    if world % tp:
+        raise ConfigError(f"rollout.tensor_parallel_size = {tp} does not divide the {world} actor ranks",
+                          hint="make resources.nodes x gpus_per_node a multiple of it")
+
+
+def share_requests(prompt_ids: Sequence[Sequence[int]], seeds: Sequence[int], group
+                   ) -> tuple[list[list[int]], list[int], slice]:
+    """Every rank of a tensor-parallel group runs the same engine steps, so each submits the
+    requests of the whole group: the prompts and per-request seeds of its ranks in rank order
+    (gathered over `group`, a CPU process group). Returns them and the slice that is this rank's."""
+    import torch.distributed as dist
+
+    parts: list = [None] * dist.get_world_size(group)
+    dist.all_gather_object(parts, ([list(map(int, p)) for p in prompt_ids], [int(s) for s in seeds]), group=group)
+    me = dist.get_rank(group)
+    start = sum(len(prompts) for prompts, _ in parts[:me])
+    return ([p for prompts, _ in parts for p in prompts], [s for _, ss in parts for s in ss],
+            slice(start, start + len(prompt_ids)))
 
 
 def request_seeds(generator, count: int) -> list[int]:

@@ -70,7 +70,7 @@ class SGLangRolloutEngine(RolloutEngine):
 
     def __init__(self, spec: GPUEngineSpec, *, pad_token_id: int, eos_token_ids: list[int]):
         require("sglang")
-        check_tensor_parallel(spec)
+        check_tensor_parallel(spec, "sglang", 1)
         import sglang
         import torch
 

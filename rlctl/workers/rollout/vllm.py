@@ -3,9 +3,14 @@
 Written against vLLM 0.31-0.32:
   - `distributed_executor_backend="external_launcher"`: the engine joins the rank's existing
     torch.distributed world (RANK / WORLD_SIZE / MASTER_* are set by WorkerHost) instead of
-    spawning processes, with tensor-parallel 1, so each rank is one data-parallel engine. This
-    backend keeps the model in this process (`llm_engine.model_executor`), which is what lets
-    `update_weights` write into it without disk.
+    spawning processes. vLLM lays that world out as [external data-parallel x tensor-parallel]:
+    with `tensor_parallel_size` t, ranks 0..t-1 form one engine, t..2t-1 the next, and so on
+    (t = 1: every rank is its own engine). The ranks of one engine must submit the same requests,
+    so they pool their prompts first (`share_requests`) and each keeps its own rows. Custom
+    all-reduce is off for t > 1: Ray shows each rank only its own GPU, so CUDA IPC between ranks
+    is impossible and vLLM's NCCL all-reduce is used. This backend keeps the model in this
+    process (`llm_engine.model_executor`), which is what lets `update_weights` write into it
+    without disk; every rank loads the full tensors and vLLM's loaders keep their shard.
   - `enable_sleep_mode=True`: `sleep(level=2)` drops the KV cache and the weight copy (the next
     update overwrites the weights anyway); `wake_up()` re-allocates both.
   - Weights: HF names straight into the model's `load_weights` (it fuses q/k/v and gate/up itself),
@@ -24,7 +29,8 @@ import numpy as np
 
 from rlctl.errors import UsageError
 from rlctl.workers.rollout.base import RolloutEngine, check_sampling_args
-from rlctl.workers.rollout.gpu import GPUEngineSpec, check_tensor_parallel, pack_responses, request_seeds, require
+from rlctl.workers.rollout.gpu import (GPUEngineSpec, check_tensor_parallel, pack_responses, request_seeds, require,
+                                       share_requests)
 
 SLEEP_LEVEL = 2  # drop weights and KV cache: the trainer's weights are pushed after every wake
 
@@ -37,12 +43,13 @@ def vllm_engine_args(spec: GPUEngineSpec) -> dict[str, Any]:
             "enable_sleep_mode": True, "distributed_executor_backend": "external_launcher",
             "skip_tokenizer_init": True, "disable_log_stats": True,
             # log-probs after temperature, like the trainer's (the default is the raw logits')
-            "logprobs_mode": "processed_logprobs"}
+            "logprobs_mode": "processed_logprobs",
+            "disable_custom_all_reduce": spec.tensor_parallel_size > 1}
 
 
 def launcher_env() -> dict[str, str]:
     """The torchrun variables external_launcher reads. In a worker group WorkerHost has set RANK /
-    MASTER_* for the group's world (vLLM then splits it into tensor-parallel-1 groups); a lone
+    MASTER_* for the group's world (vLLM then splits it into tensor-parallel groups); a lone
     process gets a world of one. LOCAL_RANK is the CUDA device vLLM puts its worker on: the one
     this process uses (Ray shows each rank only its own GPU, as device 0)."""
     import torch
@@ -78,7 +85,10 @@ class VLLMRolloutEngine(RolloutEngine):
 
     def __init__(self, spec: GPUEngineSpec, *, pad_token_id: int, eos_token_ids: list[int]):
         require("vllm")
-        check_tensor_parallel(spec)
+        import torch.distributed as dist
+
+        world = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+        check_tensor_parallel(spec, "vllm", world)
         from vllm import LLM
 
         self.spec, self.pad_token_id, self.eos_token_ids = spec, int(pad_token_id), [int(e) for e in eos_token_ids]
@@ -97,11 +107,16 @@ class VLLMRolloutEngine(RolloutEngine):
         check_sampling_args(prompt_ids, n, max_new_tokens, temperature, top_p, top_k)
         self.wake()
         seeds = request_seeds(generator, len(prompt_ids))
+        mine = slice(0, len(prompt_ids))
+        if self.spec.tensor_parallel_size > 1:   # the engine's ranks submit the same requests
+            from vllm.distributed.parallel_state import get_tp_group
+
+            prompt_ids, seeds, mine = share_requests(prompt_ids, seeds, get_tp_group().cpu_group)
         params = [SamplingParams(**vllm_sampling_args(n=n, max_new_tokens=max_new_tokens, temperature=temperature,
                                                       top_p=top_p, top_k=top_k, greedy=greedy, seed=s,
                                                       eos_token_ids=self.eos_token_ids)) for s in seeds]
         outputs = self.llm.generate([{"prompt_token_ids": list(p)} for p in prompt_ids], params, use_tqdm=False)
-        completions = [c for request in outputs for c in request.outputs]   # prompt-major, n each
+        completions = [c for request in outputs[mine] for c in request.outputs]   # prompt-major, n each
         return pack_responses([c.token_ids for c in completions], n=n, max_new_tokens=max_new_tokens,
                               pad_token_id=self.pad_token_id, eos_token_ids=self.eos_token_ids,
                               log_probs=[sampled_log_probs(c) for c in completions])

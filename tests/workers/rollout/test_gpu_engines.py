@@ -46,6 +46,9 @@ def test_vllm_engine_args():
     assert args["enable_sleep_mode"] is True                      # sleep/wake around training
     assert args["distributed_executor_backend"] == "external_launcher"  # in-process, joins the rank's world
     assert args["logprobs_mode"] == "processed_logprobs"          # after temperature, like the trainer
+    assert args["disable_custom_all_reduce"] is False
+    sharded = vllm_engine_args(spec(tensor_parallel_size=2))
+    assert sharded["tensor_parallel_size"] == 2 and sharded["disable_custom_all_reduce"] is True   # no CUDA IPC
 
 
 def test_sglang_engine_args():
@@ -245,4 +248,42 @@ def test_engine_errors_are_usage_errors(monkeypatch):
     with pytest.raises(UsageError, match="needs a CUDA GPU"):
         gpu.require("vllm")
     with pytest.raises(ConfigError, match="tensor-parallel 1"):
-        gpu.check_tensor_parallel(spec(tensor_parallel_size=2))
+        gpu.check_tensor_parallel(spec(tensor_parallel_size=2), "sglang", 2)
+    with pytest.raises(ConfigError, match="does not divide the 3 actor ranks"):
+        gpu.check_tensor_parallel(spec(tensor_parallel_size=2), "vllm", 3)
+    gpu.check_tensor_parallel(spec(tensor_parallel_size=2), "vllm", 4)
+
+
+def _share_main(rank, init_file, out_dir):
+    import json
+
+    import torch.distributed as dist
+
+    from rlctl.workers.rollout.gpu import share_requests
+
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=4)
+    # vLLM's layout: tensor-parallel groups of consecutive ranks, {0, 1} and {2, 3}
+    groups = [dist.new_group([0, 1]), dist.new_group([2, 3])]
+    prompts = [[rank, 10 + i] for i in range(rank + 1)]          # uneven shards: rank r has r + 1 prompts
+    seeds = [100 * rank + i for i in range(rank + 1)]
+    shared, shared_seeds, mine = share_requests(prompts, seeds, groups[rank // 2])
+    with open(os.path.join(out_dir, f"share{rank}.json"), "w") as f:
+        json.dump({"prompts": shared, "seeds": shared_seeds, "mine": [mine.start, mine.stop],
+                   "own": shared[mine] == prompts and shared_seeds[mine] == seeds}, f)
+    dist.destroy_process_group()
+
+
+@pytest.mark.timeout(120)
+def test_tensor_parallel_ranks_submit_their_group_s_requests(tmp_path):
+    """vLLM tp=2 over 4 ranks: both ranks of an engine submit the union of their prompts (with the
+    seeds each drew), in rank order, and each keeps exactly its own rows (real gloo groups)."""
+    import json
+
+    mp.start_processes(_share_main, args=(str(tmp_path / "pg"), str(tmp_path)), nprocs=4, join=True,
+                       start_method="spawn")
+    got = [json.loads((tmp_path / f"share{r}.json").read_text()) for r in range(4)]
+    assert all(g["own"] for g in got)
+    assert got[0]["prompts"] == got[1]["prompts"] == [[0, 10], [1, 10], [1, 11]]
+    assert got[0]["seeds"] == got[1]["seeds"] == [0, 100, 101]
+    assert got[2]["prompts"] == got[3]["prompts"] == [[2, 10], [2, 11], [2, 12], [3, 10], [3, 11], [3, 12], [3, 13]]
+    assert [g["mine"] for g in got] == [[0, 1], [1, 3], [0, 3], [3, 7]]

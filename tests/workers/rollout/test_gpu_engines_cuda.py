@@ -137,3 +137,50 @@ def test_two_gpu_fsdp2_over_nccl(gpu_model_dir, tmp_path):
                        start_method="spawn")
     norms = [float(np.load(tmp_path / f"grad_norm{r}.npy")) for r in range(2)]
     assert np.isfinite(norms).all() and norms[0] == pytest.approx(norms[1])   # one global norm
+
+
+def _vllm_tp_rank(rank, model_dir, port, out_dir):
+    import dataclasses
+
+    import torch.distributed as dist
+
+    from rlctl.controller.trainer import rollout_drift
+    from rlctl.runtime import Batch
+    from rlctl.workers.actor import ActorRolloutRefWorker
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE="2",
+                      LOCAL_RANK=str(rank))
+    torch.cuda.set_device(rank)
+    dist.init_process_group("cpu:gloo,cuda:nccl", rank=rank, world_size=2)
+    config = _config(model_dir, "vllm")
+    config = dataclasses.replace(config, rollout=dataclasses.replace(config.rollout, tensor_parallel_size=2),
+                                 resources=dataclasses.replace(config.resources, gpus_per_node=2))
+    worker = ActorRolloutRefWorker(config, total_steps=4)
+    prompts = _prompts()
+    shard = Batch({k: v[rank * 2:(rank + 1) * 2] for k, v in prompts.tensors.items()})
+    out = worker.generate(shard, seed=3)
+    out = out.union(worker.compute_log_prob(out))
+    np.savez(os.path.join(out_dir, f"tp{rank}.npz"), responses=out["responses"],
+             drift=rollout_drift(out)["rollout/logprob_diff_mean"])
+    worker.rollout_engine().close()
+    dist.destroy_process_group()
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2 or importlib.util.find_spec("vllm") is None,
+                    reason="needs vllm and 2 CUDA GPUs")
+def test_vllm_tensor_parallel_engine_over_two_ranks(gpu_model_dir, tmp_path):
+    """rollout.tensor_parallel_size = 2: one vLLM engine sharded over both ranks; each rank gets
+    the responses of its own prompts: the trainer scores them after the rank's prompts, so
+    responses sampled for another rank's prompts would show as a large drift."""
+    import torch.multiprocessing as mp
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    mp.start_processes(_vllm_tp_rank, args=(str(gpu_model_dir), port, str(tmp_path)), nprocs=2, join=True,
+                       start_method="spawn")
+    got = [np.load(tmp_path / f"tp{rank}.npz") for rank in range(2)]
+    for rank in range(2):
+        assert got[rank]["responses"].shape == (4, T)                    # 2 prompts x n = 2: its own rows
+        assert float(got[rank]["drift"]) < 0.05
+    assert not np.array_equal(got[0]["responses"], got[1]["responses"])
