@@ -116,7 +116,7 @@ lr = {W.LEARNING_RATE}
 weight_decay = 0.0
 grad_clip = 1.0
 ppo_epochs = {W.NUM_ITERATIONS}
-micro_batch_size = {a.micro_batch_size or rows_per_worker}
+micro_batch_size = {micro_batch_size(a.micro_batch_size, size) or rows_per_worker}
 loss_agg_mode = "token-mean"
 use_kl_loss = true
 kl_loss_coef = {W.BETA}
@@ -322,14 +322,26 @@ def fmt_table(results: dict, peak: float, threads: int) -> str:
     return "\n".join(lines)
 
 
+def micro_batch_size(spec: str, size: str) -> int:
+    """--micro-batch-size for one model size: "16" for every size, or "tiny=8,small=16"."""
+    if "=" not in spec:
+        return int(spec)
+    sizes = dict(pair.split("=") for pair in spec.split(",") if pair)
+    if size not in sizes:
+        raise SystemExit(f"--micro-batch-size {spec!r} names no value for {size!r}")
+    return int(sizes[size])
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--sizes", default="tiny,small")
     ap.add_argument("--steps", type=int, default=5, help="measured steps")
     ap.add_argument("--warmup", type=int, default=1, help="discarded warm-up steps (at least 1)")
     ap.add_argument("--splits", default="1x2", help="rlctl resources: WORKERSxCPUS_PER_WORKER, comma-separated")
-    ap.add_argument("--micro-batch-size", type=int, default=16,
-                    help="actor.micro_batch_size (rows per worker per forward; 0 = all of a worker's rows)")
+    ap.add_argument("--micro-batch-size", default="tiny=8,small=16",
+                    help="actor.micro_batch_size (rows per worker per forward; 0 = all of a worker's rows): "
+                         "one number, or SIZE=N pairs (default: 8 at tiny, where memory is the tight "
+                         "target, 16 at small, the fastest)")
     ap.add_argument("--reward-workers", type=int, default=1, help="rlctl reward.workers")
     ap.add_argument("--trl-venv", default="", help="a venv with trl (see BASELINE.md); else BASELINE.md figures")
     ap.add_argument("--trl-threads", type=int, default=os.cpu_count() or 1)
