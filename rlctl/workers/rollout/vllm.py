@@ -64,13 +64,20 @@ def launcher_env() -> dict[str, str]:
 
 def vllm_sampling_args(*, n: int, max_new_tokens: int, temperature: float, top_p: float, top_k: int,
                        greedy: bool, seed: int, eos_token_ids: list[int]) -> dict[str, Any]:
-    """Keyword arguments of `vllm.SamplingParams` for one prompt's n samples."""
+    """Keyword arguments of `vllm.SamplingParams` for one prompt's n samples. Greedy decoding asks
+    for one sample (vLLM rejects n > 1 with temperature 0); the engine repeats it n times."""
     if not greedy and temperature > 2.0:
         raise UsageError(f"vLLM samples with temperature <= 2, got {temperature}", hint="lower rollout.temperature")
     greedy = greedy or temperature == 0
-    return {"n": n, "max_tokens": max_new_tokens, "temperature": 0.0 if greedy else float(temperature),
+    return {"n": 1 if greedy else n, "max_tokens": max_new_tokens, "temperature": 0.0 if greedy else float(temperature),
             "top_p": 1.0 if greedy else float(top_p), "top_k": 0 if greedy else int(top_k), "seed": int(seed),
             "stop_token_ids": list(eos_token_ids), "logprobs": 0, "detokenize": False}
+
+
+def request_completions(outputs, n: int) -> list:
+    """The n completions of each vLLM RequestOutput, prompt-major. A greedy request holds its one
+    sample (see vllm_sampling_args), which stands for all n."""
+    return [c for request in outputs for c in request.outputs for _ in range(n // len(request.outputs))]
 
 
 def sampled_log_probs(completion) -> list[float]:
@@ -116,7 +123,7 @@ class VLLMRolloutEngine(RolloutEngine):
                                                       top_p=top_p, top_k=top_k, greedy=greedy, seed=s,
                                                       eos_token_ids=self.eos_token_ids)) for s in seeds]
         outputs = self.llm.generate([{"prompt_token_ids": list(p)} for p in prompt_ids], params, use_tqdm=False)
-        completions = [c for request in outputs[mine] for c in request.outputs]   # prompt-major, n each
+        completions = request_completions(outputs[mine], n)
         return pack_responses([c.token_ids for c in completions], n=n, max_new_tokens=max_new_tokens,
                               pad_token_id=self.pad_token_id, eos_token_ids=self.eos_token_ids,
                               log_probs=[sampled_log_probs(c) for c in completions])

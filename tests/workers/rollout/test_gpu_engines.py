@@ -17,7 +17,7 @@ from rlctl.errors import ConfigError, UsageError
 from rlctl.workers.rollout import make_rollout_engine
 from rlctl.workers.rollout.gpu import ROLLOUT_LOG_PROB, GPUEngineSpec, pack_responses, request_seeds
 from rlctl.workers.rollout.sglang import buckets, output_log_probs, sglang_engine_args, sglang_sampling_params
-from rlctl.workers.rollout.vllm import sampled_log_probs, vllm_engine_args, vllm_sampling_args
+from rlctl.workers.rollout.vllm import request_completions, sampled_log_probs, vllm_engine_args, vllm_sampling_args
 from rlctl.workers.rollout.weights import engine_weights, hf_name
 
 EOS = [258, 256]
@@ -80,9 +80,20 @@ def test_vllm_sampling_maps_rlctl_conventions():
     assert vllm_sampling_args(temperature=0.7, top_k=20, greedy=False, **base)["top_k"] == 20
     greedy = vllm_sampling_args(temperature=0.7, top_k=20, greedy=True, **base)
     assert (greedy["temperature"], greedy["top_p"], greedy["top_k"]) == (0.0, 1.0, 0)
-    assert vllm_sampling_args(temperature=0.0, top_k=5, greedy=False, **base)["temperature"] == 0.0
+    assert greedy["n"] == 1                      # vLLM rejects n > 1 when greedy; the engine repeats it
+    zero = vllm_sampling_args(temperature=0.0, top_k=5, greedy=False, **base)
+    assert zero["temperature"] == 0.0 and zero["n"] == 1
     with pytest.raises(UsageError, match="temperature <= 2"):
         vllm_sampling_args(temperature=2.5, top_k=0, greedy=False, **base)
+
+
+def test_vllm_completions_are_prompt_major_and_greedy_is_repeated():
+    from types import SimpleNamespace as Out   # the fields of vLLM's RequestOutput the engine reads
+
+    sampled = [Out(outputs=["a0", "a1"]), Out(outputs=["b0", "b1"])]
+    assert request_completions(sampled, 2) == ["a0", "a1", "b0", "b1"]
+    greedy = [Out(outputs=["a"]), Out(outputs=["b"])]                # n = 1 was asked for
+    assert request_completions(greedy, 3) == ["a", "a", "a", "b", "b", "b"]
 
 
 def test_sglang_sampling_maps_top_k_off_to_minus_one():
@@ -287,3 +298,34 @@ def test_tensor_parallel_ranks_submit_their_group_s_requests(tmp_path):
     assert got[0]["seeds"] == got[1]["seeds"] == [0, 100, 101]
     assert got[2]["prompts"] == got[3]["prompts"] == [[2, 10], [2, 11], [2, 12], [3, 10], [3, 11], [3, 12], [3, 13]]
     assert [g["mine"] for g in got] == [[0, 1], [1, 3], [0, 3], [3, 7]]
+
+
+def test_vllm_accepts_the_engine_and_sampling_arguments(tiny_model_dir):
+    """Where vLLM is installed (no GPU needed): the real EngineArgs / SamplingParams take ours."""
+    pytest.importorskip("vllm", reason="vllm is not installed (pip install \"rlctl[vllm]\")")
+    from vllm import SamplingParams
+    from vllm.engine.arg_utils import EngineArgs
+
+    for tp in (1, 2):
+        engine = EngineArgs(**vllm_engine_args(spec(model_path=str(tiny_model_dir), tensor_parallel_size=tp,
+                                                    max_model_len=640)))
+        assert engine.distributed_executor_backend == "external_launcher" and engine.tensor_parallel_size == tp
+    for greedy in (False, True):
+        params = SamplingParams(**vllm_sampling_args(n=4, max_new_tokens=32, temperature=0.7, top_p=0.9, top_k=0,
+                                                     greedy=greedy, seed=11, eos_token_ids=EOS))
+        assert params.n == (1 if greedy else 4) and params.logprobs == 0 and params.seed == 11
+
+
+def test_sglang_accepts_the_engine_and_sampling_arguments(tiny_model_dir):
+    """Where SGLang is installed (no GPU needed): the real ServerArgs / SamplingParams take ours."""
+    pytest.importorskip("sglang", reason="sglang is not installed (pip install \"rlctl[sglang]\")")
+    from sglang.srt.sampling.sampling_params import SamplingParams
+    from sglang.srt.server_args import ServerArgs
+
+    server = ServerArgs(**sglang_engine_args(spec(model_path=str(tiny_model_dir), gpu_memory_utilization=0.4),
+                                             gpu_id=1))
+    assert server.base_gpu_id == 1 and server.mem_fraction_static == 0.4 and server.enable_memory_saver
+    params = SamplingParams(**sglang_sampling_params(max_new_tokens=32, temperature=0.7, top_p=0.9, top_k=0,
+                                                     greedy=False, seed=3, eos_token_ids=EOS))
+    params.verify(260)
+    assert params.sampling_seed == 3 and params.stop_token_ids == set(EOS)
