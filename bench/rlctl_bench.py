@@ -322,6 +322,27 @@ def fmt_table(results: dict, peak: float, threads: int) -> str:
     return "\n".join(lines)
 
 
+def merge_rounds(runs: list[dict]) -> dict:
+    """One column from several rounds of the same configuration: the median over rounds of each
+    time and rate, the memory figures of the round with the highest peak RSS (PSS: its highest),
+    the highest foreign load, and every measured step."""
+    if len(runs) == 1:
+        return runs[0]
+    worst = max(runs, key=lambda r: r["peak_rss"] if r["peak_rss"] == r["peak_rss"] else 0.0)
+    out = dict(runs[0])
+    for key, value in runs[0].items():
+        if not isinstance(value, (int, float)) or isinstance(value, bool):
+            continue
+        if key == "peak_rss" or key.startswith("rss_"):
+            out[key] = worst[key]
+        elif key in ("peak_pss", "foreign_cores"):
+            out[key] = max(r[key] for r in runs)
+        else:
+            out[key] = statistics.median(r[key] for r in runs)
+    out["steps"] = [step for r in runs for step in r["steps"]]
+    return out
+
+
 def micro_batch_size(spec: str, size: str) -> int:
     """--micro-batch-size for one model size: "16" for every size, or "tiny=8,small=16"."""
     if "=" not in spec:
@@ -345,6 +366,9 @@ def main(argv=None) -> int:
     ap.add_argument("--reward-workers", type=int, default=1, help="rlctl reward.workers")
     ap.add_argument("--trl-venv", default="", help="a venv with trl (see BASELINE.md); else BASELINE.md figures")
     ap.add_argument("--trl-threads", type=int, default=os.cpu_count() or 1)
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="measure each tool this many times, alternating (rlctl, TRL, rlctl, ...); figures are "
+                         "medians over rounds, memory the worst round: steadier ratios on a VM whose speed drifts")
     ap.add_argument("--skip-extras", action="store_true", help="no --help / data prep timing")
     ap.add_argument("--json", default="", help="write every figure here")
     a = ap.parse_args(argv)
@@ -355,19 +379,23 @@ def main(argv=None) -> int:
     print(f"foreign CPU load before: {max(0.0, idle_probe(2.0)):.2f} cores busy (this process idle)", flush=True)
     results = {}
     for size in [s for s in a.sizes.split(",") if s]:
-        results[size] = {}
-        for workers, cpus in splits:
-            a.workers, a.cpus_per_worker = workers, cpus
-            rl = run_rlctl(size, a)
-            print(f"rlctl {size} {workers}x{cpus}: step_s={rl['step_s']:.3f} steps={rl['steps']}", flush=True)
-            results[size][f"rlctl {workers}x{cpus}"] = rl
-        trl = run_trl(size, a) if a.trl_venv else baseline_trl(size, a.trl_threads)
-        if trl["measured"]:
-            print(f"TRL {size}: step_s={trl['step_s']:.3f} steps={trl['steps']}", flush=True)
-        results[size]["TRL"] = trl
+        rounds: dict[str, list[dict]] = {}
+        for r in range(a.rounds):   # rounds alternate the tools, so a slow spell of the VM hits both
+            for workers, cpus in splits:
+                a.workers, a.cpus_per_worker = workers, cpus
+                rl = run_rlctl(size, a)
+                print(f"rlctl {size} {workers}x{cpus} (round {r + 1}): step_s={rl['step_s']:.3f} "
+                      f"steps={rl['steps']}", flush=True)
+                rounds.setdefault(f"rlctl {workers}x{cpus}", []).append(rl)
+            trl = run_trl(size, a) if a.trl_venv else baseline_trl(size, a.trl_threads)
+            if trl["measured"]:
+                print(f"TRL {size} (round {r + 1}): step_s={trl['step_s']:.3f} steps={trl['steps']}", flush=True)
+            rounds.setdefault("TRL", []).append(trl)
+        results[size] = {name: merge_rounds(runs) for name, runs in rounds.items()}
     peak = matmul_peak(threads)
     print(f"\nrlctl WORKERSxTHREADS as in the column names; TRL {a.trl_threads} thread(s); median of {a.steps} steps "
-          f"after {a.warmup} warm-up; {os.cpu_count()} cores\n")
+          f"after {a.warmup} warm-up" + (f", median of {a.rounds} alternating rounds" if a.rounds > 1 else "")
+          + f"; {os.cpu_count()} cores\n")
     print(fmt_table(results, peak, threads))
     extras = {}
     if not a.skip_extras:
