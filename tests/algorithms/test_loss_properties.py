@@ -36,20 +36,30 @@ def t(x, grad=False):
     return torch.tensor(x, dtype=torch.float64, requires_grad=grad)
 
 
+def clean_and_junked(mask, x, grad_key: str, loss_of) -> list[tuple[float, dict]]:
+    """(loss, metrics) on the clean inputs and on the same inputs with junk under the padding.
+    loss_of(leaf, arrays) -> (loss, metrics), where leaf is arrays[grad_key] as a tensor that takes
+    gradients. Checks each loss is finite and that no gradient reaches a padded position."""
+    out = []
+    for f in (lambda a: a, lambda a: junked(a, mask)):
+        arrays = {k: f(v) for k, v in x.items()}
+        leaf = t(arrays[grad_key], grad=True)
+        loss, metrics = loss_of(leaf, arrays)
+        loss.backward()
+        assert torch.isfinite(loss) and torch.all(leaf.grad[~torch.tensor(mask)] == 0)
+        out.append((float(loss), {k: float(v) for k, v in metrics.items()}))
+    return out
+
+
 @pytest.mark.parametrize("name", ["vanilla", "gspo"])
 @pytest.mark.parametrize("mode", MODES)
 @FAST
 @given(case=padded())
 def test_policy_loss_ignores_padding(name, mode, case):
     mask, x = case
-    out = []
-    for f in (lambda a: a, lambda a: junked(a, mask)):
-        new = t(f(x["new"]), grad=True)
-        loss, metrics = policy_loss(name, old_log_prob=t(f(x["old"])), log_prob=new, advantages=t(f(x["adv"])),
-                                    response_mask=t(mask), loss_agg_mode=mode)
-        loss.backward()
-        assert torch.isfinite(loss) and torch.all(new.grad[~torch.tensor(mask)] == 0)
-        out.append((float(loss), {k: float(v) for k, v in metrics.items()}))
+    out = clean_and_junked(mask, x, "new", lambda new, a: policy_loss(
+        name, old_log_prob=t(a["old"]), log_prob=new, advantages=t(a["adv"]), response_mask=t(mask),
+        loss_agg_mode=mode))
     assert out[0][0] == pytest.approx(out[1][0], rel=1e-12, abs=1e-12)
     assert out[0][1] == pytest.approx(out[1][1], rel=1e-12, abs=1e-12)
 
@@ -59,15 +69,10 @@ def test_policy_loss_ignores_padding(name, mode, case):
 @given(case=padded())
 def test_value_loss_ignores_padding(mode, case):
     mask, x = case
-    out = []
-    for f in (lambda a: a, lambda a: junked(a, mask)):
-        vpred = t(f(x["vpred"]), grad=True)
-        loss, _ = value_loss(vpreds=vpred, returns=t(f(x["ret"])), values=t(f(x["val"])), response_mask=t(mask),
-                             value_clip=0.5, loss_agg_mode=mode)
-        loss.backward()
-        assert torch.isfinite(loss) and torch.all(vpred.grad[~torch.tensor(mask)] == 0)
-        out.append(float(loss))
-    assert out[0] == pytest.approx(out[1], rel=1e-12, abs=1e-12)
+    out = clean_and_junked(mask, x, "vpred", lambda vpred, a: value_loss(
+        vpreds=vpred, returns=t(a["ret"]), values=t(a["val"]), response_mask=t(mask), value_clip=0.5,
+        loss_agg_mode=mode))
+    assert out[0][0] == pytest.approx(out[1][0], rel=1e-12, abs=1e-12)
 
 
 @pytest.mark.parametrize("kind", ["k1", "abs", "k2", "k3"])
@@ -77,11 +82,6 @@ def test_kl_loss_through_aggregation_ignores_padding(kind, case):
     from rlctl.algorithms import aggregate_loss
 
     mask, x = case
-    out = []
-    for f in (lambda a: a, lambda a: junked(a, mask)):
-        logp = t(f(x["new"]), grad=True)
-        loss = aggregate_loss(kl_penalty(logp, t(f(x["ref"])), kind, response_mask=t(mask)), t(mask), "token-mean")
-        loss.backward()
-        assert torch.isfinite(loss) and torch.all(logp.grad[~torch.tensor(mask)] == 0)
-        out.append(float(loss))
-    assert out[0] == pytest.approx(out[1], rel=1e-12, abs=1e-12)
+    out = clean_and_junked(mask, x, "new", lambda logp, a: (aggregate_loss(
+        kl_penalty(logp, t(a["ref"]), kind, response_mask=t(mask)), t(mask), "token-mean"), {}))
+    assert out[0][0] == pytest.approx(out[1][0], rel=1e-12, abs=1e-12)
