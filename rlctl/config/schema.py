@@ -153,7 +153,8 @@ class RolloutConfig:
     val_temperature: float = opt(0.0, "Validation temperature (0 = greedy).", ge=0)
     val_n: int = opt(1, "Validation samples per prompt.", ge=1)
     gpu_memory_utilization: float = opt(0.5, "vLLM/SGLang: share of GPU memory for the engine.", gt=0, le=1)
-    tensor_parallel_size: int = opt(1, "GPUs per vLLM engine in training (consecutive ranks of a node); SGLang: 1.", ge=1)
+    tensor_parallel_size: int = opt(1, "GPUs per vLLM engine in training (consecutive ranks of a node); SGLang: 1.",
+                                    ge=1)
 
 
 @dataclass(frozen=True)
