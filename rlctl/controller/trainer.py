@@ -88,9 +88,13 @@ class Trainer:
         self.c = setup.config
         self.bad_steps = 0
         self.drift_warned = False
+        self.flops = None   # rlctl.controller.perf.StepFlops, measured when fit starts
 
     def fit(self, stop: StopFlag) -> None:
+        from rlctl.controller.perf import StepFlops
+
         s, c = self.s, self.c
+        self.flops = StepFlops.measure(s)
         if c.run.val_before_train and s.val_rows and s.state["step"] == 0:
             s.logger.log(0, self.validate(0))
         for step in range(s.state["step"] + 1, s.total_steps + 1):
@@ -181,6 +185,7 @@ class Trainer:
             "timing/step_s": step_s, "perf/tokens_per_s": generated / step_s,
             "perf/total_tokens_per_s": (generated + prompt_tokens) / step_s,
             "data/epoch": float(self.s.loader.epoch), "data/sequences": float(len(batch)),
+            **(self.flops.metrics(batch, step_s) if self.flops is not None else {}),
         }
 
     def check_numerics(self, metrics: dict, step: int) -> None:
