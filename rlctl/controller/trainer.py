@@ -130,13 +130,15 @@ class Trainer:
             s.state["step"] = step
             metrics.update(self.step_metrics(batch, time.perf_counter() - start))
             metrics.setdefault("actor/kl", kl_metric(metrics))
+            new_best = False
             if s.val_rows and (step == s.total_steps or (c.run.val_every and step % c.run.val_every == 0)):
                 with phase(timing, "val"):
                     metrics.update(self.validate(step))
+                new_best = self.track_best(step, metrics)
             metrics.update(timing)
             self.check_numerics(metrics, step)
             s.log_step(step, metrics, batch)
-            if step == s.total_steps or (c.run.save_every and step % c.run.save_every == 0):
+            if step == s.total_steps or (c.run.save_every and step % c.run.save_every == 0) or new_best:
                 s.save(step)
             stop.check()
 
@@ -156,6 +158,19 @@ class Trainer:
                             pad_token_id=s.pad_token_id, mode="greedy")
         R.score(greedy, s.reward, s.tokenizer)
         batch["reward_baselines"] = np.repeat(greedy["scores"], n)
+
+    def track_best(self, step: int, metrics: dict) -> bool:
+        """run.best_metric: a validation that beats the best so far makes this step the best one
+        (the loop then saves it; BEST.json names it once saved). True when it did."""
+        run = self.c.run
+        value = metrics.get(run.best_metric) if run.best_metric else None
+        if value is None or value != value:   # off, not logged, or NaN: never a best
+            return False
+        best = self.s.state.get("best")
+        if best is not None and not (value > best["value"] if run.best_mode == "max" else value < best["value"]):
+            return False
+        self.s.state["best"] = {"step": step, "metric": run.best_metric, "mode": run.best_mode, "value": float(value)}
+        return True
 
     def validate(self, step: int) -> dict:
         """Greedy (val_temperature) generation on data.val_files; reward and accuracy per data source."""
