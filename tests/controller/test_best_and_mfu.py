@@ -18,6 +18,7 @@ from rlctl.cli.main import main
 from rlctl.config.loader import load_config
 from rlctl.controller.run import resume_training, start_training
 
+pytestmark = pytest.mark.slow
 STEPS = 5
 OVERRIDES = ["resources.workers=1", "resources.cpus_per_worker=1", "data.batch_size=4", "rollout.n=2",
              "actor.mini_batch_size=4", "actor.micro_batch_size=8", "data.val_batch_size=40",
