@@ -12,7 +12,6 @@ measured `torch.mm` FLOP/s in the dtype it computes in.
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 
 from rlctl.utils.flops import ModelShape, forward_flops, mfu, training_forward_equivalents
@@ -26,13 +25,12 @@ class StepFlops:
     critic_passes: float
     peak_flops: float           # FLOP/s of all the ranks together
     group_size: int
-    measure_s: float            # what measuring took (start-up cost)
 
     @classmethod
     def measure(cls, s) -> "StepFlops | None":
         """Ask every rank for its matmul peak and model config; None when the model's config lacks
         the sizes the count needs (perf/mfu is then not logged)."""
-        c, start = s.config, time.perf_counter()
+        c = s.config
         actor = s.actor.flops_profile()
         critic = s.critic.flops_profile() if s.critic is not None else None
         try:
@@ -47,7 +45,7 @@ class StepFlops:
                   + training_forward_equivalents(epochs=c.actor.ppo_epochs, frozen_weights=c.model.lora.rank > 0))
         critic_passes = 1.0 + training_forward_equivalents(epochs=c.critic.ppo_epochs) if critic else 0.0
         return cls(actor=actor_shape, actor_passes=passes, critic=critic_shape, critic_passes=critic_passes,
-                   peak_flops=peak, group_size=c.rollout.n, measure_s=time.perf_counter() - start)
+                   peak_flops=peak, group_size=c.rollout.n)
 
     def step_flops(self, *, prompt_tokens: float, response_tokens: float, rows: int) -> float:
         tokens = {"prompt_tokens": prompt_tokens, "response_tokens": response_tokens, "rows": rows,
