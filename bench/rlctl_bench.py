@@ -232,13 +232,13 @@ def baseline_trl(size: str, threads: int) -> dict:
             "foreign_cores": float("nan"), "measured": False}
 
 
-def matmul_peak(threads: int, n: int = 2048, reps: int = 5) -> float:
-    """fp32 FLOP/s of a big torch.mm at `threads` threads (best of `reps`), in a fresh process so
-    this (controller) process keeps no extra memory."""
-    code = (f"import time, torch; torch.set_num_threads({threads}); x, y = torch.randn({n}, {n}), torch.randn({n}, {n}); "
-            f"torch.mm(x, y); t = []\nfor _ in range({reps}):\n s = time.perf_counter(); torch.mm(x, y); "
-            f"t.append(time.perf_counter() - s)\nprint(2 * {n} ** 3 / min(t))")
-    env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
+def matmul_peak(threads: int) -> float:
+    """fp32 FLOP/s of torch.mm at `threads` threads (rlctl.utils.flops.matmul_peak, the measurement
+    `rlctl train` makes in each worker for perf/mfu), in a fresh process so this (controller)
+    process keeps no extra memory."""
+    code = (f"import torch; torch.set_num_threads({threads}); from rlctl.utils.flops import matmul_peak; "
+            "print(matmul_peak('cpu', 'float32'))")
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads), "PYTHONPATH": str(REPO)}
     return float(subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
                                 check=True).stdout.strip())
 
@@ -252,17 +252,15 @@ def _timed(fn) -> float:
 def step_flops(size: str, prompt_tokens: float, gen_tokens: float, rows: int = W.BATCH,
                n: int = W.NUM_GENERATIONS) -> float:
     """Model FLOPs one step needs: 5 forward-equivalents (generate, reference, train forward + 2x
-    backward). A forward costs 2 x matmul params (lm_head included) per distinct token -- each
-    prompt once (its n samples share it), every generated token -- plus causal attention,
-    2 x layers x hidden x S^2 per row (S = mean prompt + response length). The same count for
-    both tools whatever they compute (padding, repeated prompts), so MFU compares useful work."""
-    cfg = json.loads((model_dir(size) / "config.json").read_text())
-    h, layers, inter, vocab = cfg["hidden_size"], cfg["num_hidden_layers"], cfg["intermediate_size"], cfg["vocab_size"]
-    kv = cfg["num_key_value_heads"] * h // cfg["num_attention_heads"]
-    matmul_params = layers * (2 * h * h + 2 * h * kv + 3 * h * inter) + h * vocab
-    seq = (prompt_tokens + gen_tokens) / rows
-    forward = 2 * matmul_params * (prompt_tokens / n + gen_tokens) + rows * 2 * layers * h * seq * seq
-    return 5 * forward
+    backward) of rlctl.utils.flops.forward_flops -- the count `rlctl train` logs as perf/mfu: each
+    prompt once (its n samples share it), every generated token, plus causal attention. The same
+    count for both tools whatever they compute (padding, repeated prompts), so MFU compares useful work."""
+    from rlctl.utils.flops import ModelShape, forward_flops, training_forward_equivalents
+
+    shape = ModelShape.from_hf_config(json.loads((model_dir(size) / "config.json").read_text()))
+    passes = 2 + training_forward_equivalents(epochs=1)
+    return passes * forward_flops(shape, prompt_tokens=prompt_tokens, response_tokens=gen_tokens, rows=rows,
+                                  group_size=n)
 
 
 def help_wall(reps: int = 3) -> float:

@@ -36,6 +36,7 @@ HARMLESS: dict[str, str] = {
     "run.total_epochs": "the run is longer or shorter",
     "run.save_every": "checkpoint cadence", "run.keep_last": "checkpoint retention",
     "run.val_every": "validation cadence", "run.val_before_train": "validation cadence",
+    "run.best_metric": "best-checkpoint tracking", "run.best_mode": "best-checkpoint tracking",
     "run.loggers": "metric sinks", "run.log_samples": "logged samples",
     "model.gradient_checkpointing": "memory only: the same gradients",
     "model.trust_remote_code": "permission to run the model's code",

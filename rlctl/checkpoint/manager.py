@@ -3,15 +3,19 @@
     checkpoints/.tmp-step_<N>-<pid>/   a save in progress (the trainer's writer fills it)
     checkpoints/step_<N>/MANIFEST.json written last inside the folder, before the rename
     checkpoints/LATEST                 "step_<N>": the commit point, replaced atomically
+    checkpoints/BEST.json              {"step", "metric", "mode", "value"}: the best validated
+                                       checkpoint (run.best_metric), written after LATEST
 
 A save is: write into the temporary folder, hash + fsync every file, write the manifest, one
-rename to step_<N>, replace LATEST, then retention. Killed at any instant (kill -9), the run is
+rename to step_<N>, replace LATEST, replace BEST.json (when given), then retention, which never
+deletes the step BEST.json names. Killed at any instant (kill -9), the run is
 left with LATEST naming either the previous or the new complete checkpoint; what the kill left
 behind (.tmp-*) is cleaned, or recovered when it is the checkpoint LATEST names, at the next start.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -23,6 +27,7 @@ from rlctl.errors import CheckpointError
 from rlctl.utils.fs import atomic_write_text
 
 LATEST = "LATEST"
+BEST = "BEST.json"
 TMP = ".tmp-"
 _STEP = re.compile(r"^step_(\d+)$")
 _NEW = re.compile(r"^\.tmp-step_(\d+)-(\d+)$")            # a save in progress
@@ -90,9 +95,29 @@ class CheckpointManager:
         match = _STEP.match(text)
         return int(match.group(1)) if match else None
 
+    def read_best(self) -> dict | None:
+        """The best-checkpoint record ({"step", "metric", "mode", "value"}), or None when there is none."""
+        try:
+            record = json.loads((self.dir / BEST).read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+            return None
+        if not isinstance(record, dict) or not isinstance(record.get("step"), int):
+            return None
+        return record
+
+    def write_best(self, record: dict | None) -> None:
+        """Replace BEST.json atomically (None removes it: no best checkpoint)."""
+        if record is None:
+            (self.dir / BEST).unlink(missing_ok=True)
+            return
+        atomic_write_text(self.dir / BEST, json.dumps(record, indent=1) + "\n")
+
     # --- saving ---------------------------------------------------------------------------------
-    def save(self, step: int, write: Callable[[Path], None], *, meta: dict) -> Path:
+    def save(self, step: int, write: Callable[[Path], None], *, meta: dict, best: dict | None = None) -> Path:
         """Write checkpoint `step` atomically; returns checkpoints/step_<step>.
+
+        best: the best-checkpoint record to hold once this step is committed (it may name this step
+        or an earlier kept one); written before retention, so retention keeps the step it names.
 
         write(tmp) fills the temporary folder (actor/, critic/, trainer_state.json, ...). If it
         raises (or the process is interrupted) before the commit, the temporary folder is removed
@@ -110,6 +135,8 @@ class CheckpointManager:
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
+        if best is not None:
+            self.write_best(best)
         self.apply_retention()
         return final
 
@@ -132,13 +159,15 @@ class CheckpointManager:
         """Delete complete checkpoints beyond the newest keep_last; returns the deleted steps.
 
         Only steps up to the one LATEST names count: newer folders are from before a
-        `resume --step` to an earlier step and are left alone; LATEST's own step is always kept.
+        `resume --step` to an earlier step and are left alone; LATEST's own step and the one
+        BEST.json names are always kept.
         """
         latest = self.latest_named()
         if self.keep_last <= 0 or latest is None:
             return []
         complete = [s for s in self.steps() if s <= latest and (self.step_dir(s) / "MANIFEST.json").is_file()]
-        keep = set(complete[-self.keep_last:]) | {latest}
+        best = self.read_best()
+        keep = set(complete[-self.keep_last:]) | {latest} | ({best["step"]} if best else set())
         doomed = [s for s in complete if s not in keep]
         for step in doomed:
             _remove(self.step_dir(step))
@@ -146,7 +175,7 @@ class CheckpointManager:
 
     # --- leftovers ------------------------------------------------------------------------------
     def clean_leftovers(self) -> list[str]:
-        """Remove what a killed save left (.tmp-* folders, LATEST temp files); returns the notices.
+        """Remove what a killed save left (.tmp-* folders, LATEST / BEST.json temp files); returns the notices.
 
         One exception: killed while replacing step_<N> (between moving the old folder aside and
         renaming the new one in), LATEST names a step_<N> that is missing while a complete copy
@@ -162,7 +191,7 @@ class CheckpointManager:
                     continue  # another live process on this host is saving there
                 shutil.rmtree(path, ignore_errors=True)
                 notices.append(f"removed {path.name} in {self.dir}, left by a save that did not finish")
-            elif path.name.startswith(f".{LATEST}.") and path.name.endswith(".tmp"):
+            elif path.name.startswith((f".{LATEST}.", f".{BEST}.")) and path.name.endswith(".tmp"):
                 path.unlink(missing_ok=True)
         for message in notices:
             self.notify(message)

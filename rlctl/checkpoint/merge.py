@@ -1,9 +1,10 @@
 """`rlctl merge`: a run's checkpoint -> a verified Hugging Face folder (and `export_hf` for serve).
 
-    merge_run(run_dir, out, step=None, dtype="auto", lora="merge", force=False) -> MergeResult
+    merge_run(run_dir, out, step=None, best=False, dtype="auto", lora="merge", force=False) -> MergeResult
     export_hf(run_dir, out_dir, step=None) -> Path        # what `rlctl serve RUN_DIR` calls
 
-One process, no Ray: the newest valid checkpoint (every file's sha256 checked) is rebuilt from
+One process, no Ray: the newest valid checkpoint (or `step`, or with best=True the one
+checkpoints/BEST.json names; every file's sha256 checked) is rebuilt from
 its own config.resolved.toml, written into a temporary folder next to OUT (safetensors, sharded
 above max_shard_size; config.json, generation_config.json, tokenizer + chat template; LoRA merged
 with alpha / r, or kept as a PEFT adapter folder), loaded back and compared logit by logit with
@@ -26,6 +27,9 @@ from rlctl.errors import CheckpointError, UsageError
 # The run's resolved config, kept next to the weights: `rlctl eval OUT` scores with the training
 # reward and response length, as it does for the run folder. Model loaders ignore the file.
 TRAINING_CONFIG = "rlctl_training.toml"
+# Where the weights came from: {"run_dir", "step", "manifest_sha256", "best"} (best: the run's
+# BEST.json record when --best picked the step, else null).
+SOURCE_FILE = "rlctl_source.json"
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 LORA_MODES = ("merge", "adapter")
@@ -41,23 +45,33 @@ class MergeResult:
     files: list[str]
     verification: dict   # verify_export.Verification.as_dict()
     warning: str | None  # set when LATEST was broken and an older checkpoint was used
+    best: dict | None = None  # the BEST.json record when best=True picked the checkpoint
 
 
-def pick_checkpoint(run_dir: Path, step: int | None) -> ResumePoint:
-    """The checkpoint LATEST names (or `step`), every file checked against its sha256; a broken one
-    is an error that names the newest valid step, never a quiet fallback."""
+def pick_checkpoint(run_dir: Path, step: int | None, *, best: bool = False) -> tuple[ResumePoint, dict | None]:
+    """The checkpoint LATEST names (or `step`, or with best=True the one BEST.json names), every file
+    checked against its sha256; a broken one is an error that names the newest valid step, never a
+    quiet fallback. Returns the checkpoint and the BEST.json record (best=True) or None."""
+    if best and step is not None:
+        raise UsageError("--best and --step both pick the checkpoint; pass one of them")
     if not run_dir.is_dir():
         raise CheckpointError(f"run folder {run_dir} does not exist", hint="pass <output_dir>/<run name>, e.g. runs/my-run")
     checkpoints = run_dir / "checkpoints"
     if not checkpoints.is_dir():
         raise CheckpointError(f"{run_dir} has no checkpoints",
                               hint="train until a checkpoint is saved (run.save_every, or the end of the run)")
-    point = CheckpointManager(checkpoints, keep_last=0).latest_valid(step, hashes=True)
+    manager = CheckpointManager(checkpoints, keep_last=0)
+    record = manager.read_best() if best else None
+    if best and record is None:
+        raise CheckpointError(f"{run_dir} has no best checkpoint recorded (checkpoints/BEST.json)",
+                              hint="train with run.best_metric set (e.g. \"val/reward/mean\"), or pick a step with "
+                                   "--step N")
+    point = manager.latest_valid(record["step"] if record else step, hashes=True)
     if point.warning:   # resume may fall back; a merge meant for the newest weights must not, silently
         reason = point.warning.removeprefix("WARNING: ").split("; using", 1)[0]
         raise CheckpointError(f"the newest checkpoint cannot be merged: {reason}",
                               hint=f"merge the newest valid one explicitly with --step {point.step}")
-    return point
+    return point, record
 
 
 def check_out(out: Path, force: bool) -> None:
@@ -84,16 +98,18 @@ def check_same_model(step_dir: Path, config) -> None:
                                   hint="point model.path in the checkpoint's config.resolved.toml at the original model")
 
 
-def merge_run(run_dir: str | os.PathLike, out: str | os.PathLike, *, step: int | None = None, dtype: str = "auto",
-              lora: str = "merge", force: bool = False, max_shard_size: str | int = MAX_SHARD_SIZE) -> MergeResult:
-    """Write the checkpoint of `run_dir` as a verified HF folder at `out` (atomically)."""
+def merge_run(run_dir: str | os.PathLike, out: str | os.PathLike, *, step: int | None = None, best: bool = False,
+              dtype: str = "auto", lora: str = "merge", force: bool = False,
+              max_shard_size: str | int = MAX_SHARD_SIZE) -> MergeResult:
+    """Write the checkpoint of `run_dir` as a verified HF folder at `out` (atomically).
+    step / best=True: that step / the best one (run.best_metric) instead of the newest."""
     run_dir, out = Path(run_dir), Path(out)
     if dtype not in DTYPES:
         raise UsageError(f"--dtype {dtype!r} is not one of {', '.join(DTYPES)}")
     if lora not in LORA_MODES:
         raise UsageError(f"--lora {lora!r} is not one of {', '.join(LORA_MODES)}")
     check_out(out, force)
-    point = pick_checkpoint(run_dir, step)
+    point, best_record = pick_checkpoint(run_dir, step, best=best)
     from rlctl.checkpoint.trained import load_step_config
 
     config = load_step_config(point.path)
@@ -107,6 +123,7 @@ def merge_run(run_dir: str | os.PathLike, out: str | os.PathLike, *, step: int |
         from rlctl.checkpoint.trained import CONFIG_FILE
 
         shutil.copyfile(point.path / CONFIG_FILE, tmp / TRAINING_CONFIG)
+        _write_source(tmp, run_dir, point, best_record)
         _usual_modes(tmp)
         files = sorted(p.relative_to(tmp).as_posix() for p in tmp.rglob("*") if p.is_file())
         _replace(tmp, out)
@@ -115,7 +132,17 @@ def merge_run(run_dir: str | os.PathLike, out: str | os.PathLike, *, step: int |
         raise
     mode = "none" if config.model.lora.rank == 0 else lora
     return MergeResult(out=out, step=point.step, dtype=written_dtype, lora=mode, files=files,
-                       verification=verification.as_dict(), warning=point.warning)
+                       verification=verification.as_dict(), warning=point.warning, best=best_record)
+
+
+def _write_source(folder: Path, run_dir: Path, point: ResumePoint, best: dict | None) -> None:
+    import json
+
+    from rlctl.checkpoint.manifest import MANIFEST, hash_file
+
+    source = {"run_dir": str(run_dir.resolve()), "step": point.step,
+              "manifest_sha256": hash_file(point.path / MANIFEST)[1], "best": best}
+    (folder / SOURCE_FILE).write_text(json.dumps(source, indent=1) + "\n", encoding="utf-8")
 
 
 def _usual_modes(folder: Path) -> None:

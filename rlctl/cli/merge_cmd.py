@@ -15,6 +15,8 @@ def merge(
     to_hf: Path = typer.Option(..., "--to-hf", help="Folder to write the Hugging Face model into.",
                                show_default=False),
     step: Optional[int] = typer.Option(None, "--step", min=0, help="Checkpoint step (default: the newest valid)."),
+    best: bool = typer.Option(False, "--best", help="The best checkpoint by run.best_metric (checkpoints/BEST.json) "
+                                                    "instead of the newest; not with --step."),
     dtype: str = typer.Option("auto", help="auto (the base model's dtype), float32, bfloat16 or float16."),
     lora: str = typer.Option("merge", help="LoRA runs: merge (adapter folded into the weights) or adapter "
                                            "(a PEFT adapter folder)."),
@@ -33,18 +35,21 @@ def merge(
 
     if private and not push_to_hub:
         raise UsageError("--private only applies with --push-to-hub REPO")
+    if best and step is not None:
+        raise UsageError("--best and --step both pick the checkpoint; pass one of them")
     from rlctl.checkpoint.merge import merge_run, push_to_hub as push
 
-    result = merge_run(run_dir, to_hf, step=step, dtype=dtype, lora=lora, force=force)
+    result = merge_run(run_dir, to_hf, step=step, best=best, dtype=dtype, lora=lora, force=force)
     if result.warning:
         typer.echo(result.warning, err=True)
     v = result.verification
     what = {"none": "full weights", "merge": "LoRA merged", "adapter": "LoRA adapter"}[result.lora]
-    lines = [f"wrote {result.out} from step_{result.step} ({what}, {result.dtype}, {len(result.files)} files)",
+    picked = f", the best by {result.best['metric']} = {result.best['value']:.4g}" if result.best else ""
+    lines = [f"wrote {result.out} from step_{result.step}{picked} ({what}, {result.dtype}, {len(result.files)} files)",
              f"verified: max |logit diff| vs the trained weights {v['trained_max_abs_diff']:.2g}; "
              f"written vs expected {v['written_max_abs_diff']:.2g} (tolerance {v['tolerance']:.2g})"]
     data = {"out": str(result.out), "step": result.step, "dtype": result.dtype, "lora": result.lora,
-            "files": result.files, "verification": v, "warning": result.warning, "pushed": None}
+            "files": result.files, "verification": v, "warning": result.warning, "best": result.best, "pushed": None}
     if push_to_hub:
         data["pushed"] = push(result.out, push_to_hub, private=private)
         lines.append(f"pushed to {push_to_hub}: {data['pushed']}")

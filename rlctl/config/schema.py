@@ -44,6 +44,9 @@ class RunConfig:
     keep_last: int = opt(2, "Checkpoints to keep (0 = keep all).", ge=0)
     val_every: int = opt(0, "Validate every N steps (0 = only at the end).", ge=0)
     val_before_train: bool = opt(False, "Validate once before the first step.")
+    best_metric: str = opt("", "Validation metric that picks the best checkpoint, e.g. \"val/reward/mean\" or "
+                               "\"val/acc\" (\"\" = off); a validation step that improves it is saved and kept.")
+    best_mode: str = opt("max", "Whether a higher (max) or lower (min) best_metric is better.", choices=("max", "min"))
     loggers: tuple = opt(("console", "jsonl"), "Metric sinks.", choices=LOGGERS)
     log_samples: int = opt(4, "Prompt/response pairs written to samples.jsonl per step.", ge=0)
 

@@ -165,6 +165,50 @@ def check_lora(c: Config) -> list[Problem]:
     return problems
 
 
+def validation_metric_names(data_sources=()) -> list[str]:
+    """The val/ metrics a validation logs (rlctl.controller.trainer.validation_metrics): overall,
+    then reward and accuracy per data source."""
+    names = ["val/reward/mean", "val/acc", "val/response_length/mean"]
+    return names + [f"val/{ds}/{m}" for ds in sorted(data_sources) for m in ("reward/mean", "acc")]
+
+
+def check_best_metric(c: Config, data_sources: set[str] | None = None) -> list[Problem]:
+    """run.best_metric must be a metric validation logs; data_sources (those of data.val_files, or
+    None when unread) decide the per-source names."""
+    from rlctl.config.loader import suggest
+
+    metric = c.run.best_metric
+    if not metric:
+        return []
+    if not c.data.val_files:
+        return [Problem("run.best_metric", f"{metric!r} is a validation metric but the run does not validate; "
+                                           "set data.val_files (and run.val_every), or run.best_metric = \"\"")]
+    known = validation_metric_names(data_sources or ())
+    source = metric.removeprefix("val/").removesuffix("/acc").removesuffix("/reward/mean")
+    per_source = metric.startswith("val/") and source not in ("", metric.removeprefix("val/"))   # val/<ds>/...
+    if metric in known or (data_sources is None and per_source):
+        problems = []
+    else:
+        problems = [Problem("run.best_metric", f"{metric!r} is not a metric validation logs{suggest(metric, known)}; "
+                                               f"it logs {', '.join(known)}")]
+    if c.run.val_every == 0:
+        problems.append(Problem("run.best_metric", "run.val_every = 0 validates only at the last step, so the best "
+                                                   "checkpoint is the last one; set run.val_every", severity="warning"))
+    return problems
+
+
+def _val_data_sources(loaded: LoadedConfig) -> set[str] | None:
+    """The data_source values of data.val_files; None when a file cannot be read."""
+    try:
+        import pyarrow.parquet as pq
+
+        return {ds for p in loaded.config.data.val_files
+                for ds in pq.read_table(_resolve(loaded.base_dir, p), columns=["data_source"])
+                .column("data_source").to_pylist()}
+    except Exception:
+        return None   # a missing or broken file is reported by check_files / `rlctl data inspect`
+
+
 def _resolve(base: Path, p: str) -> Path:
     path = Path(p).expanduser()
     return path if path.is_absolute() else base / path
@@ -261,6 +305,9 @@ def validate(loaded: LoadedConfig, *, machine: bool = True) -> tuple[list[Proble
     if machine:
         file_problems, plan = check_files(loaded, plan)
         problems += file_problems + check_model(loaded) + check_machine(c)
+        problems += check_best_metric(c, _val_data_sources(loaded) if c.run.best_metric else None)
+    else:
+        problems += check_best_metric(c)
     # A key that failed its own check keeps its default: rules about it would mislead.
     bad_keys = {p.key for p in loaded.problems if p.severity == "error"}
     return list(loaded.problems) + [p for p in problems if p.key not in bad_keys], plan

@@ -2,10 +2,10 @@
 
 A checkpoint step folder holds actor/ (and critic/): DCP shards of model + optimizer + schedule +
 RNG per rank, written by the workers; trainer_state.json: global step, data-loader position,
-KL-controller value; config.resolved.toml: the run's config. MANIFEST.json (written by the
-CheckpointManager, which makes the folder appear atomically) carries the run's fingerprint
-(config + content hashes of model, tokenizer, data, reward file), so resume can refuse a config
-that would break the run.
+KL-controller value, the best-checkpoint record so far (run.best_metric); config.resolved.toml:
+the run's config. MANIFEST.json (written by the CheckpointManager, which makes the folder appear
+atomically) carries the run's fingerprint (config + content hashes of model, tokenizer, data,
+reward file), so resume can refuse a config that would break the run.
 Generation seeds are a pure function of (seed, step, round), so no sampler state is needed.
 """
 
@@ -46,14 +46,15 @@ def save(s, step: int, *, final: bool = False) -> Path | None:
         if s.critic is not None:
             s.critic.save_checkpoint(str(tmp / "critic"))
         state = {"step": step, "loader": s.loader.state_dict(), "kl_ctrl": s.kl_ctrl.state_dict(),
-                 "world_size": s.config.resources.workers}
+                 "world_size": s.config.resources.workers, "best": s.state.get("best")}
         atomic_write_text(tmp / STATE_FILE, json.dumps(state, indent=1) + "\n")
         atomic_write_text(tmp / CONFIG_FILE, tomlkit.dumps(config_to_dict(s.config)))
 
     if s.checkpoints is None:
         s.checkpoints = manager_for(s.run_dir, s.config.run.keep_last)
     with_notice = s.display.print if final else (lambda _msg: None)
-    path = s.checkpoints.save(step, write, meta={"run": s.config.run.name, "fingerprint": fingerprint(s)})
+    path = s.checkpoints.save(step, write, meta={"run": s.config.run.name, "fingerprint": fingerprint(s)},
+                              best=s.state.get("best"))
     s.state["saved_step"] = step
     with_notice(f"checkpoint saved: {path}")
     return path
@@ -114,3 +115,17 @@ def restore(s, ckpt_path: Path) -> None:
     s.loader.load_state_dict(state["loader"])
     s.kl_ctrl.load_state_dict(state["kl_ctrl"])
     s.state.update(step=int(state["step"]), saved_step=int(state["step"]))
+    s.state["best"] = restore_best(s, state.get("best"))
+
+
+def restore_best(s, record: dict | None) -> dict | None:
+    """The best-checkpoint record as of the checkpoint resumed from, written back to BEST.json (which
+    a run that went further, before `resume --step`, may have moved on). Dropped, and BEST.json with
+    it, when run.best_metric / best_mode changed or the checkpoint it names no longer exists."""
+    if s.checkpoints is None:
+        s.checkpoints = manager_for(s.run_dir, s.config.run.keep_last)
+    run = s.config.run
+    kept = (record is not None and record.get("metric") == run.best_metric and record.get("mode") == run.best_mode
+            and (s.checkpoints.step_dir(record["step"]) / "MANIFEST.json").is_file())
+    s.checkpoints.write_best(record if kept else None)
+    return record if kept else None

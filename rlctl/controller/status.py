@@ -109,6 +109,7 @@ def status_summary(run_dir: str | os.PathLike) -> dict:
         "last_validation": _last_validation(rows),
         "checkpoints": checkpoints,
         "latest_checkpoint": _latest(run_dir, checkpoints),
+        "best_checkpoint": _best(run_dir),
     }
 
 
@@ -139,6 +140,13 @@ def _latest(run_dir: Path, checkpoints: list[dict]) -> int | None:
     match = re.search(r"(\d+)$", text)
     step = int(match.group(1)) if match else None
     return step if any(c["step"] == step and c["valid"] for c in checkpoints) else None
+
+
+def _best(run_dir: Path) -> dict | None:
+    """checkpoints/BEST.json: {"step", "metric", "mode", "value"} of the best validated checkpoint."""
+    from rlctl.checkpoint.manager import CheckpointManager
+
+    return CheckpointManager(run_dir / CHECKPOINTS_DIR, keep_last=0).read_best()
 
 
 def _state(info: dict) -> str:
@@ -266,6 +274,9 @@ def _checkpoint_line(s: dict):
         line.append(f"step_{ckpt['step']}", style="bold" if ckpt["step"] == s["latest_checkpoint"] else "")
         if ckpt["step"] == s["latest_checkpoint"]:
             line.append(" (latest)", style="green")
+        best = s.get("best_checkpoint")
+        if best and ckpt["step"] == best["step"]:
+            line.append(f" (best: {best['metric']} {best['value']:.4g})", style="magenta")
         line.append(f" {ckpt['bytes'] / 2**20:.1f} MiB" if ckpt["valid"] else f" broken: {ckpt['problem']}",
                     style="dim" if ckpt["valid"] else "red")
     return line

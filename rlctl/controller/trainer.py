@@ -88,9 +88,13 @@ class Trainer:
         self.c = setup.config
         self.bad_steps = 0
         self.drift_warned = False
+        self.flops = None   # rlctl.controller.perf.StepFlops, measured when fit starts
 
     def fit(self, stop: StopFlag) -> None:
+        from rlctl.controller.perf import StepFlops
+
         s, c = self.s, self.c
+        self.flops = StepFlops.measure(s)
         if c.run.val_before_train and s.val_rows and s.state["step"] == 0:
             s.logger.log(0, self.validate(0))
         for step in range(s.state["step"] + 1, s.total_steps + 1):
@@ -126,13 +130,15 @@ class Trainer:
             s.state["step"] = step
             metrics.update(self.step_metrics(batch, time.perf_counter() - start))
             metrics.setdefault("actor/kl", kl_metric(metrics))
+            new_best = False
             if s.val_rows and (step == s.total_steps or (c.run.val_every and step % c.run.val_every == 0)):
                 with phase(timing, "val"):
                     metrics.update(self.validate(step))
+                new_best = self.track_best(step, metrics)
             metrics.update(timing)
             self.check_numerics(metrics, step)
             s.log_step(step, metrics, batch)
-            if step == s.total_steps or (c.run.save_every and step % c.run.save_every == 0):
+            if step == s.total_steps or (c.run.save_every and step % c.run.save_every == 0) or new_best:
                 s.save(step)
             stop.check()
 
@@ -152,6 +158,19 @@ class Trainer:
                             pad_token_id=s.pad_token_id, mode="greedy")
         R.score(greedy, s.reward, s.tokenizer)
         batch["reward_baselines"] = np.repeat(greedy["scores"], n)
+
+    def track_best(self, step: int, metrics: dict) -> bool:
+        """run.best_metric: a validation that beats the best so far makes this step the best one
+        (the loop then saves it; BEST.json names it once saved). True when it did."""
+        run = self.c.run
+        value = metrics.get(run.best_metric) if run.best_metric else None
+        if value is None or value != value:   # off, not logged, or NaN: never a best
+            return False
+        best = self.s.state.get("best")
+        if best is not None and not (value > best["value"] if run.best_mode == "max" else value < best["value"]):
+            return False
+        self.s.state["best"] = {"step": step, "metric": run.best_metric, "mode": run.best_mode, "value": float(value)}
+        return True
 
     def validate(self, step: int) -> dict:
         """Greedy (val_temperature) generation on data.val_files; reward and accuracy per data source."""
@@ -181,6 +200,7 @@ class Trainer:
             "timing/step_s": step_s, "perf/tokens_per_s": generated / step_s,
             "perf/total_tokens_per_s": (generated + prompt_tokens) / step_s,
             "data/epoch": float(self.s.loader.epoch), "data/sequences": float(len(batch)),
+            **(self.flops.metrics(batch, step_s) if self.flops is not None else {}),
         }
 
     def check_numerics(self, metrics: dict, step: int) -> None:

@@ -211,6 +211,11 @@ class ActorRolloutRefWorker:
 
         return loss_fn
 
+    @register(Dispatch.ALL)
+    def flops_profile(self) -> dict:
+        """This rank's matmul peak and the policy's config (rlctl.utils.flops; perf/mfu)."""
+        return self.actor.flops_profile()
+
     # --- checkpoints and export -----------------------------------------------------------------
     @register(Dispatch.RANK0)
     def save_checkpoint(self, path: str) -> None:

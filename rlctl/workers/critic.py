@@ -73,6 +73,11 @@ class CriticWorker:
 
         return loss_fn
 
+    @register(Dispatch.ALL)
+    def flops_profile(self) -> dict:
+        """This rank's matmul peak and the value model's config (rlctl.utils.flops; perf/mfu)."""
+        return self.critic.flops_profile()
+
     @register(Dispatch.RANK0)
     def save_checkpoint(self, path: str) -> None:
         from rlctl.workers.checkpoint_io import save_engine

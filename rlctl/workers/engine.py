@@ -145,6 +145,17 @@ class TrainEngine:
         self.scheduler.step()
         self.train_steps += 1
 
+    def flops_profile(self) -> dict:
+        """For perf/mfu: this rank's matmul peak (FLOP/s, in the compute dtype, measured once per
+        process) and the model's transformers config (its text part for multimodal models)."""
+        from rlctl.utils.flops import matmul_peak
+
+        config = getattr(self.module, "config", None)
+        if config is not None and hasattr(config, "get_text_config"):
+            config = config.get_text_config()
+        return {"peak_flops": matmul_peak(str(self.device), str(self.compute_dtype).removeprefix("torch.")),
+                "model_config": config.to_dict() if config is not None else {}}
+
     def lr(self) -> float:
         return float(self.optimizer.param_groups[0]["lr"]) if self.optimizer else 0.0
 

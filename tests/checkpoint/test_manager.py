@@ -84,6 +84,22 @@ def test_retention_keeps_newest_and_what_latest_names(tmp_path):
     assert keep_all.steps() == [1, 2, 3, 4]
 
 
+def test_retention_never_deletes_the_best_checkpoint(tmp_path):
+    manager = CheckpointManager(tmp_path, 1, notify=lambda m: None)
+    best = {"step": 2, "metric": "val/acc", "mode": "max", "value": 0.5}
+    manager.save(1, files_writer(1), meta={})
+    manager.save(2, files_writer(2), meta={}, best=best)     # committed, then named best
+    for step in (3, 4):
+        manager.save(step, files_writer(step), meta={}, best=best)
+    assert manager.steps() == [2, 4] and manager.read_best() == best
+    manager.save(5, files_writer(5), meta={}, best={**best, "step": 5, "value": 0.75})
+    assert manager.steps() == [5]                              # the old best goes once it is not best
+    manager.write_best(None)
+    assert manager.read_best() is None and not (tmp_path / "BEST.json").exists()
+    (tmp_path / "BEST.json").write_text("{not json")            # unreadable: no record, no crash
+    assert manager.read_best() is None and manager.apply_retention() == []
+
+
 def test_steps_newer_than_latest_after_resume_to_an_earlier_step(tmp_path):
     """`resume --step 3` of a run that has 3, 4, 5 saves step 4 again: LATEST = 4; step 5 belongs to
     the abandoned branch: retention neither counts nor deletes it, and fallback never picks it."""

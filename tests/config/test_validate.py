@@ -141,3 +141,20 @@ def test_critic_batch_sizes_are_checked_only_when_there_is_a_critic(project):
     assert check(project, *grpo)[0] == []
     errors, _, _ = check(project, *grpo, "algorithm.name=gae")
     assert any(e.startswith("critic.micro_batch_size: 4 does not divide") for e in errors), errors
+
+
+def test_best_metric_must_be_a_metric_validation_logs(project):
+    pq.write_table(pa.table({"data_source": ["openai/gsm8k", "rlctl/arith"]}), project / "val.parquet")
+    val = ['data.val_files=["val.parquet"]', "run.val_every=2"]
+    for metric in ("val/reward/mean", "val/acc", "val/response_length/mean", "val/openai/gsm8k/acc",
+                   "val/rlctl/arith/reward/mean"):
+        assert check(project, *val, f"run.best_metric={metric}")[:2] == ([], []), metric
+    errors = check(project, *val, "run.best_metric=val/reward/man")[0]
+    assert errors and "did you mean 'val/reward/mean'?" in errors[0] and "it logs val/reward/mean" in errors[0]
+    assert "is not a metric validation logs" in check(project, *val, "run.best_metric=val/math/acc")[0][0]
+    assert "is not a metric validation logs" in check(project, *val, "run.best_metric=reward/mean")[0][0]
+    # per-source names are checked against the files only when they are read (the machine pass)
+    assert check(project, *val, "run.best_metric=val/math/acc", machine=False)[0] == []
+    assert "the run does not validate" in check(project, "run.best_metric=val/acc")[0][0]
+    errors, warnings, _ = check(project, 'data.val_files=["val.parquet"]', "run.best_metric=val/acc")
+    assert errors == [] and "validates only at the last step" in warnings[0]
