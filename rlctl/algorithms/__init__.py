@@ -12,6 +12,7 @@ from .functional import (entropy_from_logits, group_index, log_probs_from_logits
 from .kl import (KL_KINDS, AdaptiveKLController, FixedKLController, apply_kl_in_reward, kl_penalty,
                  make_kl_controller)
 from .losses import policy_loss, value_loss
+from . import more_losses  # noqa: F401  (registers sapo, cispo, geo_mean, clip_cov, kl_cov, gpg, dppo_*)
 from .registry import (AlgorithmError, EstimatorSpec, Needs, PolicyLossSpec, algorithm_needs, estimator_names,
                        get_estimator, get_policy_loss, policy_loss_names, register_estimator,
                        register_policy_loss)

@@ -19,9 +19,11 @@ LOG_RATIO_CLAMP = 20.0  # |log pi/pi_old| cap before exp: ratio stays in [2e-9, 
 def policy_loss(name: str = "vanilla", *, old_log_prob: torch.Tensor, log_prob: torch.Tensor,
                 advantages: torch.Tensor, response_mask: torch.Tensor, clip_ratio_low: float = 0.2,
                 clip_ratio_high: float = 0.2, clip_ratio_c: float = 3.0, loss_agg_mode: str = "token-mean",
-                norm: LossNorm | None = None) -> tuple[torch.Tensor, dict]:
+                norm: LossNorm | None = None, **knobs) -> tuple[torch.Tensor, dict]:
     """The policy loss registered as `name`: returns (loss, {pg_clipfrac, pg_clipfrac_lower, ppo_kl}).
 
+    knobs: loss-specific settings passed through by name (tau_pos, tau_neg, clip_cov_ratio, ...:
+    see more_losses.py); a loss ignores those it does not read.
     `norm` carries mini-batch counts for micro-batch accumulation (see aggregate_loss). A loss
     registered with a fixed loss_agg_mode (GSPO: seq-mean-token-mean) ignores `loss_agg_mode`.
     """
@@ -34,7 +36,8 @@ def policy_loss(name: str = "vanilla", *, old_log_prob: torch.Tensor, log_prob: 
         raise AlgorithmError(f"clip_ratio_c must be > 1 (dual-clip bound), got {clip_ratio_c}")
     return spec.fn(old_log_prob=old_log_prob, log_prob=log_prob, advantages=advantages,
                    response_mask=response_mask, clip_ratio_low=clip_ratio_low, clip_ratio_high=clip_ratio_high,
-                   clip_ratio_c=clip_ratio_c, loss_agg_mode=spec.loss_agg_mode or loss_agg_mode, norm=norm)
+                   clip_ratio_c=clip_ratio_c, loss_agg_mode=spec.loss_agg_mode or loss_agg_mode, norm=norm,
+                   **knobs)
 
 
 def _valid(mask: torch.Tensor) -> torch.Tensor:

@@ -28,6 +28,7 @@ def opt(default: Any, help: str, *, ge=None, gt=None, le=None, lt=None, choices=
 
 
 LOSS_AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
+POLICY_LOSSES = ("vanilla", "gspo", "sapo", "cispo", "geo_mean", "clip_cov", "kl_cov", "gpg", "dppo_tv", "dppo_kl")
 KL_TYPES = ("k1", "kl", "abs", "k2", "mse", "k3", "low_var_kl")
 ADV_ESTIMATORS = ("gae", "grpo", "rloo", "remax", "reinforce_plus_plus", "reinforce_plus_plus_baseline")
 LOGGERS = ("console", "jsonl", "tensorboard", "wandb")
@@ -118,11 +119,18 @@ class ActorConfig:
     mini_batch_size: int = opt(0, "Prompts per optimizer step (0 = data.batch_size, one step per rollout).", ge=0)
     micro_batch_size: int = opt(4, "Sequences per worker per forward/backward (gradient accumulation).", ge=1)
     policy_loss: str = opt("vanilla", "Policy loss (built-ins, or one registered by a plugin).",
-                           choices=("vanilla", "gspo"), extensible=True)
+                           choices=POLICY_LOSSES, extensible=True)
     clip_ratio_low: float = opt(0.2, "PPO clip below 1 (ratio >= 1 - low).", ge=0, lt=1)
     clip_ratio_high: float = opt(0.2, "PPO clip above 1 (ratio <= 1 + high); DAPO clip-higher uses 0.28.", ge=0)
     clip_ratio_c: float = opt(3.0, "Dual-clip bound for negative advantages (> 1).", gt=1)
     loss_agg_mode: str = opt("token-mean", "How token losses are aggregated.", choices=LOSS_AGG_MODES)
+    tau_pos: float = opt(1.0, "sapo: gate temperature for tokens with positive advantage.", gt=0)
+    tau_neg: float = opt(1.05, "sapo: gate temperature for tokens with non-positive advantage.", gt=0)
+    clip_cov_ratio: float = opt(0.0002, "clip_cov: share of tokens whose gradient is detached.", gt=0, le=1)
+    clip_cov_lb: float = opt(1.0, "clip_cov: lower bound of the covariance of detachable tokens.")
+    clip_cov_ub: float = opt(5.0, "clip_cov: upper bound of the covariance of detachable tokens.")
+    kl_cov_ratio: float = opt(0.0002, "kl_cov: share of tokens (highest covariance) given the KL penalty.", gt=0, le=1)
+    ppo_kl_coef: float = opt(0.1, "kl_cov: coefficient of the |log ratio| penalty.", ge=0)
     entropy_coef: float = opt(0.0, "Entropy bonus coefficient.", ge=0)
     use_kl_loss: bool = opt(False, "Add kl_loss_coef x KL(actor || ref) to the loss (GRPO).")
     kl_loss_coef: float = opt(0.001, "KL-loss coefficient.", ge=0)

@@ -107,3 +107,143 @@ def remax(rewards, mask, baselines):
         togo = [sum(row[k:]) for k in range(len(row))]
         adv[i, np.flatnonzero(mask[i])] = [g - baselines[i] for g in togo]
     return adv
+
+
+# --- policy losses: one token at a time in plain Python, on each row's valid tokens only ---------
+
+def agg(rows: list[list[float]], mode: str, horizon: int) -> float:
+    """verl's agg_loss on compacted rows (rows with no token are not sequences)."""
+    rows = [r for r in rows if r]
+    if not rows:
+        return 0.0
+    if mode == "token-mean":
+        return sum(sum(r) for r in rows) / sum(len(r) for r in rows)
+    if mode == "seq-mean-token-mean":
+        return sum(sum(r) / len(r) for r in rows) / len(rows)
+    total = sum(sum(r) for r in rows) / len(rows)
+    return total / horizon if mode == "seq-mean-token-sum-norm" else total
+
+
+def _tokens(old, new, adv, mask):
+    """Per row, the (old, new, A) triples of its valid tokens."""
+    return [list(zip(o, n, a)) for o, n, a in zip(compact(old, mask), compact(new, mask), compact(adv, mask))]
+
+
+def _mean(values):
+    return sum(values) / len(values) if values else 0.0
+
+
+def _ratio(o, n):
+    return math.exp(max(-20.0, min(20.0, n - o)))
+
+
+def sapo(old, new, adv, mask, tau_pos=1.0, tau_neg=1.05):
+    rows = []
+    for row in _tokens(old, new, adv, mask):
+        out = []
+        for o, n, a in row:
+            tau = tau_pos if a > 0 else tau_neg
+            gate = 4.0 / tau / (1.0 + math.exp(-tau * (_ratio(o, n) - 1.0)))
+            out.append(-gate * a)
+        rows.append(out)
+    flat = [o - n for row in _tokens(old, new, adv, mask) for o, n, _ in row]
+    return agg(rows, "seq-mean-token-mean", mask.shape[1]), {"ppo_kl": _mean(flat)}
+
+
+def cispo(old, new, adv, mask, low, high, mode):
+    rows, clipped = [], []
+    for row in _tokens(old, new, adv, mask):
+        out = []
+        for o, n, a in row:
+            r = _ratio(o, n)
+            w = min(max(r, 1 - low), 1 + high)
+            clipped.append(float(w != r))
+            out.append(-w * a * n)
+        rows.append(out)
+    return agg(rows, mode, mask.shape[1]), {"pg_clipfrac": _mean(clipped)}
+
+
+def geo_mean(old, new, adv, mask, low, high):
+    losses, upper, lower = [], [], []
+    for row in _tokens(old, new, adv, mask):
+        total, adv_sum = 0.0, 0.0
+        for o, n, a in row:
+            d = n - o
+            c = min(max(d, -low), high)
+            # pessimistic: for A > 0 the smaller log-ratio, for A < 0 the larger, for A = 0 nothing
+            total += min(d, c) if a > 0 else (max(d, c) if a < 0 else 0.0)
+            adv_sum += a
+            upper.append(float(d != c and a > 0))
+            lower.append(float(d != c and a < 0))
+        length = len(row) + 1e-8
+        losses.append(-(adv_sum / length) * math.exp(total / length))
+    return sum(losses) / len(losses), {"pg_clipfrac": _mean(upper), "pg_clipfrac_lower": _mean(lower)}
+
+
+def _covariances(new, adv, mask):
+    """(row, col, cov) of every valid token, row-major, cov = (A - mean A)(logp - mean logp)."""
+    cells = [(i, j) for i in range(mask.shape[0]) for j in range(mask.shape[1]) if mask[i, j]]
+    mean_a = _mean([adv[i, j] for i, j in cells])
+    mean_l = _mean([new[i, j] for i, j in cells])
+    return [(i, j, (adv[i, j] - mean_a) * (new[i, j] - mean_l)) for i, j in cells]
+
+
+def kl_cov(old, new, adv, mask, mode, ratio=0.0002, coef=0.1):
+    covs = _covariances(new, adv, mask)
+    k = max(1, int(len(covs) * ratio))
+    top = {(i, j) for i, j, _ in sorted(covs, key=lambda c: -c[2])[:k]}
+    rows = []
+    for i in range(mask.shape[0]):
+        rows.append([-adv[i, j] * math.exp(new[i, j] - old[i, j])
+                     + (coef * abs(new[i, j] - old[i, j]) if (i, j) in top else 0.0)
+                     for j in range(mask.shape[1]) if mask[i, j]])
+    return agg(rows, mode, mask.shape[1])
+
+
+def clip_cov_candidates(old, new, adv, mask, low, high, lb=1.0, ub=5.0):
+    """Valid tokens the PPO clip leaves alone whose covariance lies strictly inside (lb, ub)."""
+    out = []
+    for i, j, c in _covariances(new, adv, mask):
+        r = math.exp(new[i, j] - old[i, j])
+        a = adv[i, j]
+        if not -a * min(max(r, 1 - low), 1 + high) > -a * r and lb < c < ub:
+            out.append((i, j))
+    return out
+
+
+def clip_cov(old, new, adv, mask, low, high, mode, detached):
+    """PPO clipped loss with the tokens in `detached` contributing zero."""
+    rows = []
+    for i in range(mask.shape[0]):
+        row = []
+        for j in range(mask.shape[1]):
+            if not mask[i, j]:
+                continue
+            r, a = math.exp(new[i, j] - old[i, j]), adv[i, j]
+            row.append(0.0 if (i, j) in detached else max(-a * r, -a * min(max(r, 1 - low), 1 + high)))
+        rows.append(row)
+    return agg(rows, mode, mask.shape[1])
+
+
+def gpg_loss(new, adv, mask, mode):
+    return agg([[-n * a for n, a in zip(nr, ar)] for nr, ar in zip(compact(new, mask), compact(adv, mask))],
+               mode, mask.shape[1])
+
+
+def dppo(kind, old, new, adv, mask, low, high, c, mode):
+    rows, masked, truncated = [], [], []
+    for row in _tokens(old, new, adv, mask):
+        out = []
+        for o, n, a in row:
+            p, q = math.exp(n), math.exp(o)
+            if kind == "tv":
+                inside = (p - q <= high) if a > 0 else (p - q >= -low)
+            else:
+                kl = q * (o - n) + (1 - q) * math.log((1 - q + 1e-8) / (1 - p + 1e-8))
+                inside = (kl <= high or p <= q) if a > 0 else (kl <= low or p >= q)
+            r = _ratio(o, n)
+            out.append(-a * min(r, c) * n if inside else 0.0)
+            masked.append(float(not inside))
+            truncated.append(float(inside and r > c))
+        rows.append(out)
+    return agg(rows, mode, mask.shape[1]), {"pg_clipfrac": _mean(masked), "pg_clipfrac_lower": _mean(truncated)}
