@@ -15,13 +15,14 @@ from typing import Any
 
 
 def opt(default: Any, help: str, *, ge=None, gt=None, le=None, lt=None, choices=None,
-        required: bool = False, path: bool = False, extensible: bool = False) -> Any:
+        required: bool = False, path: bool = False, extensible: bool = False, items: type = str) -> Any:
     """A config field with its help text, bounds and allowed values in `metadata`.
 
     extensible: `choices` are the built-in names; algorithm.plugins may register more, so the
-    value is checked against the registry by validate, not against `choices` by the loader."""
+    value is checked against the registry by validate, not against `choices` by the loader.
+    items: the element type of a list field (str or float)."""
     meta = {"help": help, "ge": ge, "gt": gt, "le": le, "lt": lt, "choices": choices,
-            "required": required, "path": path, "extensible": extensible}
+            "required": required, "path": path, "extensible": extensible, "items": items}
     if isinstance(default, (list, tuple)):
         return field(default_factory=lambda: tuple(default), metadata=meta)
     return field(default=default, metadata=meta)
@@ -30,7 +31,8 @@ def opt(default: Any, help: str, *, ge=None, gt=None, le=None, lt=None, choices=
 LOSS_AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
 POLICY_LOSSES = ("vanilla", "gspo", "sapo", "cispo", "geo_mean", "clip_cov", "kl_cov", "gpg", "dppo_tv", "dppo_kl")
 KL_TYPES = ("k1", "kl", "abs", "k2", "mse", "k3", "low_var_kl")
-ADV_ESTIMATORS = ("gae", "grpo", "rloo", "remax", "reinforce_plus_plus", "reinforce_plus_plus_baseline")
+ADV_ESTIMATORS = ("gae", "grpo", "rloo", "remax", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "grpo_passk",
+                  "opo", "gpg", "gdpo", "optimal_token_baseline")
 LOGGERS = ("console", "jsonl", "tensorboard", "wandb")
 
 
@@ -103,6 +105,10 @@ class AlgorithmConfig:
     kl_ctrl: str = opt("fixed", "KL-in-reward coefficient controller.", choices=("fixed", "adaptive"))
     kl_target: float = opt(0.1, "Adaptive controller: target KL.", gt=0)
     kl_horizon: int = opt(10000, "Adaptive controller: horizon in samples.", ge=1)
+    gdpo_reward_keys: tuple = opt((), "gdpo: names of the reward components your reward function returns in its "
+                                      "dict (each normalised within its group before mixing).")
+    gdpo_reward_weights: tuple = opt((), "gdpo: one weight per gdpo_reward_keys entry (empty = 1 each).",
+                                     items=float)
     dynamic_sampling: DynamicSamplingConfig = field(default_factory=DynamicSamplingConfig,
                                                     metadata={"help": "DAPO dynamic sampling."})
 

@@ -47,9 +47,14 @@ def compute_advantages(batch: Batch, config: Config, kl_ctrl) -> dict:
         optional["values"] = torch.from_numpy(batch["values"])
     if "reward_baselines" in batch:
         optional["reward_baselines"] = torch.from_numpy(batch["reward_baselines"].astype(np.float32))
-    for key in ("ref_log_prob", "old_log_prob"):   # read by estimators that declare needs_reference
+    for key in ("ref_log_prob", "old_log_prob", "sum_pi_squared"):   # for estimators that declare needing them
         if key in batch:
             optional[key] = torch.from_numpy(batch[key])
+    if algo.gdpo_reward_keys:   # gdpo: the reward's named components [K, B], stored by rollout.score
+        optional["reward_components"] = torch.from_numpy(np.stack(
+            [batch[f"reward_component/{k}"] for k in algo.gdpo_reward_keys]).astype(np.float32))
+        if algo.gdpo_reward_weights:
+            optional["reward_weights"] = torch.tensor(algo.gdpo_reward_weights, dtype=torch.float32)
     advantages, returns = A.compute_advantages(
         algo.name, token_level_rewards=rewards, response_mask=mask, group_ids=batch["uid"].tolist(),
         gamma=algo.gamma, lam=algo.lam, norm_adv_by_std=algo.norm_adv_by_std, **optional)

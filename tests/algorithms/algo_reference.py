@@ -247,3 +247,85 @@ def dppo(kind, old, new, adv, mask, low, high, c, mode):
             truncated.append(float(inside and r > c))
         rows.append(out)
     return agg(rows, mode, mask.shape[1]), {"pg_clipfrac": _mean(masked), "pg_clipfrac_lower": _mean(truncated)}
+
+
+# --- more estimators (verl's grpo_passk, opo, gpg, gdpo, optimal_token_baseline) ------------------
+
+def _std(values):
+    mean = sum(values) / len(values)
+    return math.sqrt(sum((v - mean) ** 2 for v in values) / (len(values) - 1))
+
+
+def grpo_passk(rewards, mask, group_ids, norm_adv_by_std=True, eps=1e-6):
+    scores = [sum(row) for row in compact(rewards, mask)]
+    adv = [0.0] * len(scores)
+    for idx in _groups(group_ids).values():
+        ranked = sorted(idx, key=lambda i: -scores[i])
+        gap = scores[ranked[0]] - scores[ranked[1]]
+        adv[ranked[0]] = gap / (_std([scores[i] for i in idx]) + eps) if norm_adv_by_std else gap
+    return np.array(adv)[:, None] * mask
+
+
+def opo(rewards, mask, group_ids):
+    scores = [sum(row) for row in compact(rewards, mask)]
+    lengths = [float(m.sum()) for m in mask]
+    adv = list(scores)
+    for idx in _groups(group_ids).values():
+        if len(idx) > 1:
+            b = sum(lengths[i] * scores[i] for i in idx) / sum(lengths[i] for i in idx)
+            for i in idx:
+                adv[i] = scores[i] - b
+    return np.array(adv)[:, None] * mask
+
+
+def gpg(rewards, mask, group_ids):
+    scores = [sum(row) for row in compact(rewards, mask)]
+    alpha = len(scores) / max(1, sum(1 for s in scores if s != 0))
+    adv = [alpha * s for s in scores]
+    for idx in _groups(group_ids).values():
+        if len(idx) > 1:
+            mean = sum(scores[i] for i in idx) / len(idx)
+            for i in idx:
+                adv[i] = alpha * (scores[i] - mean)
+    return np.array(adv)[:, None] * mask
+
+
+def gdpo(components, weights, mask, group_ids, eps=1e-6):
+    """Per component: GRPO within groups; mix with weights; whiten over valid tokens."""
+    mixed = [0.0] * mask.shape[0]
+    for w, comp in zip(weights, components):
+        for idx in _groups(group_ids).values():
+            group = [comp[i] for i in idx]
+            mean = sum(group) / len(group) if len(group) > 1 else 0.0
+            std = _std(group) if len(group) > 1 else 1.0
+            for i in idx:
+                mixed[i] += w * (comp[i] - mean) / (std + eps)
+    rows = [[mixed[i]] * int(mask[i].sum()) for i in range(mask.shape[0])]
+    return expand(whiten(rows), mask)
+
+
+def optimal_token_baseline(rewards, mask, group_ids, old_log_prob, sum_pi_squared, is_weights=None):
+    """B_t = sum_i G_it W_it / (sum_i W_it + 1e-8) over the group's rows still valid at t."""
+    b, t = mask.shape
+    togo = np.zeros((b, t))
+    cum_w = np.zeros((b, t))
+    for i in range(b):
+        run = 0.0
+        for j in reversed(range(t)):
+            run += rewards[i, j] if mask[i, j] else 0.0
+            togo[i, j] = run
+        acc = 0.0
+        for j in range(t):
+            if mask[i, j]:
+                w = 1 - 2 * math.exp(old_log_prob[i, j]) + sum_pi_squared[i, j]
+                acc += w * (is_weights[i, j] ** 2 if is_weights is not None else 1.0)
+            cum_w[i, j] = acc
+    adv = np.zeros((b, t))
+    for idx in _groups(group_ids).values():
+        for j in range(t):
+            rows = [i for i in idx if mask[i, j]]
+            base = (sum(togo[i, j] * cum_w[i, j] for i in rows) / (sum(cum_w[i, j] for i in rows) + 1e-8)
+                    if len(idx) > 1 else 0.0)
+            for i in rows:
+                adv[i, j] = togo[i, j] - base
+    return adv, togo * mask
