@@ -30,7 +30,8 @@ def opt(default: Any, help: str, *, ge=None, gt=None, le=None, lt=None, choices=
 
 LOSS_AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
 POLICY_LOSSES = ("vanilla", "gspo", "sapo", "cispo", "geo_mean", "clip_cov", "kl_cov", "gpg", "dppo_tv", "dppo_kl")
-KL_TYPES = ("k1", "kl", "abs", "k2", "mse", "k3", "low_var_kl")
+KL_TYPES = ("k1", "kl", "abs", "k2", "mse", "k3", "low_var_kl", "k1+", "kl+", "abs+", "k2+", "mse+", "k3+",
+            "low_var_kl+")   # "+": that value with k2's gradient (straight-through)
 ADV_ESTIMATORS = ("gae", "grpo", "rloo", "remax", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "grpo_passk",
                   "opo", "gpg", "gdpo", "optimal_token_baseline")
 LOGGERS = ("console", "jsonl", "tensorboard", "wandb")

@@ -86,7 +86,7 @@ def test_value_loss_ignores_padding(mode, case):
     assert out[0][0] == pytest.approx(out[1][0], rel=1e-12, abs=1e-12)
 
 
-@pytest.mark.parametrize("kind", ["k1", "abs", "k2", "k3"])
+@pytest.mark.parametrize("kind", ["k1", "abs", "k2", "k3", "k1+", "abs+", "k3+", "low_var_kl+"])
 @FAST
 @given(case=padded())
 def test_kl_loss_through_aggregation_ignores_padding(kind, case):

@@ -44,7 +44,7 @@ def train(make_project, tmp_path, overrides, steps):
 def test_gdpo_with_reward_components_and_sapo_learns(tmp_path, make_project, ray_cluster):
     rows = train(make_project, tmp_path, ["algorithm.name=gdpo", 'algorithm.gdpo_reward_keys=["lower", "short"]',
                                           "algorithm.gdpo_reward_weights=[1.0, 0.1]", "actor.policy_loss=sapo",
-                                          "actor.use_kl_loss=true", 'actor.kl_loss_type="low_var_kl"'], 16)
+                                          "actor.use_kl_loss=true", 'actor.kl_loss_type="low_var_kl+"'], 16)
     rewards = [r["reward/mean"] for r in rows]
     first, last = sum(rewards[:4]) / 4, sum(rewards[-4:]) / 4
     assert last > first + 0.05, f"gdpo+sapo: reward {first:.3f} -> {last:.3f}"
