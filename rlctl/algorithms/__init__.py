@@ -17,6 +17,7 @@ from . import more_losses  # noqa: F401  (registers sapo, cispo, geo_mean, clip_
 from .registry import (AlgorithmError, EstimatorSpec, Needs, PolicyLossSpec, algorithm_needs, estimator_names,
                        get_estimator, get_policy_loss, policy_loss_names, register_estimator,
                        register_policy_loss)
+from .rollout_correction import rollout_correction
 from .sampling import GroupFilter, filter_groups
 from .shaping import overlong_penalty, scores_to_token_rewards
 
@@ -26,6 +27,6 @@ __all__ = [
     "apply_kl_in_reward", "compute_advantages", "entropy_from_logits", "estimator_names", "filter_groups",
     "get_estimator", "get_policy_loss", "group_index", "kl_penalty", "log_probs_from_logits",
     "make_kl_controller", "masked_mean", "masked_sum", "masked_var", "masked_whiten", "overlong_penalty",
-    "policy_loss", "policy_loss_names", "register_estimator", "register_policy_loss",
+    "policy_loss", "policy_loss_names", "register_estimator", "rollout_correction", "register_policy_loss",
     "scores_to_token_rewards", "sum_pi_squared_from_logits", "value_loss",
 ]

@@ -13,7 +13,7 @@ import torch
 
 from .aggregation import aggregate_loss
 from .functional import masked_mean
-from .losses import LOG_RATIO_CLAMP, _valid, _where_valid
+from .losses import LOG_RATIO_CLAMP, _valid, _weighted, _where_valid
 from .registry import register_policy_loss
 
 
@@ -28,7 +28,8 @@ def _frac(condition: torch.Tensor, mask: torch.Tensor) -> float:
 
 
 @register_policy_loss("sapo", loss_agg_mode="seq-mean-token-mean")
-def sapo(*, old_log_prob, log_prob, advantages, response_mask, norm, tau_pos=1.0, tau_neg=1.05, **_):
+def sapo(*, old_log_prob, log_prob, advantages, response_mask, norm, tau_pos=1.0, tau_neg=1.05,
+         rollout_is_weights=None, **_):
     """SAPO (Gao et al. 2025, arXiv 2511.20347): a smooth sigmoid gate instead of a hard clip.
 
     r = exp(clamp(log pi - log pi_old, +-20)); tau = tau_pos if A > 0 else tau_neg;
@@ -38,14 +39,15 @@ def sapo(*, old_log_prob, log_prob, advantages, response_mask, norm, tau_pos=1.0
     log_ratio = (new - old).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
     tau = torch.where(adv > 0, torch.as_tensor(tau_pos, dtype=adv.dtype), torch.as_tensor(tau_neg, dtype=adv.dtype))
     gates = torch.sigmoid(tau * (torch.exp(log_ratio) - 1.0)) * (4.0 / tau)
-    loss = aggregate_loss(-gates * adv, response_mask, "seq-mean-token-mean", norm=norm)
+    loss = aggregate_loss(_weighted(-gates * adv, response_mask, rollout_is_weights), response_mask,
+                          "seq-mean-token-mean", norm=norm)
     return loss, {"pg_clipfrac": 0.0, "pg_clipfrac_lower": 0.0,
                   "ppo_kl": masked_mean(-log_ratio.detach(), response_mask).item()}
 
 
 @register_policy_loss("cispo")
 def cispo(*, old_log_prob, log_prob, advantages, response_mask, clip_ratio_low, clip_ratio_high, loss_agg_mode,
-          norm, **_):
+          norm, rollout_is_weights=None, **_):
     """CISPO (MiniMax-M1, arXiv 2506.13585): clip the IS weight, never drop a token's gradient.
 
     L = -sg[clip(r, 1 - low, 1 + high)] * A * log pi; pg_clipfrac: share of tokens whose r was clipped.
@@ -54,13 +56,15 @@ def cispo(*, old_log_prob, log_prob, advantages, response_mask, clip_ratio_low, 
     log_ratio = (new - old).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
     ratio = torch.exp(log_ratio)
     clipped = ratio.clamp(1 - clip_ratio_low, 1 + clip_ratio_high).detach()
-    loss = aggregate_loss(-clipped * adv * new, response_mask, loss_agg_mode, norm=norm)
+    loss = aggregate_loss(_weighted(-clipped * adv * new, response_mask, rollout_is_weights), response_mask,
+                          loss_agg_mode, norm=norm)
     return loss, {"pg_clipfrac": _frac(ratio != clipped, response_mask), "pg_clipfrac_lower": 0.0,
                   "ppo_kl": masked_mean(-log_ratio.detach(), response_mask).item()}
 
 
 @register_policy_loss("geo_mean")
-def geo_mean(*, old_log_prob, log_prob, advantages, response_mask, clip_ratio_low, clip_ratio_high, norm, **_):
+def geo_mean(*, old_log_prob, log_prob, advantages, response_mask, clip_ratio_low, clip_ratio_high, norm,
+             rollout_is_weights=None, **_):
     """GMPO (Zhao et al. 2025, arXiv 2507.20673): a geometric mean of token ratios per sequence.
 
     Per token the log-ratio is clipped to [-low, +high] pessimistically for the sign of A:
@@ -78,6 +82,9 @@ def geo_mean(*, old_log_prob, log_prob, advantages, response_mask, clip_ratio_lo
     seq_ratio = torch.exp((pessimistic * mask).sum(-1) / lengths)
     seq_adv = (adv * mask).sum(-1) / lengths
     seq_losses = -seq_adv * seq_ratio                                            # [B]
+    if rollout_is_weights is not None:   # per sequence: the geometric mean of the token weights
+        log_w = torch.log(_where_valid(response_mask, rollout_is_weights.detach().to(new.dtype)) + 1e-10)
+        seq_losses = seq_losses * torch.exp((log_w * mask).sum(-1) / lengths)
     rows = norm.seqs if norm is not None and norm.seqs is not None else seq_losses.shape[0]
     loss = seq_losses.sum() / max(rows, 1) * (norm.dp_size if norm is not None else 1)
     out_of_range = log_ratio != clamped
@@ -94,7 +101,7 @@ def _centered_cov(adv: torch.Tensor, log_prob: torch.Tensor, mask: torch.Tensor)
 
 @register_policy_loss("clip_cov")
 def clip_cov(*, old_log_prob, log_prob, advantages, response_mask, clip_ratio_low, clip_ratio_high, loss_agg_mode,
-             norm, clip_cov_ratio=0.0002, clip_cov_lb=1.0, clip_cov_ub=5.0, **_):
+             norm, clip_cov_ratio=0.0002, clip_cov_lb=1.0, clip_cov_ub=5.0, rollout_is_weights=None, **_):
     """Clip-Cov (Cui et al. 2025, "The Entropy Mechanism of RL for Reasoning LMs", arXiv 2505.22617).
 
     PPO clipped loss, plus: among valid, not-already-clipped tokens whose centred covariance
@@ -113,14 +120,15 @@ def clip_cov(*, old_log_prob, log_prob, advantages, response_mask, clip_ratio_lo
     picked = positions[torch.randperm(len(positions))[:count]] if len(positions) else positions
     keep = torch.ones_like(adv)
     keep[picked[:, 0], picked[:, 1]] = 0
-    loss = aggregate_loss(torch.maximum(loss1, loss2) * keep, response_mask, loss_agg_mode, norm=norm)
+    loss = aggregate_loss(_weighted(torch.maximum(loss1, loss2) * keep, response_mask, rollout_is_weights),
+                          response_mask, loss_agg_mode, norm=norm)
     return loss, {"pg_clipfrac": _frac(keep == 0, response_mask),
                   "ppo_kl": masked_mean(-(new - old).detach(), response_mask).item()}
 
 
 @register_policy_loss("kl_cov")
 def kl_cov(*, old_log_prob, log_prob, advantages, response_mask, loss_agg_mode, norm, kl_cov_ratio=0.0002,
-           ppo_kl_coef=0.1, **_):
+           ppo_kl_coef=0.1, rollout_is_weights=None, **_):
     """KL-Cov (same paper as Clip-Cov): an |log r| penalty on the highest-covariance tokens.
 
     L = -A r everywhere (no clip); on the top max(1, int(ratio * N_valid)) valid tokens by centred
@@ -137,24 +145,26 @@ def kl_cov(*, old_log_prob, log_prob, advantages, response_mask, loss_agg_mode, 
         penalised = torch.zeros(valid.numel(), dtype=torch.bool, device=valid.device)
         penalised[top] = True
         losses = torch.where(penalised.view_as(valid), losses + ppo_kl_coef * log_ratio.abs(), losses)
-    loss = aggregate_loss(losses, response_mask, loss_agg_mode, norm=norm)
+    loss = aggregate_loss(_weighted(losses, response_mask, rollout_is_weights), response_mask, loss_agg_mode,
+                          norm=norm)
     return loss, {"ppo_kl": masked_mean(log_ratio.detach().abs(), response_mask).item()}
 
 
 @register_policy_loss("gpg")
-def gpg(*, log_prob, advantages, response_mask, loss_agg_mode, norm, **_):
+def gpg(*, log_prob, advantages, response_mask, loss_agg_mode, norm, rollout_is_weights=None, **_):
     """GPG (Chu et al. 2025, arXiv 2504.02546): plain policy gradient, L = -A log pi, no ratio."""
     new, adv = _where_valid(response_mask, log_prob), _where_valid(response_mask, advantages)
-    return aggregate_loss(-new * adv, response_mask, loss_agg_mode, norm=norm), {}
+    return aggregate_loss(_weighted(-new * adv, response_mask, rollout_is_weights), response_mask, loss_agg_mode,
+                          norm=norm), {}
 
 
-def _dppo(old, new, adv, response_mask, valid_mask, clip_ratio_c, loss_agg_mode, norm):
+def _dppo(old, new, adv, response_mask, valid_mask, clip_ratio_c, loss_agg_mode, norm, rollout_is_weights):
     """Shared DPPO tail: L = -A sg[min(r, c)] log pi on tokens inside the trust region."""
     log_ratio = (new - old).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
     ratio = torch.exp(log_ratio)
     keep = valid_mask.detach().to(new.dtype)
-    loss = aggregate_loss(-adv * ratio.clamp(max=clip_ratio_c).detach() * new * keep, response_mask,
-                          loss_agg_mode, norm=norm)
+    loss = aggregate_loss(_weighted(-adv * ratio.clamp(max=clip_ratio_c).detach() * new * keep, response_mask,
+                                    rollout_is_weights), response_mask, loss_agg_mode, norm=norm)
     return loss, {"pg_clipfrac": _frac(keep == 0, response_mask),
                   "pg_clipfrac_lower": _frac((ratio > clip_ratio_c) & (keep > 0), response_mask),
                   "ppo_kl": masked_mean(-log_ratio.detach(), response_mask).item()}
@@ -162,7 +172,7 @@ def _dppo(old, new, adv, response_mask, valid_mask, clip_ratio_c, loss_agg_mode,
 
 @register_policy_loss("dppo_tv")
 def dppo_tv(*, old_log_prob, log_prob, advantages, response_mask, clip_ratio_low, clip_ratio_high, clip_ratio_c,
-            loss_agg_mode, norm, **_):
+            loss_agg_mode, norm, rollout_is_weights=None, **_):
     """DPPO-Binary-TV (arXiv 2602.04879): a trust region on the sampled token's probability.
 
     clip_ratio_low/high are total-variation thresholds here, not ratio ranges: a token with A > 0
@@ -172,12 +182,12 @@ def dppo_tv(*, old_log_prob, log_prob, advantages, response_mask, clip_ratio_low
     old, new, adv = _inputs(old_log_prob, log_prob, advantages, response_mask)
     delta = torch.exp(new) - torch.exp(old)
     inside = torch.where(adv > 0, delta <= clip_ratio_high, delta >= -clip_ratio_low)
-    return _dppo(old, new, adv, response_mask, inside, clip_ratio_c, loss_agg_mode, norm)
+    return _dppo(old, new, adv, response_mask, inside, clip_ratio_c, loss_agg_mode, norm, rollout_is_weights)
 
 
 @register_policy_loss("dppo_kl")
 def dppo_kl(*, old_log_prob, log_prob, advantages, response_mask, clip_ratio_low, clip_ratio_high, clip_ratio_c,
-            loss_agg_mode, norm, **_):
+            loss_agg_mode, norm, rollout_is_weights=None, **_):
     """DPPO-Binary-KL (arXiv 2602.04879): the trust region is a Bernoulli KL on the sampled token.
 
     KL = p_old log(p_old / p) + (1 - p_old) log((1 - p_old + 1e-8) / (1 - p + 1e-8)); A > 0 trains
@@ -188,4 +198,4 @@ def dppo_kl(*, old_log_prob, log_prob, advantages, response_mask, clip_ratio_low
     binary_kl = p_old * (old - new) + (1 - p_old) * torch.log((1.0 - p_old + 1e-8) / (1.0 - p + 1e-8))
     inside = torch.where(adv > 0, (binary_kl <= clip_ratio_high) | (p <= p_old),
                          (binary_kl <= clip_ratio_low) | (p >= p_old))
-    return _dppo(old, new, adv, response_mask, inside, clip_ratio_c, loss_agg_mode, norm)
+    return _dppo(old, new, adv, response_mask, inside, clip_ratio_c, loss_agg_mode, norm, rollout_is_weights)

@@ -92,6 +92,18 @@ class DynamicSamplingConfig:
 
 
 @dataclass(frozen=True)
+class RolloutCorrectionConfig:
+    rollout_is: str = opt("", "Truncated importance sampling of the rollout engine's samples: per \"token\" or "
+                              "\"sequence\" (empty = off).", choices=("", "token", "sequence"))
+    rollout_is_threshold: float = opt(2.0, "Upper bound of the IS weights (truncation).", gt=0)
+    rollout_is_batch_normalize: bool = opt(False, "Rescale the truncated weights to mean 1 over the batch.")
+    rollout_rs: str = opt("", "Rejection (masked IS): comma-separated token_k1/2/3, seq_sum_k1/2/3, seq_mean_k1/2/3, "
+                              "seq_max_k2/3 (empty = off).")
+    rollout_rs_threshold: str = opt("", "Bounds for rollout_rs, one shared or one per option: \"lower_upper\" ratio "
+                                        "bounds for k1 options (e.g. \"0.5_2.0\"), an upper bound otherwise.")
+
+
+@dataclass(frozen=True)
 class AlgorithmConfig:
     name: str = opt("grpo", "Advantage estimator (built-ins, or one registered by a plugin).", choices=ADV_ESTIMATORS,
                     extensible=True)
@@ -112,6 +124,9 @@ class AlgorithmConfig:
                                      items=float)
     dynamic_sampling: DynamicSamplingConfig = field(default_factory=DynamicSamplingConfig,
                                                     metadata={"help": "DAPO dynamic sampling."})
+    rollout_correction: RolloutCorrectionConfig = field(
+        default_factory=RolloutCorrectionConfig,
+        metadata={"help": "Correct for a rollout policy that differs from the trained one (verl's names)."})
 
 
 @dataclass(frozen=True)

@@ -123,6 +123,15 @@ def check_algorithm(c: Config, raw: dict) -> list[Problem]:
     if weights and len(weights) != len(keys):
         problems.append(Problem("algorithm.gdpo_reward_weights", f"has {len(weights)} weights for {len(keys)} "
                                 "gdpo_reward_keys: give one per key, or none (1 each)"))
+    rc = c.algorithm.rollout_correction
+    if rc.rollout_rs:
+        from rlctl.algorithms import AlgorithmError
+        from rlctl.algorithms.rollout_correction import parse_rollout_rs
+
+        try:
+            parse_rollout_rs(rc.rollout_rs, rc.rollout_rs_threshold)
+        except AlgorithmError as err:
+            problems.append(Problem("algorithm.rollout_correction.rollout_rs", str(err)))
     if c.algorithm.dynamic_sampling.enable and c.rollout.n < 2:
         problems.append(Problem("algorithm.dynamic_sampling.enable",
                                 "dynamic sampling keeps groups whose rewards differ, so it needs rollout.n >= 2"))

@@ -329,3 +329,52 @@ def optimal_token_baseline(rewards, mask, group_ids, old_log_prob, sum_pi_square
             for i in rows:
                 adv[i, j] = togo[i, j] - base
     return adv, togo * mask
+
+
+# --- rollout correction (verl's rollout_corr_helper), one row at a time ---------------------------
+
+def rollout_is(old, rollout, mask, level, threshold):
+    """(truncated weights [B, T], metrics): raw w = exp(clamp(lr)) per token or exp(clamp(sum lr)) per row."""
+    b, t = mask.shape
+    raw = np.zeros((b, t))
+    seq_logs = []
+    for i in range(b):
+        lrs = [old[i, j] - rollout[i, j] for j in range(t) if mask[i, j]]
+        seq_logs.append(sum(lrs))
+        for j in range(t):
+            if mask[i, j]:
+                lr = old[i, j] - rollout[i, j] if level == "token" else sum(lrs)
+                raw[i, j] = math.exp(max(-20.0, min(20.0, lr)))
+    vals = [raw[i, j] for i in range(b) for j in range(t) if mask[i, j]]
+    m = {"rollout_is_mean": sum(vals) / len(vals)}
+    if level == "token":
+        m.update(rollout_is_max=max(vals), rollout_is_min=min(vals),
+                 rollout_is_ratio_fraction_high=_mean([float(v > threshold) for v in vals]),
+                 rollout_is_ratio_fraction_low=_mean([float(v < 1 / threshold) for v in vals]))
+    else:
+        m.update(rollout_is_max=math.exp(min(max(seq_logs), 20.0)), rollout_is_min=math.exp(min(seq_logs)),
+                 rollout_is_ratio_fraction_high=_mean([float(s > math.log(threshold)) for s in seq_logs]),
+                 rollout_is_ratio_fraction_low=_mean([float(s < math.log(1 / threshold)) for s in seq_logs]))
+    bounded = [min(max(v, 1 / threshold), threshold) for v in vals]
+    mb = _mean(bounded)
+    m["rollout_is_eff_sample_size"] = 1.0 / _mean([(v / (mb + 1e-8)) ** 2 for v in bounded])
+    return np.minimum(raw, threshold), m
+
+
+def rollout_rs(old, rollout, mask, option, lower, upper):
+    """Keep mask [B, T] for one rejection option (k1 bounds are ratios, compared in log space)."""
+    b, t = mask.shape
+    keep = np.ones((b, t))
+    level, kind = option.rsplit("_", 1)
+    for i in range(b):
+        lrs = [max(-20.0, min(20.0, old[i, j] - rollout[i, j])) for j in range(t) if mask[i, j]]
+        stats = [-x if kind == "k1" else (0.5 * x * x if kind == "k2" else math.exp(x) - 1 - x) for x in lrs]
+        if level == "token":
+            ok = [(math.log(lower) <= s <= math.log(upper)) if kind == "k1" else s <= upper for s in stats]
+            for j, o in zip(np.flatnonzero(mask[i]), ok):
+                keep[i, j] = float(o)
+            continue
+        s = sum(stats) if level == "seq_sum" else (_mean(stats) if level == "seq_mean" else max(stats))
+        ok = (math.log(lower) <= s <= math.log(upper)) if kind == "k1" else s <= upper
+        keep[i, :] = float(ok)
+    return keep

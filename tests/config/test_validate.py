@@ -90,6 +90,9 @@ def test_valid_config_and_batch_plan(project):
     (["algorithm.name=gdpo"], "algorithm.gdpo_reward_keys: algorithm 'gdpo' normalises each reward component"),
     (['algorithm.gdpo_reward_keys=["a", "b"]', "algorithm.gdpo_reward_weights=[1.0]"], "has 1 weights for 2"),
     (["algorithm.name=grpo_passk", "rollout.n=1"], "needs rollout.n >= 2"),
+    (['algorithm.rollout_correction.rollout_rs="token_k2"'], "rollout_rs: rollout_rs needs rollout_rs_threshold"),
+    (['algorithm.rollout_correction.rollout_rs="tok_k2"', 'algorithm.rollout_correction.rollout_rs_threshold="1"'],
+     "unknown rollout_rs option(s) tok_k2"),
 ])
 def test_cross_field_errors(project, overrides, needle):
     errors, _, _ = check(project, *overrides)

@@ -52,8 +52,17 @@ def test_gdpo_with_reward_components_and_sapo_learns(tmp_path, make_project, ray
 
 
 @pytest.mark.slow
-def test_optimal_token_baseline_gets_sum_pi_squared(tmp_path, make_project, ray_cluster):
-    rows = train(make_project, tmp_path, ["algorithm.name=optimal_token_baseline", "actor.policy_loss=dppo_tv"], 3)
-    # old_log_prob was recomputed (needs_old_log_prob) although this is one on-policy update
+def test_optimal_token_baseline_with_rollout_correction(tmp_path, make_project, ray_cluster):
+    rc = "algorithm.rollout_correction."
+    rows = train(make_project, tmp_path, ["algorithm.name=optimal_token_baseline", "actor.policy_loss=dppo_tv",
+                                          f'{rc}rollout_is="token"', f'{rc}rollout_rs="token_k1,seq_max_k3"',
+                                          f'{rc}rollout_rs_threshold="0.5_2.0,0.01"'], 3)
+    # old_log_prob was recomputed (needs_old_log_prob, and rollout correction) although this is one
+    # on-policy update; sum_pi_squared reached the estimator (it raises without it)
     assert all("timing/old_log_prob_s" in r for r in rows), rows[0].keys()
     assert all(abs(r["critic/advantages/mean"]) < 10 for r in rows)
+    # the hf engine samples with the trained weights: rollout log-probs = old log-probs, weights 1
+    for r in rows:
+        assert r["rollout_corr/rollout_is_mean"] == 1.0 and r["rollout_corr/rollout_is_max"] == 1.0
+        assert r["rollout_corr/rollout_is_ratio_fraction_high"] == 0.0
+        assert r["rollout_corr/rollout_rs_masked_fraction"] == 0.0 and r["rollout_corr/kl"] == 0.0
