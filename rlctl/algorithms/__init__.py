@@ -7,14 +7,17 @@ reads `algorithm_needs(...)` instead of branching on names. See docs/algorithms.
 
 from .aggregation import LOSS_AGG_MODES, LossNorm, aggregate_loss
 from .advantages import compute_advantages
+from . import more_estimators  # noqa: F401  (registers grpo_passk, opo, gpg, gdpo, optimal_token_baseline)
 from .functional import (entropy_from_logits, group_index, log_probs_from_logits, masked_mean, masked_sum,
-                         masked_var, masked_whiten)
+                         masked_var, masked_whiten, sum_pi_squared_from_logits)
 from .kl import (KL_KINDS, AdaptiveKLController, FixedKLController, apply_kl_in_reward, kl_penalty,
                  make_kl_controller)
 from .losses import policy_loss, value_loss
+from . import more_losses  # noqa: F401  (registers sapo, cispo, geo_mean, clip_cov, kl_cov, gpg, dppo_*)
 from .registry import (AlgorithmError, EstimatorSpec, Needs, PolicyLossSpec, algorithm_needs, estimator_names,
                        get_estimator, get_policy_loss, policy_loss_names, register_estimator,
                        register_policy_loss)
+from .rollout_correction import rollout_correction
 from .sampling import GroupFilter, filter_groups
 from .shaping import overlong_penalty, scores_to_token_rewards
 
@@ -24,6 +27,6 @@ __all__ = [
     "apply_kl_in_reward", "compute_advantages", "entropy_from_logits", "estimator_names", "filter_groups",
     "get_estimator", "get_policy_loss", "group_index", "kl_penalty", "log_probs_from_logits",
     "make_kl_controller", "masked_mean", "masked_sum", "masked_var", "masked_whiten", "overlong_penalty",
-    "policy_loss", "policy_loss_names", "register_estimator", "register_policy_loss",
-    "scores_to_token_rewards", "value_loss",
+    "policy_loss", "policy_loss_names", "register_estimator", "rollout_correction", "register_policy_loss",
+    "scores_to_token_rewards", "sum_pi_squared_from_logits", "value_loss",
 ]

@@ -18,9 +18,15 @@ def compute_advantages(name: str, *, token_level_rewards: torch.Tensor, response
                        group_ids=None, values: torch.Tensor | None = None,
                        reward_baselines: torch.Tensor | None = None, gamma: float = 1.0, lam: float = 1.0,
                        norm_adv_by_std: bool = True, epsilon: float = 1e-6,
-                       ref_log_prob: torch.Tensor | None = None,
-                       old_log_prob: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                       ref_log_prob: torch.Tensor | None = None, old_log_prob: torch.Tensor | None = None,
+                       sum_pi_squared: torch.Tensor | None = None, reward_components: torch.Tensor | None = None,
+                       reward_weights: torch.Tensor | None = None,
+                       rollout_is_weights: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Run the estimator registered as `name`; returns (advantages, returns), [B, T] each, no grad.
+
+    The optional inputs reach only estimators that declare them: old_log_prob and sum_pi_squared
+    [B, T] (needs_old_log_prob / needs_sum_pi_squared, with rollout_is_weights [B, T] when rollout
+    correction computed them), reward_components [K, B] and reward_weights [K] (needs_reward_components).
 
     Checks that what the estimator declares it needs was given, with the right shapes, and
     computes in at least float32 (float64 stays float64).
@@ -45,6 +51,18 @@ def compute_advantages(name: str, *, token_level_rewards: torch.Tensor, response
         if old_log_prob is not None:
             extra["old_log_prob"] = torch.where(valid, _required(name, "old_log_prob", old_log_prob,
                                                                  rewards.shape).to(dtype), zero)
+    if spec.needs_old_log_prob or spec.needs_sum_pi_squared:
+        for what, x in (("old_log_prob", old_log_prob), ("sum_pi_squared", sum_pi_squared)):
+            if what == "old_log_prob" or spec.needs_sum_pi_squared:
+                extra[what] = torch.where(valid, _required(name, what, x, rewards.shape).to(dtype), zero)
+        if rollout_is_weights is not None:
+            extra["rollout_is_weights"] = torch.where(
+                valid, _required(name, "rollout_is_weights", rollout_is_weights, rewards.shape).to(dtype), zero)
+    if spec.needs_reward_components and reward_components is not None:
+        extra["reward_components"] = _components(name, reward_components, rewards.shape[0]).to(dtype)
+        if reward_weights is not None:
+            extra["reward_weights"] = _required(name, "reward_weights", torch.as_tensor(reward_weights),
+                                                reward_components.shape[:1]).to(dtype)
     with torch.no_grad():
         advantages, returns = spec.fn(token_level_rewards=rewards, response_mask=mask, group_ids=group_ids,
                                       values=values, reward_baselines=reward_baselines, gamma=gamma, lam=lam,
@@ -54,6 +72,16 @@ def compute_advantages(name: str, *, token_level_rewards: torch.Tensor, response
             raise AlgorithmError(f"estimator {name!r} returned {what} that is not a [B, T] tensor of shape "
                                  f"{tuple(rewards.shape)}; fix the estimator")
     return torch.where(valid, advantages, zero), torch.where(valid, returns, zero)
+
+
+def _components(name: str, x, batch: int) -> torch.Tensor:
+    if not isinstance(x, torch.Tensor) or x.dim() != 2 or x.shape[1] != batch:
+        raise AlgorithmError(f"reward_components must be a [K, B] tensor with B = {batch} for estimator {name!r}, "
+                             f"got {getattr(x, 'shape', type(x).__name__)}")
+    if not torch.isfinite(x).all():
+        raise AlgorithmError(f"reward_components for estimator {name!r} hold NaN or inf: every sample's reward "
+                             "must return every component")
+    return x
 
 
 def _as_matrix(what: str, x) -> torch.Tensor:

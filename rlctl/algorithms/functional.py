@@ -66,6 +66,12 @@ def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:
     return torch.logsumexp(logits, dim=-1) - p_times_z.sum(dim=-1)
 
 
+def sum_pi_squared_from_logits(logits: torch.Tensor) -> torch.Tensor:
+    """sum_v softmax(logits)_v^2 over the last dim: [..., V] -> [...]. With pi_t the sampled token's
+    probability, 1 - 2 pi_t + this is ||d log pi_t / d logits||^2 (the optimal token baseline's weight)."""
+    return torch.softmax(logits, dim=-1).square().sum(-1)
+
+
 def log_probs_from_logits(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     """log softmax(logits)[label]: logits [..., V], labels [...] (int) -> [...]."""
     log_z = torch.logsumexp(logits, dim=-1)

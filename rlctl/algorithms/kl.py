@@ -8,6 +8,9 @@ log_ratio = logprob - ref_logprob (samples come from the actor):
   k3 / low_var_kl: exp(-log_ratio) + log_ratio - 1   (unbiased, >= 0), with verl's clamps:
                    -log_ratio to [-20, 20] before exp, the result to [-10, 10].
 The same estimator serves KL-in-reward (on old_log_prob, no grad) and KL-as-loss (on log_prob).
+A "+" after a kind (k1+, k3+, low_var_kl+, ...) is verl's straight-through variant: the value of
+that estimator with the gradient of k2, whose expected gradient is the true KL gradient
+(k1's and k3's values are unbiased for KL but their gradients are not).
 """
 
 from __future__ import annotations
@@ -17,7 +20,8 @@ import torch
 from .functional import masked_mean
 from .registry import AlgorithmError
 
-KL_KINDS = ("k1", "kl", "abs", "k2", "mse", "k3", "low_var_kl")
+_BASE_KINDS = ("k1", "kl", "abs", "k2", "mse", "k3", "low_var_kl")
+KL_KINDS = _BASE_KINDS + tuple(f"{k}+" for k in _BASE_KINDS)
 
 
 def kl_penalty(logprob: torch.Tensor, ref_logprob: torch.Tensor, kind: str,
@@ -31,6 +35,14 @@ def kl_penalty(logprob: torch.Tensor, ref_logprob: torch.Tensor, kind: str,
         valid = response_mask if response_mask.dtype == torch.bool else response_mask != 0
         zero = torch.zeros((), dtype=logprob.dtype, device=logprob.device)
         logprob, ref_logprob = torch.where(valid, logprob, zero), torch.where(valid, ref_logprob, zero)
+    if kind.endswith("+") and kind[:-1] in _BASE_KINDS:
+        value = _estimate(logprob, ref_logprob, kind[:-1])
+        k2 = 0.5 * (logprob - ref_logprob).square()
+        return k2 - k2.detach() + value.detach()
+    return _estimate(logprob, ref_logprob, kind)
+
+
+def _estimate(logprob: torch.Tensor, ref_logprob: torch.Tensor, kind: str) -> torch.Tensor:
     if kind in ("k1", "kl"):
         return logprob - ref_logprob
     if kind == "abs":

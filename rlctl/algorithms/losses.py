@@ -19,9 +19,12 @@ LOG_RATIO_CLAMP = 20.0  # |log pi/pi_old| cap before exp: ratio stays in [2e-9, 
 def policy_loss(name: str = "vanilla", *, old_log_prob: torch.Tensor, log_prob: torch.Tensor,
                 advantages: torch.Tensor, response_mask: torch.Tensor, clip_ratio_low: float = 0.2,
                 clip_ratio_high: float = 0.2, clip_ratio_c: float = 3.0, loss_agg_mode: str = "token-mean",
-                norm: LossNorm | None = None) -> tuple[torch.Tensor, dict]:
+                norm: LossNorm | None = None, **knobs) -> tuple[torch.Tensor, dict]:
     """The policy loss registered as `name`: returns (loss, {pg_clipfrac, pg_clipfrac_lower, ppo_kl}).
 
+    knobs: loss-specific settings passed through by name (tau_pos, tau_neg, clip_cov_ratio, ...:
+    see more_losses.py); a loss ignores those it does not read. rollout_is_weights [B, T] (rollout
+    correction) multiplies every loss's per-token terms.
     `norm` carries mini-batch counts for micro-batch accumulation (see aggregate_loss). A loss
     registered with a fixed loss_agg_mode (GSPO: seq-mean-token-mean) ignores `loss_agg_mode`.
     """
@@ -34,7 +37,15 @@ def policy_loss(name: str = "vanilla", *, old_log_prob: torch.Tensor, log_prob: 
         raise AlgorithmError(f"clip_ratio_c must be > 1 (dual-clip bound), got {clip_ratio_c}")
     return spec.fn(old_log_prob=old_log_prob, log_prob=log_prob, advantages=advantages,
                    response_mask=response_mask, clip_ratio_low=clip_ratio_low, clip_ratio_high=clip_ratio_high,
-                   clip_ratio_c=clip_ratio_c, loss_agg_mode=spec.loss_agg_mode or loss_agg_mode, norm=norm)
+                   clip_ratio_c=clip_ratio_c, loss_agg_mode=spec.loss_agg_mode or loss_agg_mode, norm=norm,
+                   **knobs)
+
+
+def _weighted(pg_losses: torch.Tensor, mask: torch.Tensor, rollout_is_weights) -> torch.Tensor:
+    """Per-token losses times the rollout-correction IS weights [B, T] (detached; None = no correction)."""
+    if rollout_is_weights is None:
+        return pg_losses
+    return pg_losses * _where_valid(mask, rollout_is_weights.detach().to(pg_losses.dtype))
 
 
 def _valid(mask: torch.Tensor) -> torch.Tensor:
@@ -49,7 +60,7 @@ def _where_valid(mask: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
 
 @register_policy_loss("vanilla")
 def vanilla(*, old_log_prob, log_prob, advantages, response_mask, clip_ratio_low, clip_ratio_high,
-            clip_ratio_c, loss_agg_mode, norm, **_):
+            clip_ratio_c, loss_agg_mode, norm, rollout_is_weights=None, **_):
     """PPO clipped surrogate with asymmetric clip (DAPO clip-higher) and dual-clip.
 
     r = exp(clamp(log_prob - old_log_prob, +-20)); L1 = -A r; L2 = -A clip(r, 1 - low, 1 + high);
@@ -66,7 +77,8 @@ def vanilla(*, old_log_prob, log_prob, advantages, response_mask, clip_ratio_low
     loss3 = -advantages * clip_ratio_c
     negative = advantages < 0
     pg_losses = torch.where(negative, torch.minimum(clipped, loss3), clipped)
-    loss = aggregate_loss(pg_losses, response_mask, loss_agg_mode, norm=norm)
+    loss = aggregate_loss(_weighted(pg_losses, response_mask, rollout_is_weights), response_mask, loss_agg_mode,
+                          norm=norm)
     with torch.no_grad():
         metrics = {
             "pg_clipfrac": masked_mean((loss2 > loss1).to(ratio.dtype), response_mask).item(),
@@ -77,7 +89,8 @@ def vanilla(*, old_log_prob, log_prob, advantages, response_mask, clip_ratio_low
 
 
 @register_policy_loss("gspo", loss_agg_mode="seq-mean-token-mean")
-def gspo(*, old_log_prob, log_prob, advantages, response_mask, clip_ratio_low, clip_ratio_high, norm, **_):
+def gspo(*, old_log_prob, log_prob, advantages, response_mask, clip_ratio_low, clip_ratio_high, norm,
+         rollout_is_weights=None, **_):
     """GSPO (Zheng et al. 2025): a sequence-level ratio s_i = exp(mean_t log(pi/pi_old)).
 
     Per token the ratio is sg[s_i] * pi_t / sg[pi_t] (value s_i; gradient s_i * grad log pi_t),
@@ -93,7 +106,8 @@ def gspo(*, old_log_prob, log_prob, advantages, response_mask, clip_ratio_low, c
     seq_ratio = torch.exp(log_seq_ratio.clamp(max=10.0))
     loss1 = -advantages * seq_ratio
     loss2 = -advantages * seq_ratio.clamp(1 - clip_ratio_low, 1 + clip_ratio_high)
-    loss = aggregate_loss(torch.maximum(loss1, loss2), response_mask, "seq-mean-token-mean", norm=norm)
+    loss = aggregate_loss(_weighted(torch.maximum(loss1, loss2), response_mask, rollout_is_weights), response_mask,
+                          "seq-mean-token-mean", norm=norm)
     with torch.no_grad():
         metrics = {
             "pg_clipfrac": masked_mean((loss2 > loss1).to(seq_ratio.dtype), response_mask).item(),

@@ -36,6 +36,9 @@ class EstimatorSpec:
     needs_group: bool = False            # group_ids; rollout.n >= 2 for a meaningful baseline
     needs_greedy_baseline: bool = False  # reward_baselines [B]: the score of a greedy rollout
     needs_reference: bool = False        # ref_log_prob [B, T] (and old_log_prob): a reference model
+    needs_old_log_prob: bool = False     # old_log_prob [B, T] recomputed by the trainer, even when on-policy
+    needs_sum_pi_squared: bool = False   # sum_pi_squared [B, T]: sum_v pi(v)^2 at each response position
+    needs_reward_components: bool = False  # reward_components [K, B] (+ reward_weights [K]) from the reward
 
     @property
     def min_group_size(self) -> int:
@@ -59,6 +62,9 @@ class Needs:
     reference: bool
     greedy_baseline: bool
     min_group_size: int
+    old_log_prob: bool = False       # the trainer must recompute old_log_prob (see EstimatorSpec)
+    sum_pi_squared: bool = False     # compute_log_prob must also return sum_pi_squared
+    reward_components: bool = False  # the reward's named extras go to the estimator
 
 
 _ESTIMATORS: dict[str, EstimatorSpec] = {}
@@ -83,14 +89,17 @@ def _lookup(kind: str, name: str, table: dict):
 
 def register_estimator(name: str, *, needs_critic: bool = False, needs_group: bool = False,
                        needs_greedy_baseline: bool = False,
-                       needs_reference: bool = False) -> Callable[[Callable], Callable]:
+                       needs_reference: bool = False, needs_old_log_prob: bool = False,
+                       needs_sum_pi_squared: bool = False,
+                       needs_reward_components: bool = False) -> Callable[[Callable], Callable]:
     """Decorator: register an advantage estimator under `name`; a taken name is an error."""
     _check_new("advantage estimator", name, _ESTIMATORS)
 
     def decorator(fn: Callable) -> Callable:
         _check_new("advantage estimator", name, _ESTIMATORS)
         _ESTIMATORS[name] = EstimatorSpec(name, fn, needs_critic, needs_group, needs_greedy_baseline,
-                                          needs_reference)
+                                          needs_reference, needs_old_log_prob, needs_sum_pi_squared,
+                                          needs_reward_components)
         return fn
 
     return decorator
@@ -137,4 +146,6 @@ def algorithm_needs(estimator: str, *, kl_in_reward: bool, use_kl_loss: bool) ->
     """
     spec = get_estimator(estimator)
     return Needs(critic=spec.needs_critic, reference=bool(kl_in_reward or use_kl_loss or spec.needs_reference),
-                 greedy_baseline=spec.needs_greedy_baseline, min_group_size=spec.min_group_size)
+                 greedy_baseline=spec.needs_greedy_baseline, min_group_size=spec.min_group_size,
+                 old_log_prob=spec.needs_old_log_prob or spec.needs_sum_pi_squared,
+                 sum_pi_squared=spec.needs_sum_pi_squared, reward_components=spec.needs_reward_components)

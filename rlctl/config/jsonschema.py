@@ -15,7 +15,7 @@ def _field_schema(f) -> dict:
     meta = f.metadata
     out = {"description": meta.get("help", ""), "type": _TYPES[type(default)]}
     if isinstance(default, tuple):
-        out["items"] = {"type": "string"}
+        out["items"] = {"type": "number" if meta.get("items") is float else "string"}
         if meta.get("choices"):
             out["items"]["enum"] = list(meta["choices"])
         out["default"] = list(default)

@@ -162,6 +162,11 @@ def check_value(key: str, f: dataclasses.Field, value: Any) -> tuple[Any, list[s
     elif kind is str:
         if not isinstance(value, str):
             return value, [f"expected a string, got {_show(value)}"]
+    elif kind is tuple and meta.get("items", str) is float:
+        if not isinstance(value, list) or not all(isinstance(v, (int, float)) and not isinstance(v, bool)
+                                                  and math.isfinite(v) for v in value):
+            return value, [f"expected a list of finite numbers, got {_show(value)}"]
+        value = tuple(float(v) for v in value)
     elif kind is tuple:
         if isinstance(value, str):
             value = [value]

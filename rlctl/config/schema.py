@@ -15,21 +15,25 @@ from typing import Any
 
 
 def opt(default: Any, help: str, *, ge=None, gt=None, le=None, lt=None, choices=None,
-        required: bool = False, path: bool = False, extensible: bool = False) -> Any:
+        required: bool = False, path: bool = False, extensible: bool = False, items: type = str) -> Any:
     """A config field with its help text, bounds and allowed values in `metadata`.
 
     extensible: `choices` are the built-in names; algorithm.plugins may register more, so the
-    value is checked against the registry by validate, not against `choices` by the loader."""
+    value is checked against the registry by validate, not against `choices` by the loader.
+    items: the element type of a list field (str or float)."""
     meta = {"help": help, "ge": ge, "gt": gt, "le": le, "lt": lt, "choices": choices,
-            "required": required, "path": path, "extensible": extensible}
+            "required": required, "path": path, "extensible": extensible, "items": items}
     if isinstance(default, (list, tuple)):
         return field(default_factory=lambda: tuple(default), metadata=meta)
     return field(default=default, metadata=meta)
 
 
 LOSS_AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
-KL_TYPES = ("k1", "kl", "abs", "k2", "mse", "k3", "low_var_kl")
-ADV_ESTIMATORS = ("gae", "grpo", "rloo", "remax", "reinforce_plus_plus", "reinforce_plus_plus_baseline")
+POLICY_LOSSES = ("vanilla", "gspo", "sapo", "cispo", "geo_mean", "clip_cov", "kl_cov", "gpg", "dppo_tv", "dppo_kl")
+KL_TYPES = ("k1", "kl", "abs", "k2", "mse", "k3", "low_var_kl", "k1+", "kl+", "abs+", "k2+", "mse+", "k3+",
+            "low_var_kl+")   # "+": that value with k2's gradient (straight-through)
+ADV_ESTIMATORS = ("gae", "grpo", "rloo", "remax", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "grpo_passk",
+                  "opo", "gpg", "gdpo", "optimal_token_baseline")
 LOGGERS = ("console", "jsonl", "tensorboard", "wandb")
 
 
@@ -91,6 +95,18 @@ class DynamicSamplingConfig:
 
 
 @dataclass(frozen=True)
+class RolloutCorrectionConfig:
+    rollout_is: str = opt("", "Truncated importance sampling of the rollout engine's samples: per \"token\" or "
+                              "\"sequence\" (empty = off).", choices=("", "token", "sequence"))
+    rollout_is_threshold: float = opt(2.0, "Upper bound of the IS weights (truncation).", gt=0)
+    rollout_is_batch_normalize: bool = opt(False, "Rescale the truncated weights to mean 1 over the batch.")
+    rollout_rs: str = opt("", "Rejection (masked IS): comma-separated token_k1/2/3, seq_sum_k1/2/3, seq_mean_k1/2/3, "
+                              "seq_max_k2/3 (empty = off).")
+    rollout_rs_threshold: str = opt("", "Bounds for rollout_rs, one shared or one per option: \"lower_upper\" ratio "
+                                        "bounds for k1 options (e.g. \"0.5_2.0\"), an upper bound otherwise.")
+
+
+@dataclass(frozen=True)
 class AlgorithmConfig:
     name: str = opt("grpo", "Advantage estimator (built-ins, or one registered by a plugin).", choices=ADV_ESTIMATORS,
                     extensible=True)
@@ -105,8 +121,15 @@ class AlgorithmConfig:
     kl_ctrl: str = opt("fixed", "KL-in-reward coefficient controller.", choices=("fixed", "adaptive"))
     kl_target: float = opt(0.1, "Adaptive controller: target KL.", gt=0)
     kl_horizon: int = opt(10000, "Adaptive controller: horizon in samples.", ge=1)
+    gdpo_reward_keys: tuple = opt((), "gdpo: names of the reward components your reward function returns in its "
+                                      "dict (each normalised within its group before mixing).")
+    gdpo_reward_weights: tuple = opt((), "gdpo: one weight per gdpo_reward_keys entry (empty = 1 each).",
+                                     items=float)
     dynamic_sampling: DynamicSamplingConfig = field(default_factory=DynamicSamplingConfig,
                                                     metadata={"help": "DAPO dynamic sampling."})
+    rollout_correction: RolloutCorrectionConfig = field(
+        default_factory=RolloutCorrectionConfig,
+        metadata={"help": "Correct for a rollout policy that differs from the trained one (verl's names)."})
 
 
 @dataclass(frozen=True)
@@ -121,11 +144,18 @@ class ActorConfig:
     mini_batch_size: int = opt(0, "Prompts per optimizer step (0 = data.batch_size, one step per rollout).", ge=0)
     micro_batch_size: int = opt(4, "Sequences per worker per forward/backward (gradient accumulation).", ge=1)
     policy_loss: str = opt("vanilla", "Policy loss (built-ins, or one registered by a plugin).",
-                           choices=("vanilla", "gspo"), extensible=True)
+                           choices=POLICY_LOSSES, extensible=True)
     clip_ratio_low: float = opt(0.2, "PPO clip below 1 (ratio >= 1 - low).", ge=0, lt=1)
     clip_ratio_high: float = opt(0.2, "PPO clip above 1 (ratio <= 1 + high); DAPO clip-higher uses 0.28.", ge=0)
     clip_ratio_c: float = opt(3.0, "Dual-clip bound for negative advantages (> 1).", gt=1)
     loss_agg_mode: str = opt("token-mean", "How token losses are aggregated.", choices=LOSS_AGG_MODES)
+    tau_pos: float = opt(1.0, "sapo: gate temperature for tokens with positive advantage.", gt=0)
+    tau_neg: float = opt(1.05, "sapo: gate temperature for tokens with non-positive advantage.", gt=0)
+    clip_cov_ratio: float = opt(0.0002, "clip_cov: share of tokens whose gradient is detached.", gt=0, le=1)
+    clip_cov_lb: float = opt(1.0, "clip_cov: lower bound of the covariance of detachable tokens.")
+    clip_cov_ub: float = opt(5.0, "clip_cov: upper bound of the covariance of detachable tokens.")
+    kl_cov_ratio: float = opt(0.0002, "kl_cov: share of tokens (highest covariance) given the KL penalty.", gt=0, le=1)
+    ppo_kl_coef: float = opt(0.1, "kl_cov: coefficient of the |log ratio| penalty.", ge=0)
     entropy_coef: float = opt(0.0, "Entropy bonus coefficient.", ge=0)
     use_kl_loss: bool = opt(False, "Add kl_loss_coef x KL(actor || ref) to the loss (GRPO).")
     kl_loss_coef: float = opt(0.001, "KL-loss coefficient.", ge=0)

@@ -115,6 +115,23 @@ def check_algorithm(c: Config, raw: dict) -> list[Problem]:
     if spec.needs_group and c.rollout.n < 2:
         problems.append(Problem("rollout.n", f"algorithm {c.algorithm.name!r} compares samples within a group of "
                                              f"the same prompt and needs rollout.n >= 2 (got {c.rollout.n})"))
+    keys, weights = c.algorithm.gdpo_reward_keys, c.algorithm.gdpo_reward_weights
+    if spec.needs_reward_components and not keys:
+        problems.append(Problem("algorithm.gdpo_reward_keys", f"algorithm {c.algorithm.name!r} normalises each reward "
+                                "component on its own: list the keys your reward function returns in its dict, "
+                                "e.g. [\"format\", \"accuracy\"]"))
+    if weights and len(weights) != len(keys):
+        problems.append(Problem("algorithm.gdpo_reward_weights", f"has {len(weights)} weights for {len(keys)} "
+                                "gdpo_reward_keys: give one per key, or none (1 each)"))
+    rc = c.algorithm.rollout_correction
+    if rc.rollout_rs:
+        from rlctl.algorithms import AlgorithmError
+        from rlctl.algorithms.rollout_correction import parse_rollout_rs
+
+        try:
+            parse_rollout_rs(rc.rollout_rs, rc.rollout_rs_threshold)
+        except AlgorithmError as err:
+            problems.append(Problem("algorithm.rollout_correction.rollout_rs", str(err)))
     if c.algorithm.dynamic_sampling.enable and c.rollout.n < 2:
         problems.append(Problem("algorithm.dynamic_sampling.enable",
                                 "dynamic sampling keeps groups whose rewards differ, so it needs rollout.n >= 2"))

@@ -29,6 +29,27 @@ def shaped_scores(batch: Batch, config: Config) -> tuple[np.ndarray, dict]:
                               "reward/overlong_frac": float((penalty < 0).mean())}
 
 
+def apply_rollout_correction(batch: Batch, config: Config) -> dict:
+    """verl's rollout correction: `rollout_is_weights` [B, T] into the batch (TIS) and rejected
+    tokens out of `response_mask` (MIS), from old_log_prob vs the engine's rollout_log_prob.
+    The hf engine samples with the trainer's own weights and kernels and reports no log-probs:
+    its rollout log-probs are old_log_prob, so the weights are 1 and nothing is rejected."""
+    rc = config.algorithm.rollout_correction
+    if not (rc.rollout_is or rc.rollout_rs):
+        return {}
+    old = torch.from_numpy(batch["old_log_prob"].astype(np.float32))
+    rollout = torch.from_numpy(batch["rollout_log_prob"].astype(np.float32)) if "rollout_log_prob" in batch else old
+    weights, mask, metrics = A.rollout_correction(
+        old, rollout, torch.from_numpy(batch["response_mask"].astype(np.float32)), rollout_is=rc.rollout_is,
+        rollout_is_threshold=rc.rollout_is_threshold, rollout_is_batch_normalize=rc.rollout_is_batch_normalize,
+        rollout_rs=rc.rollout_rs, rollout_rs_threshold=rc.rollout_rs_threshold)
+    if weights is not None:
+        batch["rollout_is_weights"] = weights.numpy().astype(np.float32)
+    if rc.rollout_rs:
+        batch["response_mask"] = mask.numpy().astype(batch["response_mask"].dtype)
+    return metrics
+
+
 def compute_advantages(batch: Batch, config: Config, kl_ctrl) -> dict:
     """Add token_level_rewards, advantages and returns to `batch`; return metrics."""
     mask = torch.from_numpy(batch["response_mask"].astype(np.float32))
@@ -47,9 +68,15 @@ def compute_advantages(batch: Batch, config: Config, kl_ctrl) -> dict:
         optional["values"] = torch.from_numpy(batch["values"])
     if "reward_baselines" in batch:
         optional["reward_baselines"] = torch.from_numpy(batch["reward_baselines"].astype(np.float32))
-    for key in ("ref_log_prob", "old_log_prob"):   # read by estimators that declare needs_reference
+    # read by the estimators that declare needing them (compute_advantages passes only those)
+    for key in ("ref_log_prob", "old_log_prob", "sum_pi_squared", "rollout_is_weights"):
         if key in batch:
             optional[key] = torch.from_numpy(batch[key])
+    if algo.gdpo_reward_keys:   # gdpo: the reward's named components [K, B], stored by rollout.score
+        optional["reward_components"] = torch.from_numpy(np.stack(
+            [batch[f"reward_component/{k}"] for k in algo.gdpo_reward_keys]).astype(np.float32))
+        if algo.gdpo_reward_weights:
+            optional["reward_weights"] = torch.tensor(algo.gdpo_reward_weights, dtype=torch.float32)
     advantages, returns = A.compute_advantages(
         algo.name, token_level_rewards=rewards, response_mask=mask, group_ids=batch["uid"].tolist(),
         gamma=algo.gamma, lam=algo.lam, norm_adv_by_std=algo.norm_adv_by_std, **optional)

@@ -46,8 +46,11 @@ def generate(actor, rows: list[PromptRow], *, seed: int, tag: str, pad_token_id:
     return actor.generate(prompt_batch(rows, tag, pad_token_id), seed=seed, mode=mode)
 
 
-def score(batch: Batch, reward_runner, tokenizer) -> dict:
-    """Decode responses, score them, store `scores` (+ `acc` and extras); return reward metrics."""
+def score(batch: Batch, reward_runner, tokenizer, components: tuple = ()) -> dict:
+    """Decode responses, score them, store `scores` (+ `acc` and extras); return reward metrics.
+
+    components: names of numeric extras of the reward's dict that the estimator reads (gdpo); each
+    is stored as `reward_component/<name>` [B] and must be present for every sample."""
     texts = decode_responses(batch, tokenizer)
     items = [{"data_source": ds, "solution_str": t, "ground_truth": gt, "extra_info": ei}
              for ds, t, gt, ei in zip(batch["data_source"], texts, batch["ground_truth"], batch["extra_info"])]
@@ -56,6 +59,16 @@ def score(batch: Batch, reward_runner, tokenizer) -> dict:
     acc = result.extras.get("acc")
     batch["acc"] = (np.nan_to_num(acc, nan=0.0) if acc is not None else (result.scores > 0)).astype(np.float32)
     batch["response_text"] = _objects(texts)
+    for name in components:
+        values = result.extras.get(name)
+        missing = len(texts) if values is None else int(np.isnan(values).sum())
+        if missing:
+            from rlctl.errors import RewardError
+
+            raise RewardError(f"the reward function returned no numeric {name!r} for {missing} of {len(texts)} "
+                              "samples, and algorithm.gdpo_reward_keys lists it",
+                              hint=f"return a dict with {name!r} for every sample, or remove it from the keys")
+        batch[f"reward_component/{name}"] = values.astype(np.float32)
     return dict(result.metrics)
 
 
@@ -80,7 +93,7 @@ def rollout(s, step: int) -> tuple[Batch, dict]:
         batch = generate(s.actor, s.loader.next_batch(), seed=s.seed_for(step, rounds), tag=f"{step}.{rounds}",
                          pad_token_id=s.pad_token_id)
         start = time.perf_counter()
-        metrics = _merge_round(metrics, score(batch, s.reward, s.tokenizer), rounds)
+        metrics = _merge_round(metrics, score(batch, s.reward, s.tokenizer, c.algorithm.gdpo_reward_keys), rounds)
         reward_s += time.perf_counter() - start
         metrics["timing/reward_s"] = reward_s  # part of timing/gen_s (the rollout phase)
         if not ds.enable:

@@ -66,13 +66,15 @@ class TrainSetup:
     @property
     def recompute_old_log_prob(self) -> bool:
         """old_log_prob equals the policy's own log-prob (detached) when the rollout is used for exactly
-        one optimizer step; it is recomputed otherwise, whenever KL in the reward needs it, and with
-        a GPU engine (its kernels and dtype differ from the trainer's: the PPO ratio must start at
+        one optimizer step; it is recomputed otherwise, whenever KL in the reward, the estimator or rollout
+        correction needs it, and with a GPU engine (its kernels and dtype differ from the trainer's: the PPO ratio must start at
         the trainer's own log-probs, and the drift between the two is a metric)."""
         c = self.config
         mini = c.actor.mini_batch_size or c.data.batch_size
         one_update = c.actor.ppo_epochs == 1 and mini >= c.data.batch_size
-        return not one_update or c.algorithm.kl_in_reward or c.rollout.engine != "hf"
+        rc = c.algorithm.rollout_correction
+        return (not one_update or c.algorithm.kl_in_reward or c.rollout.engine != "hf" or self.needs.old_log_prob
+                or bool(rc.rollout_is or rc.rollout_rs))
 
     def seed_for(self, step: int, round_: int) -> int:
         """The sampling seed of a generation call: a pure function of (run seed, step, round)."""

@@ -18,7 +18,7 @@ from contextlib import contextmanager
 import numpy as np
 
 from rlctl.controller import rollout as R
-from rlctl.controller.advantage import compute_advantages
+from rlctl.controller.advantage import apply_rollout_correction, compute_advantages
 from rlctl.controller.setup import TrainSetup
 from rlctl.errors import EXIT_INTERRUPTED, EXIT_TERMINATED, Interrupted, NumericalError
 
@@ -114,6 +114,7 @@ class Trainer:
                 if "rollout_log_prob" in batch:
                     metrics.update(rollout_drift(batch))
                     self.warn_drift(step, metrics)
+                metrics.update(apply_rollout_correction(batch, c))
             if s.needs.reference:
                 with phase(timing, "ref"):
                     batch = batch.union(s.actor.compute_ref_log_prob(batch))

@@ -60,6 +60,9 @@ class ActorRolloutRefWorker:
         self.tokenizer = load_tokenizer(config.model.path, config.model.trust_remote_code)
         self.eos_ids = eos_token_ids(config.model.path, self.tokenizer)
         self.temperature = config.rollout.temperature or 1.0  # log-probs of the sampling distribution
+        from rlctl.algorithms import get_estimator   # after the plugins: theirs may declare it too
+
+        self.sum_pi_squared = get_estimator(config.algorithm.name).needs_sum_pi_squared
         self._rollout = None
         # Engines with their own weight copy (vLLM, SGLang) get the trained weights before a
         # generate whenever they changed (an update, a checkpoint load) or were dropped (sleep).
@@ -126,17 +129,18 @@ class ActorRolloutRefWorker:
         return self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.eos_ids[0]
 
     # --- log-probs -----------------------------------------------------------------------------
-    def _log_probs(self, engine: TrainEngine, batch: Batch, *, with_entropy: bool,
-                   adapter: bool = True) -> dict[str, np.ndarray]:
+    def _log_probs(self, engine: TrainEngine, batch: Batch, *, with_entropy: bool, adapter: bool = True,
+                   with_sum_pi_squared: bool = False) -> dict[str, np.ndarray]:
         width = batch["response_mask"].shape[1]
-        parts: dict[str, list] = {"log_prob": [], "entropy": []}
+        parts: dict[str, list] = {"log_prob": [], "entropy": [], "sum_pi_squared": []}
         order = inference_order(engine.module, batch["attention_mask"])
         off = self.actor.module.disable_adapter() if not adapter else contextlib.nullcontext()
         with engine.inference() as module, off:
             for micro in batch.select(order).split(self.cfg.actor.micro_batch_size):
                 t = micro.to_torch(engine.device, keys=_MODEL_KEYS)
                 out = response_log_probs(module, t["input_ids"], t["attention_mask"], width,
-                                         temperature=self.temperature, with_entropy=with_entropy)
+                                         temperature=self.temperature, with_entropy=with_entropy,
+                                         with_sum_pi_squared=with_sum_pi_squared)
                 for key, value in out.items():
                     parts[key].append(value.cpu().numpy())
         inverse = np.argsort(order)
@@ -144,9 +148,11 @@ class ActorRolloutRefWorker:
 
     @register(Dispatch.DP)
     def compute_log_prob(self, batch: Batch) -> Batch:
-        """old_log_prob [B, T] and entropy [B, T] under the current policy."""
-        out = self._log_probs(self.actor, batch, with_entropy=True)
-        return Batch({"old_log_prob": out["log_prob"], "entropy": out["entropy"]}, batch.meta)
+        """old_log_prob [B, T] and entropy [B, T] under the current policy (+ sum_pi_squared [B, T]
+        when the estimator declares it needs it)."""
+        out = self._log_probs(self.actor, batch, with_entropy=True, with_sum_pi_squared=self.sum_pi_squared)
+        out["old_log_prob"] = out.pop("log_prob")
+        return Batch(out, batch.meta)
 
     @register(Dispatch.DP)
     def compute_ref_log_prob(self, batch: Batch) -> Batch:
@@ -174,7 +180,7 @@ class ActorRolloutRefWorker:
         if "old_log_prob" not in batch and (ac.ppo_epochs > 1 or mini > 1):
             raise ConfigError("update_actor needs old_log_prob when it takes more than one optimizer step",
                               hint="call compute_log_prob first (it may be skipped only when on-policy)")
-        keys = _MODEL_KEYS + ["response_mask", "advantages", "old_log_prob", "ref_log_prob"]
+        keys = _MODEL_KEYS + ["response_mask", "advantages", "old_log_prob", "ref_log_prob", "rollout_is_weights"]
         metrics = run_updates(self.actor, batch, epochs=ac.ppo_epochs, mini_batches=mini,
                               micro_batch_size=ac.micro_batch_size, horizon=self.cfg.data.max_response_length,
                               make_loss=self._policy_loss_fn, keys=keys)
@@ -196,7 +202,11 @@ class ActorRolloutRefWorker:
             pg_loss, metrics = policy_loss(ac.policy_loss, old_log_prob=old, log_prob=log_prob,
                                            advantages=micro["advantages"], response_mask=mask,
                                            clip_ratio_low=ac.clip_ratio_low, clip_ratio_high=ac.clip_ratio_high,
-                                           clip_ratio_c=ac.clip_ratio_c, loss_agg_mode=ac.loss_agg_mode, norm=norm)
+                                           clip_ratio_c=ac.clip_ratio_c, loss_agg_mode=ac.loss_agg_mode, norm=norm,
+                                           tau_pos=ac.tau_pos, tau_neg=ac.tau_neg, clip_cov_ratio=ac.clip_cov_ratio,
+                                           clip_cov_lb=ac.clip_cov_lb, clip_cov_ub=ac.clip_cov_ub,
+                                           kl_cov_ratio=ac.kl_cov_ratio, ppo_kl_coef=ac.ppo_kl_coef,
+                                           rollout_is_weights=micro.get("rollout_is_weights"))
             entropy = aggregate_loss(out["entropy"], mask, ac.loss_agg_mode, norm=norm)
             loss = pg_loss - ac.entropy_coef * entropy if ac.entropy_coef > 0 else pg_loss
             metrics = {**metrics, "pg_loss": float(pg_loss.detach()), "entropy": float(entropy.detach())}

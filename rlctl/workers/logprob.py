@@ -112,8 +112,10 @@ def use_packing(model: torch.nn.Module) -> bool:
 
 def response_log_probs(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                        response_width: int, *, temperature: float = 1.0, with_entropy: bool = False,
-                       entropy_grad: bool = False, pack: bool | None = None) -> dict[str, torch.Tensor]:
-    """log pi(response token) and entropy, both [b, T] float32, 0 on padding.
+                       entropy_grad: bool = False, with_sum_pi_squared: bool = False,
+                       pack: bool | None = None) -> dict[str, torch.Tensor]:
+    """log pi(response token) and entropy, both [b, T] float32, 0 on padding (+ sum_v pi(v)^2 when
+    with_sum_pi_squared, for the optimal token baseline).
 
     temperature divides the logits (the sampling distribution of the rollout). The entropy is
     computed without gradient unless `entropy_grad` (an entropy bonus needs it).
@@ -134,6 +136,11 @@ def response_log_probs(model: torch.nn.Module, input_ids: torch.Tensor, attentio
     if with_entropy:
         with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
             result["entropy"] = _scatter(entropy_from_logits(logits), layout.response_valid)
+    if with_sum_pi_squared:
+        from rlctl.algorithms import sum_pi_squared_from_logits
+
+        with torch.no_grad():
+            result["sum_pi_squared"] = _scatter(sum_pi_squared_from_logits(logits), layout.response_valid)
     return result
 
 

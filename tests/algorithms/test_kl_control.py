@@ -90,3 +90,28 @@ def test_controller_factory_errors():
         make_kl_controller("pid", kl_coef=0.1)
     with pytest.raises(AlgorithmError, match="target_kl > 0"):
         AdaptiveKLController(0.1, 0.0, 10)
+
+
+@pytest.mark.parametrize("base", ["k1", "kl", "abs", "k2", "mse", "k3", "low_var_kl"])
+def test_straight_through_kinds_have_the_value_of_theirs_and_the_gradient_of_k2(base):
+    """verl's "+" kinds: forward = the named estimator, backward = d/dlogp 0.5 (logp - ref)^2 = logp - ref."""
+    import numpy as np
+
+    from rlctl.algorithms import KL_KINDS, kl_penalty
+
+    assert f"{base}+" in KL_KINDS
+    rng = np.random.default_rng(0)
+    logp = torch.tensor(-np.abs(rng.normal(size=(3, 5))), requires_grad=True)
+    ref = torch.tensor(-np.abs(rng.normal(size=(3, 5))))
+    mask = torch.tensor(rng.random((3, 5)) < 0.7)
+    value = kl_penalty(logp, ref, f"{base}+", response_mask=mask)
+    torch.testing.assert_close(value, kl_penalty(logp, ref, base, response_mask=mask))
+    (value * mask).sum().backward()
+    torch.testing.assert_close(logp.grad, torch.where(mask, logp - ref, torch.zeros(())).detach())
+
+
+def test_unknown_kl_kind_is_rejected():
+    from rlctl.algorithms import AlgorithmError, kl_penalty
+
+    with pytest.raises(AlgorithmError, match="unknown KL kind 'k4\\+'"):
+        kl_penalty(torch.zeros(1, 1), torch.zeros(1, 1), "k4+")

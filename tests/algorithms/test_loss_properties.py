@@ -51,15 +51,26 @@ def clean_and_junked(mask, x, grad_key: str, loss_of) -> list[tuple[float, dict]
     return out
 
 
-@pytest.mark.parametrize("name", ["vanilla", "gspo"])
+POLICY_LOSSES = ["vanilla", "gspo", "sapo", "cispo", "geo_mean", "clip_cov", "kl_cov", "gpg", "dppo_tv", "dppo_kl"]
+
+
+@pytest.mark.parametrize("name", POLICY_LOSSES)
 @pytest.mark.parametrize("mode", MODES)
 @FAST
 @given(case=padded())
 def test_policy_loss_ignores_padding(name, mode, case):
     mask, x = case
-    out = clean_and_junked(mask, x, "new", lambda new, a: policy_loss(
-        name, old_log_prob=t(a["old"]), log_prob=new, advantages=t(a["adv"]), response_mask=t(mask),
-        loss_agg_mode=mode))
+    # log-probs of sampled tokens are <= 0 (the DPPOs read them as probabilities); clip_cov picks
+    # among its candidates with torch's RNG, so both runs start from one seed
+    x = {**x, "old": -np.abs(x["old"]), "new": -np.abs(x["new"])}
+
+    def loss_of(new, a):
+        torch.manual_seed(0)
+        return policy_loss(name, old_log_prob=t(a["old"]), log_prob=new, advantages=t(a["adv"]),
+                           response_mask=t(mask), loss_agg_mode=mode, clip_cov_ratio=0.3, clip_cov_lb=0.0,
+                           kl_cov_ratio=0.3, rollout_is_weights=t(np.abs(a["ref"])))   # junk there too
+
+    out = clean_and_junked(mask, x, "new", loss_of)
     assert out[0][0] == pytest.approx(out[1][0], rel=1e-12, abs=1e-12)
     assert out[0][1] == pytest.approx(out[1][1], rel=1e-12, abs=1e-12)
 
@@ -75,7 +86,7 @@ def test_value_loss_ignores_padding(mode, case):
     assert out[0][0] == pytest.approx(out[1][0], rel=1e-12, abs=1e-12)
 
 
-@pytest.mark.parametrize("kind", ["k1", "abs", "k2", "k3"])
+@pytest.mark.parametrize("kind", ["k1", "abs", "k2", "k3", "k1+", "abs+", "k3+", "low_var_kl+"])
 @FAST
 @given(case=padded())
 def test_kl_loss_through_aggregation_ignores_padding(kind, case):

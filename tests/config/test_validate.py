@@ -87,6 +87,12 @@ def test_valid_config_and_batch_plan(project):
     (["data.batch_size=32", "actor.mini_batch_size=32"], "only 20 training rows"),
     (["model.lora.rank=8", "model.lora.target_modules=[]"], "target_modules: is empty"),
     (["reward.overlong.enable=true", "reward.overlong.buffer_len=65"], "longer than data.max_response_length"),
+    (["algorithm.name=gdpo"], "algorithm.gdpo_reward_keys: algorithm 'gdpo' normalises each reward component"),
+    (['algorithm.gdpo_reward_keys=["a", "b"]', "algorithm.gdpo_reward_weights=[1.0]"], "has 1 weights for 2"),
+    (["algorithm.name=grpo_passk", "rollout.n=1"], "needs rollout.n >= 2"),
+    (['algorithm.rollout_correction.rollout_rs="token_k2"'], "rollout_rs: rollout_rs needs rollout_rs_threshold"),
+    (['algorithm.rollout_correction.rollout_rs="tok_k2"', 'algorithm.rollout_correction.rollout_rs_threshold="1"'],
+     "unknown rollout_rs option(s) tok_k2"),
 ])
 def test_cross_field_errors(project, overrides, needle):
     errors, _, _ = check(project, *overrides)
@@ -158,3 +164,13 @@ def test_best_metric_must_be_a_metric_validation_logs(project):
     assert "the run does not validate" in check(project, "run.best_metric=val/acc")[0][0]
     errors, warnings, _ = check(project, 'data.val_files=["val.parquet"]', "run.best_metric=val/acc")
     assert errors == [] and "validates only at the last step" in warnings[0]
+
+
+def test_gdpo_keys_and_float_weights_load(project):
+    errors, _, _ = check(project, "algorithm.name=gdpo", 'algorithm.gdpo_reward_keys=["fmt", "acc"]',
+                         "algorithm.gdpo_reward_weights=[1, 0.5]")
+    assert errors == []
+    loaded = load_config(project / "rlctl.toml", ["algorithm.gdpo_reward_weights=[1, 0.5]"])
+    assert loaded.config.algorithm.gdpo_reward_weights == (1.0, 0.5)
+    loaded = load_config(project / "rlctl.toml", ['algorithm.gdpo_reward_weights=["x"]'], strict=False)
+    assert any("expected a list of finite numbers" in str(p) for p in loaded.problems), loaded.problems

@@ -1,0 +1,201 @@
+"""verl's other policy losses, registered under verl's names: sapo, cispo, geo_mean (GMPO),
+clip_cov, kl_cov, gpg, dppo_tv, dppo_kl.
+
+Same shapes and conventions as losses.py: [B, T] tensors over response tokens; padding is
+zeroed before any arithmetic so junk there changes neither the loss nor its gradient. Knobs
+beyond the PPO clip ranges arrive as keyword arguments (tau_pos, tau_neg, clip_cov_ratio,
+clip_cov_lb, clip_cov_ub, kl_cov_ratio, ppo_kl_coef) with verl's defaults.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .aggregation import aggregate_loss
+from .functional import masked_mean
+from .losses import LOG_RATIO_CLAMP, _valid, _weighted, _where_valid
+from .registry import register_policy_loss
+
+
+def _inputs(old_log_prob, log_prob, advantages, response_mask):
+    """(old, new, advantages) with padding zeroed: safe for exp, products and top-k."""
+    return (_where_valid(response_mask, old_log_prob), _where_valid(response_mask, log_prob),
+            _where_valid(response_mask, advantages))
+
+
+def _frac(condition: torch.Tensor, mask: torch.Tensor) -> float:
+    return masked_mean(condition.to(torch.float64), mask).item()
+
+
+@register_policy_loss("sapo", loss_agg_mode="seq-mean-token-mean")
+def sapo(*, old_log_prob, log_prob, advantages, response_mask, norm, tau_pos=1.0, tau_neg=1.05,
+         rollout_is_weights=None, **_):
+    """SAPO (Gao et al. 2025, arXiv 2511.20347): a smooth sigmoid gate instead of a hard clip.
+
+    r = exp(clamp(log pi - log pi_old, +-20)); tau = tau_pos if A > 0 else tau_neg;
+    f(r) = sigmoid(tau (r - 1)) * 4 / tau (slope 1 at r = 1); L = -f(r) A, seq-mean-token-mean.
+    """
+    old, new, adv = _inputs(old_log_prob, log_prob, advantages, response_mask)
+    log_ratio = (new - old).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+    tau = torch.where(adv > 0, torch.as_tensor(tau_pos, dtype=adv.dtype), torch.as_tensor(tau_neg, dtype=adv.dtype))
+    gates = torch.sigmoid(tau * (torch.exp(log_ratio) - 1.0)) * (4.0 / tau)
+    loss = aggregate_loss(_weighted(-gates * adv, response_mask, rollout_is_weights), response_mask,
+                          "seq-mean-token-mean", norm=norm)
+    return loss, {"pg_clipfrac": 0.0, "pg_clipfrac_lower": 0.0,
+                  "ppo_kl": masked_mean(-log_ratio.detach(), response_mask).item()}
+
+
+@register_policy_loss("cispo")
+def cispo(*, old_log_prob, log_prob, advantages, response_mask, clip_ratio_low, clip_ratio_high, loss_agg_mode,
+          norm, rollout_is_weights=None, **_):
+    """CISPO (MiniMax-M1, arXiv 2506.13585): clip the IS weight, never drop a token's gradient.
+
+    L = -sg[clip(r, 1 - low, 1 + high)] * A * log pi; pg_clipfrac: share of tokens whose r was clipped.
+    """
+    old, new, adv = _inputs(old_log_prob, log_prob, advantages, response_mask)
+    log_ratio = (new - old).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+    ratio = torch.exp(log_ratio)
+    clipped = ratio.clamp(1 - clip_ratio_low, 1 + clip_ratio_high).detach()
+    loss = aggregate_loss(_weighted(-clipped * adv * new, response_mask, rollout_is_weights), response_mask,
+                          loss_agg_mode, norm=norm)
+    return loss, {"pg_clipfrac": _frac(ratio != clipped, response_mask), "pg_clipfrac_lower": 0.0,
+                  "ppo_kl": masked_mean(-log_ratio.detach(), response_mask).item()}
+
+
+@register_policy_loss("geo_mean")
+def geo_mean(*, old_log_prob, log_prob, advantages, response_mask, clip_ratio_low, clip_ratio_high, norm,
+             rollout_is_weights=None, **_):
+    """GMPO (Zhao et al. 2025, arXiv 2507.20673): a geometric mean of token ratios per sequence.
+
+    Per token the log-ratio is clipped to [-low, +high] pessimistically for the sign of A:
+    l = sign(A) min(sign(A) d, sign(A) clip(d)); s_i = exp(sum_t l / |y_i|), A_i = mean_t A;
+    L = mean_i(-A_i s_i) (a per-sequence loss: loss_agg_mode does not apply). pg_clipfrac /
+    pg_clipfrac_lower: share of tokens with d outside the range and A > 0 / A < 0.
+    """
+    old, new, adv = _inputs(old_log_prob, log_prob, advantages, response_mask)
+    mask = _valid(response_mask).to(new.dtype)
+    log_ratio = new - old
+    sign = torch.sign(adv)
+    clamped = log_ratio.clamp(-clip_ratio_low, clip_ratio_high)
+    pessimistic = sign * torch.minimum(sign * log_ratio, sign * clamped)
+    lengths = mask.sum(-1) + 1e-8
+    seq_ratio = torch.exp((pessimistic * mask).sum(-1) / lengths)
+    seq_adv = (adv * mask).sum(-1) / lengths
+    seq_losses = -seq_adv * seq_ratio                                            # [B]
+    if rollout_is_weights is not None:   # per sequence: the geometric mean of the token weights
+        log_w = torch.log(_where_valid(response_mask, rollout_is_weights.detach().to(new.dtype)) + 1e-10)
+        seq_losses = seq_losses * torch.exp((log_w * mask).sum(-1) / lengths)
+    rows = norm.seqs if norm is not None and norm.seqs is not None else seq_losses.shape[0]
+    loss = seq_losses.sum() / max(rows, 1) * (norm.dp_size if norm is not None else 1)
+    out_of_range = log_ratio != clamped
+    return loss, {"pg_clipfrac": _frac(out_of_range & (adv > 0), response_mask),
+                  "pg_clipfrac_lower": _frac(out_of_range & (adv < 0), response_mask),
+                  "ppo_kl": masked_mean(-log_ratio.detach(), response_mask).item()}
+
+
+def _centered_cov(adv: torch.Tensor, log_prob: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Per-token (A - mean A)(log pi - mean log pi), means over valid tokens, no gradient."""
+    adv, log_prob = adv.detach(), log_prob.detach()
+    return (adv - masked_mean(adv, mask)) * (log_prob - masked_mean(log_prob, mask))
+
+
+@register_policy_loss("clip_cov")
+def clip_cov(*, old_log_prob, log_prob, advantages, response_mask, clip_ratio_low, clip_ratio_high, loss_agg_mode,
+             norm, clip_cov_ratio=0.0002, clip_cov_lb=1.0, clip_cov_ub=5.0, rollout_is_weights=None, **_):
+    """Clip-Cov (Cui et al. 2025, "The Entropy Mechanism of RL for Reasoning LMs", arXiv 2505.22617).
+
+    PPO clipped loss, plus: among valid, not-already-clipped tokens whose centred covariance
+    (A - mean A)(log pi - mean log pi) lies in (lb, ub), max(1, int(ratio * N_valid)) picked at
+    random (torch's global RNG) get no gradient. No ratio clamp, as in verl. pg_clipfrac: share picked.
+    """
+    old, new, adv = _inputs(old_log_prob, log_prob, advantages, response_mask)
+    valid = _valid(response_mask)
+    ratio = torch.exp(new - old)
+    loss1 = -adv * ratio
+    loss2 = -adv * ratio.clamp(1 - clip_ratio_low, 1 + clip_ratio_high)
+    cov = _centered_cov(adv, new, response_mask)
+    candidates = valid & ~(loss2 > loss1) & (cov > clip_cov_lb) & (cov < clip_cov_ub)
+    positions = torch.nonzero(candidates)
+    count = max(int(clip_cov_ratio * valid.sum().item()), 1)
+    picked = positions[torch.randperm(len(positions))[:count]] if len(positions) else positions
+    keep = torch.ones_like(adv)
+    keep[picked[:, 0], picked[:, 1]] = 0
+    loss = aggregate_loss(_weighted(torch.maximum(loss1, loss2) * keep, response_mask, rollout_is_weights),
+                          response_mask, loss_agg_mode, norm=norm)
+    return loss, {"pg_clipfrac": _frac(keep == 0, response_mask),
+                  "ppo_kl": masked_mean(-(new - old).detach(), response_mask).item()}
+
+
+@register_policy_loss("kl_cov")
+def kl_cov(*, old_log_prob, log_prob, advantages, response_mask, loss_agg_mode, norm, kl_cov_ratio=0.0002,
+           ppo_kl_coef=0.1, rollout_is_weights=None, **_):
+    """KL-Cov (same paper as Clip-Cov): an |log r| penalty on the highest-covariance tokens.
+
+    L = -A r everywhere (no clip); on the top max(1, int(ratio * N_valid)) valid tokens by centred
+    covariance L = -A r + ppo_kl_coef |log r|. ppo_kl here is the mean |log r| (as verl logs it).
+    """
+    old, new, adv = _inputs(old_log_prob, log_prob, advantages, response_mask)
+    valid = _valid(response_mask)
+    log_ratio = new - old
+    losses = -adv * torch.exp(log_ratio)
+    n_valid = int(valid.sum().item())
+    if n_valid:
+        cov = _centered_cov(adv, new, response_mask).masked_fill(~valid, -torch.inf)
+        top = torch.topk(cov.reshape(-1), max(1, int(n_valid * kl_cov_ratio))).indices
+        penalised = torch.zeros(valid.numel(), dtype=torch.bool, device=valid.device)
+        penalised[top] = True
+        losses = torch.where(penalised.view_as(valid), losses + ppo_kl_coef * log_ratio.abs(), losses)
+    loss = aggregate_loss(_weighted(losses, response_mask, rollout_is_weights), response_mask, loss_agg_mode,
+                          norm=norm)
+    return loss, {"ppo_kl": masked_mean(log_ratio.detach().abs(), response_mask).item()}
+
+
+@register_policy_loss("gpg")
+def gpg(*, log_prob, advantages, response_mask, loss_agg_mode, norm, rollout_is_weights=None, **_):
+    """GPG (Chu et al. 2025, arXiv 2504.02546): plain policy gradient, L = -A log pi, no ratio."""
+    new, adv = _where_valid(response_mask, log_prob), _where_valid(response_mask, advantages)
+    return aggregate_loss(_weighted(-new * adv, response_mask, rollout_is_weights), response_mask, loss_agg_mode,
+                          norm=norm), {}
+
+
+def _dppo(old, new, adv, response_mask, valid_mask, clip_ratio_c, loss_agg_mode, norm, rollout_is_weights):
+    """Shared DPPO tail: L = -A sg[min(r, c)] log pi on tokens inside the trust region."""
+    log_ratio = (new - old).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+    ratio = torch.exp(log_ratio)
+    keep = valid_mask.detach().to(new.dtype)
+    loss = aggregate_loss(_weighted(-adv * ratio.clamp(max=clip_ratio_c).detach() * new * keep, response_mask,
+                                    rollout_is_weights), response_mask, loss_agg_mode, norm=norm)
+    return loss, {"pg_clipfrac": _frac(keep == 0, response_mask),
+                  "pg_clipfrac_lower": _frac((ratio > clip_ratio_c) & (keep > 0), response_mask),
+                  "ppo_kl": masked_mean(-log_ratio.detach(), response_mask).item()}
+
+
+@register_policy_loss("dppo_tv")
+def dppo_tv(*, old_log_prob, log_prob, advantages, response_mask, clip_ratio_low, clip_ratio_high, clip_ratio_c,
+            loss_agg_mode, norm, rollout_is_weights=None, **_):
+    """DPPO-Binary-TV (arXiv 2602.04879): a trust region on the sampled token's probability.
+
+    clip_ratio_low/high are total-variation thresholds here, not ratio ranges: a token with A > 0
+    trains while pi - pi_old <= high, with A <= 0 while pi - pi_old >= -low. clip_ratio_c truncates
+    the (detached) IS weight. pg_clipfrac: share masked out; pg_clipfrac_lower: share truncated.
+    """
+    old, new, adv = _inputs(old_log_prob, log_prob, advantages, response_mask)
+    delta = torch.exp(new) - torch.exp(old)
+    inside = torch.where(adv > 0, delta <= clip_ratio_high, delta >= -clip_ratio_low)
+    return _dppo(old, new, adv, response_mask, inside, clip_ratio_c, loss_agg_mode, norm, rollout_is_weights)
+
+
+@register_policy_loss("dppo_kl")
+def dppo_kl(*, old_log_prob, log_prob, advantages, response_mask, clip_ratio_low, clip_ratio_high, clip_ratio_c,
+            loss_agg_mode, norm, rollout_is_weights=None, **_):
+    """DPPO-Binary-KL (arXiv 2602.04879): the trust region is a Bernoulli KL on the sampled token.
+
+    KL = p_old log(p_old / p) + (1 - p_old) log((1 - p_old + 1e-8) / (1 - p + 1e-8)); A > 0 trains
+    while KL <= high or p <= p_old, A <= 0 while KL <= low or p >= p_old. Rest as dppo_tv.
+    """
+    old, new, adv = _inputs(old_log_prob, log_prob, advantages, response_mask)
+    p, p_old = torch.exp(new), torch.exp(old)
+    binary_kl = p_old * (old - new) + (1 - p_old) * torch.log((1.0 - p_old + 1e-8) / (1.0 - p + 1e-8))
+    inside = torch.where(adv > 0, (binary_kl <= clip_ratio_high) | (p <= p_old),
+                         (binary_kl <= clip_ratio_low) | (p >= p_old))
+    return _dppo(old, new, adv, response_mask, inside, clip_ratio_c, loss_agg_mode, norm, rollout_is_weights)
