@@ -36,7 +36,8 @@ def compute_arith(data_source, solution_str, ground_truth, extra_info=None, *, f
 
 def compute_code(data_source, solution_str, ground_truth, extra_info=None, *, format_score=0.0) -> dict:
     """1.0 when the last fenced Python block passes every stdin/stdout case in the sandbox."""
-    return code.score(solution_str, ground_truth)
+    return code.score(solution_str, ground_truth, format_score=format_score,
+                      bare_program=data_source == code.DATA_SOURCE)
 
 
 BUILTINS = {"gsm8k": compute_gsm8k, "math": compute_math, "arith": compute_arith, "code": compute_code}

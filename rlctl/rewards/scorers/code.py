@@ -10,6 +10,10 @@ fenced Python block runs once per case, each in a fresh sandbox (rlctl.sandbox).
                     timeout, memory, output_limit, sandbox_error), 0.0 for the others, so their
                     means are the shares of samples that failed that way.
 
+With `reward.format_score`, a program that runs cleanly but prints a wrong answer scores that
+instead of 0. For rlctl's own `rlctl/code` source a response without a fence is run whole (so a
+tiny model's bare `print(...)` counts); verl's sources need the fence, as in verl.
+
 An output matches when its whitespace-separated tokens equal the expected ones, line by line
 (trailing spaces and blank lines do not matter, as with most contest judges). After a case runs
 out of time or memory the remaining cases are not run (they count as failed): ten timeouts in a
@@ -53,12 +57,18 @@ def outputs_match(actual: str, expected: str) -> bool:
     return _tokens(actual) == _tokens(expected)
 
 
-def score(solution_str: str, ground_truth, limits=None) -> dict:
-    """Run the response's program on every case; see the module docstring for the keys."""
+def score(solution_str: str, ground_truth, *, format_score: float = 0.0, bare_program: bool = False,
+          limits=None) -> dict:
+    """Run the response's program on every case; see the module docstring for the keys.
+
+    `bare_program`: with no fenced block, run the whole response (rlctl's own source only).
+    `format_score`: the score of a program that runs cleanly but prints a wrong answer."""
     from rlctl.sandbox import Limits, run
 
     cases = parse_cases(ground_truth)
     code = extract_code(solution_str)
+    if code is None and bare_program and solution_str.strip():
+        code = solution_str
     if code is None:
         return _result(0, len(cases), "no_code")
     passed, first_fail = 0, None
@@ -73,12 +83,13 @@ def score(solution_str: str, ground_truth, limits=None) -> dict:
         first_fail = first_fail or status
         if status in STOP_AFTER:
             break
-    return _result(passed, len(cases), first_fail)
+    return _result(passed, len(cases), first_fail, format_score)
 
 
-def _result(passed: int, total: int, first_fail: str | None) -> dict:
-    out = {"score": 1.0 if first_fail is None else 0.0, "acc": 1.0 if first_fail is None else 0.0,
-           "pass_rate": passed / total}
+def _result(passed: int, total: int, first_fail: str | None, format_score: float = 0.0) -> dict:
+    right = first_fail is None
+    out = {"score": 1.0 if right else (format_score if first_fail == "wrong_answer" else 0.0),
+           "acc": float(right), "pass_rate": passed / total}
     out.update({f"fail_{s}": float(s == first_fail) for s in FAIL_STATUSES})
     return out
 
