@@ -13,7 +13,7 @@ CPU = ["resources.gpus_per_node=0", "resources.workers=1", "data.batch_size=4", 
        "actor.mini_batch_size=4", "actor.micro_batch_size=4", "data.max_prompt_length=256",
        "data.max_response_length=16", "data.val_batch_size=10", "run.total_steps=2", "run.save_every=0",
        'reward.function=""', "reward.format_score=0.1", "reward.workers=2",
-       'data.train_files=["data/code-synthetic/train.parquet"]', 'data.val_files=["data/code-synthetic/test.parquet"]']
+       'data.train_files=["data/code-synthetic/train.parquet"]', "data.val_files=[]"]
 
 
 def rlctl(*args, cwd):
