@@ -28,7 +28,7 @@ from rlctl.sandbox.jail import JAIL_DIR, bwrap_args, clean_env, launcher
 STATUSES = ("ok", "error", "timeout", "memory", "output_limit", "sandbox_error")
 MEMORY_MARKERS = ("MemoryError", "Cannot allocate memory", "std::bad_alloc", "out of memory")
 # language -> (file the code is written to, argv given the sandbox's python)
-LANGUAGES = {"python": ("main.py", lambda python: [python, "-E", "-s", "main.py"])}
+LANGUAGES = {"python": ("main.py", lambda python: [python, "-s", "main.py"])}
 READ_CHUNK = 1 << 16
 
 
