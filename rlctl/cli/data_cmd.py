@@ -45,7 +45,7 @@ def prep(
 
     Example: rlctl data prep jsonl --source qa.jsonl --prompt-col q --answer-col a --val-fraction 0.1
 
-    Example: rlctl data prep code --source problems.jsonl   (rows: {"question": ..., "tests": {"inputs": [...], "outputs": [...]}})
+    Example: rlctl data prep code --source problems.jsonl   (rows: question + tests {"inputs", "outputs"})
     """
     from rlctl.data.prep import PrepOptions, prepare
 

@@ -34,10 +34,12 @@ def compute_arith(data_source, solution_str, ground_truth, extra_info=None, *, f
     return arith.score(solution_str, ground_truth)
 
 
-def compute_code(data_source, solution_str, ground_truth, extra_info=None, *, format_score=0.0) -> dict:
-    """1.0 when the last fenced Python block passes every stdin/stdout case in the sandbox."""
+def compute_code(data_source, solution_str, ground_truth, extra_info=None, *, format_score=0.0,
+                 sandbox_url="") -> dict:
+    """1.0 when the last fenced Python block passes every stdin/stdout case in the sandbox
+    (rlctl's own, or the SandboxFusion service at `sandbox_url`)."""
     return code.score(solution_str, ground_truth, format_score=format_score,
-                      bare_program=data_source == code.DATA_SOURCE)
+                      bare_program=data_source == code.DATA_SOURCE, sandbox_url=sandbox_url)
 
 
 BUILTINS = {"gsm8k": compute_gsm8k, "math": compute_math, "arith": compute_arith, "code": compute_code}
@@ -75,7 +77,10 @@ def resolve_builtin(name: str):
 
 
 def default_compute_score(data_source, solution_str, ground_truth, extra_info=None, *,
-                          format_score=0.0) -> dict:
+                          format_score=0.0, sandbox_url="") -> dict:
     """Score one response with the built-in that matches its row's data_source."""
     fn = scorer_for_source(data_source)
+    if fn is compute_code:  # the only built-in that runs code
+        return fn(data_source, solution_str, ground_truth, extra_info, format_score=format_score,
+                  sandbox_url=sandbox_url)
     return fn(data_source, solution_str, ground_truth, extra_info, format_score=format_score)

@@ -54,12 +54,15 @@ class RewardRunner:
     """A process pool that scores samples with a reward function; start once, `close()` at the end."""
 
     def __init__(self, function_spec: str, config_dir: Path, *, timeout_s: float = 10.0,
-                 on_error: str = "fail", workers: int = 2, format_score: float = 0.0):
+                 on_error: str = "fail", workers: int = 2, format_score: float = 0.0, sandbox_url: str = ""):
         if on_error not in ("fail", "zero"):
             raise ConfigError(f"reward.on_error = {on_error!r} is not 'fail' or 'zero'")
         if workers < 1 or not timeout_s > 0:
             raise ConfigError(f"reward.workers ({workers}) must be >= 1 and reward.timeout_s ({timeout_s}) > 0")
-        self.spec = parse_spec(function_spec, Path(config_dir), format_score)
+        if sandbox_url and not sandbox_url.startswith(("http://", "https://")):
+            raise ConfigError(f"reward.sandbox_url = {sandbox_url!r} is not an http(s) URL",
+                              hint='write e.g. "http://sandbox-host:8080", or "" for the local sandbox.')
+        self.spec = parse_spec(function_spec, Path(config_dir), format_score, sandbox_url)
         load_reward_fn(self.spec)  # fail now (exit 2), not in a worker mid-run
         self.timeout_s = float(timeout_s)
         self.on_error = on_error

@@ -36,8 +36,9 @@ def test_right_wrong_syntax_and_no_code():
     assert wrong["fail_wrong_answer"] == 1.0
     syntax = default_compute_score("rlctl/code", answer("def f(:"), SUM)
     assert syntax["score"] == 0.0 and syntax["fail_error"] == 1.0
-    none = default_compute_score("rlctl/code", "print(3)", SUM)
+    none = default_compute_score("codecontests", "print(3)", SUM)  # verl's sources need the fence
     assert none["score"] == 0.0 and none["fail_no_code"] == 1.0
+    assert default_compute_score("rlctl/code", "", SUM)["fail_no_code"] == 1.0
 
 
 def test_the_last_block_runs_and_whitespace_is_lenient():

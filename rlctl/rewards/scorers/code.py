@@ -58,12 +58,19 @@ def outputs_match(actual: str, expected: str) -> bool:
 
 
 def score(solution_str: str, ground_truth, *, format_score: float = 0.0, bare_program: bool = False,
-          limits=None) -> dict:
+          limits=None, sandbox_url: str = "") -> dict:
     """Run the response's program on every case; see the module docstring for the keys.
 
     `bare_program`: with no fenced block, run the whole response (rlctl's own source only).
-    `format_score`: the score of a program that runs cleanly but prints a wrong answer."""
+    `format_score`: the score of a program that runs cleanly but prints a wrong answer.
+    `sandbox_url`: run the cases on that SandboxFusion service instead of the local sandbox."""
+    from functools import partial
+
     from rlctl.sandbox import Limits, run
+    from rlctl.sandbox.remote import run_remote
+
+    if sandbox_url:
+        run = partial(run_remote, sandbox_url)
 
     cases = parse_cases(ground_truth)
     code = extract_code(solution_str)
