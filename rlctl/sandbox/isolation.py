@@ -119,6 +119,11 @@ def detect() -> Isolation:
     return Isolation(bwrap, as_root, python)
 
 
+def mark_warned() -> None:
+    """This process needs no warning of its own (the reward pool's controller already gave it)."""
+    _warned.set()
+
+
 def warn_once(iso: Isolation) -> None:
     """The fallback is weaker: say so once per process, loudly, where the run's log shows it."""
     if iso.namespaces or _warned.is_set():

@@ -104,3 +104,19 @@ def test_through_the_reward_runner_pool(tmp_path):
     assert result.scores.tolist() == [1.0, 0.0, 0.0, 1.0]
     assert result.metrics["reward/fail_timeout"] == pytest.approx(0.25)
     assert result.metrics["reward/pass_rate"] == pytest.approx((1 + 1 / 3 + 0 + 1) / 4)
+
+
+def test_limits_only_mode_is_announced_once_per_run(tmp_path):
+    """Without namespaces the run's log says so once (the controller), not once per reward worker."""
+    import subprocess
+    import sys
+
+    script = ("import json, sys\nfrom rlctl.rewards.runner import RewardRunner\n"
+              f"items = [dict(data_source='rlctl/code', solution_str={RIGHT!r}, ground_truth={SUM!r})] * 4\n"
+              "with RewardRunner('', sys.argv[1], timeout_s=60, workers=2) as rr:\n"
+              "    print(rr.score(items).scores.tolist())\n    print(rr.score(items).scores.tolist())\n")
+    proc = subprocess.run([sys.executable, "-c", script, str(tmp_path)], capture_output=True, text=True,
+                          timeout=240, env={**os.environ, "RLCTL_SANDBOX": "limits"})
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines() == ["[1.0, 1.0, 1.0, 1.0]"] * 2
+    assert proc.stderr.count("SANDBOX WITHOUT NAMESPACES") == 1, proc.stderr
