@@ -71,13 +71,18 @@ def run(code: str, stdin: str = "", *, language: str = "python", limits: Limits 
         workdir: Path | None = None) -> RunResult:
     """Run `code` with `stdin` in a fresh empty directory (deleted afterwards), or in `workdir`
     (kept: see Session) and return how it ended."""
+    return _run(code, stdin, language, limits, workdir, None)
+
+
+def _run(code: str, stdin: str, language: str, limits: Limits, workdir: Path | None, uid: int | None) -> RunResult:
+    """`run`, with the uid a Session keeps for all of its runs (its files stay writable)."""
     if language not in LANGUAGES:
         raise ValueError(f"sandbox language {language!r} is not one of {', '.join(LANGUAGES)}")
     iso = detect()
     warn_once(iso)
     own_dir = workdir is None
     directory = Path(tempfile.mkdtemp(prefix="rlctl-sandbox-")) if own_dir else Path(workdir)
-    uid = _uid_for(iso)
+    uid = uid if uid is not None else _uid_for(iso)
     try:
         filename, argv = LANGUAGES[language]
         _prepare(directory, filename, code, uid)
@@ -104,7 +109,7 @@ class Session:
     def run(self, code: str, stdin: str = "", *, language: str = "python") -> RunResult:
         if not self.workdir.exists():
             raise RuntimeError("Session.run() after close()")
-        return run(code, stdin, language=language, limits=self.limits, workdir=self.workdir)
+        return _run(code, stdin, language, self.limits, self.workdir, self._uid)
 
     def close(self) -> None:
         shutil.rmtree(self.workdir, ignore_errors=True)

@@ -164,6 +164,8 @@ def test_session_keeps_files_between_runs(iso):
     with Session(FAST) as s:
         assert s.run("open('state.txt', 'w').write('42')").ok
         assert s.run("print(open('state.txt').read())").stdout == "42\n"
+        assert s.run("open('state.txt', 'a').write('7')").ok  # still its own file in a later run
+        assert s.run("print(open('state.txt').read())").stdout == "427\n"
         folder = s.workdir
     assert not folder.exists()
 
