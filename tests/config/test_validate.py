@@ -141,3 +141,9 @@ def test_critic_batch_sizes_are_checked_only_when_there_is_a_critic(project):
     assert check(project, *grpo)[0] == []
     errors, _, _ = check(project, *grpo, "algorithm.name=gae")
     assert any(e.startswith("critic.micro_batch_size: 4 does not divide") for e in errors), errors
+
+
+def test_sandbox_url_must_be_http(project):
+    errors = check(project, "reward.sandbox_url=sandbox-host:8080")[0]
+    assert any(e.startswith("reward.sandbox_url: ") for e in errors), errors
+    assert check(project, "reward.sandbox_url=http://sandbox-host:8080", "reward.function=code")[0] == []
