@@ -161,17 +161,21 @@ def _communicate(proc: subprocess.Popen, data: bytes, limits: Limits, started: f
     Returns (why it was killed or None, stdout bytes, stderr bytes)."""
     threading.Thread(target=_feed, args=(proc.stdin, data), daemon=True).start()
     chunks = {proc.stdout: [], proc.stderr: []}
-    total, killed = 0, None
+    total, killed, cleaned = 0, None, False
     deadline = started + limits.wall_s
     with selectors.DefaultSelector() as sel:
         for stream in chunks:
             sel.register(stream, selectors.EVENT_READ)
-        while sel.get_map():
+        # until both pipes closed AND the program ended: one may close its output and go on running
+        while sel.get_map() or proc.poll() is None:
             remaining = deadline - time.monotonic()
             if remaining <= 0 and killed is None:
                 killed = "timeout"
                 kill()
-            for key, _ in sel.select(timeout=max(0.01, remaining) if killed is None else 1.0):
+            wait_s = max(0.01, remaining) if killed is None else 0.2
+            if not sel.get_map():  # nothing to read: just wait for the exit (or the deadline)
+                time.sleep(min(wait_s, 0.05))
+            for key, _ in (sel.select(timeout=wait_s) if sel.get_map() else ()):
                 chunk = os.read(key.fd, READ_CHUNK)
                 if not chunk:
                     sel.unregister(key.fileobj)
@@ -182,8 +186,9 @@ def _communicate(proc: subprocess.Popen, data: bytes, limits: Limits, started: f
                     kill()
                 if total <= limits.output_bytes:
                     chunks[key.fileobj].append(chunk)
-            if killed is None and proc.poll() is not None:
+            if killed is None and not cleaned and proc.poll() is not None:
                 kill()  # the program ended: nothing it left behind may run on (or hold the pipes)
+                cleaned = True
             if killed is not None and time.monotonic() > deadline + 5.0:
                 break  # a killed program's pipes are closed by now; do not wait on a stray holder
     proc.wait()

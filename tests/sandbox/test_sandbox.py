@@ -57,6 +57,11 @@ def test_infinite_loop_times_out(iso):
     assert r.status == "timeout" and r.wall_s < FAST.wall_s + 2
 
 
+def test_closing_its_output_and_spinning_still_times_out(iso):
+    r = run("import os\nos.close(1)\nos.close(2)\nwhile True:\n    pass\n", limits=FAST)
+    assert r.status == "timeout" and r.wall_s < FAST.wall_s + 2
+
+
 def test_process_limit_holds_before_a_real_fork_bomb(iso):
     code = ("import os, time\nn = 0\ntry:\n    for _ in range(100):\n        if os.fork() == 0:\n"
             "            time.sleep(2); os._exit(0)\n        n += 1\nexcept OSError:\n    pass\nprint(n)\n")
