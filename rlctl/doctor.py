@@ -96,8 +96,10 @@ def render(report: dict) -> None:
     console.print(f"ray: {report['ray']['address']}", highlight=False, markup=False)
     hub = "offline (HF_HUB_OFFLINE=1): use local model folders" if report["hub"]["offline"] else "online"
     console.print(f"hugging face hub: {hub}", highlight=False, markup=False)
-    box = report["sandbox"]
-    if box["namespaces"]:
+    box = report.get("sandbox")  # absent from reports made without the sandbox probe
+    if box is None:
+        pass
+    elif box["namespaces"]:
         console.print(f"sandbox: {box['mode']}", highlight=False, markup=False)
     else:
         console.print(f"[bold yellow]sandbox: WARNING, {escape(box['mode'])}[/]; not active: "
