@@ -17,6 +17,8 @@
 # rlctl recipes list
 # rlctl recipes show
 # rlctl resume
+# rlctl sandbox
+# rlctl sandbox check
 # rlctl serve
 # rlctl status
 # rlctl train

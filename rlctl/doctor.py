@@ -58,8 +58,18 @@ def collect() -> dict:
         "ray": {"address": os.environ.get("RAY_ADDRESS", "") or "embedded (started by rlctl train)",
                 "ray_cli": shutil.which("ray") is not None},
         "hub": {"offline": hub_offline, "cache": os.environ.get("HF_HOME", "~/.cache/huggingface")},
+        "sandbox": _sandbox(),
         "problems": problems,
     }
+
+
+def _sandbox() -> dict:
+    """How model-written code (the code reward) is isolated here; the fallback is a loud warning."""
+    from rlctl.sandbox.isolation import detect
+
+    iso = detect()
+    return {"namespaces": iso.namespaces, "mode": iso.describe(),
+            "missing": [name for name, on in iso.protections.items() if not on]}
 
 
 def render(report: dict) -> None:
@@ -86,6 +96,14 @@ def render(report: dict) -> None:
     console.print(f"ray: {report['ray']['address']}", highlight=False, markup=False)
     hub = "offline (HF_HUB_OFFLINE=1): use local model folders" if report["hub"]["offline"] else "online"
     console.print(f"hugging face hub: {hub}", highlight=False, markup=False)
+    box = report.get("sandbox")  # absent from reports made without the sandbox probe
+    if box is None:
+        pass
+    elif box["namespaces"]:
+        console.print(f"sandbox: {box['mode']}", highlight=False, markup=False)
+    else:
+        console.print(f"[bold yellow]sandbox: WARNING, {escape(box['mode'])}[/]; not active: "
+                      f"{escape('; '.join(box['missing']))} (rlctl sandbox check; docs/sandbox.md)", highlight=False)
     for p in report["problems"]:
         console.print(f"[red]problem[/red]: {escape(p)}", highlight=False)
     if not report["problems"]:

@@ -15,7 +15,8 @@ data_app = typer.Typer(help="Prepare and inspect training data (verl-compatible 
 def prep(
     name: str = typer.Argument(..., metavar="SOURCE",
                                help="gsm8k, math, arith (the synthetic offline task; alias: synthetic), "
-                                    "or jsonl / csv / parquet for your own files."),
+                                    "code (your coding problems: question + tests per row), code-synthetic "
+                                    "(offline coding task), or jsonl / csv / parquet for your own files."),
     source: str = typer.Option(None, "--source", metavar="PATH_OR_HUB_ID",
                                help="A local file or folder (train*/test* files), or a hub dataset id. "
                                     "gsm8k/math default to the Hugging Face hub."),
@@ -43,6 +44,8 @@ def prep(
     Example: rlctl data prep gsm8k --source ../shared/data/gsm8k
 
     Example: rlctl data prep jsonl --source qa.jsonl --prompt-col q --answer-col a --val-fraction 0.1
+
+    Example: rlctl data prep code --source problems.jsonl   (rows: question + tests {"inputs", "outputs"})
     """
     from rlctl.data.prep import PrepOptions, prepare
 

@@ -205,6 +205,8 @@ class RewardConfig:
     on_error: str = opt("fail", "A reward that raises, hangs or returns junk: stop (fail) or score 0 (zero).",
                         choices=("fail", "zero"))
     workers: int = opt(2, "Reward process-pool size.", ge=1)
+    sandbox_url: str = opt("", "Built-in code reward: run programs on this SandboxFusion service (http://host:port) "
+                               "instead of rlctl's local sandbox.")
     overlong: OverlongConfig = field(default_factory=OverlongConfig, metadata={"help": "DAPO overlong shaping."})
 
 

@@ -16,7 +16,7 @@ from pathlib import Path
 from rlctl.config.loader import LoadedConfig, Problem
 from rlctl.config.schema import Config
 
-BUILTIN_REWARDS = ("gsm8k", "math", "arith")  # rlctl.rewards.builtin.BUILTINS, without importing it
+BUILTIN_REWARDS = ("gsm8k", "math", "arith", "code")  # rlctl.rewards.builtin.BUILTINS, without importing it
 
 
 @dataclass(frozen=True)
@@ -249,6 +249,9 @@ def check_files(loaded: LoadedConfig, plan: BatchPlan) -> tuple[list[Problem], B
                                                        f"nor a built-in ({', '.join(BUILTIN_REWARDS)})"))
         elif not _resolve(base, file).is_file():
             problems.append(Problem("reward.function", f"{file} does not exist (relative to {base})"))
+    if c.reward.sandbox_url and not c.reward.sandbox_url.startswith(("http://", "https://")):
+        problems.append(Problem("reward.sandbox_url", f"{c.reward.sandbox_url!r} is not an http(s) URL "
+                                                      "(e.g. \"http://sandbox-host:8080\"; \"\" = the local sandbox)"))
     if rows and not problems:
         steps = rows // c.data.batch_size
         if steps == 0:

@@ -146,7 +146,8 @@ def build_setup(loaded: LoadedConfig, run_dir: Path, stack: ExitStack, *, addres
                    kl_ctrl=kl_ctrl, notices=notices)
     s.reward = stack.enter_context(RewardRunner(c.reward.function, loaded.base_dir, timeout_s=c.reward.timeout_s,
                                                 on_error=c.reward.on_error, workers=c.reward.workers,
-                                                format_score=c.reward.format_score))
+                                                format_score=c.reward.format_score,
+                                                sandbox_url=c.reward.sandbox_url))
     s.reward.check_data_sources(sorted(train.data_sources))
     s.logger = stack.enter_context(MetricsLogger(run_dir, c.run.loggers, c.run.name, config_to_dict(c),
                                                  start_step=start_step))

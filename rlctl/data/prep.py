@@ -13,12 +13,13 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from rlctl.data import arith
+from rlctl.data import arith, code_synthetic
 from rlctl.data.readers import Problem, read_records
 from rlctl.data.sources import SPLIT_NAMES, RowError, Task, convert, locate, make_task
 from rlctl.errors import DataError, UsageError
 
-SOURCES = ("gsm8k", "math", "arith", "jsonl", "csv", "parquet")
+SOURCES = ("gsm8k", "math", "arith", "code", "code-synthetic", "jsonl", "csv", "parquet")
+GENERATED = {"arith": arith, "code-synthetic": code_synthetic}  # offline tasks: no --source
 ALIASES = {"synthetic": "arith"}
 SHOWN_PROBLEMS = 3
 
@@ -56,8 +57,11 @@ def _check_options(name: str, opts: PrepOptions) -> None:
         raise UsageError(f"--val-fraction {opts.val_fraction} is outside [0, 1)")
     if opts.limit is not None and opts.limit < 1:
         raise UsageError(f"--limit {opts.limit} must be at least 1")
-    if name == "arith" and opts.source:
-        raise UsageError("the arith task is generated offline and takes no --source")
+    if name in GENERATED and opts.source:
+        raise UsageError(f"the {name} task is generated offline and takes no --source")
+    if name == "code" and not opts.source:
+        raise UsageError("rlctl data prep code needs --source FILE.jsonl (question + tests per line)",
+                         hint="or try the offline task: rlctl data prep code-synthetic.")
 
 
 def _check_columns(task: Task, raw) -> None:
@@ -110,9 +114,10 @@ def _carve_validation(splits: dict, fraction: float, seed: int) -> None:
 def _gather(name: str, opts: PrepOptions) -> tuple[str, Task | None, dict, list[str]]:
     """(origin, task, {split: SplitRows}, notes) before limits and writing."""
     notes = []
-    if name == "arith":
-        fraction = arith.DEFAULT_VAL_FRACTION if opts.val_fraction is None else opts.val_fraction
-        generated = arith.generate(opts.seed, fraction)
+    if name in GENERATED:
+        module = GENERATED[name]
+        fraction = module.DEFAULT_VAL_FRACTION if opts.val_fraction is None else opts.val_fraction
+        generated = module.generate(opts.seed, fraction)
         return f"generated (seed {opts.seed})", None, {s: SplitRows(rows=r) for s, r in generated.items()}, notes
     stem = Path(opts.source).stem if opts.source else name
     task = make_task(name, prompt_col=opts.prompt_col, answer_col=opts.answer_col, instruction=opts.instruction,
@@ -153,7 +158,7 @@ def _fail_on_problems(splits: dict, origin: str) -> None:
 def out_dir(name: str, opts: PrepOptions) -> Path:
     if opts.out is not None:
         return Path(opts.out)
-    label = name if name in ("gsm8k", "math", "arith") else Path(opts.source or name).stem
+    label = name if name in ("gsm8k", "math", *GENERATED) else Path(opts.source or name).stem
     return Path("data") / label
 
 
@@ -209,6 +214,6 @@ def _report(name, origin, task, out, splits, tables, files, limited, notes) -> d
         per_split[split] = {"rows": tables[split].num_rows, "file": files[split], "skipped": skipped,
                             "over_limit": limited[split]}
     shown = [str(p) for rows in splits.values() for p in rows.problems + rows.duplicates][:5]
-    data_source = task.data_source if task else arith.DATA_SOURCE
+    data_source = task.data_source if task else GENERATED[name].DATA_SOURCE
     return {"source": name, "origin": origin, "data_source": data_source, "out": str(out),
             "splits": per_split, "skipped_examples": shown, "notes": notes}

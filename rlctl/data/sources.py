@@ -7,6 +7,7 @@ extracted, and the prompt instruction. GSM8K and MATH follow verl's preprocessin
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -18,6 +19,8 @@ from rlctl.rewards.scorers.gsm8k import ground_truth_from_solution
 from rlctl.rewards.scorers.math import last_boxed
 
 GSM8K_INSTRUCTION = 'Let\'s think step by step and output the final answer after "####".'
+CODE_INSTRUCTION = ("Write a Python program that reads standard input and writes standard output; "
+                    "put it in a ```python block.")
 MATH_INSTRUCTION = "Let's think step by step and output the final answer within \\boxed{}."
 SPLIT_NAMES = ("train", "test", "validation", "valid", "val", "dev")
 _HUB_ID = re.compile(r"[\w.-]+/[\w.-]+")
@@ -44,6 +47,7 @@ class Task:
     hub_id: str = ""
     hub_patterns: tuple = ()
     suffixes: tuple = SUFFIXES
+    structured_answer: bool = False  # the answer may be a dict/list (code test cases), not only text
 
 
 def _gsm8k_truth(answer: str) -> str:
@@ -62,6 +66,18 @@ def _math_truth(solution: str) -> str:
     return truth.strip()
 
 
+def _code_truth(answer) -> str:
+    """verl's code ground truth: a JSON string {"inputs": [...], "outputs": [...]}, checked now."""
+    from rlctl.rewards.scorers.code import parse_cases
+
+    try:
+        data = json.loads(answer) if isinstance(answer, str) else answer
+        parse_cases(data)
+    except ValueError as e:  # json.JSONDecodeError is a ValueError
+        raise RowError("bad tests", str(e).splitlines()[0][:200]) from None
+    return json.dumps(data)
+
+
 def _plain_truth(answer: str) -> str:
     return answer.strip()
 
@@ -77,6 +93,9 @@ def make_task(name: str, *, prompt_col: str | None = None, answer_col: str | Non
         base = Task("math", "DigitalLearningGmbH/MATH-lighteval", "math", "problem", "solution", _math_truth,
                     MATH_INSTRUCTION, hub_id="DigitalLearningGmbH/MATH-lighteval",
                     hub_patterns=("data/*.parquet",))
+    elif name == "code":
+        base = Task("code", "rlctl/code", "code", "question", "tests", _code_truth, CODE_INSTRUCTION,
+                    suffixes=(".jsonl", ".json", ".parquet"), structured_answer=True)
     elif name in ("jsonl", "csv", "parquet"):
         suffixes = (".jsonl", ".json") if name == "jsonl" else (f".{name}",)
         base = Task(name, default_data_source, "general", "question", "answer", _plain_truth,
@@ -88,10 +107,12 @@ def make_task(name: str, *, prompt_col: str | None = None, answer_col: str | Non
     return replace(base, **{k: v for k, v in overrides.items() if v is not None})
 
 
-def _text(record: dict, column: str) -> str:
+def _text(record: dict, column: str, structured: bool = False):
     if column not in record:
         raise RowError(f"missing {column}", f"no {column!r} field")
     value = record[column]
+    if structured and isinstance(value, (list, dict)):
+        return value
     if isinstance(value, bool) or isinstance(value, (list, dict)):
         raise RowError(f"bad {column}", f"{column!r} is a {type(value).__name__}, expected text")
     text = "" if value is None else str(value)
@@ -102,7 +123,11 @@ def _text(record: dict, column: str) -> str:
 
 def convert(task: Task, record: dict, split: str, index: int) -> dict:
     """One verl row from one source record; raises RowError for a record that cannot be used."""
-    question, answer = _text(record, task.prompt_col), _text(record, task.answer_col)
+    question = _text(record, task.prompt_col)
+    answer = _text(record, task.answer_col, task.structured_answer)
+    truth = task.ground_truth(answer)
+    if not isinstance(answer, str):
+        answer = truth
     content = f"{question} {task.instruction}" if task.instruction else question
     messages = ([{"role": "system", "content": task.system}] if task.system else [])
     messages.append({"role": "user", "content": content})
@@ -110,7 +135,7 @@ def convert(task: Task, record: dict, split: str, index: int) -> dict:
         "data_source": task.data_source,
         "prompt": messages,
         "ability": task.ability,
-        "reward_model": {"style": "rule", "ground_truth": task.ground_truth(answer)},
+        "reward_model": {"style": "rule", "ground_truth": truth},
         "extra_info": {"split": split, "index": index, "question": question, "answer": answer},
     }
 

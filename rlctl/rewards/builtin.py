@@ -4,17 +4,19 @@
 
 Every built-in returns a dict: `score` (the reward) and `acc` (1.0 when the answer is right),
 plus task-specific metrics. `reward.function = ""` uses `default_compute_score` (dispatch on the
-row's data_source); `reward.function = "gsm8k"` (or "math", "arith") forces one scorer.
+row's data_source); `reward.function = "gsm8k"` (or "math", "arith", "code") forces one scorer.
+The `code` scorer runs the response's program in rlctl.sandbox on verl's stdin/stdout cases.
 """
 
 from __future__ import annotations
 
 from rlctl.errors import UsageError
-from rlctl.rewards.scorers import arith, gsm8k, math
+from rlctl.rewards.scorers import arith, code, gsm8k, math
 
 GSM8K_SOURCES = ("openai/gsm8k",)
 MATH_SOURCES = ("DigitalLearningGmbH/MATH-lighteval", "lighteval/MATH")
 ARITH_SOURCES = (arith.DATA_SOURCE,)
+CODE_SOURCES = ("codecontests", "apps", "taco", "codeforces", code.DATA_SOURCE)  # verl's code sources + ours
 
 
 def compute_gsm8k(data_source, solution_str, ground_truth, extra_info=None, *, format_score=0.0) -> dict:
@@ -32,11 +34,20 @@ def compute_arith(data_source, solution_str, ground_truth, extra_info=None, *, f
     return arith.score(solution_str, ground_truth)
 
 
-BUILTINS = {"gsm8k": compute_gsm8k, "math": compute_math, "arith": compute_arith}
+def compute_code(data_source, solution_str, ground_truth, extra_info=None, *, format_score=0.0,
+                 sandbox_url="") -> dict:
+    """1.0 when the last fenced Python block passes every stdin/stdout case in the sandbox
+    (rlctl's own, or the SandboxFusion service at `sandbox_url`)."""
+    return code.score(solution_str, ground_truth, format_score=format_score,
+                      bare_program=data_source == code.DATA_SOURCE, sandbox_url=sandbox_url)
+
+
+BUILTINS = {"gsm8k": compute_gsm8k, "math": compute_math, "arith": compute_arith, "code": compute_code}
 _BY_SOURCE = {
     **{src: compute_gsm8k for src in GSM8K_SOURCES},
     **{src: compute_math for src in MATH_SOURCES},
     **{src: compute_arith for src in ARITH_SOURCES},
+    **{src: compute_code for src in CODE_SOURCES},
 }
 
 
@@ -66,7 +77,10 @@ def resolve_builtin(name: str):
 
 
 def default_compute_score(data_source, solution_str, ground_truth, extra_info=None, *,
-                          format_score=0.0) -> dict:
+                          format_score=0.0, sandbox_url="") -> dict:
     """Score one response with the built-in that matches its row's data_source."""
     fn = scorer_for_source(data_source)
+    if fn is compute_code:  # the only built-in that runs code
+        return fn(data_source, solution_str, ground_truth, extra_info, format_score=format_score,
+                  sandbox_url=sandbox_url)
     return fn(data_source, solution_str, ground_truth, extra_info, format_score=format_score)

@@ -35,6 +35,7 @@ class RewardSpec:
     path: Path | None
     fn_name: str
     format_score: float = 0.0
+    sandbox_url: str = ""  # built-in code reward: run on this SandboxFusion service
 
     @property
     def label(self) -> str:
@@ -43,14 +44,14 @@ class RewardSpec:
         return f"{self.path}:{self.fn_name}"
 
 
-def parse_spec(function_spec: str, config_dir: Path, format_score: float = 0.0) -> RewardSpec:
+def parse_spec(function_spec: str, config_dir: Path, format_score: float = 0.0, sandbox_url: str = "") -> RewardSpec:
     """`""` -> built-ins by data_source; `"gsm8k"` -> that built-in; `"path/to/file.py:fn"` -> that
     file, relative to `config_dir`."""
     spec = function_spec.strip()
     if not spec:
-        return RewardSpec(None, "", format_score)
+        return RewardSpec(None, "", format_score, sandbox_url)
     if spec.isidentifier():
-        return RewardSpec(None, spec, format_score)
+        return RewardSpec(None, spec, format_score, sandbox_url)
     file, sep, fn_name = spec.rpartition(":")
     if not sep or not file or not fn_name:
         raise ConfigError(f"reward.function = {function_spec!r} is not \"file.py:function\"",
@@ -59,7 +60,7 @@ def parse_spec(function_spec: str, config_dir: Path, format_score: float = 0.0) 
     path = Path(file).expanduser()
     if not path.is_absolute():
         path = Path(config_dir) / path
-    return RewardSpec(path.resolve(), fn_name, format_score)
+    return RewardSpec(path.resolve(), fn_name, format_score, sandbox_url)
 
 
 def load_reward_fn(spec: RewardSpec) -> Callable[[str, str, Any, Any], Any]:
@@ -69,7 +70,7 @@ def load_reward_fn(spec: RewardSpec) -> Callable[[str, str, Any, Any], Any]:
     import, lacks the function, or the function cannot take verl's four arguments.
     """
     if spec.path is None:
-        return _load_builtin(spec.fn_name, spec.format_score)
+        return _load_builtin(spec.fn_name, spec.format_score, spec.sandbox_url)
     module = _import_file(spec.path, spec.fn_name)
     fn = getattr(module, spec.fn_name, None)
     where = f"reward function {spec.path.name}:{spec.fn_name}"
@@ -112,7 +113,7 @@ def _adapt_call(fn: Callable, where: str) -> Callable:
                           hint=f"define def {VERL_SIGNATURE}.") from None
 
 
-def _load_builtin(name: str, format_score: float) -> Callable:
+def _load_builtin(name: str, format_score: float, sandbox_url: str = "") -> Callable:
     """`default_compute_score` (by data_source) or the built-in called `name`."""
     try:
         module = importlib.import_module(BUILTIN_MODULE)
@@ -123,6 +124,8 @@ def _load_builtin(name: str, format_score: float) -> Callable:
         fn = module.resolve_builtin(name) if name else getattr(module, BUILTIN_FN)
     except UsageError as e:
         raise ConfigError(f"reward.function: {e.message}", hint=e.hint) from None
+    if sandbox_url and fn in (module.default_compute_score, module.compute_code):
+        return lambda ds, sol, gt, extra: fn(ds, sol, gt, extra, format_score=format_score, sandbox_url=sandbox_url)
     return lambda ds, sol, gt, extra: fn(ds, sol, gt, extra, format_score=format_score)
 
 

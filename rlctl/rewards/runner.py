@@ -54,18 +54,22 @@ class RewardRunner:
     """A process pool that scores samples with a reward function; start once, `close()` at the end."""
 
     def __init__(self, function_spec: str, config_dir: Path, *, timeout_s: float = 10.0,
-                 on_error: str = "fail", workers: int = 2, format_score: float = 0.0):
+                 on_error: str = "fail", workers: int = 2, format_score: float = 0.0, sandbox_url: str = ""):
         if on_error not in ("fail", "zero"):
             raise ConfigError(f"reward.on_error = {on_error!r} is not 'fail' or 'zero'")
         if workers < 1 or not timeout_s > 0:
             raise ConfigError(f"reward.workers ({workers}) must be >= 1 and reward.timeout_s ({timeout_s}) > 0")
-        self.spec = parse_spec(function_spec, Path(config_dir), format_score)
+        if sandbox_url and not sandbox_url.startswith(("http://", "https://")):
+            raise ConfigError(f"reward.sandbox_url = {sandbox_url!r} is not an http(s) URL",
+                              hint='write e.g. "http://sandbox-host:8080", or "" for the local sandbox.')
+        self.spec = parse_spec(function_spec, Path(config_dir), format_score, sandbox_url)
         load_reward_fn(self.spec)  # fail now (exit 2), not in a worker mid-run
         self.timeout_s = float(timeout_s)
         self.on_error = on_error
         self._ctx = mp.get_context("spawn")
         self._workers: list[_Worker | None] = [None] * workers
         self._warned: set[str] = set()
+        self._sandbox_announced = False
         self._ensure_workers()
         self._finalizer = weakref.finalize(self, _shutdown, self._workers)
 
@@ -82,7 +86,22 @@ class RewardRunner:
     def check_data_sources(self, data_sources) -> None:
         """Call at startup with the dataset's data sources: ConfigError (exit 2) when the built-ins
         are chosen by data_source and one of them has no built-in scorer."""
-        check_builtin_sources(self.spec, data_sources)
+        sources = sorted(set(data_sources))
+        check_builtin_sources(self.spec, sources)
+        self._announce_sandbox(sources)
+
+    def _announce_sandbox(self, sources: list[str]) -> None:
+        """When the built-in code reward will run programs locally, probe the sandbox now, in the
+        controller: its mode (and the loud warning without namespaces) is said once, at startup."""
+        from rlctl.rewards.builtin import CODE_SOURCES
+
+        if self.spec.path is not None or self.spec.sandbox_url or self._sandbox_announced:
+            return
+        if self.spec.fn_name == "code" or (not self.spec.fn_name and set(sources) & set(CODE_SOURCES)):
+            from rlctl.sandbox.isolation import detect, warn_once
+
+            warn_once(detect())
+            self._sandbox_announced = True
 
     def score(self, items: list[dict]) -> RewardResult:
         """Score `items` (dicts with data_source, solution_str, ground_truth, optional extra_info).
@@ -297,6 +316,10 @@ def _worker_main(conn, spec: RewardSpec) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     _exit_with_parent(os.getppid())
+    if spec.path is None:  # built-ins: a sandbox warning, if any, was given once by the controller
+        from rlctl.sandbox.isolation import mark_warned
+
+        mark_warned()
     try:
         call = load_reward_fn(spec)
     except Exception as e:

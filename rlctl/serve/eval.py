@@ -192,7 +192,8 @@ def _score(rows, samples, reward, config_dir: Path):
               "ground_truth": row["reward_model"]["ground_truth"], "extra_info": row.get("extra_info")}
              for row, row_samples in zip(rows, samples) for s in row_samples]
     with RewardRunner(reward.function, config_dir, timeout_s=reward.timeout_s, on_error=reward.on_error,
-                      workers=reward.workers, format_score=reward.format_score) as runner:
+                      workers=reward.workers, format_score=reward.format_score,
+                      sandbox_url=reward.sandbox_url) as runner:
         result = runner.score(items)
     acc = result.extras.get("acc")
     scores, correct, records, k = [], [], [], 0

@@ -174,3 +174,9 @@ def test_gdpo_keys_and_float_weights_load(project):
     assert loaded.config.algorithm.gdpo_reward_weights == (1.0, 0.5)
     loaded = load_config(project / "rlctl.toml", ['algorithm.gdpo_reward_weights=["x"]'], strict=False)
     assert any("expected a list of finite numbers" in str(p) for p in loaded.problems), loaded.problems
+
+
+def test_sandbox_url_must_be_http(project):
+    errors = check(project, "reward.sandbox_url=sandbox-host:8080")[0]
+    assert any(e.startswith("reward.sandbox_url: ") for e in errors), errors
+    assert check(project, "reward.sandbox_url=http://sandbox-host:8080", "reward.function=code")[0] == []

@@ -1,0 +1,116 @@
+"""The `code` reward: run the response's program on stdin/stdout test cases in the sandbox.
+
+Ground truth is verl's format for its code sources (codecontests, apps, taco, codeforces): a
+JSON string `{"inputs": [stdin, ...], "outputs": [expected stdout, ...]}`. The response's last
+fenced Python block runs once per case, each in a fresh sandbox (rlctl.sandbox).
+
+    score     = 1.0 when every case passes, else 0.0
+    pass_rate = passed cases / cases
+    fail_<status> = 1.0 for the first failing case's status (no_code, wrong_answer, error,
+                    timeout, memory, output_limit, sandbox_error), 0.0 for the others, so their
+                    means are the shares of samples that failed that way.
+
+With `reward.format_score`, a program that runs cleanly but prints a wrong answer scores that
+instead of 0. For rlctl's own `rlctl/code` source a response without a fence is run whole (so a
+tiny model's bare `print(...)` counts); verl's sources need the fence, as in verl.
+
+An output matches when its whitespace-separated tokens equal the expected ones, line by line
+(trailing spaces and blank lines do not matter, as with most contest judges). After a case runs
+out of time or memory the remaining cases are not run (they count as failed): ten timeouts in a
+row would only make the reward the step's bottleneck.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+
+DATA_SOURCE = "rlctl/code"
+FAIL_STATUSES = ("no_code", "wrong_answer", "error", "timeout", "memory", "output_limit", "sandbox_error")
+STOP_AFTER = ("timeout", "memory", "sandbox_error")
+_FENCE = re.compile(r"```[ \t]*(?:python3?|py)?[ \t]*\n(.*?)```", re.DOTALL | re.IGNORECASE)
+
+
+def extract_code(solution_str: str) -> str | None:
+    """The last fenced ```python (or unlabelled) block of a response, or None."""
+    blocks = _FENCE.findall(solution_str)
+    return blocks[-1] if blocks else None
+
+
+def parse_cases(ground_truth) -> list[tuple[str, str]]:
+    """[(stdin, expected stdout)] from verl's JSON (a string or an already-parsed dict).
+
+    Raises ValueError saying what is wrong: the runner turns it into that sample's error."""
+    data = json.loads(ground_truth) if isinstance(ground_truth, (str, bytes)) else ground_truth
+    if not isinstance(data, dict) or "inputs" not in data or "outputs" not in data:
+        raise ValueError('code ground truth must be JSON {"inputs": [...], "outputs": [...]}')
+    if data.get("fn_name"):
+        raise ValueError("call-based test cases (fn_name) are not supported; use stdin/stdout cases")
+    inputs, outputs = data["inputs"], data["outputs"]
+    if not isinstance(inputs, list) or not isinstance(outputs, list) or len(inputs) != len(outputs) or not inputs:
+        raise ValueError(f"code ground truth needs equally long, non-empty inputs and outputs lists "
+                         f"(got {_length(inputs)} and {_length(outputs)})")
+    return [(_text(i), _text(o)) for i, o in zip(inputs, outputs)]
+
+
+def outputs_match(actual: str, expected: str) -> bool:
+    return _tokens(actual) == _tokens(expected)
+
+
+def score(solution_str: str, ground_truth, *, format_score: float = 0.0, bare_program: bool = False,
+          limits=None, sandbox_url: str = "") -> dict:
+    """Run the response's program on every case; see the module docstring for the keys.
+
+    `bare_program`: with no fenced block, run the whole response (rlctl's own source only).
+    `format_score`: the score of a program that runs cleanly but prints a wrong answer.
+    `sandbox_url`: run the cases on that SandboxFusion service instead of the local sandbox."""
+    from functools import partial
+
+    from rlctl.sandbox import Limits, run
+    from rlctl.sandbox.remote import run_remote
+
+    if sandbox_url:
+        run = partial(run_remote, sandbox_url)
+
+    cases = parse_cases(ground_truth)
+    code = extract_code(solution_str)
+    if code is None and bare_program and solution_str.strip():
+        code = solution_str
+    if code is None:
+        return _result(0, len(cases), "no_code")
+    passed, first_fail = 0, None
+    for stdin, expected in cases:
+        result = run(code, stdin, limits=limits or Limits())
+        status = result.status
+        if status == "ok" and not outputs_match(result.stdout, expected):
+            status = "wrong_answer"
+        if status == "ok":
+            passed += 1
+            continue
+        first_fail = first_fail or status
+        if status in STOP_AFTER:
+            break
+    return _result(passed, len(cases), first_fail, format_score)
+
+
+def _result(passed: int, total: int, first_fail: str | None, format_score: float = 0.0) -> dict:
+    right = first_fail is None
+    out = {"score": 1.0 if right else (format_score if first_fail == "wrong_answer" else 0.0),
+           "acc": float(right), "pass_rate": passed / total}
+    out.update({f"fail_{s}": float(s == first_fail) for s in FAIL_STATUSES})
+    return out
+
+
+def _tokens(text: str) -> list[list[str]]:
+    lines = [line.split() for line in text.strip().splitlines()]
+    return [line for line in lines if line]
+
+
+def _text(value) -> str:
+    if isinstance(value, list):  # some datasets store a case as a list of lines
+        return "\n".join(map(str, value)) + "\n"
+    return str(value)
+
+
+def _length(value) -> str:
+    return str(len(value)) if isinstance(value, list) else type(value).__name__

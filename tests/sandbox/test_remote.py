@@ -1,0 +1,94 @@
+"""reward.sandbox_url: the code reward sent to a SandboxFusion service.
+
+Tested against a LOCAL STAND-IN only (no SandboxFusion here): a real HTTP server in this process
+that speaks SandboxFusion's documented /run_code request and answer, and runs the code with
+rlctl's own sandbox. The test checks what rlctl sends and how it reads each kind of answer.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from rlctl.errors import ConfigError
+from rlctl.rewards import default_compute_score
+from rlctl.rewards.runner import RewardRunner
+from rlctl.sandbox import Limits, run
+from rlctl.sandbox.remote import run_remote
+
+TRUTH = json.dumps({"inputs": ["2 3\n", "4 4\n"], "outputs": ["5\n", "8\n"]})
+RIGHT = "```python\na, b = map(int, input().split())\nprint(a + b)\n```"
+
+
+class StandIn(BaseHTTPRequestHandler):
+    requests: list = []
+    mode = "run"
+
+    def do_POST(self):  # noqa: N802 (http.server's name)
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        StandIn.requests.append((self.path, body))
+        if StandIn.mode == "sandbox_error":
+            answer = {"status": "SandboxError", "message": "no runner available", "run_result": None}
+        else:
+            r = run(body["code"], body["stdin"], limits=Limits(wall_s=body["run_timeout"],
+                                                               memory_mb=body["memory_limit_MB"]))
+            status = {"ok": "Finished", "timeout": "TimeLimitExceeded"}.get(r.status, "Error")
+            answer = {"status": "Success" if r.ok else "Failed", "message": "", "compile_result": None,
+                      "run_result": {"status": status, "execution_time": r.wall_s, "return_code": r.exit_code,
+                                     "stdout": r.stdout, "stderr": r.stderr}, "files": {}}
+        data = json.dumps(answer).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture
+def service():
+    StandIn.requests, StandIn.mode = [], "run"
+    server = ThreadingHTTPServer(("127.0.0.1", 0), StandIn)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+    server.server_close()
+
+
+def test_requests_follow_the_documented_api(service):
+    result = default_compute_score("codecontests", RIGHT, TRUTH, sandbox_url=service)
+    assert result["score"] == 1.0
+    path, body = StandIn.requests[0]
+    assert path == "/run_code" and body["language"] == "python" and body["stdin"] == "2 3\n"
+    assert "print(a + b)" in body["code"] and body["run_timeout"] > 0 and body["memory_limit_MB"] > 0
+    assert len(StandIn.requests) == 2  # one request per case
+
+
+def test_answers_map_to_statuses(service):
+    assert run_remote(service, "print(1)").status == "ok"
+    assert run_remote(service, "raise SystemExit(3)").exit_code == 3
+    assert run_remote(service, "while True: pass", limits=Limits(wall_s=1)).status == "timeout"
+    StandIn.mode = "sandbox_error"
+    bad = run_remote(service, "print(1)")
+    assert bad.status == "sandbox_error" and "no runner available" in bad.stderr
+    assert default_compute_score("apps", RIGHT, TRUTH, sandbox_url=service)["fail_sandbox_error"] == 1.0
+
+
+def test_unreachable_service_is_a_sandbox_error_not_a_crash():
+    r = run_remote("http://127.0.0.1:9", "print(1)", limits=Limits(wall_s=1))
+    assert r.status == "sandbox_error" and "127.0.0.1:9" in r.stderr
+
+
+def test_through_the_reward_runner(service, tmp_path):
+    items = [{"data_source": "rlctl/code", "solution_str": s, "ground_truth": TRUTH}
+             for s in (RIGHT, "```python\nprint(0)\n```")]
+    with RewardRunner("", tmp_path, timeout_s=30, workers=1, sandbox_url=service) as rr:
+        assert rr.score(items).scores.tolist() == [1.0, 0.0]
+    assert len(StandIn.requests) >= 3  # every case went to the service
+    with pytest.raises(ConfigError, match="sandbox_url"):
+        RewardRunner("", tmp_path, sandbox_url="sandbox-host:8080")
