@@ -21,16 +21,27 @@ REPO = Path(__file__).resolve().parents[1]
 SHARED = Path(os.environ.get("RLCTL_SHARED", REPO.parent / "shared"))
 
 
-@pytest.fixture(scope="session")
-def shared_dir() -> Path:
-    if not SHARED.is_dir():
-        pytest.fail(f"../shared not found at {SHARED}; set RLCTL_SHARED to its path")
-    return SHARED
+# The in-repo GSM8K sample (48 train / 32 test rows, MIT, see its README): a fresh clone needs nothing beside it.
+GSM8K_SAMPLE = REPO / "tests" / "fixtures" / "gsm8k"
 
 
 @pytest.fixture(scope="session")
-def gsm8k_dir(shared_dir) -> Path:
-    return shared_dir / "data" / "gsm8k"
+def gsm8k_dir() -> Path:
+    return GSM8K_SAMPLE
+
+
+@pytest.fixture(scope="session")
+def gsm8k_full_dir() -> Path:
+    """The full GSM8K files, for the tests that compare whole files with verl's preprocessing.
+
+    Read from $RLCTL_SHARED/data/gsm8k, or ../shared/data/gsm8k beside the clone (CI has it). A path
+    given in RLCTL_SHARED must hold them; without the variable, a clone alone skips these tests."""
+    folder = SHARED / "data" / "gsm8k"
+    if all((folder / f"{split}.jsonl").is_file() for split in ("train", "test")):
+        return folder
+    if "RLCTL_SHARED" in os.environ:
+        pytest.fail(f"RLCTL_SHARED={SHARED} has no data/gsm8k/{{train,test}}.jsonl; point it at the shared folder")
+    pytest.skip(f"full GSM8K files not found at {folder}; set RLCTL_SHARED to a folder holding data/gsm8k")
 
 
 @pytest.fixture(scope="session")

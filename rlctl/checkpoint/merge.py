@@ -14,9 +14,9 @@ leaves no OUT and no temporary folder.
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
-import sys
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -273,5 +273,5 @@ def export_hf(run_dir: str | os.PathLike, out_dir: str | os.PathLike, step: int 
     """The run's checkpoint as a verified HF folder in out_dir (empty or new); for `rlctl serve`."""
     result = merge_run(run_dir, out_dir, step=step)
     if result.warning:
-        print(result.warning, file=sys.stderr)
+        logging.getLogger("rlctl.merge").warning("%s", result.warning)
     return result.out

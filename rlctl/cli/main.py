@@ -14,6 +14,7 @@ import typer
 
 from rlctl import __version__
 from rlctl.errors import EXIT_INTERNAL, EXIT_INTERRUPTED, Interrupted, RlctlError
+from rlctl.utils.output import disable_progress_bars, setup_logging
 
 app = typer.Typer(
     name="rlctl",
@@ -61,6 +62,8 @@ def main(argv: list[str] | None = None) -> int:
     """Console-script entry: known errors become one line and their exit code."""
     debug = os.environ.get("RLCTL_DEBUG", "") not in ("", "0")
     signal.signal(signal.SIGTERM, _raise_interrupted)
+    disable_progress_bars()  # before any command imports transformers / huggingface_hub
+    setup_logging(debug)
     try:
         app(args=argv, prog_name="rlctl")
     except SystemExit as e:

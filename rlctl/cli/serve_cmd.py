@@ -34,8 +34,6 @@ def serve(
 
     Example: rlctl serve runs/grpo/merged --port 8000 --api-key secret
     """
-    import logging
-
     from rlctl.errors import UsageError
     from rlctl.serve.external import LaunchSpec, build_command, pick_engine, run_child
     from rlctl.serve.server import check_bind, serve_builtin
@@ -49,7 +47,6 @@ def serve(
         raise UsageError(f"extra arguments {' '.join(ctx.args)} only apply to --engine vllm or sglang")
     if chosen == "hf" and tensor_parallel_size > 1:
         raise UsageError("--tensor-parallel-size > 1 needs --engine vllm or sglang")
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     name = served_model_name or model.resolve().name
     with model_folder(model, step) as folder:
         if chosen == "hf":
@@ -87,15 +84,12 @@ def eval_cmd(
 
     Example: rlctl eval runs/grpo --data data/gsm8k/test.parquet --n 4 --limit 200
     """
-    import logging
-
     from rlctl.errors import UsageError
     from rlctl.serve.eval import EvalOptions, run_eval
     from rlctl.serve.source import DTYPES
 
     if dtype not in DTYPES:
         raise UsageError(f"--dtype {dtype!r} is not one of {', '.join(DTYPES)}")
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     opts = EvalOptions(n=n, temperature=temperature, top_p=top_p, max_new_tokens=max_new_tokens, limit=limit,
                        seed=seed, engine=engine, reward=reward, dtype=dtype, max_concurrency=max_concurrency,
                        step=step)

@@ -291,8 +291,25 @@ PANELS = (
 )
 
 
+# Training series of one panel, drawn in this order: the first wide and solid, the next thinner and
+# dashed on top, so two equal curves (reward/mean == reward/acc for a 0/1 reward) both stay visible.
+TRAIN_STYLES = ({"color": "tab:blue", "linestyle": "-", "linewidth": 2.4, "marker": "o"},
+                {"color": "tab:orange", "linestyle": "--", "linewidth": 1.4, "marker": "x"})
+VAL_STYLE = {"color": "tab:green", "linestyle": ":", "linewidth": 1.4, "marker": "s"}
+SMOOTH_FROM = 20  # points per series from which a moving average is drawn (and markers would clutter)
+
+
 def plot_curves(run_dir: str | os.PathLike, out_png: str | os.PathLike) -> Path:
     """Write a PNG with reward, KL, response length and entropy over steps (2 x 2 panels)."""
+    fig = curves_figure(run_dir)
+    out = Path(out_png)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, format="png")
+    return out
+
+
+def curves_figure(run_dir: str | os.PathLike):
+    """The matplotlib Figure `plot_curves` saves."""
     try:
         from matplotlib.backends.backend_agg import FigureCanvasAgg
         from matplotlib.figure import Figure
@@ -307,30 +324,33 @@ def plot_curves(run_dir: str | os.PathLike, out_png: str | os.PathLike) -> Path:
                                                                  if summary["total_steps"] else ""))
     for ax, (title, keys, val_key) in zip(fig.subplots(2, 2).flat, PANELS):
         _plot_panel(ax, rows, title, keys, val_key)
-    out = Path(out_png)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, format="png")
-    return out
+    return fig
 
 
 def _plot_panel(ax, rows: list[dict], title: str, keys, val_key) -> None:
+    from matplotlib.ticker import MaxNLocator
+
     ax.set_title(title)
     ax.set_xlabel("step")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # steps are whole numbers: no 1.25 on a 3-step run
     ax.grid(True, alpha=0.3)
     drawn = False
-    for key, color in zip(keys, ("tab:blue", "tab:orange")):
+    for key, style in zip(keys, TRAIN_STYLES):
         steps, values = _series(rows, key)
         if not steps:
             continue
         drawn = True
-        smooth = len(values) >= 20  # noisy RL curves: a faint raw line under a moving average
-        ax.plot(steps, values, color=color, alpha=0.3 if smooth else 1.0, label=None if smooth else key)
-        if smooth:
-            ax.plot(steps, _moving_average(values, max(3, len(values) // 20)), color=color, label=key)
+        if len(values) < SMOOTH_FROM:  # few points: each one marked (a 1-step run is a point, not nothing)
+            ax.plot(steps, values, **style, label=key)
+            continue
+        # noisy RL curves: a faint raw line under a moving average
+        style = {**style, "marker": None}
+        ax.plot(steps, values, **style, alpha=0.3)
+        ax.plot(steps, _moving_average(values, max(3, len(values) // 20)), **style, label=key)
     steps, values = _series(rows, val_key) if val_key else ([], [])
     if steps:
         drawn = True
-        ax.plot(steps, values, "o--", color="tab:green", label=val_key)
+        ax.plot(steps, values, **VAL_STYLE, label=val_key)
     if drawn:
         ax.legend(loc="best", fontsize="small")
     else:

@@ -23,6 +23,7 @@ from rlctl.errors import WorkerDiedError
 from rlctl.runtime.batch import Batch
 from rlctl.runtime.dispatch import Dispatch, collect_results, dispatch_mode, split_arguments
 from rlctl.runtime.failures import wait_all
+from rlctl.utils.output import QUIET_ENV
 
 # Every live group, so `ray_session` can kill them on any way out.
 _LIVE: "weakref.WeakSet[WorkerGroup]" = weakref.WeakSet()
@@ -59,7 +60,7 @@ class WorkerGroup:
         host = ray.remote(WorkerHost)
         env = {k: os.environ[k] for k in _FORWARDED_ENV if k in os.environ}
         threads = str(pool.cpus_per_worker)
-        env.update(OMP_NUM_THREADS=threads, MKL_NUM_THREADS=threads, TOKENIZERS_PARALLELISM="false")
+        env.update(OMP_NUM_THREADS=threads, MKL_NUM_THREADS=threads, TOKENIZERS_PARALLELISM="false", **QUIET_ENV)
         self._actors = [
             host.options(**pool.actor_options(rank), runtime_env={"env_vars": env}).remote(
                 rank, self.world_size, rank % pool.ranks_per_node, pool.cpus_per_worker, pool.use_gpu)

@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import logging
 import math
-import sys
 from collections import defaultdict
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -179,7 +178,7 @@ def _progress_printer():
     def show(done: int, total: int) -> None:
         if done == total or done / total - last[0] >= 0.1:
             last[0] = done / total
-            print(f"generated {done}/{total} prompts", file=sys.stderr, flush=True)
+            log.info("generated %d/%d prompts", done, total)
 
     return show
 

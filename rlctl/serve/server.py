@@ -6,7 +6,6 @@ import ipaddress
 import logging
 import signal
 import socket
-import sys
 import threading
 from pathlib import Path
 
@@ -75,9 +74,8 @@ def serve_builtin(folder: Path, *, host: str, port: int, model_name: str, api_ke
 
     previous = {s: signal.signal(s, stop) for s in (signal.SIGINT, signal.SIGTERM)}
     bound_host, bound_port = server.server_address[:2]
-    print(f"serving {model_name!r} ({model.device}, {engine.context_length} context, up to "
-          f"{max_concurrency} sequences per batch) on http://{_url_host(bound_host)}:{bound_port}/v1",
-          file=sys.stderr, flush=True)
+    log.info("serving %r (%s, %d context, up to %d sequences per batch) on http://%s:%d/v1", model_name,
+             model.device, engine.context_length, max_concurrency, _url_host(bound_host), bound_port)
     try:
         server.serve_forever(poll_interval=0.5)
     finally:

@@ -1,7 +1,7 @@
 """End to end through the CLI, per recipe: init -> data prep -> validate -> train 2 steps on 2 workers.
 
 Real processes: the `rlctl` console entry in subprocesses, embedded Ray, two gloo ranks, the
-reward process pool, parquet from the real GSM8K files in ../shared.
+reward process pool, parquet from the in-repo GSM8K sample (tests/fixtures/gsm8k).
 """
 
 from __future__ import annotations

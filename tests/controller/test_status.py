@@ -15,8 +15,8 @@ import pytest
 from rich.console import Console
 
 from rlctl.controller.logging import MetricsLogger
-from rlctl.controller.status import (find_run_dir, finish_run, list_checkpoints, plot_curves, read_run_info,
-                                     render_status, start_run, status_summary, write_run_info)
+from rlctl.controller.status import (curves_figure, find_run_dir, finish_run, list_checkpoints, plot_curves,
+                                     read_run_info, render_status, start_run, status_summary, write_run_info)
 from rlctl.errors import UsageError
 
 
@@ -142,6 +142,36 @@ def test_plot_curves_writes_a_png(tmp_path):
     empty = tmp_path / "empty"
     start_run(empty, name="empty", total_steps=5)
     assert plot_curves(empty, tmp_path / "empty.png").stat().st_size > 5_000  # "no data" panels, no crash
+
+
+def test_plot_of_a_short_run_has_whole_step_ticks_and_no_hidden_curve(tmp_path):
+    """3 steps of a 0/1 reward: reward/acc equals reward/mean, and the step axis must not read 1.25."""
+    run = tmp_path / "short"
+    start_run(run, name="short", total_steps=3)
+    with MetricsLogger(run, ["jsonl"], "short", {}) as logger:
+        for step, reward in ((1, 0.25), (2, 0.5), (3, 0.5)):
+            logger.log(step, {"reward/mean": reward, "reward/acc": reward, "actor/kl": 0.01 * step,
+                              "response_length/mean": 10.0 + step, "actor/entropy": 2.0 - step / 10})
+        logger.log(3, {"val/reward/mean": 0.4, "val/response_length/mean": 12.0})
+    fig = curves_figure(run)
+    fig.canvas.draw()
+    assert len(fig.axes) == 4
+    for ax in fig.axes:
+        lo, hi = ax.get_xlim()
+        labels = [t.get_text() for t in ax.get_xticklabels() if lo <= t.get_position()[0] <= hi]
+        assert labels == ["1", "2", "3"], (ax.get_title(), labels)
+    reward = fig.axes[0]
+    mean, acc, val = reward.get_lines()
+    assert list(mean.get_ydata()) == list(acc.get_ydata())          # the same curve twice...
+    assert acc.get_linestyle() != mean.get_linestyle() and acc.get_marker() != mean.get_marker()
+    assert acc.get_linewidth() < mean.get_linewidth()                # ...the top one thinner: both show
+    assert val.get_marker() not in (mean.get_marker(), acc.get_marker())
+    assert [t.get_text() for t in reward.get_legend().get_texts()] == ["reward/mean", "reward/acc", "val/reward/mean"]
+    one = tmp_path / "one"                                           # a single step is a marked point
+    start_run(one, name="one", total_steps=3)
+    with MetricsLogger(one, ["jsonl"], "one", {}) as logger:
+        logger.log(1, {"reward/mean": 0.5, "actor/kl": 0.0})
+    assert all(line.get_marker() not in (None, "None", "") for ax in curves_figure(one).axes for line in ax.get_lines())
 
 
 def test_plot_without_matplotlib_says_how_to_install(tmp_path):

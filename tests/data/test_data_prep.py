@@ -1,4 +1,5 @@
-"""`rlctl data prep` on real files: GSM8K (../shared), MATH layouts, the arith task, users' own files."""
+"""`rlctl data prep` on real files: GSM8K (the in-repo sample; the full files of ../shared when present), MATH
+layouts, the arith task, users' own files."""
 
 from __future__ import annotations
 
@@ -36,14 +37,14 @@ def gsm8k_prepared(gsm8k_dir, tmp_path_factory):
     return out, report
 
 
-def test_gsm8k_rows_match_verl_preprocessing(gsm8k_prepared, gsm8k_dir):
-    out, report = gsm8k_prepared
-    assert {s: i["rows"] for s, i in report["splits"].items()} == {"train": 7473, "test": 1319}
-    for split in ("train", "test"):
-        originals = [json.loads(line) for line in (gsm8k_dir / f"{split}.jsonl").read_text().splitlines()]
+def assert_rows_match_verl_preprocessing(source: Path, out: Path, report: dict) -> None:
+    originals = {s: [json.loads(line) for line in (source / f"{s}.jsonl").read_text().splitlines()]
+                 for s in ("train", "test")}
+    assert {s: i["rows"] for s, i in report["splits"].items()} == {s: len(o) for s, o in originals.items()}
+    for split, records in originals.items():
         rows = read(out / f"{split}.parquet")
-        assert len(rows) == len(originals)
-        for i, (row, orig) in enumerate(zip(rows, originals)):
+        assert len(rows) == len(records)
+        for i, (row, orig) in enumerate(zip(rows, records)):
             assert row["data_source"] == "openai/gsm8k" and row["ability"] == "math"
             assert row["prompt"] == [{"role": "user", "content": orig["question"] + " " + GSM8K_INSTRUCTION}]
             # verl: the text after "#### " with commas removed
@@ -51,6 +52,20 @@ def test_gsm8k_rows_match_verl_preprocessing(gsm8k_prepared, gsm8k_dir):
                                            "ground_truth": orig["answer"].split("#### ")[-1].replace(",", "")}
             assert row["extra_info"] == {"split": split, "index": i, "question": orig["question"],
                                          "answer": orig["answer"]}
+
+
+def test_gsm8k_sample_rows_match_verl_preprocessing(gsm8k_prepared, gsm8k_dir):
+    out, report = gsm8k_prepared
+    assert {s: i["rows"] for s, i in report["splits"].items()} == {"train": 48, "test": 32}
+    assert_rows_match_verl_preprocessing(gsm8k_dir, out, report)
+    # the sample keeps two answers with thousands separators, so the comma rule is exercised
+    assert {"1080", "850000"} <= {r["reward_model"]["ground_truth"] for r in read(out / "train.parquet")}
+
+
+def test_gsm8k_full_files_match_verl_preprocessing(gsm8k_full_dir, tmp_path):
+    report = prepare("gsm8k", PrepOptions(source=str(gsm8k_full_dir), out=tmp_path))
+    assert {s: i["rows"] for s, i in report["splits"].items()} == {"train": 7473, "test": 1319}
+    assert_rows_match_verl_preprocessing(gsm8k_full_dir, tmp_path, report)
 
 
 def test_gsm8k_first_row_by_hand(gsm8k_prepared):

@@ -28,6 +28,15 @@ class EchoWorker:
                 "threads": torch.get_num_threads(), "node_id": ray.get_runtime_context().get_node_id(),
                 "omp": os.environ.get("OMP_NUM_THREADS")}
 
+    @register(Dispatch.ALL)
+    def progress_bars(self) -> dict:
+        """Whether huggingface_hub and transformers would draw their tqdm bars in this worker."""
+        from huggingface_hub.utils import are_progress_bars_disabled
+        from transformers.utils.logging import is_progress_bar_enabled
+
+        return {"env": os.environ.get("HF_HUB_DISABLE_PROGRESS_BARS"), "hub": not are_progress_bars_disabled(),
+                "transformers": is_progress_bar_enabled()}
+
     @register(Dispatch.DP)
     def tag_rows(self, batch: Batch, *, scale: float = 1.0) -> Batch:
         return Batch({"x": batch["x"] * scale, "rank": np.full(len(batch), self.rank)}, batch.meta)

@@ -61,6 +61,17 @@ def test_ranks_form_one_process_group(pair):
     assert pair.role("echo").rank_sum() == 3.0           # gloo all_reduce of 1 + 2, rank 0's answer
 
 
+def test_workers_start_without_progress_bars_whatever_the_driver_has(session, monkeypatch):
+    """transformers' and huggingface_hub's bars in workers would fill Ray's logs (and the terminal under
+    RLCTL_DEBUG=1), so workers start with them off even when the driver never switched them off."""
+    monkeypatch.delenv("HF_HUB_DISABLE_PROGRESS_BARS", raising=False)
+    group = WorkerGroup(ResourcePool(ResourcesConfig(workers=1)), {"echo": (roles.EchoWorker, {})}, name="quiet")
+    try:
+        assert group.role("echo").progress_bars() == [{"env": "1", "hub": False, "transformers": False}]
+    finally:
+        group.shutdown()
+
+
 def test_dp_splits_and_joins_in_input_order(pair):
     echo = pair.role("echo")
     out = echo.tag_rows(Batch({"x": np.arange(5.0)}, {"step": 3}), scale=2.0)
