@@ -35,6 +35,8 @@ def resolve_paths(config: Config, base: Path) -> Config:
     if ":" in reward.function:
         file, _, fn = reward.function.rpartition(":")
         reward = dataclasses.replace(reward, function=f"{absolute(file)}:{fn}")
+    if reward.model and ((base / reward.model).exists() or reward.model.startswith((".", "/", "~"))):
+        reward = dataclasses.replace(reward, model=absolute(reward.model))  # a folder, not a hub id
     run = dataclasses.replace(config.run, output_dir=absolute(config.run.output_dir))
     algorithm = dataclasses.replace(config.algorithm, plugins=tuple(map(absolute, config.algorithm.plugins)))
     return dataclasses.replace(config, model=dataclasses.replace(config.model, path=model_path), data=data,
@@ -126,7 +128,7 @@ def build_setup(loaded: LoadedConfig, run_dir: Path, stack: ExitStack, *, addres
     from rlctl.controller.display import LiveDisplay
     from rlctl.controller.logging import MetricsLogger
     from rlctl.plugins import import_plugins
-    from rlctl.rewards.runner import RewardRunner
+    from rlctl.rewards.sources import build_reward
 
     config = resolve_paths(loaded.config, loaded.base_dir)
     c = config
@@ -142,9 +144,7 @@ def build_setup(loaded: LoadedConfig, run_dir: Path, stack: ExitStack, *, addres
     s = TrainSetup(config=config, config_dir=loaded.base_dir, run_dir=run_dir, tokenizer=tokenizer,
                    pad_token_id=pad, loader=loader, val_rows=val_rows, total_steps=total, needs=needs,
                    kl_ctrl=kl_ctrl, notices=notices)
-    s.reward = stack.enter_context(RewardRunner(c.reward.function, loaded.base_dir, timeout_s=c.reward.timeout_s,
-                                                on_error=c.reward.on_error, workers=c.reward.workers,
-                                                format_score=c.reward.format_score))
+    s.reward = stack.enter_context(build_reward(c.reward, loaded.base_dir))
     s.reward.check_data_sources(sorted(train.data_sources))
     s.logger = stack.enter_context(MetricsLogger(run_dir, c.run.loggers, c.run.name, config_to_dict(c),
                                                  start_step=start_step))
@@ -163,3 +163,5 @@ def start_workers(s: TrainSetup, stack: ExitStack, address: str) -> None:
                     needs_critic=s.needs.critic)
     stack.callback(workers.shutdown)
     s.actor, s.critic = workers.actor, workers.critic
+    if workers.reward_model is not None:
+        s.reward.attach_model(workers.reward_model)
