@@ -53,3 +53,66 @@ class RewardService:
     def __exit__(self, *exc) -> None:
         self.server.shutdown()
         self.server.server_close()
+
+
+class JudgeServer:
+    """`rlctl serve MODEL` (built-in engine) on a free loopback port, as an LLM judge; `url` is its /v1."""
+
+    def __init__(self, model_dir, *, api_key: str, name: str = "judge", timeout_s: float = 120.0):
+        import os
+        import re
+        import subprocess
+        import sys
+
+        cmd = [sys.executable, "-m", "rlctl", "serve", str(model_dir), "--engine", "hf", "--port", "0",
+               "--api-key", api_key, "--served-model-name", name]
+        self.proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True,
+                                     env={**os.environ, "OMP_NUM_THREADS": "1"})
+        self.lines: list[str] = []
+        self.url = None
+        deadline = time.monotonic() + timeout_s
+        for line in self.proc.stderr:
+            self.lines.append(line)
+            if match := re.search(r"on (http://[^ ]+/v1)", line):
+                self.url = match.group(1)
+                break
+            if time.monotonic() > deadline:
+                break
+        if self.url is None:
+            self.proc.kill()
+            raise RuntimeError("rlctl serve did not start:\n" + "".join(self.lines))
+        threading.Thread(target=lambda: self.lines.extend(self.proc.stderr), daemon=True).start()
+
+    def __enter__(self) -> JudgeServer:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(20)
+        except Exception:
+            self.proc.kill()
+            self.proc.wait()
+
+
+def build_digit_judge(out) -> None:
+    """A tiny model whose greedy answer is always the digit 7 or 3, depending on the input.
+
+    Its (untied) output head is zero except two opposite rows: logit('7') = h.w, logit('3') = -h.w,
+    every other token 0, so one of the two digits always wins. A real judge, answering over HTTP."""
+    import torch
+    from safetensors.torch import load_file, save_file
+    from transformers import AutoTokenizer
+
+    from rlctl.models.tiny import build_tiny_model
+
+    build_tiny_model(out, tie_embeddings=False)
+    tok = AutoTokenizer.from_pretrained(out)
+    (seven,), (three,) = tok.encode("7"), tok.encode("3")
+    path = f"{out}/model.safetensors"
+    weights = load_file(path)
+    head = torch.zeros_like(weights["lm_head.weight"])
+    w = torch.randn(head.shape[1], generator=torch.Generator().manual_seed(0))
+    head[seven], head[three] = w, -w
+    weights["lm_head.weight"] = head
+    save_file({k: v.contiguous() for k, v in weights.items()}, path, metadata={"format": "pt"})
