@@ -45,3 +45,46 @@ def test_grpo_learns_from_a_remote_reward_service(tmp_path, make_project, ray_cl
     first, last = sum(rewards[:4]) / 4, sum(rewards[-4:]) / 4
     assert last > first + 0.05, f"reward {first:.3f} -> {last:.3f} ({[round(x, 3) for x in rewards]})"
     assert len(service.requests) >= steps  # every step asked the service
+
+
+def _direct_rm_scores(rm_dir: Path, chats: list[list[dict]]) -> list[float]:
+    """What transformers says for each chat alone, with the reward model's own tokenizer and template."""
+    import torch
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(rm_dir)
+    model = AutoModelForSequenceClassification.from_pretrained(rm_dir, dtype=torch.float32).eval()
+    out = []
+    with torch.no_grad():
+        for chat in chats:
+            ids = tok(tok.apply_chat_template(chat, tokenize=False), add_special_tokens=False, return_tensors="pt")
+            out.append(float(model(**ids).logits[0, 0]))
+    return out
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("colocate", [True, False])
+def test_logged_scores_equal_the_reward_model_run_directly(colocate, tmp_path, make_project, ray_cluster,
+                                                          tiny_model_dir):
+    from rlctl.controller.prompts import read_rows
+    from rlctl.models.tiny import build_tiny_reward_model
+    from rlctl.workers.models import load_tokenizer
+
+    proj = make_project(tmp_path, "grpo-arith-cpu")
+    build_tiny_reward_model(proj / "rm", seed=3)
+    overrides = COMMON + ["reward.function=", "reward.model=rm", "reward.model_micro_batch_size=3",
+                          f"resources.colocate={str(colocate).lower()}", "run.total_steps=2", "run.log_samples=16",
+                          "data.batch_size=4", "rollout.n=4", "actor.mini_batch_size=4", "actor.micro_batch_size=16"]
+    start_training(load_config(proj / "rlctl.toml", overrides), address=None, force=False)
+    run = proj / "runs" / "grpo-arith-cpu"
+    rows = _metrics(run)
+    assert [r["reward/model/mean"] for r in rows] == pytest.approx([r["reward/mean"] for r in rows])
+    # samples.jsonl holds the templated prompt; find each one's chat messages in the data
+    policy_tok = load_tokenizer(str(tiny_model_dir))
+    by_prompt = {policy_tok.apply_chat_template(r["prompt"], add_generation_prompt=True, tokenize=False): r["prompt"]
+                 for r in read_rows([proj / "data" / "arith" / "train.parquet"])}
+    samples = [json.loads(line) for line in (run / "samples.jsonl").read_text().splitlines()]
+    assert len(samples) == 32
+    chats = [list(by_prompt[s["prompt"]]) + [{"role": "assistant", "content": s["response"]}] for s in samples]
+    assert [s["score"] for s in samples] == pytest.approx(_direct_rm_scores(proj / "rm", chats), abs=1e-5)
+    assert len({round(s["score"], 6) for s in samples}) > 4  # real scores, not one constant
