@@ -16,7 +16,7 @@ from rlctl.config.loader import load_config
 from rlctl.controller.run import start_training
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "rewards"))
-from reward_server import RewardService  # noqa: E402
+from reward_server import JudgeServer, RewardService, build_digit_judge  # noqa: E402
 
 COMMON = ["resources.gpus_per_node=0", "resources.workers=1", "data.max_response_length=8",
           "data.max_prompt_length=96", "data.val_files=[]", 'data.train_files=["data/arith/train.parquet"]',
@@ -88,3 +88,23 @@ def test_logged_scores_equal_the_reward_model_run_directly(colocate, tmp_path, m
     chats = [list(by_prompt[s["prompt"]]) + [{"role": "assistant", "content": s["response"]}] for s in samples]
     assert [s["score"] for s in samples] == pytest.approx(_direct_rm_scores(proj / "rm", chats), abs=1e-5)
     assert len({round(s["score"], 6) for s in samples}) > 4  # real scores, not one constant
+
+
+@pytest.mark.slow
+def test_a_short_run_graded_by_rlctl_serve_as_judge(tmp_path, make_project, ray_cluster, monkeypatch):
+    """`rlctl serve` of a tiny judge (it answers 7 or 3) grades a 2-step run next to the function."""
+    proj = make_project(tmp_path, "grpo-arith-cpu")
+    build_digit_judge(tmp_path / "judge")
+    monkeypatch.setenv("JUDGE_KEY", "k-123")
+    with JudgeServer(tmp_path / "judge", api_key="k-123", name="grader") as judge:
+        overrides = COMMON + ["reward.function=reward.py:compute_score", f"reward.judge_url={judge.url}",
+                              "reward.judge_model=grader", "reward.judge_api_key_env=JUDGE_KEY",
+                              "reward.judge_max_tokens=1", "reward.weights={ function = 1.0, judge = 0.1 }",
+                              "run.total_steps=2", "data.batch_size=4", "rollout.n=4", "actor.mini_batch_size=4",
+                              "actor.micro_batch_size=16"]
+        start_training(load_config(proj / "rlctl.toml", overrides), address=None, force=False)
+    rows = _metrics(proj / "runs" / "grpo-arith-cpu")
+    assert len(rows) == 2
+    for r in rows:
+        assert 3.0 <= r["reward/judge/mean"] <= 7.0 and r["reward/judge/errors"] == 0
+        assert r["reward/mean"] == pytest.approx(r["reward/function/mean"] + 0.1 * r["reward/judge/mean"], abs=1e-5)
