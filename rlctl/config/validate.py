@@ -161,7 +161,8 @@ def check_reward(c: Config, *, machine: bool) -> list[Problem]:
     if r.judge_url and not r.judge_model:
         problems.append(Problem("reward.judge_model", "is empty but reward.judge_url is set: name the model the "
                                                       "judge server serves"))
-    checks = [("judge_prompt", lambda: check_prompt(r.judge_prompt)), ("judge_score", lambda: score_reader(r.judge_score))]
+    checks = [("judge_prompt", lambda: check_prompt(r.judge_prompt)),
+              ("judge_score", lambda: score_reader(r.judge_score))]
     if machine:
         checks += [(key, lambda u=url, k=key: check_reachable(u, k)) for key, url in
                    (("judge_url", r.judge_url.rstrip("/")), ("remote_url", r.remote_url)) if url]

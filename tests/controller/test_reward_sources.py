@@ -35,9 +35,8 @@ def test_grpo_learns_from_a_remote_reward_service(tmp_path, make_project, ray_cl
     proj = make_project(tmp_path, "grpo-arith-cpu")
     steps = 24
     with RewardService() as service:
-        start_training(load_config(proj / "rlctl.toml", COMMON + ["reward.function=", f"reward.remote_url={service.url}",
-                                                                   f"run.total_steps={steps}"]),
-                       address=None, force=False)
+        overrides = COMMON + ["reward.function=", f"reward.remote_url={service.url}", f"run.total_steps={steps}"]
+        start_training(load_config(proj / "rlctl.toml", overrides), address=None, force=False)
     rows = _metrics(proj / "runs" / "grpo-arith-cpu")
     assert [r["step"] for r in rows] == list(range(1, steps + 1))
     rewards = [r["reward/mean"] for r in rows]
@@ -108,3 +107,19 @@ def test_a_short_run_graded_by_rlctl_serve_as_judge(tmp_path, make_project, ray_
     for r in rows:
         assert 3.0 <= r["reward/judge/mean"] <= 7.0 and r["reward/judge/errors"] == 0
         assert r["reward/mean"] == pytest.approx(r["reward/function/mean"] + 0.1 * r["reward/judge/mean"], abs=1e-5)
+
+
+@pytest.mark.slow
+def test_service_dying_mid_run_stops_the_run_with_exit_5(tmp_path, make_project, ray_cluster):
+    from rlctl.errors import RewardError
+
+    proj = make_project(tmp_path, "grpo-arith-cpu")
+    with RewardService(fail_after=2) as service:  # 16 samples a step = one request: steps 1-2 are scored
+        overrides = COMMON + ["reward.function=", f"reward.remote_url={service.url}", "reward.retries=1",
+                              "run.total_steps=4", "data.batch_size=4", "rollout.n=4", "actor.mini_batch_size=4",
+                              "actor.micro_batch_size=16"]
+        with pytest.raises(RewardError, match="reward source 'remote' failed on sample 0 .*HTTP 500") as err:
+            start_training(load_config(proj / "rlctl.toml", overrides), address=None, force=False)
+    assert err.value.exit_code == 5
+    assert [r["step"] for r in _metrics(proj / "runs" / "grpo-arith-cpu")] == [1, 2]
+    assert len(service.requests) == 4  # step 3's request and its one retry

@@ -26,8 +26,8 @@ def digit_judge(tmp_path_factory):
 
 
 def _cfg(url: str, **kw) -> RewardConfig:
-    return dataclasses.replace(RewardConfig(), judge_url=url, judge_model="judge", judge_api_key_env="RLCTL_TEST_JUDGE_KEY",
-                               judge_max_tokens=3, **kw)
+    return dataclasses.replace(RewardConfig(), judge_url=url, judge_model="judge",
+                               judge_api_key_env="RLCTL_TEST_JUDGE_KEY", judge_max_tokens=3, **kw)
 
 
 def test_judge_answers_are_parsed(digit_judge, tmp_path, monkeypatch):

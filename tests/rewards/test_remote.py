@@ -89,7 +89,8 @@ def test_slow_service_times_out(tmp_path):
     with RewardService(delay_s=1.5) as service:
         cfg = _cfg(service.url, timeout_s=0.3, retries=1)
         with build_reward(cfg, tmp_path) as reward:
-            with pytest.raises(RewardError, match=r"no answer from .* within reward.timeout_s = 0.3 s \(after 2 tries\)"):
+            timed_out = r"no answer from .* within reward.timeout_s = 0.3 s \(after 2 tries\)"
+            with pytest.raises(RewardError, match=timed_out):
                 reward.score(ITEMS[:4])
     assert len(service.requests) == 2  # the retry went out too
 
