@@ -183,6 +183,16 @@ def check_reward(c: Config, *, machine: bool) -> list[Problem]:
     return problems
 
 
+def check_reward_model_path(model: str, base: Path) -> list[Problem]:
+    """reward.model written as a path (./, /, ~) must exist; anything else may be a hub id."""
+    path = Path(model).expanduser()
+    path = path if path.is_absolute() else base / path
+    if model.startswith((".", "/", "~")) and not path.is_dir():
+        return [Problem("reward.model", f"{path} is not a folder; make one with `rlctl model tiny OUT --reward-model` "
+                                        "or point at a sequence-classification model")]
+    return []
+
+
 def check_lora(c: Config) -> list[Problem]:
     lora = c.model.lora
     if lora.rank == 0:
@@ -292,6 +302,8 @@ def validate(loaded: LoadedConfig, *, machine: bool = True) -> tuple[list[Proble
     problems, c = check_registered(loaded)
     batch_problems, plan = check_batches(c)
     problems += batch_problems + check_algorithm(c, loaded.raw) + check_lora(c) + check_reward(c, machine=machine)
+    if machine and c.reward.model:
+        problems += check_reward_model_path(c.reward.model, loaded.base_dir)
     if machine:
         file_problems, plan = check_files(loaded, plan)
         problems += file_problems + check_model(loaded) + check_machine(c)

@@ -87,10 +87,22 @@ def test_valid_config_and_batch_plan(project):
     (["data.batch_size=32", "actor.mini_batch_size=32"], "only 20 training rows"),
     (["model.lora.rank=8", "model.lora.target_modules=[]"], "target_modules: is empty"),
     (["reward.overlong.enable=true", "reward.overlong.buffer_len=65"], "longer than data.max_response_length"),
+    (["reward.judge_url=http://127.0.0.1:9/v1"], "reward.judge_model: is empty but reward.judge_url is set"),
+    (["reward.judge_url=http://127.0.0.1:9/v1", "reward.judge_model=j", "reward.judge_prompt=grade {question}"],
+     "has no {response}"),
+    (["reward.judge_url=http://127.0.0.1:9/v1", "reward.judge_model=j", "reward.judge_score=Score: \\d+"],
+     "has no group around the number"),
+    (["reward.weights={ judge = 1.0 }"], "weights 'judge', a source that is not configured (set reward.judge_url)"),
+    (["reward.model=./no/such/rm"], "reward.model: "),
 ])
 def test_cross_field_errors(project, overrides, needle):
     errors, _, _ = check(project, *overrides)
     assert any(needle in e for e in errors), errors
+
+
+def test_unreachable_reward_service_is_a_warning_in_validate(project):
+    errors, warnings, _ = check(project, "reward.remote_url=http://127.0.0.1:9/get_reward")
+    assert errors == [] and any("reward.remote_url: nothing answers at 127.0.0.1:9" in w for w in warnings)
 
 
 def test_builtin_reward_names_are_accepted(project):
