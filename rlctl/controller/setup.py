@@ -82,9 +82,10 @@ class TrainSetup:
 
     def rows_of(self, batch, n: int) -> list[PromptRow]:
         """The prompts of a prompt-major rollout batch (every n-th row)."""
+        messages = batch["messages"][::n] if "messages" in batch else [[]] * len(batch["prompts"][::n])
         return [PromptRow(prompt_ids=ids[mask != 0].tolist(), data_source=ds, ground_truth=gt, extra_info=ei,
-                          messages=[])
-                for ids, mask, ds, gt, ei in zip(batch["prompts"][::n], batch["attention_mask"][::n, :batch["prompts"].shape[1]],
+                          messages=m)  # the chat messages: a judge or reward model scores the greedy baseline too
+                for m, ids, mask, ds, gt, ei in zip(messages, batch["prompts"][::n], batch["attention_mask"][::n, :batch["prompts"].shape[1]],
                                                  batch["data_source"][::n], batch["ground_truth"][::n],
                                                  batch["extra_info"][::n])]
 
