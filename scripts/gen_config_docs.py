@@ -21,6 +21,8 @@ def _default(f) -> str:
     value = f.default_factory() if f.default is MISSING else f.default
     if isinstance(value, tuple):
         return "[" + ", ".join(f'"{v}"' for v in value) + "]"
+    if isinstance(value, dict):
+        return "{ " + ", ".join(f"{k} = {v!r}" for k, v in value.items()) + " }" if value else "{}"
     if isinstance(value, bool):
         return "true" if value else "false"
     return f'"{value}"' if isinstance(value, str) else repr(value)

@@ -20,12 +20,15 @@ def tiny(
     kv_heads: int = typer.Option(2, min=1, help="Key/value heads (divides --heads)."),
     untied: bool = typer.Option(False, "--untied", help="Separate lm_head instead of tied embeddings."),
     seed: int = typer.Option(0, help="Initialisation seed (same seed, same weights)."),
+    reward_model: bool = typer.Option(False, "--reward-model",
+                                      help="A sequence-classification reward model (one score) for reward.model."),
     force: bool = typer.Option(False, "--force", help="Overwrite a non-empty OUT."),
     fmt: str = format_option("text", "json", help="text or json."),
 ) -> None:
     """Write a tiny random Qwen2 model with a byte-level tokenizer, fully offline.
 
     Example: rlctl model tiny models/tiny --layers 2 --hidden 64
+             rlctl model tiny models/tiny-rm --reward-model
     """
     from rlctl.errors import UsageError
 
@@ -33,6 +36,12 @@ def tiny(
         raise UsageError(f"--hidden {hidden} / --heads {heads} / --kv-heads {kv_heads} do not divide",
                          hint="hidden must be a multiple of heads, and heads a multiple of kv-heads.")
     refuse_overwrite(out, force)
+    if reward_model:
+        from rlctl.models.tiny import build_tiny_reward_model
+
+        info = build_tiny_reward_model(out, layers=layers, hidden=hidden, heads=heads, kv_heads=kv_heads, seed=seed)
+        emit(info, fmt, text=f"wrote a tiny Qwen2 reward model ({info['params']:,} parameters) to {out}")
+        return
     from rlctl.models.tiny import build_tiny_model
 
     info = build_tiny_model(out, layers=layers, hidden=hidden, heads=heads, kv_heads=kv_heads,

@@ -7,13 +7,17 @@ from dataclasses import MISSING, fields, is_dataclass
 from rlctl import __version__
 from rlctl.config.schema import Config
 
-_TYPES = {bool: "boolean", int: "integer", float: "number", str: "string", tuple: "array"}
+_TYPES = {bool: "boolean", int: "integer", float: "number", str: "string", tuple: "array", dict: "object"}
 
 
 def _field_schema(f) -> dict:
     default = f.default_factory() if f.default is MISSING else f.default
     meta = f.metadata
     out = {"description": meta.get("help", ""), "type": _TYPES[type(default)]}
+    if isinstance(default, dict):  # reward.weights: source name -> number
+        out.update(default=default, additionalProperties=False,
+                   properties={name: {"type": "number"} for name in meta.get("choices") or ()})
+        return out
     if isinstance(default, tuple):
         out["items"] = {"type": "number" if meta.get("items") is float else "string"}
         if meta.get("choices"):

@@ -173,6 +173,17 @@ def check_value(key: str, f: dataclasses.Field, value: Any) -> tuple[Any, list[s
         if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
             return value, [f"expected a list of strings, got {_show(value)}"]
         value = tuple(value)
+    elif kind is dict:  # reward.weights: names -> finite numbers
+        if not isinstance(value, dict):
+            return value, [f"expected an inline table such as {{ function = 1.0 }}, got {_show(value)}"]
+        problems = []
+        for name, weight in value.items():
+            if name not in meta.get("choices", ()):
+                problems.append(f"{name!r} is not one of {', '.join(map(repr, meta['choices']))}"
+                                f"{suggest(str(name), meta['choices'])}")
+            elif isinstance(weight, bool) or not isinstance(weight, (int, float)) or not math.isfinite(weight):
+                problems.append(f"{name} = {_show(weight)} is not a finite number")
+        return {k: float(v) for k, v in value.items() if not problems}, problems
     return value, _bounds(meta, value)
 
 

@@ -25,6 +25,8 @@ def opt(default: Any, help: str, *, ge=None, gt=None, le=None, lt=None, choices=
             "required": required, "path": path, "extensible": extensible, "items": items}
     if isinstance(default, (list, tuple)):
         return field(default_factory=lambda: tuple(default), metadata=meta)
+    if isinstance(default, dict):  # an inline table (reward.weights): a fresh dict per config
+        return field(default_factory=lambda: dict(default), metadata=meta)
     return field(default=default, metadata=meta)
 
 
@@ -35,6 +37,9 @@ KL_TYPES = ("k1", "kl", "abs", "k2", "mse", "k3", "low_var_kl", "k1+", "kl+", "a
 ADV_ESTIMATORS = ("gae", "grpo", "rloo", "remax", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "grpo_passk",
                   "opo", "gpg", "gdpo", "optimal_token_baseline")
 LOGGERS = ("console", "jsonl", "tensorboard", "wandb")
+REWARD_SOURCES = ("function", "model", "judge", "remote")
+JUDGE_PROMPT = ("Grade the response to the question. Reply with a single number from 0 to 10 on the last line.\n\n"
+                "Question:\n{question}\n\nReference answer:\n{ground_truth}\n\nResponse:\n{response}")
 
 
 @dataclass(frozen=True)
@@ -207,6 +212,24 @@ class RewardConfig:
     workers: int = opt(2, "Reward process-pool size.", ge=1)
     sandbox_url: str = opt("", "Built-in code reward: run programs on this SandboxFusion service (http://host:port) "
                                "instead of rlctl's local sandbox.")
+    model: str = opt("", "Reward model: a Hugging Face sequence-classification folder or hub id (one score per "
+                         "sequence), run on its own workers (placement: resources.colocate).")
+    model_micro_batch_size: int = opt(8, "Reward model: sequences per worker per forward pass.", ge=1)
+    judge_url: str = opt("", "LLM judge: an OpenAI-compatible base URL (e.g. http://127.0.0.1:8000/v1).")
+    judge_model: str = opt("", "LLM judge: the model name sent in each request.")
+    judge_prompt: str = opt(JUDGE_PROMPT, "LLM judge: the user message; {question}, {response} and {ground_truth} "
+                                          "are filled in.")
+    judge_score: str = opt("last_number", "LLM judge: how to read the score: first_number, last_number, or a "
+                                          "regular expression whose first group is the number.")
+    judge_max_tokens: int = opt(256, "LLM judge: max_tokens of each answer.", ge=1)
+    judge_api_key_env: str = opt("OPENAI_API_KEY", "LLM judge: the environment variable holding the API key "
+                                                   "(unset = no key sent).")
+    remote_url: str = opt("", "Remote reward service (OpenRLHF protocol): POST {query, prompts, labels} -> "
+                              "{rewards}.")
+    concurrency: int = opt(8, "Judge / remote service: HTTP requests in flight at once.", ge=1)
+    retries: int = opt(2, "Judge / remote service: retries of a failed or timed-out request.", ge=0)
+    weights: dict = opt({}, "How sources combine: a weighted sum, e.g. { function = 1.0, judge = 0.1 } "
+                            "(a configured source not named weighs 1.0).", choices=REWARD_SOURCES)
     overlong: OverlongConfig = field(default_factory=OverlongConfig, metadata={"help": "DAPO overlong shaping."})
 
 

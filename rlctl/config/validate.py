@@ -166,6 +166,50 @@ def check_algorithm(c: Config, raw: dict) -> list[Problem]:
     return problems
 
 
+def check_reward(c: Config, *, machine: bool) -> list[Problem]:
+    """Model-based reward sources: a judge needs a model name and a usable prompt and score rule;
+    weights name configured sources; with `machine`, the judge and the service should answer."""
+    from rlctl.errors import ConfigError
+    from rlctl.rewards.http import check_reachable
+    from rlctl.rewards.remote import check_prompt, score_reader
+    from rlctl.rewards.sources import uses_function
+
+    r, problems = c.reward, []
+    if r.judge_url and not r.judge_model:
+        problems.append(Problem("reward.judge_model", "is empty but reward.judge_url is set: name the model the "
+                                                      "judge server serves"))
+    checks = [("judge_prompt", lambda: check_prompt(r.judge_prompt)),
+              ("judge_score", lambda: score_reader(r.judge_score))]
+    if machine:
+        checks += [(key, lambda u=url, k=key: check_reachable(u, k)) for key, url in
+                   (("judge_url", r.judge_url.rstrip("/")), ("remote_url", r.remote_url)) if url]
+    for key, check in checks:
+        try:
+            check()
+        except ConfigError as err:
+            unreachable = "nothing answers" in err.message
+            problems.append(Problem(f"reward.{key}", err.message.removeprefix(f"reward.{key}: ").removeprefix(
+                f"reward.{key} "), severity="warning" if unreachable else "error"))
+    configured = {"function": uses_function(r), "model": bool(r.model), "judge": bool(r.judge_url),
+                  "remote": bool(r.remote_url)}
+    keys = {"function": "function", "model": "model", "judge": "judge_url", "remote": "remote_url"}
+    for name in r.weights:
+        if not configured.get(name, True):
+            problems.append(Problem("reward.weights", f"weights {name!r}, a source that is not configured "
+                                                      f"(set reward.{keys[name]})"))
+    return problems
+
+
+def check_reward_model_path(model: str, base: Path) -> list[Problem]:
+    """reward.model written as a path (./, /, ~) must exist; anything else may be a hub id."""
+    path = Path(model).expanduser()
+    path = path if path.is_absolute() else base / path
+    if model.startswith((".", "/", "~")) and not path.is_dir():
+        return [Problem("reward.model", f"{path} is not a folder; make one with `rlctl model tiny OUT --reward-model` "
+                                        "or point at a sequence-classification model")]
+    return []
+
+
 def check_lora(c: Config) -> list[Problem]:
     lora = c.model.lora
     if lora.rank == 0:
@@ -321,7 +365,9 @@ def validate(loaded: LoadedConfig, *, machine: bool = True) -> tuple[list[Proble
     """All problems (errors and warnings) of a type-checked config, and its batch plan."""
     problems, c = check_registered(loaded)
     batch_problems, plan = check_batches(c)
-    problems += batch_problems + check_algorithm(c, loaded.raw) + check_lora(c)
+    problems += batch_problems + check_algorithm(c, loaded.raw) + check_lora(c) + check_reward(c, machine=machine)
+    if machine and c.reward.model:
+        problems += check_reward_model_path(c.reward.model, loaded.base_dir)
     if machine:
         file_problems, plan = check_files(loaded, plan)
         problems += file_problems + check_model(loaded) + check_machine(c)

@@ -31,12 +31,21 @@ def prompt_batch(rows: list[PromptRow], tag: str, pad_token_id: int) -> Batch:
         "data_source": _objects([r.data_source for r in rows]),
         "ground_truth": _objects([r.ground_truth for r in rows]),
         "extra_info": _objects([r.extra_info for r in rows]),
+        "messages": _each([r.messages for r in rows]),  # the chat prompt: judge and reward model read it
     })
 
 
 def _objects(values: list) -> np.ndarray:
     out = np.empty(len(values), dtype=object)
     out[:] = values
+    return out
+
+
+def _each(values: list) -> np.ndarray:
+    """An object array of lists (numpy would turn equal-length lists into a 2-D array)."""
+    out = np.empty(len(values), dtype=object)
+    for i, value in enumerate(values):
+        out[i] = value
     return out
 
 
@@ -52,8 +61,12 @@ def score(batch: Batch, reward_runner, tokenizer, components: tuple = ()) -> dic
     components: names of numeric extras of the reward's dict that the estimator reads (gdpo); each
     is stored as `reward_component/<name>` [B] and must be present for every sample."""
     texts = decode_responses(batch, tokenizer)
-    items = [{"data_source": ds, "solution_str": t, "ground_truth": gt, "extra_info": ei}
-             for ds, t, gt, ei in zip(batch["data_source"], texts, batch["ground_truth"], batch["extra_info"])]
+    prompts = decode_prompts(batch, tokenizer)
+    messages = batch["messages"] if "messages" in batch else [None] * len(texts)
+    items = [{"data_source": ds, "solution_str": t, "ground_truth": gt, "extra_info": ei, "prompt_str": p,
+              "messages": m}
+             for ds, t, gt, ei, p, m in zip(batch["data_source"], texts, batch["ground_truth"], batch["extra_info"],
+                                            prompts, messages)]
     result = reward_runner.score(items)
     batch["scores"] = result.scores.astype(np.float32)
     acc = result.extras.get("acc")
@@ -76,6 +89,13 @@ def decode_responses(batch: Batch, tokenizer) -> list[str]:
     responses, lengths = batch["responses"], batch["response_length"]
     return tokenizer.batch_decode([row[:n].tolist() for row, n in zip(responses, lengths)],
                                   skip_special_tokens=True)
+
+
+def decode_prompts(batch: Batch, tokenizer) -> list[str]:
+    """The chat-templated prompts as the policy saw them (special tokens kept, padding dropped)."""
+    width = batch["prompts"].shape[1]
+    return tokenizer.batch_decode([row[m != 0].tolist() for row, m in
+                                   zip(batch["prompts"], batch["attention_mask"][:, :width])])
 
 
 def rollout(s, step: int) -> tuple[Batch, dict]:

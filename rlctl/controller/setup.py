@@ -35,6 +35,8 @@ def resolve_paths(config: Config, base: Path) -> Config:
     if ":" in reward.function:
         file, _, fn = reward.function.rpartition(":")
         reward = dataclasses.replace(reward, function=f"{absolute(file)}:{fn}")
+    if reward.model and ((base / reward.model).exists() or reward.model.startswith((".", "/", "~"))):
+        reward = dataclasses.replace(reward, model=absolute(reward.model))  # a folder, not a hub id
     run = dataclasses.replace(config.run, output_dir=absolute(config.run.output_dir))
     algorithm = dataclasses.replace(config.algorithm, plugins=tuple(map(absolute, config.algorithm.plugins)))
     return dataclasses.replace(config, model=dataclasses.replace(config.model, path=model_path), data=data,
@@ -82,9 +84,10 @@ class TrainSetup:
 
     def rows_of(self, batch, n: int) -> list[PromptRow]:
         """The prompts of a prompt-major rollout batch (every n-th row)."""
+        messages = batch["messages"][::n] if "messages" in batch else [[]] * len(batch["prompts"][::n])
         return [PromptRow(prompt_ids=ids[mask != 0].tolist(), data_source=ds, ground_truth=gt, extra_info=ei,
-                          messages=[])
-                for ids, mask, ds, gt, ei in zip(batch["prompts"][::n], batch["attention_mask"][::n, :batch["prompts"].shape[1]],
+                          messages=m)  # the chat messages: a judge or reward model scores the greedy baseline too
+                for m, ids, mask, ds, gt, ei in zip(messages, batch["prompts"][::n], batch["attention_mask"][::n, :batch["prompts"].shape[1]],
                                                  batch["data_source"][::n], batch["ground_truth"][::n],
                                                  batch["extra_info"][::n])]
 
@@ -128,7 +131,7 @@ def build_setup(loaded: LoadedConfig, run_dir: Path, stack: ExitStack, *, addres
     from rlctl.controller.display import LiveDisplay
     from rlctl.controller.logging import MetricsLogger
     from rlctl.plugins import import_plugins
-    from rlctl.rewards.runner import RewardRunner
+    from rlctl.rewards.sources import build_reward
 
     config = resolve_paths(loaded.config, loaded.base_dir)
     c = config
@@ -144,10 +147,7 @@ def build_setup(loaded: LoadedConfig, run_dir: Path, stack: ExitStack, *, addres
     s = TrainSetup(config=config, config_dir=loaded.base_dir, run_dir=run_dir, tokenizer=tokenizer,
                    pad_token_id=pad, loader=loader, val_rows=val_rows, total_steps=total, needs=needs,
                    kl_ctrl=kl_ctrl, notices=notices)
-    s.reward = stack.enter_context(RewardRunner(c.reward.function, loaded.base_dir, timeout_s=c.reward.timeout_s,
-                                                on_error=c.reward.on_error, workers=c.reward.workers,
-                                                format_score=c.reward.format_score,
-                                                sandbox_url=c.reward.sandbox_url))
+    s.reward = stack.enter_context(build_reward(c.reward, loaded.base_dir))
     s.reward.check_data_sources(sorted(train.data_sources))
     s.logger = stack.enter_context(MetricsLogger(run_dir, c.run.loggers, c.run.name, config_to_dict(c),
                                                  start_step=start_step))
@@ -166,3 +166,5 @@ def start_workers(s: TrainSetup, stack: ExitStack, address: str) -> None:
                     needs_critic=s.needs.critic)
     stack.callback(workers.shutdown)
     s.actor, s.critic = workers.actor, workers.critic
+    if workers.reward_model is not None:
+        s.reward.attach_model(workers.reward_model)

@@ -86,3 +86,33 @@ def build_tiny_model(out: str | os.PathLike, *, layers: int = 2, hidden: int = 6
             "tied_embeddings": tie_embeddings, "seed": seed}
     (out / "rlctl_tiny.json").write_text(json.dumps(info, indent=1) + "\n")
     return info
+
+
+def build_tiny_reward_model(out: str | os.PathLike, *, layers: int = 2, hidden: int = 64, heads: int = 4,
+                            kv_heads: int = 2, max_positions: int = 2048, seed: int = 0) -> dict:
+    """Write a tiny random Qwen2ForSequenceClassification (one label: a reward model) + tokenizer.
+
+    The same byte-level tokenizer and chat template as build_tiny_model; the `score` head is seeded
+    too, so the same arguments give the same rewards."""
+    import torch
+    from transformers import Qwen2Config, Qwen2ForSequenceClassification
+
+    tok = build_tokenizer(max_positions)
+    cfg = Qwen2Config(
+        vocab_size=len(tok), hidden_size=hidden, intermediate_size=4 * hidden, num_hidden_layers=layers,
+        num_attention_heads=heads, num_key_value_heads=kv_heads, max_position_embeddings=max_positions,
+        rope_theta=10000.0, rms_norm_eps=1e-6, initializer_range=0.02, num_labels=1,
+        bos_token_id=None, eos_token_id=tok.convert_tokens_to_ids("<|im_end|>"), pad_token_id=tok.pad_token_id,
+    )
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = Qwen2ForSequenceClassification(cfg).to(torch.float32)
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out, safe_serialization=True)
+    tok.save_pretrained(out)
+    info = {"path": str(out), "params": sum(p.numel() for p in model.parameters()), "layers": layers,
+            "hidden": hidden, "heads": heads, "kv_heads": kv_heads, "vocab": len(tok), "num_labels": 1,
+            "reward_model": True, "seed": seed}
+    (out / "rlctl_tiny.json").write_text(json.dumps(info, indent=1) + "\n")
+    return info

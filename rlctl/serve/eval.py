@@ -117,13 +117,14 @@ def run_eval(model_path: str | Path, data_file: str | Path, opts: EvalOptions, o
                          hint="set --temperature (e.g. 1.0) to sample.")
     with model_folder(model_path, opts.step) as folder:
         samples = _generate(folder, rows, opts, temperature, opts.max_new_tokens or default_max)
-    scores, correct, records = _score(rows, samples, reward, config_dir)
+        prompts = _prompt_texts(folder, rows) if reward.remote_url else [""] * len(rows)
+    scores, correct, records = _score(rows, samples, reward, config_dir, prompts)
     _write_jsonl(out_path, records)
     by_source = defaultdict(list)
     for i, row in enumerate(rows):
         by_source[row["data_source"]].append(i)
     return {"model": str(model_path), "data": str(data_file), "n": opts.n, "temperature": temperature,
-            "reward": reward.function or "built-in by data_source", "out": str(out_path),
+            "reward": _reward_label(reward), "out": str(out_path),
             "sources": {src: summarize([scores[i] for i in idx], [correct[i] for i in idx], opts.n)
                         for src, idx in sorted(by_source.items())},
             "all": summarize(scores, correct, opts.n)}
@@ -131,10 +132,34 @@ def run_eval(model_path: str | Path, data_file: str | Path, opts: EvalOptions, o
 
 def _check_reward(reward, config_dir: Path, data_sources: set) -> None:
     from rlctl.rewards.custom import check_builtin_sources, load_reward_fn, parse_spec
+    from rlctl.rewards.http import check_reachable
+    from rlctl.rewards.sources import uses_function
 
-    spec = parse_spec(reward.function, config_dir, reward.format_score)
-    load_reward_fn(spec)
-    check_builtin_sources(spec, data_sources)
+    if uses_function(reward):
+        spec = parse_spec(reward.function, config_dir, reward.format_score)
+        load_reward_fn(spec)
+        check_builtin_sources(spec, data_sources)
+    for key, url in (("judge_url", reward.judge_url), ("remote_url", reward.remote_url)):
+        if url:
+            check_reachable(url, key)
+
+
+def _reward_label(reward) -> str:
+    from rlctl.rewards.sources import uses_function
+
+    names = ([reward.function or "built-in by data_source"] if uses_function(reward) else []) + \
+        [f"{name} {value}" for name, value in (("model", reward.model), ("judge", reward.judge_url),
+                                               ("remote", reward.remote_url)) if value]
+    return " + ".join(names)
+
+
+def _prompt_texts(folder: Path, rows: list[dict]) -> list[str]:
+    """The chat-templated prompts as the model saw them (a remote service gets them, as in training)."""
+    from rlctl.data.dataset import render_prompts
+
+    from transformers import AutoTokenizer
+
+    return render_prompts([row["prompt"] for row in rows], AutoTokenizer.from_pretrained(folder))
 
 
 def _generate(folder: Path, rows: list[dict], opts: EvalOptions, temperature: float, max_new: int):
@@ -183,16 +208,17 @@ def _progress_printer():
     return show
 
 
-def _score(rows, samples, reward, config_dir: Path):
+def _score(rows, samples, reward, config_dir: Path, prompts: list[str]):
     """Scores [prompt][sample], correctness (the reward's `acc` if it gives one, else score > 0), records."""
-    from rlctl.rewards.runner import RewardRunner
+    from rlctl.rewards.sources import build_reward
 
     items = [{"data_source": row["data_source"], "solution_str": s.text,
-              "ground_truth": row["reward_model"]["ground_truth"], "extra_info": row.get("extra_info")}
-             for row, row_samples in zip(rows, samples) for s in row_samples]
-    with RewardRunner(reward.function, config_dir, timeout_s=reward.timeout_s, on_error=reward.on_error,
-                      workers=reward.workers, format_score=reward.format_score,
-                      sandbox_url=reward.sandbox_url) as runner:
+              "ground_truth": row["reward_model"]["ground_truth"], "extra_info": row.get("extra_info"),
+              "prompt_str": prompt, "messages": row["prompt"]}
+             for row, prompt, row_samples in zip(rows, prompts, samples) for s in row_samples]
+    with build_reward(reward, config_dir) as runner:
+        if reward.model:
+            runner.attach_model(_LocalRewardModel(reward, config_dir))
         result = runner.score(items)
     acc = result.extras.get("acc")
     scores, correct, records, k = [], [], [], 0
@@ -208,6 +234,22 @@ def _score(rows, samples, reward, config_dir: Path):
                             "response_tokens": s.tokens})
             k += 1
     return scores, correct, records
+
+
+class _LocalRewardModel:
+    """reward.model in this process: eval scores one batch, so no worker group (nor Ray) is started."""
+
+    def __init__(self, reward, config_dir: Path):
+        from rlctl.config.schema import Config
+        from rlctl.workers.reward_model import RewardModelWorker
+
+        path = Path(reward.model).expanduser()
+        if not path.is_absolute() and (config_dir / path).exists():
+            reward = replace(reward, model=str(config_dir / path))
+        self.worker = RewardModelWorker(Config(reward=reward))
+
+    def compute_rm_scores(self, batch):
+        return self.worker.compute_rm_scores(batch)
 
 
 def _write_jsonl(path: Path, records: list[dict]) -> None:

@@ -1,4 +1,5 @@
-"""Starting a run's workers from its config: the actor group, and the critic co-located or apart.
+"""Starting a run's workers from its config: the actor group, and the critic and the reward model
+(reward.model) co-located with it or apart.
 
     workers = start_workers(cfg, total_steps=N, needs_reference=needs.reference,
                             needs_critic=needs.critic)
@@ -21,6 +22,7 @@ class Workers:
     actor: RoleHandle
     critic: RoleHandle | None
     groups: list[WorkerGroup] = field(default_factory=list)
+    reward_model: RoleHandle | None = None  # reward.model's workers, placed like the critic
 
     def shutdown(self) -> None:
         for group in self.groups:
@@ -39,13 +41,29 @@ def start_workers(config, *, total_steps: int, needs_reference: bool, needs_crit
     roles = {"actor": actor_spec}
     if needs_critic and config.resources.colocate:
         roles["critic"] = critic_spec
+    rm_spec = _reward_model_spec(config)
+    if rm_spec and config.resources.colocate:
+        roles["reward_model"] = rm_spec
     groups = [WorkerGroup(ResourcePool(config.resources, name="actor"), roles, name="actor")]
     try:
         if needs_critic and not config.resources.colocate:
             groups.append(WorkerGroup(ResourcePool(config.resources, name="critic"), {"critic": critic_spec},
                                       name="critic"))
+        if rm_spec and not config.resources.colocate:
+            groups.append(WorkerGroup(ResourcePool(config.resources, name="reward_model"),
+                                      {"reward_model": rm_spec}, name="reward_model"))
     except BaseException:
         groups[0].shutdown()
         raise
-    critic = groups[-1].role("critic") if needs_critic else None
-    return Workers(actor=groups[0].role("actor"), critic=critic, groups=groups)
+    critic = next(g.role("critic") for g in groups if "critic" in g.role_classes) if needs_critic else None
+    reward_model = next(g.role("reward_model") for g in groups if "reward_model" in g.role_classes) if rm_spec else None
+    return Workers(actor=groups[0].role("actor"), critic=critic, groups=groups, reward_model=reward_model)
+
+
+def _reward_model_spec(config):
+    """reward.model's worker role, or None when the run has no reward model."""
+    if not config.reward.model:
+        return None
+    from rlctl.workers.reward_model import RewardModelWorker
+
+    return (RewardModelWorker, {"config": config})

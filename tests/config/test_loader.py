@@ -160,3 +160,25 @@ def test_string_keys_take_any_override_text():
     assert parse_override("model.path=true") == ("model.path", "true")
     assert parse_override('run.name="quoted"') == ("run.name", "quoted")
     assert parse_override("rollout.n=8") == ("rollout.n", 8) and parse_override("actor.lr=1e-6") == ("actor.lr", 1e-6)
+
+
+def test_reward_weights_inline_table_round_trips_through_the_resolved_config(tmp_path):
+    import tomlkit
+
+    from rlctl.config.loader import config_to_dict
+
+    cfg = tmp_path / "rlctl.toml"
+    cfg.write_text('[model]\npath = "m"\n[data]\ntrain_files = ["t.parquet"]\n'
+                   '[reward]\nremote_url = "http://127.0.0.1:5000/r"\nweights = { function = 1, remote = 0.5 }\n')
+    loaded = load_config(cfg)
+    assert loaded.config.reward.weights == {"function": 1.0, "remote": 0.5}
+    again = tmp_path / "config.resolved.toml"
+    again.write_text(tomlkit.dumps(config_to_dict(loaded.config)))
+    assert load_config(again).config == loaded.config
+    assert load_config(cfg, ["reward.weights.judge=0.1"]).config.reward.weights["judge"] == 0.1
+    with pytest.raises(ConfigError) as err:
+        load_config(cfg, ['reward.weights={ remot = 1 }'])
+    assert "did you mean 'remote'" in str(err.value.problems)
+    with pytest.raises(ConfigError) as err:
+        load_config(cfg, ['reward.weights={ judge = "high" }'])
+    assert "not a finite number" in str(err.value.problems)

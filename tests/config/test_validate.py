@@ -93,10 +93,24 @@ def test_valid_config_and_batch_plan(project):
     (['algorithm.rollout_correction.rollout_rs="token_k2"'], "rollout_rs: rollout_rs needs rollout_rs_threshold"),
     (['algorithm.rollout_correction.rollout_rs="tok_k2"', 'algorithm.rollout_correction.rollout_rs_threshold="1"'],
      "unknown rollout_rs option(s) tok_k2"),
+
+
+    (["reward.judge_url=http://127.0.0.1:9/v1"], "reward.judge_model: is empty but reward.judge_url is set"),
+    (["reward.judge_url=http://127.0.0.1:9/v1", "reward.judge_model=j", "reward.judge_prompt=grade {question}"],
+     "has no {response}"),
+    (["reward.judge_url=http://127.0.0.1:9/v1", "reward.judge_model=j", "reward.judge_score=Score: \\d+"],
+     "has no group around the number"),
+    (["reward.weights={ judge = 1.0 }"], "weights 'judge', a source that is not configured (set reward.judge_url)"),
+    (["reward.model=./no/such/rm"], "reward.model: "),
 ])
 def test_cross_field_errors(project, overrides, needle):
     errors, _, _ = check(project, *overrides)
     assert any(needle in e for e in errors), errors
+
+
+def test_unreachable_reward_service_is_a_warning_in_validate(project):
+    errors, warnings, _ = check(project, "reward.remote_url=http://127.0.0.1:9/get_reward")
+    assert errors == [] and any("reward.remote_url: nothing answers at 127.0.0.1:9" in w for w in warnings)
 
 
 def test_builtin_reward_names_are_accepted(project):

@@ -1,0 +1,118 @@
+"""A small reward service for tests: OpenRLHF's protocol on loopback, in a thread of the test process.
+
+It scores the share of lowercase ASCII letters in each response (query minus its prompt), a dense
+reward the tiny random model can learn. `fail_after` makes it answer HTTP 500 from that request on
+(a service that died mid-run); `delay_s` makes every answer slow.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+
+def lowercase_share(text: str) -> float:
+    return sum("a" <= ch <= "z" for ch in text) / max(len(text), 1)
+
+
+class RewardService:
+    def __init__(self, *, fail_after: int | None = None, delay_s: float = 0.0):
+        self.requests: list[dict] = []
+        self.fail_after, self.delay_s = fail_after, delay_s
+        service = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self):
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                service.requests.append(body)
+                time.sleep(service.delay_s)
+                if service.fail_after is not None and len(service.requests) > service.fail_after:
+                    self.send_error(500, "service is down")
+                    return
+                rewards = [lowercase_share(q[len(p):]) for q, p in zip(body["query"], body["prompts"])]
+                data = json.dumps({"rewards": rewards}).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def log_message(self, *args):
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/get_reward"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+
+    def __enter__(self) -> RewardService:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+class JudgeServer:
+    """`rlctl serve MODEL` (built-in engine) on a free loopback port, as an LLM judge; `url` is its /v1."""
+
+    def __init__(self, model_dir, *, api_key: str, name: str = "judge", timeout_s: float = 120.0):
+        import os
+        import re
+        import subprocess
+        import sys
+
+        cmd = [sys.executable, "-m", "rlctl", "serve", str(model_dir), "--engine", "hf", "--port", "0",
+               "--api-key", api_key, "--served-model-name", name]
+        self.proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True,
+                                     env={**os.environ, "OMP_NUM_THREADS": "1"})
+        self.lines: list[str] = []
+        self.url = None
+        deadline = time.monotonic() + timeout_s
+        for line in self.proc.stderr:
+            self.lines.append(line)
+            if match := re.search(r"on (http://[^ ]+/v1)", line):
+                self.url = match.group(1)
+                break
+            if time.monotonic() > deadline:
+                break
+        if self.url is None:
+            self.proc.kill()
+            raise RuntimeError("rlctl serve did not start:\n" + "".join(self.lines))
+        threading.Thread(target=lambda: self.lines.extend(self.proc.stderr), daemon=True).start()
+
+    def __enter__(self) -> JudgeServer:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(20)
+        except Exception:
+            self.proc.kill()
+            self.proc.wait()
+
+
+def build_digit_judge(out) -> None:
+    """A tiny model whose greedy answer is always the digit 7 or 3, depending on the input.
+
+    Its (untied) output head is zero except two opposite rows: logit('7') = h.w, logit('3') = -h.w,
+    every other token 0, so one of the two digits always wins. A real judge, answering over HTTP."""
+    import torch
+    from safetensors.torch import load_file, save_file
+    from transformers import AutoTokenizer
+
+    from rlctl.models.tiny import build_tiny_model
+
+    build_tiny_model(out, tie_embeddings=False)
+    tok = AutoTokenizer.from_pretrained(out)
+    (seven,), (three,) = tok.encode("7"), tok.encode("3")
+    path = f"{out}/model.safetensors"
+    weights = load_file(path)
+    head = torch.zeros_like(weights["lm_head.weight"])
+    w = torch.randn(head.shape[1], generator=torch.Generator().manual_seed(0))
+    head[seven], head[three] = w, -w
+    weights["lm_head.weight"] = head
+    save_file({k: v.contiguous() for k, v in weights.items()}, path, metadata={"format": "pt"})
