@@ -165,6 +165,25 @@ def check_lora(c: Config) -> list[Problem]:
     return problems
 
 
+def check_lora_targets(loaded: LoadedConfig) -> list[Problem]:
+    """Every name in model.lora.target_modules must match a layer of the model: read from its
+    config.json on the meta device (no weights). A model not on disk (a hub id not yet
+    downloaded) is checked by the workers at train start instead."""
+    c = loaded.config
+    lora = c.model.lora
+    path = _resolve(loaded.base_dir, c.model.path)
+    if lora.rank == 0 or not lora.target_modules or not (path / "config.json").is_file():
+        return []
+    from rlctl.workers.lora import meta_model, mismatch_message
+
+    try:
+        model = meta_model(str(path), c.model.trust_remote_code)
+    except Exception:  # noqa: BLE001 - an architecture transformers cannot build fails at load, with its reason
+        return []
+    message = mismatch_message(model, lora.target_modules)
+    return [Problem("model.lora.target_modules", message)] if message else []
+
+
 def _resolve(base: Path, p: str) -> Path:
     path = Path(p).expanduser()
     return path if path.is_absolute() else base / path
@@ -260,7 +279,7 @@ def validate(loaded: LoadedConfig, *, machine: bool = True) -> tuple[list[Proble
     problems += batch_problems + check_algorithm(c, loaded.raw) + check_lora(c)
     if machine:
         file_problems, plan = check_files(loaded, plan)
-        problems += file_problems + check_model(loaded) + check_machine(c)
+        problems += file_problems + check_model(loaded) + check_lora_targets(loaded) + check_machine(c)
     # A key that failed its own check keeps its default: rules about it would mislead.
     bad_keys = {p.key for p in loaded.problems if p.severity == "error"}
     return list(loaded.problems) + [p for p in problems if p.key not in bad_keys], plan
