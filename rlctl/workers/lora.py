@@ -119,8 +119,10 @@ def check_targets(model: torch.nn.Module, lora_cfg) -> None:
                           hint="fix model.lora.target_modules in rlctl.toml (`rlctl config validate` shows it too)")
 
 
-def adapted_module_names(peft_model) -> list[str]:
-    """Full names of the modules that actually carry adapters (peft's own record), without the
-    `base_model.model.` prefix: what an exported adapter_config.json lists."""
-    names = set(getattr(peft_model, "targeted_module_names", []) or [])
-    return sorted(names)
+def pin_adapted_targets(peft_model, adapter: str = "default") -> None:
+    """Make the adapter's config list exactly the modules that carry adapters (full names, as peft
+    itself writes for "all-linear"), so a saved adapter_config.json says what was trained and
+    loads back onto the same modules. Expert banks stay in peft's `target_parameters`."""
+    banks = {name.rpartition(".")[0] for name in getattr(peft_model, "targeted_parameter_names", []) or []}
+    modules = set(peft_model.targeted_module_names) - banks
+    peft_model.peft_config[adapter].target_modules = sorted(modules)
