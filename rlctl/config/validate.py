@@ -156,6 +156,9 @@ def check_lora(c: Config) -> list[Problem]:
     problems = []
     if not lora.target_modules:
         problems.append(Problem("model.lora.target_modules", "is empty; name the modules that get adapters"))
+    elif "all-linear" in [str(t).lower() for t in lora.target_modules] and len(lora.target_modules) > 1:
+        problems.append(Problem("model.lora.target_modules", "\"all-linear\" already covers every linear layer; "
+                                                             "use it alone, or list layer names without it"))
     if lora.alpha / lora.rank > 16 or lora.alpha / lora.rank < 1 / 16:
         problems.append(Problem("model.lora.alpha", f"alpha/rank = {lora.alpha / lora.rank:g} is far from the usual "
                                                     "0.5-4; updates will be tiny or explosive", severity="warning"))
