@@ -158,3 +158,41 @@ def test_a_step_trains_adapters_only_and_both_merges_load(arch_dirs, arch, tmp_p
         untrained = _base(model_dir)(ids).logits
     assert torch.allclose(from_adapter, want, atol=1e-4) and torch.allclose(from_merged, want, atol=1e-4)
     assert not torch.allclose(untrained, want, atol=1e-4)
+
+
+def _fsdp_rank(rank, model_dir, init_file, out_dir):
+    import os
+
+    import torch.distributed as dist
+
+    from rlctl.workers.fsdp import shard, whole_weights
+    from rlctl.workers.rollout.weights import engine_weights
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=2)
+    model = _lora(model_dir)
+    shard(model)
+    ids = torch.tensor([[5, 70, 101, 33]])
+    model(ids, labels=ids).loss.backward()                           # peft's bank wrappers train under FSDP2
+    gathered = {k: v.clone() for k, v in engine_weights(model)}      # the actor's sync: one tensor at a time
+    with whole_weights(model):
+        whole = {k: v.clone() for k, v in engine_weights(model)}
+    torch.save({"gathered": gathered, "whole": whole}, os.path.join(out_dir, f"rank{rank}.pt"))
+    dist.destroy_process_group()
+
+
+@pytest.mark.timeout(240)
+def test_moe_engine_weights_under_fsdp2(arch_dirs, tmp_path):
+    import torch.multiprocessing as mp
+
+    from rlctl.workers.rollout.weights import engine_weights
+
+    model_dir = arch_dirs["qwen3_moe"]
+    mp.start_processes(_fsdp_rank, args=(model_dir, str(tmp_path / "pg"), str(tmp_path)), nprocs=2, join=True,
+                       start_method="spawn")
+    expected = dict(engine_weights(_lora(model_dir)))
+    for rank in range(2):
+        got = torch.load(tmp_path / f"rank{rank}.pt", weights_only=True)
+        for how in ("gathered", "whole"):
+            assert set(got[how]) == set(expected)
+            assert max(float((got[how][k] - expected[k]).abs().max()) for k in expected) < 1e-6, how

@@ -58,11 +58,20 @@ def _lora_delta(module: torch.nn.Module) -> torch.Tensor | None:
 
 def _bank_delta(wrapper: torch.nn.Module) -> torch.Tensor | None:
     """peft's delta for the parameter a ParamWrapper adapts (an expert bank [E, ., .] or a router
-    weight), summed over active adapters; needs whole tensors (inside `whole_weights`)."""
+    weight), summed over active adapters. peft's own get_delta_weight does the per-expert reshape;
+    it runs on whole A and B (FSDP2 shards are gathered first and put back afterwards)."""
     adapters = [a for a in getattr(wrapper, "active_adapters", []) if a in getattr(wrapper, "lora_A", {})]
     delta = None
     for a in adapters:
-        d = wrapper.get_delta_weight(a)
+        layers = (wrapper.lora_A[a], wrapper.lora_B[a])
+        sharded = [layer._parameters["weight"] for layer in layers]
+        try:
+            for layer, param in zip(layers, sharded):
+                layer._parameters["weight"] = torch.nn.Parameter(_full(param.detach()), requires_grad=False)
+            d = wrapper.get_delta_weight(a)
+        finally:
+            for layer, param in zip(layers, sharded):
+                layer._parameters["weight"] = param
         delta = d if delta is None else delta + d
     return delta
 
