@@ -13,7 +13,10 @@ worker runs it again on the real model, for models validate could not see (a hub
 
 from __future__ import annotations
 
+import contextlib
 import difflib
+import warnings
+from typing import Iterator
 
 import torch
 
@@ -97,6 +100,17 @@ def mismatch_message(model: torch.nn.Module, targets) -> str | None:
     mean = f"did you mean {', '.join(hints)}, or " if hints else "use "
     return (f"{', '.join(missing)} match no layer of {type(model).__name__} ({got}its linear layers are "
             f"{', '.join(names)}); {mean}[\"{ALL_LINEAR}\"] for all of them")
+
+
+@contextlib.contextmanager
+def quiet_moe_patterns() -> Iterator[None]:
+    """MoE models: peft maps the per-expert names onto the fused expert banks and leaves a rank/alpha
+    pattern for `gate_up_proj` that applies only to modules, then warns (at every load) that it
+    matched none. The adapters are the same either way; the warning is noise to a user."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="The following (rank|alpha)_pattern keys did not match",
+                                category=RuntimeWarning)
+        yield
 
 
 def meta_model(path: str, trust_remote_code: bool = False) -> torch.nn.Module:

@@ -67,7 +67,10 @@ def apply_lora(model: torch.nn.Module, lora_cfg) -> torch.nn.Module:
     """Wrap with peft adapters; only the adapters train, the base weights stay frozen."""
     from peft import get_peft_model
 
-    return get_peft_model(model, lora_config(lora_cfg))
+    from rlctl.workers.lora import quiet_moe_patterns
+
+    with quiet_moe_patterns():
+        return get_peft_model(model, lora_config(lora_cfg))
 
 
 def load_tokenizer(path: str, trust_remote_code: bool = False):
