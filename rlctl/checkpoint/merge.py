@@ -216,12 +216,16 @@ def _save_rounded(model, folder: Path, dtype, *, adapter: bool, max_shard_size) 
     """save_pretrained in `dtype`, then leave the model holding those rounded values in float32.
 
     A full model: transformers writes config.json + generation_config.json and drops the tied
-    lm_head.weight. An adapter: peft writes adapter_config.json (r, lora_alpha, base path) and
-    adapter_model.safetensors with the adapter weights only.
+    lm_head.weight. An adapter: peft writes adapter_config.json (r, lora_alpha, base path, the
+    modules that carry adapters by full name) and adapter_model.safetensors with the adapter
+    weights only.
     """
     import torch
 
     if adapter:
+        from rlctl.workers.lora import pin_adapted_targets
+
+        pin_adapted_targets(model)
         lora_params = [p for n, p in model.named_parameters() if "lora_" in n]
         for p in lora_params:
             p.data = p.data.to(dtype)

@@ -84,9 +84,12 @@ def load_written(folder: Path, *, adapter: bool, base_path: str, trust_remote_co
                                                         trust_remote_code=trust_remote_code)
         from peft import PeftModel
 
+        from rlctl.workers.lora import quiet_moe_patterns
+
         base = AutoModelForCausalLM.from_pretrained(base_path, dtype=torch.float32,
                                                     trust_remote_code=trust_remote_code)
-        return PeftModel.from_pretrained(base, folder)
+        with quiet_moe_patterns():
+            return PeftModel.from_pretrained(base, folder)
     except Exception as err:  # noqa: BLE001 - a folder that does not load is a failed export
         raise CheckpointError(f"merge verification failed: the written folder does not load ({type(err).__name__}: "
                               f"{str(err).splitlines()[0][:200]})", hint="nothing was written") from None

@@ -7,6 +7,7 @@ from pathlib import Path
 import typer
 
 from rlctl.cli.common import emit, format_option, refuse_overwrite
+from rlctl.models.tiny import ARCHS  # names only: tiny.py imports torch/transformers when it builds
 
 model_app = typer.Typer(help="Model utilities.", no_args_is_help=True)
 
@@ -20,17 +21,24 @@ def tiny(
     kv_heads: int = typer.Option(2, min=1, help="Key/value heads (divides --heads)."),
     untied: bool = typer.Option(False, "--untied", help="Separate lm_head instead of tied embeddings."),
     seed: int = typer.Option(0, help="Initialisation seed (same seed, same weights)."),
+    arch: str = typer.Option("qwen2", help=f"Architecture: {', '.join(ARCHS)}."),
     reward_model: bool = typer.Option(False, "--reward-model",
                                       help="A sequence-classification reward model (one score) for reward.model."),
     force: bool = typer.Option(False, "--force", help="Overwrite a non-empty OUT."),
     fmt: str = format_option("text", "json", help="text or json."),
 ) -> None:
-    """Write a tiny random Qwen2 model with a byte-level tokenizer, fully offline.
+    """Write a tiny random model (Qwen2 unless --arch) with a byte-level tokenizer, fully offline.
 
     Example: rlctl model tiny models/tiny --layers 2 --hidden 64
              rlctl model tiny models/tiny-rm --reward-model
     """
     from rlctl.errors import UsageError
+
+    if arch not in ARCHS:
+        raise UsageError(f"--arch {arch!r} is not one of {', '.join(ARCHS)}")
+    if reward_model and arch != "qwen2":
+        raise UsageError(f"--reward-model builds a Qwen2 reward model; --arch {arch} is for policy models",
+                         hint="Drop --arch, or drop --reward-model.")
 
     if hidden % heads or heads % kv_heads:
         raise UsageError(f"--hidden {hidden} / --heads {heads} / --kv-heads {kv_heads} do not divide",
@@ -45,8 +53,8 @@ def tiny(
     from rlctl.models.tiny import build_tiny_model
 
     info = build_tiny_model(out, layers=layers, hidden=hidden, heads=heads, kv_heads=kv_heads,
-                            tie_embeddings=not untied, seed=seed)
-    emit(info, fmt, text=f"wrote a tiny Qwen2 model ({info['params']:,} parameters) to {out}")
+                            tie_embeddings=not untied, seed=seed, arch=arch)
+    emit(info, fmt, text=f"wrote a tiny {arch} model ({info['params']:,} parameters) to {out}")
 
 
 def register(app: typer.Typer) -> None:

@@ -65,8 +65,9 @@ class LoraConfig:
     rank: int = opt(0, "LoRA rank; 0 means full fine-tuning.", ge=0, le=4096)
     alpha: float = opt(16.0, "LoRA alpha (scaling = alpha / rank).", gt=0)
     dropout: float = opt(0.0, "LoRA dropout.", ge=0, lt=1)
-    target_modules: tuple = opt(("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"),
-                                "Module names that get adapters (or [\"all-linear\"]).")
+    target_modules: tuple = opt(("all-linear",), "Layers that get adapters: [\"all-linear\"] (every linear layer of "
+                                "the decoder, MoE experts included, not the output head) or layer names, each of "
+                                "which must match a layer of the model (e.g. [\"q_proj\", \"v_proj\"]).")
 
 
 @dataclass(frozen=True)

@@ -217,6 +217,9 @@ def check_lora(c: Config) -> list[Problem]:
     problems = []
     if not lora.target_modules:
         problems.append(Problem("model.lora.target_modules", "is empty; name the modules that get adapters"))
+    elif "all-linear" in [str(t).lower() for t in lora.target_modules] and len(lora.target_modules) > 1:
+        problems.append(Problem("model.lora.target_modules", "\"all-linear\" already covers every linear layer; "
+                                                             "use it alone, or list layer names without it"))
     if lora.alpha / lora.rank > 16 or lora.alpha / lora.rank < 1 / 16:
         problems.append(Problem("model.lora.alpha", f"alpha/rank = {lora.alpha / lora.rank:g} is far from the usual "
                                                     "0.5-4; updates will be tiny or explosive", severity="warning"))
@@ -268,6 +271,25 @@ def _val_data_sources(loaded: LoadedConfig) -> set[str] | None:
                 .column("data_source").to_pylist()}
     except Exception:
         return None   # a missing or broken file is reported by check_files / `rlctl data inspect`
+
+
+def check_lora_targets(loaded: LoadedConfig) -> list[Problem]:
+    """Every name in model.lora.target_modules must match a layer of the model: read from its
+    config.json on the meta device (no weights). A model not on disk (a hub id not yet
+    downloaded) is checked by the workers at train start instead."""
+    c = loaded.config
+    lora = c.model.lora
+    path = _resolve(loaded.base_dir, c.model.path)
+    if lora.rank == 0 or not lora.target_modules or not (path / "config.json").is_file():
+        return []
+    from rlctl.workers.lora import meta_model, mismatch_message
+
+    try:
+        model = meta_model(str(path), c.model.trust_remote_code)
+    except Exception:  # noqa: BLE001 - an architecture transformers cannot build fails at load, with its reason
+        return []
+    message = mismatch_message(model, lora.target_modules)
+    return [Problem("model.lora.target_modules", message)] if message else []
 
 
 def _resolve(base: Path, p: str) -> Path:
@@ -370,7 +392,7 @@ def validate(loaded: LoadedConfig, *, machine: bool = True) -> tuple[list[Proble
         problems += check_reward_model_path(c.reward.model, loaded.base_dir)
     if machine:
         file_problems, plan = check_files(loaded, plan)
-        problems += file_problems + check_model(loaded) + check_machine(c)
+        problems += file_problems + check_model(loaded) + check_lora_targets(loaded) + check_machine(c)
         problems += check_best_metric(c, _val_data_sources(loaded) if c.run.best_metric else None)
     else:
         problems += check_best_metric(c)

@@ -1,4 +1,4 @@
-"""`rlctl model tiny`: a deterministic, random-initialised Qwen2 model, built fully offline.
+"""`rlctl model tiny`: a deterministic, random-initialised model (Qwen2 by default), built fully offline.
 
 Tests, CI and the demo need a real Hugging Face model folder without a hub. The tokenizer is
 byte-level (one token per UTF-8 byte, ids 0..255) plus four special tokens, with a ChatML chat
@@ -51,28 +51,58 @@ def build_tokenizer(max_length: int = 2048):
     return tok
 
 
+# arch -> (config class, model class, extra config keys): other layer layouts for tests of code
+# that must not assume Qwen2's names (LoRA targets: Phi-3 fuses qkv_proj and gate_up_proj; the
+# MoE models keep their experts in 3-D weight banks with a router).
+ARCHS = {
+    "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", {}),
+    "llama": ("LlamaConfig", "LlamaForCausalLM", {}),
+    "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", {}),
+    "gemma3": ("Gemma3TextConfig", "Gemma3ForCausalLM", {"sliding_window": 64}),
+    "phi3": ("Phi3Config", "Phi3ForCausalLM", {}),
+    "qwen3_moe": ("Qwen3MoeConfig", "Qwen3MoeForCausalLM", {"num_experts": 4, "num_experts_per_tok": 2}),
+    "mixtral": ("MixtralConfig", "MixtralForCausalLM", {"num_local_experts": 4, "num_experts_per_tok": 2}),
+}
+
+
+def _arch_config(arch: str, *, hidden: int, heads: int, intermediate: int, **common):
+    import transformers
+
+    config_class, _, extra = ARCHS[arch]
+    extra = dict(extra)
+    if arch in ("qwen3", "gemma3", "qwen3_moe"):
+        extra["head_dim"] = hidden // heads
+    if arch == "qwen3_moe":
+        extra["moe_intermediate_size"] = intermediate // 2
+    return getattr(transformers, config_class)(hidden_size=hidden, num_attention_heads=heads,
+                                               intermediate_size=intermediate, **common, **extra)
+
+
 def build_tiny_model(out: str | os.PathLike, *, layers: int = 2, hidden: int = 64, heads: int = 4,
                      kv_heads: int = 2, intermediate: int | None = None, max_positions: int = 2048,
-                     tie_embeddings: bool = True, seed: int = 0) -> dict:
-    """Write a tiny Qwen2ForCausalLM + tokenizer to `out`; returns a summary dict.
+                     tie_embeddings: bool = True, seed: int = 0, arch: str = "qwen2") -> dict:
+    """Write a tiny causal LM of `arch` (one of ARCHS) + tokenizer to `out`; returns a summary dict.
 
     The same arguments always give bitwise-identical weights (seeded CPU init, float32).
     """
     import torch
-    from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
+    import transformers
+    from transformers import GenerationConfig
 
+    if arch not in ARCHS:
+        raise ValueError(f"unknown tiny architecture {arch!r}; one of {', '.join(ARCHS)}")
     tok = build_tokenizer(max_positions)
     eos, eot = tok.convert_tokens_to_ids("<|im_end|>"), tok.convert_tokens_to_ids("<|endoftext|>")
-    cfg = Qwen2Config(
-        vocab_size=len(tok), hidden_size=hidden, intermediate_size=intermediate or 4 * hidden,
-        num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=kv_heads,
+    cfg = _arch_config(
+        arch, hidden=hidden, heads=heads, intermediate=intermediate or 4 * hidden,
+        vocab_size=len(tok), num_hidden_layers=layers, num_key_value_heads=kv_heads,
         max_position_embeddings=max_positions, rope_theta=10000.0, rms_norm_eps=1e-6,
         tie_word_embeddings=tie_embeddings, initializer_range=0.02, use_cache=True,
         bos_token_id=None, eos_token_id=eos, pad_token_id=tok.pad_token_id,
     )
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        model = Qwen2ForCausalLM(cfg).to(torch.float32)
+        model = getattr(transformers, ARCHS[arch][1])(cfg).to(torch.float32)
     model.generation_config = GenerationConfig(
         eos_token_id=[eos, eot], pad_token_id=tok.pad_token_id, bos_token_id=None,
         do_sample=True, temperature=1.0, top_p=1.0, top_k=0,
@@ -81,7 +111,7 @@ def build_tiny_model(out: str | os.PathLike, *, layers: int = 2, hidden: int = 6
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out, safe_serialization=True)
     tok.save_pretrained(out)
-    info = {"path": str(out), "params": sum(p.numel() for p in model.parameters()), "layers": layers,
+    info = {"path": str(out), "arch": arch, "params": sum(p.numel() for p in model.parameters()), "layers": layers,
             "hidden": hidden, "heads": heads, "kv_heads": kv_heads, "vocab": len(tok),
             "tied_embeddings": tie_embeddings, "seed": seed}
     (out / "rlctl_tiny.json").write_text(json.dumps(info, indent=1) + "\n")

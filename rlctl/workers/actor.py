@@ -27,6 +27,7 @@ from rlctl.runtime import Batch, Dispatch, register
 from rlctl.workers import fsdp
 from rlctl.workers.engine import OptimSpec, TrainEngine
 from rlctl.workers.logprob import inference_order, response_log_probs
+from rlctl.workers.lora import check_targets
 from rlctl.workers.models import apply_lora, eos_token_ids, load_causal_lm, load_tokenizer
 from rlctl.workers.training import mini_batch_count, run_updates
 
@@ -51,6 +52,7 @@ class ActorRolloutRefWorker:
         torch.manual_seed(config.run.seed)  # same LoRA init on every rank
         model = load_causal_lm(config.model)
         if self.lora:
+            check_targets(model, config.model.lora)   # validate cannot see a hub model's layers
             model = apply_lora(model, config.model.lora)
         self.actor = TrainEngine(model, OptimSpec.for_actor(config.actor, total_steps), compute_dtype=dtype,
                                  gradient_checkpointing=config.model.gradient_checkpointing)

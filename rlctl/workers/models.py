@@ -57,17 +57,20 @@ def load_value_model(path: str, model_cfg, dtype: torch.dtype = torch.float32) -
 def lora_config(lora_cfg):
     from peft import LoraConfig
 
-    targets = list(lora_cfg.target_modules)
+    from rlctl.workers.lora import peft_targets
+
     return LoraConfig(r=lora_cfg.rank, lora_alpha=lora_cfg.alpha, lora_dropout=lora_cfg.dropout,
-                      target_modules="all-linear" if targets == ["all-linear"] else targets,
-                      task_type="CAUSAL_LM", bias="none")
+                      target_modules=peft_targets(lora_cfg.target_modules), task_type="CAUSAL_LM", bias="none")
 
 
 def apply_lora(model: torch.nn.Module, lora_cfg) -> torch.nn.Module:
     """Wrap with peft adapters; only the adapters train, the base weights stay frozen."""
     from peft import get_peft_model
 
-    return get_peft_model(model, lora_config(lora_cfg))
+    from rlctl.workers.lora import quiet_moe_patterns
+
+    with quiet_moe_patterns():
+        return get_peft_model(model, lora_config(lora_cfg))
 
 
 def load_tokenizer(path: str, trust_remote_code: bool = False):

@@ -59,3 +59,12 @@ def test_doctor_reports(fmt):
         assert 'rlctl[vllm]' in report["optional"]["vllm"]["how"]
     else:
         assert "packages" in out.stdout and "devices" in out.stdout
+
+
+def test_other_architectures(tmp_path):
+    out = tiny(tmp_path / "phi3", "--arch", "phi3", "--hidden", 32, "--format", "json")
+    assert out.returncode == 0, out.stderr
+    config = json.loads((tmp_path / "phi3" / "config.json").read_text())
+    assert config["architectures"] == ["Phi3ForCausalLM"] and json.loads(out.stdout)["arch"] == "phi3"
+    bad = tiny(tmp_path / "x", "--arch", "gpt9")
+    assert bad.returncode == 2 and "--arch 'gpt9' is not one of qwen2, llama" in bad.stderr

@@ -6,6 +6,9 @@ themselves. The module the actor trains is named differently:
     FSDP2 / torch.compile / checkpoint wrappers   `_orig_mod.`, `_fsdp_wrapped_module.`, ...
     peft LoRA                                     `base_model.model.` + `<layer>.base_layer.weight`
                                                   + `lora_A/lora_B` (merged here: W + s * B @ A)
+    peft LoRA on MoE expert banks (3-D weights)   `experts.base_layer.base_layer.gate_up_proj`:
+                                                  one wrapper per targeted bank, nested; each adds
+                                                  its per-expert delta to its own bank
 and tied embeddings exist once (`lm_head.weight` is the embedding; engines tie it themselves).
 `engine_weights` streams one tensor at a time, cast to the engine's dtype, so a sync never holds
 a second full copy of the model.
@@ -13,6 +16,7 @@ a second full copy of the model.
 
 from __future__ import annotations
 
+import re
 from typing import Iterator
 
 import torch
@@ -27,7 +31,10 @@ def hf_name(name: str) -> str:
         name = name.replace(segment, "")
     if name.startswith(_PEFT_PREFIX):
         name = name[len(_PEFT_PREFIX):]
-    return name.replace(".base_layer.", ".")
+    return _BASE_LAYERS.sub(".", name)
+
+
+_BASE_LAYERS = re.compile(r"(?:\.base_layer)+\.")
 
 
 def _full(t: torch.Tensor) -> torch.Tensor:
@@ -49,6 +56,44 @@ def _lora_delta(module: torch.nn.Module) -> torch.Tensor | None:
     return delta
 
 
+def _bank_delta(wrapper: torch.nn.Module) -> torch.Tensor | None:
+    """peft's delta for the parameter a ParamWrapper adapts (an expert bank [E, ., .] or a router
+    weight), summed over active adapters. peft's own get_delta_weight does the per-expert reshape;
+    it runs on whole A and B (FSDP2 shards are gathered first and put back afterwards)."""
+    adapters = [a for a in getattr(wrapper, "active_adapters", []) if a in getattr(wrapper, "lora_A", {})]
+    delta = None
+    for a in adapters:
+        layers = (wrapper.lora_A[a], wrapper.lora_B[a])
+        sharded = [layer._parameters["weight"] for layer in layers]
+        try:
+            for layer, param in zip(layers, sharded):
+                layer._parameters["weight"] = torch.nn.Parameter(_full(param.detach()), requires_grad=False)
+            d = wrapper.get_delta_weight(a)
+        finally:
+            for layer, param in zip(layers, sharded):
+                layer._parameters["weight"] = param
+        delta = d if delta is None else delta + d
+    return delta
+
+
+def _param_delta(modules: dict, name: str) -> torch.Tensor | None:
+    """The LoRA delta for the parameter `name`: from the peft layer right above it (`<layer>.base_layer.weight`),
+    or from the ParamWrapper, among the nested ones above it, that targets this parameter."""
+    parts = name.split(".")
+    leaf = parts[-1]
+    cuts = [i for i, part in enumerate(parts) if part == "base_layer"]  # each owner ends before one
+    for cut in cuts:
+        owner = modules.get(".".join(parts[:cut]))
+        if owner is None or not hasattr(owner, "lora_A"):
+            continue
+        if hasattr(owner, "parameter_name"):   # peft's ParamWrapper (target_parameters)
+            if owner.parameter_name == leaf:
+                return _bank_delta(owner)
+        elif cut == len(parts) - 2 and leaf == "weight":
+            return _lora_delta(owner)
+    return None
+
+
 def engine_weights(model: torch.nn.Module, *, dtype: torch.dtype | None = None,
                    tied_embeddings: bool | None = None) -> Iterator[tuple[str, torch.Tensor]]:
     """(HF name, tensor) for every weight an inference engine needs, LoRA merged.
@@ -68,9 +113,7 @@ def engine_weights(model: torch.nn.Module, *, dtype: torch.dtype | None = None,
         if tied_embeddings and out == "lm_head.weight":
             continue
         tensor = _full(param.detach())
-        owner, _, leaf = name.rpartition(".base_layer.")
-        if leaf == "weight" and owner in modules:
-            delta = _lora_delta(modules[owner])
-            if delta is not None:
-                tensor = tensor + delta.detach().to(tensor.dtype)
+        delta = _param_delta(modules, name)
+        if delta is not None:
+            tensor = tensor + delta.detach().to(tensor.dtype)
         yield out, tensor.to(dtype) if dtype is not None else tensor
