@@ -46,11 +46,11 @@ def histogram(values: list[int], bins: int = HISTOGRAM_BINS) -> list[dict]:
 
 def load_tokenizer(model: str | os.PathLike):
     """AutoTokenizer from a local folder or hub id; DataError (one line) when it cannot load."""
-    from transformers import AutoTokenizer
-
     from rlctl.models.hub import resolve_model
 
     source = resolve_model(str(model), key="--model")  # one line, fast, when offline and not cached
+    from transformers import AutoTokenizer
+
     try:
         return AutoTokenizer.from_pretrained(source.spec)
     except Exception as e:  # missing folder, offline hub, broken files: one message for all
