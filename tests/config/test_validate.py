@@ -142,3 +142,21 @@ def test_critic_batch_sizes_are_checked_only_when_there_is_a_critic(project):
     assert check(project, *grpo)[0] == []
     errors, _, _ = check(project, *grpo, "algorithm.name=gae")
     assert any(e.startswith("critic.micro_batch_size: 4 does not divide") for e in errors), errors
+
+
+def test_gpus_auto_resolves_once_to_this_machines_gpus(project):
+    """On this CPU machine "auto" is 0; validate says so, and with a cluster address it refuses."""
+    from rlctl.config.validate import resolve_auto
+    from rlctl.runtime.resource_pool import visible_gpus
+
+    loaded = load_config(project / "rlctl.toml", ["resources.gpus_per_node=auto"])
+    resolved, why = resolve_auto(loaded)
+    assert resolved.config.resources.gpus_per_node == visible_gpus() and why.startswith("auto: ")
+    assert resolve_auto(resolved) == (resolved, "")   # a number stays as it is
+    errors, _, _ = check(project, "resources.gpus_per_node=auto", "resources.address=ray://head:10001")
+    assert any("\"auto\" counts this machine's GPUs" in e for e in errors), errors
+    assert check(project, "resources.gpus_per_node=auto", machine=False)[0] == []
+    proc = subprocess.run([sys.executable, "-m", "rlctl", "config", "validate", "resources.gpus_per_node=auto",
+                           "--format", "json"], cwd=project, capture_output=True, text=True)
+    report = json.loads(proc.stdout)
+    assert report["gpus_per_node"] == visible_gpus() and report["gpus_per_node_resolved"].startswith("auto: ")
