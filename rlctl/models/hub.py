@@ -86,11 +86,12 @@ def go_offline() -> None:
 
 
 def looks_local(path: str, base: Path | None = None) -> bool:
-    """A path rather than a hub id: it exists, or it is spelt like a path ("./m", "/m", "~/m")."""
+    """A path rather than a hub id: spelt like a path ("./m", "/m", "~/m"), or it exists relative to
+    `base` (the config file's folder; the working directory when None). "org/name" may be either."""
     p = Path(path).expanduser()
-    if path.startswith((".", "/", "~")) or p.exists():
+    if path.startswith((".", "/", "~")):
         return True
-    return base is not None and (base / p).exists()
+    return (p if base is None or p.is_absolute() else base / p).exists()
 
 
 def cached_snapshot(repo_id: str) -> Path | None:

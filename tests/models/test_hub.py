@@ -128,3 +128,12 @@ def test_a_hub_id_with_the_hub_reachable_is_left_to_download(online, local_hub, 
     online.setenv("HF_ENDPOINT", local_hub)
     source = hub.resolve_model("someone/not-cached")
     assert source.where == "hub" and source.folder is None and source.spec == "someone/not-cached"
+
+
+def test_a_relative_path_is_local_only_where_it_exists_relative_to_base(tmp_path, monkeypatch):
+    (tmp_path / "cwd" / "models" / "tiny").mkdir(parents=True)
+    (tmp_path / "proj").mkdir()
+    monkeypatch.chdir(tmp_path / "cwd")
+    assert hub.looks_local("models/tiny") and not hub.looks_local("models/tiny", tmp_path / "proj")
+    assert hub.looks_local("./anything", tmp_path / "proj") and hub.looks_local("~/x")
+    assert not hub.looks_local("Qwen/Qwen2.5-0.5B-Instruct", tmp_path / "proj")
