@@ -61,7 +61,8 @@ class LoraConfig:
 
 @dataclass(frozen=True)
 class ModelConfig:
-    path: str = opt("", "Hugging Face model id or local folder.", required=True)
+    path: str = opt("", "Local model folder or Hugging Face model id (offline: it must be in the Hugging Face "
+                        "cache).", required=True)
     dtype: str = opt("auto", "Training dtype; auto = bfloat16 on GPU, float32 on CPU.",
                      choices=("auto", "float32", "bfloat16", "float16"))
     gradient_checkpointing: bool = opt(False, "Recompute activations in backward to save memory.")
