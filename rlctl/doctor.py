@@ -40,6 +40,17 @@ def _devices() -> dict:
     return info
 
 
+def _hub() -> dict:
+    """Probe the hub for real (HEAD to HF_ENDPOINT, ~3 s at most): an env variable says nothing about
+    whether this machine can reach it."""
+    from rlctl.models.hub import probe_hub
+
+    status = probe_hub()
+    return {"state": status.state, "endpoint": status.endpoint, "detail": status.detail,
+            "offline": status.state != "reachable", "summary": status.describe(),
+            "cache": os.environ.get("HF_HOME", "~/.cache/huggingface")}
+
+
 def collect() -> dict:
     from rlctl import __version__
 
@@ -51,13 +62,12 @@ def collect() -> dict:
     devices = _devices()
     if "error" in devices:
         problems.append(devices["error"])
-    hub_offline = os.environ.get("HF_HUB_OFFLINE", "") not in ("", "0")
     return {
         "rlctl": __version__, "python": platform.python_version(), "platform": platform.platform(),
         "core": core, "optional": optional, "devices": devices,
         "ray": {"address": os.environ.get("RAY_ADDRESS", "") or "embedded (started by rlctl train)",
                 "ray_cli": shutil.which("ray") is not None},
-        "hub": {"offline": hub_offline, "cache": os.environ.get("HF_HOME", "~/.cache/huggingface")},
+        "hub": _hub(),
         "sandbox": _sandbox(),
         "problems": problems,
     }
@@ -91,11 +101,12 @@ def render(report: dict) -> None:
         table.add_row(escape(name), status, "" if opt["installed"] else escape(opt["how"]))
     console.print(table)
     dev = report["devices"]
-    gpus = ", ".join(dev["gpus"]) if dev["gpus"] else "none (CPU training: resources.gpus_per_node = 0)"
+    gpus = ", ".join(dev["gpus"]) if dev["gpus"] else "none (resources.gpus_per_node = \"auto\" trains on CPU here)"
     console.print(f"devices: {dev['cpus']} CPU cores; GPUs: {gpus}", highlight=False, markup=False)
     console.print(f"ray: {report['ray']['address']}", highlight=False, markup=False)
-    hub = "offline (HF_HUB_OFFLINE=1): use local model folders" if report["hub"]["offline"] else "online"
-    console.print(f"hugging face hub: {hub}", highlight=False, markup=False)
+    hub = report["hub"]
+    advice = "" if hub["state"] == "reachable" else "; use local model folders or cached models (rlctl model tiny OUT)"
+    console.print(f"hugging face hub: {hub['summary']}{advice}", highlight=False, markup=False)
     box = report.get("sandbox")  # absent from reports made without the sandbox probe
     if box is None:
         pass

@@ -35,6 +35,8 @@ def _rules(meta) -> str:
     for name, sign in (("ge", ">="), ("gt", ">"), ("le", "<="), ("lt", "<")):
         if meta.get(name) is not None:
             parts.append(f"{sign} {meta[name]}")
+    if meta.get("int_or_auto"):
+        parts.append('or `"auto"`')
     if meta.get("choices"):
         names = ", ".join(f"`{c}`" for c in meta["choices"])
         parts.append(f"built-in: {names}, or a name an `algorithm.plugins` file registers" if meta.get("extensible")

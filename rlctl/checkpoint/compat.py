@@ -93,17 +93,14 @@ def _resolve(path: str, base: Path) -> Path:
 
 def local_model_dir(path: str, base: Path) -> Path | None:
     """The folder holding the model's files: a local folder, or a hub id's cached snapshot."""
+    from rlctl.models.hub import cached_snapshot
+
     if not path:
         return None
     local = _resolve(path, base)
     if local.is_dir():
         return local
-    try:
-        from huggingface_hub import snapshot_download
-
-        return Path(snapshot_download(path, local_files_only=True))
-    except Exception:  # not cached, not a repo id, no hub library: nothing to hash
-        return None
+    return cached_snapshot(path)  # None when not cached: nothing to hash
 
 
 def model_fingerprint(model_dir: str | os.PathLike) -> str:

@@ -98,6 +98,14 @@ def check_same_model(step_dir: Path, config) -> None:
                                   hint="point model.path in the checkpoint's config.resolved.toml at the original model")
 
 
+def _find_base_model(config) -> None:
+    """The run's model.path (tokenizer, base weights of a LoRA run): a one-line DataError when it is
+    neither a folder nor cached and the hub is out of reach, before anything is written."""
+    from rlctl.models.hub import resolve_model
+
+    resolve_model(config.model.path, Path.cwd())
+
+
 def merge_run(run_dir: str | os.PathLike, out: str | os.PathLike, *, step: int | None = None, best: bool = False,
               dtype: str = "auto", lora: str = "merge", force: bool = False,
               max_shard_size: str | int = MAX_SHARD_SIZE) -> MergeResult:
@@ -113,6 +121,7 @@ def merge_run(run_dir: str | os.PathLike, out: str | os.PathLike, *, step: int |
     from rlctl.checkpoint.trained import load_step_config
 
     config = load_step_config(point.path)
+    _find_base_model(config)
     check_same_model(point.path, config)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.parent / f".{out.name}.tmp-{os.getpid()}"

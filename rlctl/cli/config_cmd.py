@@ -48,9 +48,17 @@ def validate_cmd(
 
     Example: rlctl config validate rlctl.toml actor.lr=1e-6 rollout.n=8
     """
-    from rlctl.config.validate import validate
+    from rlctl.config.validate import resolve_auto, validate
+    from rlctl.errors import ConfigError
 
     loaded = load_checked(file, overrides, strict=False)
+    auto = ""
+    if not skip_machine:
+        try:
+            loaded, auto = resolve_auto(loaded)
+        except ConfigError:
+            pass  # validate reports it with the other problems
+    gpus = loaded.config.resources.gpus_per_node
     problems, plan = validate(loaded, machine=not skip_machine)
     lines = loaded.lines
     source = os.path.relpath(loaded.path) if loaded.path else "overrides"
@@ -60,9 +68,10 @@ def validate_cmd(
     if fmt == "json":
         emit({"ok": not errors, "errors": render,
               "warnings": [_with_line(p, lines).format(source) for p in warnings],
-              "batch_plan": dict(plan.rows())}, fmt)
+              "batch_plan": dict(plan.rows()), "gpus_per_node": gpus, "gpus_per_node_resolved": auto}, fmt)
     else:
-        _print_report(source, errors, warnings, plan, lines)
+        _print_report(source, errors, warnings, plan.rows() + [("GPUs per node", f"{gpus} ({auto})" if auto else gpus)],
+                      lines)
     if errors:
         raise typer.Exit(2)
 
@@ -78,7 +87,7 @@ def _with_line(problem, lines):
     return replace(problem, line=lines.get(key))
 
 
-def _print_report(source, errors, warnings, plan, lines) -> None:
+def _print_report(source, errors, warnings, rows, lines) -> None:
     from rich.console import Console
     from rich.markup import escape
     from rich.table import Table
@@ -92,7 +101,7 @@ def _print_report(source, errors, warnings, plan, lines) -> None:
         err.print(f"[yellow]warning[/yellow]: {escape(_with_line(p, lines).format(source))}", highlight=False)
     title = "batch plan (keys with errors counted at their defaults)" if errors else "batch plan"
     table = Table(title=title, show_header=False, title_justify="left")
-    for name, value in plan.rows():
+    for name, value in rows:
         table.add_row(escape(name), escape(str(value)))
     out.print(table)
     if errors:

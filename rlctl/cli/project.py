@@ -78,7 +78,26 @@ def init(
                          hint="pass --force to overwrite them, or choose another folder.")
     written = write_project(directory, recipe, model)
     typer.echo(f"created {directory}/ from recipe {recipe}: {', '.join(written)}")
+    _warn_if_model_unavailable(directory)
     typer.echo(f"next: cd {directory} and follow README.md (data prep, config validate, train)")
+
+
+def _warn_if_model_unavailable(directory: Path) -> None:
+    """A project may be written offline for a machine with the hub, so a model that cannot be found
+    here is a warning, not an error; `config validate` and `train` stop on it."""
+    import tomlkit
+
+    from rlctl.errors import DataError
+    from rlctl.models.hub import resolve_model
+
+    path = str(tomlkit.parse((directory / "rlctl.toml").read_text()).get("model", {}).get("path", ""))
+    try:
+        source = resolve_model(path, directory)
+    except DataError as e:
+        typer.echo(f"warning: {e.message}; training here needs it: {e.hint}", err=True)
+        return
+    if source.note:
+        typer.echo(f"note: {source.note}", err=True)
 
 
 def doctor(fmt: str = format_option("text", "json", help="text or json.")) -> None:

@@ -27,9 +27,13 @@ def _field_schema(f) -> dict:
         out["default"] = default
         if meta.get("choices"):   # extensible: plugins may register other names, so only suggest these
             out["examples" if meta.get("extensible") else "enum"] = list(meta["choices"])
+    number = out
+    if meta.get("int_or_auto"):   # an integer within the bounds, or "auto"
+        number = {"type": "integer"}
+        out = {"description": out["description"], "default": default, "anyOf": [number, {"const": "auto"}]}
     for name, key in (("ge", "minimum"), ("gt", "exclusiveMinimum"), ("le", "maximum"), ("lt", "exclusiveMaximum")):
         if meta.get(name) is not None:
-            out[key] = meta[name]
+            number[key] = meta[name]
     return out
 
 

@@ -116,7 +116,8 @@ def parse_override(word: str) -> tuple[str, Any]:
     except Exception:
         value = text  # a bare word: a string such as a path or an enum value
     field = LEAF_KEYS.get(key)
-    if field is not None and isinstance(_default(field), str) and not isinstance(value, (str, list, dict)):
+    if (field is not None and isinstance(_default(field), str) and not field.metadata.get("int_or_auto")
+            and not isinstance(value, (str, list, dict))):
         value = text.strip()  # typed by the schema: run.name=123 or =2024-01-01 is the text as written
     return key, value
 
@@ -145,6 +146,13 @@ def check_value(key: str, f: dataclasses.Field, value: Any) -> tuple[Any, list[s
     default = f.default_factory() if f.default is dataclasses.MISSING else f.default
     meta = f.metadata
     kind = type(default)
+    if meta.get("int_or_auto"):
+        if value == "auto":
+            return value, []
+        if isinstance(value, bool) or not isinstance(value, int):
+            bound = f" >= {meta['ge']}" if meta.get("ge") is not None else ""
+            return value, [f"expected an integer{bound} or \"auto\", got {_show(value)}"]
+        kind = int
     if kind is bool:
         if not isinstance(value, bool):
             return value, [f"expected true or false, got {_show(value)}"]

@@ -15,14 +15,18 @@ from typing import Any
 
 
 def opt(default: Any, help: str, *, ge=None, gt=None, le=None, lt=None, choices=None,
-        required: bool = False, path: bool = False, extensible: bool = False, items: type = str) -> Any:
+        required: bool = False, path: bool = False, extensible: bool = False, items: type = str,
+        int_or_auto: bool = False) -> Any:
     """A config field with its help text, bounds and allowed values in `metadata`.
 
     extensible: `choices` are the built-in names; algorithm.plugins may register more, so the
     value is checked against the registry by validate, not against `choices` by the loader.
-    items: the element type of a list field (str or float)."""
+    items: the element type of a list field (str or float).
+    int_or_auto: an integer (within the bounds) or the string "auto", which is resolved against
+    the machine once at start-up (rlctl.config.validate.resolve_auto)."""
     meta = {"help": help, "ge": ge, "gt": gt, "le": le, "lt": lt, "choices": choices,
-            "required": required, "path": path, "extensible": extensible, "items": items}
+            "required": required, "path": path, "extensible": extensible, "items": items,
+            "int_or_auto": int_or_auto}
     if isinstance(default, (list, tuple)):
         return field(default_factory=lambda: tuple(default), metadata=meta)
     if isinstance(default, dict):  # an inline table (reward.weights): a fresh dict per config
@@ -72,7 +76,8 @@ class LoraConfig:
 
 @dataclass(frozen=True)
 class ModelConfig:
-    path: str = opt("", "Hugging Face model id or local folder.", required=True)
+    path: str = opt("", "Local model folder or Hugging Face model id (offline: it must be in the Hugging Face "
+                        "cache).", required=True)
     dtype: str = opt("auto", "Training dtype; auto = bfloat16 on GPU, float32 on CPU.",
                      choices=("auto", "float32", "bfloat16", "float16"))
     gradient_checkpointing: bool = opt(False, "Recompute activations in backward to save memory.")
@@ -238,7 +243,8 @@ class RewardConfig:
 class ResourcesConfig:
     address: str = opt("", "Ray address: empty = embedded Ray; 'auto' or 'ray://host:port' joins a cluster.")
     nodes: int = opt(1, "Nodes to spread workers over.", ge=1)
-    gpus_per_node: int = opt(0, "GPUs per node (0 = CPU training).", ge=0)
+    gpus_per_node: int | str = opt("auto", "GPUs per node; \"auto\" = every GPU this machine sees (0 on a CPU "
+                                           "machine), 0 = CPU training.", ge=0, int_or_auto=True)
     workers: int = opt(1, "Data-parallel workers per role.", ge=1)
     cpus_per_worker: int = opt(1, "CPU cores per worker (torch threads).", ge=1)
     colocate: bool = opt(True, "Critic shares the actor's workers (else its own group).")

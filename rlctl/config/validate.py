@@ -154,6 +154,7 @@ def check_algorithm(c: Config, raw: dict) -> list[Problem]:
         problems.append(Problem("actor.clip_ratio_high", "is below clip_ratio_low; DAPO's clip-higher uses "
                                                          "high >= low (e.g. 0.28 vs 0.2)", severity="warning"))
     tp, gpus = c.rollout.tensor_parallel_size, c.resources.gpus_per_node
+    gpus = gpus if isinstance(gpus, int) else 0   # "auto" before it is resolved (--skip-machine)
     if tp != 1 and c.rollout.engine == "sglang":
         problems.append(Problem("rollout.tensor_parallel_size", f"{tp}: the sglang training rollout runs one engine "
                                 "per GPU rank (tensor-parallel 1); set it to 1, or use rollout.engine = \"vllm\""))
@@ -338,11 +339,19 @@ def _add_rows(rows: int, path: Path) -> int | None:
 
 
 def check_model(loaded: LoadedConfig) -> list[Problem]:
+    """model.path is a local folder, a cached hub id, or a hub id the hub can serve now (probed fast)."""
+    from rlctl.errors import DataError
+    from rlctl.models.hub import resolve_model
+
     c = loaded.config
-    path = _resolve(loaded.base_dir, c.model.path)
-    local = path.exists() or c.model.path.startswith((".", "/", "~"))
-    if not local:
-        return []  # a hub id: resolved at train time (a clear error when offline)
+    try:
+        source = resolve_model(c.model.path, loaded.base_dir)
+    except DataError as e:
+        return [Problem("model.path", e.message.removeprefix("model.path ") + f"; {e.hint}")]
+    problems = [Problem("model.path", source.note, severity="warning")] if source.note else []
+    if source.folder is None:
+        return problems  # on the hub: downloaded when training starts
+    path = source.folder
     if not (path / "config.json").is_file():
         return [Problem("model.path", f"{c.model.path} has no config.json; point it at a Hugging Face model "
                                       "folder (or make one: `rlctl model tiny models/tiny`)")]
@@ -353,9 +362,9 @@ def check_model(loaded: LoadedConfig) -> list[Problem]:
     ctx = hf.get("max_position_embeddings")
     total = c.data.max_prompt_length + c.data.max_response_length
     if isinstance(ctx, int) and total > ctx:
-        return [Problem("data.max_response_length", f"max_prompt_length + max_response_length = {total} exceeds "
-                                                    f"the model's context of {ctx} tokens")]
-    return []
+        problems.append(Problem("data.max_response_length", f"max_prompt_length + max_response_length = {total} "
+                                                            f"exceeds the model's context of {ctx} tokens"))
+    return problems
 
 
 def check_machine(c: Config) -> list[Problem]:
@@ -377,6 +386,28 @@ def check_machine(c: Config) -> list[Problem]:
     return problems
 
 
+def resolve_auto(loaded: LoadedConfig, address: str = "") -> tuple[LoadedConfig, str]:
+    """resources.gpus_per_node = "auto" -> the GPUs this machine sees (0 on CPU), once at start-up,
+    so the run's config.resolved.toml records what was used and resume keeps it. Returns the
+    config and why "auto" became that number ("" when the value was a number)."""
+    import dataclasses
+
+    from rlctl.errors import ConfigError
+    from rlctl.runtime.resource_pool import visible_gpus
+
+    c = loaded.config
+    if c.resources.gpus_per_node != "auto":
+        return loaded, ""
+    if address or c.resources.address:
+        raise ConfigError("resources.gpus_per_node = \"auto\" counts this machine's GPUs, which says nothing "
+                          f"about the nodes of the Ray cluster (address {address or c.resources.address})",
+                          hint="set resources.gpus_per_node to the GPUs each node gives this run (0 = CPU)")
+    n = visible_gpus()
+    resources = dataclasses.replace(c.resources, gpus_per_node=n)
+    why = f"auto: {n} CUDA GPU(s) visible" if n else "auto: no GPU visible, CPU"
+    return dataclasses.replace(loaded, config=dataclasses.replace(c, resources=resources)), why
+
+
 def _cuda_available() -> bool:
     import torch
 
@@ -385,7 +416,17 @@ def _cuda_available() -> bool:
 
 def validate(loaded: LoadedConfig, *, machine: bool = True) -> tuple[list[Problem], BatchPlan]:
     """All problems (errors and warnings) of a type-checked config, and its batch plan."""
+    auto_problems = []
+    if machine:
+        from rlctl.errors import ConfigError
+
+        try:
+            loaded, _ = resolve_auto(loaded)
+        except ConfigError as e:
+            auto_problems.append(Problem("resources.gpus_per_node",
+                                         f"{e.message.removeprefix('resources.gpus_per_node = ')}; {e.hint}"))
     problems, c = check_registered(loaded)
+    problems += auto_problems
     batch_problems, plan = check_batches(c)
     problems += batch_problems + check_algorithm(c, loaded.raw) + check_lora(c) + check_reward(c, machine=machine)
     if machine and c.reward.model:

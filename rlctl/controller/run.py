@@ -9,12 +9,23 @@ from rlctl.config.loader import LoadedConfig, config_to_dict
 from rlctl.errors import ConfigError, Interrupted, RlctlError, WorkerDiedError
 
 
+def _resolve_auto(loaded: LoadedConfig, address: str | None) -> LoadedConfig:
+    """resources.gpus_per_node = "auto" -> a number, once, before the run folder records the config."""
+    from rlctl.config.validate import resolve_auto
+    from rlctl.runtime.ray_env import resolve_address
+
+    return resolve_auto(loaded, resolve_address(address, loaded.config.resources.address))[0]
+
+
 def _check(loaded: LoadedConfig) -> None:
     """Refuse to start on any config error (the same checks as `rlctl config validate`)."""
     from rlctl.config.validate import validate
 
     problems, _ = validate(loaded)
     errors = [p for p in problems if p.severity == "error"]
+    if len(errors) == 1:   # one problem, one line
+        source = str(loaded.path) if loaded.path else "overrides"
+        raise ConfigError(f"{errors[0].format(source)} (nothing was started)")
     if errors:
         source = str(loaded.path) if loaded.path else "overrides"
         raise ConfigError(f"{len(errors)} problem(s) in {source}; nothing was started",
@@ -25,6 +36,7 @@ def start_training(loaded: LoadedConfig, *, address: str | None, force: bool) ->
     from rlctl.controller.run_dir import claim_new_run_dir, run_dir_of, write_resolved_config
     from rlctl.controller.setup import resolve_paths
 
+    loaded = _resolve_auto(loaded, address)
     _check(loaded)
     run_dir = run_dir_of(loaded.config, loaded.base_dir)
     moved = claim_new_run_dir(run_dir, force=force)
@@ -37,6 +49,7 @@ def resume_training(run_dir: Path, *, step: int | None, address: str | None, ove
     from rlctl.controller.checkpointing import prepare_resume
 
     loaded, notices, ckpt_step, ckpt_path = prepare_resume(run_dir, step, overrides)
+    loaded = _resolve_auto(loaded, address)
     _check(loaded)
     if _already_finished(run_dir, loaded, ckpt_step, overrides):
         return

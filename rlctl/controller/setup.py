@@ -26,8 +26,10 @@ def resolve_paths(config: Config, base: Path) -> Config:
         path = Path(p).expanduser()
         return str(path if path.is_absolute() else (base / path).resolve())
 
+    from rlctl.models.hub import looks_local
+
     model_path = config.model.path
-    if (base / model_path).exists() or model_path.startswith((".", "/", "~")):
+    if looks_local(model_path, base):
         model_path = absolute(model_path)
     data = dataclasses.replace(config.data, train_files=tuple(map(absolute, config.data.train_files)),
                                val_files=tuple(map(absolute, config.data.val_files)))

@@ -46,10 +46,13 @@ def histogram(values: list[int], bins: int = HISTOGRAM_BINS) -> list[dict]:
 
 def load_tokenizer(model: str | os.PathLike):
     """AutoTokenizer from a local folder or hub id; DataError (one line) when it cannot load."""
+    from rlctl.models.hub import resolve_model
+
+    source = resolve_model(str(model), key="--model")  # one line, fast, when offline and not cached
     from transformers import AutoTokenizer
 
     try:
-        return AutoTokenizer.from_pretrained(str(model))
+        return AutoTokenizer.from_pretrained(source.spec)
     except Exception as e:  # missing folder, offline hub, broken files: one message for all
         reason = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
         raise DataError(f"cannot load a tokenizer from {model} ({reason})",

@@ -175,12 +175,18 @@ def download(task: Task, hub_id: str, *, local_too: bool = False) -> Path:
 
     `local_too`: the id came from --source, so say that no local path has that name either.
     """
+    from rlctl.models.hub import go_offline, probe_hub
+
+    hub = probe_hub()
+    if hub.state == "unreachable":
+        go_offline()  # a cached copy is read at once; an uncached one fails at once, not after retries
     try:
         from huggingface_hub import snapshot_download
 
         folder = snapshot_download(hub_id, repo_type="dataset", allow_patterns=list(task.hub_patterns))
     except Exception as e:  # offline, unknown repo, auth, network: all end the same way for the user
         reason = (str(e).strip().split(". ")[0].splitlines() or [type(e).__name__])[0][:200]
+        reason = f"the hub is {hub.describe()}" if hub.state == "unreachable" else reason
         local = "; no local file or folder has that name either" if local_too else ""
         raise DataError(f"could not download {hub_id} from the Hugging Face hub ({reason}){local}",
                         hint=f"offline? pass a local copy: rlctl data prep {task.name} --source PATH "

@@ -16,6 +16,18 @@ import time
 from rlctl.errors import ConfigError, UsageError
 
 
+def visible_gpus() -> int:
+    """The CUDA GPUs this process sees (CUDA_VISIBLE_DEVICES applies); 0 without CUDA."""
+    import torch
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def gpus_per_node(value: int | str) -> int:
+    """resources.gpus_per_node as a number: "auto" is every GPU this machine sees."""
+    return visible_gpus() if value == "auto" else int(value)
+
+
 class ResourcePool:
     """A placement group for one worker group; `ready()` reserves it, `remove()` frees it."""
 
@@ -23,9 +35,10 @@ class ResourcePool:
         self.name = name
         self.nodes = resources.nodes
         self.cpus_per_worker = resources.cpus_per_worker
-        self.use_gpu = resources.gpus_per_node > 0
+        gpus = gpus_per_node(resources.gpus_per_node)   # "auto" was resolved at start-up; a bare Config may not be
+        self.use_gpu = gpus > 0
         if self.use_gpu:
-            self.world_size = resources.nodes * resources.gpus_per_node
+            self.world_size = resources.nodes * gpus
             if resources.workers not in (1, self.world_size):
                 raise ConfigError(
                     f"resources.workers = {resources.workers} does not match nodes x gpus_per_node = "

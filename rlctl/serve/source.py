@@ -29,7 +29,8 @@ def model_folder(path: str | Path, step: int | None = None):
     """Yield a loadable Hugging Face folder for `path` (exporting a run's checkpoint if needed)."""
     path = Path(path)
     if not path.exists():
-        raise DataError(f"{path} does not exist", hint="pass a Hugging Face model folder or a run folder.")
+        raise DataError(f"{path} does not exist", hint="pass a Hugging Face model folder or a run folder (a hub id "
+                                                       "is not fetched here: `hf download ID --local-dir DIR` first)")
     if is_model_dir(path) and not is_run_dir(path):
         if step is not None:
             raise UsageError(f"--step applies to run folders; {path} is a model folder")

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 
 import torch
 
@@ -18,10 +17,11 @@ def quiet_transformers() -> None:
 
 
 def _check_path(path: str, what: str) -> None:
-    if not path:
-        raise DataError(f"{what} is empty", hint="set model.path to a Hugging Face model folder or id")
-    if path.startswith((".", "/", "~")) and not Path(path).expanduser().is_dir():
-        raise DataError(f"{what} {path!r} is not a folder", hint="fix model.path, or build one with `rlctl model tiny`")
+    """The controller resolved model.path already (rlctl.models.hub); this catches a worker on
+    another node, where the folder or the cache may be missing."""
+    from rlctl.models.hub import resolve_model
+
+    resolve_model(path, key=what)
 
 
 def load_causal_lm(model_cfg, dtype: torch.dtype = torch.float32) -> torch.nn.Module:

@@ -34,7 +34,7 @@ def test_section_names_in_problems_survive(project, capsys, monkeypatch):
 @pytest.mark.skipif(importlib.util.find_spec("vllm") is not None, reason="vllm is installed here")
 def test_install_hints_keep_their_extras(project, capsys, monkeypatch):
     monkeypatch.chdir(project)
-    assert main(["config", "validate", "rollout.engine=vllm"]) == 2
+    assert main(["config", "validate", "rollout.engine=vllm", "resources.gpus_per_node=1"]) == 2
     assert 'pip install "rlctl[vllm]"' in capsys.readouterr().err
 
 
@@ -42,12 +42,13 @@ def test_doctor_prints_hints_and_problems_as_written(capsys, monkeypatch):
     report = {"rlctl": "0", "python": "3", "platform": "linux[x]", "core": {"torch": "2.13.0", "ray": None},
               "optional": {"vllm": {"installed": False, "version": None, "how": 'pip install "rlctl[vllm]"'}},
               "devices": {"cpus": 2, "cuda": False, "gpus": []}, "ray": {"address": "[/x]", "ray_cli": True},
-              "hub": {"offline": True, "cache": "~"}, "problems": ["torch failed to import: [/bad] tag"]}
+              "hub": {"state": "offline-mode", "summary": "offline [mode]", "offline": True, "cache": "~"},
+              "problems": ["torch failed to import: [/bad] tag"]}
     monkeypatch.setattr("rlctl.doctor.collect", lambda: report)
     assert main(["doctor"]) == 0
     out = capsys.readouterr().out
     assert 'pip install "rlctl[vllm]"' in out and "linux[x]" in out and "ray: [/x]" in out
-    assert "problem: torch failed to import: [/bad] tag" in out
+    assert "problem: torch failed to import: [/bad] tag" in out and "hugging face hub: offline [mode]" in out
 
 
 def test_recipe_descriptions_print_as_written(capsys, monkeypatch):

@@ -182,3 +182,32 @@ def test_reward_weights_inline_table_round_trips_through_the_resolved_config(tmp
     with pytest.raises(ConfigError) as err:
         load_config(cfg, ['reward.weights={ judge = "high" }'])
     assert "not a finite number" in str(err.value.problems)
+
+
+@pytest.mark.parametrize("toml_value,expected", [('"auto"', "auto"), ("0", 0), ("8", 8)])
+def test_gpus_per_node_is_an_int_or_auto(tmp_path, toml_value, expected):
+    path = write(tmp_path, GOOD + f"\n[resources]\ngpus_per_node = {toml_value}\n")
+    assert load_config(path).config.resources.gpus_per_node == expected
+    assert load_config(write(tmp_path, GOOD, "bare.toml")).config.resources.gpus_per_node == "auto"  # the default
+    override = load_config(path, [f"resources.gpus_per_node={toml_value.strip(chr(34))}"])
+    assert override.config.resources.gpus_per_node == expected   # an override 2 is the number 2, not "2"
+
+
+@pytest.mark.parametrize("value,needle", [
+    ('"all"', "expected an integer >= 0 or \"auto\", got str 'all'"),
+    ('"2"', "expected an integer >= 0 or \"auto\", got str '2'"),
+    ("-1", "must be >= 0, got -1"),
+    ("1.5", "expected an integer >= 0 or \"auto\", got float 1.5"),
+    ("true", "expected an integer >= 0 or \"auto\", got bool True"),
+])
+def test_gpus_per_node_rejects_anything_else(tmp_path, value, needle):
+    problems = problems_of(write(tmp_path, GOOD + f"\n[resources]\ngpus_per_node = {value}\n"))
+    assert len(problems) == 1 and "resources.gpus_per_node" in problems[0] and needle in problems[0], problems
+
+
+def test_json_schema_takes_an_int_or_auto():
+    from rlctl.config.jsonschema import config_json_schema
+
+    gpus = config_json_schema()["properties"]["resources"]["properties"]["gpus_per_node"]
+    assert gpus["default"] == "auto"
+    assert gpus["anyOf"] == [{"type": "integer", "minimum": 0}, {"const": "auto"}]

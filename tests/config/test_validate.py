@@ -83,7 +83,8 @@ def test_valid_config_and_batch_plan(project):
      "resources.gpus_per_node = 3 is not a multiple of it"),
     (["rollout.engine=vllm", "rollout.temperature=2.5"], "vLLM samples with temperature <= 2"),
     (["resources.gpus_per_node=1"], "no CUDA GPU is visible"),
-    (["model.path=./no/such/model"], "has no config.json"),
+    (["model.path=./no/such/model"], "is not a folder"),
+    (["model.path=."], "has no config.json"),
     (["data.batch_size=32", "actor.mini_batch_size=32"], "only 20 training rows"),
     (["model.lora.rank=8", "model.lora.target_modules=[]"], "target_modules: is empty"),
     (["reward.overlong.enable=true", "reward.overlong.buffer_len=65"], "longer than data.max_response_length"),
@@ -194,3 +195,21 @@ def test_sandbox_url_must_be_http(project):
     errors = check(project, "reward.sandbox_url=sandbox-host:8080")[0]
     assert any(e.startswith("reward.sandbox_url: ") for e in errors), errors
     assert check(project, "reward.sandbox_url=http://sandbox-host:8080", "reward.function=code")[0] == []
+
+
+def test_gpus_auto_resolves_once_to_this_machines_gpus(project):
+    """On this CPU machine "auto" is 0; validate says so, and with a cluster address it refuses."""
+    from rlctl.config.validate import resolve_auto
+    from rlctl.runtime.resource_pool import visible_gpus
+
+    loaded = load_config(project / "rlctl.toml", ["resources.gpus_per_node=auto"])
+    resolved, why = resolve_auto(loaded)
+    assert resolved.config.resources.gpus_per_node == visible_gpus() and why.startswith("auto: ")
+    assert resolve_auto(resolved) == (resolved, "")   # a number stays as it is
+    errors, _, _ = check(project, "resources.gpus_per_node=auto", "resources.address=ray://head:10001")
+    assert any("\"auto\" counts this machine's GPUs" in e for e in errors), errors
+    assert check(project, "resources.gpus_per_node=auto", machine=False)[0] == []
+    proc = subprocess.run([sys.executable, "-m", "rlctl", "config", "validate", "resources.gpus_per_node=auto",
+                           "--format", "json"], cwd=project, capture_output=True, text=True)
+    report = json.loads(proc.stdout)
+    assert report["gpus_per_node"] == visible_gpus() and report["gpus_per_node_resolved"].startswith("auto: ")
