@@ -136,16 +136,27 @@ def check_algorithm(c: Config, raw: dict) -> list[Problem]:
     if c.actor.clip_ratio_high < c.actor.clip_ratio_low and c.actor.policy_loss == "vanilla":
         problems.append(Problem("actor.clip_ratio_high", "is below clip_ratio_low; DAPO's clip-higher uses "
                                                          "high >= low (e.g. 0.28 vs 0.2)", severity="warning"))
-    tp, gpus = c.rollout.tensor_parallel_size, c.resources.gpus_per_node
-    if tp != 1 and c.rollout.engine == "sglang":
-        problems.append(Problem("rollout.tensor_parallel_size", f"{tp}: the sglang training rollout runs one engine "
-                                "per GPU rank (tensor-parallel 1); set it to 1, or use rollout.engine = \"vllm\""))
-    elif tp != 1 and c.rollout.engine == "vllm" and gpus and gpus % tp:
-        problems.append(Problem("rollout.tensor_parallel_size", f"{tp}: a vLLM engine spans {tp} GPUs of one node, "
-                                f"but resources.gpus_per_node = {gpus} is not a multiple of it"))
-    if c.rollout.engine == "vllm" and c.rollout.temperature > 2:
-        problems.append(Problem("rollout.temperature", f"{c.rollout.temperature:g}: vLLM samples with temperature "
-                                                       "<= 2"))
+    return problems + check_rollout_engine(c)
+
+
+def check_rollout_engine(c: Config) -> list[Problem]:
+    """The engine's declared limits (rlctl.workers.rollout.registry): tensor-parallel size, temperature."""
+    from rlctl.workers.rollout.registry import rollout_engine_info, sharding_engines
+
+    engine = rollout_engine_info(c.rollout.engine)
+    tp, most, gpus = c.rollout.tensor_parallel_size, engine.max_tensor_parallel_size, c.resources.gpus_per_node
+    problems = []
+    if most is not None and tp > most:
+        others = " or ".join(f'"{n}"' for n in sharding_engines())
+        problems.append(Problem("rollout.tensor_parallel_size", f"{tp}: the {engine.name} training rollout runs one "
+                                f"engine per GPU rank (tensor-parallel {most}); set it to {most}, or use "
+                                f"rollout.engine = {others}"))
+    elif tp != 1 and gpus and gpus % tp:
+        problems.append(Problem("rollout.tensor_parallel_size", f"{tp}: a {engine.title} engine spans {tp} GPUs of one "
+                                f"node, but resources.gpus_per_node = {gpus} is not a multiple of it"))
+    if engine.max_temperature is not None and c.rollout.temperature > engine.max_temperature:
+        problems.append(Problem("rollout.temperature", f"{c.rollout.temperature:g}: {engine.title} samples with "
+                                                       f"temperature <= {engine.max_temperature:g}"))
     return problems
 
 
@@ -230,13 +241,15 @@ def check_model(loaded: LoadedConfig) -> list[Problem]:
 
 def check_machine(c: Config) -> list[Problem]:
     problems = []
-    engine = c.rollout.engine
-    if engine in ("vllm", "sglang"):
-        if c.resources.gpus_per_node == 0:
-            problems.append(Problem("rollout.engine", f"{engine!r} runs on GPUs only; set resources.gpus_per_node "
-                                                      "or use engine = \"hf\" on CPU"))
-        elif importlib.util.find_spec(engine) is None:
-            problems.append(Problem("rollout.engine", f"{engine!r} is not installed; pip install \"rlctl[{engine}]\""))
+    from rlctl.workers.rollout.registry import rollout_engine_info
+
+    engine = rollout_engine_info(c.rollout.engine)
+    if engine.gpu_only and c.resources.gpus_per_node == 0:
+        problems.append(Problem("rollout.engine", f"{engine.name!r} runs on GPUs only; set resources.gpus_per_node "
+                                                  "or use engine = \"hf\" on CPU"))
+    elif engine.extra and importlib.util.find_spec(engine.extra) is None:
+        problems.append(Problem("rollout.engine", f"{engine.name!r} is not installed; "
+                                                  f"pip install \"rlctl[{engine.extra}]\""))
     for logger, pkg in (("tensorboard", "tensorboard"), ("wandb", "wandb")):
         if logger in c.run.loggers and importlib.util.find_spec(pkg) is None:
             problems.append(Problem("run.loggers", f"{logger!r} is configured but not installed; "

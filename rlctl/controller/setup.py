@@ -69,10 +69,12 @@ class TrainSetup:
         one optimizer step; it is recomputed otherwise, whenever KL in the reward needs it, and with
         a GPU engine (its kernels and dtype differ from the trainer's: the PPO ratio must start at
         the trainer's own log-probs, and the drift between the two is a metric)."""
+        from rlctl.workers.rollout.registry import rollout_engine_info
+
         c = self.config
         mini = c.actor.mini_batch_size or c.data.batch_size
         one_update = c.actor.ppo_epochs == 1 and mini >= c.data.batch_size
-        return not one_update or c.algorithm.kl_in_reward or c.rollout.engine != "hf"
+        return not one_update or c.algorithm.kl_in_reward or rollout_engine_info(c.rollout.engine).owns_weights
 
     def seed_for(self, step: int, round_: int) -> int:
         """The sampling seed of a generation call: a pure function of (run seed, step, round)."""

@@ -68,11 +68,11 @@ class ActorRolloutRefWorker:
     # --- rollout -------------------------------------------------------------------------------
     def rollout_engine(self):
         if self._rollout is None:
-            from rlctl.workers.rollout.base import make_rollout_engine
             from rlctl.workers.rollout.gpu import GPUEngineSpec
+            from rlctl.workers.rollout.registry import make_rollout_engine, rollout_engine_info
 
             spec = None
-            if self.cfg.rollout.engine != "hf":
+            if rollout_engine_info(self.cfg.rollout.engine).owns_weights:
                 spec = GPUEngineSpec.from_config(self.cfg, str(self.actor.compute_dtype).removeprefix("torch."))
             self._rollout = make_rollout_engine(self.cfg.rollout.engine, self.actor.module, spec=spec,
                                                 pad_token_id=self._pad_id(), eos_token_ids=self.eos_ids)

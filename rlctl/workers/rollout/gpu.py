@@ -19,6 +19,7 @@ import numpy as np
 
 from rlctl.errors import ConfigError, UsageError
 from rlctl.workers.rollout.base import PROMPT_INDEX, RESPONSE_LENGTH, RESPONSE_MASK, RESPONSES, TRUNCATED
+from rlctl.workers.rollout.registry import rollout_engine_info, sharding_engines
 
 ROLLOUT_LOG_PROB = "rollout_log_prob"  # [B*n, T] float32: the engine's log-prob of each sampled token
 
@@ -45,26 +46,28 @@ class GPUEngineSpec:
 
 
 def require(engine: str) -> None:
-    """UsageError (exit 2) unless `engine` is installed and a CUDA GPU is visible."""
-    if importlib.util.find_spec(engine) is None:
-        raise UsageError(f"rollout.engine = {engine!r} but {engine} is not installed",
-                         hint=f'pip install "rlctl[{engine}]" on a GPU machine, or use rollout.engine = "hf"')
+    """UsageError (exit 2) unless `engine`'s package is installed and a CUDA GPU is visible."""
+    info = rollout_engine_info(engine)
+    if info.extra and importlib.util.find_spec(info.extra) is None:
+        raise UsageError(f"rollout.engine = {engine!r} but {info.extra} is not installed",
+                         hint=f'pip install "rlctl[{info.extra}]" on a GPU machine, or use rollout.engine = "hf"')
     import torch
 
-    if not torch.cuda.is_available():
+    if info.gpu_only and not torch.cuda.is_available():
         raise UsageError(f"rollout.engine = {engine!r} needs a CUDA GPU and none is visible",
                          hint='use rollout.engine = "hf" on CPU')
 
 
 def check_tensor_parallel(spec: GPUEngineSpec, engine: str, world: int) -> None:
     """ConfigError unless the engine can shard over `spec.tensor_parallel_size` of `world` ranks."""
-    tp = spec.tensor_parallel_size
+    tp, most = spec.tensor_parallel_size, rollout_engine_info(engine).max_tensor_parallel_size
     if tp == 1:
         return
-    if engine != "vllm":
+    if most is not None and tp > most:
         raise ConfigError(f"rollout.tensor_parallel_size = {tp}: the {engine} training rollout runs one engine "
-                          "per GPU rank (tensor-parallel 1)",
-                          hint='set rollout.tensor_parallel_size = 1, or use rollout.engine = "vllm"')
+                          f"per GPU rank (tensor-parallel {most})",
+                          hint=f"set rollout.tensor_parallel_size = {most}, or use rollout.engine = "
+                               + " or ".join(f'"{n}"' for n in sharding_engines()))
     if world % tp:
         raise ConfigError(f"rollout.tensor_parallel_size = {tp} does not divide the {world} actor ranks",
                           hint="make resources.nodes x gpus_per_node a multiple of it")
