@@ -13,8 +13,12 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from rlctl.utils.fs import atomic_write_text
+
+if TYPE_CHECKING:
+    from rlctl.controller.setup import TrainSetup
 
 STATE_FILE = "trainer_state.json"
 CONFIG_FILE = "config.resolved.toml"
@@ -26,35 +30,34 @@ def manager_for(run_dir: Path, keep_last: int):
     return CheckpointManager(run_dir / "checkpoints", keep_last)
 
 
-def fingerprint(s) -> dict:
+def fingerprint(setup: TrainSetup) -> dict:
     from rlctl.checkpoint.compat import run_fingerprint
     from rlctl.config.loader import config_to_dict
 
-    return run_fingerprint(config_to_dict(s.config), s.config_dir, s.config.model.path)
+    return run_fingerprint(config_to_dict(setup.config), setup.config_dir, setup.config.model.path)
 
 
-def save(s, step: int, *, final: bool = False) -> Path | None:
+def save(setup: TrainSetup, step: int, *, final: bool = False) -> Path | None:
     """Write checkpoint `step` (skipped when that step is already the newest saved one)."""
-    if step == 0 or step == s.state.get("saved_step"):
+    if step == 0 or step == setup.state.get("saved_step"):
         return None
     import tomlkit
 
     from rlctl.config.loader import config_to_dict
 
     def write(tmp: Path) -> None:
-        s.actor.save_checkpoint(str(tmp / "actor"))
-        if s.critic is not None:
-            s.critic.save_checkpoint(str(tmp / "critic"))
-        state = {"step": step, "loader": s.loader.state_dict(), "kl_ctrl": s.kl_ctrl.state_dict(),
-                 "world_size": s.config.resources.workers}
+        setup.actor.save_checkpoint(str(tmp / "actor"))
+        if setup.critic is not None:
+            setup.critic.save_checkpoint(str(tmp / "critic"))
+        state = {"step": step, "loader": setup.loader.state_dict(), "kl_ctrl": setup.kl_ctrl.state_dict(),
+                 "world_size": setup.config.resources.workers}
         atomic_write_text(tmp / STATE_FILE, json.dumps(state, indent=1) + "\n")
-        atomic_write_text(tmp / CONFIG_FILE, tomlkit.dumps(config_to_dict(s.config)))
+        atomic_write_text(tmp / CONFIG_FILE, tomlkit.dumps(config_to_dict(setup.config)))
 
-    if s.checkpoints is None:
-        s.checkpoints = manager_for(s.run_dir, s.config.run.keep_last)
-    with_notice = s.display.print if final else (lambda _msg: None)
-    path = s.checkpoints.save(step, write, meta={"run": s.config.run.name, "fingerprint": fingerprint(s)})
-    s.state["saved_step"] = step
+    with_notice = setup.display.print if final else (lambda _msg: None)
+    meta = {"run": setup.config.run.name, "fingerprint": fingerprint(setup)}
+    path = setup.checkpoints.save(step, write, meta=meta)
+    setup.state["saved_step"] = step
     with_notice(f"checkpoint saved: {path}")
     return path
 
@@ -105,12 +108,12 @@ def _current_fingerprint(loaded) -> dict:
     return run_fingerprint(config_to_dict(config), loaded.base_dir, config.model.path)
 
 
-def restore(s, ckpt_path: Path) -> None:
+def restore(setup: TrainSetup, ckpt_path: Path) -> None:
     """Load workers, data position and KL controller from a checkpoint folder."""
     state = json.loads((ckpt_path / STATE_FILE).read_text())
-    s.actor.load_checkpoint(str(ckpt_path / "actor"))
-    if s.critic is not None:
-        s.critic.load_checkpoint(str(ckpt_path / "critic"))
-    s.loader.load_state_dict(state["loader"])
-    s.kl_ctrl.load_state_dict(state["kl_ctrl"])
-    s.state.update(step=int(state["step"]), saved_step=int(state["step"]))
+    setup.actor.load_checkpoint(str(ckpt_path / "actor"))
+    if setup.critic is not None:
+        setup.critic.load_checkpoint(str(ckpt_path / "critic"))
+    setup.loader.load_state_dict(state["loader"])
+    setup.kl_ctrl.load_state_dict(state["kl_ctrl"])
+    setup.state.update(step=int(state["step"]), saved_step=int(state["step"]))

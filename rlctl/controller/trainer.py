@@ -17,7 +17,7 @@ from contextlib import contextmanager
 
 import numpy as np
 
-from rlctl.controller import rollout as R
+from rlctl.controller import rollout
 from rlctl.controller.advantage import compute_advantages
 from rlctl.controller.setup import TrainSetup
 from rlctl.errors import EXIT_INTERRUPTED, EXIT_TERMINATED, Interrupted, NumericalError
@@ -84,87 +84,91 @@ def startup_signals():
 
 class Trainer:
     def __init__(self, setup: TrainSetup):
-        self.s = setup
-        self.c = setup.config
+        self.setup = setup
+        self.config = setup.config
         self.bad_steps = 0
         self.drift_warned = False
 
     def fit(self, stop: StopFlag) -> None:
-        s, c = self.s, self.c
-        if c.run.val_before_train and s.val_rows and s.state["step"] == 0:
-            s.logger.log(0, self.validate(0))
-        for step in range(s.state["step"] + 1, s.total_steps + 1):
+        setup, config = self.setup, self.config
+        if config.run.val_before_train and setup.val_rows and setup.state["step"] == 0:
+            setup.logger.log(0, self.validate(0))
+        for step in range(setup.state["step"] + 1, setup.total_steps + 1):
             timing, start = {}, time.perf_counter()
             with phase(timing, "gen"):
-                batch, metrics = R.rollout(s, step)
+                batch, metrics = rollout.rollout(setup, step)
             if metrics.get("dynamic_sampling/short"):
-                s.display.print(f"step {step}: dynamic sampling found {int(metrics['dynamic_sampling/groups'])} of "
-                                f"{c.data.batch_size} informative groups in {int(metrics['dynamic_sampling/rounds'])} "
-                                "rounds (algorithm.dynamic_sampling.max_gen_batches); training on those")
-            if s.needs.greedy_baseline:
+                groups, rounds = int(metrics["dynamic_sampling/groups"]), int(metrics["dynamic_sampling/rounds"])
+                setup.display.print(f"step {step}: dynamic sampling found {groups} of {config.data.batch_size} "
+                                    f"informative groups in {rounds} rounds "
+                                    "(algorithm.dynamic_sampling.max_gen_batches); training on those")
+            if setup.needs.greedy_baseline:
                 with phase(timing, "greedy_baseline"):
                     self.add_greedy_baseline(batch, step)
-            if s.recompute_old_log_prob:
+            if setup.recompute_old_log_prob:
                 with phase(timing, "old_log_prob"):
-                    batch = batch.union(s.actor.compute_log_prob(batch))
+                    batch = batch.union(setup.actor.compute_log_prob(batch))
                 if "rollout_log_prob" in batch:
                     metrics.update(rollout_drift(batch))
                     self.warn_drift(step, metrics)
-            if s.needs.reference:
+            if setup.needs.reference:
                 with phase(timing, "ref"):
-                    batch = batch.union(s.actor.compute_ref_log_prob(batch))
-            if s.needs.critic:
+                    batch = batch.union(setup.actor.compute_ref_log_prob(batch))
+            if setup.needs.critic:
                 with phase(timing, "values"):
-                    batch = batch.union(s.critic.compute_values(batch))
+                    batch = batch.union(setup.critic.compute_values(batch))
             with phase(timing, "adv"):
-                metrics.update(compute_advantages(batch, c, s.kl_ctrl))
-            if s.needs.critic:
+                metrics.update(compute_advantages(batch, config, setup.kl_ctrl))
+            if setup.needs.critic:
                 with phase(timing, "update_critic"):
-                    metrics.update(s.critic.update_critic(with_mini_batches(batch, c.critic, c, s.critic)))
+                    metrics.update(setup.critic.update_critic(with_mini_batches(batch, config.critic, config,
+                                                                                setup.critic)))
             with phase(timing, "update_actor"):
-                metrics.update(s.actor.update_actor(with_mini_batches(batch, c.actor, c, s.actor)))
-            s.state["step"] = step
+                metrics.update(setup.actor.update_actor(with_mini_batches(batch, config.actor, config, setup.actor)))
+            setup.state["step"] = step
             metrics.update(self.step_metrics(batch, time.perf_counter() - start))
             metrics.setdefault("actor/kl", kl_metric(metrics))
-            if s.val_rows and (step == s.total_steps or (c.run.val_every and step % c.run.val_every == 0)):
+            val_due = config.run.val_every and step % config.run.val_every == 0
+            if setup.val_rows and (step == setup.total_steps or val_due):
                 with phase(timing, "val"):
                     metrics.update(self.validate(step))
             metrics.update(timing)
             self.check_numerics(metrics, step)
-            s.log_step(step, metrics, batch)
-            if step == s.total_steps or (c.run.save_every and step % c.run.save_every == 0):
-                s.save(step)
+            setup.log_step(step, metrics, batch)
+            if step == setup.total_steps or (config.run.save_every and step % config.run.save_every == 0):
+                setup.save(step)
             stop.check()
 
     def warn_drift(self, step: int, metrics: dict) -> None:
         drift = metrics.get("rollout/logprob_diff_mean", 0.0)
         if drift > DRIFT_WARN and not self.drift_warned:
             self.drift_warned = True
-            self.s.display.print(f"step {step}: the {self.c.rollout.engine} engine's log-probs differ from the "
-                                 f"trainer's by {drift:.3f} nats per token on average (bf16 noise is ~0.01): it may "
-                                 "not be generating with the trained weights; watch rollout/logprob_diff_mean")
+            engine = self.config.rollout.engine
+            self.setup.display.print(f"step {step}: the {engine} engine's log-probs differ from the "
+                                     f"trainer's by {drift:.3f} nats per token on average (bf16 noise is ~0.01): it "
+                                     "may not be generating with the trained weights; watch rollout/logprob_diff_mean")
 
     def add_greedy_baseline(self, batch, step: int) -> None:
         """ReMax: score one greedy response per prompt; its score is each sample's baseline."""
-        s, n = self.s, self.c.rollout.n
-        rows = s.rows_of(batch, n)
-        greedy = R.generate(s.actor, rows, seed=s.seed_for(step, 0), tag=f"{step}.greedy",
-                            pad_token_id=s.pad_token_id, mode="greedy")
-        R.score(greedy, s.reward, s.tokenizer)
+        setup, n = self.setup, self.config.rollout.n
+        rows = setup.rows_of(batch, n)
+        greedy = rollout.generate(setup.actor, rows, seed=setup.seed_for(step, 0), tag=f"{step}.greedy",
+                                  pad_token_id=setup.pad_token_id, mode="greedy")
+        rollout.score(greedy, setup.reward, setup.tokenizer)
         batch["reward_baselines"] = np.repeat(greedy["scores"], n)
 
     def validate(self, step: int) -> dict:
         """Greedy (val_temperature) generation on data.val_files; reward and accuracy per data source."""
-        s, c = self.s, self.c
+        setup, config = self.setup, self.config
         parts = []
-        for i in range(0, len(s.val_rows), c.data.val_batch_size):
-            rows = s.val_rows[i:i + c.data.val_batch_size]
-            part = R.generate(s.actor, rows, seed=s.seed_for(step, -1 - i), tag=f"val{step}.{i}",
-                              pad_token_id=s.pad_token_id, mode="val")
-            R.score(part, s.reward, s.tokenizer)
+        for i in range(0, len(setup.val_rows), config.data.val_batch_size):
+            rows = setup.val_rows[i:i + config.data.val_batch_size]
+            part = rollout.generate(setup.actor, rows, seed=setup.seed_for(step, -1 - i), tag=f"val{step}.{i}",
+                                    pad_token_id=setup.pad_token_id, mode="val")
+            rollout.score(part, setup.reward, setup.tokenizer)
             parts.append(part.select_keys(["data_source", "scores", "acc", "response_length"]))
         out = validation_metrics(parts)
-        s.display.print(validation_line(step, out))
+        setup.display.print(validation_line(step, out))
         return out
 
     def step_metrics(self, batch, step_s: float) -> dict:
@@ -176,11 +180,11 @@ class Trainer:
             "reward/mean": float(batch["scores"].mean()), "reward/std": float(batch["scores"].std()),
             "reward/acc": float(batch["acc"].mean()),
             "response_length/mean": float(lengths.mean()), "response_length/max": float(lengths.max()),
-            "response_length/clip_ratio": float((lengths >= self.c.data.max_response_length).mean()),
+            "response_length/clip_ratio": float((lengths >= self.config.data.max_response_length).mean()),
             "prompt_length/mean": prompt_tokens / len(batch),
             "timing/step_s": step_s, "perf/tokens_per_s": generated / step_s,
             "perf/total_tokens_per_s": (generated + prompt_tokens) / step_s,
-            "data/epoch": float(self.s.loader.epoch), "data/sequences": float(len(batch)),
+            "data/epoch": float(self.setup.loader.epoch), "data/sequences": float(len(batch)),
         }
 
     def check_numerics(self, metrics: dict, step: int) -> None:
