@@ -48,11 +48,11 @@ def pick_checkpoint(run_dir: Path, step: int | None) -> ResumePoint:
     is an error that names the newest valid step, never a quiet fallback."""
     if not run_dir.is_dir():
         raise CheckpointError(f"run folder {run_dir} does not exist", hint="pass <output_dir>/<run name>, e.g. runs/my-run")
-    checkpoints = run_dir / "checkpoints"
-    if not checkpoints.is_dir():
+    manager = CheckpointManager.for_run(run_dir)
+    if not manager.dir.is_dir():
         raise CheckpointError(f"{run_dir} has no checkpoints",
                               hint="train until a checkpoint is saved (run.save_every, or the end of the run)")
-    point = CheckpointManager(checkpoints, keep_last=0).latest_valid(step, hashes=True)
+    point = manager.latest_valid(step, hashes=True)
     if point.warning:   # resume may fall back; a merge meant for the newest weights must not, silently
         reason = point.warning.removeprefix("WARNING: ").split("; using", 1)[0]
         raise CheckpointError(f"the newest checkpoint cannot be merged: {reason}",

@@ -24,12 +24,6 @@ STATE_FILE = "trainer_state.json"
 CONFIG_FILE = "config.resolved.toml"
 
 
-def manager_for(run_dir: Path, keep_last: int):
-    from rlctl.checkpoint.manager import CheckpointManager
-
-    return CheckpointManager(run_dir / "checkpoints", keep_last)
-
-
 def fingerprint(setup: TrainSetup) -> dict:
     from rlctl.checkpoint.compat import run_fingerprint
     from rlctl.config.loader import config_to_dict
@@ -68,6 +62,7 @@ def prepare_resume(run_dir: Path, step: int | None, overrides: list[str] | tuple
     Returns (loaded config, notices, checkpoint step, checkpoint path).
     """
     from rlctl.checkpoint.compat import check_resume, saved_fingerprint
+    from rlctl.checkpoint.manager import CheckpointManager
     from rlctl.errors import CheckpointError
     from rlctl.config.loader import load_config
     from rlctl.controller.logging import truncate_logs
@@ -76,7 +71,7 @@ def prepare_resume(run_dir: Path, step: int | None, overrides: list[str] | tuple
     if not config_path.is_file():
         raise CheckpointError(f"{run_dir} has no {CONFIG_FILE}", hint="pass a run folder made by `rlctl train`.")
     loaded = load_config(config_path, list(overrides))
-    manager = manager_for(run_dir, loaded.config.run.keep_last)
+    manager = CheckpointManager.for_run(run_dir, loaded.config.run.keep_last)
     notices = manager.clean_leftovers()
     ckpt_step, ckpt_path, warning = manager.latest_valid(step)
     if warning:

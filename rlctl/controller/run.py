@@ -47,10 +47,9 @@ def _signal_killed_the_workers(stop, setup) -> Interrupted:
     """A SIGTERM sent to the whole process group (a service manager, `timeout`) also reaches Ray's
     raylet, whose shutdown kills the worker ranks before the controller's safe point: the run
     stops as asked (exit 143), without the final checkpoint, and says where resume will start."""
-    from rlctl.controller.status import list_checkpoints
-    from rlctl.controller.trainer import stopped
+    from rlctl.controller.signals import stopped
 
-    saved = [c["step"] for c in list_checkpoints(setup.run_dir) if c["valid"]]
+    saved = [c["step"] for c in setup.checkpoints.listing() if c["valid"]]
     where = f"rlctl resume continues from step {max(saved)}" if saved else "no checkpoint was saved yet"
     return stopped(stop.signum, f", which also reached Ray's own processes: the workers ended before "
                                 f"step {setup.state['step'] + 1} could finish or be saved; {where}")
@@ -74,7 +73,8 @@ def _run(loaded: LoadedConfig, run_dir: Path, *, address: str | None, command: s
     from rlctl.controller import checkpointing
     from rlctl.controller.setup import build_setup
     from rlctl.controller.status import finish_run, start_run
-    from rlctl.controller.trainer import StopFlag, Trainer, startup_signals
+    from rlctl.controller.signals import StopFlag, startup_signals
+    from rlctl.controller.trainer import Trainer
     from rlctl.runtime.ray_env import resolve_address
 
     with ExitStack() as stack:

@@ -148,7 +148,7 @@ def build_data(config: Config, setup_notices: list):
 def build_setup(loaded: LoadedConfig, run_dir: Path, stack: ExitStack, *, address: str = "",
                 start_step: int = 0) -> TrainSetup:
     from rlctl import algorithms
-    from rlctl.controller.checkpointing import manager_for
+    from rlctl.checkpoint.manager import CheckpointManager
     from rlctl.controller.display import LiveDisplay
     from rlctl.controller.logging import MetricsLogger
     from rlctl.plugins import import_plugins
@@ -174,10 +174,11 @@ def build_setup(loaded: LoadedConfig, run_dir: Path, stack: ExitStack, *, addres
                                                start_step=start_step))
     workers = start_workers(config, total, needs, stack, address)
     display = stack.enter_context(LiveDisplay(total, start_step=start_step, title=config.run.name))
+    checkpoints = CheckpointManager.for_run(run_dir, config.run.keep_last)
     return TrainSetup(config=config, config_dir=loaded.base_dir, run_dir=run_dir, tokenizer=tokenizer,
                       pad_token_id=pad, loader=loader, val_rows=val_rows, total_steps=total, needs=needs,
                       kl_ctrl=kl_ctrl, actor=workers.actor, critic=workers.critic, reward=reward, logger=logger,
-                      display=display, checkpoints=manager_for(run_dir, config.run.keep_last), notices=notices)
+                      display=display, checkpoints=checkpoints, notices=notices)
 
 
 def start_workers(config: Config, total_steps: int, needs: Needs, stack: ExitStack, address: str) -> Workers:

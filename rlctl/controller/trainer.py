@@ -10,8 +10,6 @@ loop never asks which algorithm it is running. Each step is one call per worker 
 
 from __future__ import annotations
 
-import signal
-import threading
 import time
 from contextlib import contextmanager
 
@@ -20,7 +18,7 @@ import numpy as np
 from rlctl.controller import rollout
 from rlctl.controller.advantage import compute_advantages
 from rlctl.controller.setup import TrainSetup
-from rlctl.errors import EXIT_INTERRUPTED, EXIT_TERMINATED, Interrupted, NumericalError
+from rlctl.errors import NumericalError
 
 MAX_BAD_STEPS = 3  # non-finite loss/grad steps in a row before the run stops (exit 5)
 DRIFT_WARN = 0.1   # mean |engine - trainer| log-prob (nats) above bf16 noise: say so, once
@@ -31,55 +29,6 @@ def phase(timing: dict, name: str):
     start = time.perf_counter()
     yield
     timing[f"timing/{name}_s"] = timing.get(f"timing/{name}_s", 0.0) + time.perf_counter() - start
-
-
-def stopped(signum: int, how: str) -> Interrupted:
-    """The Interrupted for a stop signal: exit 143 for SIGTERM, 130 for Ctrl-C; `how` ends the message."""
-    name, code = ("SIGTERM", EXIT_TERMINATED) if signum == signal.SIGTERM else ("Ctrl-C", EXIT_INTERRUPTED)
-    return Interrupted(f"stopped by {name}{how}", exit_code=code)
-
-
-class StopFlag:
-    """Ctrl-C / SIGTERM ask the loop to stop at the next safe point; a second Ctrl-C aborts now."""
-
-    def __init__(self):
-        self.signum = 0
-
-    def __enter__(self):
-        self._old = {s: signal.signal(s, self._handle) for s in (signal.SIGINT, signal.SIGTERM)}
-        return self
-
-    def __exit__(self, *exc):
-        for s, h in self._old.items():
-            signal.signal(s, h)
-
-    def _handle(self, signum, _frame):
-        if self.signum and signum == signal.SIGINT:
-            raise KeyboardInterrupt
-        self.signum = signum
-
-    def check(self):
-        if self.signum:
-            raise stopped(self.signum, " at a safe point")
-
-
-@contextmanager
-def startup_signals():
-    """Ctrl-C / SIGTERM while Ray and the workers start: stop right away (nothing to save yet)
-    with exit 130 / 143, unwinding through every cleanup, instead of Ray's own SIGTERM handler
-    (a native stack dump, exit 1). ray_session restores these handlers after ray.init."""
-    def handle(signum, _frame):
-        raise stopped(signum, " while starting; no step was run in this session")
-
-    if threading.current_thread() is not threading.main_thread():   # only it may set handlers
-        yield
-        return
-    old = {s: signal.signal(s, handle) for s in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        yield
-    finally:
-        for s, h in old.items():
-            signal.signal(s, h)
 
 
 class Trainer:
