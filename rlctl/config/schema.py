@@ -198,9 +198,6 @@ class Config:
     resources: ResourcesConfig = field(default_factory=ResourcesConfig)
 
 
-SECTIONS = tuple(f.name for f in fields(Config))
-
-
 def iter_keys(cls=Config, prefix: str = ""):
     """Yield (dotted_key, dataclass_field) for every leaf key of the schema."""
     for f in fields(cls):

@@ -228,13 +228,6 @@ class ActorRolloutRefWorker:
         self._weights_version += 1
         return meta
 
-    @register(Dispatch.RANK0)
-    def export_hf(self, out_dir: str, *, merge_lora: bool = True) -> None:
-        """Full HF weights + tokenizer in out_dir (LoRA merged, or kept as an adapter folder)."""
-        from rlctl.workers.export import export_engine
-
-        export_engine(self.actor, self.cfg.model, out_dir, merge_lora=merge_lora)
-
 
 def _rollout_batch(prompts: Batch, out: dict, n: int, *, width: int, pad: int) -> Batch:
     """B prompts + the engine's B*n responses -> rows of [prompt ++ response] (prompt-major).

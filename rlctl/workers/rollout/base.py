@@ -22,7 +22,6 @@ if TYPE_CHECKING:  # torch is only needed by the engines themselves
 RESPONSES = "responses"              # [B*n, T] int64, right-padded with pad_token_id, T == max_new_tokens
 RESPONSE_MASK = "response_mask"      # [B*n, T] int64, 1 for generated tokens (EOS included), 0 after
 RESPONSE_LENGTH = "response_length"  # [B*n] int64, number of 1s in the row's response_mask
-PROMPT_INDEX = "prompt_index"        # [B*n] int64, index into prompt_ids of the row's prompt
 TRUNCATED = "truncated"              # [B*n] bool, True when max_new_tokens ran out before an EOS
 
 

@@ -18,7 +18,7 @@ from typing import Sequence
 import numpy as np
 
 from rlctl.errors import ConfigError, UsageError
-from rlctl.workers.rollout.base import PROMPT_INDEX, RESPONSE_LENGTH, RESPONSE_MASK, RESPONSES, TRUNCATED
+from rlctl.workers.rollout.base import RESPONSE_LENGTH, RESPONSE_MASK, RESPONSES, TRUNCATED
 from rlctl.workers.rollout.registry import rollout_engine_info, sharding_engines
 
 ROLLOUT_LOG_PROB = "rollout_log_prob"  # [B*n, T] float32: the engine's log-prob of each sampled token
@@ -96,7 +96,7 @@ def request_seeds(generator, count: int) -> list[int]:
     return torch.randint(0, 2**31 - 1, (count,), generator=generator).tolist()
 
 
-def pack_responses(rows: Sequence[Sequence[int]], *, n: int, max_new_tokens: int, pad_token_id: int,
+def pack_responses(rows: Sequence[Sequence[int]], *, max_new_tokens: int, pad_token_id: int,
                    eos_token_ids: Sequence[int], log_probs: Sequence[Sequence[float]] | None = None
                    ) -> dict[str, np.ndarray]:
     """Per-row generated ids (prompt-major, B*n rows) -> the engine interface's arrays.
@@ -122,7 +122,7 @@ def pack_responses(rows: Sequence[Sequence[int]], *, n: int, max_new_tokens: int
         if out_lp is not None:
             out_lp[r, :k] = np.asarray(log_probs[r][:k], dtype=np.float32)
     out = {RESPONSES: responses, RESPONSE_MASK: mask, RESPONSE_LENGTH: lengths,
-           PROMPT_INDEX: np.arange(count, dtype=np.int64) // n, TRUNCATED: truncated}
+           TRUNCATED: truncated}
     if out_lp is not None:
         out[ROLLOUT_LOG_PROB] = out_lp
     return out
