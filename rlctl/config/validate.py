@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from rlctl.config.loader import LoadedConfig, Problem
+from rlctl.config.plan import batch_plan
 from rlctl.config.schema import Config
 
 BUILTIN_REWARDS = ("gsm8k", "math", "arith")  # rlctl.rewards.builtin.BUILTINS, without importing it
@@ -81,13 +82,13 @@ def check_batches(c: Config) -> tuple[list[Problem], BatchPlan]:
     n, workers = c.rollout.n, c.resources.workers
     roles = ("actor", "critic") if estimator_needs(c.algorithm.name).needs_critic else ("actor",)
     for role in roles:
-        sect = getattr(c, role)
-        mini = sect.mini_batch_size or c.data.batch_size
+        sect, role_plan = getattr(c, role), batch_plan(c, role)
+        mini = role_plan.prompts_per_mini_batch
         if c.data.batch_size % mini:
             problems.append(Problem(f"{role}.mini_batch_size",
                                     f"{mini} prompts does not divide data.batch_size = {c.data.batch_size}"))
             continue
-        seqs = mini * n
+        seqs = role_plan.sequences_per_mini_batch
         if seqs % workers:
             problems.append(Problem(f"{role}.mini_batch_size",
                                     f"{mini} prompts x rollout.n {n} = {seqs} sequences cannot be split evenly "
@@ -98,13 +99,12 @@ def check_batches(c: Config) -> tuple[list[Problem], BatchPlan]:
             problems.append(Problem(f"{role}.micro_batch_size",
                                     f"{sect.micro_batch_size} does not divide the {per_worker} sequences each worker "
                                     f"gets per optimizer step ({mini} prompts x n {n} / {workers} workers)"))
-    mini = c.actor.mini_batch_size or c.data.batch_size
-    per_worker = max(1, mini * n // workers)
+    actor = batch_plan(c, "actor")
     plan = BatchPlan(
         prompts_per_step=c.data.batch_size, sequences_per_step=c.data.batch_size * n,
-        mini_batches_per_rollout=c.actor.ppo_epochs * max(1, c.data.batch_size // mini),
-        micro_batches_per_optimizer_step=max(1, per_worker // c.actor.micro_batch_size),
-        sequences_per_worker_per_mini_batch=per_worker, train_rows=None, steps_per_epoch=None,
+        mini_batches_per_rollout=actor.optimizer_steps_per_rollout,
+        micro_batches_per_optimizer_step=actor.micro_batches_per_optimizer_step,
+        sequences_per_worker_per_mini_batch=actor.sequences_per_worker, train_rows=None, steps_per_epoch=None,
         total_steps=c.run.total_steps or None)
     return problems, plan
 

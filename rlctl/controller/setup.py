@@ -59,10 +59,10 @@ def recompute_old_log_prob(config: Config) -> bool:
     one optimizer step; it is recomputed otherwise, whenever KL in the reward needs it, and with
     an engine that keeps its own weights (its kernels and dtype differ from the trainer's: the PPO
     ratio must start at the trainer's own log-probs, and the drift between the two is a metric)."""
+    from rlctl.config.plan import batch_plan
     from rlctl.workers.rollout.registry import rollout_engine_info
 
-    mini = config.actor.mini_batch_size or config.data.batch_size
-    one_update = config.actor.ppo_epochs == 1 and mini >= config.data.batch_size
+    one_update = batch_plan(config, "actor").optimizer_steps_per_rollout == 1
     return not one_update or config.algorithm.kl_in_reward or rollout_engine_info(config.rollout.engine).owns_weights
 
 

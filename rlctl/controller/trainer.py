@@ -70,10 +70,10 @@ class Trainer:
                 metrics.update(compute_advantages(batch, config, setup.kl_ctrl))
             if setup.needs.critic:
                 with phase(timing, "update_critic"):
-                    metrics.update(setup.critic.update_critic(with_mini_batches(batch, config.critic, config,
+                    metrics.update(setup.critic.update_critic(with_mini_batches(batch, "critic", config,
                                                                                 setup.critic)))
             with phase(timing, "update_actor"):
-                metrics.update(setup.actor.update_actor(with_mini_batches(batch, config.actor, config, setup.actor)))
+                metrics.update(setup.actor.update_actor(with_mini_batches(batch, "actor", config, setup.actor)))
             setup.state["step"] = step
             metrics.update(self.step_metrics(batch, time.perf_counter() - start))
             metrics.setdefault("actor/kl", kl_metric(metrics))
@@ -146,16 +146,17 @@ class Trainer:
                                  hint="lower actor.lr, set actor.grad_clip, or use model.dtype = \"float32\".")
 
 
-def with_mini_batches(batch, role_config, config, group):
+def with_mini_batches(batch, role: str, config, group):
     """The batch with meta["mini_batches"] set, so W workers take exactly one worker's optimizer steps.
 
-    Mini-batches hold role.mini_batch_size prompts x rollout.n rows; a short (dynamic-sampling)
-    batch gets fewer, and the count always divides the rows evenly over the workers.
+    Mini-batches hold the batch plan's sequences (role.mini_batch_size prompts x rollout.n); a short
+    (dynamic-sampling) batch gets fewer, and the count always divides the rows evenly over the workers.
     """
+    from rlctl.config.plan import batch_plan
     from rlctl.runtime.batch import Batch
 
     rows, world = len(batch), group.world_size
-    per_mini = (role_config.mini_batch_size or config.data.batch_size) * config.rollout.n
+    per_mini = batch_plan(config, role).sequences_per_mini_batch
     count = max(1, rows // per_mini)
     while count > 1 and rows % (world * count):
         count -= 1

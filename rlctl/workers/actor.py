@@ -22,6 +22,7 @@ import contextlib
 import numpy as np
 import torch
 
+from rlctl.config.plan import batch_plan
 from rlctl.errors import ConfigError
 from rlctl.runtime import Batch, Dispatch, register
 from rlctl.workers import fsdp
@@ -169,8 +170,8 @@ class ActorRolloutRefWorker:
         ac = self.cfg.actor
         if ac.use_kl_loss and "ref_log_prob" not in batch:
             raise ConfigError("actor.use_kl_loss needs ref_log_prob in the batch (compute_ref_log_prob)")
-        mini = mini_batch_count(batch, world=self.world, n=self.cfg.rollout.n,
-                                prompts_per_mini=ac.mini_batch_size or self.cfg.data.batch_size)
+        mini = mini_batch_count(batch, world=self.world,
+                                sequences_per_mini=batch_plan(self.cfg, "actor").sequences_per_mini_batch)
         if "old_log_prob" not in batch and (ac.ppo_epochs > 1 or mini > 1):
             raise ConfigError("update_actor needs old_log_prob when it takes more than one optimizer step",
                               hint="call compute_log_prob first (it may be skipped only when on-policy)")
