@@ -20,7 +20,7 @@ import shutil
 from pathlib import Path
 from typing import Callable, NamedTuple
 
-from rlctl.checkpoint.manifest import fsync_dir, verify, write_manifest
+from rlctl.checkpoint.manifest import MANIFEST, fsync_dir, verify, write_manifest
 from rlctl.errors import CheckpointError
 from rlctl.utils.fs import atomic_write_text
 
@@ -163,7 +163,7 @@ class CheckpointManager:
         latest = self.latest_named()
         if self.keep_last <= 0 or latest is None:
             return []
-        complete = [s for s in self.steps() if s <= latest and (self.step_dir(s) / "MANIFEST.json").is_file()]
+        complete = [s for s in self.steps() if s <= latest and (self.step_dir(s) / MANIFEST).is_file()]
         keep = set(complete[-self.keep_last:]) | {latest}
         doomed = [s for s in complete if s not in keep]
         for step in doomed:

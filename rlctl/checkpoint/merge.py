@@ -104,7 +104,7 @@ def merge_run(run_dir: str | os.PathLike, out: str | os.PathLike, *, step: int |
     try:
         verification, written_dtype = _export(point.path, config, tmp, dtype=dtype, lora=lora,
                                               max_shard_size=max_shard_size)
-        from rlctl.checkpoint.trained import CONFIG_FILE
+        from rlctl.checkpoint.manifest import CONFIG_FILE
 
         shutil.copyfile(point.path / CONFIG_FILE, tmp / TRAINING_CONFIG)
         _usual_modes(tmp)

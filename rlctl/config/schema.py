@@ -27,6 +27,8 @@ def opt(default: Any, help: str, *, ge=None, gt=None, le=None, lt=None, choices=
     return field(default=default, metadata=meta)
 
 
+# Copies of rlctl.algorithms' names (it imports torch, which `--help` and `config validate` must not);
+# tests/config/test_constants.py keeps them equal to the originals.
 LOSS_AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
 KL_TYPES = ("k1", "kl", "abs", "k2", "mse", "k3", "low_var_kl")
 ADV_ESTIMATORS = ("gae", "grpo", "rloo", "remax", "reinforce_plus_plus", "reinforce_plus_plus_baseline")

@@ -15,13 +15,13 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from rlctl.checkpoint.manifest import CONFIG_FILE, MANIFEST
 from rlctl.utils.fs import atomic_write_text
 
 if TYPE_CHECKING:
     from rlctl.controller.setup import TrainSetup
 
 STATE_FILE = "trainer_state.json"
-CONFIG_FILE = "config.resolved.toml"
 
 
 def fingerprint(setup: TrainSetup) -> dict:
@@ -76,9 +76,9 @@ def prepare_resume(run_dir: Path, step: int | None, overrides: list[str] | tuple
     ckpt_step, ckpt_path, warning = manager.latest_valid(step)
     if warning:
         notices.append(warning)
-    saved = saved_fingerprint(json.loads((ckpt_path / "MANIFEST.json").read_text()))
+    saved = saved_fingerprint(json.loads((ckpt_path / MANIFEST).read_text()))
     if saved is None:
-        raise CheckpointError(f"{ckpt_path} has no run fingerprint in its MANIFEST.json",
+        raise CheckpointError(f"{ckpt_path} has no run fingerprint in its {MANIFEST}",
                               hint="it was not written by `rlctl train`; start a new run instead")
     current = _current_fingerprint(loaded)
     notices += check_resume(saved, current)

@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 from rlctl.checkpoint.manager import CheckpointManager
+from rlctl.checkpoint.manifest import CONFIG_FILE
 from rlctl.errors import UsageError
 from rlctl.utils.fs import atomic_write_text
 
@@ -41,4 +42,4 @@ def claim_new_run_dir(run_dir: Path, *, force: bool) -> Path | None:
 def write_resolved_config(run_dir: Path, config_dict: dict) -> None:
     import tomlkit
 
-    atomic_write_text(run_dir / "config.resolved.toml", tomlkit.dumps(config_dict))
+    atomic_write_text(run_dir / CONFIG_FILE, tomlkit.dumps(config_dict))
