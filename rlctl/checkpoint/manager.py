@@ -1,4 +1,6 @@
-"""`CheckpointManager`: atomic saves, LATEST, retention, and picking the checkpoint to resume.
+"""`CheckpointManager`: atomic saves, LATEST, retention, listing, and picking the checkpoint to resume.
+
+The one owner of a run folder's checkpoints/ (train, resume, status, merge all go through it):
 
     checkpoints/.tmp-step_<N>-<pid>/   a save in progress (the trainer's writer fills it)
     checkpoints/step_<N>/MANIFEST.json written last inside the folder, before the rename
@@ -22,10 +24,11 @@ import shutil
 from pathlib import Path
 from typing import Callable, NamedTuple
 
-from rlctl.checkpoint.manifest import fsync_dir, verify, write_manifest
+from rlctl.checkpoint.manifest import MANIFEST, fsync_dir, verify, write_manifest
 from rlctl.errors import CheckpointError
 from rlctl.utils.fs import atomic_write_text
 
+CHECKPOINTS_DIR = "checkpoints"   # <run folder>/checkpoints
 LATEST = "LATEST"
 BEST = "BEST.json"
 TMP = ".tmp-"
@@ -43,9 +46,10 @@ class ResumePoint(NamedTuple):
     warning: str | None
 
 
-def _pid_alive(pid: int) -> bool:
-    if pid == os.getpid():
-        return False  # our own leftovers (an earlier failed save in this process)
+def pid_alive(pid) -> bool:
+    """Whether process `pid` runs on this host (a live run's controller, a save in progress)."""
+    if not isinstance(pid, int) or pid <= 0:
+        return False
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -76,6 +80,11 @@ class CheckpointManager:
         self.keep_last = int(keep_last)
         self.notify = notify or (lambda message: None)
 
+    @classmethod
+    def for_run(cls, run_dir: str | os.PathLike, keep_last: int = 0, **kwargs) -> "CheckpointManager":
+        """The checkpoints of the run folder `run_dir` (keep_last 0: reading, no retention)."""
+        return cls(Path(run_dir) / CHECKPOINTS_DIR, keep_last, **kwargs)
+
     # --- layout ------------------------------------------------------------------------------
     def step_dir(self, step: int) -> Path:
         return self.dir / f"step_{int(step)}"
@@ -85,6 +94,23 @@ class CheckpointManager:
         if not self.dir.is_dir():
             return []
         return sorted(int(m.group(1)) for p in self.dir.iterdir() if p.is_dir() and (m := _STEP.match(p.name)))
+
+    def has_checkpoints(self) -> bool:
+        """Anything a save committed (LATEST or a step_<N> folder): the run can be resumed, not restarted."""
+        return self.dir.is_dir() and any(p.name == LATEST or p.name.startswith("step_") for p in self.dir.iterdir())
+
+    def listing(self) -> list[dict]:
+        """step_<N> folders by step: step, path, bytes, and `valid` = its manifest is there and every
+        file it lists has the size it records (the cheap check resume makes; merge also compares
+        hashes), else `problem` says what is wrong."""
+        out = []
+        for step in self.steps():
+            path = self.step_dir(step)
+            problems = verify(path, hashes=False)
+            out.append({"step": step, "path": str(path), "valid": not problems,
+                        "problem": problems[0] if problems else None,
+                        "bytes": sum(f.stat().st_size for f in path.rglob("*") if f.is_file())})
+        return out
 
     def latest_named(self) -> int | None:
         """The step LATEST names, or None when LATEST is missing or unreadable."""
@@ -165,7 +191,7 @@ class CheckpointManager:
         latest = self.latest_named()
         if self.keep_last <= 0 or latest is None:
             return []
-        complete = [s for s in self.steps() if s <= latest and (self.step_dir(s) / "MANIFEST.json").is_file()]
+        complete = [s for s in self.steps() if s <= latest and (self.step_dir(s) / MANIFEST).is_file()]
         best = self.read_best()
         keep = set(complete[-self.keep_last:]) | {latest} | ({best["step"]} if best else set())
         doomed = [s for s in complete if s not in keep]
@@ -187,8 +213,10 @@ class CheckpointManager:
         for path in sorted(self.dir.iterdir()):
             if path.name.startswith(TMP) and path.is_dir():
                 pid = _PID.search(path.name)
-                if pid and _pid_alive(int(pid.group(1))):
-                    continue  # another live process on this host is saving there
+                # our own leftovers (an earlier failed save in this process) go; another live
+                # process on this host may still be saving there
+                if pid and int(pid.group(1)) != os.getpid() and pid_alive(int(pid.group(1))):
+                    continue
                 shutil.rmtree(path, ignore_errors=True)
                 notices.append(f"removed {path.name} in {self.dir}, left by a save that did not finish")
             elif path.name.startswith((f".{LATEST}.", f".{BEST}.")) and path.name.endswith(".tmp"):

@@ -26,6 +26,7 @@ from rlctl import __version__
 from rlctl.utils.fs import atomic_write_text
 
 MANIFEST = "MANIFEST.json"
+CONFIG_FILE = "config.resolved.toml"   # the run's resolved config: in the run folder and in every checkpoint
 FORMAT = 1
 BLOCK = 1 << 20
 

@@ -56,11 +56,10 @@ def pick_checkpoint(run_dir: Path, step: int | None, *, best: bool = False) -> t
         raise UsageError("--best and --step both pick the checkpoint; pass one of them")
     if not run_dir.is_dir():
         raise CheckpointError(f"run folder {run_dir} does not exist", hint="pass <output_dir>/<run name>, e.g. runs/my-run")
-    checkpoints = run_dir / "checkpoints"
-    if not checkpoints.is_dir():
+    manager = CheckpointManager.for_run(run_dir)
+    if not manager.dir.is_dir():
         raise CheckpointError(f"{run_dir} has no checkpoints",
                               hint="train until a checkpoint is saved (run.save_every, or the end of the run)")
-    manager = CheckpointManager(checkpoints, keep_last=0)
     record = manager.read_best() if best else None
     if best and record is None:
         raise CheckpointError(f"{run_dir} has no best checkpoint recorded (checkpoints/BEST.json)",
@@ -129,7 +128,7 @@ def merge_run(run_dir: str | os.PathLike, out: str | os.PathLike, *, step: int |
     try:
         verification, written_dtype = _export(point.path, config, tmp, dtype=dtype, lora=lora,
                                               max_shard_size=max_shard_size)
-        from rlctl.checkpoint.trained import CONFIG_FILE
+        from rlctl.checkpoint.manifest import CONFIG_FILE
 
         shutil.copyfile(point.path / CONFIG_FILE, tmp / TRAINING_CONFIG)
         _write_source(tmp, run_dir, point, best_record)

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import torch
 
+from rlctl.checkpoint.manifest import CONFIG_FILE
 from rlctl.errors import CheckpointError, ConfigError, DataError
 
-CONFIG_FILE = "config.resolved.toml"
 ACTOR_DIR = "actor"
 
 

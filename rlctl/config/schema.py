@@ -34,6 +34,8 @@ def opt(default: Any, help: str, *, ge=None, gt=None, le=None, lt=None, choices=
     return field(default=default, metadata=meta)
 
 
+# Copies of rlctl.algorithms' names (it imports torch, which `--help` and `config validate` must not);
+# tests/config/test_constants.py keeps them equal to the originals.
 LOSS_AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
 POLICY_LOSSES = ("vanilla", "gspo", "sapo", "cispo", "geo_mean", "clip_cov", "kl_cov", "gpg", "dppo_tv", "dppo_kl")
 KL_TYPES = ("k1", "kl", "abs", "k2", "mse", "k3", "low_var_kl", "k1+", "kl+", "abs+", "k2+", "mse+", "k3+",
@@ -261,9 +263,6 @@ class Config:
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     reward: RewardConfig = field(default_factory=RewardConfig)
     resources: ResourcesConfig = field(default_factory=ResourcesConfig)
-
-
-SECTIONS = tuple(f.name for f in fields(Config))
 
 
 def iter_keys(cls=Config, prefix: str = ""):

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from rlctl.config.loader import LoadedConfig, Problem
+from rlctl.config.plan import batch_plan
 from rlctl.config.schema import Config
 
 BUILTIN_REWARDS = ("gsm8k", "math", "arith", "code")  # rlctl.rewards.builtin.BUILTINS, without importing it
@@ -81,13 +82,13 @@ def check_batches(c: Config) -> tuple[list[Problem], BatchPlan]:
     n, workers = c.rollout.n, c.resources.workers
     roles = ("actor", "critic") if estimator_needs(c.algorithm.name).needs_critic else ("actor",)
     for role in roles:
-        sect = getattr(c, role)
-        mini = sect.mini_batch_size or c.data.batch_size
+        sect, role_plan = getattr(c, role), batch_plan(c, role)
+        mini = role_plan.prompts_per_mini_batch
         if c.data.batch_size % mini:
             problems.append(Problem(f"{role}.mini_batch_size",
                                     f"{mini} prompts does not divide data.batch_size = {c.data.batch_size}"))
             continue
-        seqs = mini * n
+        seqs = role_plan.sequences_per_mini_batch
         if seqs % workers:
             problems.append(Problem(f"{role}.mini_batch_size",
                                     f"{mini} prompts x rollout.n {n} = {seqs} sequences cannot be split evenly "
@@ -98,13 +99,12 @@ def check_batches(c: Config) -> tuple[list[Problem], BatchPlan]:
             problems.append(Problem(f"{role}.micro_batch_size",
                                     f"{sect.micro_batch_size} does not divide the {per_worker} sequences each worker "
                                     f"gets per optimizer step ({mini} prompts x n {n} / {workers} workers)"))
-    mini = c.actor.mini_batch_size or c.data.batch_size
-    per_worker = max(1, mini * n // workers)
+    actor = batch_plan(c, "actor")
     plan = BatchPlan(
         prompts_per_step=c.data.batch_size, sequences_per_step=c.data.batch_size * n,
-        mini_batches_per_rollout=c.actor.ppo_epochs * max(1, c.data.batch_size // mini),
-        micro_batches_per_optimizer_step=max(1, per_worker // c.actor.micro_batch_size),
-        sequences_per_worker_per_mini_batch=per_worker, train_rows=None, steps_per_epoch=None,
+        mini_batches_per_rollout=actor.optimizer_steps_per_rollout,
+        micro_batches_per_optimizer_step=actor.micro_batches_per_optimizer_step,
+        sequences_per_worker_per_mini_batch=actor.sequences_per_worker, train_rows=None, steps_per_epoch=None,
         total_steps=c.run.total_steps or None)
     return problems, plan
 
@@ -153,17 +153,28 @@ def check_algorithm(c: Config, raw: dict) -> list[Problem]:
     if c.actor.clip_ratio_high < c.actor.clip_ratio_low and c.actor.policy_loss == "vanilla":
         problems.append(Problem("actor.clip_ratio_high", "is below clip_ratio_low; DAPO's clip-higher uses "
                                                          "high >= low (e.g. 0.28 vs 0.2)", severity="warning"))
-    tp, gpus = c.rollout.tensor_parallel_size, c.resources.gpus_per_node
+    return problems + check_rollout_engine(c)
+
+
+def check_rollout_engine(c: Config) -> list[Problem]:
+    """The engine's declared limits (rlctl.workers.rollout.registry): tensor-parallel size, temperature."""
+    from rlctl.workers.rollout.registry import rollout_engine_info, sharding_engines
+
+    engine = rollout_engine_info(c.rollout.engine)
+    tp, most, gpus = c.rollout.tensor_parallel_size, engine.max_tensor_parallel_size, c.resources.gpus_per_node
     gpus = gpus if isinstance(gpus, int) else 0   # "auto" before it is resolved (--skip-machine)
-    if tp != 1 and c.rollout.engine == "sglang":
-        problems.append(Problem("rollout.tensor_parallel_size", f"{tp}: the sglang training rollout runs one engine "
-                                "per GPU rank (tensor-parallel 1); set it to 1, or use rollout.engine = \"vllm\""))
-    elif tp != 1 and c.rollout.engine == "vllm" and gpus and gpus % tp:
-        problems.append(Problem("rollout.tensor_parallel_size", f"{tp}: a vLLM engine spans {tp} GPUs of one node, "
-                                f"but resources.gpus_per_node = {gpus} is not a multiple of it"))
-    if c.rollout.engine == "vllm" and c.rollout.temperature > 2:
-        problems.append(Problem("rollout.temperature", f"{c.rollout.temperature:g}: vLLM samples with temperature "
-                                                       "<= 2"))
+    problems = []
+    if most is not None and tp > most:
+        others = " or ".join(f'"{n}"' for n in sharding_engines())
+        problems.append(Problem("rollout.tensor_parallel_size", f"{tp}: the {engine.name} training rollout runs one "
+                                f"engine per GPU rank (tensor-parallel {most}); set it to {most}, or use "
+                                f"rollout.engine = {others}"))
+    elif tp != 1 and gpus and gpus % tp:
+        problems.append(Problem("rollout.tensor_parallel_size", f"{tp}: a {engine.title} engine spans {tp} GPUs of one "
+                                f"node, but resources.gpus_per_node = {gpus} is not a multiple of it"))
+    if engine.max_temperature is not None and c.rollout.temperature > engine.max_temperature:
+        problems.append(Problem("rollout.temperature", f"{c.rollout.temperature:g}: {engine.title} samples with "
+                                                       f"temperature <= {engine.max_temperature:g}"))
     return problems
 
 
@@ -369,13 +380,15 @@ def check_model(loaded: LoadedConfig) -> list[Problem]:
 
 def check_machine(c: Config) -> list[Problem]:
     problems = []
-    engine = c.rollout.engine
-    if engine in ("vllm", "sglang"):
-        if c.resources.gpus_per_node == 0:
-            problems.append(Problem("rollout.engine", f"{engine!r} runs on GPUs only; set resources.gpus_per_node "
-                                                      "or use engine = \"hf\" on CPU"))
-        elif importlib.util.find_spec(engine) is None:
-            problems.append(Problem("rollout.engine", f"{engine!r} is not installed; pip install \"rlctl[{engine}]\""))
+    from rlctl.workers.rollout.registry import rollout_engine_info
+
+    engine = rollout_engine_info(c.rollout.engine)
+    if engine.gpu_only and c.resources.gpus_per_node == 0:
+        problems.append(Problem("rollout.engine", f"{engine.name!r} runs on GPUs only; set resources.gpus_per_node "
+                                                  "or use engine = \"hf\" on CPU"))
+    elif engine.extra and importlib.util.find_spec(engine.extra) is None:
+        problems.append(Problem("rollout.engine", f"{engine.name!r} is not installed; "
+                                                  f"pip install \"rlctl[{engine.extra}]\""))
     for logger, pkg in (("tensorboard", "tensorboard"), ("wandb", "wandb")):
         if logger in c.run.loggers and importlib.util.find_spec(pkg) is None:
             problems.append(Problem("run.loggers", f"{logger!r} is configured but not installed; "

@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from rlctl import algorithms as A
+from rlctl import algorithms
 from rlctl.config.schema import Config
 from rlctl.runtime.batch import Batch
 
@@ -23,8 +23,9 @@ def shaped_scores(batch: Batch, config: Config) -> tuple[np.ndarray, dict]:
     overlong = config.reward.overlong
     if not overlong.enable:
         return scores, {}
-    penalty = A.overlong_penalty(batch["response_length"], max_response_length=config.data.max_response_length,
-                                 buffer_len=overlong.buffer_len, penalty_factor=overlong.penalty_factor).numpy()
+    penalty = algorithms.overlong_penalty(batch["response_length"], max_response_length=config.data.max_response_length,
+                                          buffer_len=overlong.buffer_len,
+                                          penalty_factor=overlong.penalty_factor).numpy()
     return scores + penalty, {"reward/overlong_penalty": float(penalty.mean()),
                               "reward/overlong_frac": float((penalty < 0).mean())}
 
@@ -39,7 +40,7 @@ def apply_rollout_correction(batch: Batch, config: Config) -> dict:
         return {}
     old = torch.from_numpy(batch["old_log_prob"].astype(np.float32))
     rollout = torch.from_numpy(batch["rollout_log_prob"].astype(np.float32)) if "rollout_log_prob" in batch else old
-    weights, mask, metrics = A.rollout_correction(
+    weights, mask, metrics = algorithms.rollout_correction(
         old, rollout, torch.from_numpy(batch["response_mask"].astype(np.float32)), rollout_is=rc.rollout_is,
         rollout_is_threshold=rc.rollout_is_threshold, rollout_is_batch_normalize=rc.rollout_is_batch_normalize,
         rollout_rs=rc.rollout_rs, rollout_rs_threshold=rc.rollout_rs_threshold)
@@ -54,10 +55,10 @@ def compute_advantages(batch: Batch, config: Config, kl_ctrl) -> dict:
     """Add token_level_rewards, advantages and returns to `batch`; return metrics."""
     mask = torch.from_numpy(batch["response_mask"].astype(np.float32))
     scores, metrics = shaped_scores(batch, config)
-    rewards = A.scores_to_token_rewards(torch.from_numpy(scores), mask).float()
+    rewards = algorithms.scores_to_token_rewards(torch.from_numpy(scores), mask).float()
     algo = config.algorithm
     if algo.kl_in_reward:
-        rewards, current_kl = A.apply_kl_in_reward(
+        rewards, current_kl = algorithms.apply_kl_in_reward(
             rewards, old_log_prob=torch.from_numpy(batch["old_log_prob"]),
             ref_log_prob=torch.from_numpy(batch["ref_log_prob"]), response_mask=mask,
             kl_coef=kl_ctrl.value, kind=algo.kl_type)
@@ -77,7 +78,7 @@ def compute_advantages(batch: Batch, config: Config, kl_ctrl) -> dict:
             [batch[f"reward_component/{k}"] for k in algo.gdpo_reward_keys]).astype(np.float32))
         if algo.gdpo_reward_weights:
             optional["reward_weights"] = torch.tensor(algo.gdpo_reward_weights, dtype=torch.float32)
-    advantages, returns = A.compute_advantages(
+    advantages, returns = algorithms.compute_advantages(
         algo.name, token_level_rewards=rewards, response_mask=mask, group_ids=batch["uid"].tolist(),
         gamma=algo.gamma, lam=algo.lam, norm_adv_by_std=algo.norm_adv_by_std, **optional)
     batch["token_level_rewards"] = rewards.numpy().astype(np.float32)

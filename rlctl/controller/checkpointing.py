@@ -13,49 +13,45 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING
 
+from rlctl.checkpoint.manifest import CONFIG_FILE, MANIFEST
 from rlctl.utils.fs import atomic_write_text
 
+if TYPE_CHECKING:
+    from rlctl.controller.setup import TrainSetup
+
 STATE_FILE = "trainer_state.json"
-CONFIG_FILE = "config.resolved.toml"
 
 
-def manager_for(run_dir: Path, keep_last: int):
-    from rlctl.checkpoint.manager import CheckpointManager
-
-    return CheckpointManager(run_dir / "checkpoints", keep_last)
-
-
-def fingerprint(s) -> dict:
+def fingerprint(setup: TrainSetup) -> dict:
     from rlctl.checkpoint.compat import run_fingerprint
     from rlctl.config.loader import config_to_dict
 
-    return run_fingerprint(config_to_dict(s.config), s.config_dir, s.config.model.path)
+    return run_fingerprint(config_to_dict(setup.config), setup.config_dir, setup.config.model.path)
 
 
-def save(s, step: int, *, final: bool = False) -> Path | None:
+def save(setup: TrainSetup, step: int, *, final: bool = False) -> Path | None:
     """Write checkpoint `step` (skipped when that step is already the newest saved one)."""
-    if step == 0 or step == s.state.get("saved_step"):
+    if step == 0 or step == setup.state.get("saved_step"):
         return None
     import tomlkit
 
     from rlctl.config.loader import config_to_dict
 
     def write(tmp: Path) -> None:
-        s.actor.save_checkpoint(str(tmp / "actor"))
-        if s.critic is not None:
-            s.critic.save_checkpoint(str(tmp / "critic"))
-        state = {"step": step, "loader": s.loader.state_dict(), "kl_ctrl": s.kl_ctrl.state_dict(),
-                 "world_size": s.config.resources.workers, "best": s.state.get("best")}
+        setup.actor.save_checkpoint(str(tmp / "actor"))
+        if setup.critic is not None:
+            setup.critic.save_checkpoint(str(tmp / "critic"))
+        state = {"step": step, "loader": setup.loader.state_dict(), "kl_ctrl": setup.kl_ctrl.state_dict(),
+                 "world_size": setup.config.resources.workers, "best": setup.state.get("best")}
         atomic_write_text(tmp / STATE_FILE, json.dumps(state, indent=1) + "\n")
-        atomic_write_text(tmp / CONFIG_FILE, tomlkit.dumps(config_to_dict(s.config)))
+        atomic_write_text(tmp / CONFIG_FILE, tomlkit.dumps(config_to_dict(setup.config)))
 
-    if s.checkpoints is None:
-        s.checkpoints = manager_for(s.run_dir, s.config.run.keep_last)
-    with_notice = s.display.print if final else (lambda _msg: None)
-    path = s.checkpoints.save(step, write, meta={"run": s.config.run.name, "fingerprint": fingerprint(s)},
-                              best=s.state.get("best"))
-    s.state["saved_step"] = step
+    with_notice = setup.display.print if final else (lambda _msg: None)
+    meta = {"run": setup.config.run.name, "fingerprint": fingerprint(setup)}
+    path = setup.checkpoints.save(step, write, meta=meta, best=setup.state.get("best"))
+    setup.state["saved_step"] = step
     with_notice(f"checkpoint saved: {path}")
     return path
 
@@ -66,6 +62,7 @@ def prepare_resume(run_dir: Path, step: int | None, overrides: list[str] | tuple
     Returns (loaded config, notices, checkpoint step, checkpoint path).
     """
     from rlctl.checkpoint.compat import check_resume, saved_fingerprint
+    from rlctl.checkpoint.manager import CheckpointManager
     from rlctl.errors import CheckpointError
     from rlctl.config.loader import load_config
     from rlctl.controller.logging import truncate_logs
@@ -74,14 +71,14 @@ def prepare_resume(run_dir: Path, step: int | None, overrides: list[str] | tuple
     if not config_path.is_file():
         raise CheckpointError(f"{run_dir} has no {CONFIG_FILE}", hint="pass a run folder made by `rlctl train`.")
     loaded = load_config(config_path, list(overrides))
-    manager = manager_for(run_dir, loaded.config.run.keep_last)
+    manager = CheckpointManager.for_run(run_dir, loaded.config.run.keep_last)
     notices = manager.clean_leftovers()
     ckpt_step, ckpt_path, warning = manager.latest_valid(step)
     if warning:
         notices.append(warning)
-    saved = saved_fingerprint(json.loads((ckpt_path / "MANIFEST.json").read_text()))
+    saved = saved_fingerprint(json.loads((ckpt_path / MANIFEST).read_text()))
     if saved is None:
-        raise CheckpointError(f"{ckpt_path} has no run fingerprint in its MANIFEST.json",
+        raise CheckpointError(f"{ckpt_path} has no run fingerprint in its {MANIFEST}",
                               hint="it was not written by `rlctl train`; start a new run instead")
     current = _current_fingerprint(loaded)
     notices += check_resume(saved, current)
@@ -106,26 +103,24 @@ def _current_fingerprint(loaded) -> dict:
     return run_fingerprint(config_to_dict(config), loaded.base_dir, config.model.path)
 
 
-def restore(s, ckpt_path: Path) -> None:
+def restore(setup: TrainSetup, ckpt_path: Path) -> None:
     """Load workers, data position and KL controller from a checkpoint folder."""
     state = json.loads((ckpt_path / STATE_FILE).read_text())
-    s.actor.load_checkpoint(str(ckpt_path / "actor"))
-    if s.critic is not None:
-        s.critic.load_checkpoint(str(ckpt_path / "critic"))
-    s.loader.load_state_dict(state["loader"])
-    s.kl_ctrl.load_state_dict(state["kl_ctrl"])
-    s.state.update(step=int(state["step"]), saved_step=int(state["step"]))
-    s.state["best"] = restore_best(s, state.get("best"))
+    setup.actor.load_checkpoint(str(ckpt_path / "actor"))
+    if setup.critic is not None:
+        setup.critic.load_checkpoint(str(ckpt_path / "critic"))
+    setup.loader.load_state_dict(state["loader"])
+    setup.kl_ctrl.load_state_dict(state["kl_ctrl"])
+    setup.state.update(step=int(state["step"]), saved_step=int(state["step"]))
+    setup.state["best"] = restore_best(setup, state.get("best"))
 
 
-def restore_best(s, record: dict | None) -> dict | None:
+def restore_best(setup, record: dict | None) -> dict | None:
     """The best-checkpoint record as of the checkpoint resumed from, written back to BEST.json (which
     a run that went further, before `resume --step`, may have moved on). Dropped, and BEST.json with
     it, when run.best_metric / best_mode changed or the checkpoint it names no longer exists."""
-    if s.checkpoints is None:
-        s.checkpoints = manager_for(s.run_dir, s.config.run.keep_last)
-    run = s.config.run
+    run = setup.config.run
     kept = (record is not None and record.get("metric") == run.best_metric and record.get("mode") == run.best_mode
-            and (s.checkpoints.step_dir(record["step"]) / "MANIFEST.json").is_file())
-    s.checkpoints.write_best(record if kept else None)
+            and (setup.checkpoints.step_dir(record["step"]) / MANIFEST).is_file())
+    setup.checkpoints.write_best(record if kept else None)
     return record if kept else None

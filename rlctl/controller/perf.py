@@ -13,8 +13,12 @@ measured `torch.mm` FLOP/s in the dtype it computes in.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from rlctl.utils.flops import ModelShape, forward_flops, mfu, training_forward_equivalents
+
+if TYPE_CHECKING:
+    from rlctl.controller.setup import TrainSetup
 
 
 @dataclass(frozen=True)
@@ -27,25 +31,26 @@ class StepFlops:
     group_size: int
 
     @classmethod
-    def measure(cls, s) -> "StepFlops | None":
+    def measure(cls, setup: TrainSetup) -> "StepFlops | None":
         """Ask every rank for its matmul peak and model config; None when the model's config lacks
         the sizes the count needs (perf/mfu is then not logged)."""
-        c = s.config
-        actor = s.actor.flops_profile()
-        critic = s.critic.flops_profile() if s.critic is not None else None
+        config = setup.config
+        actor = setup.actor.flops_profile()
+        critic = setup.critic.flops_profile() if setup.critic is not None else None
         try:
             actor_shape = ModelShape.from_hf_config(actor[0]["model_config"])
             critic_shape = ModelShape.from_hf_config(critic[0]["model_config"], lm_head=False) if critic else None
         except (KeyError, TypeError, ValueError):
             return None
         peak = sum(p["peak_flops"] for p in actor)
-        if critic and not c.resources.colocate:   # its own ranks and devices
+        if critic and not config.resources.colocate:   # its own ranks and devices
             peak += sum(p["peak_flops"] for p in critic)
-        passes = (1.0 + float(s.recompute_old_log_prob) + float(s.needs.reference)
-                  + training_forward_equivalents(epochs=c.actor.ppo_epochs, frozen_weights=c.model.lora.rank > 0))
-        critic_passes = 1.0 + training_forward_equivalents(epochs=c.critic.ppo_epochs) if critic else 0.0
+        passes = (1.0 + float(setup.recompute_old_log_prob) + float(setup.needs.reference)
+                  + training_forward_equivalents(epochs=config.actor.ppo_epochs,
+                                                 frozen_weights=config.model.lora.rank > 0))
+        critic_passes = 1.0 + training_forward_equivalents(epochs=config.critic.ppo_epochs) if critic else 0.0
         return cls(actor=actor_shape, actor_passes=passes, critic=critic_shape, critic_passes=critic_passes,
-                   peak_flops=peak, group_size=c.rollout.n)
+                   peak_flops=peak, group_size=config.rollout.n)
 
     def step_flops(self, *, prompt_tokens: float, response_tokens: float, rows: int) -> float:
         tokens = {"prompt_tokens": prompt_tokens, "response_tokens": response_tokens, "rows": rows,

@@ -12,7 +12,7 @@ import time
 
 import numpy as np
 
-from rlctl import algorithms as A
+from rlctl import algorithms
 from rlctl.controller.prompts import PromptRow
 from rlctl.runtime.batch import Batch
 
@@ -98,36 +98,37 @@ def decode_prompts(batch: Batch, tokenizer) -> list[str]:
                                    zip(batch["prompts"], batch["attention_mask"][:, :width])])
 
 
-def rollout(s, step: int) -> tuple[Batch, dict]:
+def rollout(setup, step: int) -> tuple[Batch, dict]:
     """A full training batch (generate + score), with DAPO dynamic sampling when enabled.
 
-    `s` is the TrainSetup: actor group, prompt loader, reward runner, tokenizer, config.
+    `setup` is the TrainSetup: actor group, prompt loader, reward runner, tokenizer, config.
     """
-    c = s.config
-    ds, n, want = c.algorithm.dynamic_sampling, c.rollout.n, c.data.batch_size
+    config = setup.config
+    ds, n, want = config.algorithm.dynamic_sampling, config.rollout.n, config.data.batch_size
     kept: list[Batch] = []
     metrics: dict = {}
     have, rounds, reward_s = 0, 0, 0.0
     while True:
         rounds += 1
-        batch = generate(s.actor, s.loader.next_batch(), seed=s.seed_for(step, rounds), tag=f"{step}.{rounds}",
-                         pad_token_id=s.pad_token_id)
+        batch = generate(setup.actor, setup.loader.next_batch(), seed=setup.seed_for(step, rounds),
+                         tag=f"{step}.{rounds}", pad_token_id=setup.pad_token_id)
         start = time.perf_counter()
-        metrics = _merge_round(metrics, score(batch, s.reward, s.tokenizer, c.algorithm.gdpo_reward_keys), rounds)
+        metrics = _merge_round(metrics, score(batch, setup.reward, setup.tokenizer, config.algorithm.gdpo_reward_keys),
+                               rounds)
         reward_s += time.perf_counter() - start
         metrics["timing/reward_s"] = reward_s  # part of timing/gen_s (the rollout phase)
         if not ds.enable:
             return batch, metrics
         metric = batch["acc"] if ds.metric == "acc" else batch["scores"]
-        keep = A.filter_groups(batch["uid"].tolist(), metric)
+        keep = algorithms.filter_groups(batch["uid"].tolist(), metric)
         if keep.num_kept:
             kept.append(batch.select(np.flatnonzero(keep.keep)))
             have += keep.num_kept
         if have >= want or rounds >= ds.max_gen_batches:
             break
-    full = Batch.concat(align_prompt_width(kept, s.pad_token_id)) if kept else batch
+    full = Batch.concat(align_prompt_width(kept, setup.pad_token_id)) if kept else batch
     groups = min(have, want) if kept else want
-    while groups > 1 and (groups * n) % s.actor.world_size:
+    while groups > 1 and (groups * n) % setup.actor.world_size:
         groups -= 1  # every worker trains on the same number of rows
     full = full.slice(0, groups * n)
     metrics.update({"dynamic_sampling/rounds": rounds, "dynamic_sampling/groups": float(min(have, want)),

@@ -56,17 +56,16 @@ def resume_training(run_dir: Path, *, step: int | None, address: str | None, ove
     _run(loaded, run_dir, address=address, command="resume", notices=notices, resume=(ckpt_step, ckpt_path))
 
 
-def _signal_killed_the_workers(stop, s) -> Interrupted:
+def _signal_killed_the_workers(stop, setup) -> Interrupted:
     """A SIGTERM sent to the whole process group (a service manager, `timeout`) also reaches Ray's
     raylet, whose shutdown kills the worker ranks before the controller's safe point: the run
     stops as asked (exit 143), without the final checkpoint, and says where resume will start."""
-    from rlctl.controller.status import list_checkpoints
-    from rlctl.controller.trainer import stopped
+    from rlctl.controller.signals import stopped
 
-    saved = [c["step"] for c in list_checkpoints(s.run_dir) if c["valid"]]
+    saved = [c["step"] for c in setup.checkpoints.listing() if c["valid"]]
     where = f"rlctl resume continues from step {max(saved)}" if saved else "no checkpoint was saved yet"
     return stopped(stop.signum, f", which also reached Ray's own processes: the workers ended before "
-                                f"step {s.state['step'] + 1} could finish or be saved; {where}")
+                                f"step {setup.state['step'] + 1} could finish or be saved; {where}")
 
 
 def _already_finished(run_dir: Path, loaded: LoadedConfig, ckpt_step: int, overrides) -> bool:
@@ -87,36 +86,36 @@ def _run(loaded: LoadedConfig, run_dir: Path, *, address: str | None, command: s
     from rlctl.controller import checkpointing
     from rlctl.controller.setup import build_setup
     from rlctl.controller.status import finish_run, start_run
-    from rlctl.controller.trainer import StopFlag, Trainer, startup_signals
+    from rlctl.controller.signals import StopFlag, startup_signals
+    from rlctl.controller.trainer import Trainer
     from rlctl.runtime.ray_env import resolve_address
 
     with ExitStack() as stack:
         try:
             with startup_signals():
-                s = build_setup(loaded, run_dir, stack, start_step=resume[0] if resume else 0,
-                                address=resolve_address(address, loaded.config.resources.address))
+                setup = build_setup(loaded, run_dir, stack, start_step=resume[0] if resume else 0,
+                                    address=resolve_address(address, loaded.config.resources.address))
         except Interrupted as e:   # nothing trained in this session: the run folder says so
             finish_run(run_dir, status="interrupted", exit_code=e.exit_code, error=e.message)
             raise
         stop = stack.enter_context(StopFlag())   # from here on: stop at the next safe point
-        s.save = lambda step, final=False: checkpointing.save(s, step, final=final)
         if resume:
-            checkpointing.restore(s, resume[1])
-        start_run(run_dir, name=loaded.config.run.name, total_steps=s.total_steps, command=command,
+            checkpointing.restore(setup, resume[1])
+        start_run(run_dir, name=loaded.config.run.name, total_steps=setup.total_steps, command=command,
                   resumed_from=resume[0] if resume else None)
-        for line in notices + s.notices:
-            s.display.print(line)
+        for line in notices + setup.notices:
+            setup.display.print(line)
         try:
-            Trainer(s).fit(stop)
+            Trainer(setup).fit(stop)
         except Interrupted as e:
-            s.save(s.state["step"], final=True)
+            setup.save(setup.state["step"], final=True)
             finish_run(run_dir, status="interrupted", exit_code=e.exit_code, error=e.message)
             raise
         except WorkerDiedError as e:
             if not stop.signum:
                 finish_run(run_dir, status="failed", exit_code=e.exit_code, error=e.message)
                 raise
-            stopped = _signal_killed_the_workers(stop, s)   # the user's stop, not a crash
+            stopped = _signal_killed_the_workers(stop, setup)   # the user's stop, not a crash
             finish_run(run_dir, status="interrupted", exit_code=stopped.exit_code, error=stopped.message)
             raise stopped from None
         except RlctlError as e:

@@ -11,6 +11,8 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+from rlctl.checkpoint.manager import CheckpointManager
+from rlctl.checkpoint.manifest import CONFIG_FILE
 from rlctl.errors import UsageError
 from rlctl.utils.fs import atomic_write_text
 
@@ -20,17 +22,12 @@ def run_dir_of(config, base_dir: Path) -> Path:
     return (out if out.is_absolute() else base_dir / out) / config.run.name
 
 
-def has_checkpoints(run_dir: Path) -> bool:
-    ckpt = run_dir / "checkpoints"
-    return ckpt.is_dir() and any(p.name == "LATEST" or p.name.startswith("step_") for p in ckpt.iterdir())
-
-
 def claim_new_run_dir(run_dir: Path, *, force: bool) -> Path | None:
     """Make sure `run_dir` can hold a new run; returns where an old folder was moved, if any."""
     if not run_dir.exists() or not any(run_dir.iterdir()):
         run_dir.mkdir(parents=True, exist_ok=True)
         return None
-    if has_checkpoints(run_dir):
+    if CheckpointManager.for_run(run_dir).has_checkpoints():
         raise UsageError(f"run folder {run_dir} already has checkpoints",
                          hint=f"continue it with `rlctl resume {run_dir}`, or set run.name=NEW to start another run.")
     if not force:
@@ -45,4 +42,4 @@ def claim_new_run_dir(run_dir: Path, *, force: bool) -> Path | None:
 def write_resolved_config(run_dir: Path, config_dict: dict) -> None:
     import tomlkit
 
-    atomic_write_text(run_dir / "config.resolved.toml", tomlkit.dumps(config_dict))
+    atomic_write_text(run_dir / CONFIG_FILE, tomlkit.dumps(config_dict))

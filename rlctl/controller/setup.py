@@ -11,12 +11,25 @@ import dataclasses
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from rlctl.config.loader import LoadedConfig, config_to_dict
 from rlctl.config.schema import Config
 from rlctl.controller.prompts import PromptLoader, PromptRow, read_rows, render_prompts
+
+if TYPE_CHECKING:  # heavy (torch, transformers, ray): the annotations only name them
+    from transformers import PreTrainedTokenizerBase
+
+    from rlctl.algorithms.kl import AdaptiveKLController, FixedKLController
+    from rlctl.algorithms.registry import Needs
+    from rlctl.checkpoint.manager import CheckpointManager
+    from rlctl.controller.display import LiveDisplay
+    from rlctl.controller.logging import MetricsLogger
+    from rlctl.rewards.sources import RewardSources
+    from rlctl.runtime.worker_group import RoleHandle
+    from rlctl.workers.groups import Workers
 
 
 def resolve_paths(config: Config, base: Path) -> Config:
@@ -45,40 +58,53 @@ def resolve_paths(config: Config, base: Path) -> Config:
                                reward=reward, run=run, algorithm=algorithm)
 
 
+def recompute_old_log_prob(config: Config, needs: Needs | None = None) -> bool:
+    """old_log_prob equals the policy's own log-prob (detached) when the rollout is used for exactly
+    one optimizer step; it is recomputed otherwise, whenever KL in the reward, the estimator
+    (needs.old_log_prob) or rollout correction needs it, and with an engine that keeps its own
+    weights (its kernels and dtype differ from the trainer's: the PPO ratio must start at the
+    trainer's own log-probs, and the drift between the two is a metric)."""
+    from rlctl.config.plan import batch_plan
+    from rlctl.workers.rollout.registry import rollout_engine_info
+
+    one_update = batch_plan(config, "actor").optimizer_steps_per_rollout == 1
+    correction = config.algorithm.rollout_correction
+    return (not one_update or config.algorithm.kl_in_reward or rollout_engine_info(config.rollout.engine).owns_weights
+            or bool(needs is not None and needs.old_log_prob) or bool(correction.rollout_is or correction.rollout_rs))
+
+
 @dataclass
 class TrainSetup:
+    """What `build_setup` started for one run; the trainer and checkpointing read it."""
+
     config: Config
     config_dir: Path
     run_dir: Path
-    tokenizer: object
+    tokenizer: PreTrainedTokenizerBase
     pad_token_id: int
     loader: PromptLoader
-    val_rows: list
+    val_rows: list[PromptRow]
     total_steps: int
-    needs: object
-    kl_ctrl: object
-    actor: object = None
-    critic: object = None
-    reward: object = None
-    logger: object = None
-    display: object = None
+    needs: Needs
+    kl_ctrl: FixedKLController | AdaptiveKLController
+    actor: RoleHandle
+    critic: RoleHandle | None
+    reward: RewardSources
+    logger: MetricsLogger
+    display: LiveDisplay
+    checkpoints: CheckpointManager
     state: dict = field(default_factory=lambda: {"step": 0})
-    checkpoints: object = None  # rlctl.checkpoint.manager.CheckpointManager
-    save: object = None  # save(step, final=False), bound by rlctl.controller.run
-    notices: list = field(default_factory=list)
+    notices: list[str] = field(default_factory=list)
 
     @property
     def recompute_old_log_prob(self) -> bool:
-        """old_log_prob equals the policy's own log-prob (detached) when the rollout is used for exactly
-        one optimizer step; it is recomputed otherwise, whenever KL in the reward, the estimator or rollout
-        correction needs it, and with a GPU engine (its kernels and dtype differ from the trainer's: the PPO ratio must start at
-        the trainer's own log-probs, and the drift between the two is a metric)."""
-        c = self.config
-        mini = c.actor.mini_batch_size or c.data.batch_size
-        one_update = c.actor.ppo_epochs == 1 and mini >= c.data.batch_size
-        rc = c.algorithm.rollout_correction
-        return (not one_update or c.algorithm.kl_in_reward or c.rollout.engine != "hf" or self.needs.old_log_prob
-                or bool(rc.rollout_is or rc.rollout_rs))
+        return recompute_old_log_prob(self.config, self.needs)
+
+    def save(self, step: int, *, final: bool = False) -> Path | None:
+        """Write checkpoint `step` (rlctl.controller.checkpointing.save)."""
+        from rlctl.controller.checkpointing import save
+
+        return save(self, step, final=final)
 
     def seed_for(self, step: int, round_: int) -> int:
         """The sampling seed of a generation call: a pure function of (run seed, step, round)."""
@@ -129,44 +155,45 @@ def build_data(config: Config, setup_notices: list):
 
 def build_setup(loaded: LoadedConfig, run_dir: Path, stack: ExitStack, *, address: str = "",
                 start_step: int = 0) -> TrainSetup:
-    from rlctl import algorithms as A
+    from rlctl import algorithms
+    from rlctl.checkpoint.manager import CheckpointManager
     from rlctl.controller.display import LiveDisplay
     from rlctl.controller.logging import MetricsLogger
     from rlctl.plugins import import_plugins
     from rlctl.rewards.sources import build_reward
 
     config = resolve_paths(loaded.config, loaded.base_dir)
-    c = config
-    import_plugins(c.algorithm.plugins)   # the user's estimators / losses, before anything asks for them
+    import_plugins(config.algorithm.plugins)   # the user's estimators / losses, before anything asks for them
     notices: list[str] = []
     tokenizer, loader, val_rows, train = build_data(config, notices)
-    total = c.run.total_steps or loader.steps_per_epoch * c.run.total_epochs
-    needs = A.algorithm_needs(c.algorithm.name, kl_in_reward=c.algorithm.kl_in_reward,
-                              use_kl_loss=c.actor.use_kl_loss)
-    kl_ctrl = A.make_kl_controller(c.algorithm.kl_ctrl, kl_coef=c.algorithm.kl_coef,
-                                   target_kl=c.algorithm.kl_target, horizon=c.algorithm.kl_horizon)
+    total = config.run.total_steps or loader.steps_per_epoch * config.run.total_epochs
+    algo = config.algorithm
+    needs = algorithms.algorithm_needs(algo.name, kl_in_reward=algo.kl_in_reward,
+                                       use_kl_loss=config.actor.use_kl_loss)
+    kl_ctrl = algorithms.make_kl_controller(algo.kl_ctrl, kl_coef=algo.kl_coef, target_kl=algo.kl_target,
+                                            horizon=algo.kl_horizon)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    s = TrainSetup(config=config, config_dir=loaded.base_dir, run_dir=run_dir, tokenizer=tokenizer,
-                   pad_token_id=pad, loader=loader, val_rows=val_rows, total_steps=total, needs=needs,
-                   kl_ctrl=kl_ctrl, notices=notices)
-    s.reward = stack.enter_context(build_reward(c.reward, loaded.base_dir))
-    s.reward.check_data_sources(sorted(train.data_sources))
-    s.logger = stack.enter_context(MetricsLogger(run_dir, c.run.loggers, c.run.name, config_to_dict(c),
-                                                 start_step=start_step))
-    start_workers(s, stack, address)
-    s.display = stack.enter_context(LiveDisplay(total, start_step=start_step, title=c.run.name))
-    return s
+    reward = stack.enter_context(build_reward(config.reward, loaded.base_dir))
+    reward.check_data_sources(sorted(train.data_sources))
+    logger = stack.enter_context(MetricsLogger(run_dir, config.run.loggers, config.run.name, config_to_dict(config),
+                                               start_step=start_step))
+    workers = start_workers(config, total, needs, stack, address)
+    if workers.reward_model is not None:
+        reward.attach_model(workers.reward_model)
+    display = stack.enter_context(LiveDisplay(total, start_step=start_step, title=config.run.name))
+    checkpoints = CheckpointManager.for_run(run_dir, config.run.keep_last)
+    return TrainSetup(config=config, config_dir=loaded.base_dir, run_dir=run_dir, tokenizer=tokenizer,
+                      pad_token_id=pad, loader=loader, val_rows=val_rows, total_steps=total, needs=needs,
+                      kl_ctrl=kl_ctrl, actor=workers.actor, critic=workers.critic, reward=reward, logger=logger,
+                      display=display, checkpoints=checkpoints, notices=notices)
 
 
-def start_workers(s: TrainSetup, stack: ExitStack, address: str) -> None:
+def start_workers(config: Config, total_steps: int, needs: Needs, stack: ExitStack, address: str) -> Workers:
     """Embedded Ray (or the cluster at `address`), the actor group and, when needed, the critic."""
     from rlctl.runtime.ray_env import ray_session
     from rlctl.workers.groups import start_workers as start
 
     stack.enter_context(ray_session(address))
-    workers = start(s.config, total_steps=s.total_steps, needs_reference=s.needs.reference,
-                    needs_critic=s.needs.critic)
+    workers = start(config, total_steps=total_steps, needs_reference=needs.reference, needs_critic=needs.critic)
     stack.callback(workers.shutdown)
-    s.actor, s.critic = workers.actor, workers.critic
-    if workers.reward_model is not None:
-        s.reward.attach_model(workers.reward_model)
+    return workers

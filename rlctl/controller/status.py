@@ -12,6 +12,7 @@ run.json (written atomically by the trainer; every field is always present):
     pid, host       the controller process, so `status` can tell a live run from one that died
     rlctl_version   the rlctl that wrote it
 `status` reports "died" for a run whose run.json says running but whose pid is gone on this host.
+Its checkpoints are read through rlctl.checkpoint.manager, which owns checkpoints/.
 """
 
 from __future__ import annotations
@@ -19,18 +20,16 @@ from __future__ import annotations
 import datetime as dt
 import json
 import os
-import re
 import socket
 from pathlib import Path
 
 from rlctl import __version__
+from rlctl.checkpoint.manager import CheckpointManager, pid_alive
 from rlctl.controller.logging import METRICS_FILE, read_jsonl
 from rlctl.errors import UsageError
 
 RUN_FILE = "run.json"
-CHECKPOINTS_DIR = "checkpoints"
 STATES = ("running", "finished", "failed", "interrupted")
-_STEP_DIR = re.compile(r"^step_(\d+)$")
 
 
 # -- run.json -------------------------------------------------------------------------------------
@@ -97,7 +96,9 @@ def status_summary(run_dir: str | os.PathLike) -> dict:
     step = max([int(info.get("step") or 0)] + [int(r["step"]) for r in rows if isinstance(r.get("step"), int)])
     total = info.get("total_steps")
     state = _state(info)
-    checkpoints = list_checkpoints(run_dir)
+    manager = CheckpointManager.for_run(run_dir)
+    checkpoints = manager.listing()
+    latest = manager.latest_named()
     return {
         "run_dir": str(run_dir), "name": info.get("name") or run_dir.name, "state": state,
         "step": step, "total_steps": total, "progress": step / total if total else None,
@@ -108,66 +109,18 @@ def status_summary(run_dir: str | os.PathLike) -> dict:
         "last_metrics": _last_metrics(rows),
         "last_validation": _last_validation(rows),
         "checkpoints": checkpoints,
-        "latest_checkpoint": _latest(run_dir, checkpoints),
-        "best_checkpoint": _best(run_dir),
+        "latest_checkpoint": latest if any(c["step"] == latest and c["valid"] for c in checkpoints) else None,
+        "best_checkpoint": manager.read_best(),
     }
-
-
-def list_checkpoints(run_dir: str | os.PathLike) -> list[dict]:
-    """checkpoints/step_<N> folders by step; `valid` = its manifest is there and every file it lists
-    has the size it records (the cheap check resume makes; merge also compares hashes), else
-    `problem` says what is wrong."""
-    from rlctl.checkpoint.manifest import verify
-
-    root = Path(run_dir) / CHECKPOINTS_DIR
-    out = []
-    for path in root.iterdir() if root.is_dir() else ():
-        match = _STEP_DIR.match(path.name)
-        if match and path.is_dir():
-            size = sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
-            problems = verify(path, hashes=False)
-            out.append({"step": int(match.group(1)), "path": str(path), "valid": not problems,
-                        "problem": problems[0] if problems else None, "bytes": size})
-    return sorted(out, key=lambda c: c["step"])
-
-
-def _latest(run_dir: Path, checkpoints: list[dict]) -> int | None:
-    """The step checkpoints/LATEST names ("step_12" or "12"), if that checkpoint is valid."""
-    try:
-        text = (run_dir / CHECKPOINTS_DIR / "LATEST").read_text().strip()
-    except OSError:
-        return None
-    match = re.search(r"(\d+)$", text)
-    step = int(match.group(1)) if match else None
-    return step if any(c["step"] == step and c["valid"] for c in checkpoints) else None
-
-
-def _best(run_dir: Path) -> dict | None:
-    """checkpoints/BEST.json: {"step", "metric", "mode", "value"} of the best validated checkpoint."""
-    from rlctl.checkpoint.manager import CheckpointManager
-
-    return CheckpointManager(run_dir / CHECKPOINTS_DIR, keep_last=0).read_best()
 
 
 def _state(info: dict) -> str:
     status = info.get("status")
     if status not in STATES:
         return "unknown"
-    if status == "running" and info.get("host") == socket.gethostname() and not _pid_alive(info.get("pid")):
+    if status == "running" and info.get("host") == socket.gethostname() and not pid_alive(info.get("pid")):
         return "died"
     return status
-
-
-def _pid_alive(pid) -> bool:
-    if not isinstance(pid, int) or pid <= 0:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # someone else's process: it exists
-        return True
-    return True
 
 
 def _last_metrics(rows: list[dict]) -> dict:

@@ -10,17 +10,19 @@ loop never asks which algorithm it is running. Each step is one call per worker 
 
 from __future__ import annotations
 
-import signal
-import threading
 import time
 from contextlib import contextmanager
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from rlctl.controller import rollout as R
+from rlctl.controller import rollout
 from rlctl.controller.advantage import apply_rollout_correction, compute_advantages
 from rlctl.controller.setup import TrainSetup
-from rlctl.errors import EXIT_INTERRUPTED, EXIT_TERMINATED, Interrupted, NumericalError
+from rlctl.errors import NumericalError
+
+if TYPE_CHECKING:
+    from rlctl.controller.signals import StopFlag
 
 MAX_BAD_STEPS = 3  # non-finite loss/grad steps in a row before the run stops (exit 5)
 DRIFT_WARN = 0.1   # mean |engine - trainer| log-prob (nats) above bf16 noise: say so, once
@@ -33,59 +35,10 @@ def phase(timing: dict, name: str):
     timing[f"timing/{name}_s"] = timing.get(f"timing/{name}_s", 0.0) + time.perf_counter() - start
 
 
-def stopped(signum: int, how: str) -> Interrupted:
-    """The Interrupted for a stop signal: exit 143 for SIGTERM, 130 for Ctrl-C; `how` ends the message."""
-    name, code = ("SIGTERM", EXIT_TERMINATED) if signum == signal.SIGTERM else ("Ctrl-C", EXIT_INTERRUPTED)
-    return Interrupted(f"stopped by {name}{how}", exit_code=code)
-
-
-class StopFlag:
-    """Ctrl-C / SIGTERM ask the loop to stop at the next safe point; a second Ctrl-C aborts now."""
-
-    def __init__(self):
-        self.signum = 0
-
-    def __enter__(self):
-        self._old = {s: signal.signal(s, self._handle) for s in (signal.SIGINT, signal.SIGTERM)}
-        return self
-
-    def __exit__(self, *exc):
-        for s, h in self._old.items():
-            signal.signal(s, h)
-
-    def _handle(self, signum, _frame):
-        if self.signum and signum == signal.SIGINT:
-            raise KeyboardInterrupt
-        self.signum = signum
-
-    def check(self):
-        if self.signum:
-            raise stopped(self.signum, " at a safe point")
-
-
-@contextmanager
-def startup_signals():
-    """Ctrl-C / SIGTERM while Ray and the workers start: stop right away (nothing to save yet)
-    with exit 130 / 143, unwinding through every cleanup, instead of Ray's own SIGTERM handler
-    (a native stack dump, exit 1). ray_session restores these handlers after ray.init."""
-    def handle(signum, _frame):
-        raise stopped(signum, " while starting; no step was run in this session")
-
-    if threading.current_thread() is not threading.main_thread():   # only it may set handlers
-        yield
-        return
-    old = {s: signal.signal(s, handle) for s in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        yield
-    finally:
-        for s, h in old.items():
-            signal.signal(s, h)
-
-
 class Trainer:
     def __init__(self, setup: TrainSetup):
-        self.s = setup
-        self.c = setup.config
+        self.setup = setup
+        self.config = setup.config
         self.bad_steps = 0
         self.drift_warned = False
         self.flops = None   # rlctl.controller.perf.StepFlops, measured when fit starts
@@ -93,98 +46,102 @@ class Trainer:
     def fit(self, stop: StopFlag) -> None:
         from rlctl.controller.perf import StepFlops
 
-        s, c = self.s, self.c
-        self.flops = StepFlops.measure(s)
-        if c.run.val_before_train and s.val_rows and s.state["step"] == 0:
-            s.logger.log(0, self.validate(0))
-        for step in range(s.state["step"] + 1, s.total_steps + 1):
+        setup, config = self.setup, self.config
+        self.flops = StepFlops.measure(setup)
+        if config.run.val_before_train and setup.val_rows and setup.state["step"] == 0:
+            setup.logger.log(0, self.validate(0))
+        for step in range(setup.state["step"] + 1, setup.total_steps + 1):
             timing, start = {}, time.perf_counter()
             with phase(timing, "gen"):
-                batch, metrics = R.rollout(s, step)
+                batch, metrics = rollout.rollout(setup, step)
             if metrics.get("dynamic_sampling/short"):
-                s.display.print(f"step {step}: dynamic sampling found {int(metrics['dynamic_sampling/groups'])} of "
-                                f"{c.data.batch_size} informative groups in {int(metrics['dynamic_sampling/rounds'])} "
-                                "rounds (algorithm.dynamic_sampling.max_gen_batches); training on those")
-            if s.needs.greedy_baseline:
+                groups, rounds = int(metrics["dynamic_sampling/groups"]), int(metrics["dynamic_sampling/rounds"])
+                setup.display.print(f"step {step}: dynamic sampling found {groups} of {config.data.batch_size} "
+                                    f"informative groups in {rounds} rounds "
+                                    "(algorithm.dynamic_sampling.max_gen_batches); training on those")
+            if setup.needs.greedy_baseline:
                 with phase(timing, "greedy_baseline"):
                     self.add_greedy_baseline(batch, step)
-            if s.recompute_old_log_prob:
+            if setup.recompute_old_log_prob:
                 with phase(timing, "old_log_prob"):
-                    batch = batch.union(s.actor.compute_log_prob(batch))
+                    batch = batch.union(setup.actor.compute_log_prob(batch))
                 if "rollout_log_prob" in batch:
                     metrics.update(rollout_drift(batch))
                     self.warn_drift(step, metrics)
-                metrics.update(apply_rollout_correction(batch, c))
-            if s.needs.reference:
+                metrics.update(apply_rollout_correction(batch, config))
+            if setup.needs.reference:
                 with phase(timing, "ref"):
-                    batch = batch.union(s.actor.compute_ref_log_prob(batch))
-            if s.needs.critic:
+                    batch = batch.union(setup.actor.compute_ref_log_prob(batch))
+            if setup.needs.critic:
                 with phase(timing, "values"):
-                    batch = batch.union(s.critic.compute_values(batch))
+                    batch = batch.union(setup.critic.compute_values(batch))
             with phase(timing, "adv"):
-                metrics.update(compute_advantages(batch, c, s.kl_ctrl))
-            if s.needs.critic:
+                metrics.update(compute_advantages(batch, config, setup.kl_ctrl))
+            if setup.needs.critic:
                 with phase(timing, "update_critic"):
-                    metrics.update(s.critic.update_critic(with_mini_batches(batch, c.critic, c, s.critic)))
+                    metrics.update(setup.critic.update_critic(with_mini_batches(batch, "critic", config,
+                                                                                setup.critic)))
             with phase(timing, "update_actor"):
-                metrics.update(s.actor.update_actor(with_mini_batches(batch, c.actor, c, s.actor)))
-            s.state["step"] = step
+                metrics.update(setup.actor.update_actor(with_mini_batches(batch, "actor", config, setup.actor)))
+            setup.state["step"] = step
             metrics.update(self.step_metrics(batch, time.perf_counter() - start))
             metrics.setdefault("actor/kl", kl_metric(metrics))
             new_best = False
-            if s.val_rows and (step == s.total_steps or (c.run.val_every and step % c.run.val_every == 0)):
+            val_due = config.run.val_every and step % config.run.val_every == 0
+            if setup.val_rows and (step == setup.total_steps or val_due):
                 with phase(timing, "val"):
                     metrics.update(self.validate(step))
                 new_best = self.track_best(step, metrics)
             metrics.update(timing)
             self.check_numerics(metrics, step)
-            s.log_step(step, metrics, batch)
-            if step == s.total_steps or (c.run.save_every and step % c.run.save_every == 0) or new_best:
-                s.save(step)
+            setup.log_step(step, metrics, batch)
+            if step == setup.total_steps or (config.run.save_every and step % config.run.save_every == 0) or new_best:
+                setup.save(step)
             stop.check()
 
     def warn_drift(self, step: int, metrics: dict) -> None:
         drift = metrics.get("rollout/logprob_diff_mean", 0.0)
         if drift > DRIFT_WARN and not self.drift_warned:
             self.drift_warned = True
-            self.s.display.print(f"step {step}: the {self.c.rollout.engine} engine's log-probs differ from the "
-                                 f"trainer's by {drift:.3f} nats per token on average (bf16 noise is ~0.01): it may "
-                                 "not be generating with the trained weights; watch rollout/logprob_diff_mean")
+            engine = self.config.rollout.engine
+            self.setup.display.print(f"step {step}: the {engine} engine's log-probs differ from the "
+                                     f"trainer's by {drift:.3f} nats per token on average (bf16 noise is ~0.01): it "
+                                     "may not be generating with the trained weights; watch rollout/logprob_diff_mean")
 
     def add_greedy_baseline(self, batch, step: int) -> None:
         """ReMax: score one greedy response per prompt; its score is each sample's baseline."""
-        s, n = self.s, self.c.rollout.n
-        rows = s.rows_of(batch, n)
-        greedy = R.generate(s.actor, rows, seed=s.seed_for(step, 0), tag=f"{step}.greedy",
-                            pad_token_id=s.pad_token_id, mode="greedy")
-        R.score(greedy, s.reward, s.tokenizer)
+        setup, n = self.setup, self.config.rollout.n
+        rows = setup.rows_of(batch, n)
+        greedy = rollout.generate(setup.actor, rows, seed=setup.seed_for(step, 0), tag=f"{step}.greedy",
+                                  pad_token_id=setup.pad_token_id, mode="greedy")
+        rollout.score(greedy, setup.reward, setup.tokenizer)
         batch["reward_baselines"] = np.repeat(greedy["scores"], n)
 
     def track_best(self, step: int, metrics: dict) -> bool:
         """run.best_metric: a validation that beats the best so far makes this step the best one
         (the loop then saves it; BEST.json names it once saved). True when it did."""
-        run = self.c.run
+        run = self.config.run
         value = metrics.get(run.best_metric) if run.best_metric else None
         if value is None or value != value:   # off, not logged, or NaN: never a best
             return False
-        best = self.s.state.get("best")
+        best = self.setup.state.get("best")
         if best is not None and not (value > best["value"] if run.best_mode == "max" else value < best["value"]):
             return False
-        self.s.state["best"] = {"step": step, "metric": run.best_metric, "mode": run.best_mode, "value": float(value)}
+        self.setup.state["best"] = {"step": step, "metric": run.best_metric, "mode": run.best_mode, "value": float(value)}
         return True
 
     def validate(self, step: int) -> dict:
         """Greedy (val_temperature) generation on data.val_files; reward and accuracy per data source."""
-        s, c = self.s, self.c
+        setup, config = self.setup, self.config
         parts = []
-        for i in range(0, len(s.val_rows), c.data.val_batch_size):
-            rows = s.val_rows[i:i + c.data.val_batch_size]
-            part = R.generate(s.actor, rows, seed=s.seed_for(step, -1 - i), tag=f"val{step}.{i}",
-                              pad_token_id=s.pad_token_id, mode="val")
-            R.score(part, s.reward, s.tokenizer)
+        for i in range(0, len(setup.val_rows), config.data.val_batch_size):
+            rows = setup.val_rows[i:i + config.data.val_batch_size]
+            part = rollout.generate(setup.actor, rows, seed=setup.seed_for(step, -1 - i), tag=f"val{step}.{i}",
+                                    pad_token_id=setup.pad_token_id, mode="val")
+            rollout.score(part, setup.reward, setup.tokenizer)
             parts.append(part.select_keys(["data_source", "scores", "acc", "response_length"]))
         out = validation_metrics(parts)
-        s.display.print(validation_line(step, out))
+        setup.display.print(validation_line(step, out))
         return out
 
     def step_metrics(self, batch, step_s: float) -> dict:
@@ -196,11 +153,11 @@ class Trainer:
             "reward/mean": float(batch["scores"].mean()), "reward/std": float(batch["scores"].std()),
             "reward/acc": float(batch["acc"].mean()),
             "response_length/mean": float(lengths.mean()), "response_length/max": float(lengths.max()),
-            "response_length/clip_ratio": float((lengths >= self.c.data.max_response_length).mean()),
+            "response_length/clip_ratio": float((lengths >= self.config.data.max_response_length).mean()),
             "prompt_length/mean": prompt_tokens / len(batch),
             "timing/step_s": step_s, "perf/tokens_per_s": generated / step_s,
             "perf/total_tokens_per_s": (generated + prompt_tokens) / step_s,
-            "data/epoch": float(self.s.loader.epoch), "data/sequences": float(len(batch)),
+            "data/epoch": float(self.setup.loader.epoch), "data/sequences": float(len(batch)),
             **(self.flops.metrics(batch, step_s) if self.flops is not None else {}),
         }
 
@@ -214,16 +171,17 @@ class Trainer:
                                  hint="lower actor.lr, set actor.grad_clip, or use model.dtype = \"float32\".")
 
 
-def with_mini_batches(batch, role_config, config, group):
+def with_mini_batches(batch, role: str, config, group):
     """The batch with meta["mini_batches"] set, so W workers take exactly one worker's optimizer steps.
 
-    Mini-batches hold role.mini_batch_size prompts x rollout.n rows; a short (dynamic-sampling)
-    batch gets fewer, and the count always divides the rows evenly over the workers.
+    Mini-batches hold the batch plan's sequences (role.mini_batch_size prompts x rollout.n); a short
+    (dynamic-sampling) batch gets fewer, and the count always divides the rows evenly over the workers.
     """
+    from rlctl.config.plan import batch_plan
     from rlctl.runtime.batch import Batch
 
     rows, world = len(batch), group.world_size
-    per_mini = (role_config.mini_batch_size or config.data.batch_size) * config.rollout.n
+    per_mini = batch_plan(config, role).sequences_per_mini_batch
     count = max(1, rows // per_mini)
     while count > 1 and rows % (world * count):
         count -= 1

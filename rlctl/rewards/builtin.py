@@ -51,11 +51,6 @@ _BY_SOURCE = {
 }
 
 
-def builtin_sources() -> tuple[str, ...]:
-    """The data_source values a built-in scorer knows."""
-    return tuple(_BY_SOURCE)
-
-
 def scorer_for_source(data_source: str):
     """The built-in scorer for `data_source`; UsageError naming the source and the fix if none."""
     fn = _BY_SOURCE.get(data_source)

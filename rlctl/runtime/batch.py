@@ -140,10 +140,6 @@ class Batch:
                 out[k] = torch.from_numpy(np.ascontiguousarray(v)).to(device)
         return out
 
-    @classmethod
-    def from_torch(cls, tensors: Mapping[str, Any], meta: Mapping[str, Any] | None = None) -> "Batch":
-        return cls(tensors, meta)
-
 
 def _as_numpy(value: Any) -> np.ndarray:
     """numpy arrays stay as they are; torch tensors come to the CPU (bf16/fp16 -> float32)."""

@@ -53,11 +53,6 @@ def dispatch_mode(cls: type, method: str) -> Dispatch:
     return mode
 
 
-def remote_methods(cls: type) -> dict[str, Dispatch]:
-    return {name: getattr(fn, _ATTR) for name in dir(cls)
-            if (fn := getattr(cls, name, None)) is not None and hasattr(fn, _ATTR)}
-
-
 def shard_batch(batch: Batch, world: int, *, even: bool, label: str) -> list[Batch]:
     """Split `batch` into `world` parts, one per rank, in rank order.
 

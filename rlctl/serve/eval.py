@@ -69,11 +69,12 @@ def reward_settings(model_path: Path, override: str | None):
     from rlctl.config.schema import DataConfig, RewardConfig
     from rlctl.serve.source import is_run_dir
 
+    from rlctl.checkpoint.manifest import CONFIG_FILE
     from rlctl.checkpoint.merge import TRAINING_CONFIG
     from rlctl.config.loader import load_config
 
     reward, config_dir, max_response = RewardConfig(), Path.cwd(), DataConfig().max_response_length
-    resolved = model_path / "config.resolved.toml"
+    resolved = model_path / CONFIG_FILE
     if is_run_dir(model_path) and resolved.is_file():
         config = load_config(resolved, strict=False).config
         reward, config_dir = config.reward, _project_dir(model_path, config)

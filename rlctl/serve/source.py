@@ -17,7 +17,10 @@ DTYPES = ("auto", "float32", "bfloat16", "float16")
 
 
 def is_run_dir(path: Path) -> bool:
-    return (path / "checkpoints").is_dir() or (path / "run.json").is_file()
+    from rlctl.checkpoint.manager import CHECKPOINTS_DIR
+    from rlctl.controller.status import RUN_FILE
+
+    return (path / CHECKPOINTS_DIR).is_dir() or (path / RUN_FILE).is_file()
 
 
 def is_model_dir(path: Path) -> bool:

@@ -2,5 +2,5 @@
 
 actor.py (ActorRolloutRefWorker), critic.py (CriticWorker), engine.py (TrainEngine: FSDP2,
 AdamW, schedule, clipping), logprob.py (padding-free log-probs/values), checkpoint_io.py (DCP),
-export.py (HF folders), groups.py (start_workers), rollout/ (generation engines).
+groups.py (start_workers), rollout/ (generation engines).
 """

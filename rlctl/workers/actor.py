@@ -22,6 +22,7 @@ import contextlib
 import numpy as np
 import torch
 
+from rlctl.config.plan import batch_plan
 from rlctl.errors import ConfigError
 from rlctl.runtime import Batch, Dispatch, register
 from rlctl.workers import fsdp
@@ -73,11 +74,11 @@ class ActorRolloutRefWorker:
     # --- rollout -------------------------------------------------------------------------------
     def rollout_engine(self):
         if self._rollout is None:
-            from rlctl.workers.rollout.base import make_rollout_engine
             from rlctl.workers.rollout.gpu import GPUEngineSpec
+            from rlctl.workers.rollout.registry import make_rollout_engine, rollout_engine_info
 
             spec = None
-            if self.cfg.rollout.engine != "hf":
+            if rollout_engine_info(self.cfg.rollout.engine).owns_weights:
                 spec = GPUEngineSpec.from_config(self.cfg, str(self.actor.compute_dtype).removeprefix("torch."))
             self._rollout = make_rollout_engine(self.cfg.rollout.engine, self.actor.module, spec=spec,
                                                 pad_token_id=self._pad_id(), eos_token_ids=self.eos_ids)
@@ -177,8 +178,8 @@ class ActorRolloutRefWorker:
         ac = self.cfg.actor
         if ac.use_kl_loss and "ref_log_prob" not in batch:
             raise ConfigError("actor.use_kl_loss needs ref_log_prob in the batch (compute_ref_log_prob)")
-        mini = mini_batch_count(batch, world=self.world, n=self.cfg.rollout.n,
-                                prompts_per_mini=ac.mini_batch_size or self.cfg.data.batch_size)
+        mini = mini_batch_count(batch, world=self.world,
+                                sequences_per_mini=batch_plan(self.cfg, "actor").sequences_per_mini_batch)
         if "old_log_prob" not in batch and (ac.ppo_epochs > 1 or mini > 1):
             raise ConfigError("update_actor needs old_log_prob when it takes more than one optimizer step",
                               hint="call compute_log_prob first (it may be skipped only when on-policy)")
@@ -244,13 +245,6 @@ class ActorRolloutRefWorker:
         meta = load_engine(self.actor, path)
         self._weights_version += 1
         return meta
-
-    @register(Dispatch.RANK0)
-    def export_hf(self, out_dir: str, *, merge_lora: bool = True) -> None:
-        """Full HF weights + tokenizer in out_dir (LoRA merged, or kept as an adapter folder)."""
-        from rlctl.workers.export import export_engine
-
-        export_engine(self.actor, self.cfg.model, out_dir, merge_lora=merge_lora)
 
 
 def _rollout_batch(prompts: Batch, out: dict, n: int, *, width: int, pad: int) -> Batch:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from rlctl.config.plan import batch_plan
 from rlctl.runtime import Batch, Dispatch, register
 from rlctl.workers import fsdp
 from rlctl.workers.engine import OptimSpec, TrainEngine
@@ -50,8 +51,8 @@ class CriticWorker:
     @register(Dispatch.DP_TRAIN)
     def update_critic(self, batch: Batch) -> dict[str, float]:
         cc = self.cfg.critic
-        mini = mini_batch_count(batch, world=self.world, n=self.cfg.rollout.n,
-                                prompts_per_mini=cc.mini_batch_size or self.cfg.data.batch_size)
+        mini = mini_batch_count(batch, world=self.world,
+                                sequences_per_mini=batch_plan(self.cfg, "critic").sequences_per_mini_batch)
         keys = _MODEL_KEYS + ["response_mask", "values", "returns"]
         metrics = run_updates(self.critic, batch, epochs=cc.ppo_epochs, mini_batches=mini,
                               micro_batch_size=cc.micro_batch_size, horizon=self.cfg.data.max_response_length,

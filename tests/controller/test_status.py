@@ -15,8 +15,9 @@ import pytest
 from rich.console import Console
 
 from rlctl.controller.logging import MetricsLogger
-from rlctl.controller.status import (curves_figure, find_run_dir, finish_run, list_checkpoints, plot_curves,
-                                     read_run_info, render_status, start_run, status_summary, write_run_info)
+from rlctl.checkpoint.manager import CheckpointManager
+from rlctl.controller.status import (curves_figure, find_run_dir, finish_run, plot_curves, read_run_info,
+                                     render_status, start_run, status_summary, write_run_info)
 from rlctl.errors import UsageError
 
 
@@ -131,7 +132,7 @@ def test_find_run_dir_picks_the_newest_run(tmp_path):
     os.utime(old / "run.json", (1, 1))
     assert find_run_dir(tmp_path) == new
     assert find_run_dir(old) == old
-    assert list_checkpoints(tmp_path) == []
+    assert CheckpointManager.for_run(tmp_path).listing() == []
 
 
 def test_plot_curves_writes_a_png(tmp_path):
@@ -211,12 +212,12 @@ def test_a_stop_signal_that_also_ended_the_workers_is_an_interruption(tmp_path):
     from rlctl.controller.run import _signal_killed_the_workers
 
     run = make_run(tmp_path / "r", steps=41, ckpts=(20, 40), broken=())
-    stopped = _signal_killed_the_workers(SimpleNamespace(signum=signal.SIGTERM),
-                                         SimpleNamespace(run_dir=run, state={"step": 41}))
+    setup = SimpleNamespace(checkpoints=CheckpointManager.for_run(run), state={"step": 41})
+    stopped = _signal_killed_the_workers(SimpleNamespace(signum=signal.SIGTERM), setup)
     assert stopped.exit_code == 143
     assert stopped.message == ("stopped by SIGTERM, which also reached Ray's own processes: the workers ended "
                                "before step 42 could finish or be saved; rlctl resume continues from step 40")
     empty = make_run(tmp_path / "e", steps=3, ckpts=(), broken=())
-    stopped = _signal_killed_the_workers(SimpleNamespace(signum=signal.SIGINT),
-                                         SimpleNamespace(run_dir=empty, state={"step": 3}))
+    setup = SimpleNamespace(checkpoints=CheckpointManager.for_run(empty), state={"step": 3})
+    stopped = _signal_killed_the_workers(SimpleNamespace(signum=signal.SIGINT), setup)
     assert stopped.exit_code == 130 and stopped.message.endswith("no checkpoint was saved yet")

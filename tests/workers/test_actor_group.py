@@ -53,11 +53,12 @@ def _train_batch(one):
     return batch.union(one.compute_ref_log_prob(batch))
 
 
-def _weights(actor, path):
-    from safetensors.numpy import load_file
+def _weights(actor, path, cfg):
+    """The actor's weights as `rlctl merge` reads them: saved, then loaded in one process without Ray."""
+    from rlctl.checkpoint.trained import load_trained_model
 
-    actor.export_hf(str(path))
-    return load_file(str(path / "model.safetensors"))
+    actor.save_checkpoint(str(path / "actor"))
+    return {k: v.numpy() for k, v in load_trained_model(path, cfg).state_dict().items()}
 
 
 def test_two_ranks_train_like_one(groups, tmp_path):
@@ -74,8 +75,8 @@ def test_two_ranks_train_like_one(groups, tmp_path):
         assert m1["actor/optimizer_steps"] == m2["actor/optimizer_steps"] == 2
         for key in ("actor/pg_loss", "actor/kl_loss", "actor/kl", "actor/entropy", "actor/grad_norm", "actor/lr"):
             assert m1[key] == pytest.approx(m2[key], abs=1e-5, rel=1e-5), (step, key)
-    w1, w2 = _weights(one, tmp_path / "one"), _weights(two.actor, tmp_path / "two")
-    assert sorted(w1) == sorted(w2) and "lm_head.weight" not in w1      # tied embeddings: one copy
+    w1, w2 = _weights(one, tmp_path / "one", one.cfg), _weights(two.actor, tmp_path / "two", one.cfg)
+    assert sorted(w1) == sorted(w2)
     for key in w1:
         np.testing.assert_allclose(w1[key], w2[key], atol=2e-5, err_msg=key)
 
@@ -84,32 +85,25 @@ def test_checkpoint_restores_exactly_and_continues_identically(groups, tmp_path)
     _, two = groups
     batch = _train_batch(groups[0])
     two.actor.update_actor(batch)
+    cfg = groups[0].cfg
     two.actor.save_checkpoint(str(tmp_path / "ckpt"))
-    saved = _weights(two.actor, tmp_path / "saved")
+    saved = _weights(two.actor, tmp_path / "saved", cfg)
     first = two.actor.update_actor(batch)
-    after_first = _weights(two.actor, tmp_path / "first")
+    after_first = _weights(two.actor, tmp_path / "first", cfg)
     info = two.actor.load_checkpoint(str(tmp_path / "ckpt"))          # rewind the same group
     assert info["world_size"] == 2 and info["optimizer_state"]
-    restored = _weights(two.actor, tmp_path / "restored")
+    restored = _weights(two.actor, tmp_path / "restored", cfg)
     assert all(np.array_equal(saved[k], restored[k]) for k in saved)   # bitwise
     again = two.actor.update_actor(batch)
     assert again == first                                              # same metrics, exactly
-    replay = _weights(two.actor, tmp_path / "again")
+    replay = _weights(two.actor, tmp_path / "again", cfg)
     assert all(np.array_equal(after_first[k], replay[k]) for k in after_first)
     files = sorted(p.name for p in (tmp_path / "ckpt" / "model").iterdir())
     assert len(files) == 2 and all(f.endswith(".safetensors") for f in files)  # one shard per rank
 
-    from safetensors.numpy import load_file
-
-    from rlctl.workers.export import export_checkpoint
-
-    export_checkpoint(tmp_path / "ckpt", groups[0].cfg.model, tmp_path / "offline")  # merge: no Ray
-    offline = load_file(str(tmp_path / "offline" / "model.safetensors"))
-    assert all(np.array_equal(saved[k], offline[k]) for k in saved)
-
     one = groups[0]
     one.load_checkpoint(str(tmp_path / "ckpt"))                        # 2 ranks -> 1 rank (resharded)
-    resharded = _weights(one, tmp_path / "one_rank")
+    resharded = _weights(one, tmp_path / "one_rank", cfg)
     assert all(np.array_equal(saved[k], resharded[k]) for k in saved)
 
 

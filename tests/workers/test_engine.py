@@ -112,8 +112,10 @@ def test_lora_reference_is_the_base_model_with_adapters_off(tiny_model_dir, tmp_
     np.testing.assert_allclose(ref, want, atol=1e-5)              # the base did not
     np.testing.assert_allclose(old["old_log_prob"], want, atol=1e-5)  # LoRA B starts at zero
 
-    worker.export_hf(str(tmp_path / "merged"))
-    merged = load_causal_lm(run_config(tmp_path / "merged").model).eval()
+    from rlctl.checkpoint.trained import load_trained_model
+
+    worker.save_checkpoint(str(tmp_path / "step" / "actor"))
+    saved = load_trained_model(tmp_path / "step", cfg)
     with torch.no_grad():
-        got = response_log_probs(merged, t["input_ids"], t["attention_mask"], T)["log_prob"].numpy()
-    np.testing.assert_allclose(got, after, atol=1e-5)             # merged weights = trained policy
+        got = response_log_probs(saved, t["input_ids"], t["attention_mask"], T)["log_prob"].numpy()
+    np.testing.assert_allclose(got, after, atol=1e-5)             # saved adapters = trained policy

@@ -1,5 +1,6 @@
-"""Rollout engines: generate responses from the policy (see base.py for the interface)."""
+"""Rollout engines: generate responses from the policy (base.py: the interface; registry.py: name -> engine)."""
 
-from rlctl.workers.rollout.base import RolloutEngine, make_rollout_engine
+from rlctl.workers.rollout.base import RolloutEngine
+from rlctl.workers.rollout.registry import make_rollout_engine, rollout_engine_info
 
-__all__ = ["RolloutEngine", "make_rollout_engine"]
+__all__ = ["RolloutEngine", "make_rollout_engine", "rollout_engine_info"]

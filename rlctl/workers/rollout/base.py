@@ -1,7 +1,7 @@
 """The rollout engine interface: what the actor worker calls to generate responses.
 
 Small on purpose (verl `workers/rollout/base.py`): `generate`, `update_weights`, `sleep`/`wake`,
-`close`. Engines load lazily (`make_rollout_engine`), so importing this module costs nothing
+`close`. Engines load lazily (`registry.make_rollout_engine`), so importing this module costs nothing
 beyond numpy. Results are numpy arrays, because they travel through the Ray object store.
 """
 
@@ -22,7 +22,6 @@ if TYPE_CHECKING:  # torch is only needed by the engines themselves
 RESPONSES = "responses"              # [B*n, T] int64, right-padded with pad_token_id, T == max_new_tokens
 RESPONSE_MASK = "response_mask"      # [B*n, T] int64, 1 for generated tokens (EOS included), 0 after
 RESPONSE_LENGTH = "response_length"  # [B*n] int64, number of 1s in the row's response_mask
-PROMPT_INDEX = "prompt_index"        # [B*n] int64, index into prompt_ids of the row's prompt
 TRUNCATED = "truncated"              # [B*n] bool, True when max_new_tokens ran out before an EOS
 
 
@@ -79,22 +78,3 @@ def check_sampling_args(prompt_ids: Any, n: int, max_new_tokens: int, temperatur
     if temperature < 0 or not 0 < top_p <= 1 or top_k < 0:
         raise UsageError(f"bad sampling parameters temperature={temperature}, top_p={top_p}, top_k={top_k}: "
                          "need temperature >= 0, 0 < top_p <= 1, top_k >= 0 (0 = off)")
-
-
-def make_rollout_engine(name: str, model: Any, *, pad_token_id: int, eos_token_ids: list[int],
-                        spec: Any = None, **kwargs: Any) -> RolloutEngine:
-    """The engine called `name`, imported lazily: "hf" runs `model` itself; "vllm" / "sglang"
-    load their own copy from `spec` (a rlctl.workers.rollout.gpu.GPUEngineSpec) on this rank's GPU."""
-    if name == "hf":
-        from rlctl.workers.rollout.hf import HFRolloutEngine
-
-        return HFRolloutEngine(model, pad_token_id=pad_token_id, eos_token_ids=eos_token_ids, **kwargs)
-    if name in ("vllm", "sglang"):
-        if spec is None:
-            raise UsageError(f"the {name} rollout engine needs its settings (spec=GPUEngineSpec(...))")
-        if name == "vllm":
-            from rlctl.workers.rollout.vllm import VLLMRolloutEngine as engine
-        else:
-            from rlctl.workers.rollout.sglang import SGLangRolloutEngine as engine
-        return engine(spec, pad_token_id=pad_token_id, eos_token_ids=eos_token_ids)
-    raise UsageError(f"unknown rollout engine {name!r}", hint='use rollout.engine = "hf", "vllm" or "sglang"')

@@ -18,7 +18,8 @@ from typing import Sequence
 import numpy as np
 
 from rlctl.errors import ConfigError, UsageError
-from rlctl.workers.rollout.base import PROMPT_INDEX, RESPONSE_LENGTH, RESPONSE_MASK, RESPONSES, TRUNCATED
+from rlctl.workers.rollout.base import RESPONSE_LENGTH, RESPONSE_MASK, RESPONSES, TRUNCATED
+from rlctl.workers.rollout.registry import rollout_engine_info, sharding_engines
 
 ROLLOUT_LOG_PROB = "rollout_log_prob"  # [B*n, T] float32: the engine's log-prob of each sampled token
 
@@ -45,26 +46,28 @@ class GPUEngineSpec:
 
 
 def require(engine: str) -> None:
-    """UsageError (exit 2) unless `engine` is installed and a CUDA GPU is visible."""
-    if importlib.util.find_spec(engine) is None:
-        raise UsageError(f"rollout.engine = {engine!r} but {engine} is not installed",
-                         hint=f'pip install "rlctl[{engine}]" on a GPU machine, or use rollout.engine = "hf"')
+    """UsageError (exit 2) unless `engine`'s package is installed and a CUDA GPU is visible."""
+    info = rollout_engine_info(engine)
+    if info.extra and importlib.util.find_spec(info.extra) is None:
+        raise UsageError(f"rollout.engine = {engine!r} but {info.extra} is not installed",
+                         hint=f'pip install "rlctl[{info.extra}]" on a GPU machine, or use rollout.engine = "hf"')
     import torch
 
-    if not torch.cuda.is_available():
+    if info.gpu_only and not torch.cuda.is_available():
         raise UsageError(f"rollout.engine = {engine!r} needs a CUDA GPU and none is visible",
                          hint='use rollout.engine = "hf" on CPU')
 
 
 def check_tensor_parallel(spec: GPUEngineSpec, engine: str, world: int) -> None:
     """ConfigError unless the engine can shard over `spec.tensor_parallel_size` of `world` ranks."""
-    tp = spec.tensor_parallel_size
+    tp, most = spec.tensor_parallel_size, rollout_engine_info(engine).max_tensor_parallel_size
     if tp == 1:
         return
-    if engine != "vllm":
+    if most is not None and tp > most:
         raise ConfigError(f"rollout.tensor_parallel_size = {tp}: the {engine} training rollout runs one engine "
-                          "per GPU rank (tensor-parallel 1)",
-                          hint='set rollout.tensor_parallel_size = 1, or use rollout.engine = "vllm"')
+                          f"per GPU rank (tensor-parallel {most})",
+                          hint=f"set rollout.tensor_parallel_size = {most}, or use rollout.engine = "
+                               + " or ".join(f'"{n}"' for n in sharding_engines()))
     if world % tp:
         raise ConfigError(f"rollout.tensor_parallel_size = {tp} does not divide the {world} actor ranks",
                           hint="make resources.nodes x gpus_per_node a multiple of it")
@@ -93,7 +96,7 @@ def request_seeds(generator, count: int) -> list[int]:
     return torch.randint(0, 2**31 - 1, (count,), generator=generator).tolist()
 
 
-def pack_responses(rows: Sequence[Sequence[int]], *, n: int, max_new_tokens: int, pad_token_id: int,
+def pack_responses(rows: Sequence[Sequence[int]], *, max_new_tokens: int, pad_token_id: int,
                    eos_token_ids: Sequence[int], log_probs: Sequence[Sequence[float]] | None = None
                    ) -> dict[str, np.ndarray]:
     """Per-row generated ids (prompt-major, B*n rows) -> the engine interface's arrays.
@@ -119,7 +122,7 @@ def pack_responses(rows: Sequence[Sequence[int]], *, n: int, max_new_tokens: int
         if out_lp is not None:
             out_lp[r, :k] = np.asarray(log_probs[r][:k], dtype=np.float32)
     out = {RESPONSES: responses, RESPONSE_MASK: mask, RESPONSE_LENGTH: lengths,
-           PROMPT_INDEX: np.arange(count, dtype=np.int64) // n, TRUNCATED: truncated}
+           TRUNCATED: truncated}
     if out_lp is not None:
         out[ROLLOUT_LOG_PROB] = out_lp
     return out

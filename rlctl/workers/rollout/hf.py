@@ -25,7 +25,7 @@ import torch
 
 from rlctl.errors import UsageError
 from rlctl.workers.fsdp import whole_weights
-from rlctl.workers.rollout.base import (PROMPT_INDEX, RESPONSE_LENGTH, RESPONSE_MASK, RESPONSES,
+from rlctl.workers.rollout.base import (RESPONSE_LENGTH, RESPONSE_MASK, RESPONSES,
                                         TRUNCATED, RolloutEngine, check_sampling_args)
 from rlctl.workers.rollout.decoder import (DecoderRunner, HFCacheRunner, causal_lm_parts,
                                            fast_path_supported)
@@ -65,7 +65,7 @@ class HFRolloutEngine(RolloutEngine):
                 responses, lengths, steps = self._sample(prompt_ids, n, max_new_tokens, params)
         finally:
             self.model.train(was_training)
-        out = _to_numpy(responses, lengths, n, len(prompt_ids), self.eos_token_ids)
+        out = _to_numpy(responses, lengths, self.eos_token_ids)
         self.last_stats = {"seconds": time.perf_counter() - t0, "tokens": int(lengths.sum()),
                            "rows": len(lengths), "decode_steps": steps}
         return out
@@ -130,8 +130,7 @@ def _left_pad(prompt_ids: list[list[int]], pad_id: int, device: torch.device) ->
     return input_ids.to(device), valid.to(device)
 
 
-def _to_numpy(responses: torch.Tensor, lengths: torch.Tensor, n: int, prompts: int,
-              eos_token_ids: list[int]) -> dict[str, np.ndarray]:
+def _to_numpy(responses: torch.Tensor, lengths: torch.Tensor, eos_token_ids: list[int]) -> dict[str, np.ndarray]:
     responses_np = responses.cpu().numpy().astype(np.int64)
     lengths_np = lengths.cpu().numpy().astype(np.int64)
     width = responses_np.shape[1]
@@ -140,7 +139,6 @@ def _to_numpy(responses: torch.Tensor, lengths: torch.Tensor, n: int, prompts: i
         RESPONSES: responses_np,
         RESPONSE_MASK: (np.arange(width)[None, :] < lengths_np[:, None]).astype(np.int64),
         RESPONSE_LENGTH: lengths_np,
-        PROMPT_INDEX: np.repeat(np.arange(prompts, dtype=np.int64), n),
         TRUNCATED: ~np.isin(last, eos_token_ids),
     }
 

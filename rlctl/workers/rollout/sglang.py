@@ -88,7 +88,7 @@ class SGLangRolloutEngine(RolloutEngine):
                                          top_k=top_k, greedy=greedy, seed=s, eos_token_ids=self.eos_token_ids)
                   for s in seeds]
         outputs = self.engine.generate(input_ids=rows, sampling_params=params, return_logprob=True)
-        return pack_responses([o["output_ids"] for o in outputs], n=n, max_new_tokens=max_new_tokens,
+        return pack_responses([o["output_ids"] for o in outputs], max_new_tokens=max_new_tokens,
                               pad_token_id=self.pad_token_id, eos_token_ids=self.eos_token_ids,
                               log_probs=[output_log_probs(o) for o in outputs])
 

@@ -124,7 +124,7 @@ class VLLMRolloutEngine(RolloutEngine):
                                                       eos_token_ids=self.eos_token_ids)) for s in seeds]
         outputs = self.llm.generate([{"prompt_token_ids": list(p)} for p in prompt_ids], params, use_tqdm=False)
         completions = request_completions(outputs[mine], n)
-        return pack_responses([c.token_ids for c in completions], n=n, max_new_tokens=max_new_tokens,
+        return pack_responses([c.token_ids for c in completions], max_new_tokens=max_new_tokens,
                               pad_token_id=self.pad_token_id, eos_token_ids=self.eos_token_ids,
                               log_probs=[sampled_log_probs(c) for c in completions])
 

@@ -120,15 +120,14 @@ def test_pack_responses_cuts_at_eos_and_marks_truncation():
             [11, 256],              # the other EOS id
             [12, 13]]               # stopped without an EOS (a stop the engine swallowed): not truncated
     lps = [[-0.1, -0.2, -0.3, -9, -9], [-1.0, -1.1, -1.2, -1.3], [-2.0, -2.1], [-3.0, -3.1]]
-    out = pack_responses(rows, n=2, max_new_tokens=4, pad_token_id=259, eos_token_ids=EOS, log_probs=lps)
+    out = pack_responses(rows, max_new_tokens=4, pad_token_id=259, eos_token_ids=EOS, log_probs=lps)
     assert out["responses"].tolist() == [[5, 6, 258, 259], [7, 8, 9, 10], [11, 256, 259, 259], [12, 13, 259, 259]]
     assert out["response_mask"].tolist() == [[1, 1, 1, 0], [1, 1, 1, 1], [1, 1, 0, 0], [1, 1, 0, 0]]
     assert out["response_length"].tolist() == [3, 4, 2, 2]
     assert out["truncated"].tolist() == [False, True, False, False]
-    assert out["prompt_index"].tolist() == [0, 0, 1, 1]
     np.testing.assert_allclose(out[ROLLOUT_LOG_PROB], [[-0.1, -0.2, -0.3, 0], [-1.0, -1.1, -1.2, -1.3],
                                                        [-2.0, -2.1, 0, 0], [-3.0, -3.1, 0, 0]], rtol=1e-6)
-    assert ROLLOUT_LOG_PROB not in pack_responses(rows, n=1, max_new_tokens=4, pad_token_id=259, eos_token_ids=EOS)
+    assert ROLLOUT_LOG_PROB not in pack_responses(rows, max_new_tokens=4, pad_token_id=259, eos_token_ids=EOS)
 
 
 def test_engine_log_prob_readers():

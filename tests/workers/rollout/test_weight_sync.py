@@ -142,14 +142,12 @@ def test_drift_metric_by_hand():
 def test_gpu_engines_make_the_trainer_recompute_old_log_probs(tiny_model_dir):
     import dataclasses
 
-    from rlctl.controller.setup import TrainSetup
+    from rlctl.controller.setup import recompute_old_log_prob
 
     base = config(tiny_model_dir, lora=False)
-    fields = dict(config_dir=None, run_dir=None, tokenizer=None, pad_token_id=PAD, loader=None, val_rows=[],
-                  total_steps=1, needs=None, kl_ctrl=None)
     hf = dataclasses.replace(base, rollout=dataclasses.replace(base.rollout, engine="hf"))
-    assert not TrainSetup(config=hf, **fields).recompute_old_log_prob        # on-policy: log-probs reused
-    assert TrainSetup(config=base, **fields).recompute_old_log_prob          # vllm: the trainer's own
+    assert not recompute_old_log_prob(hf)        # on-policy: log-probs reused
+    assert recompute_old_log_prob(base)          # vllm: the trainer's own
 
 
 def test_large_drift_is_reported_once(tiny_model_dir):

@@ -1,0 +1,66 @@
+"""Ctrl-C and SIGTERM during `rlctl train` / `rlctl resume`.
+
+While Ray and the workers start, a signal stops right away (`startup_signals`: nothing to save
+yet). Once training runs, it only raises a flag (`StopFlag`) that the loop checks at its safe
+point after each step, where the final checkpoint is written; a second Ctrl-C aborts at once.
+Either way the run ends with exit 143 (SIGTERM) or 130 (Ctrl-C).
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+from contextlib import contextmanager
+
+from rlctl.errors import EXIT_INTERRUPTED, EXIT_TERMINATED, Interrupted
+
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+def stopped(signum: int, how: str) -> Interrupted:
+    """The Interrupted for a stop signal: exit 143 for SIGTERM, 130 for Ctrl-C; `how` ends the message."""
+    name, code = ("SIGTERM", EXIT_TERMINATED) if signum == signal.SIGTERM else ("Ctrl-C", EXIT_INTERRUPTED)
+    return Interrupted(f"stopped by {name}{how}", exit_code=code)
+
+
+class StopFlag:
+    """Ctrl-C / SIGTERM ask the loop to stop at the next safe point; a second Ctrl-C aborts now."""
+
+    def __init__(self):
+        self.signum = 0
+
+    def __enter__(self):
+        self._old = {signum: signal.signal(signum, self._handle) for signum in STOP_SIGNALS}
+        return self
+
+    def __exit__(self, *exc):
+        for signum, handler in self._old.items():
+            signal.signal(signum, handler)
+
+    def _handle(self, signum, _frame):
+        if self.signum and signum == signal.SIGINT:
+            raise KeyboardInterrupt
+        self.signum = signum
+
+    def check(self):
+        if self.signum:
+            raise stopped(self.signum, " at a safe point")
+
+
+@contextmanager
+def startup_signals():
+    """Ctrl-C / SIGTERM while Ray and the workers start: stop right away (nothing to save yet)
+    with exit 130 / 143, unwinding through every cleanup, instead of Ray's own SIGTERM handler
+    (a native stack dump, exit 1). ray_session restores these handlers after ray.init."""
+    def handle(signum, _frame):
+        raise stopped(signum, " while starting; no step was run in this session")
+
+    if threading.current_thread() is not threading.main_thread():   # only it may set handlers
+        yield
+        return
+    old = {signum: signal.signal(signum, handle) for signum in STOP_SIGNALS}
+    try:
+        yield
+    finally:
+        for signum, handler in old.items():
+            signal.signal(signum, handler)

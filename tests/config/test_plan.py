@@ -1,0 +1,32 @@
+"""The batch plan: one pure function that validate, the controller and the workers share."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from rlctl.config.plan import batch_plan
+from rlctl.config.schema import Config
+
+
+def config(**sections) -> Config:
+    base = Config()
+    return dataclasses.replace(base, **{name: dataclasses.replace(getattr(base, name), **values)
+                                        for name, values in sections.items()})
+
+
+def test_hand_computed_plan_per_role():
+    c = config(data={"batch_size": 8}, rollout={"n": 4}, resources={"workers": 2},
+               actor={"mini_batch_size": 2, "micro_batch_size": 2, "ppo_epochs": 3},
+               critic={"mini_batch_size": 0, "micro_batch_size": 8})
+    actor = batch_plan(c, "actor")
+    assert (actor.prompts_per_mini_batch, actor.sequences_per_mini_batch) == (2, 8)   # 2 prompts x n 4
+    assert (actor.mini_batches_per_step, actor.optimizer_steps_per_rollout) == (4, 12)  # 8 / 2, x 3 epochs
+    assert (actor.sequences_per_worker, actor.micro_batches_per_optimizer_step) == (4, 2)  # 8 / 2 workers, / 2
+    critic = batch_plan(c, "critic")      # mini_batch_size 0: the whole step is one mini-batch
+    assert (critic.prompts_per_mini_batch, critic.sequences_per_mini_batch) == (8, 32)
+    assert (critic.optimizer_steps_per_rollout, critic.sequences_per_worker) == (1, 16)
+    assert critic.micro_batches_per_optimizer_step == 2
+
+
+def test_one_optimizer_step_per_rollout_by_default():
+    assert batch_plan(Config()).optimizer_steps_per_rollout == 1   # on-policy: old log-probs can be reused
