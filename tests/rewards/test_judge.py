@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
-from reward_server import JudgeServer, build_digit_judge
+from support.reward_server import JudgeServer, build_digit_judge
 
 from rlctl.config.schema import RewardConfig
 from rlctl.errors import ConfigError, RewardError

@@ -3,17 +3,15 @@
 from __future__ import annotations
 
 import dataclasses
-import json
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
+from support.reward_server import RewardService, lowercase_share
 
 from rlctl.config.schema import RewardConfig
 from rlctl.errors import ConfigError, RewardError
 from rlctl.rewards.sources import build_reward
-from reward_server import RewardService, lowercase_share
 
 ITEMS = [{"data_source": "x", "solution_str": text, "ground_truth": str(i), "extra_info": None,
           "prompt_str": f"<|im_start|>user\nq{i}<|im_end|>\n<|im_start|>assistant\n", "messages": None}

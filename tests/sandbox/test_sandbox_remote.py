@@ -12,6 +12,7 @@ import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
+from support.servers import send_json
 
 from rlctl.errors import ConfigError
 from rlctl.rewards import default_compute_score
@@ -39,12 +40,7 @@ class StandIn(BaseHTTPRequestHandler):
             answer = {"status": "Success" if r.ok else "Failed", "message": "", "compile_result": None,
                       "run_result": {"status": status, "execution_time": r.wall_s, "return_code": r.exit_code,
                                      "stdout": r.stdout, "stderr": r.stderr}, "files": {}}
-        data = json.dumps(answer).encode()
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
+        send_json(self, answer)
 
     def log_message(self, *args):
         pass

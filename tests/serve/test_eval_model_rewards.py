@@ -3,16 +3,12 @@
 from __future__ import annotations
 
 import shutil
-import sys
 import textwrap
-from pathlib import Path
 
 import pytest
+from support.reward_server import RewardService, lowercase_share
 
 from rlctl.serve.eval import EvalOptions, run_eval
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "rewards"))
-from reward_server import RewardService, lowercase_share  # noqa: E402
 
 
 def test_eval_scores_with_reward_model_plus_remote_service(tiny_model_dir, tmp_path):

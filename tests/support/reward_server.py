@@ -12,6 +12,8 @@ import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
+from support.servers import ServerProcess, send_json
+
 
 def lowercase_share(text: str) -> float:
     return sum("a" <= ch <= "z" for ch in text) / max(len(text), 1)
@@ -32,12 +34,7 @@ class RewardService:
                     self.send_error(500, "service is down")
                     return
                 rewards = [lowercase_share(q[len(p):]) for q, p in zip(body["query"], body["prompts"])]
-                data = json.dumps({"rewards": rewards}).encode()
-                self.send_response(200)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
+                send_json(self, {"rewards": rewards})
 
             def log_message(self, *args):
                 pass
@@ -55,44 +52,19 @@ class RewardService:
         self.server.server_close()
 
 
-class JudgeServer:
+class JudgeServer(ServerProcess):
     """`rlctl serve MODEL` (built-in engine) on a free loopback port, as an LLM judge; `url` is its /v1."""
 
     def __init__(self, model_dir, *, api_key: str, name: str = "judge", timeout_s: float = 120.0):
-        import os
-        import re
-        import subprocess
-        import sys
-
-        cmd = [sys.executable, "-m", "rlctl", "serve", str(model_dir), "--engine", "hf", "--port", "0",
-               "--api-key", api_key, "--served-model-name", name]
-        self.proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True,
-                                     env={**os.environ, "OMP_NUM_THREADS": "1"})
-        self.lines: list[str] = []
-        self.url = None
-        deadline = time.monotonic() + timeout_s
-        for line in self.proc.stderr:
-            self.lines.append(line)
-            if match := re.search(r"on (http://[^ ]+/v1)", line):
-                self.url = match.group(1)
-                break
-            if time.monotonic() > deadline:
-                break
-        if self.url is None:
-            self.proc.kill()
-            raise RuntimeError("rlctl serve did not start:\n" + "".join(self.lines))
-        threading.Thread(target=lambda: self.lines.extend(self.proc.stderr), daemon=True).start()
+        super().__init__([str(model_dir), "--engine", "hf", "--port", "0", "--api-key", api_key,
+                          "--served-model-name", name], timeout_s=timeout_s)
+        self.url = self.base_url + "/v1"
 
     def __enter__(self) -> JudgeServer:
         return self
 
     def __exit__(self, *exc) -> None:
-        self.proc.terminate()
-        try:
-            self.proc.wait(20)
-        except Exception:
-            self.proc.kill()
-            self.proc.wait()
+        self.stop()
 
 
 def build_digit_judge(out) -> None:

@@ -1,0 +1,1 @@
+"""Helpers shared by test folders (on sys.path through pytest's `pythonpath = ["tests"]`)."""
