@@ -7,16 +7,12 @@ Real parts throughout: Ray actors, the HF rollout engine, an HTTP reward service
 from __future__ import annotations
 
 import json
-import sys
-from pathlib import Path
 
 import pytest
+from support.reward_server import JudgeServer, RewardService, build_digit_judge
 
 from rlctl.config.loader import load_config
 from rlctl.controller.run import start_training
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "rewards"))
-from reward_server import JudgeServer, RewardService, build_digit_judge  # noqa: E402
 
 COMMON = ["resources.gpus_per_node=0", "resources.workers=1", "data.max_response_length=8",
           "data.max_prompt_length=96", "data.val_files=[]", 'data.train_files=["data/arith/train.parquet"]',
