@@ -7,6 +7,7 @@ Real parts throughout: Ray actors, the HF rollout engine, an HTTP reward service
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 from support.reward_server import JudgeServer, RewardService, build_digit_judge
