@@ -31,8 +31,10 @@ def shaped_scores(batch: Batch, config: Config) -> tuple[np.ndarray, dict]:
 
 
 def apply_rollout_correction(batch: Batch, config: Config) -> dict:
-    """verl's rollout correction: `rollout_is_weights` [B, T] into the batch (TIS) and rejected
-    tokens out of `response_mask` (MIS), from old_log_prob vs the engine's rollout_log_prob.
+    """verl's rollout correction: `rollout_is_weights` [B, T] into the batch (TIS) and the rejection
+    mask `rollout_rs_mask` (MIS), from old_log_prob vs the engine's rollout_log_prob. Rejected
+    tokens leave `response_mask` only after the advantages (compute_advantages): a rejected row's
+    reward still counts in its group's baseline, and no reward moves to an earlier token.
     The hf engine samples with the trainer's own weights and kernels and reports no log-probs:
     its rollout log-probs are old_log_prob, so the weights are 1 and nothing is rejected."""
     rc = config.algorithm.rollout_correction
@@ -47,7 +49,7 @@ def apply_rollout_correction(batch: Batch, config: Config) -> dict:
     if weights is not None:
         batch["rollout_is_weights"] = weights.numpy().astype(np.float32)
     if rc.rollout_rs:
-        batch["response_mask"] = mask.numpy().astype(batch["response_mask"].dtype)
+        batch["rollout_rs_mask"] = mask.numpy().astype(batch["response_mask"].dtype)
     return metrics
 
 
@@ -84,6 +86,8 @@ def compute_advantages(batch: Batch, config: Config, kl_ctrl) -> dict:
     batch["token_level_rewards"] = rewards.numpy().astype(np.float32)
     batch["advantages"] = advantages.float().numpy()
     batch["returns"] = returns.float().numpy()
+    if "rollout_rs_mask" in batch:   # MIS: rejected tokens get no loss (rewards and baselines saw them all)
+        batch["response_mask"] = batch["rollout_rs_mask"]
     valid = mask > 0
     metrics.update({"critic/advantages/mean": float(advantages[valid].mean()) if valid.any() else 0.0,
                     "critic/advantages/max": float(advantages[valid].max()) if valid.any() else 0.0,

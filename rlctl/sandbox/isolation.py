@@ -27,7 +27,6 @@ from pathlib import Path
 log = logging.getLogger("rlctl.sandbox")
 
 SANDBOX_UID_BASE = 2_100_000  # far above ordinary accounts; nothing on the host owns these
-SANDBOX_UID_SLOTS = 1_000_000
 PROBE_TIMEOUT_S = 10.0
 FORCE_ENV = "RLCTL_SANDBOX"  # "limits": skip namespaces (to test or compare the fallback)
 PYTHON_CANDIDATES = ("/usr/bin/python3", "/usr/local/bin/python3")
@@ -72,7 +71,9 @@ def sandbox_uid() -> int | None:
     """A fresh unprivileged uid for one run when we are root (None otherwise)."""
     if os.geteuid() != 0:
         return None
-    return SANDBOX_UID_BASE + (os.getpid() * 64 + next(_counter)) % SANDBOX_UID_SLOTS
+    # pid and run counter in separate digits: two processes never share a uid (pid_max <= 2**22),
+    # and one process reuses a uid only after 256 runs, long after the earlier run ended
+    return SANDBOX_UID_BASE + (os.getpid() % 2**22) * 256 + next(_counter) % 256
 
 
 def find_bwrap() -> str | None:
