@@ -288,13 +288,21 @@ def _val_data_sources(loaded: LoadedConfig) -> set[str] | None:
 def check_lora_targets(loaded: LoadedConfig) -> list[Problem]:
     """Every name in model.lora.target_modules must match a layer of the model: read from its
     config.json on the meta device (no weights). A model not on disk (a hub id not yet
-    downloaded) is checked by the workers at train start instead."""
+    downloaded) is checked by the workers at train start instead; "all-linear" matches any model."""
+    from rlctl.errors import DataError
+    from rlctl.models.hub import resolve_model
+    from rlctl.workers.lora import is_all_linear, meta_model, mismatch_message
+
     c = loaded.config
     lora = c.model.lora
-    path = _resolve(loaded.base_dir, c.model.path)
-    if lora.rank == 0 or not lora.target_modules or not (path / "config.json").is_file():
+    if lora.rank == 0 or not lora.target_modules or is_all_linear(lora.target_modules):
         return []
-    from rlctl.workers.lora import meta_model, mismatch_message
+    try:   # a local folder or the cached snapshot of a hub id (the probe is cached: check_model made it)
+        path = resolve_model(c.model.path, loaded.base_dir).folder
+    except DataError:
+        return []   # reported by check_model
+    if path is None or not (path / "config.json").is_file():
+        return []
 
     try:
         model = meta_model(str(path), c.model.trust_remote_code)
