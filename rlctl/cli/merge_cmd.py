@@ -35,8 +35,6 @@ def merge(
 
     if private and not push_to_hub:
         raise UsageError("--private only applies with --push-to-hub REPO")
-    if best and step is not None:
-        raise UsageError("--best and --step both pick the checkpoint; pass one of them")
     from rlctl.checkpoint.merge import merge_run, push_to_hub as push
 
     result = merge_run(run_dir, to_hf, step=step, best=best, dtype=dtype, lora=lora, force=force)

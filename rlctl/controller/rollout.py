@@ -14,7 +14,7 @@ import numpy as np
 
 from rlctl import algorithms
 from rlctl.controller.prompts import PromptRow
-from rlctl.runtime.batch import Batch
+from rlctl.runtime.batch import Batch, object_array
 
 
 def prompt_batch(rows: list[PromptRow], tag: str, pad_token_id: int) -> Batch:
@@ -27,26 +27,12 @@ def prompt_batch(rows: list[PromptRow], tag: str, pad_token_id: int) -> Batch:
         attention_mask[i, width - len(r.prompt_ids):] = 1
     return Batch({
         "input_ids": input_ids, "attention_mask": attention_mask,
-        "uid": _objects([f"{tag}-{i}" for i in range(len(rows))]),
-        "data_source": _objects([r.data_source for r in rows]),
-        "ground_truth": _objects([r.ground_truth for r in rows]),
-        "extra_info": _objects([r.extra_info for r in rows]),
-        "messages": _each([r.messages for r in rows]),  # the chat prompt: judge and reward model read it
+        "uid": object_array([f"{tag}-{i}" for i in range(len(rows))]),
+        "data_source": object_array([r.data_source for r in rows]),
+        "ground_truth": object_array([r.ground_truth for r in rows]),
+        "extra_info": object_array([r.extra_info for r in rows]),
+        "messages": object_array([r.messages for r in rows]),  # the chat prompt: judge and reward model read it
     })
-
-
-def _objects(values: list) -> np.ndarray:
-    out = np.empty(len(values), dtype=object)
-    out[:] = values
-    return out
-
-
-def _each(values: list) -> np.ndarray:
-    """An object array of lists (numpy would turn equal-length lists into a 2-D array)."""
-    out = np.empty(len(values), dtype=object)
-    for i, value in enumerate(values):
-        out[i] = value
-    return out
 
 
 def generate(actor, rows: list[PromptRow], *, seed: int, tag: str, pad_token_id: int, mode: str = "train") -> Batch:
@@ -71,7 +57,7 @@ def score(batch: Batch, reward_runner, tokenizer, components: tuple = ()) -> dic
     batch["scores"] = result.scores.astype(np.float32)
     acc = result.extras.get("acc")
     batch["acc"] = (np.nan_to_num(acc, nan=0.0) if acc is not None else (result.scores > 0)).astype(np.float32)
-    batch["response_text"] = _objects(texts)
+    batch["response_text"] = object_array(texts)
     for name in components:
         values = result.extras.get(name)
         missing = len(texts) if values is None else int(np.isnan(values).sum())

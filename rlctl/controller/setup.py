@@ -50,7 +50,7 @@ def resolve_paths(config: Config, base: Path) -> Config:
     if ":" in reward.function:
         file, _, fn = reward.function.rpartition(":")
         reward = dataclasses.replace(reward, function=f"{absolute(file)}:{fn}")
-    if reward.model and ((base / reward.model).exists() or reward.model.startswith((".", "/", "~"))):
+    if reward.model and looks_local(reward.model, base):
         reward = dataclasses.replace(reward, model=absolute(reward.model))  # a folder, not a hub id
     run = dataclasses.replace(config.run, output_dir=absolute(config.run.output_dir))
     algorithm = dataclasses.replace(config.algorithm, plugins=tuple(map(absolute, config.algorithm.plugins)))

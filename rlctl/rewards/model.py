@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from rlctl.runtime.batch import Batch
+from rlctl.runtime.batch import Batch, object_array
 
 
 class RewardModelSource:
@@ -19,18 +19,11 @@ class RewardModelSource:
 
     def score(self, items: list[dict]) -> tuple[np.ndarray, dict[int, str]]:
         """Scores [N]; a reward model either scores the whole batch or its worker error stops the run."""
-        batch = Batch({"messages": _objects([it.get("messages") or _fallback(it) for it in items]),
-                       "response_text": _objects([it["solution_str"] for it in items])})
+        batch = Batch({"messages": object_array([it.get("messages") or _fallback(it) for it in items]),
+                       "response_text": object_array([it["solution_str"] for it in items])})
         return np.asarray(self.handle.compute_rm_scores(batch)["rm_scores"], dtype=np.float32), {}
 
 
 def _fallback(item: dict) -> list[dict]:
     """No chat messages known (a greedy-baseline batch): the rendered prompt as the user turn."""
     return [{"role": "user", "content": item.get("prompt_str", "")}]
-
-
-def _objects(values: list) -> np.ndarray:
-    out = np.empty(len(values), dtype=object)
-    for i, value in enumerate(values):
-        out[i] = value
-    return out

@@ -141,6 +141,15 @@ class Batch:
         return out
 
 
+def object_array(values: list) -> np.ndarray:
+    """A 1-D object array with one element per value (np.array would turn equal-length lists, such
+    as chat message lists, into a 2-D array)."""
+    out = np.empty(len(values), dtype=object)
+    for i, value in enumerate(values):
+        out[i] = value
+    return out
+
+
 def _as_numpy(value: Any) -> np.ndarray:
     """numpy arrays stay as they are; torch tensors come to the CPU (bf16/fp16 -> float32)."""
     if isinstance(value, np.ndarray):
