@@ -6,8 +6,10 @@ optimizer steps they take), so the three never disagree:
 
     data.batch_size prompts x rollout.n        = sequences per step
     role.mini_batch_size prompts (0: all)      = one optimizer step; ppo_epochs passes over them
-    mini-batch sequences / resources.workers   = each worker's share of an optimizer step,
+    mini-batch sequences / workers             = each worker's share of an optimizer step,
     split into role.micro_batch_size rows      = its gradient-accumulation steps
+
+Workers are resources.workers on CPU; on GPUs every GPU of every node is one (ResourcePool).
 """
 
 from __future__ import annotations
@@ -25,10 +27,17 @@ class RolePlan:
     micro_batches_per_optimizer_step: int  # per worker: gradient-accumulation steps (at least 1)
 
 
+def world_size(resources) -> int:
+    """Ranks of a worker group: nodes x gpus_per_node on GPUs, else resources.workers (also while
+    gpus_per_node is still "auto", before start-up resolves it)."""
+    gpus = resources.gpus_per_node
+    return resources.nodes * gpus if isinstance(gpus, int) and gpus > 0 else resources.workers
+
+
 def batch_plan(config, role: str = "actor") -> RolePlan:
     """The plan of `role` ("actor" or "critic") for a full step's batch. No checks: validate
     reports the sizes that do not divide (rlctl.config.validate.check_batches)."""
-    section, n, workers = getattr(config, role), config.rollout.n, config.resources.workers
+    section, n, workers = getattr(config, role), config.rollout.n, world_size(config.resources)
     prompts = section.mini_batch_size or config.data.batch_size
     mini_batches = max(1, config.data.batch_size // prompts)
     per_worker = max(1, prompts * n // workers)

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from rlctl.config.loader import LoadedConfig, Problem
-from rlctl.config.plan import batch_plan
+from rlctl.config.plan import batch_plan, world_size
 from rlctl.config.schema import Config
 
 BUILTIN_REWARDS = ("gsm8k", "math", "arith", "code")  # rlctl.rewards.builtin.BUILTINS, without importing it
@@ -79,7 +79,9 @@ def check_registered(loaded: LoadedConfig) -> tuple[list[Problem], Config]:
 
 def check_batches(c: Config) -> tuple[list[Problem], BatchPlan]:
     problems = []
-    n, workers = c.rollout.n, c.resources.workers
+    n, workers = c.rollout.n, world_size(c.resources)
+    over = (f"resources.workers = {workers}" if workers == c.resources.workers
+            else f"the {workers} GPU workers (resources.nodes x gpus_per_node)")
     roles = ("actor", "critic") if estimator_needs(c.algorithm.name).needs_critic else ("actor",)
     for role in roles:
         sect, role_plan = getattr(c, role), batch_plan(c, role)
@@ -92,7 +94,7 @@ def check_batches(c: Config) -> tuple[list[Problem], BatchPlan]:
         if seqs % workers:
             problems.append(Problem(f"{role}.mini_batch_size",
                                     f"{mini} prompts x rollout.n {n} = {seqs} sequences cannot be split evenly "
-                                    f"over resources.workers = {workers}"))
+                                    f"over {over}"))
             continue
         per_worker = seqs // workers
         if per_worker % sect.micro_batch_size:

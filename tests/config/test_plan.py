@@ -30,3 +30,18 @@ def test_hand_computed_plan_per_role():
 
 def test_one_optimizer_step_per_rollout_by_default():
     assert batch_plan(Config()).optimizer_steps_per_rollout == 1   # on-policy: old log-probs can be reused
+
+
+def test_on_gpus_every_gpu_of_every_node_is_a_worker():
+    from rlctl.config.validate import check_batches
+
+    c = config(data={"batch_size": 8}, rollout={"n": 4}, resources={"nodes": 2, "gpus_per_node": 4, "workers": 1},
+               actor={"micro_batch_size": 2})
+    assert batch_plan(c, "actor").sequences_per_worker == 4   # 32 sequences over 2 x 4 GPUs
+    assert check_batches(c)[0] == []
+    uneven = dataclasses.replace(c, data=dataclasses.replace(c.data, batch_size=3),
+                                 actor=dataclasses.replace(c.actor, mini_batch_size=3))
+    problems = check_batches(uneven)[0]
+    assert len(problems) == 1 and "over the 8 GPU workers (resources.nodes x gpus_per_node)" in problems[0].message
+    auto = dataclasses.replace(c, resources=dataclasses.replace(c.resources, gpus_per_node="auto"))
+    assert batch_plan(auto, "actor").sequences_per_worker == 32   # "auto" unresolved (--skip-machine): workers
