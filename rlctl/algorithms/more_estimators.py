@@ -93,7 +93,7 @@ def gdpo(*, token_level_rewards, response_mask, group_ids, norm_adv_by_std, epsi
 def _last_token(response_mask: torch.Tensor):
     """(rows, cols) of each non-empty row's last valid token."""
     rows = torch.nonzero(response_mask.sum(-1) > 0).squeeze(-1)
-    cols = (response_mask[rows] * torch.arange(1, response_mask.shape[1] + 1)).argmax(-1)
+    cols = (response_mask[rows] * torch.arange(1, response_mask.shape[1] + 1, device=response_mask.device)).argmax(-1)
     return rows, cols
 
 
@@ -117,9 +117,9 @@ def optimal_token_baseline(*, token_level_rewards, response_mask, group_ids, old
     index, n_groups = group_index(group_ids)
     index = index.to(returns.device)
     count = torch.bincount(index, minlength=n_groups)[index]
-    numerator = torch.zeros(n_groups, returns.shape[1], dtype=returns.dtype).index_add_(
+    numerator = torch.zeros(n_groups, returns.shape[1], dtype=returns.dtype, device=returns.device).index_add_(
         0, index, returns * cumulative * response_mask)
-    denominator = torch.zeros(n_groups, returns.shape[1], dtype=returns.dtype).index_add_(
+    denominator = torch.zeros(n_groups, returns.shape[1], dtype=returns.dtype, device=returns.device).index_add_(
         0, index, cumulative * response_mask) + 1e-8
     baseline = (numerator / denominator)[index]
     baseline = torch.where((count > 1).unsqueeze(-1), baseline, torch.zeros_like(baseline))
