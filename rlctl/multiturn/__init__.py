@@ -1,0 +1,1 @@
+"""Multi-turn rollouts: tool-call formats, tools, interactions (see docs/multi-turn.md)."""
