@@ -55,6 +55,9 @@ def test_transcripts_render_with_the_template_and_their_calls_parse_back(prepare
     for row in rows["train"][:50]:
         tools, messages, truth = json.loads(row["tools"]), row["messages"], row["reward_model"]["ground_truth"]
         assert [t["function"]["name"] for t in tools] == ["calculator"]
+        # the same tools block as a rollout that hands the template the function itself (tools=[calculator])
+        assert tok.apply_chat_template(row["prompt"], tools=tools, tokenize=False) == \
+            tok.apply_chat_template(row["prompt"], tools=[calculator], tokenize=False)
         text = tok.apply_chat_template(messages, tools=tools, tokenize=False)
         # the SFT transcript continues exactly the prompt an RL rollout starts from (same tools block)
         prompt = tok.apply_chat_template(row["prompt"], tools=tools, tokenize=False, add_generation_prompt=True)
