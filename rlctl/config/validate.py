@@ -182,7 +182,8 @@ def check_rollout_engine(c: Config) -> list[Problem]:
 
 def check_reward(c: Config, *, machine: bool) -> list[Problem]:
     """Model-based reward sources: a judge needs a model name and a usable prompt and score rule;
-    weights name configured sources; with `machine`, the judge and the service should answer."""
+    weights name configured sources; with `machine`, the judge, the reward service and the
+    SandboxFusion service are http(s) URLs that should answer."""
     from rlctl.errors import ConfigError
     from rlctl.rewards.http import check_reachable
     from rlctl.rewards.remote import check_prompt, score_reader
@@ -196,7 +197,8 @@ def check_reward(c: Config, *, machine: bool) -> list[Problem]:
               ("judge_score", lambda: score_reader(r.judge_score))]
     if machine:
         checks += [(key, lambda u=url, k=key: check_reachable(u, k)) for key, url in
-                   (("judge_url", r.judge_url.rstrip("/")), ("remote_url", r.remote_url)) if url]
+                   (("judge_url", r.judge_url.rstrip("/")), ("remote_url", r.remote_url),
+                    ("sandbox_url", r.sandbox_url)) if url]
     for key, check in checks:
         try:
             check()
@@ -337,9 +339,6 @@ def check_files(loaded: LoadedConfig, plan: BatchPlan) -> tuple[list[Problem], B
                                                        f"nor a built-in ({', '.join(BUILTIN_REWARDS)})"))
         elif not _resolve(base, file).is_file():
             problems.append(Problem("reward.function", f"{file} does not exist (relative to {base})"))
-    if c.reward.sandbox_url and not c.reward.sandbox_url.startswith(("http://", "https://")):
-        problems.append(Problem("reward.sandbox_url", f"{c.reward.sandbox_url!r} is not an http(s) URL "
-                                                      "(e.g. \"http://sandbox-host:8080\"; \"\" = the local sandbox)"))
     if rows and not problems:
         steps = rows // c.data.batch_size
         if steps == 0:

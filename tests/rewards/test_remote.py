@@ -94,15 +94,16 @@ def test_slow_service_times_out(tmp_path):
     assert len(service.requests) == 2  # the retry went out too
 
 
-def test_train_with_service_down_is_a_one_line_error(tmp_path, tiny_model_dir):
+@pytest.mark.parametrize("key", ["remote_url", "sandbox_url"])
+def test_train_with_service_down_is_a_one_line_error(tmp_path, tiny_model_dir, key):
     from rlctl.data.prep import PrepOptions, prepare
     from rlctl.project import write_project
 
     write_project(tmp_path, "grpo-arith-cpu", str(tiny_model_dir))
     prepare("arith", PrepOptions(out=tmp_path / "data" / "arith"))
     proc = subprocess.run([sys.executable, "-m", "rlctl", "train", str(tmp_path / "rlctl.toml"),
-                           f"reward.remote_url={_free_port_url()}"], capture_output=True, text=True, timeout=300)
+                           f"reward.{key}={_free_port_url()}"], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 2, proc.stderr
     lines = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
-    assert len(lines) == 1 and "reward.remote_url: nothing answers at 127.0.0.1" in lines[0], proc.stderr
+    assert len(lines) == 1 and f"reward.{key}: nothing answers at 127.0.0.1" in lines[0], proc.stderr
     assert "Traceback" not in proc.stderr

@@ -106,3 +106,9 @@ def test_a_failed_sandbox_follows_on_error(service, tmp_path):
         result = rr.score(items)
     assert result.scores.tolist() == [0.0, 0.0, 0.0] and result.metrics["reward/errors"] == 1.0
     assert result.failed.tolist() == [False, False, True] and "no runner available" in result.errors[2]
+
+
+def test_an_unreachable_service_is_a_config_error_at_start(tmp_path):
+    with pytest.raises(ConfigError, match=r"reward.sandbox_url: nothing answers at 127.0.0.1:9") as err:
+        RewardRunner("", tmp_path, sandbox_url="http://127.0.0.1:9")
+    assert err.value.exit_code == 2
