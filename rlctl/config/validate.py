@@ -180,12 +180,12 @@ def check_rollout_engine(c: Config) -> list[Problem]:
     return problems
 
 
-def check_reward(c: Config, *, machine: bool) -> list[Problem]:
+def check_reward(c: Config, *, reach: bool) -> list[Problem]:
     """Model-based reward sources: a judge needs a model name and a usable prompt and score rule;
-    weights name configured sources; with `machine`, the judge, the reward service and the
-    SandboxFusion service are http(s) URLs that should answer."""
+    weights name configured sources; the judge, reward service and SandboxFusion URLs are http(s)
+    URLs, and with `reach` something answers at each (a warning: it may start later)."""
     from rlctl.errors import ConfigError
-    from rlctl.rewards.http import check_reachable
+    from rlctl.rewards.http import check_reachable, check_url
     from rlctl.rewards.remote import check_prompt, score_reader
     from rlctl.rewards.sources import uses_function
 
@@ -195,10 +195,10 @@ def check_reward(c: Config, *, machine: bool) -> list[Problem]:
                                                       "judge server serves"))
     checks = [("judge_prompt", lambda: check_prompt(r.judge_prompt)),
               ("judge_score", lambda: score_reader(r.judge_score))]
-    if machine:
-        checks += [(key, lambda u=url, k=key: check_reachable(u, k)) for key, url in
-                   (("judge_url", r.judge_url.rstrip("/")), ("remote_url", r.remote_url),
-                    ("sandbox_url", r.sandbox_url)) if url]
+    url_check = check_reachable if reach else check_url
+    checks += [(key, lambda u=url, k=key: url_check(u, k)) for key, url in
+               (("judge_url", r.judge_url.rstrip("/")), ("remote_url", r.remote_url),
+                ("sandbox_url", r.sandbox_url)) if url]
     for key, check in checks:
         try:
             check()
@@ -436,8 +436,12 @@ def _cuda_available() -> bool:
     return torch.cuda.is_available()
 
 
-def validate(loaded: LoadedConfig, *, machine: bool = True) -> tuple[list[Problem], BatchPlan]:
-    """All problems (errors and warnings) of a type-checked config, and its batch plan."""
+def validate(loaded: LoadedConfig, *, machine: bool = True, reach_services: bool = True
+             ) -> tuple[list[Problem], BatchPlan]:
+    """All problems (errors and warnings) of a type-checked config, and its batch plan.
+
+    `reach_services` (with `machine`): connect to the reward URLs. Training passes False: its
+    reward sources connect when they start, and an unreachable one is an error there."""
     auto_problems = []
     if machine:
         from rlctl.errors import ConfigError
@@ -450,7 +454,8 @@ def validate(loaded: LoadedConfig, *, machine: bool = True) -> tuple[list[Proble
     problems, c = check_registered(loaded)
     problems += auto_problems
     batch_problems, plan = check_batches(c)
-    problems += batch_problems + check_algorithm(c, loaded.raw) + check_lora(c) + check_reward(c, machine=machine)
+    problems += batch_problems + check_algorithm(c, loaded.raw) + check_lora(c)
+    problems += check_reward(c, reach=machine and reach_services)
     if machine and c.reward.model:
         problems += check_reward_model_path(c.reward.model, loaded.base_dir)
     if machine:

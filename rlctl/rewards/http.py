@@ -77,17 +77,23 @@ def map_concurrent(fn, items: list, concurrency: int) -> list:
         return list(pool.map(safe, items))
 
 
-def check_reachable(url: str, key: str) -> None:
-    """ConfigError (exit 2) before the first step when nothing listens at `url`'s host and port."""
+def check_url(url: str, key: str) -> tuple[str, int]:
+    """(host, port) of an http(s) URL; ConfigError (exit 2) naming reward.<key> otherwise."""
     parts = urlsplit(url)
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise ConfigError(f"reward.{key} = {url!r} is not an http:// or https:// URL",
                           hint=f"write e.g. reward.{key} = \"http://127.0.0.1:5000/...\".")
-    port = parts.port or (443 if parts.scheme == "https" else 80)
+    return parts.hostname, parts.port or (443 if parts.scheme == "https" else 80)
+
+
+def check_reachable(url: str, key: str) -> None:
+    """ConfigError (exit 2) before the first step when `url` is no http(s) URL or nothing listens
+    at its host and port. Training probes once, when the reward sources start (build_reward)."""
+    host, port = check_url(url, key)
     try:
-        socket.create_connection((parts.hostname, port), timeout=PROBE_TIMEOUT_S).close()
+        socket.create_connection((host, port), timeout=PROBE_TIMEOUT_S).close()
     except OSError as e:
-        raise ConfigError(f"reward.{key}: nothing answers at {parts.hostname}:{port} ({e.strerror or e})",
+        raise ConfigError(f"reward.{key}: nothing answers at {host}:{port} ({e.strerror or e})",
                           hint="start the service first, or fix the URL.") from None
 
 
