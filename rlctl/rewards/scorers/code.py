@@ -75,11 +75,10 @@ def score(solution_str: str, ground_truth, *, format_score: float = 0.0, bare_pr
     `sandbox_url`: run the cases on that SandboxFusion service instead of the local sandbox."""
     from functools import partial
 
-    from rlctl.sandbox import Limits, run
+    from rlctl.sandbox import Limits, run as run_here
     from rlctl.sandbox.remote import run_remote
 
-    if sandbox_url:
-        run = partial(run_remote, sandbox_url)
+    run = partial(run_remote, sandbox_url) if sandbox_url else run_here
 
     cases = parse_cases(ground_truth)
     code = extract_code(solution_str)
