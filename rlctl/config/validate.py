@@ -8,6 +8,7 @@ Everything is collected into a list of Problems; nothing stops at the first one.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import json
 from dataclasses import dataclass
@@ -30,6 +31,8 @@ class BatchPlan:
     train_rows: int | None
     steps_per_epoch: int | None
     total_steps: int | None
+    gpus_per_node: int | str = "auto"   # as validated: "auto" only without the machine pass
+    gpus_per_node_resolved: str = ""    # why "auto" became gpus_per_node ("" when it was a number)
 
     def rows(self) -> list[tuple[str, object]]:
         unknown = "unknown (data files not readable)"
@@ -54,8 +57,6 @@ def check_registered(loaded: LoadedConfig) -> tuple[list[Problem], Config]:
     """Import algorithm.plugins, then check algorithm.name and actor.policy_loss against the
     registries. Returns the problems and the config to check further: an unknown name is
     replaced by its default there, so that rules about it do not mislead."""
-    import dataclasses
-
     from rlctl.algorithms import estimator_names, policy_loss_names
     from rlctl.config.loader import suggest
     from rlctl.errors import ConfigError
@@ -107,7 +108,7 @@ def check_batches(c: Config) -> tuple[list[Problem], BatchPlan]:
         mini_batches_per_rollout=actor.optimizer_steps_per_rollout,
         micro_batches_per_optimizer_step=actor.micro_batches_per_optimizer_step,
         sequences_per_worker_per_mini_batch=actor.sequences_per_worker, train_rows=None, steps_per_epoch=None,
-        total_steps=c.run.total_steps or None)
+        total_steps=c.run.total_steps or None, gpus_per_node=c.resources.gpus_per_node)
     return problems, plan
 
 
@@ -345,7 +346,7 @@ def check_files(loaded: LoadedConfig, plan: BatchPlan) -> tuple[list[Problem], B
             problems.append(Problem("data.batch_size", f"{c.data.batch_size} prompts per step but only {rows} "
                                                        "training rows"))
         total = c.run.total_steps or steps * c.run.total_epochs
-        plan = BatchPlan(**{**plan.__dict__, "train_rows": rows, "steps_per_epoch": steps, "total_steps": total})
+        plan = dataclasses.replace(plan, train_rows=rows, steps_per_epoch=steps, total_steps=total)
     return problems, plan
 
 
@@ -412,21 +413,13 @@ def resolve_auto(loaded: LoadedConfig, address: str = "") -> tuple[LoadedConfig,
     """resources.gpus_per_node = "auto" -> the GPUs this machine sees (0 on CPU), once at start-up,
     so the run's config.resolved.toml records what was used and resume keeps it. Returns the
     config and why "auto" became that number ("" when the value was a number)."""
-    import dataclasses
-
-    from rlctl.errors import ConfigError
-    from rlctl.runtime.resource_pool import visible_gpus
+    from rlctl.runtime.resource_pool import resolve_gpus_per_node
 
     c = loaded.config
     if c.resources.gpus_per_node != "auto":
         return loaded, ""
-    if address or c.resources.address:
-        raise ConfigError("resources.gpus_per_node = \"auto\" counts this machine's GPUs, which says nothing "
-                          f"about the nodes of the Ray cluster (address {address or c.resources.address})",
-                          hint="set resources.gpus_per_node to the GPUs each node gives this run (0 = CPU)")
-    n = visible_gpus()
+    n, why = resolve_gpus_per_node("auto", address or c.resources.address)
     resources = dataclasses.replace(c.resources, gpus_per_node=n)
-    why = f"auto: {n} CUDA GPU(s) visible" if n else "auto: no GPU visible, CPU"
     return dataclasses.replace(loaded, config=dataclasses.replace(c, resources=resources)), why
 
 
@@ -438,22 +431,24 @@ def _cuda_available() -> bool:
 
 def validate(loaded: LoadedConfig, *, machine: bool = True, reach_services: bool = True
              ) -> tuple[list[Problem], BatchPlan]:
-    """All problems (errors and warnings) of a type-checked config, and its batch plan.
+    """All problems (errors and warnings) of a type-checked config, and its batch plan (with the
+    machine pass, resources.gpus_per_node = "auto" is resolved here, and the plan says to what).
 
     `reach_services` (with `machine`): connect to the reward URLs. Training passes False: its
     reward sources connect when they start, and an unreachable one is an error there."""
-    auto_problems = []
+    auto_problems, auto = [], ""
     if machine:
         from rlctl.errors import ConfigError
 
         try:
-            loaded, _ = resolve_auto(loaded)
+            loaded, auto = resolve_auto(loaded)
         except ConfigError as e:
             auto_problems.append(Problem("resources.gpus_per_node",
                                          f"{e.message.removeprefix('resources.gpus_per_node = ')}; {e.hint}"))
     problems, c = check_registered(loaded)
     problems += auto_problems
     batch_problems, plan = check_batches(c)
+    plan = dataclasses.replace(plan, gpus_per_node_resolved=auto)
     problems += batch_problems + check_algorithm(c, loaded.raw) + check_lora(c)
     problems += check_reward(c, reach=machine and reach_services)
     if machine and c.reward.model:
