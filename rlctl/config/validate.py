@@ -246,11 +246,16 @@ def check_lora(c: Config) -> list[Problem]:
     return problems
 
 
+# What a validation logs, as `val/<name>` and `val/<data_source>/<name>`: the mean of a batch column
+# (rlctl.controller.trainer.validation_metrics computes them from these; run.best_metric names one).
+VAL_METRIC_COLUMNS = {"reward/mean": "scores", "acc": "acc", "response_length/mean": "response_length"}
+VAL_METRICS_PER_SOURCE = ("reward/mean", "acc")
+
+
 def validation_metric_names(data_sources=()) -> list[str]:
-    """The val/ metrics a validation logs (rlctl.controller.trainer.validation_metrics): overall,
-    then reward and accuracy per data source."""
-    names = ["val/reward/mean", "val/acc", "val/response_length/mean"]
-    return names + [f"val/{ds}/{m}" for ds in sorted(data_sources) for m in ("reward/mean", "acc")]
+    """The val/ metrics a validation logs: overall, then reward and accuracy per data source."""
+    return [f"val/{m}" for m in VAL_METRIC_COLUMNS] + \
+        [f"val/{ds}/{m}" for ds in sorted(data_sources) for m in VAL_METRICS_PER_SOURCE]
 
 
 def check_best_metric(c: Config, data_sources: set[str] | None = None) -> list[Problem]:
