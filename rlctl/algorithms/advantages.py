@@ -38,26 +38,28 @@ def compute_advantages(name: str, *, token_level_rewards: torch.Tensor, response
     mask = valid.to(dtype)
     zero = torch.zeros((), dtype=dtype, device=rewards.device)
     rewards = torch.where(valid, rewards.to(dtype), zero)
+
+    def per_token(what: str, x) -> torch.Tensor:   # a required [B, T] input, in dtype, zero on padding
+        return torch.where(valid, _required(name, what, x, rewards.shape).to(dtype), zero)
+
     if spec.needs_critic or values is not None:
-        values = torch.where(valid, _required(name, "values", values, rewards.shape).to(dtype), zero)
+        values = per_token("values", values)
     if spec.needs_greedy_baseline or reward_baselines is not None:
         reward_baselines = _required(name, "reward_baselines", reward_baselines, rewards.shape[:1]).to(dtype)
     if spec.needs_group or group_ids is not None:
         group_ids = _group_ids(name, group_ids, rewards.shape[0])
     extra = {}
-    if spec.needs_reference:   # [B, T] log-probs of the sampled tokens, zero on padding
-        extra["ref_log_prob"] = torch.where(valid, _required(name, "ref_log_prob", ref_log_prob,
-                                                             rewards.shape).to(dtype), zero)
-        if old_log_prob is not None:
-            extra["old_log_prob"] = torch.where(valid, _required(name, "old_log_prob", old_log_prob,
-                                                                 rewards.shape).to(dtype), zero)
-    if spec.needs_old_log_prob or spec.needs_sum_pi_squared:
-        for what, x in (("old_log_prob", old_log_prob), ("sum_pi_squared", sum_pi_squared)):
-            if what == "old_log_prob" or spec.needs_sum_pi_squared:
-                extra[what] = torch.where(valid, _required(name, what, x, rewards.shape).to(dtype), zero)
-        if rollout_is_weights is not None:
-            extra["rollout_is_weights"] = torch.where(
-                valid, _required(name, "rollout_is_weights", rollout_is_weights, rewards.shape).to(dtype), zero)
+    # [B, T] log-probs of the sampled tokens: the reference's for estimators that need it; the
+    # rollout policy's (old) for those that declare it, and for reference users when given
+    needs_old = spec.needs_old_log_prob or spec.needs_sum_pi_squared
+    if spec.needs_reference:
+        extra["ref_log_prob"] = per_token("ref_log_prob", ref_log_prob)
+    if needs_old or (spec.needs_reference and old_log_prob is not None):
+        extra["old_log_prob"] = per_token("old_log_prob", old_log_prob)
+    if spec.needs_sum_pi_squared:
+        extra["sum_pi_squared"] = per_token("sum_pi_squared", sum_pi_squared)
+    if needs_old and rollout_is_weights is not None:
+        extra["rollout_is_weights"] = per_token("rollout_is_weights", rollout_is_weights)
     if spec.needs_reward_components and reward_components is not None:
         extra["reward_components"] = _components(name, reward_components, rewards.shape[0]).to(dtype)
         if reward_weights is not None:
@@ -116,8 +118,7 @@ def _group_ids(name: str, group_ids, batch: int):
 
 def _group_stats(scores: torch.Tensor, group_ids):
     """Per-sequence (group mean, group unbiased std, group size) of scores [B], each [B]."""
-    index, n_groups = group_index(group_ids)
-    index = index.to(scores.device)
+    index, n_groups = group_index(group_ids, scores.device)
     count = torch.bincount(index, minlength=n_groups).to(scores.dtype)
     mean = group_sum(scores, index, n_groups) / count
     sq_dev = group_sum((scores - mean[index]) ** 2, index, n_groups)
@@ -155,14 +156,19 @@ def grpo(*, token_level_rewards, response_mask, group_ids, norm_adv_by_std, epsi
     (R_i with Dr. GRPO) -- the raw score, not 0.
     """
     scores = masked_sum(token_level_rewards, response_mask, dim=-1)               # [B]
+    adv = grpo_scores(scores, group_ids, norm_adv_by_std, epsilon).unsqueeze(-1) * response_mask
+    return adv, adv
+
+
+def grpo_scores(scores: torch.Tensor, group_ids, norm_adv_by_std: bool, epsilon: float) -> torch.Tensor:
+    """GRPO's per-sequence advantage [B] of scores [B] (see grpo), before broadcasting over tokens."""
     mean, std, count = _group_stats(scores, group_ids)
     single = count == 1
     mean = torch.where(single, torch.zeros_like(mean), mean)
     adv = scores - mean
     if norm_adv_by_std:
         adv = adv / (torch.where(single, torch.ones_like(std), std) + epsilon)
-    adv = adv.unsqueeze(-1) * response_mask
-    return adv, adv
+    return adv
 
 
 @register_estimator("rloo", needs_group=True)

@@ -80,8 +80,14 @@ def aggregate_loss(loss_mat: torch.Tensor, mask: torch.Tensor, mode: str, *,
     seq_losses = masked_sum(loss_mat, mask, dim=-1)                     # [B] token sums
     if mode == "seq-mean-token-mean":
         seq_losses = seq_losses / per_seq_tokens.clamp(min=1).to(seq_losses.dtype)
-    seqs = norm.seqs if norm.seqs is not None else (per_seq_tokens > 0).sum().clamp(min=1)
-    loss = seq_losses.sum() / seqs * norm.dp_size
+    loss = mean_over_sequences(seq_losses, norm, (per_seq_tokens > 0).sum().clamp(min=1))
     if mode == "seq-mean-token-sum-norm":
         loss = loss / (norm.horizon if norm.horizon is not None else mask.shape[-1])
     return loss
+
+
+def mean_over_sequences(seq_losses: torch.Tensor, norm: LossNorm | None, seqs) -> torch.Tensor:
+    """sum_i l_i / N_seqs * dp_size for per-sequence losses [B]: N_seqs is the mini-batch's count
+    (norm.seqs) when accumulating micro-batches, else `seqs`, this batch's own count."""
+    norm = norm or LossNorm()
+    return seq_losses.sum() / (norm.seqs if norm.seqs is not None else seqs) * norm.dp_size

@@ -55,21 +55,23 @@ def masked_whiten(values: torch.Tensor, mask: torch.Tensor, shift_mean: bool = T
     return torch.where(_valid(mask), whitened, torch.zeros_like(whitened))
 
 
-def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:
+def entropy_from_logits(logits: torch.Tensor, probs: torch.Tensor | None = None) -> torch.Tensor:
     """Entropy of softmax(logits) over the last dim: [..., V] -> [...].
 
     H = logsumexp(z) - sum_v p_v z_v. Terms with p_v = 0 are dropped so that -inf logits
-    (top-k / banned tokens) give 0 instead of 0 * -inf = NaN.
+    (top-k / banned tokens) give 0 instead of 0 * -inf = NaN. `probs`: softmax(logits) when the
+    caller has it already (one softmax for the entropy and sum_pi_squared).
     """
-    probs = torch.softmax(logits, dim=-1)
+    probs = torch.softmax(logits, dim=-1) if probs is None else probs
     p_times_z = torch.where(probs > 0, probs * logits, torch.zeros((), dtype=logits.dtype, device=logits.device))
     return torch.logsumexp(logits, dim=-1) - p_times_z.sum(dim=-1)
 
 
-def sum_pi_squared_from_logits(logits: torch.Tensor) -> torch.Tensor:
+def sum_pi_squared_from_logits(logits: torch.Tensor, probs: torch.Tensor | None = None) -> torch.Tensor:
     """sum_v softmax(logits)_v^2 over the last dim: [..., V] -> [...]. With pi_t the sampled token's
-    probability, 1 - 2 pi_t + this is ||d log pi_t / d logits||^2 (the optimal token baseline's weight)."""
-    return torch.softmax(logits, dim=-1).square().sum(-1)
+    probability, 1 - 2 pi_t + this is ||d log pi_t / d logits||^2 (the optimal token baseline's weight).
+    `probs`: softmax(logits) when the caller has it already."""
+    return (torch.softmax(logits, dim=-1) if probs is None else probs).square().sum(-1)
 
 
 def log_probs_from_logits(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
@@ -78,17 +80,22 @@ def log_probs_from_logits(logits: torch.Tensor, labels: torch.Tensor) -> torch.T
     return torch.gather(logits, -1, labels.long().unsqueeze(-1)).squeeze(-1) - log_z
 
 
-def group_index(group_ids) -> tuple[torch.Tensor, int]:
+def group_index(group_ids, device=None) -> tuple[torch.Tensor, int]:
     """Map per-sequence group ids (any hashables) to dense ints in first-seen order.
 
-    Returns (index [B] long, number of groups). Rows of one group need not be adjacent.
+    Returns (index [B] long on `device`, number of groups). Rows of one group need not be adjacent.
     """
     ids = group_ids.tolist() if isinstance(group_ids, (torch.Tensor, np.ndarray)) else list(group_ids)
     dense: dict = {}
     index = [dense.setdefault(g, len(dense)) for g in ids]
-    return torch.tensor(index, dtype=torch.long), len(dense)
+    return torch.tensor(index, dtype=torch.long, device=device), len(dense)
 
 
 def group_sum(x: torch.Tensor, index: torch.Tensor, n_groups: int) -> torch.Tensor:
-    """Per-group sums of a [B] tensor -> [G]."""
-    return torch.zeros(n_groups, dtype=x.dtype, device=x.device).index_add_(0, index.to(x.device), x)
+    """Per-group sums of a [B, ...] tensor -> [G, ...]."""
+    return torch.zeros((n_groups, *x.shape[1:]), dtype=x.dtype, device=x.device).index_add_(0, index.to(x.device), x)
+
+
+def group_size(index: torch.Tensor, n_groups: int) -> torch.Tensor:
+    """Each row's group size [B] (long), from group_index's index."""
+    return torch.bincount(index, minlength=n_groups)[index]

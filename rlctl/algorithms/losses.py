@@ -41,11 +41,13 @@ def policy_loss(name: str = "vanilla", *, old_log_prob: torch.Tensor, log_prob: 
                    **knobs)
 
 
-def _weighted(pg_losses: torch.Tensor, mask: torch.Tensor, rollout_is_weights) -> torch.Tensor:
-    """Per-token losses times the rollout-correction IS weights [B, T] (detached; None = no correction)."""
-    if rollout_is_weights is None:
-        return pg_losses
-    return pg_losses * _where_valid(mask, rollout_is_weights.detach().to(pg_losses.dtype))
+def weighted_loss(pg_losses: torch.Tensor, mask: torch.Tensor, mode: str, norm: LossNorm | None,
+                  rollout_is_weights) -> torch.Tensor:
+    """aggregate_loss of the per-token losses [B, T] times the rollout-correction IS weights [B, T]
+    (detached; None = no correction): the last step of every token-level policy loss."""
+    if rollout_is_weights is not None:
+        pg_losses = pg_losses * _where_valid(mask, rollout_is_weights.detach().to(pg_losses.dtype))
+    return aggregate_loss(pg_losses, mask, mode, norm=norm)
 
 
 def _valid(mask: torch.Tensor) -> torch.Tensor:
@@ -77,8 +79,7 @@ def vanilla(*, old_log_prob, log_prob, advantages, response_mask, clip_ratio_low
     loss3 = -advantages * clip_ratio_c
     negative = advantages < 0
     pg_losses = torch.where(negative, torch.minimum(clipped, loss3), clipped)
-    loss = aggregate_loss(_weighted(pg_losses, response_mask, rollout_is_weights), response_mask, loss_agg_mode,
-                          norm=norm)
+    loss = weighted_loss(pg_losses, response_mask, loss_agg_mode, norm, rollout_is_weights)
     with torch.no_grad():
         metrics = {
             "pg_clipfrac": masked_mean((loss2 > loss1).to(ratio.dtype), response_mask).item(),
@@ -106,8 +107,7 @@ def gspo(*, old_log_prob, log_prob, advantages, response_mask, clip_ratio_low, c
     seq_ratio = torch.exp(log_seq_ratio.clamp(max=10.0))
     loss1 = -advantages * seq_ratio
     loss2 = -advantages * seq_ratio.clamp(1 - clip_ratio_low, 1 + clip_ratio_high)
-    loss = aggregate_loss(_weighted(torch.maximum(loss1, loss2), response_mask, rollout_is_weights), response_mask,
-                          "seq-mean-token-mean", norm=norm)
+    loss = weighted_loss(torch.maximum(loss1, loss2), response_mask, "seq-mean-token-mean", norm, rollout_is_weights)
     with torch.no_grad():
         metrics = {
             "pg_clipfrac": masked_mean((loss2 > loss1).to(seq_ratio.dtype), response_mask).item(),

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import torch
 
-from .advantages import _group_stats, grpo
-from .functional import group_index, group_sum, masked_sum, masked_whiten
+from .advantages import _group_stats, grpo_scores
+from .functional import group_index, group_size, group_sum, masked_sum, masked_whiten
 from .registry import AlgorithmError, register_estimator
 
 
@@ -43,9 +43,8 @@ def opo(*, token_level_rewards, response_mask, group_ids, **_):
     A group of one has baseline 0 (verl's convention)."""
     scores = masked_sum(token_level_rewards, response_mask, dim=-1)
     lengths = response_mask.sum(-1)
-    index, n_groups = group_index(group_ids)
-    index = index.to(scores.device)
-    count = torch.bincount(index, minlength=n_groups)[index]
+    index, n_groups = group_index(group_ids, scores.device)
+    count = group_size(index, n_groups)
     baseline = (group_sum(lengths * scores, index, n_groups) / group_sum(lengths, index, n_groups).clamp(min=1e-30))
     adv = (scores - torch.where(count > 1, baseline[index], torch.zeros_like(scores))).unsqueeze(-1) * response_mask
     return adv, adv
@@ -79,22 +78,12 @@ def gdpo(*, token_level_rewards, response_mask, group_ids, norm_adv_by_std, epsi
         components = list(reward_components)
     weights = reward_weights if reward_weights is not None else torch.ones(len(components))
     mixed = torch.zeros_like(token_level_rewards)
-    last = _last_token(response_mask)
+    has_tokens = response_mask.sum(-1) > 0   # a row without tokens scores 0 in its group, as in verl
     for w, component in zip(weights, components):
-        rewards = torch.zeros_like(token_level_rewards)
-        rewards[last[0], last[1]] = component[last[0]].to(rewards.dtype)
-        adv, _ = grpo(token_level_rewards=rewards, response_mask=response_mask, group_ids=group_ids,
-                      norm_adv_by_std=norm_adv_by_std, epsilon=epsilon)
-        mixed = mixed + w * adv
+        scores = torch.where(has_tokens, component.to(token_level_rewards.dtype), 0.0)
+        mixed = mixed + w * (grpo_scores(scores, group_ids, norm_adv_by_std, epsilon).unsqueeze(-1) * response_mask)
     adv = masked_whiten(mixed, response_mask) * response_mask
     return adv, adv
-
-
-def _last_token(response_mask: torch.Tensor):
-    """(rows, cols) of each non-empty row's last valid token."""
-    rows = torch.nonzero(response_mask.sum(-1) > 0).squeeze(-1)
-    cols = (response_mask[rows] * torch.arange(1, response_mask.shape[1] + 1, device=response_mask.device)).argmax(-1)
-    return rows, cols
 
 
 @register_estimator("optimal_token_baseline", needs_group=True, needs_old_log_prob=True,
@@ -114,13 +103,10 @@ def optimal_token_baseline(*, token_level_rewards, response_mask, group_ids, old
     if rollout_is_weights is not None:
         w = w * rollout_is_weights ** 2
     cumulative = (w * response_mask).cumsum(-1)
-    index, n_groups = group_index(group_ids)
-    index = index.to(returns.device)
-    count = torch.bincount(index, minlength=n_groups)[index]
-    numerator = torch.zeros(n_groups, returns.shape[1], dtype=returns.dtype, device=returns.device).index_add_(
-        0, index, returns * cumulative * response_mask)
-    denominator = torch.zeros(n_groups, returns.shape[1], dtype=returns.dtype, device=returns.device).index_add_(
-        0, index, cumulative * response_mask) + 1e-8
+    index, n_groups = group_index(group_ids, returns.device)
+    count = group_size(index, n_groups)
+    numerator = group_sum(returns * cumulative * response_mask, index, n_groups)       # [G, T]
+    denominator = group_sum(cumulative * response_mask, index, n_groups) + 1e-8
     baseline = (numerator / denominator)[index]
     baseline = torch.where((count > 1).unsqueeze(-1), baseline, torch.zeros_like(baseline))
     return (returns - baseline) * response_mask, returns

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import torch
 
-from .aggregation import aggregate_loss
+from .aggregation import mean_over_sequences
 from .functional import masked_mean
-from .losses import LOG_RATIO_CLAMP, _valid, _weighted, _where_valid
+from .losses import LOG_RATIO_CLAMP, _valid, _where_valid, weighted_loss
 from .registry import register_policy_loss
 
 
@@ -39,8 +39,7 @@ def sapo(*, old_log_prob, log_prob, advantages, response_mask, norm, tau_pos=1.0
     log_ratio = (new - old).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
     tau = torch.where(adv > 0, torch.as_tensor(tau_pos, dtype=adv.dtype), torch.as_tensor(tau_neg, dtype=adv.dtype))
     gates = torch.sigmoid(tau * (torch.exp(log_ratio) - 1.0)) * (4.0 / tau)
-    loss = aggregate_loss(_weighted(-gates * adv, response_mask, rollout_is_weights), response_mask,
-                          "seq-mean-token-mean", norm=norm)
+    loss = weighted_loss(-gates * adv, response_mask, "seq-mean-token-mean", norm, rollout_is_weights)
     return loss, {"pg_clipfrac": 0.0, "pg_clipfrac_lower": 0.0,
                   "ppo_kl": masked_mean(-log_ratio.detach(), response_mask).item()}
 
@@ -56,8 +55,7 @@ def cispo(*, old_log_prob, log_prob, advantages, response_mask, clip_ratio_low, 
     log_ratio = (new - old).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
     ratio = torch.exp(log_ratio)
     clipped = ratio.clamp(1 - clip_ratio_low, 1 + clip_ratio_high).detach()
-    loss = aggregate_loss(_weighted(-clipped * adv * new, response_mask, rollout_is_weights), response_mask,
-                          loss_agg_mode, norm=norm)
+    loss = weighted_loss(-clipped * adv * new, response_mask, loss_agg_mode, norm, rollout_is_weights)
     return loss, {"pg_clipfrac": _frac(ratio != clipped, response_mask), "pg_clipfrac_lower": 0.0,
                   "ppo_kl": masked_mean(-log_ratio.detach(), response_mask).item()}
 
@@ -85,8 +83,7 @@ def geo_mean(*, old_log_prob, log_prob, advantages, response_mask, clip_ratio_lo
     if rollout_is_weights is not None:   # per sequence: the geometric mean of the token weights
         log_w = torch.log(_where_valid(response_mask, rollout_is_weights.detach().to(new.dtype)) + 1e-10)
         seq_losses = seq_losses * torch.exp((log_w * mask).sum(-1) / lengths)
-    rows = norm.seqs if norm is not None and norm.seqs is not None else seq_losses.shape[0]
-    loss = seq_losses.sum() / max(rows, 1) * (norm.dp_size if norm is not None else 1)
+    loss = mean_over_sequences(seq_losses, norm, max(seq_losses.shape[0], 1))   # every row counts, as in verl
     out_of_range = log_ratio != clamped
     return loss, {"pg_clipfrac": _frac(out_of_range & (adv > 0), response_mask),
                   "pg_clipfrac_lower": _frac(out_of_range & (adv < 0), response_mask),
@@ -120,8 +117,7 @@ def clip_cov(*, old_log_prob, log_prob, advantages, response_mask, clip_ratio_lo
     picked = positions[torch.randperm(len(positions))[:count]] if len(positions) else positions
     keep = torch.ones_like(adv)
     keep[picked[:, 0], picked[:, 1]] = 0
-    loss = aggregate_loss(_weighted(torch.maximum(loss1, loss2) * keep, response_mask, rollout_is_weights),
-                          response_mask, loss_agg_mode, norm=norm)
+    loss = weighted_loss(torch.maximum(loss1, loss2) * keep, response_mask, loss_agg_mode, norm, rollout_is_weights)
     return loss, {"pg_clipfrac": _frac(keep == 0, response_mask),
                   "ppo_kl": masked_mean(-(new - old).detach(), response_mask).item()}
 
@@ -145,8 +141,7 @@ def kl_cov(*, old_log_prob, log_prob, advantages, response_mask, loss_agg_mode, 
         penalised = torch.zeros(valid.numel(), dtype=torch.bool, device=valid.device)
         penalised[top] = True
         losses = torch.where(penalised.view_as(valid), losses + ppo_kl_coef * log_ratio.abs(), losses)
-    loss = aggregate_loss(_weighted(losses, response_mask, rollout_is_weights), response_mask, loss_agg_mode,
-                          norm=norm)
+    loss = weighted_loss(losses, response_mask, loss_agg_mode, norm, rollout_is_weights)
     return loss, {"ppo_kl": masked_mean(log_ratio.detach().abs(), response_mask).item()}
 
 
@@ -154,8 +149,7 @@ def kl_cov(*, old_log_prob, log_prob, advantages, response_mask, loss_agg_mode, 
 def gpg(*, log_prob, advantages, response_mask, loss_agg_mode, norm, rollout_is_weights=None, **_):
     """GPG (Chu et al. 2025, arXiv 2504.02546): plain policy gradient, L = -A log pi, no ratio."""
     new, adv = _where_valid(response_mask, log_prob), _where_valid(response_mask, advantages)
-    return aggregate_loss(_weighted(-new * adv, response_mask, rollout_is_weights), response_mask, loss_agg_mode,
-                          norm=norm), {}
+    return weighted_loss(-new * adv, response_mask, loss_agg_mode, norm, rollout_is_weights), {}
 
 
 def _dppo(old, new, adv, response_mask, valid_mask, clip_ratio_c, loss_agg_mode, norm, rollout_is_weights):
@@ -163,8 +157,8 @@ def _dppo(old, new, adv, response_mask, valid_mask, clip_ratio_c, loss_agg_mode,
     log_ratio = (new - old).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
     ratio = torch.exp(log_ratio)
     keep = valid_mask.detach().to(new.dtype)
-    loss = aggregate_loss(_weighted(-adv * ratio.clamp(max=clip_ratio_c).detach() * new * keep, response_mask,
-                                    rollout_is_weights), response_mask, loss_agg_mode, norm=norm)
+    loss = weighted_loss(-adv * ratio.clamp(max=clip_ratio_c).detach() * new * keep, response_mask, loss_agg_mode,
+                         norm, rollout_is_weights)
     return loss, {"pg_clipfrac": _frac(keep == 0, response_mask),
                   "pg_clipfrac_lower": _frac((ratio > clip_ratio_c) & (keep > 0), response_mask),
                   "ppo_kl": masked_mean(-log_ratio.detach(), response_mask).item()}

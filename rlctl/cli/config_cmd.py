@@ -48,18 +48,11 @@ def validate_cmd(
 
     Example: rlctl config validate rlctl.toml actor.lr=1e-6 rollout.n=8
     """
-    from rlctl.config.validate import resolve_auto, validate
-    from rlctl.errors import ConfigError
+    from rlctl.config.validate import validate
 
     loaded = load_checked(file, overrides, strict=False)
-    auto = ""
-    if not skip_machine:
-        try:
-            loaded, auto = resolve_auto(loaded)
-        except ConfigError:
-            pass  # validate reports it with the other problems
-    gpus = loaded.config.resources.gpus_per_node
-    problems, plan = validate(loaded, machine=not skip_machine)
+    problems, plan = validate(loaded, machine=not skip_machine)   # resolves gpus_per_node = "auto"
+    gpus, auto = plan.gpus_per_node, plan.gpus_per_node_resolved
     lines = loaded.lines
     source = os.path.relpath(loaded.path) if loaded.path else "overrides"
     errors = [p for p in problems if p.severity == "error"]

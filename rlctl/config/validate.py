@@ -8,6 +8,7 @@ Everything is collected into a list of Problems; nothing stops at the first one.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import json
 from dataclasses import dataclass
@@ -30,6 +31,8 @@ class BatchPlan:
     train_rows: int | None
     steps_per_epoch: int | None
     total_steps: int | None
+    gpus_per_node: int | str = "auto"   # as validated: "auto" only without the machine pass
+    gpus_per_node_resolved: str = ""    # why "auto" became gpus_per_node ("" when it was a number)
 
     def rows(self) -> list[tuple[str, object]]:
         unknown = "unknown (data files not readable)"
@@ -54,8 +57,6 @@ def check_registered(loaded: LoadedConfig) -> tuple[list[Problem], Config]:
     """Import algorithm.plugins, then check algorithm.name and actor.policy_loss against the
     registries. Returns the problems and the config to check further: an unknown name is
     replaced by its default there, so that rules about it do not mislead."""
-    import dataclasses
-
     from rlctl.algorithms import estimator_names, policy_loss_names
     from rlctl.config.loader import suggest
     from rlctl.errors import ConfigError
@@ -107,7 +108,7 @@ def check_batches(c: Config) -> tuple[list[Problem], BatchPlan]:
         mini_batches_per_rollout=actor.optimizer_steps_per_rollout,
         micro_batches_per_optimizer_step=actor.micro_batches_per_optimizer_step,
         sequences_per_worker_per_mini_batch=actor.sequences_per_worker, train_rows=None, steps_per_epoch=None,
-        total_steps=c.run.total_steps or None)
+        total_steps=c.run.total_steps or None, gpus_per_node=c.resources.gpus_per_node)
     return problems, plan
 
 
@@ -180,11 +181,12 @@ def check_rollout_engine(c: Config) -> list[Problem]:
     return problems
 
 
-def check_reward(c: Config, *, machine: bool) -> list[Problem]:
+def check_reward(c: Config, *, reach: bool) -> list[Problem]:
     """Model-based reward sources: a judge needs a model name and a usable prompt and score rule;
-    weights name configured sources; with `machine`, the judge and the service should answer."""
+    weights name configured sources; the judge, reward service and SandboxFusion URLs are http(s)
+    URLs, and with `reach` something answers at each (a warning: it may start later)."""
     from rlctl.errors import ConfigError
-    from rlctl.rewards.http import check_reachable
+    from rlctl.rewards.http import check_reachable, check_url
     from rlctl.rewards.remote import check_prompt, score_reader
     from rlctl.rewards.sources import uses_function
 
@@ -194,9 +196,10 @@ def check_reward(c: Config, *, machine: bool) -> list[Problem]:
                                                       "judge server serves"))
     checks = [("judge_prompt", lambda: check_prompt(r.judge_prompt)),
               ("judge_score", lambda: score_reader(r.judge_score))]
-    if machine:
-        checks += [(key, lambda u=url, k=key: check_reachable(u, k)) for key, url in
-                   (("judge_url", r.judge_url.rstrip("/")), ("remote_url", r.remote_url)) if url]
+    url_check = check_reachable if reach else check_url
+    checks += [(key, lambda u=url, k=key: url_check(u, k)) for key, url in
+               (("judge_url", r.judge_url.rstrip("/")), ("remote_url", r.remote_url),
+                ("sandbox_url", r.sandbox_url)) if url]
     for key, check in checks:
         try:
             check()
@@ -243,11 +246,16 @@ def check_lora(c: Config) -> list[Problem]:
     return problems
 
 
+# What a validation logs, as `val/<name>` and `val/<data_source>/<name>`: the mean of a batch column
+# (rlctl.controller.trainer.validation_metrics computes them from these; run.best_metric names one).
+VAL_METRIC_COLUMNS = {"reward/mean": "scores", "acc": "acc", "response_length/mean": "response_length"}
+VAL_METRICS_PER_SOURCE = ("reward/mean", "acc")
+
+
 def validation_metric_names(data_sources=()) -> list[str]:
-    """The val/ metrics a validation logs (rlctl.controller.trainer.validation_metrics): overall,
-    then reward and accuracy per data source."""
-    names = ["val/reward/mean", "val/acc", "val/response_length/mean"]
-    return names + [f"val/{ds}/{m}" for ds in sorted(data_sources) for m in ("reward/mean", "acc")]
+    """The val/ metrics a validation logs: overall, then reward and accuracy per data source."""
+    return [f"val/{m}" for m in VAL_METRIC_COLUMNS] + \
+        [f"val/{ds}/{m}" for ds in sorted(data_sources) for m in VAL_METRICS_PER_SOURCE]
 
 
 def check_best_metric(c: Config, data_sources: set[str] | None = None) -> list[Problem]:
@@ -337,16 +345,13 @@ def check_files(loaded: LoadedConfig, plan: BatchPlan) -> tuple[list[Problem], B
                                                        f"nor a built-in ({', '.join(BUILTIN_REWARDS)})"))
         elif not _resolve(base, file).is_file():
             problems.append(Problem("reward.function", f"{file} does not exist (relative to {base})"))
-    if c.reward.sandbox_url and not c.reward.sandbox_url.startswith(("http://", "https://")):
-        problems.append(Problem("reward.sandbox_url", f"{c.reward.sandbox_url!r} is not an http(s) URL "
-                                                      "(e.g. \"http://sandbox-host:8080\"; \"\" = the local sandbox)"))
     if rows and not problems:
         steps = rows // c.data.batch_size
         if steps == 0:
             problems.append(Problem("data.batch_size", f"{c.data.batch_size} prompts per step but only {rows} "
                                                        "training rows"))
         total = c.run.total_steps or steps * c.run.total_epochs
-        plan = BatchPlan(**{**plan.__dict__, "train_rows": rows, "steps_per_epoch": steps, "total_steps": total})
+        plan = dataclasses.replace(plan, train_rows=rows, steps_per_epoch=steps, total_steps=total)
     return problems, plan
 
 
@@ -413,21 +418,13 @@ def resolve_auto(loaded: LoadedConfig, address: str = "") -> tuple[LoadedConfig,
     """resources.gpus_per_node = "auto" -> the GPUs this machine sees (0 on CPU), once at start-up,
     so the run's config.resolved.toml records what was used and resume keeps it. Returns the
     config and why "auto" became that number ("" when the value was a number)."""
-    import dataclasses
-
-    from rlctl.errors import ConfigError
-    from rlctl.runtime.resource_pool import visible_gpus
+    from rlctl.runtime.resource_pool import resolve_gpus_per_node
 
     c = loaded.config
     if c.resources.gpus_per_node != "auto":
         return loaded, ""
-    if address or c.resources.address:
-        raise ConfigError("resources.gpus_per_node = \"auto\" counts this machine's GPUs, which says nothing "
-                          f"about the nodes of the Ray cluster (address {address or c.resources.address})",
-                          hint="set resources.gpus_per_node to the GPUs each node gives this run (0 = CPU)")
-    n = visible_gpus()
+    n, why = resolve_gpus_per_node("auto", address or c.resources.address)
     resources = dataclasses.replace(c.resources, gpus_per_node=n)
-    why = f"auto: {n} CUDA GPU(s) visible" if n else "auto: no GPU visible, CPU"
     return dataclasses.replace(loaded, config=dataclasses.replace(c, resources=resources)), why
 
 
@@ -437,21 +434,28 @@ def _cuda_available() -> bool:
     return torch.cuda.is_available()
 
 
-def validate(loaded: LoadedConfig, *, machine: bool = True) -> tuple[list[Problem], BatchPlan]:
-    """All problems (errors and warnings) of a type-checked config, and its batch plan."""
-    auto_problems = []
+def validate(loaded: LoadedConfig, *, machine: bool = True, reach_services: bool = True
+             ) -> tuple[list[Problem], BatchPlan]:
+    """All problems (errors and warnings) of a type-checked config, and its batch plan (with the
+    machine pass, resources.gpus_per_node = "auto" is resolved here, and the plan says to what).
+
+    `reach_services` (with `machine`): connect to the reward URLs. Training passes False: its
+    reward sources connect when they start, and an unreachable one is an error there."""
+    auto_problems, auto = [], ""
     if machine:
         from rlctl.errors import ConfigError
 
         try:
-            loaded, _ = resolve_auto(loaded)
+            loaded, auto = resolve_auto(loaded)
         except ConfigError as e:
             auto_problems.append(Problem("resources.gpus_per_node",
                                          f"{e.message.removeprefix('resources.gpus_per_node = ')}; {e.hint}"))
     problems, c = check_registered(loaded)
     problems += auto_problems
     batch_problems, plan = check_batches(c)
-    problems += batch_problems + check_algorithm(c, loaded.raw) + check_lora(c) + check_reward(c, machine=machine)
+    plan = dataclasses.replace(plan, gpus_per_node_resolved=auto)
+    problems += batch_problems + check_algorithm(c, loaded.raw) + check_lora(c)
+    problems += check_reward(c, reach=machine and reach_services)
     if machine and c.reward.model:
         problems += check_reward_model_path(c.reward.model, loaded.base_dir)
     if machine:

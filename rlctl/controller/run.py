@@ -18,10 +18,11 @@ def _resolve_auto(loaded: LoadedConfig, address: str | None) -> LoadedConfig:
 
 
 def _check(loaded: LoadedConfig) -> None:
-    """Refuse to start on any config error (the same checks as `rlctl config validate`)."""
+    """Refuse to start on any config error (the same checks as `rlctl config validate`; the reward
+    services are reached once, by build_reward, where an unreachable one is an error)."""
     from rlctl.config.validate import validate
 
-    problems, _ = validate(loaded)
+    problems, _ = validate(loaded, reach_services=False)
     errors = [p for p in problems if p.severity == "error"]
     if len(errors) == 1:   # one problem, one line
         source = str(loaded.path) if loaded.path else "overrides"

@@ -222,14 +222,15 @@ def validation_line(step: int, val: dict) -> str:
 
 
 def validation_metrics(parts) -> dict:
+    """The metrics config.validate.validation_metric_names lists, from the validation batches."""
+    from rlctl.config.validate import VAL_METRIC_COLUMNS, VAL_METRICS_PER_SOURCE
     from rlctl.runtime.batch import Batch
 
     batch = Batch.concat(parts)
-    out = {"val/reward/mean": float(batch["scores"].mean()), "val/acc": float(batch["acc"].mean()),
-           "val/response_length/mean": float(batch["response_length"].mean())}
+    out = {f"val/{name}": float(batch[column].mean()) for name, column in VAL_METRIC_COLUMNS.items()}
     sources = batch["data_source"]
     for ds in sorted(set(sources.tolist())):
         rows = sources == ds
-        out[f"val/{ds}/reward/mean"] = float(batch["scores"][rows].mean())
-        out[f"val/{ds}/acc"] = float(batch["acc"][rows].mean())
+        out.update({f"val/{ds}/{name}": float(batch[VAL_METRIC_COLUMNS[name]][rows].mean())
+                    for name in VAL_METRICS_PER_SOURCE})
     return out

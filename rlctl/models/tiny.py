@@ -97,17 +97,43 @@ ARCHS = {
 }
 
 
-def _arch_config(arch: str, *, hidden: int, heads: int, intermediate: int, **common):
+def _tiny_config(arch: str, tok, *, layers: int, hidden: int, heads: int, kv_heads: int, intermediate: int,
+                 max_positions: int, **extra):
+    """The transformers config of a tiny `arch` model around the byte-level tokenizer `tok`."""
     import transformers
 
-    config_class, _, extra = ARCHS[arch]
-    extra = dict(extra)
+    config_class, _, arch_extra = ARCHS[arch]
+    extra = {**arch_extra, **extra}
     if arch in ("qwen3", "gemma3", "qwen3_moe"):
         extra["head_dim"] = hidden // heads
     if arch == "qwen3_moe":
         extra["moe_intermediate_size"] = intermediate // 2
-    return getattr(transformers, config_class)(hidden_size=hidden, num_attention_heads=heads,
-                                               intermediate_size=intermediate, **common, **extra)
+    return getattr(transformers, config_class)(
+        hidden_size=hidden, num_attention_heads=heads, intermediate_size=intermediate, vocab_size=len(tok),
+        num_hidden_layers=layers, num_key_value_heads=kv_heads, max_position_embeddings=max_positions,
+        rope_theta=10000.0, rms_norm_eps=1e-6, initializer_range=0.02, bos_token_id=None,
+        eos_token_id=tok.convert_tokens_to_ids("<|im_end|>"), pad_token_id=tok.pad_token_id, **extra)
+
+
+def _save_seeded(out, model_class: str, cfg, tok, seed: int, info: dict, generation_config=None) -> dict:
+    """Initialise `model_class` from `cfg` under `seed` (float32, CPU: bitwise reproducible), write it,
+    the tokenizer and rlctl_tiny.json (`info` plus path, params, vocab, seed) to `out`."""
+    import torch
+    import transformers
+
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = getattr(transformers, model_class)(cfg).to(torch.float32)
+    if generation_config is not None:
+        model.generation_config = generation_config
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out, safe_serialization=True)
+    tok.save_pretrained(out)
+    info = {"path": str(out), "params": sum(p.numel() for p in model.parameters()), **info, "vocab": len(tok),
+            "seed": seed}
+    (out / "rlctl_tiny.json").write_text(json.dumps(info, indent=1) + "\n")
+    return info
 
 
 def build_tiny_model(out: str | os.PathLike, *, layers: int = 2, hidden: int = 64, heads: int = 4,
@@ -117,64 +143,32 @@ def build_tiny_model(out: str | os.PathLike, *, layers: int = 2, hidden: int = 6
 
     The same arguments always give bitwise-identical weights (seeded CPU init, float32).
     """
-    import torch
-    import transformers
     from transformers import GenerationConfig
 
     if arch not in ARCHS:
         raise ValueError(f"unknown tiny architecture {arch!r}; one of {', '.join(ARCHS)}")
     tok = build_tokenizer(max_positions)
-    eos, eot = tok.convert_tokens_to_ids("<|im_end|>"), tok.convert_tokens_to_ids("<|endoftext|>")
-    cfg = _arch_config(
-        arch, hidden=hidden, heads=heads, intermediate=intermediate or 4 * hidden,
-        vocab_size=len(tok), num_hidden_layers=layers, num_key_value_heads=kv_heads,
-        max_position_embeddings=max_positions, rope_theta=10000.0, rms_norm_eps=1e-6,
-        tie_word_embeddings=tie_embeddings, initializer_range=0.02, use_cache=True,
-        bos_token_id=None, eos_token_id=eos, pad_token_id=tok.pad_token_id,
+    cfg = _tiny_config(arch, tok, layers=layers, hidden=hidden, heads=heads, kv_heads=kv_heads,
+                       intermediate=intermediate or 4 * hidden, max_positions=max_positions,
+                       tie_word_embeddings=tie_embeddings, use_cache=True)
+    generation = GenerationConfig(
+        eos_token_id=[cfg.eos_token_id, tok.convert_tokens_to_ids("<|endoftext|>")], pad_token_id=tok.pad_token_id,
+        bos_token_id=None, do_sample=True, temperature=1.0, top_p=1.0, top_k=0,
     )
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        model = getattr(transformers, ARCHS[arch][1])(cfg).to(torch.float32)
-    model.generation_config = GenerationConfig(
-        eos_token_id=[eos, eot], pad_token_id=tok.pad_token_id, bos_token_id=None,
-        do_sample=True, temperature=1.0, top_p=1.0, top_k=0,
-    )
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(out, safe_serialization=True)
-    tok.save_pretrained(out)
-    info = {"path": str(out), "arch": arch, "params": sum(p.numel() for p in model.parameters()), "layers": layers,
-            "hidden": hidden, "heads": heads, "kv_heads": kv_heads, "vocab": len(tok),
-            "tied_embeddings": tie_embeddings, "seed": seed}
-    (out / "rlctl_tiny.json").write_text(json.dumps(info, indent=1) + "\n")
-    return info
+    return _save_seeded(out, ARCHS[arch][1], cfg, tok, seed,
+                        {"arch": arch, "layers": layers, "hidden": hidden, "heads": heads, "kv_heads": kv_heads,
+                         "tied_embeddings": tie_embeddings}, generation)
 
 
 def build_tiny_reward_model(out: str | os.PathLike, *, layers: int = 2, hidden: int = 64, heads: int = 4,
                             kv_heads: int = 2, max_positions: int = 2048, seed: int = 0) -> dict:
     """Write a tiny random Qwen2ForSequenceClassification (one label: a reward model) + tokenizer.
 
-    The same byte-level tokenizer and chat template as build_tiny_model; the `score` head is seeded
-    too, so the same arguments give the same rewards."""
-    import torch
-    from transformers import Qwen2Config, Qwen2ForSequenceClassification
-
+    The same byte-level tokenizer, chat template and config as build_tiny_model's Qwen2; the
+    `score` head is seeded too, so the same arguments give the same rewards."""
     tok = build_tokenizer(max_positions)
-    cfg = Qwen2Config(
-        vocab_size=len(tok), hidden_size=hidden, intermediate_size=4 * hidden, num_hidden_layers=layers,
-        num_attention_heads=heads, num_key_value_heads=kv_heads, max_position_embeddings=max_positions,
-        rope_theta=10000.0, rms_norm_eps=1e-6, initializer_range=0.02, num_labels=1,
-        bos_token_id=None, eos_token_id=tok.convert_tokens_to_ids("<|im_end|>"), pad_token_id=tok.pad_token_id,
-    )
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        model = Qwen2ForSequenceClassification(cfg).to(torch.float32)
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(out, safe_serialization=True)
-    tok.save_pretrained(out)
-    info = {"path": str(out), "params": sum(p.numel() for p in model.parameters()), "layers": layers,
-            "hidden": hidden, "heads": heads, "kv_heads": kv_heads, "vocab": len(tok), "num_labels": 1,
-            "reward_model": True, "seed": seed}
-    (out / "rlctl_tiny.json").write_text(json.dumps(info, indent=1) + "\n")
-    return info
+    cfg = _tiny_config("qwen2", tok, layers=layers, hidden=hidden, heads=heads, kv_heads=kv_heads,
+                       intermediate=4 * hidden, max_positions=max_positions, num_labels=1)
+    return _save_seeded(out, "Qwen2ForSequenceClassification", cfg, tok, seed,
+                        {"layers": layers, "hidden": hidden, "heads": heads, "kv_heads": kv_heads, "num_labels": 1,
+                         "reward_model": True})

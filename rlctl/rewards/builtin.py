@@ -7,6 +7,8 @@ plus task-specific metrics. `reward.function = ""` uses `default_compute_score` 
 row's data_source); `reward.function = "gsm8k"` (or "math", "arith", "code", "calc-tools") forces
 one scorer.
 The `code` scorer runs the response's program in rlctl.sandbox on verl's stdin/stdout cases.
+Every built-in takes the same keyword options (format_score, sandbox_url); one that has no use
+for an option ignores it, so callers pass them all the same way.
 """
 
 from __future__ import annotations
@@ -21,17 +23,17 @@ CALC_TOOLS_SOURCES = (calc_tools.DATA_SOURCE,)
 CODE_SOURCES = ("codecontests", "apps", "taco", "codeforces", code.DATA_SOURCE)  # verl's code sources + ours
 
 
-def compute_gsm8k(data_source, solution_str, ground_truth, extra_info=None, *, format_score=0.0) -> dict:
+def compute_gsm8k(data_source, solution_str, ground_truth, extra_info=None, *, format_score=0.0, **_) -> dict:
     """verl's strict GSM8K reward: the number after the last `#### `, exact match."""
     return gsm8k.score(solution_str, ground_truth, format_score=format_score)
 
 
-def compute_math(data_source, solution_str, ground_truth, extra_info=None, *, format_score=0.0) -> dict:
+def compute_math(data_source, solution_str, ground_truth, extra_info=None, *, format_score=0.0, **_) -> dict:
     """The last `\\boxed{}` answer, equal to the ground truth after MATH normalisation."""
     return math.score(solution_str, ground_truth, format_score=format_score)
 
 
-def compute_arith(data_source, solution_str, ground_truth, extra_info=None, *, format_score=0.0) -> dict:
+def compute_arith(data_source, solution_str, ground_truth, extra_info=None, *, format_score=0.0, **_) -> dict:
     """The synthetic task's shaped reward (format_score is unused: the shaping is built in)."""
     return arith.score(solution_str, ground_truth)
 
@@ -83,8 +85,5 @@ def resolve_builtin(name: str):
 def default_compute_score(data_source, solution_str, ground_truth, extra_info=None, *,
                           format_score=0.0, sandbox_url="") -> dict:
     """Score one response with the built-in that matches its row's data_source."""
-    fn = scorer_for_source(data_source)
-    if fn is compute_code:  # the only built-in that runs code
-        return fn(data_source, solution_str, ground_truth, extra_info, format_score=format_score,
-                  sandbox_url=sandbox_url)
-    return fn(data_source, solution_str, ground_truth, extra_info, format_score=format_score)
+    return scorer_for_source(data_source)(data_source, solution_str, ground_truth, extra_info,
+                                          format_score=format_score, sandbox_url=sandbox_url)

@@ -124,9 +124,7 @@ def _load_builtin(name: str, format_score: float, sandbox_url: str = "") -> Call
         fn = module.resolve_builtin(name) if name else getattr(module, BUILTIN_FN)
     except UsageError as e:
         raise ConfigError(f"reward.function: {e.message}", hint=e.hint) from None
-    if sandbox_url and fn in (module.default_compute_score, module.compute_code):
-        return lambda ds, sol, gt, extra: fn(ds, sol, gt, extra, format_score=format_score, sandbox_url=sandbox_url)
-    return lambda ds, sol, gt, extra: fn(ds, sol, gt, extra, format_score=format_score)
+    return lambda ds, sol, gt, extra: fn(ds, sol, gt, extra, format_score=format_score, sandbox_url=sandbox_url)
 
 
 def check_builtin_sources(spec: RewardSpec, data_sources) -> None:

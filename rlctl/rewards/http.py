@@ -1,4 +1,5 @@
-"""JSON over HTTP for the reward sources that live elsewhere (an LLM judge, a remote reward service).
+"""JSON over HTTP for the reward sources that live elsewhere (an LLM judge, a remote reward service,
+a SandboxFusion service for the code reward).
 
 Standard library only (urllib + threads): the controller must not need an HTTP package. A request
 that fails (connection refused, a 5xx, a time-out, an answer that is not JSON) is retried
@@ -26,10 +27,12 @@ class HttpFailure(Exception):
     """A request that failed after its retries; the message is one line on why."""
 
 
-def post_json(url: str, payload: dict, *, timeout_s: float, retries: int, headers: dict | None = None) -> dict:
+def post_json(url: str, payload: dict, *, timeout_s: float, retries: int, headers: dict | None = None,
+              timeout_key: str = "reward.timeout_s") -> dict:
     """POST `payload` as JSON and return the decoded JSON answer; HttpFailure after `retries` retries.
 
-    A 4xx other than 408/429 is not retried: sending the same request again cannot help."""
+    A 4xx other than 408/429 is not retried: sending the same request again cannot help.
+    `timeout_key`: the setting a time-out message names ("" when no single key sets it)."""
     body = json.dumps(payload).encode("utf-8")
     why = ""
     for attempt in range(retries + 1):
@@ -46,7 +49,7 @@ def post_json(url: str, payload: dict, *, timeout_s: float, retries: int, header
                 break
             continue
         except (TimeoutError, socket.timeout):
-            why = f"no answer from {url} within reward.timeout_s = {timeout_s:g} s"
+            why = f"no answer from {url} within {timeout_key + ' = ' if timeout_key else ''}{timeout_s:g} s"
             continue
         except (urllib.error.URLError, OSError) as e:
             reason = getattr(e, "reason", e)
@@ -74,17 +77,23 @@ def map_concurrent(fn, items: list, concurrency: int) -> list:
         return list(pool.map(safe, items))
 
 
-def check_reachable(url: str, key: str) -> None:
-    """ConfigError (exit 2) before the first step when nothing listens at `url`'s host and port."""
+def check_url(url: str, key: str) -> tuple[str, int]:
+    """(host, port) of an http(s) URL; ConfigError (exit 2) naming reward.<key> otherwise."""
     parts = urlsplit(url)
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise ConfigError(f"reward.{key} = {url!r} is not an http:// or https:// URL",
-                          hint=f"write e.g. reward.{key} = \"http://127.0.0.1:5000/get_reward\".")
-    port = parts.port or (443 if parts.scheme == "https" else 80)
+                          hint=f"write e.g. reward.{key} = \"http://127.0.0.1:5000/...\".")
+    return parts.hostname, parts.port or (443 if parts.scheme == "https" else 80)
+
+
+def check_reachable(url: str, key: str) -> None:
+    """ConfigError (exit 2) before the first step when `url` is no http(s) URL or nothing listens
+    at its host and port. Training probes once, when the reward sources start (build_reward)."""
+    host, port = check_url(url, key)
     try:
-        socket.create_connection((parts.hostname, port), timeout=PROBE_TIMEOUT_S).close()
+        socket.create_connection((host, port), timeout=PROBE_TIMEOUT_S).close()
     except OSError as e:
-        raise ConfigError(f"reward.{key}: nothing answers at {parts.hostname}:{port} ({e.strerror or e})",
+        raise ConfigError(f"reward.{key}: nothing answers at {host}:{port} ({e.strerror or e})",
                           hint="start the service first, or fix the URL.") from None
 
 

@@ -30,6 +30,7 @@ from pathlib import Path
 import numpy as np
 
 from rlctl.errors import ConfigError, RewardError
+from rlctl.rewards.http import check_reachable
 from rlctl.rewards.custom import RewardSpec, check_builtin_sources, load_reward_fn, normalize_score, parse_spec
 
 log = logging.getLogger(__name__)
@@ -59,9 +60,8 @@ class RewardRunner:
             raise ConfigError(f"reward.on_error = {on_error!r} is not 'fail' or 'zero'")
         if workers < 1 or not timeout_s > 0:
             raise ConfigError(f"reward.workers ({workers}) must be >= 1 and reward.timeout_s ({timeout_s}) > 0")
-        if sandbox_url and not sandbox_url.startswith(("http://", "https://")):
-            raise ConfigError(f"reward.sandbox_url = {sandbox_url!r} is not an http(s) URL",
-                              hint='write e.g. "http://sandbox-host:8080", or "" for the local sandbox.')
+        if sandbox_url:   # an unreachable SandboxFusion: exit 2 now, not a failed sample at step 1
+            check_reachable(sandbox_url, "sandbox_url")
         self.spec = parse_spec(function_spec, Path(config_dir), format_score, sandbox_url)
         load_reward_fn(self.spec)  # fail now (exit 2), not in a worker mid-run
         self.timeout_s = float(timeout_s)

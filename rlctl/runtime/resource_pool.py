@@ -23,9 +23,18 @@ def visible_gpus() -> int:
     return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
-def gpus_per_node(value: int | str) -> int:
-    """resources.gpus_per_node as a number: "auto" is every GPU this machine sees."""
-    return visible_gpus() if value == "auto" else int(value)
+def resolve_gpus_per_node(value: int | str, address: str = "") -> tuple[int, str]:
+    """resources.gpus_per_node as a number, and why ("" when it was one): "auto" is every GPU this
+    machine sees. The one place "auto" becomes a number (start-up, validate, a bare Config's pool).
+    With a cluster `address` "auto" is a ConfigError: this machine's GPUs say nothing of its nodes."""
+    if value != "auto":
+        return int(value), ""
+    if address:
+        raise ConfigError("resources.gpus_per_node = \"auto\" counts this machine's GPUs, which says nothing "
+                          f"about the nodes of the Ray cluster (address {address})",
+                          hint="set resources.gpus_per_node to the GPUs each node gives this run (0 = CPU)")
+    n = visible_gpus()
+    return n, (f"auto: {n} CUDA GPU(s) visible" if n else "auto: no GPU visible, CPU")
 
 
 class ResourcePool:
@@ -35,7 +44,8 @@ class ResourcePool:
         self.name = name
         self.nodes = resources.nodes
         self.cpus_per_worker = resources.cpus_per_worker
-        gpus = gpus_per_node(resources.gpus_per_node)   # "auto" was resolved at start-up; a bare Config may not be
+        # "auto" was resolved at start-up; a Config built in code (tests, scripts) may still hold it
+        gpus, _ = resolve_gpus_per_node(resources.gpus_per_node, resources.address)
         self.use_gpu = gpus > 0
         if self.use_gpu:
             self.world_size = resources.nodes * gpus

@@ -4,17 +4,16 @@ For clusters that already run SandboxFusion (bytedance/SandboxFusion): its docum
 `POST <url>/run_code` with `{"code", "language", "stdin", "run_timeout", "memory_limit_MB"}`,
 answered by `{"status": "Success" | "Failed" | "SandboxError", "message", "run_result":
 {"status": "Finished" | "TimeLimitExceeded" | "Error", "return_code", "stdout", "stderr",
-"execution_time"}}`. The answer becomes the same RunResult as a local run. Only the standard
-library is used (urllib). Isolation is then the service's, not rlctl's.
+"execution_time"}}`. The answer becomes the same RunResult as a local run. The request goes
+through the reward sources' JSON client (rlctl.rewards.http: standard library only). Isolation is
+then the service's, not rlctl's.
 """
 
 from __future__ import annotations
 
-import json
 import time
-import urllib.error
-import urllib.request
 
+from rlctl.rewards.http import HttpFailure, post_json
 from rlctl.sandbox.run import MEMORY_MARKERS, Limits, RunResult
 
 HTTP_MARGIN_S = 10.0  # the service also queues and compiles: wait longer than the run's limit
@@ -23,18 +22,16 @@ HTTP_MARGIN_S = 10.0  # the service also queues and compiles: wait longer than t
 def run_remote(url: str, code: str, stdin: str = "", *, language: str = "python",
                limits: Limits = Limits()) -> RunResult:
     """One run on the service at `url`; a service that cannot be reached is a `sandbox_error`."""
-    body = json.dumps({"code": code, "language": language, "stdin": stdin, "run_timeout": limits.wall_s,
-                       "compile_timeout": limits.wall_s, "memory_limit_MB": limits.memory_mb}).encode()
-    request = urllib.request.Request(url.rstrip("/") + "/run_code", data=body, method="POST",
-                                     headers={"Content-Type": "application/json"})
+    payload = {"code": code, "language": language, "stdin": stdin, "run_timeout": limits.wall_s,
+               "compile_timeout": limits.wall_s, "memory_limit_MB": limits.memory_mb}
     started = time.monotonic()
-    try:
-        with urllib.request.urlopen(request, timeout=limits.wall_s + HTTP_MARGIN_S) as response:
-            answer = json.loads(response.read())
-    except (urllib.error.URLError, OSError, ValueError) as e:  # refused, timed out, HTTP error, not JSON
-        return RunResult("sandbox_error", "", f"SandboxFusion at {url}: {e}", None,
+    try:   # no retries: a rerun of the program costs as much as the run, and the sample's error says why
+        answer = post_json(url.rstrip("/") + "/run_code", payload, timeout_s=limits.wall_s + HTTP_MARGIN_S,
+                           retries=0, timeout_key="")
+    except HttpFailure as e:   # refused, timed out, HTTP error, not JSON
+        return RunResult("sandbox_error", "", f"SandboxFusion: {e}", None,
                          round(time.monotonic() - started, 4), isolation=f"SandboxFusion {url}")
-    return _result(answer, url, time.monotonic() - started, limits)
+    return _result(answer if isinstance(answer, dict) else {}, url, time.monotonic() - started, limits)
 
 
 def _result(answer: dict, url: str, wall: float, limits: Limits) -> RunResult:

@@ -30,6 +30,7 @@ MEMORY_MARKERS = ("MemoryError", "Cannot allocate memory", "std::bad_alloc", "ou
 # language -> (file the code is written to, argv given the sandbox's python)
 LANGUAGES = {"python": ("main.py", lambda python: [python, "-s", "main.py"])}
 READ_CHUNK = 1 << 16
+KILL_SWEEPS = 20  # rounds of the uid sweep (limits mode as root) before giving up on a fork loop
 
 
 @dataclass(frozen=True)
@@ -213,16 +214,45 @@ def _kill(proc: subprocess.Popen, iso: Isolation, uid: int | None) -> None:
     """Kill the program and everything it started.
 
     With namespaces, killing bwrap ends its PID namespace, whose processes the kernel kills. Without
-    them: the program's session, and as root every process of the run's own uid (kill(-1) from a
-    helper with that uid reaches processes that left the session)."""
+    them: the program's session, and as root every process of the run's own uid (those that left
+    the session too)."""
     try:
         os.killpg(proc.pid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
         pass
     if not iso.namespaces and uid is not None:
-        subprocess.run([iso.python, "-S", "-E", "-c", "import os\ntry: os.kill(-1, 9)\nexcept OSError: pass"],
-                       user=uid, group=uid, extra_groups=[], env={}, stdin=subprocess.DEVNULL,
-                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=10)
+        _kill_uid(uid)
+
+
+def _kill_uid(uid: int) -> None:
+    """SIGKILL every process of `uid` (a run's own uid: nothing else has it), found in /proc.
+
+    Each is signalled through a pidfd opened before its owner is checked, so a pid reused by
+    another process between the scan and the signal is never hit: a pidfd names one process, not
+    a number. Owners are read from /proc/<pid>/status (a process that made itself non-dumpable
+    leaves /proc/<pid> owned by root). A fork loop may add processes during a sweep: sweep again
+    until one finds none (the run's process limit bounds how many there can be)."""
+    for _ in range(KILL_SWEEPS):
+        if not any([_kill_if_owned(int(e.name), uid) for e in os.scandir("/proc") if e.name.isdigit()]):
+            return
+
+
+def _kill_if_owned(pid: int, uid: int) -> bool:
+    try:
+        fd = os.pidfd_open(pid)
+    except OSError:
+        return False   # gone already
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            fields = dict(line.split(":", 1) for line in f if line.startswith(("State:", "Uid:")))
+        if str(uid) not in fields.get("Uid", "").split() or fields.get("State", "").split()[:1] == ["Z"]:
+            return False   # not ours, or a zombie (already dead, waiting for its parent)
+        signal.pidfd_send_signal(fd, signal.SIGKILL)
+        return True
+    except OSError:   # exited meanwhile
+        return False
+    finally:
+        os.close(fd)
 
 
 def _own_processes() -> int:

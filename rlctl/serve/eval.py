@@ -1,8 +1,8 @@
 """`rlctl eval`: generate for every prompt of a parquet split and score it the way training does.
 
-Same prompts (the chat template with the generation prompt, rendered by the data module's
-`render_prompts`), same reward (a run folder's `reward.*` settings, through the training
-RewardRunner with its timeouts), so an eval number means what the training curve means.
+Same prompts (the chat template with the generation prompt, tokenized by training's own
+`chat_prompt_ids`), same reward (a run folder's `reward.*` settings, through the training reward
+sources with their timeouts), so an eval number means what the training curve means.
 With n samples per prompt it also reports mean@n and the unbiased pass@k of Chen et al. (2021).
 """
 
@@ -103,23 +103,34 @@ def _project_dir(run_dir: Path, config) -> Path:
 
 def run_eval(model_path: str | Path, data_file: str | Path, opts: EvalOptions, out_path: Path) -> dict:
     """Generate, score, write one JSON line per sample to `out_path`; returns the summary."""
+    from rlctl.controller.prompts import chat_prompt_ids
     from rlctl.data.dataset import load_rows
+    from rlctl.rewards.sources import build_reward
     from rlctl.serve.source import model_folder
+
+    from transformers import AutoTokenizer
 
     model_path = Path(model_path)
     rows = load_rows([Path(data_file)])[: opts.limit]
     if not rows:
         raise DataError(f"{data_file} has no rows to evaluate")
     reward, config_dir, default_max = reward_settings(model_path, opts.reward)
-    _check_reward(reward, config_dir, {row["data_source"] for row in rows})  # before minutes of generation
     temperature = opts.temperature if opts.temperature is not None else (0.0 if opts.n == 1 else 1.0)
     if opts.n > 1 and temperature == 0:
         raise UsageError("--n > 1 with --temperature 0 gives n identical answers",
                          hint="set --temperature (e.g. 1.0) to sample.")
-    with model_folder(model_path, opts.step) as folder:
-        samples = _generate(folder, rows, opts, temperature, opts.max_new_tokens or default_max)
-        prompts = _prompt_texts(folder, rows) if reward.remote_url else [""] * len(rows)
-    scores, correct, records = _score(rows, samples, reward, config_dir, prompts)
+    reward = _resolve_reward_model(reward, config_dir)
+    # The reward sources check themselves as they start (the function, the built-ins for these data
+    # sources, the services' URLs): a bad reward stops here, before minutes of generation.
+    with build_reward(reward, config_dir) as sources:
+        sources.check_data_sources({row["data_source"] for row in rows})
+        with model_folder(model_path, opts.step) as folder:
+            tokenizer = AutoTokenizer.from_pretrained(folder)
+            prompt_ids = [chat_prompt_ids(row["prompt"], tokenizer) for row in rows]   # as training renders them
+            samples = _generate(folder, tokenizer, prompt_ids, opts, temperature, opts.max_new_tokens or default_max)
+        if reward.model:
+            sources.attach_model(_LocalRewardModel(reward))
+        scores, correct, records = _score(rows, samples, sources, tokenizer.batch_decode(prompt_ids))
     _write_jsonl(out_path, records)
     by_source = defaultdict(list)
     for i, row in enumerate(rows):
@@ -131,18 +142,14 @@ def run_eval(model_path: str | Path, data_file: str | Path, opts: EvalOptions, o
             "all": summarize(scores, correct, opts.n)}
 
 
-def _check_reward(reward, config_dir: Path, data_sources: set) -> None:
-    from rlctl.rewards.custom import check_builtin_sources, load_reward_fn, parse_spec
-    from rlctl.rewards.http import check_reachable
-    from rlctl.rewards.sources import uses_function
+def _resolve_reward_model(reward, config_dir: Path):
+    """reward.model through the model resolver that training uses: a folder relative to the config,
+    or a hub id (DataError now, before generating, when it is neither)."""
+    if not reward.model:
+        return reward
+    from rlctl.models.hub import resolve_model
 
-    if uses_function(reward):
-        spec = parse_spec(reward.function, config_dir, reward.format_score)
-        load_reward_fn(spec)
-        check_builtin_sources(spec, data_sources)
-    for key, url in (("judge_url", reward.judge_url), ("remote_url", reward.remote_url)):
-        if url:
-            check_reachable(url, key)
+    return replace(reward, model=resolve_model(reward.model, config_dir, key="reward.model").spec)
 
 
 def _reward_label(reward) -> str:
@@ -154,29 +161,17 @@ def _reward_label(reward) -> str:
     return " + ".join(names)
 
 
-def _prompt_texts(folder: Path, rows: list[dict]) -> list[str]:
-    """The chat-templated prompts as the model saw them (a remote service gets them, as in training)."""
-    from rlctl.data.dataset import render_prompts
-
-    from transformers import AutoTokenizer
-
-    return render_prompts([row["prompt"] for row in rows], AutoTokenizer.from_pretrained(folder))
-
-
-def _generate(folder: Path, rows: list[dict], opts: EvalOptions, temperature: float, max_new: int):
-    from rlctl.data.dataset import render_prompts
+def _generate(folder: Path, tokenizer, prompt_ids: list[list[int]], opts: EvalOptions, temperature: float,
+              max_new: int):
     from rlctl.serve.engine import SamplingParams
     from rlctl.serve.external import LaunchSpec, build_command, pick_engine
     from rlctl.serve.generate import external_server, free_port, generate_local, generate_remote
     from rlctl.serve.source import load_model
 
-    from transformers import AutoConfig, AutoTokenizer
+    from transformers import AutoConfig
 
     engine = pick_engine(opts.engine)
-    tokenizer = AutoTokenizer.from_pretrained(folder)
     context = int(getattr(AutoConfig.from_pretrained(folder), "max_position_embeddings", 0) or 2048)
-    texts = render_prompts([row["prompt"] for row in rows], tokenizer)
-    prompt_ids = tokenizer(texts, add_special_tokens=False)["input_ids"]
     params = []
     for i, ids in enumerate(prompt_ids):
         room = context - len(ids)
@@ -186,7 +181,7 @@ def _generate(folder: Path, rows: list[dict], opts: EvalOptions, temperature: fl
         params.append(SamplingParams(max_tokens=min(max_new, room), temperature=temperature, top_p=opts.top_p,
                                      n=opts.n, seed=opts.seed + i))
     progress = _progress_printer()
-    log.info("generating %d x %d samples with the %s engine", len(rows), opts.n, engine)
+    log.info("generating %d x %d samples with the %s engine", len(prompt_ids), opts.n, engine)
     if engine == "hf":
         model, tokenizer = load_model(folder, opts.dtype)
         return generate_local(model, tokenizer, prompt_ids, params,
@@ -209,18 +204,13 @@ def _progress_printer():
     return show
 
 
-def _score(rows, samples, reward, config_dir: Path, prompts: list[str]):
+def _score(rows, samples, sources, prompts: list[str]):
     """Scores [prompt][sample], correctness (the reward's `acc` if it gives one, else score > 0), records."""
-    from rlctl.rewards.sources import build_reward
-
     items = [{"data_source": row["data_source"], "solution_str": s.text,
               "ground_truth": row["reward_model"]["ground_truth"], "extra_info": row.get("extra_info"),
               "prompt_str": prompt, "messages": row["prompt"]}
              for row, prompt, row_samples in zip(rows, prompts, samples) for s in row_samples]
-    with build_reward(reward, config_dir) as runner:
-        if reward.model:
-            runner.attach_model(_LocalRewardModel(reward, config_dir))
-        result = runner.score(items)
+    result = sources.score(items)
     acc = result.extras.get("acc")
     scores, correct, records, k = [], [], [], 0
     for i, (row, row_samples) in enumerate(zip(rows, samples)):
@@ -238,15 +228,12 @@ def _score(rows, samples, reward, config_dir: Path, prompts: list[str]):
 
 
 class _LocalRewardModel:
-    """reward.model in this process: eval scores one batch, so no worker group (nor Ray) is started."""
+    """reward.model (resolved) in this process: eval scores one batch, so no worker group (nor Ray) is started."""
 
-    def __init__(self, reward, config_dir: Path):
+    def __init__(self, reward):
         from rlctl.config.schema import Config
         from rlctl.workers.reward_model import RewardModelWorker
 
-        path = Path(reward.model).expanduser()
-        if not path.is_absolute() and (config_dir / path).exists():
-            reward = replace(reward, model=str(config_dir / path))
         self.worker = RewardModelWorker(Config(reward=reward))
 
     def compute_rm_scores(self, batch):

@@ -133,14 +133,16 @@ def response_log_probs(model: torch.nn.Module, input_ids: torch.Tensor, attentio
     if temperature and temperature != 1.0:
         logits = logits / temperature
     result = {"log_prob": _scatter(log_probs_from_logits(logits, layout.targets), layout.response_valid)}
+    probs = None   # softmax(logits) [M, V]: computed once for the entropy and sum_pi_squared
     if with_entropy:
         with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
-            result["entropy"] = _scatter(entropy_from_logits(logits), layout.response_valid)
+            probs = torch.softmax(logits, dim=-1)
+            result["entropy"] = _scatter(entropy_from_logits(logits, probs), layout.response_valid)
     if with_sum_pi_squared:
         from rlctl.algorithms import sum_pi_squared_from_logits
 
         with torch.no_grad():
-            result["sum_pi_squared"] = _scatter(sum_pi_squared_from_logits(logits), layout.response_valid)
+            result["sum_pi_squared"] = _scatter(sum_pi_squared_from_logits(logits, probs), layout.response_valid)
     return result
 
 

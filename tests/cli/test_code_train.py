@@ -35,5 +35,5 @@ def test_train_on_code_synthetic_with_the_code_reward(tmp_path, tiny_model_dir):
     # The code reward's own metrics prove the sandbox scored every response.
     assert {"reward/pass_rate", "reward/fail_no_code", "reward/fail_error"} <= set(rows[0])
     shares = sum(rows[0][f"reward/fail_{s}"] for s in ("no_code", "wrong_answer", "error", "timeout", "memory",
-                                                        "output_limit", "sandbox_error"))
+                                                        "output_limit"))
     assert shares + rows[0]["reward/acc"] == pytest.approx(1.0)

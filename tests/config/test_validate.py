@@ -109,9 +109,10 @@ def test_cross_field_errors(project, overrides, needle):
     assert any(needle in e for e in errors), errors
 
 
-def test_unreachable_reward_service_is_a_warning_in_validate(project):
-    errors, warnings, _ = check(project, "reward.remote_url=http://127.0.0.1:9/get_reward")
-    assert errors == [] and any("reward.remote_url: nothing answers at 127.0.0.1:9" in w for w in warnings)
+@pytest.mark.parametrize("key", ["remote_url", "sandbox_url"])
+def test_unreachable_reward_service_is_a_warning_in_validate(project, key):
+    errors, warnings, _ = check(project, f"reward.{key}=http://127.0.0.1:9/get_reward")
+    assert errors == [] and any(f"reward.{key}: nothing answers at 127.0.0.1:9" in w for w in warnings)
 
 
 def test_builtin_reward_names_are_accepted(project):

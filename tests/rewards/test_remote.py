@@ -94,15 +94,41 @@ def test_slow_service_times_out(tmp_path):
     assert len(service.requests) == 2  # the retry went out too
 
 
-def test_train_with_service_down_is_a_one_line_error(tmp_path, tiny_model_dir):
+@pytest.mark.parametrize("key", ["remote_url", "sandbox_url"])
+def test_train_with_service_down_is_a_one_line_error(tmp_path, tiny_model_dir, key):
     from rlctl.data.prep import PrepOptions, prepare
     from rlctl.project import write_project
 
     write_project(tmp_path, "grpo-arith-cpu", str(tiny_model_dir))
     prepare("arith", PrepOptions(out=tmp_path / "data" / "arith"))
     proc = subprocess.run([sys.executable, "-m", "rlctl", "train", str(tmp_path / "rlctl.toml"),
-                           f"reward.remote_url={_free_port_url()}"], capture_output=True, text=True, timeout=300)
+                           f"reward.{key}={_free_port_url()}"], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 2, proc.stderr
     lines = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
-    assert len(lines) == 1 and "reward.remote_url: nothing answers at 127.0.0.1" in lines[0], proc.stderr
+    assert len(lines) == 1 and f"reward.{key}: nothing answers at 127.0.0.1" in lines[0], proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+def test_train_start_reaches_the_service_once(tmp_path, tiny_model_dir, monkeypatch):
+    """The start-up checks (controller.run._check, the same as `config validate`) and the reward
+    sources (build_reward) together connect to the service once, not once each."""
+    import socket
+
+    from rlctl.config.loader import load_config
+    from rlctl.controller.run import _check
+    from rlctl.data.prep import PrepOptions, prepare
+    from rlctl.project import write_project
+
+    write_project(tmp_path, "grpo-arith-cpu", str(tiny_model_dir))
+    prepare("arith", PrepOptions(out=tmp_path / "data" / "arith"))
+    with RewardService() as service:
+        port = int(service.url.split(":")[2].split("/")[0])
+        loaded = load_config(tmp_path / "rlctl.toml", [f"reward.remote_url={service.url}",
+                                                       "resources.gpus_per_node=0"])
+        probes, connect = [], socket.create_connection
+        monkeypatch.setattr(socket, "create_connection",
+                            lambda address, *a, **kw: probes.append(address) or connect(address, *a, **kw))
+        _check(loaded)
+        with build_reward(loaded.config.reward, loaded.base_dir):
+            pass
+    assert [p for p in probes if p[1] == port] == [("127.0.0.1", port)]

@@ -154,3 +154,14 @@ def test_a_pool_the_cluster_cannot_hold_fails_clearly(session):
         ResourcePool(ResourcesConfig(workers=3, nodes=2))
     with pytest.raises(ConfigError, match="does not match nodes x gpus_per_node"):
         ResourcePool(ResourcesConfig(workers=3, gpus_per_node=2))
+
+
+def test_a_pool_resolves_auto_gpus_like_start_up():
+    """A Config built in code may still say gpus_per_node = "auto": the pool resolves it with the
+    same rule as start-up (this machine's GPUs), and refuses it for a cluster address."""
+    from rlctl.runtime.resource_pool import visible_gpus
+
+    pool = ResourcePool(ResourcesConfig(workers=1, gpus_per_node="auto"))
+    assert pool.use_gpu == (visible_gpus() > 0)
+    with pytest.raises(ConfigError, match="says nothing about the nodes of the Ray cluster"):
+        ResourcePool(ResourcesConfig(workers=1, gpus_per_node="auto", address="ray://head:10001"))

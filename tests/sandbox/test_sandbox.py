@@ -159,6 +159,26 @@ def test_a_child_that_outlives_the_program_is_killed(iso):
     assert _no_process_with("47.25")
 
 
+def test_the_kill_sweep_starts_no_helper_process(iso, monkeypatch):
+    """One process per run: as root without namespaces the run's uid is swept from here (pidfds over
+    /proc), not by a helper interpreter started as that uid."""
+    import subprocess
+
+    started = []
+
+    class Counting(subprocess.Popen):
+        def __init__(self, args, *rest, **kwargs):
+            started.append(args)
+            super().__init__(args, *rest, **kwargs)
+
+    monkeypatch.setattr(subprocess, "Popen", Counting)
+    code = ("import subprocess\nsubprocess.Popen(['sleep', '47.5'], stdout=subprocess.DEVNULL, "
+            "stderr=subprocess.DEVNULL, start_new_session=True)\n")
+    assert run(code, limits=FAST).status == "ok"
+    time.sleep(0.3)
+    assert _no_process_with("47.5") and len(started) == 1, started
+
+
 def test_directory_is_fresh_and_deleted(iso):
     r = run("import os\nprint(sorted(os.listdir('.')))\nprint(os.getcwd())\n", limits=FAST)
     assert r.stdout.splitlines()[0] == "['main.py']"

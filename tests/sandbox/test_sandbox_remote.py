@@ -14,9 +14,10 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 from support.servers import send_json
 
-from rlctl.errors import ConfigError
+from rlctl.errors import ConfigError, RewardError
 from rlctl.rewards import default_compute_score
 from rlctl.rewards.runner import RewardRunner
+from rlctl.rewards.scorers.code import SandboxFailure
 from rlctl.sandbox import Limits, run
 from rlctl.sandbox.remote import run_remote
 
@@ -72,7 +73,8 @@ def test_answers_map_to_statuses(service):
     StandIn.mode = "sandbox_error"
     bad = run_remote(service, "print(1)")
     assert bad.status == "sandbox_error" and "no runner available" in bad.stderr
-    assert default_compute_score("apps", RIGHT, TRUTH, sandbox_url=service)["fail_sandbox_error"] == 1.0
+    with pytest.raises(SandboxFailure, match="no runner available"):   # no score: the program never ran
+        default_compute_score("apps", RIGHT, TRUTH, sandbox_url=service)
 
 
 def test_unreachable_service_is_a_sandbox_error_not_a_crash():
@@ -88,3 +90,25 @@ def test_through_the_reward_runner(service, tmp_path):
     assert len(StandIn.requests) >= 3  # every case went to the service
     with pytest.raises(ConfigError, match="sandbox_url"):
         RewardRunner("", tmp_path, sandbox_url="sandbox-host:8080")
+
+
+def test_a_failed_sandbox_follows_on_error(service, tmp_path):
+    """A sandbox_error is the sandbox's fault, not the program's: "fail" stops (exit 5), "zero"
+    scores 0 and counts it in reward/errors, like any failed sample."""
+    StandIn.mode = "sandbox_error"
+    items = [{"data_source": "rlctl/code", "solution_str": s, "ground_truth": TRUTH}
+             for s in ("", "", RIGHT)]   # the two empty responses never reach the sandbox (no_code)
+    with RewardRunner("", tmp_path, timeout_s=30, workers=1, on_error="fail", sandbox_url=service) as rr:
+        with pytest.raises(RewardError, match="sandbox failed, not the program") as err:
+            rr.score(items)
+    assert err.value.exit_code == 5
+    with RewardRunner("", tmp_path, timeout_s=30, workers=1, on_error="zero", sandbox_url=service) as rr:
+        result = rr.score(items)
+    assert result.scores.tolist() == [0.0, 0.0, 0.0] and result.metrics["reward/errors"] == 1.0
+    assert result.failed.tolist() == [False, False, True] and "no runner available" in result.errors[2]
+
+
+def test_an_unreachable_service_is_a_config_error_at_start(tmp_path):
+    with pytest.raises(ConfigError, match=r"reward.sandbox_url: nothing answers at 127.0.0.1:9") as err:
+        RewardRunner("", tmp_path, sandbox_url="http://127.0.0.1:9")
+    assert err.value.exit_code == 2

@@ -11,7 +11,7 @@ from support.reward_server import RewardService, lowercase_share
 from rlctl.serve.eval import EvalOptions, run_eval
 
 
-def test_eval_scores_with_reward_model_plus_remote_service(tiny_model_dir, tmp_path):
+def test_eval_scores_with_reward_model_plus_remote_service(tiny_model_dir, tmp_path, monkeypatch):
     import pyarrow as pa
     import pyarrow.parquet as pq
     import torch
@@ -27,6 +27,11 @@ def test_eval_scores_with_reward_model_plus_remote_service(tiny_model_dir, tmp_p
     build_tiny_reward_model(tmp_path / "rm", seed=5)
     model = tmp_path / "merged"
     shutil.copytree(tiny_model_dir, model)
+    import socket
+
+    connects, connect = [], socket.create_connection
+    monkeypatch.setattr(socket, "create_connection",
+                        lambda address, *a, **kw: connects.append(address) or connect(address, *a, **kw))
     with RewardService() as service:
         (model / "rlctl_training.toml").write_text(textwrap.dedent(f"""
             [reward]
@@ -49,3 +54,32 @@ def test_eval_scores_with_reward_model_plus_remote_service(tiny_model_dir, tmp_p
             expected = float(rm(**ids).logits[0, 0]) + 10.0 * lowercase_share(r["response"])
         assert r["score"] == pytest.approx(expected, abs=1e-5)
     assert len(service.requests) == 1  # 6 samples: one chunk
+    port = int(service.url.split(":")[2].split("/")[0])
+    assert len([c for c in connects if c[1] == port]) == 2  # one start-up check, one request: checked once
+    # the remote service got the prompts as training renders and decodes them
+    prompt_ids = AutoTokenizer.from_pretrained(model).apply_chat_template(rows[0]["prompt"], add_generation_prompt=True)
+    assert service.requests[0]["prompts"][0] == AutoTokenizer.from_pretrained(model).decode(prompt_ids)
+
+
+def test_a_missing_reward_model_is_refused_before_generating(tiny_model_dir, tmp_path, monkeypatch):
+    from rlctl.errors import DataError
+    from rlctl.serve import eval as eval_mod
+
+    model = tmp_path / "merged"
+    shutil.copytree(tiny_model_dir, model)
+    (model / "rlctl_training.toml").write_text('[reward]\nmodel = "./no-such-rm"\n')
+    monkeypatch.setattr(eval_mod, "_generate", lambda *a, **kw: pytest.fail("generated before checking the reward"))
+    with pytest.raises(DataError, match=r"reward.model './no-such-rm' is not a folder"):
+        run_eval(model, _one_row(tmp_path), EvalOptions(engine="hf"), tmp_path / "out.jsonl")
+
+
+def _one_row(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from rlctl.data.arith import generate
+    from rlctl.data.schema import arrow_schema
+
+    path = tmp_path / "one.parquet"
+    pq.write_table(pa.Table.from_pylist(generate(seed=0)["test"][:1], schema=arrow_schema()), path)
+    return path

@@ -7,8 +7,13 @@ fenced Python block runs once per case, each in a fresh sandbox (rlctl.sandbox).
     score     = 1.0 when every case passes, else 0.0
     pass_rate = passed cases / cases
     fail_<status> = 1.0 for the first failing case's status (no_code, wrong_answer, error,
-                    timeout, memory, output_limit, sandbox_error), 0.0 for the others, so their
-                    means are the shares of samples that failed that way.
+                    timeout, memory, output_limit), 0.0 for the others, so their means are
+                    the shares of samples that failed that way.
+
+A `sandbox_error` (the sandbox itself failed: bwrap could not start, SandboxFusion unreachable)
+says nothing about the program, so it is no score: `SandboxFailure` is raised and the reward
+runner treats it as that sample's error under `reward.on_error` ("fail" stops the run, exit 5;
+"zero" scores it 0 and counts it in reward/errors).
 
 With `reward.format_score`, a program that runs cleanly but prints a wrong answer scores that
 instead of 0. For rlctl's own `rlctl/code` source a response without a fence is run whole (so a
@@ -26,8 +31,12 @@ import json
 import re
 
 DATA_SOURCE = "rlctl/code"
-FAIL_STATUSES = ("no_code", "wrong_answer", "error", "timeout", "memory", "output_limit", "sandbox_error")
-STOP_AFTER = ("timeout", "memory", "sandbox_error")
+FAIL_STATUSES = ("no_code", "wrong_answer", "error", "timeout", "memory", "output_limit")
+STOP_AFTER = ("timeout", "memory")
+class SandboxFailure(RuntimeError):
+    """The sandbox could not run the program: the sample has no score (see the module docstring)."""
+
+
 _FENCE = re.compile(r"```[ \t]*(?:python3?|py)?[ \t]*\n(.*?)```", re.DOTALL | re.IGNORECASE)
 
 
@@ -66,11 +75,10 @@ def score(solution_str: str, ground_truth, *, format_score: float = 0.0, bare_pr
     `sandbox_url`: run the cases on that SandboxFusion service instead of the local sandbox."""
     from functools import partial
 
-    from rlctl.sandbox import Limits, run
+    from rlctl.sandbox import Limits, run as run_here
     from rlctl.sandbox.remote import run_remote
 
-    if sandbox_url:
-        run = partial(run_remote, sandbox_url)
+    run = partial(run_remote, sandbox_url) if sandbox_url else run_here
 
     cases = parse_cases(ground_truth)
     code = extract_code(solution_str)
@@ -82,6 +90,8 @@ def score(solution_str: str, ground_truth, *, format_score: float = 0.0, bare_pr
     for stdin, expected in cases:
         result = run(code, stdin, limits=limits or Limits())
         status = result.status
+        if status == "sandbox_error":
+            raise SandboxFailure(f"the sandbox failed, not the program: {result.stderr.strip()[:200]}")
         if status == "ok" and not outputs_match(result.stdout, expected):
             status = "wrong_answer"
         if status == "ok":

@@ -1,0 +1,25 @@
+"""The validation metrics the trainer logs are the names run.best_metric is checked against."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from rlctl.config.validate import validation_metric_names
+from rlctl.controller.trainer import validation_line, validation_metrics
+from rlctl.runtime.batch import Batch, object_array
+
+
+def _part(sources, scores, acc, lengths) -> Batch:
+    return Batch({"data_source": object_array(sources), "scores": np.array(scores, dtype=np.float32),
+                  "acc": np.array(acc, dtype=np.float32), "response_length": np.array(lengths, dtype=np.int64)})
+
+
+def test_logged_names_are_the_validated_names_and_the_values_are_means():
+    parts = [_part(["a", "b"], [1.0, 0.0], [1.0, 0.0], [4, 6]), _part(["a"], [0.5], [0.0], [8])]
+    metrics = validation_metrics(parts)
+    assert list(metrics) == validation_metric_names({"a", "b"})
+    assert metrics["val/reward/mean"] == pytest.approx(0.5) and metrics["val/response_length/mean"] == 6.0
+    assert metrics["val/a/reward/mean"] == pytest.approx(0.75) and metrics["val/a/acc"] == 0.5
+    assert metrics["val/b/acc"] == 0.0
+    assert "a acc 0.500, b acc 0.000" in validation_line(3, metrics)
