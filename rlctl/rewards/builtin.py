@@ -38,7 +38,7 @@ def compute_arith(data_source, solution_str, ground_truth, extra_info=None, *, f
     return arith.score(solution_str, ground_truth)
 
 
-def compute_calc_tools(data_source, solution_str, ground_truth, extra_info=None, *, format_score=0.0) -> dict:
+def compute_calc_tools(data_source, solution_str, ground_truth, extra_info=None, *, format_score=0.0, **_) -> dict:
     """The exact final answer after any calculator calls (the last assistant turn), plus `tool_call`."""
     return calc_tools.score(solution_str, ground_truth, extra_info, format_score=format_score)
 
