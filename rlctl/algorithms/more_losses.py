@@ -1,10 +1,10 @@
 """verl's other policy losses, registered under verl's names: sapo, cispo, geo_mean (GMPO),
-clip_cov, kl_cov, gpg, dppo_tv, dppo_kl.
+clip_cov, kl_cov, gpg, dppo_tv, dppo_kl, dro.
 
 Same shapes and conventions as losses.py: [B, T] tensors over response tokens; padding is
 zeroed before any arithmetic so junk there changes neither the loss nor its gradient. Knobs
 beyond the PPO clip ranges arrive as keyword arguments (tau_pos, tau_neg, clip_cov_ratio,
-clip_cov_lb, clip_cov_ub, kl_cov_ratio, ppo_kl_coef) with verl's defaults.
+clip_cov_lb, clip_cov_ub, kl_cov_ratio, ppo_kl_coef, dro_beta) with verl's defaults.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import torch
 from .aggregation import aggregate_loss
 from .functional import masked_mean
 from .losses import LOG_RATIO_CLAMP, _valid, _weighted, _where_valid
-from .registry import register_policy_loss
+from .registry import AlgorithmError, register_policy_loss
 
 
 def _inputs(old_log_prob, log_prob, advantages, response_mask):
@@ -199,3 +199,21 @@ def dppo_kl(*, old_log_prob, log_prob, advantages, response_mask, clip_ratio_low
     inside = torch.where(adv > 0, (binary_kl <= clip_ratio_high) | (p <= p_old),
                          (binary_kl <= clip_ratio_low) | (p >= p_old))
     return _dppo(old, new, adv, response_mask, inside, clip_ratio_c, loss_agg_mode, norm, rollout_is_weights)
+
+
+@register_policy_loss("dro")
+def dro(*, old_log_prob, log_prob, advantages, response_mask, loss_agg_mode, norm, dro_beta=None,
+        rollout_is_weights=None, **_):
+    """DRO (verl docs/algo/dro.md, Direct Reward Optimization): a quadratic proximal penalty
+    instead of a clip. L = -(A log pi - beta/2 (log pi - log pi_old)^2), aggregated by
+    loss_agg_mode; d/dlog pi = -A + beta (log pi - log pi_old). No ratio, so no clamp: the
+    log-ratio enters squared, unclamped, as in verl. beta (dro_beta) has no default in verl.
+    """
+    if dro_beta is None or not dro_beta > 0:
+        raise AlgorithmError(f"dro needs a positive dro_beta (the quadratic penalty's weight), got {dro_beta}")
+    old, new, adv = _inputs(old_log_prob, log_prob, advantages, response_mask)
+    log_ratio = new - old
+    losses = -(new * adv - 0.5 * dro_beta * log_ratio.square())
+    loss = aggregate_loss(_weighted(losses, response_mask, rollout_is_weights), response_mask, loss_agg_mode,
+                          norm=norm)
+    return loss, {"ppo_kl": masked_mean(-log_ratio.detach(), response_mask).item()}

@@ -37,7 +37,7 @@ def opt(default: Any, help: str, *, ge=None, gt=None, le=None, lt=None, choices=
 # Copies of rlctl.algorithms' names (it imports torch, which `--help` and `config validate` must not);
 # tests/config/test_constants.py keeps them equal to the originals.
 LOSS_AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
-POLICY_LOSSES = ("vanilla", "gspo", "sapo", "cispo", "geo_mean", "clip_cov", "kl_cov", "gpg", "dppo_tv", "dppo_kl")
+POLICY_LOSSES = ("vanilla", "gspo", "sapo", "cispo", "geo_mean", "clip_cov", "kl_cov", "gpg", "dppo_tv", "dppo_kl", "dro")
 KL_TYPES = ("k1", "kl", "abs", "k2", "mse", "k3", "low_var_kl", "k1+", "kl+", "abs+", "k2+", "mse+", "k3+",
             "low_var_kl+")   # "+": that value with k2's gradient (straight-through)
 ADV_ESTIMATORS = ("gae", "grpo", "rloo", "remax", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "grpo_passk",
@@ -169,6 +169,8 @@ class ActorConfig:
     clip_cov_ub: float = opt(5.0, "clip_cov: upper bound of the covariance of detachable tokens.")
     kl_cov_ratio: float = opt(0.0002, "kl_cov: share of tokens (highest covariance) given the KL penalty.", gt=0, le=1)
     ppo_kl_coef: float = opt(0.1, "kl_cov: coefficient of the |log ratio| penalty.", ge=0)
+    dro_beta: float = opt(0.0, "dro: weight of the quadratic penalty beta/2 (log pi - log pi_old)^2; must be set "
+                               "(> 0) with policy_loss = \"dro\" (verl has no default either).", ge=0)
     entropy_coef: float = opt(0.0, "Entropy bonus coefficient.", ge=0)
     use_kl_loss: bool = opt(False, "Add kl_loss_coef x KL(actor || ref) to the loss (GRPO).")
     kl_loss_coef: float = opt(0.001, "KL-loss coefficient.", ge=0)

@@ -155,6 +155,9 @@ def check_algorithm(c: Config, raw: dict) -> list[Problem]:
     if c.actor.clip_ratio_high < c.actor.clip_ratio_low and c.actor.policy_loss == "vanilla":
         problems.append(Problem("actor.clip_ratio_high", "is below clip_ratio_low; DAPO's clip-higher uses "
                                                          "high >= low (e.g. 0.28 vs 0.2)", severity="warning"))
+    if c.actor.policy_loss == "dro" and not c.actor.dro_beta > 0:
+        problems.append(Problem("actor.dro_beta", "policy_loss = \"dro\" weighs its quadratic penalty by dro_beta, "
+                                                  "which has no default: set it > 0 (e.g. 0.1)"))
     return problems + check_rollout_engine(c)
 
 

@@ -208,7 +208,7 @@ class ActorRolloutRefWorker:
                                            clip_ratio_c=ac.clip_ratio_c, loss_agg_mode=ac.loss_agg_mode, norm=norm,
                                            tau_pos=ac.tau_pos, tau_neg=ac.tau_neg, clip_cov_ratio=ac.clip_cov_ratio,
                                            clip_cov_lb=ac.clip_cov_lb, clip_cov_ub=ac.clip_cov_ub,
-                                           kl_cov_ratio=ac.kl_cov_ratio, ppo_kl_coef=ac.ppo_kl_coef,
+                                           kl_cov_ratio=ac.kl_cov_ratio, ppo_kl_coef=ac.ppo_kl_coef, dro_beta=ac.dro_beta,
                                            rollout_is_weights=micro.get("rollout_is_weights"))
             entropy = aggregate_loss(out["entropy"], mask, ac.loss_agg_mode, norm=norm)
             loss = pg_loss - ac.entropy_coef * entropy if ac.entropy_coef > 0 else pg_loss

@@ -213,3 +213,9 @@ def test_gpus_auto_resolves_once_to_this_machines_gpus(project):
                            "--format", "json"], cwd=project, capture_output=True, text=True)
     report = json.loads(proc.stdout)
     assert report["gpus_per_node"] == visible_gpus() and report["gpus_per_node_resolved"].startswith("auto: ")
+
+
+def test_dro_needs_a_beta(project):
+    errors = check(project, "actor.policy_loss=dro")[0]
+    assert any(e.startswith("actor.dro_beta: ") and "no default" in e for e in errors), errors
+    assert check(project, "actor.policy_loss=dro", "actor.dro_beta=0.1")[0] == []
