@@ -109,8 +109,9 @@ class DynamicSamplingConfig:
 
 @dataclass(frozen=True)
 class RolloutCorrectionConfig:
-    rollout_is: str = opt("", "Truncated importance sampling of the rollout engine's samples: per \"token\" or "
-                              "\"sequence\" (empty = off).", choices=("", "token", "sequence"))
+    rollout_is: str = opt("auto", "Truncated importance sampling of the rollout engine's samples: per \"token\" or "
+                                  "\"sequence\" (empty = off; \"auto\" = off, or \"sequence\" (verl's default) "
+                                  "with rollout.mode = \"one_step_off\").", choices=("auto", "", "token", "sequence"))
     rollout_is_threshold: float = opt(2.0, "Upper bound of the IS weights (truncation).", gt=0)
     rollout_is_batch_normalize: bool = opt(False, "Rescale the truncated weights to mean 1 over the batch.")
     rollout_rs: str = opt("", "Rejection (masked IS): comma-separated token_k1/2/3, seq_sum_k1/2/3, seq_mean_k1/2/3, "
@@ -194,6 +195,9 @@ class CriticConfig:
 @dataclass(frozen=True)
 class RolloutConfig:
     engine: str = opt("hf", "Generation engine.", choices=("hf", "vllm", "sglang"))
+    mode: str = opt("sync", "\"sync\": generate, then train, on the actor's workers. \"one_step_off\": a separate "
+                            "rollout group (resources.rollout_workers) generates batch k+1 with the weights of step "
+                            "k-1 while the actor trains on batch k.", choices=("sync", "one_step_off"))
     n: int = opt(1, "Samples per prompt (group size).", ge=1)
     temperature: float = opt(1.0, "Sampling temperature.", ge=0)
     top_p: float = opt(1.0, "Nucleus sampling mass.", gt=0, le=1)
@@ -252,6 +256,8 @@ class ResourcesConfig:
     workers: int = opt(1, "Data-parallel workers per role.", ge=1)
     cpus_per_worker: int = opt(1, "CPU cores per worker (torch threads).", ge=1)
     colocate: bool = opt(True, "Critic shares the actor's workers (else its own group).")
+    rollout_workers: int = opt(1, "rollout.mode = \"one_step_off\": ranks of the separate rollout group, each "
+                                  "cpus_per_worker CPUs and a full copy of the policy.", ge=1)
 
 
 @dataclass(frozen=True)
@@ -274,3 +280,12 @@ def iter_keys(cls=Config, prefix: str = ""):
             yield from iter_keys(f.default_factory, prefix + f.name + ".")
         else:
             yield prefix + f.name, f
+
+
+def rollout_is_level(config: Config) -> str:
+    """algorithm.rollout_correction.rollout_is with "auto" resolved: off ("") in sync mode, verl's
+    RolloutCorrectionConfig default ("sequence") when a stale policy generates (one_step_off)."""
+    level = config.algorithm.rollout_correction.rollout_is
+    if level != "auto":
+        return level
+    return "sequence" if config.rollout.mode == "one_step_off" else ""

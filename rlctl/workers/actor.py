@@ -128,6 +128,19 @@ class ActorRolloutRefWorker:
             self._release_engine(engine)
         return _rollout_batch(batch, out, n, width=self.cfg.data.max_prompt_length, pad=self._pad_id())
 
+    @register(Dispatch.RANK0)
+    def export_weights(self) -> dict | None:
+        """The trained weights as a separate rollout group loads them (one_step_off): HF names,
+        LoRA merged, tied embeddings once (the stream vLLM/SGLang get), as numpy arrays for the
+        object store. Every rank joins the gathers; rank 0 returns them (the others None)."""
+        from rlctl.workers.rollout.weights import engine_weights
+
+        out = {}
+        for name, tensor in engine_weights(self.actor.module):
+            if self.rank == 0:
+                out[name] = tensor.detach().to("cpu", torch.float32).numpy()
+        return out if self.rank == 0 else None
+
     def _pad_id(self) -> int:
         return self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.eos_ids[0]
 
