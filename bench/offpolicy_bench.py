@@ -11,6 +11,7 @@ reward), a local byte-level Qwen2 model built by rlctl.models.tiny (default 4 la
 response cap and optimizer settings; the modes differ only in how the 2 cores are split:
 
   sync          resources.workers = 2: the actor group generates (2 ranks), then trains (FSDP2, 2 ranks)
+  sync_1worker  resources.workers = 1: the same on one rank (the other core idle): the actor of one_step_off alone
   one_step_off  resources.workers = 1 + rollout_workers = 1: the rollout rank generates batch k+1
                 while the actor rank trains on batch k
 
@@ -43,6 +44,7 @@ sys.path[:0] = [str(REPO), str(REPO / "bench")]
 from proctree import TreeSampler, idle_probe  # noqa: E402
 
 MODES = {"sync": ["rollout.mode=sync", "resources.workers=2"],
+         "sync_1worker": ["rollout.mode=sync", "resources.workers=1"],
          "one_step_off": ["rollout.mode=one_step_off", "resources.workers=1", "resources.rollout_workers=1"]}
 
 
@@ -66,7 +68,7 @@ def run_mode(project: Path, mode: str, a) -> dict:
         f"run.name=bench-{mode}", f"run.total_steps={a.steps}", "run.save_every=0", "data.val_files=[]",
         "resources.gpus_per_node=0", "resources.cpus_per_worker=1", f"data.batch_size={a.batch_size}",
         f"rollout.n={a.n}", f"data.max_response_length={a.max_response_length}",
-        f"actor.mini_batch_size={a.batch_size}", f"actor.micro_batch_size={a.batch_size * a.n}", "run.seed=0"]
+        f"actor.mini_batch_size={a.batch_size}", f"actor.micro_batch_size={a.batch_size * a.n // 2}", "run.seed=0"]
     t0 = time.perf_counter()
     with TreeSampler(os.getpid()) as sampler:
         start_training(load_config(project / "rlctl.toml", overrides), address=None, force=True)
@@ -98,7 +100,7 @@ def main() -> None:
     p.add_argument("--batch-size", type=int, default=8)
     p.add_argument("--n", type=int, default=8)
     p.add_argument("--max-response-length", type=int, default=32)
-    p.add_argument("--modes", default="sync,one_step_off")
+    p.add_argument("--modes", default="sync,sync_1worker,one_step_off")
     p.add_argument("--json", default="")
     a = p.parse_args()
     print(f"foreign CPU load before: {max(0.0, idle_probe(2.0)):.2f} cores busy (this process idle)", flush=True)
