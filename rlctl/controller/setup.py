@@ -130,10 +130,13 @@ class TrainSetup:
         if k:
             prompts = self.tokenizer.batch_decode([row[m != 0].tolist() for row, m in
                                                    zip(batch["prompts"][:k], batch["attention_mask"][:k, :batch["prompts"].shape[1]])])
-            self.logger.log_samples(step, [
-                {"prompt": p, "response": r, "score": float(sc), "ground_truth": gt, "data_source": ds}
-                for p, r, sc, gt, ds in zip(prompts, batch["response_text"][:k], batch["scores"][:k],
-                                            batch["ground_truth"][:k], batch["data_source"][:k])])
+            samples = [{"prompt": p, "response": r, "score": float(sc), "ground_truth": gt, "data_source": ds}
+                       for p, r, sc, gt, ds in zip(prompts, batch["response_text"][:k], batch["scores"][:k],
+                                                   batch["ground_truth"][:k], batch["data_source"][:k])]
+            if "policy_version" in batch:   # one_step_off: the weights (update count) that generated each
+                for sample, version in zip(samples, batch["policy_version"][:k]):
+                    sample["policy_version"] = int(version)
+            self.logger.log_samples(step, samples)
         self.display.update(step, metrics)
         write_run_info(self.run_dir, step=step)
 
