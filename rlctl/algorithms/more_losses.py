@@ -14,7 +14,7 @@ import torch
 from .aggregation import aggregate_loss
 from .functional import masked_mean
 from .losses import LOG_RATIO_CLAMP, _valid, _weighted, _where_valid
-from .registry import AlgorithmError, register_policy_loss
+from .registry import AlgorithmError, get_policy_loss, register_policy_loss
 
 
 def _inputs(old_log_prob, log_prob, advantages, response_mask):
@@ -217,3 +217,41 @@ def dro(*, old_log_prob, log_prob, advantages, response_mask, loss_agg_mode, nor
     loss = aggregate_loss(_weighted(losses, response_mask, rollout_is_weights), response_mask, loss_agg_mode,
                           norm=norm)
     return loss, {"ppo_kl": masked_mean(-log_ratio.detach(), response_mask).item()}
+
+
+def bypass_policy_loss(*, rollout_log_prob, log_prob, advantages, response_mask, loss_type="ppo_clip",
+                       rollout_is="", rollout_is_threshold=2.0, rollout_is_batch_normalize=False, rollout_rs="",
+                       rollout_rs_threshold="", clip_ratio_low=0.2, clip_ratio_high=0.2, clip_ratio_c=3.0,
+                       loss_agg_mode="token-mean", norm=None):
+    """verl's bypass mode (compute_policy_loss_bypass_mode): old_log_prob is the rollout's own
+    log-prob, never recomputed. Rollout correction runs here, per micro-batch, between the current
+    policy (detached) and the rollout: its rejection mask replaces response_mask, then
+      loss_type "ppo_clip":  the vanilla PPO loss with ratio pi / pi_rollout (the clip bounds it;
+                             the IS weights are not applied, only logged),
+      loss_type "reinforce": -sg[w] A log pi with the truncated IS weights w (gpg's loss), plus
+                             ppo_kl = mean(log pi_rollout - log pi).
+    Returns (loss, metrics) with the rollout_corr/* metrics merged in, as verl does.
+    """
+    from .rollout_correction import rollout_correction
+
+    if loss_type not in ("ppo_clip", "reinforce"):
+        raise AlgorithmError(f"loss_type must be \"ppo_clip\" or \"reinforce\", got {loss_type!r}")
+    weights, metrics, mask = None, {}, response_mask
+    if bool(_valid(response_mask).any()):
+        with torch.no_grad():
+            weights, new_mask, metrics = rollout_correction(
+                _where_valid(response_mask, log_prob.detach()), _where_valid(response_mask, rollout_log_prob),
+                response_mask, rollout_is=rollout_is, rollout_is_threshold=rollout_is_threshold,
+                rollout_is_batch_normalize=rollout_is_batch_normalize, rollout_rs=rollout_rs,
+                rollout_rs_threshold=rollout_rs_threshold)
+        mask = new_mask.to(response_mask.dtype) if rollout_rs else response_mask
+    common = dict(old_log_prob=rollout_log_prob, log_prob=log_prob, advantages=advantages, response_mask=mask,
+                  clip_ratio_low=clip_ratio_low, clip_ratio_high=clip_ratio_high, clip_ratio_c=clip_ratio_c,
+                  loss_agg_mode=loss_agg_mode, norm=norm)
+    if loss_type == "ppo_clip":
+        loss, pg_metrics = get_policy_loss("vanilla").fn(**common)
+    else:
+        loss, pg_metrics = get_policy_loss("gpg").fn(**common, rollout_is_weights=weights)
+        old, new = _where_valid(mask, rollout_log_prob), _where_valid(mask, log_prob.detach())
+        pg_metrics = {"ppo_kl": masked_mean(old - new, mask).item() if bool(_valid(mask).any()) else 0.0}
+    return loss, {**pg_metrics, **metrics}

@@ -118,6 +118,12 @@ class RolloutCorrectionConfig:
                               "seq_max_k2/3 (empty = off).")
     rollout_rs_threshold: str = opt("", "Bounds for rollout_rs, one shared or one per option: \"lower_upper\" ratio "
                                         "bounds for k1 options (e.g. \"0.5_2.0\"), an upper bound otherwise.")
+    bypass_mode: bool = opt(False, "verl's bypass mode: old_log_prob is the rollout's own log-prob (no recompute "
+                                   "pass); correction runs inside the loss against the current policy. Needs rollout "
+                                   "log-probs: rollout.mode = \"one_step_off\", or vLLM/SGLang.")
+    loss_type: str = opt("ppo_clip", "bypass_mode's loss (replaces actor.policy_loss): \"ppo_clip\" (PPO ratio "
+                                     "pi / pi_rollout, clipped) or \"reinforce\" (-w A log pi with the IS weights).",
+                         choices=("ppo_clip", "reinforce"))
 
 
 @dataclass(frozen=True)

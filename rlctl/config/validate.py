@@ -155,6 +155,21 @@ def check_algorithm(c: Config, raw: dict) -> list[Problem]:
     if c.actor.clip_ratio_high < c.actor.clip_ratio_low and c.actor.policy_loss == "vanilla":
         problems.append(Problem("actor.clip_ratio_high", "is below clip_ratio_low; DAPO's clip-higher uses "
                                                          "high >= low (e.g. 0.28 vs 0.2)", severity="warning"))
+    if rc.bypass_mode:
+        from rlctl.workers.rollout.registry import rollout_engine_info
+
+        if c.rollout.mode != "one_step_off" and not rollout_engine_info(c.rollout.engine).owns_weights:
+            problems.append(Problem("algorithm.rollout_correction.bypass_mode", "takes the rollout engine's log-probs "
+                                    "as old_log_prob, and the hf engine of rollout.mode = \"sync\" reports none: use "
+                                    "rollout.mode = \"one_step_off\" or a vLLM/SGLang engine"))
+        if spec.needs_sum_pi_squared:
+            problems.append(Problem("algorithm.rollout_correction.bypass_mode", "skips the trainer's log-prob pass, "
+                                    f"which gives algorithm {c.algorithm.name!r} its sum_pi_squared: turn bypass_mode "
+                                    "off"))
+        if c.actor.policy_loss != "vanilla":
+            problems.append(Problem("algorithm.rollout_correction.bypass_mode", f"replaces actor.policy_loss = "
+                                    f"{c.actor.policy_loss!r} by loss_type = {rc.loss_type!r} (as verl does)",
+                                    severity="warning"))
     if c.actor.policy_loss == "dro" and not c.actor.dro_beta > 0:
         problems.append(Problem("actor.dro_beta", "policy_loss = \"dro\" weighs its quadratic penalty by dro_beta, "
                                                   "which has no default: set it > 0 (e.g. 0.1)"))

@@ -63,7 +63,9 @@ class Trainer:
             if setup.needs.greedy_baseline:
                 with phase(timing, "greedy_baseline"):
                     self.add_greedy_baseline(batch, step)
-            if setup.recompute_old_log_prob:
+            if config.algorithm.rollout_correction.bypass_mode:   # verl's bypass: no recompute pass,
+                batch["old_log_prob"] = batch["rollout_log_prob"]  # correction runs inside the loss
+            elif setup.recompute_old_log_prob:
                 with phase(timing, "old_log_prob"):
                     batch = batch.union(setup.actor.compute_log_prob(batch))
                 if "rollout_log_prob" in batch:

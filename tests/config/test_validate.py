@@ -248,3 +248,16 @@ def test_rollout_is_auto_follows_the_mode(project):
     assert level() == "" and level("rollout.mode=one_step_off") == "sequence"
     rc = "algorithm.rollout_correction.rollout_is"
     assert level("rollout.mode=one_step_off", f'{rc}=""') == "" and level(f"{rc}=token") == "token"
+
+
+def test_bypass_mode_needs_rollout_log_probs(project):
+    rc = "algorithm.rollout_correction"
+    errors = check(project, f"{rc}.bypass_mode=true", machine=False)[0]
+    assert any(e.startswith(f"{rc}.bypass_mode: ") and "reports none" in e for e in errors), errors
+    off = ["rollout.mode=one_step_off", "resources.gpus_per_node=0", f"{rc}.bypass_mode=true"]
+    errors, warnings, _ = check(project, *off, machine=False)
+    assert errors == [] and warnings == []
+    assert any("sum_pi_squared" in e for e in check(project, *off, "algorithm.name=optimal_token_baseline",
+                                                    machine=False)[0])
+    assert any("replaces actor.policy_loss" in w for w in check(project, *off, "actor.policy_loss=cispo",
+                                                                machine=False)[1])

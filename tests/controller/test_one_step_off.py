@@ -83,3 +83,23 @@ def test_sync_mode_is_the_default_run(tmp_path, make_project, ray_cluster):
     assert runs[0] == runs[1]
     assert not any(k.startswith(("rollout/", "rollout_corr/")) for r in runs[0] for k in r)
     assert not any(k == "timing/sync_weights_s" for r in rows(proj / "runs" / "grpo-gsm8k") for k in r)
+
+
+@pytest.mark.slow
+def test_bypass_mode_learns_without_the_log_prob_pass(tmp_path, make_project, ray_cluster):
+    """verl's bypass mode in one_step_off: old_log_prob is the rollout rank's own log-prob (no
+    recompute on the actor), correction runs inside the loss; it still learns."""
+    proj = make_project(tmp_path, "grpo-arith-offpolicy-cpu")
+    (proj / "dense.py").write_text(DENSE_REWARD)
+    steps = 24
+    start_training(load_config(proj / "rlctl.toml", COMMON + [
+        "reward.function=dense.py:compute_score", "actor.lr=3e-3", "run.save_every=0", f"run.total_steps={steps}",
+        "algorithm.rollout_correction.bypass_mode=true", "algorithm.rollout_correction.loss_type=ppo_clip"]),
+        address=None, force=False)
+    got = rows(proj / "runs" / "grpo-arith-offpolicy-cpu")
+    assert not any("timing/old_log_prob_s" in r for r in got)
+    assert all("actor/rollout_corr/rollout_is_mean" in r for r in got)
+    assert got[0]["actor/rollout_corr/kl"] == pytest.approx(0.0, abs=1e-6)   # batch 1: the pushed v0, on-policy
+    rewards = [r["reward/mean"] for r in got]
+    first, last = sum(rewards[:4]) / 4, sum(rewards[-4:]) / 4
+    assert last > first + 0.05, f"reward {first:.3f} -> {last:.3f} ({[round(x, 3) for x in rewards]})"
