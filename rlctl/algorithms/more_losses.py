@@ -1,10 +1,10 @@
 """verl's other policy losses, registered under verl's names: sapo, cispo, geo_mean (GMPO),
-clip_cov, kl_cov, gpg, dppo_tv, dppo_kl.
+clip_cov, kl_cov, gpg, dppo_tv, dppo_kl, dro.
 
 Same shapes and conventions as losses.py: [B, T] tensors over response tokens; padding is
 zeroed before any arithmetic so junk there changes neither the loss nor its gradient. Knobs
 beyond the PPO clip ranges arrive as keyword arguments (tau_pos, tau_neg, clip_cov_ratio,
-clip_cov_lb, clip_cov_ub, kl_cov_ratio, ppo_kl_coef) with verl's defaults.
+clip_cov_lb, clip_cov_ub, kl_cov_ratio, ppo_kl_coef, dro_beta) with verl's defaults.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import torch
 from .aggregation import mean_over_sequences
 from .functional import masked_mean
 from .losses import LOG_RATIO_CLAMP, _valid, _where_valid, weighted_loss
-from .registry import register_policy_loss
+from .registry import AlgorithmError, get_policy_loss, register_policy_loss
 
 
 def _inputs(old_log_prob, log_prob, advantages, response_mask):
@@ -193,3 +193,58 @@ def dppo_kl(*, old_log_prob, log_prob, advantages, response_mask, clip_ratio_low
     inside = torch.where(adv > 0, (binary_kl <= clip_ratio_high) | (p <= p_old),
                          (binary_kl <= clip_ratio_low) | (p >= p_old))
     return _dppo(old, new, adv, response_mask, inside, clip_ratio_c, loss_agg_mode, norm, rollout_is_weights)
+
+
+@register_policy_loss("dro")
+def dro(*, old_log_prob, log_prob, advantages, response_mask, loss_agg_mode, norm, dro_beta=None,
+        rollout_is_weights=None, **_):
+    """DRO (verl docs/algo/dro.md, Direct Reward Optimization): a quadratic proximal penalty
+    instead of a clip. L = -(A log pi - beta/2 (log pi - log pi_old)^2), aggregated by
+    loss_agg_mode; d/dlog pi = -A + beta (log pi - log pi_old). No ratio, so no clamp: the
+    log-ratio enters squared, unclamped, as in verl. beta (dro_beta) has no default in verl.
+    """
+    if dro_beta is None or not dro_beta > 0:
+        raise AlgorithmError(f"dro needs a positive dro_beta (the quadratic penalty's weight), got {dro_beta}")
+    old, new, adv = _inputs(old_log_prob, log_prob, advantages, response_mask)
+    log_ratio = new - old
+    losses = -(new * adv - 0.5 * dro_beta * log_ratio.square())
+    loss = weighted_loss(losses, response_mask, loss_agg_mode, norm, rollout_is_weights)
+    return loss, {"ppo_kl": masked_mean(-log_ratio.detach(), response_mask).item()}
+
+
+def bypass_policy_loss(*, rollout_log_prob, log_prob, advantages, response_mask, loss_type="ppo_clip",
+                       rollout_is="", rollout_is_threshold=2.0, rollout_is_batch_normalize=False, rollout_rs="",
+                       rollout_rs_threshold="", clip_ratio_low=0.2, clip_ratio_high=0.2, clip_ratio_c=3.0,
+                       loss_agg_mode="token-mean", norm=None):
+    """verl's bypass mode (compute_policy_loss_bypass_mode): old_log_prob is the rollout's own
+    log-prob, never recomputed. Rollout correction runs here, per micro-batch, between the current
+    policy (detached) and the rollout: its rejection mask replaces response_mask, then
+      loss_type "ppo_clip":  the vanilla PPO loss with ratio pi / pi_rollout (the clip bounds it;
+                             the IS weights are not applied, only logged),
+      loss_type "reinforce": -sg[w] A log pi with the truncated IS weights w (gpg's loss), plus
+                             ppo_kl = mean(log pi_rollout - log pi).
+    Returns (loss, metrics) with the rollout_corr/* metrics merged in, as verl does.
+    """
+    from .rollout_correction import rollout_correction
+
+    if loss_type not in ("ppo_clip", "reinforce"):
+        raise AlgorithmError(f"loss_type must be \"ppo_clip\" or \"reinforce\", got {loss_type!r}")
+    weights, metrics, mask = None, {}, response_mask
+    if bool(_valid(response_mask).any()):
+        with torch.no_grad():
+            weights, new_mask, metrics = rollout_correction(
+                _where_valid(response_mask, log_prob.detach()), _where_valid(response_mask, rollout_log_prob),
+                response_mask, rollout_is=rollout_is, rollout_is_threshold=rollout_is_threshold,
+                rollout_is_batch_normalize=rollout_is_batch_normalize, rollout_rs=rollout_rs,
+                rollout_rs_threshold=rollout_rs_threshold)
+        mask = new_mask.to(response_mask.dtype) if rollout_rs else response_mask
+    common = dict(old_log_prob=rollout_log_prob, log_prob=log_prob, advantages=advantages, response_mask=mask,
+                  clip_ratio_low=clip_ratio_low, clip_ratio_high=clip_ratio_high, clip_ratio_c=clip_ratio_c,
+                  loss_agg_mode=loss_agg_mode, norm=norm)
+    if loss_type == "ppo_clip":
+        loss, pg_metrics = get_policy_loss("vanilla").fn(**common)
+    else:
+        loss, pg_metrics = get_policy_loss("gpg").fn(**common, rollout_is_weights=weights)
+        old, new = _where_valid(mask, rollout_log_prob), _where_valid(mask, log_prob.detach())
+        pg_metrics = {"ppo_kl": masked_mean(old - new, mask).item() if bool(_valid(mask).any()) else 0.0}
+    return loss, {**pg_metrics, **metrics}

@@ -37,7 +37,7 @@ def opt(default: Any, help: str, *, ge=None, gt=None, le=None, lt=None, choices=
 # Copies of rlctl.algorithms' names (it imports torch, which `--help` and `config validate` must not);
 # tests/config/test_constants.py keeps them equal to the originals.
 LOSS_AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
-POLICY_LOSSES = ("vanilla", "gspo", "sapo", "cispo", "geo_mean", "clip_cov", "kl_cov", "gpg", "dppo_tv", "dppo_kl")
+POLICY_LOSSES = ("vanilla", "gspo", "sapo", "cispo", "geo_mean", "clip_cov", "kl_cov", "gpg", "dppo_tv", "dppo_kl", "dro")
 KL_TYPES = ("k1", "kl", "abs", "k2", "mse", "k3", "low_var_kl", "k1+", "kl+", "abs+", "k2+", "mse+", "k3+",
             "low_var_kl+")   # "+": that value with k2's gradient (straight-through)
 ADV_ESTIMATORS = ("gae", "grpo", "rloo", "remax", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "grpo_passk",
@@ -109,14 +109,21 @@ class DynamicSamplingConfig:
 
 @dataclass(frozen=True)
 class RolloutCorrectionConfig:
-    rollout_is: str = opt("", "Truncated importance sampling of the rollout engine's samples: per \"token\" or "
-                              "\"sequence\" (empty = off).", choices=("", "token", "sequence"))
+    rollout_is: str = opt("auto", "Truncated importance sampling of the rollout engine's samples: per \"token\" or "
+                                  "\"sequence\" (empty = off; \"auto\" = off, or \"sequence\" (verl's default) "
+                                  "with rollout.mode = \"one_step_off\").", choices=("auto", "", "token", "sequence"))
     rollout_is_threshold: float = opt(2.0, "Upper bound of the IS weights (truncation).", gt=0)
     rollout_is_batch_normalize: bool = opt(False, "Rescale the truncated weights to mean 1 over the batch.")
     rollout_rs: str = opt("", "Rejection (masked IS): comma-separated token_k1/2/3, seq_sum_k1/2/3, seq_mean_k1/2/3, "
                               "seq_max_k2/3 (empty = off).")
     rollout_rs_threshold: str = opt("", "Bounds for rollout_rs, one shared or one per option: \"lower_upper\" ratio "
                                         "bounds for k1 options (e.g. \"0.5_2.0\"), an upper bound otherwise.")
+    bypass_mode: bool = opt(False, "verl's bypass mode: old_log_prob is the rollout's own log-prob (no recompute "
+                                   "pass); correction runs inside the loss against the current policy. Needs rollout "
+                                   "log-probs: rollout.mode = \"one_step_off\", or vLLM/SGLang.")
+    loss_type: str = opt("ppo_clip", "bypass_mode's loss (replaces actor.policy_loss): \"ppo_clip\" (PPO ratio "
+                                     "pi / pi_rollout, clipped) or \"reinforce\" (-w A log pi with the IS weights).",
+                         choices=("ppo_clip", "reinforce"))
 
 
 @dataclass(frozen=True)
@@ -169,6 +176,8 @@ class ActorConfig:
     clip_cov_ub: float = opt(5.0, "clip_cov: upper bound of the covariance of detachable tokens.")
     kl_cov_ratio: float = opt(0.0002, "kl_cov: share of tokens (highest covariance) given the KL penalty.", gt=0, le=1)
     ppo_kl_coef: float = opt(0.1, "kl_cov: coefficient of the |log ratio| penalty.", ge=0)
+    dro_beta: float = opt(0.0, "dro: weight of the quadratic penalty beta/2 (log pi - log pi_old)^2; must be set "
+                               "(> 0) with policy_loss = \"dro\" (verl has no default either).", ge=0)
     entropy_coef: float = opt(0.0, "Entropy bonus coefficient.", ge=0)
     use_kl_loss: bool = opt(False, "Add kl_loss_coef x KL(actor || ref) to the loss (GRPO).")
     kl_loss_coef: float = opt(0.001, "KL-loss coefficient.", ge=0)
@@ -192,6 +201,9 @@ class CriticConfig:
 @dataclass(frozen=True)
 class RolloutConfig:
     engine: str = opt("hf", "Generation engine.", choices=("hf", "vllm", "sglang"))
+    mode: str = opt("sync", "\"sync\": generate, then train, on the actor's workers. \"one_step_off\": a separate "
+                            "rollout group (resources.rollout_workers) generates batch k+1 with the weights of step "
+                            "k-1 while the actor trains on batch k.", choices=("sync", "one_step_off"))
     n: int = opt(1, "Samples per prompt (group size).", ge=1)
     temperature: float = opt(1.0, "Sampling temperature.", ge=0)
     top_p: float = opt(1.0, "Nucleus sampling mass.", gt=0, le=1)
@@ -250,6 +262,8 @@ class ResourcesConfig:
     workers: int = opt(1, "Data-parallel workers per role.", ge=1)
     cpus_per_worker: int = opt(1, "CPU cores per worker (torch threads).", ge=1)
     colocate: bool = opt(True, "Critic shares the actor's workers (else its own group).")
+    rollout_workers: int = opt(1, "rollout.mode = \"one_step_off\": ranks of the separate rollout group, each "
+                                  "cpus_per_worker CPUs and a full copy of the policy.", ge=1)
 
 
 @dataclass(frozen=True)
@@ -272,3 +286,12 @@ def iter_keys(cls=Config, prefix: str = ""):
             yield from iter_keys(f.default_factory, prefix + f.name + ".")
         else:
             yield prefix + f.name, f
+
+
+def rollout_is_level(config: Config) -> str:
+    """algorithm.rollout_correction.rollout_is with "auto" resolved: off ("") in sync mode, verl's
+    RolloutCorrectionConfig default ("sequence") when a stale policy generates (one_step_off)."""
+    level = config.algorithm.rollout_correction.rollout_is
+    if level != "auto":
+        return level
+    return "sequence" if config.rollout.mode == "one_step_off" else ""

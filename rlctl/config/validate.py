@@ -156,7 +156,68 @@ def check_algorithm(c: Config, raw: dict) -> list[Problem]:
     if c.actor.clip_ratio_high < c.actor.clip_ratio_low and c.actor.policy_loss == "vanilla":
         problems.append(Problem("actor.clip_ratio_high", "is below clip_ratio_low; DAPO's clip-higher uses "
                                                          "high >= low (e.g. 0.28 vs 0.2)", severity="warning"))
-    return problems + check_rollout_engine(c)
+    if rc.bypass_mode:
+        from rlctl.workers.rollout.registry import rollout_engine_info
+
+        if c.rollout.mode != "one_step_off" and not rollout_engine_info(c.rollout.engine).owns_weights:
+            problems.append(Problem("algorithm.rollout_correction.bypass_mode", "takes the rollout engine's log-probs "
+                                    "as old_log_prob, and the hf engine of rollout.mode = \"sync\" reports none: use "
+                                    "rollout.mode = \"one_step_off\" or a vLLM/SGLang engine"))
+        if spec.needs_sum_pi_squared:
+            problems.append(Problem("algorithm.rollout_correction.bypass_mode", "skips the trainer's log-prob pass, "
+                                    f"which gives algorithm {c.algorithm.name!r} its sum_pi_squared: turn bypass_mode "
+                                    "off"))
+        if c.actor.policy_loss != "vanilla":
+            problems.append(Problem("algorithm.rollout_correction.bypass_mode", f"replaces actor.policy_loss = "
+                                    f"{c.actor.policy_loss!r} by loss_type = {rc.loss_type!r} (as verl does)",
+                                    severity="warning"))
+    if c.actor.policy_loss == "dro" and not c.actor.dro_beta > 0:
+        problems.append(Problem("actor.dro_beta", "policy_loss = \"dro\" weighs its quadratic penalty by dro_beta, "
+                                                  "which has no default: set it > 0 (e.g. 0.1)"))
+    return problems + check_rollout_engine(c) + check_one_step_off(c, raw)
+
+
+def check_one_step_off(c: Config, raw: dict) -> list[Problem]:
+    """rollout.mode = "one_step_off": what the separate rollout group supports so far."""
+    if c.rollout.mode != "one_step_off":
+        if "rollout_workers" in raw.get("resources", {}):
+            return [Problem("resources.rollout_workers", "is used only with rollout.mode = \"one_step_off\" and is "
+                                                         "ignored", severity="warning")]
+        return []
+    problems = []
+    gpus = c.resources.gpus_per_node
+    if c.rollout.engine != "hf":
+        problems.append(Problem("rollout.mode", f"\"one_step_off\" generates with the hf engine in its own group; "
+                                f"rollout.engine = {c.rollout.engine!r} there is not built yet: use rollout.engine = "
+                                "\"hf\" or rollout.mode = \"sync\""))
+    if isinstance(gpus, int) and gpus > 0:
+        problems.append(Problem("rollout.mode", "\"one_step_off\" splits CPU workers between the actor and the "
+                                "rollout group; GPU placement of the rollout group is not built yet: set "
+                                "resources.gpus_per_node = 0 or rollout.mode = \"sync\""))
+    if c.algorithm.dynamic_sampling.enable:
+        problems.append(Problem("algorithm.dynamic_sampling.enable", "dynamic sampling decides how many batches to "
+                                "generate from their rewards, which one_step_off generates a step ahead: turn one "
+                                "of them off"))
+    if c.data.batch_size < c.resources.rollout_workers:
+        problems.append(Problem("resources.rollout_workers", f"{c.resources.rollout_workers} rollout workers for "
+                                f"data.batch_size = {c.data.batch_size} prompts: every worker needs a prompt; use at "
+                                "most data.batch_size"))
+    return problems
+
+
+def check_cpu_split(c: Config) -> list[Problem]:
+    """Embedded Ray on CPU: the groups' ranks x cpus_per_worker must fit this machine's cores."""
+    res = c.resources
+    if res.address or res.gpus_per_node not in (0, "auto") or c.rollout.mode != "one_step_off":
+        return []
+    from rlctl.runtime.ray_env import machine_cpus
+
+    need, have = (res.workers + res.rollout_workers) * res.cpus_per_worker, machine_cpus()
+    if need <= have:
+        return []
+    return [Problem("resources.rollout_workers", f"the actor ({res.workers}) and rollout ({res.rollout_workers}) "
+                    f"workers x cpus_per_worker = {res.cpus_per_worker} need {need} CPUs, this machine has {have}: "
+                    "lower resources.workers, rollout_workers or cpus_per_worker")]
 
 
 def check_rollout_engine(c: Config) -> list[Problem]:
@@ -461,6 +522,7 @@ def validate(loaded: LoadedConfig, *, machine: bool = True, reach_services: bool
     if machine:
         file_problems, plan = check_files(loaded, plan)
         problems += file_problems + check_model(loaded) + check_lora_targets(loaded) + check_machine(c)
+        problems += check_cpu_split(c)
         problems += check_best_metric(c, _val_data_sources(loaded) if c.run.best_metric else None)
     else:
         problems += check_best_metric(c)

@@ -13,7 +13,7 @@ import numpy as np
 import torch
 
 from rlctl import algorithms
-from rlctl.config.schema import Config
+from rlctl.config.schema import Config, rollout_is_level
 from rlctl.runtime.batch import Batch
 
 
@@ -37,13 +37,13 @@ def apply_rollout_correction(batch: Batch, config: Config) -> dict:
     reward still counts in its group's baseline, and no reward moves to an earlier token.
     The hf engine samples with the trainer's own weights and kernels and reports no log-probs:
     its rollout log-probs are old_log_prob, so the weights are 1 and nothing is rejected."""
-    rc = config.algorithm.rollout_correction
-    if not (rc.rollout_is or rc.rollout_rs):
+    rc, level = config.algorithm.rollout_correction, rollout_is_level(config)
+    if not (level or rc.rollout_rs):
         return {}
     old = torch.from_numpy(batch["old_log_prob"].astype(np.float32))
     rollout = torch.from_numpy(batch["rollout_log_prob"].astype(np.float32)) if "rollout_log_prob" in batch else old
     weights, mask, metrics = algorithms.rollout_correction(
-        old, rollout, torch.from_numpy(batch["response_mask"].astype(np.float32)), rollout_is=rc.rollout_is,
+        old, rollout, torch.from_numpy(batch["response_mask"].astype(np.float32)), rollout_is=level,
         rollout_is_threshold=rc.rollout_is_threshold, rollout_is_batch_normalize=rc.rollout_is_batch_normalize,
         rollout_rs=rc.rollout_rs, rollout_rs_threshold=rc.rollout_rs_threshold)
     if weights is not None:

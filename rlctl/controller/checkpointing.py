@@ -7,6 +7,7 @@ the run's config. MANIFEST.json (written by the CheckpointManager, which makes t
 atomically) carries the run's fingerprint (config + content hashes of model, tokenizer, data,
 reward file), so resume can refuse a config that would break the run.
 Generation seeds are a pure function of (seed, step, round), so no sampler state is needed.
+rollout.mode = "one_step_off" adds pending_rollout.pkl: the batch already generated for step + 1.
 """
 
 from __future__ import annotations
@@ -46,6 +47,8 @@ def save(setup: TrainSetup, step: int, *, final: bool = False) -> Path | None:
         state = {"step": step, "loader": setup.loader.state_dict(), "kl_ctrl": setup.kl_ctrl.state_dict(),
                  "world_size": setup.config.resources.workers, "best": setup.state.get("best")}
         atomic_write_text(tmp / STATE_FILE, json.dumps(state, indent=1) + "\n")
+        if setup.pipeline is not None:   # one_step_off: the batch generating for step + 1
+            setup.pipeline.save(tmp)
         atomic_write_text(tmp / CONFIG_FILE, tomlkit.dumps(config_to_dict(setup.config)))
 
     with_notice = setup.display.print if final else (lambda _msg: None)
@@ -113,6 +116,10 @@ def restore(setup: TrainSetup, ckpt_path: Path) -> None:
     setup.kl_ctrl.load_state_dict(state["kl_ctrl"])
     setup.state.update(step=int(state["step"]), saved_step=int(state["step"]))
     setup.state["best"] = restore_best(setup, state.get("best"))
+    if setup.config.rollout.mode == "one_step_off":
+        from rlctl.controller.offpolicy import load_pending
+
+        setup.state["pending_rollout"] = load_pending(ckpt_path)
 
 
 def restore_best(setup, record: dict | None) -> dict | None:

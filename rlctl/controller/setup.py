@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from rlctl.config.loader import LoadedConfig, config_to_dict
-from rlctl.config.schema import Config
+from rlctl.config.schema import Config, rollout_is_level
 from rlctl.controller.prompts import PromptLoader, PromptRow, read_rows, render_prompts
 
 if TYPE_CHECKING:  # heavy (torch, transformers, ray): the annotations only name them
@@ -61,16 +61,20 @@ def resolve_paths(config: Config, base: Path) -> Config:
 def recompute_old_log_prob(config: Config, needs: Needs | None = None) -> bool:
     """old_log_prob equals the policy's own log-prob (detached) when the rollout is used for exactly
     one optimizer step; it is recomputed otherwise, whenever KL in the reward, the estimator
-    (needs.old_log_prob) or rollout correction needs it, and with an engine that keeps its own
-    weights (its kernels and dtype differ from the trainer's: the PPO ratio must start at the
-    trainer's own log-probs, and the drift between the two is a metric)."""
+    (needs.old_log_prob) or rollout correction needs it, in one-step off-policy mode (the batch
+    came from older weights), and with an engine that keeps its own weights (its kernels and dtype differ from the trainer's: the PPO ratio must start at the
+    trainer's own log-probs, and the drift between the two is a metric). Never with
+    rollout_correction.bypass_mode, which takes the rollout's log-probs as old_log_prob."""
     from rlctl.config.plan import batch_plan
     from rlctl.workers.rollout.registry import rollout_engine_info
 
     one_update = batch_plan(config, "actor").optimizer_steps_per_rollout == 1
     correction = config.algorithm.rollout_correction
+    if correction.bypass_mode:   # old_log_prob is the rollout's own (verl's bypass mode)
+        return False
     return (not one_update or config.algorithm.kl_in_reward or rollout_engine_info(config.rollout.engine).owns_weights
-            or bool(needs is not None and needs.old_log_prob) or bool(correction.rollout_is or correction.rollout_rs))
+            or config.rollout.mode == "one_step_off" or bool(needs is not None and needs.old_log_prob)
+            or bool(rollout_is_level(config) or correction.rollout_rs))
 
 
 @dataclass
@@ -95,6 +99,8 @@ class TrainSetup:
     checkpoints: CheckpointManager
     state: dict = field(default_factory=lambda: {"step": 0})
     notices: list[str] = field(default_factory=list)
+    rollout: RoleHandle | None = None   # rollout.mode = "one_step_off": the separate rollout group
+    pipeline: object = None             # rlctl.controller.offpolicy.OneStepOff, made by the trainer
 
     @property
     def recompute_old_log_prob(self) -> bool:
@@ -127,10 +133,13 @@ class TrainSetup:
         if k:
             prompts = self.tokenizer.batch_decode([row[m != 0].tolist() for row, m in
                                                    zip(batch["prompts"][:k], batch["attention_mask"][:k, :batch["prompts"].shape[1]])])
-            self.logger.log_samples(step, [
-                {"prompt": p, "response": r, "score": float(sc), "ground_truth": gt, "data_source": ds}
-                for p, r, sc, gt, ds in zip(prompts, batch["response_text"][:k], batch["scores"][:k],
-                                            batch["ground_truth"][:k], batch["data_source"][:k])])
+            samples = [{"prompt": p, "response": r, "score": float(sc), "ground_truth": gt, "data_source": ds}
+                       for p, r, sc, gt, ds in zip(prompts, batch["response_text"][:k], batch["scores"][:k],
+                                                   batch["ground_truth"][:k], batch["data_source"][:k])]
+            if "policy_version" in batch:   # one_step_off: the weights (update count) that generated each
+                for sample, version in zip(samples, batch["policy_version"][:k]):
+                    sample["policy_version"] = int(version)
+            self.logger.log_samples(step, samples)
         self.display.update(step, metrics)
         write_run_info(self.run_dir, step=step)
 
@@ -185,7 +194,7 @@ def build_setup(loaded: LoadedConfig, run_dir: Path, stack: ExitStack, *, addres
     return TrainSetup(config=config, config_dir=loaded.base_dir, run_dir=run_dir, tokenizer=tokenizer,
                       pad_token_id=pad, loader=loader, val_rows=val_rows, total_steps=total, needs=needs,
                       kl_ctrl=kl_ctrl, actor=workers.actor, critic=workers.critic, reward=reward, logger=logger,
-                      display=display, checkpoints=checkpoints, notices=notices)
+                      display=display, checkpoints=checkpoints, notices=notices, rollout=workers.rollout)
 
 
 def start_workers(config: Config, total_steps: int, needs: Needs, stack: ExitStack, address: str) -> Workers:

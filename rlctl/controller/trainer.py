@@ -50,10 +50,11 @@ class Trainer:
         self.flops = StepFlops.measure(setup)
         if config.run.val_before_train and setup.val_rows and setup.state["step"] == 0:
             setup.logger.log(0, self.validate(0))
+        pipeline = start_pipeline(setup)
         for step in range(setup.state["step"] + 1, setup.total_steps + 1):
             timing, start = {}, time.perf_counter()
             with phase(timing, "gen"):
-                batch, metrics = rollout.rollout(setup, step)
+                batch, metrics = pipeline.rollout(step) if pipeline else rollout.rollout(setup, step)
             if metrics.get("dynamic_sampling/short"):
                 groups, rounds = int(metrics["dynamic_sampling/groups"]), int(metrics["dynamic_sampling/rounds"])
                 setup.display.print(f"step {step}: dynamic sampling found {groups} of {config.data.batch_size} "
@@ -62,12 +63,15 @@ class Trainer:
             if setup.needs.greedy_baseline:
                 with phase(timing, "greedy_baseline"):
                     self.add_greedy_baseline(batch, step)
-            if setup.recompute_old_log_prob:
+            if config.algorithm.rollout_correction.bypass_mode:   # verl's bypass: no recompute pass,
+                batch["old_log_prob"] = batch["rollout_log_prob"]  # correction runs inside the loss
+            elif setup.recompute_old_log_prob:
                 with phase(timing, "old_log_prob"):
                     batch = batch.union(setup.actor.compute_log_prob(batch))
                 if "rollout_log_prob" in batch:
                     metrics.update(rollout_drift(batch))
-                    self.warn_drift(step, metrics)
+                    if not pipeline:   # one-step off-policy drifts by design
+                        self.warn_drift(step, metrics)
                 metrics.update(apply_rollout_correction(batch, config))
             if setup.needs.reference:
                 with phase(timing, "ref"):
@@ -83,6 +87,9 @@ class Trainer:
                                                                                 setup.critic)))
             with phase(timing, "update_actor"):
                 metrics.update(setup.actor.update_actor(with_mini_batches(batch, "actor", config, setup.actor)))
+            if pipeline:
+                with phase(timing, "sync_weights"):
+                    pipeline.push_weights(step)
             setup.state["step"] = step
             metrics.update(self.step_metrics(batch, time.perf_counter() - start))
             metrics.setdefault("actor/kl", kl_metric(metrics))
@@ -171,6 +178,18 @@ class Trainer:
                                  hint="lower actor.lr, set actor.grad_clip, or use model.dtype = \"float32\".")
 
 
+def start_pipeline(setup):
+    """rollout.mode = "one_step_off": the overlapped rollout (rlctl.controller.offpolicy), weights
+    pushed and any batch a checkpoint saved in flight taken back; None in sync mode."""
+    if setup.config.rollout.mode != "one_step_off":
+        return None
+    from rlctl.controller.offpolicy import OneStepOff
+
+    setup.pipeline = OneStepOff(setup)
+    setup.pipeline.start(setup.state["step"] + 1)
+    return setup.pipeline
+
+
 def with_mini_batches(batch, role: str, config, group):
     """The batch with meta["mini_batches"] set, so W workers take exactly one worker's optimizer steps.
 
@@ -191,14 +210,16 @@ def with_mini_batches(batch, role: str, config, group):
 def rollout_drift(batch) -> dict:
     """How far a GPU engine's log-probs of its sampled tokens are from the trainer's (same weights,
     other kernels and dtype): a large or growing value means the engine is not generating with
-    the trained weights. Means and max over response tokens, as log-probs and as probabilities."""
+    the trained weights; in one_step_off mode, how far the policy moved in one update. Means and
+    max over response tokens, as log-probs and as probabilities, and the sampled KL."""
     mask = batch["response_mask"] > 0
     if not mask.any():
         return {}
     old, engine = batch["old_log_prob"][mask].astype(np.float64), batch["rollout_log_prob"][mask].astype(np.float64)
     diff = np.abs(old - engine)
     return {"rollout/logprob_diff_mean": float(diff.mean()), "rollout/logprob_diff_max": float(diff.max()),
-            "rollout/prob_diff_mean": float(np.abs(np.exp(old) - np.exp(engine)).mean())}
+            "rollout/prob_diff_mean": float(np.abs(np.exp(old) - np.exp(engine)).mean()),
+            "rollout/kl": float((engine - old).mean())}   # k1 estimate of KL(rollout || trainer) per token
 
 
 def kl_metric(metrics: dict) -> float:

@@ -84,17 +84,26 @@ class WorkerGroup:
 
     def call(self, role: str, method: str, *args: Any, **kwargs: Any) -> Any:
         """Run `role`.`method` on every rank with its registered dispatch; see RoleHandle."""
+        return self.submit(role, method, *args, **kwargs).result()
+
+    def submit(self, role: str, method: str, *args: Any, **kwargs: Any) -> "PendingCall":
+        """As `call`, but returns as soon as every rank has the call: `.result()` waits and joins.
+        The controller runs other groups meanwhile (one-step off-policy generation). A rank runs
+        its calls in the order they were submitted."""
         mode = dispatch_mode(self.role_classes[role], method)
         label = f"{role}.{method}"
         per_rank = split_arguments(mode, self.world_size, _put_shared(mode, args), _put_shared(mode, kwargs),
                                    label)
         start = time.perf_counter()
         refs = [actor.call.remote(role, method, *a, **k) for actor, (a, k) in zip(self._actors, per_rank)]
-        results = self._wait(refs, role=role, method=method)
-        joined = collect_results(mode, [r for r, _ in results])
-        entry = self.timing.setdefault(label, {"calls": 0, "wall_s": 0.0, "worker_s": 0.0})
+        return PendingCall(self, role, method, mode, refs, start)
+
+    def _finish(self, call: "PendingCall") -> Any:
+        results = self._wait(call.refs, role=call.role, method=call.method)
+        joined = collect_results(call.mode, [r for r, _ in results])
+        entry = self.timing.setdefault(f"{call.role}.{call.method}", {"calls": 0, "wall_s": 0.0, "worker_s": 0.0})
         entry["calls"] += 1
-        entry["wall_s"] += time.perf_counter() - start
+        entry["wall_s"] += time.perf_counter() - call.start
         entry["worker_s"] += max(seconds for _, seconds in results)
         return joined
 
@@ -140,6 +149,19 @@ class WorkerGroup:
         self.shutdown()
 
 
+class PendingCall:
+    """A call every rank has received; `result()` waits for all of them (once) and joins the results."""
+
+    def __init__(self, group: WorkerGroup, role: str, method: str, mode, refs: list, start: float):
+        self.group, self.role, self.method, self.mode, self.refs, self.start = group, role, method, mode, refs, start
+        self._done, self._value = False, None
+
+    def result(self) -> Any:
+        if not self._done:
+            self._value, self._done = self.group._finish(self), True
+        return self._value
+
+
 class RoleHandle:
     """`handle.method(*args)` runs the role's method on all ranks with its registered dispatch."""
 
@@ -151,6 +173,10 @@ class RoleHandle:
             raise AttributeError(method)
         dispatch_mode(self.cls, method)  # AttributeError now, not at call time
         return functools.partial(self.group.call, self.role, method)
+
+    def submit(self, method: str, *args: Any, **kwargs: Any) -> PendingCall:
+        """Start `method` on every rank without waiting (WorkerGroup.submit)."""
+        return self.group.submit(self.role, method, *args, **kwargs)
 
     @property
     def world_size(self) -> int:

@@ -128,6 +128,19 @@ class ActorRolloutRefWorker:
             self._release_engine(engine)
         return _rollout_batch(batch, out, n, width=self.cfg.data.max_prompt_length, pad=self._pad_id())
 
+    @register(Dispatch.RANK0)
+    def export_weights(self) -> dict | None:
+        """The trained weights as a separate rollout group loads them (one_step_off): HF names,
+        LoRA merged, tied embeddings once (the stream vLLM/SGLang get), as numpy arrays for the
+        object store. Every rank joins the gathers; rank 0 returns them (the others None)."""
+        from rlctl.workers.rollout.weights import engine_weights
+
+        out = {}
+        for name, tensor in engine_weights(self.actor.module):
+            if self.rank == 0:
+                out[name] = tensor.detach().to("cpu", torch.float32).numpy()
+        return out if self.rank == 0 else None
+
     def _pad_id(self) -> int:
         return self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.eos_ids[0]
 
@@ -193,7 +206,7 @@ class ActorRolloutRefWorker:
     def _policy_loss_fn(self, norm):
         from rlctl.algorithms import aggregate_loss, kl_penalty, masked_mean, policy_loss
 
-        ac = self.cfg.actor
+        ac, rc = self.cfg.actor, self.cfg.algorithm.rollout_correction
 
         def loss_fn(micro: dict) -> tuple[torch.Tensor, dict]:
             mask = micro["response_mask"]
@@ -202,14 +215,14 @@ class ActorRolloutRefWorker:
                                      entropy_grad=ac.entropy_coef > 0)
             log_prob = out["log_prob"]
             old = micro["old_log_prob"] if "old_log_prob" in micro else log_prob.detach()
-            pg_loss, metrics = policy_loss(ac.policy_loss, old_log_prob=old, log_prob=log_prob,
+            pg_loss, metrics = (self._bypass_loss(micro, log_prob, norm) if rc.bypass_mode else policy_loss(ac.policy_loss, old_log_prob=old, log_prob=log_prob,
                                            advantages=micro["advantages"], response_mask=mask,
                                            clip_ratio_low=ac.clip_ratio_low, clip_ratio_high=ac.clip_ratio_high,
                                            clip_ratio_c=ac.clip_ratio_c, loss_agg_mode=ac.loss_agg_mode, norm=norm,
                                            tau_pos=ac.tau_pos, tau_neg=ac.tau_neg, clip_cov_ratio=ac.clip_cov_ratio,
                                            clip_cov_lb=ac.clip_cov_lb, clip_cov_ub=ac.clip_cov_ub,
-                                           kl_cov_ratio=ac.kl_cov_ratio, ppo_kl_coef=ac.ppo_kl_coef,
-                                           rollout_is_weights=micro.get("rollout_is_weights"))
+                                           kl_cov_ratio=ac.kl_cov_ratio, ppo_kl_coef=ac.ppo_kl_coef, dro_beta=ac.dro_beta,
+                                           rollout_is_weights=micro.get("rollout_is_weights")))
             entropy = aggregate_loss(out["entropy"], mask, ac.loss_agg_mode, norm=norm)
             loss = pg_loss - ac.entropy_coef * entropy if ac.entropy_coef > 0 else pg_loss
             metrics = {**metrics, "pg_loss": float(pg_loss.detach()), "entropy": float(entropy.detach())}
@@ -223,6 +236,21 @@ class ActorRolloutRefWorker:
             return loss, metrics
 
         return loss_fn
+
+    def _bypass_loss(self, micro: dict, log_prob: torch.Tensor, norm):
+        """algorithm.rollout_correction.bypass_mode: old_log_prob is the rollout's log-prob (the
+        trainer did not recompute it); correction and loss_type as verl's bypass mode."""
+        from rlctl.algorithms.more_losses import bypass_policy_loss
+        from rlctl.config.schema import rollout_is_level
+
+        ac, rc = self.cfg.actor, self.cfg.algorithm.rollout_correction
+        return bypass_policy_loss(
+            rollout_log_prob=micro["old_log_prob"], log_prob=log_prob, advantages=micro["advantages"],
+            response_mask=micro["response_mask"], loss_type=rc.loss_type, rollout_is=rollout_is_level(self.cfg),
+            rollout_is_threshold=rc.rollout_is_threshold, rollout_is_batch_normalize=rc.rollout_is_batch_normalize,
+            rollout_rs=rc.rollout_rs, rollout_rs_threshold=rc.rollout_rs_threshold, clip_ratio_low=ac.clip_ratio_low,
+            clip_ratio_high=ac.clip_ratio_high, clip_ratio_c=ac.clip_ratio_c, loss_agg_mode=ac.loss_agg_mode,
+            norm=norm)
 
     @register(Dispatch.ALL)
     def flops_profile(self) -> dict:

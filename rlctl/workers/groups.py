@@ -23,6 +23,7 @@ class Workers:
     critic: RoleHandle | None
     groups: list[WorkerGroup] = field(default_factory=list)
     reward_model: RoleHandle | None = None  # reward.model's workers, placed like the critic
+    rollout: RoleHandle | None = None       # rollout.mode = "one_step_off": the separate rollout group
 
     def shutdown(self) -> None:
         for group in self.groups:
@@ -31,7 +32,8 @@ class Workers:
 
 def start_workers(config, *, total_steps: int, needs_reference: bool, needs_critic: bool) -> Workers:
     """The actor+rollout(+ref) group on resources.workers ranks; the critic in the same ranks when
-    resources.colocate (one process per rank holds both models), else in a pool of its own."""
+    resources.colocate (one process per rank holds both models), else in a pool of its own; with
+    rollout.mode = "one_step_off" a separate rollout group on resources.rollout_workers ranks."""
     from rlctl.workers.actor import ActorRolloutRefWorker
     from rlctl.workers.critic import CriticWorker
 
@@ -52,12 +54,28 @@ def start_workers(config, *, total_steps: int, needs_reference: bool, needs_crit
         if rm_spec and not config.resources.colocate:
             groups.append(WorkerGroup(ResourcePool(config.resources, name="reward_model"),
                                       {"reward_model": rm_spec}, name="reward_model"))
+        if config.rollout.mode == "one_step_off":
+            groups.append(_rollout_group(config))
     except BaseException:
         groups[0].shutdown()
         raise
     critic = next(g.role("critic") for g in groups if "critic" in g.role_classes) if needs_critic else None
     reward_model = next(g.role("reward_model") for g in groups if "reward_model" in g.role_classes) if rm_spec else None
-    return Workers(actor=groups[0].role("actor"), critic=critic, groups=groups, reward_model=reward_model)
+    rollout = next((g.role("rollout") for g in groups if "rollout" in g.role_classes), None)
+    return Workers(actor=groups[0].role("actor"), critic=critic, groups=groups, reward_model=reward_model,
+                   rollout=rollout)
+
+
+def _rollout_group(config) -> WorkerGroup:
+    """The separate rollout group: resources.rollout_workers ranks of cpus_per_worker CPUs each,
+    one RolloutWorker (its own copy of the policy) per rank."""
+    import dataclasses
+
+    from rlctl.workers.rollout_worker import RolloutWorker
+
+    resources = dataclasses.replace(config.resources, workers=config.resources.rollout_workers)
+    return WorkerGroup(ResourcePool(resources, name="rollout"), {"rollout": (RolloutWorker, {"config": config})},
+                       name="rollout")
 
 
 def _reward_model_spec(config):

@@ -378,3 +378,10 @@ def rollout_rs(old, rollout, mask, option, lower, upper):
         ok = (math.log(lower) <= s <= math.log(upper)) if kind == "k1" else s <= upper
         keep[i, :] = float(ok)
     return keep
+
+
+def dro(old, new, adv, mask, beta, mode):
+    """verl's compute_policy_loss_dro: -(A log pi - beta/2 (log pi - log pi_old)^2), ppo_kl = mean(old - new)."""
+    rows = [[-(n * a - 0.5 * beta * (n - o) ** 2) for o, n, a in row] for row in _tokens(old, new, adv, mask)]
+    return agg(rows, mode, mask.shape[1]), {"ppo_kl": _mean([o - n for row in _tokens(old, new, adv, mask)
+                                                             for o, n, _ in row])}

@@ -51,7 +51,7 @@ def clean_and_junked(mask, x, grad_key: str, loss_of) -> list[tuple[float, dict]
     return out
 
 
-POLICY_LOSSES = ["vanilla", "gspo", "sapo", "cispo", "geo_mean", "clip_cov", "kl_cov", "gpg", "dppo_tv", "dppo_kl"]
+POLICY_LOSSES = ["vanilla", "gspo", "sapo", "cispo", "geo_mean", "clip_cov", "kl_cov", "gpg", "dppo_tv", "dppo_kl", "dro"]
 
 
 @pytest.mark.parametrize("name", POLICY_LOSSES)
@@ -68,7 +68,7 @@ def test_policy_loss_ignores_padding(name, mode, case):
         torch.manual_seed(0)
         return policy_loss(name, old_log_prob=t(a["old"]), log_prob=new, advantages=t(a["adv"]),
                            response_mask=t(mask), loss_agg_mode=mode, clip_cov_ratio=0.3, clip_cov_lb=0.0,
-                           kl_cov_ratio=0.3, rollout_is_weights=t(np.abs(a["ref"])))   # junk there too
+                           kl_cov_ratio=0.3, dro_beta=0.3, rollout_is_weights=t(np.abs(a["ref"])))   # junk there too
 
     out = clean_and_junked(mask, x, "new", loss_of)
     assert out[0][0] == pytest.approx(out[1][0], rel=1e-12, abs=1e-12)

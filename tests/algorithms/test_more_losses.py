@@ -13,7 +13,7 @@ import torch
 from rlctl.algorithms import policy_loss, policy_loss_names
 
 MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
-NEW_LOSSES = ("sapo", "cispo", "geo_mean", "clip_cov", "kl_cov", "gpg", "dppo_tv", "dppo_kl")
+NEW_LOSSES = ("sapo", "cispo", "geo_mean", "clip_cov", "kl_cov", "gpg", "dppo_tv", "dppo_kl", "dro")
 
 
 def case(seed: int, b: int = 5, t: int = 6):
@@ -71,6 +71,22 @@ def test_losses_match_the_references(seed, mode):
         assert loss == pytest.approx(want, rel=1e-10)
         assert metrics["pg_clipfrac"] == pytest.approx(want_m["pg_clipfrac"])
         assert metrics["pg_clipfrac_lower"] == pytest.approx(want_m["pg_clipfrac_lower"])
+    for beta in (0.1, 2.0):
+        loss, metrics, _ = run("dro", mask, junked, dro_beta=beta, **kw)
+        want, want_m = ref.dro(old, new, adv, mask, beta, mode)
+        assert loss == pytest.approx(want, rel=1e-10) and metrics["ppo_kl"] == pytest.approx(want_m["ppo_kl"])
+
+
+def test_dro_gradient_and_its_missing_beta():
+    """d/dlog pi of dro = (-A + beta (log pi - log pi_old)) / N under token-mean; no beta is an error."""
+    mask, old, new, adv, junked = case(12)
+    _, _, grad = run("dro", mask, junked, dro_beta=0.5)
+    np.testing.assert_allclose(grad.numpy()[mask], ((-adv + 0.5 * (new - old)) / mask.sum())[mask], rtol=1e-10)
+    from rlctl.algorithms import AlgorithmError
+
+    for beta in (None, 0.0):
+        with pytest.raises(AlgorithmError, match="dro_beta"):
+            run("dro", mask, junked, dro_beta=beta)
 
 
 @pytest.mark.parametrize("seed", range(6))
@@ -123,6 +139,6 @@ def test_every_loss_learns_the_toy_task(name):
 
     # clip_cov / kl_cov with verl's 0.02% would touch no token here: use a visible share
     kwargs = {"clip_cov": {"clip_cov_ratio": 0.2, "clip_cov_lb": 0.0},
-              "kl_cov": {"kl_cov_ratio": 0.2}}.get(name, {})
+              "kl_cov": {"kl_cov_ratio": 0.2}, "dro": {"dro_beta": 0.1}}.get(name, {})
     first, last = learned(train_toy("grpo", name, loss_kwargs=kwargs))
     assert first < 0.3 and last > first + 0.3, f"{name}: reward {first:.3f} -> {last:.3f}"

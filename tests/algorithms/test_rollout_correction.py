@@ -119,3 +119,46 @@ def test_geo_mean_uses_the_geometric_mean_of_token_weights():
     weighted, _ = policy_loss("geo_mean", rollout_is_weights=w, **kw)
     per_seq = [math.exp(np.mean(np.log(w.numpy()[i][mask[i]] + 1e-10))) for i in range(mask.shape[0])]
     assert weighted.item() == pytest.approx(-np.mean(per_seq), rel=1e-6)
+
+
+@pytest.mark.parametrize("seed", range(3))
+@pytest.mark.parametrize("mode", ["token-mean", "seq-mean-token-sum"])
+def test_bypass_mode_losses_match_verl(seed, mode):
+    """verl's bypass mode: old_log_prob = the rollout's log-prob. ppo_clip is the vanilla PPO loss
+    with ratio pi / pi_rollout (IS weights only logged); reinforce is -min(pi / pi_rollout, thr) A
+    log pi. Rejected tokens leave the mask. Junk under padding changes nothing."""
+    from rlctl.algorithms.more_losses import bypass_policy_loss
+
+    mask, new, rollout, new_j, roll_j = case(seed)
+    adv = np.random.default_rng(seed + 100).normal(size=mask.shape)
+    adv_j = np.where(mask, adv, np.nan)
+
+    def bypass(loss_type, **kw):
+        leaf = torch.tensor(new_j, requires_grad=True)
+        loss, metrics = bypass_policy_loss(rollout_log_prob=torch.tensor(roll_j), log_prob=leaf,
+                                           advantages=torch.tensor(adv_j), response_mask=torch.tensor(mask),
+                                           loss_type=loss_type, loss_agg_mode=mode, **kw)
+        loss.backward()
+        assert torch.isfinite(loss) and torch.all(leaf.grad[~torch.tensor(mask)] == 0)
+        return loss.item(), metrics
+
+    loss, metrics = bypass("ppo_clip", rollout_is="token", rollout_is_threshold=2.0, clip_ratio_high=0.28)
+    want, _ = policy_loss("vanilla", old_log_prob=torch.tensor(rollout), log_prob=torch.tensor(new),
+                          advantages=torch.tensor(adv), response_mask=torch.tensor(mask), loss_agg_mode=mode,
+                          clip_ratio_high=0.28)
+    assert loss == pytest.approx(want.item(), rel=1e-12)
+    w, want_m = ref.rollout_is(new, rollout, mask, "token", 2.0)   # logged: pi_current / pi_rollout
+    assert metrics["rollout_corr/rollout_is_mean"] == pytest.approx(want_m["rollout_is_mean"])
+
+    loss, metrics = bypass("reinforce", rollout_is="token", rollout_is_threshold=2.0)
+    rows = [[-wv * a * n for wv, a, n, m in zip(wr, ar, nr, mr) if m] for wr, ar, nr, mr in zip(w, adv, new, mask)]
+    assert loss == pytest.approx(ref.agg(rows, mode, mask.shape[1]), rel=1e-10)
+    assert metrics["ppo_kl"] == pytest.approx(float(np.mean((rollout - new)[mask])))
+
+    keep = ref.rollout_rs(new, rollout, mask, "token_k1", 0.8, 1.25)
+    loss, metrics = bypass("reinforce", rollout_rs="token_k1", rollout_rs_threshold="0.8_1.25")
+    rows = [[-a * n for a, n, m in zip(ar, nr, mr) if m] for ar, nr, mr in zip(adv, new, (keep > 0) & mask)]
+    assert 0 < (keep[mask] == 0).sum() < mask.sum()    # some tokens rejected, not all
+    assert loss == pytest.approx(ref.agg(rows, mode, mask.shape[1]), rel=1e-10)
+    with pytest.raises(AlgorithmError, match="loss_type"):
+        bypass("reinforce_plus")

@@ -214,3 +214,51 @@ def test_gpus_auto_resolves_once_to_this_machines_gpus(project):
                            "--format", "json"], cwd=project, capture_output=True, text=True)
     report = json.loads(proc.stdout)
     assert report["gpus_per_node"] == visible_gpus() and report["gpus_per_node_resolved"].startswith("auto: ")
+
+
+def test_dro_needs_a_beta(project):
+    errors = check(project, "actor.policy_loss=dro")[0]
+    assert any(e.startswith("actor.dro_beta: ") and "no default" in e for e in errors), errors
+    assert check(project, "actor.policy_loss=dro", "actor.dro_beta=0.1")[0] == []
+
+
+def test_one_step_off_rules(project, monkeypatch):
+    off = ["rollout.mode=one_step_off", "resources.gpus_per_node=0"]
+    monkeypatch.setattr("rlctl.runtime.ray_env.machine_cpus", lambda: 4)
+    assert check(project, *off, "resources.workers=2", "resources.rollout_workers=2")[0] == []
+    errors = check(project, *off, "resources.workers=2", "resources.rollout_workers=3")[0]
+    assert errors == ["resources.rollout_workers: the actor (2) and rollout (3) workers x cpus_per_worker = 1 "
+                      "need 5 CPUs, this machine has 4: lower resources.workers, rollout_workers or cpus_per_worker"]
+    errors = check(project, *off, "resources.rollout_workers=9", machine=False)[0]
+    assert any("every worker needs a prompt" in e for e in errors), errors
+    errors = check(project, *off, "rollout.engine=vllm", machine=False)[0]
+    assert any(e.startswith("rollout.mode: ") and "not built yet" in e for e in errors), errors
+    errors = check(project, "rollout.mode=one_step_off", "resources.gpus_per_node=2", machine=False)[0]
+    assert any("GPU placement of the rollout group is not built yet" in e for e in errors), errors
+    errors = check(project, *off, "algorithm.dynamic_sampling.enable=true", machine=False)[0]
+    assert any(e.startswith("algorithm.dynamic_sampling.enable: ") for e in errors), errors
+    assert any("ignored" in w for w in check(project, "resources.rollout_workers=2", machine=False)[1])
+
+
+def test_rollout_is_auto_follows_the_mode(project):
+    from rlctl.config.schema import rollout_is_level
+
+    def level(*overrides):
+        return rollout_is_level(load_config(project / "rlctl.toml", list(overrides)).config)
+
+    assert level() == "" and level("rollout.mode=one_step_off") == "sequence"
+    rc = "algorithm.rollout_correction.rollout_is"
+    assert level("rollout.mode=one_step_off", f'{rc}=""') == "" and level(f"{rc}=token") == "token"
+
+
+def test_bypass_mode_needs_rollout_log_probs(project):
+    rc = "algorithm.rollout_correction"
+    errors = check(project, f"{rc}.bypass_mode=true", machine=False)[0]
+    assert any(e.startswith(f"{rc}.bypass_mode: ") and "reports none" in e for e in errors), errors
+    off = ["rollout.mode=one_step_off", "resources.gpus_per_node=0", f"{rc}.bypass_mode=true"]
+    errors, warnings, _ = check(project, *off, machine=False)
+    assert errors == [] and warnings == []
+    assert any("sum_pi_squared" in e for e in check(project, *off, "algorithm.name=optimal_token_baseline",
+                                                    machine=False)[0])
+    assert any("replaces actor.policy_loss" in w for w in check(project, *off, "actor.policy_loss=cispo",
+                                                                machine=False)[1])

@@ -1,7 +1,10 @@
 """The `hf` rollout engine: batched sampling on the trainer's own transformers model.
 
-The engine holds no copy of the weights: it runs the very module the actor trains, so every
-optimizer step is visible to the next `generate` (update_weights is a no-op). Per call:
+By default the engine holds no copy of the weights: it runs the very module the actor trains, so
+every optimizer step is visible to the next `generate` (update_weights is a no-op). With
+`own_weights=True` (the separate rollout group of rollout.mode = "one_step_off") the module is
+the engine's own copy, and `update_weights` loads the (HF name, tensor) pairs the actor pushes,
+the same stream vLLM and SGLang load (rlctl.workers.rollout.weights.engine_weights). Per call:
   1. prefill each distinct prompt once (left-padded batch [B, P]) and copy its KV n times,
   2. decode all B*n rows one token per step, sampling with sampling.sample_tokens,
   3. drop a row from the batch and the KV cache as soon as it emits an EOS.
@@ -40,7 +43,7 @@ class HFRolloutEngine(RolloutEngine):
     """
 
     def __init__(self, model: torch.nn.Module, *, pad_token_id: int, eos_token_ids: list[int],
-                 fast: bool = True):
+                 fast: bool = True, own_weights: bool = False):
         if not eos_token_ids:
             raise UsageError("the hf rollout engine needs at least one EOS token id",
                              hint="set eos_token_id in the model's generation_config.json")
@@ -48,6 +51,7 @@ class HFRolloutEngine(RolloutEngine):
         self.pad_token_id = int(pad_token_id)
         self.eos_token_ids = [int(e) for e in eos_token_ids]
         self.fast = fast
+        self.owns_weights = own_weights
         self.last_stats: dict[str, float] = {}
 
     def generate(self, prompt_ids: list[list[int]], *, n: int, max_new_tokens: int,
@@ -106,7 +110,28 @@ class HFRolloutEngine(RolloutEngine):
         return HFCacheRunner(self.model)
 
     def update_weights(self, weights: Mapping[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]] | None = None) -> None:
-        """No-op: the engine runs the trainer's module itself, so it always has the live weights."""
+        """Shared module: a no-op (the engine runs the trainer's module, always the live weights).
+        Own copy: copy every pushed tensor (torch or numpy, HF names) into the module's parameter
+        of that name; a name the module lacks, or a parameter left without a value, is an error
+        (tied embeddings: `lm_head.weight` is the embedding and need not be sent)."""
+        if not self.owns_weights or weights is None:
+            return
+        from rlctl.workers.rollout.weights import hf_name
+
+        params = {hf_name(name): p for name, p in self.model.named_parameters()}
+        tied = bool(getattr(getattr(self.model, "config", None), "tie_word_embeddings", False))
+        missing = set(params) - ({"lm_head.weight"} if tied else set())
+        items = weights.items() if isinstance(weights, Mapping) else weights
+        with torch.no_grad():
+            for name, value in items:
+                if name not in params:
+                    raise UsageError(f"pushed weight {name!r} is not a parameter of the rollout model",
+                                     hint="the actor and the rollout group must load the same model.path")
+                params[name].copy_(torch.as_tensor(value).to(params[name].dtype))
+                missing.discard(name)
+        if missing:
+            raise UsageError(f"the weight push left {len(missing)} rollout parameter(s) unset, e.g. {sorted(missing)[0]}",
+                             hint="the actor and the rollout group must load the same model.path")
 
     def sleep(self) -> None:
         """Nothing persists between calls (the KV cache lives inside generate); on GPU hand the

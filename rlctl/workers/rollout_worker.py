@@ -1,0 +1,94 @@
+"""`RolloutWorker`: one rank of the separate rollout group of rollout.mode = "one_step_off".
+
+Unlike the actor's own rollout (which runs the module the optimizer updates), this rank owns a
+full copy of the policy and the `hf` engine generating with it. The actor pushes its trained
+weights after each update (`ActorRolloutRefWorker.export_weights` -> object store ->
+`update_weights`: HF names, LoRA merged, numpy arrays, no disk), the same stream the vLLM and
+SGLang engines load. Every batch it returns is tagged with the version of the weights that
+generated it, and carries those weights' log-probs of the sampled tokens (`rollout_log_prob`),
+which rollout correction and the drift metrics compare with the trainer's.
+
+Batch keys: generate  in: input_ids, attention_mask [B, P] left-padded prompts (+ per-prompt
+columns)  out: as ActorRolloutRefWorker.generate, plus rollout_log_prob [B*n, T] float32 and
+policy_version [B*n] int64.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from rlctl.runtime import Batch, Dispatch, register
+from rlctl.workers import fsdp
+from rlctl.workers.actor import _rollout_batch
+from rlctl.workers.logprob import inference_order, response_log_probs
+from rlctl.workers.models import eos_token_ids, load_causal_lm, load_tokenizer
+
+_MODEL_KEYS = ["input_ids", "attention_mask"]
+
+
+class RolloutWorker:
+    """The policy's generator on one rollout rank. `config`: rlctl.config.schema.Config, paths resolved."""
+
+    def __init__(self, config):
+        from rlctl.workers.rollout.hf import HFRolloutEngine
+
+        self.cfg = config
+        self.rank, _ = fsdp.rank_and_world()
+        self.device = fsdp.device()
+        # float32 master copy, like the actor's; model.dtype applies as autocast, as on one actor rank
+        self.model = load_causal_lm(config.model).to(self.device)
+        self.model.requires_grad_(False)
+        self.model.eval()
+        self.dtype = fsdp.resolve_dtype(config.model.dtype)
+        self.tokenizer = load_tokenizer(config.model.path, config.model.trust_remote_code)
+        eos = eos_token_ids(config.model.path, self.tokenizer)
+        self.pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else eos[0]
+        self.engine = HFRolloutEngine(self.model, pad_token_id=self.pad, eos_token_ids=eos, own_weights=True)
+        self.temperature = config.rollout.temperature or 1.0   # log-probs of the sampling distribution
+        self.version = 0   # the actor's update count whose weights this copy holds
+
+    def _autocast(self):
+        import contextlib
+
+        if self.dtype == torch.float32:
+            return contextlib.nullcontext()
+        return torch.autocast(self.device.type, dtype=self.dtype)
+
+    @register(Dispatch.ALL)
+    def update_weights(self, weights: dict, *, version: int) -> int:
+        """Load the actor's weights (HF name -> numpy array) pushed after update `version`."""
+        self.engine.update_weights(weights)
+        self.version = int(version)
+        return self.version
+
+    @register(Dispatch.DP)
+    def generate(self, batch: Batch, *, seed: int) -> Batch:
+        """rollout.n samples per prompt at rollout.temperature with this rank's weights; each rank
+        samples from (seed, rank), as the actor's generate does."""
+        rc = self.cfg.rollout
+        prompts = [row[mask != 0].tolist() for row, mask in zip(batch["input_ids"], batch["attention_mask"])]
+        generator = torch.Generator(device=self.device)
+        generator.manual_seed(int(np.random.SeedSequence([seed, self.rank]).generate_state(1)[0]))
+        with self._autocast():
+            out = self.engine.generate(prompts, n=rc.n, max_new_tokens=self.cfg.data.max_response_length,
+                                       temperature=rc.temperature, top_p=rc.top_p, top_k=rc.top_k,
+                                       generator=generator, greedy=rc.temperature == 0)
+        rows = _rollout_batch(batch, out, rc.n, width=self.cfg.data.max_prompt_length, pad=self.pad)
+        rows["rollout_log_prob"] = self._log_probs(rows)
+        rows["policy_version"] = np.full(len(rows), self.version, dtype=np.int64)
+        return rows
+
+    def _log_probs(self, batch: Batch) -> np.ndarray:
+        """log pi_version(sampled token) [B, T] float32, 0 on padding: micro-batches in the order and
+        sizes the actor's compute_log_prob uses, so equal weights give equal numbers."""
+        width = batch["response_mask"].shape[1]
+        order = inference_order(self.model, batch["attention_mask"])
+        parts = []
+        with torch.no_grad(), self._autocast():
+            for micro in batch.select(order).split(self.cfg.actor.micro_batch_size):
+                t = micro.to_torch(self.device, keys=_MODEL_KEYS)
+                out = response_log_probs(self.model, t["input_ids"], t["attention_mask"], width,
+                                         temperature=self.temperature)
+                parts.append(out["log_prob"].float().cpu().numpy())
+        return np.concatenate(parts)[np.argsort(order)].astype(np.float32)
