@@ -84,11 +84,15 @@ def _already_finished(run_dir: Path, loaded: LoadedConfig, ckpt_step: int, overr
 def _run(loaded: LoadedConfig, run_dir: Path, *, address: str | None, command: str, notices: list,
          resume: tuple | None = None) -> None:
     from rlctl.controller import checkpointing
-    from rlctl.controller.setup import build_setup
     from rlctl.controller.status import finish_run, start_run
     from rlctl.controller.signals import StopFlag, startup_signals
-    from rlctl.controller.trainer import Trainer
     from rlctl.runtime.ray_env import resolve_address
+
+    if loaded.config.run.kind == "sft":   # same run folder, checkpoints and exits; another loop
+        from rlctl.controller.sft import SFTTrainer as Trainer, build_sft_setup as build_setup
+    else:
+        from rlctl.controller.setup import build_setup
+        from rlctl.controller.trainer import Trainer
 
     with ExitStack() as stack:
         try:
