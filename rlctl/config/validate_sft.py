@@ -13,9 +13,10 @@ from dataclasses import dataclass
 from rlctl.config.loader import LoadedConfig, Problem
 from rlctl.config.plan import world_size
 
-# Dotted keys (or whole sections, ending in ".") that an SFT run reads.
+# Dotted keys (or whole sections, ending in ".") that an SFT run reads. data.max_response_length is
+# not used in training: `rlctl eval` of the merged model generates that many tokens at most.
 SFT_KEYS = ("run.", "model.", "resources.", "sft.", "data.train_files", "data.val_files", "data.batch_size",
-            "data.shuffle", "data.val_batch_size", "actor.lr", "actor.warmup_steps", "actor.lr_schedule",
+            "data.shuffle", "data.max_response_length", "data.val_batch_size", "actor.lr", "actor.warmup_steps", "actor.lr_schedule",
             "actor.min_lr_ratio", "actor.weight_decay", "actor.grad_clip", "actor.micro_batch_size")
 VAL_METRICS = ("val/loss", "val/perplexity")
 
