@@ -45,7 +45,7 @@ class SFTSet:
 def read_table(path: Path) -> tuple[list[str], list[dict]]:
     """(column names, rows as dicts) of a parquet or jsonl file; DataError when unreadable."""
     if not path.is_file():
-        raise DataError(f"{path} does not exist", hint="prepare SFT data with `rlctl data prep arith --format sft`.")
+        raise DataError(f"{path} does not exist", hint="prepare SFT data with `rlctl data prep arith --sft`.")
     if path.suffix in (".jsonl", ".json"):
         rows = []
         for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
@@ -69,7 +69,7 @@ def conversations(path: Path, sft) -> list[tuple[list[dict], list | None]]:
     """Every row of `path` as (messages, tools or None), per the [sft] column keys."""
     columns, rows = read_table(path)
     if not rows:
-        raise DataError(f"{path} has no rows", hint="prepare SFT data with `rlctl data prep ... --format sft`.")
+        raise DataError(f"{path} has no rows", hint="prepare SFT data with `rlctl data prep ... --sft`.")
     if sft.messages_key in columns:
         return [(_messages(path, i, row[sft.messages_key], sft.messages_key), _tools(row.get(sft.tools_key)))
                 for i, row in enumerate(rows)]
@@ -78,7 +78,7 @@ def conversations(path: Path, sft) -> list[tuple[list[dict], list | None]]:
         raise DataError(f"{path} has no {' or '.join(repr(m) for m in missing)} column and no "
                         f"{sft.messages_key!r} column (columns: {', '.join(columns)})",
                         hint="set sft.prompt_key / sft.response_key (or sft.messages_key) to its columns, or write "
-                             "SFT data with `rlctl data prep SOURCE --format sft`.")
+                             "SFT data with `rlctl data prep SOURCE --sft`.")
     out = []
     for i, row in enumerate(rows):
         prompt = _descend(path, i, row[sft.prompt_key], sft.prompt_key, sft.prompt_dict_keys)

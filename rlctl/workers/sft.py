@@ -45,9 +45,10 @@ def plan_micro_batches(lengths: np.ndarray, *, max_tokens: int, max_rows: int, c
         else:
             groups.append([i])
     while count is not None and len(groups) < count:
-        k = max(range(len(groups)), key=lambda g: (len(groups[g]) * max(lengths[groups[g]]), len(groups[g])))
-        if len(groups[k]) < 2:
+        splittable = [g for g in range(len(groups)) if len(groups[g]) > 1]
+        if not splittable:
             raise ValueError(f"cannot cut {len(lengths)} rows into {count} micro-batches")
+        k = max(splittable, key=lambda g: (len(groups[g]) * int(max(lengths[groups[g]])), len(groups[g])))
         half = len(groups[k]) // 2
         groups[k:k + 1] = [groups[k][:half], groups[k][half:]]
     return groups
