@@ -1,0 +1,123 @@
+"""SFT end to end on CPU (real Ray actors, 2 gloo ranks, FSDP2): it learns `arith`, a kill -9 plus
+`rlctl resume` reproduces the uninterrupted run bit for bit, and its output trains under GRPO, both
+as a merged folder and as the run folder itself."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from rlctl.config.loader import load_config
+from rlctl.controller.run import resume_training, start_training
+
+# 2 ranks; the tiny model learns sums fast at this learning rate.
+CPU = ["resources.gpus_per_node=0", "resources.workers=2", "model.dtype=float32", "data.batch_size=32",
+       "actor.lr=3e-3", "actor.warmup_steps=5", "run.keep_last=0"]
+NONDETERMINISTIC = ("timing/", "perf/")
+
+
+def rows(run: Path) -> list[dict]:
+    return [{k: v for k, v in json.loads(line).items() if not k.startswith(NONDETERMINISTIC)}
+            for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip()]
+
+
+def exact_accuracy(model: Path, data: Path, tmp_path: Path) -> float:
+    from rlctl.serve.eval import EvalOptions, run_eval
+
+    out = run_eval(model, data, EvalOptions(max_new_tokens=6), tmp_path / f"eval-{model.name}.jsonl")
+    return out["all"]["accuracy"]
+
+
+@pytest.fixture(scope="module")
+def learned(tmp_path_factory, tiny_model_dir, arith_sft_data, ray_cluster):
+    """One 2-rank SFT run of 80 steps on arith, merged: (project, run folder, merged folder)."""
+    from rlctl.checkpoint.merge import merge_run
+    from rlctl.project import write_project
+
+    proj = tmp_path_factory.mktemp("sft")
+    write_project(proj, "sft-arith-cpu", str(tiny_model_dir))
+    (proj / "data").mkdir()
+    (proj / "data" / "arith-sft").symlink_to(arith_sft_data)
+    start_training(load_config(proj / "rlctl.toml", CPU + ["run.total_steps=80", "run.val_every=40",
+                                                            "run.save_every=40"]), address=None, force=False)
+    run = proj / "runs" / "sft-arith-cpu"
+    merged = merge_run(run, proj / "models" / "sft").out
+    return proj, run, merged
+
+
+@pytest.mark.slow
+def test_sft_lowers_the_loss_and_raises_held_out_accuracy(learned, tiny_model_dir, arith_sft_data, tmp_path):
+    proj, run, merged = learned
+    metrics = rows(run)
+    assert [r["step"] for r in metrics] == list(range(1, 81))
+    first, last = sum(r["train/loss"] for r in metrics[:5]) / 5, sum(r["train/loss"] for r in metrics[-5:]) / 5
+    assert last < 0.5 * first, (first, last)
+    val = [r["val/loss"] for r in metrics if "val/loss" in r]
+    assert len(val) == 2 and val[1] < val[0]
+    assert all(r["actor/grad_norm"] > 0 and r["actor/lr"] > 0 and r["train/tokens"] > 0 for r in metrics)
+    held_out = arith_sft_data / "test.parquet"   # pairs never seen in training
+    before, after = exact_accuracy(tiny_model_dir, held_out, tmp_path), exact_accuracy(merged, held_out, tmp_path)
+    assert after > before + 0.1, (before, after)
+
+
+def rlctl(*args, cwd):
+    return subprocess.Popen([sys.executable, "-m", "rlctl", *map(str, args)], cwd=cwd,
+                            env={**os.environ, "HF_HUB_OFFLINE": "1"}, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, start_new_session=True)
+
+
+def weights(run: Path, out: Path) -> dict:
+    from rlctl.checkpoint.merge import merge_run
+
+    return load_file(str(merge_run(run, out).out / "model.safetensors"))
+
+
+@pytest.mark.slow
+def test_kill_9_then_resume_reproduces_the_run(sft_project, tmp_path, ray_cluster):
+    args = CPU + ["run.total_steps=6", "run.save_every=2", "run.val_every=3", "data.batch_size=8",
+                  "sft.micro_batch_max_tokens=256"]
+    ref = sft_project(tmp_path / "ref")
+    start_training(load_config(ref / "rlctl.toml", args), address=None, force=False)
+    reference = rows(ref / "runs" / "sft-arith-cpu")
+
+    proj = sft_project(tmp_path / "killed")
+    run = proj / "runs" / "sft-arith-cpu"
+    proc = rlctl("train", *args, cwd=proj)
+    deadline = time.monotonic() + 300
+    while not (run / "checkpoints" / "LATEST").is_file() or len(rows(run)) < 3:
+        assert proc.poll() is None, proc.communicate()[1][-3000:]
+        assert time.monotonic() < deadline, "the run made no progress"
+        time.sleep(0.1)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.communicate()
+    assert len(rows(run)) < 6   # killed mid-run
+    resume_training(run, step=None, address=None)
+    assert rows(run) == reference
+    a, b = weights(ref / "runs" / "sft-arith-cpu", tmp_path / "a"), weights(run, tmp_path / "b")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("source", ["merged", "run-folder"])
+def test_sft_output_trains_under_grpo(source, learned, sft_project, tmp_path):
+    _, run, merged = learned
+    proj = sft_project(tmp_path / "rl", "grpo-arith-cpu", model=merged if source == "merged" else run)
+    start_training(load_config(proj / "rlctl.toml", ["run.total_steps=2", "data.batch_size=8", "rollout.n=4",
+                                                     "actor.mini_batch_size=8", "data.val_files=[]"]),
+                   address=None, force=False)
+    rl_run = proj / "runs" / "grpo-arith-cpu"
+    metrics = rows(rl_run)
+    assert [r["step"] for r in metrics] == [1, 2] and all(r["reward/mean"] >= 0 for r in metrics)
+    resolved = load_config(rl_run / "config.resolved.toml").config.model.path
+    expected = merged if source == "merged" else run / "hf" / "step_80"   # the run's newest checkpoint, merged
+    assert Path(resolved) == expected.resolve()
+    assert load_file(str(expected / "model.safetensors")).keys() == load_file(str(merged / "model.safetensors")).keys()
