@@ -39,7 +39,7 @@ def exact_accuracy(model: Path, data: Path, tmp_path: Path) -> float:
 
 @pytest.fixture(scope="module")
 def learned(tmp_path_factory, tiny_model_dir, arith_sft_data, ray_cluster):
-    """One 2-rank SFT run of 80 steps on arith, merged: (project, run folder, merged folder)."""
+    """One 2-rank SFT run of 200 steps on arith, merged: (project, run folder, merged folder)."""
     from rlctl.checkpoint.merge import merge_run
     from rlctl.project import write_project
 
@@ -47,8 +47,8 @@ def learned(tmp_path_factory, tiny_model_dir, arith_sft_data, ray_cluster):
     write_project(proj, "sft-arith-cpu", str(tiny_model_dir))
     (proj / "data").mkdir()
     (proj / "data" / "arith-sft").symlink_to(arith_sft_data)
-    start_training(load_config(proj / "rlctl.toml", CPU + ["run.total_steps=80", "run.val_every=40",
-                                                            "run.save_every=40"]), address=None, force=False)
+    start_training(load_config(proj / "rlctl.toml", CPU + ["run.total_steps=200", "run.val_every=100",
+                                                            "run.save_every=100"]), address=None, force=False)
     run = proj / "runs" / "sft-arith-cpu"
     merged = merge_run(run, proj / "models" / "sft").out
     return proj, run, merged
@@ -58,7 +58,7 @@ def learned(tmp_path_factory, tiny_model_dir, arith_sft_data, ray_cluster):
 def test_sft_lowers_the_loss_and_raises_held_out_accuracy(learned, tiny_model_dir, arith_sft_data, tmp_path):
     proj, run, merged = learned
     metrics = rows(run)
-    assert [r["step"] for r in metrics] == list(range(1, 81))
+    assert [r["step"] for r in metrics] == list(range(1, 201))
     first, last = sum(r["train/loss"] for r in metrics[:5]) / 5, sum(r["train/loss"] for r in metrics[-5:]) / 5
     assert last < 0.5 * first, (first, last)
     val = [r["val/loss"] for r in metrics if "val/loss" in r]
@@ -66,7 +66,8 @@ def test_sft_lowers_the_loss_and_raises_held_out_accuracy(learned, tiny_model_di
     assert all(r["actor/grad_norm"] > 0 and r["actor/lr"] > 0 and r["train/tokens"] > 0 for r in metrics)
     held_out = arith_sft_data / "test.parquet"   # pairs never seen in training
     before, after = exact_accuracy(tiny_model_dir, held_out, tmp_path), exact_accuracy(merged, held_out, tmp_path)
-    assert after > before + 0.1, (before, after)
+    assert after >= before + 0.1, (before, after)
+    print(f"held-out exact accuracy: base {before:.3f} -> SFT {after:.3f}")
 
 
 def rlctl(*args, cwd):
@@ -107,17 +108,20 @@ def test_kill_9_then_resume_reproduces_the_run(sft_project, tmp_path, ray_cluste
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("source", ["merged", "run-folder"])
-def test_sft_output_trains_under_grpo(source, learned, sft_project, tmp_path):
+def test_sft_run_folder_trains_under_grpo(learned, sft_project, tmp_path):
+    """model.path = the SFT run folder: its newest checkpoint is merged into <run>/hf/step_200 (the very
+    weights `rlctl merge` writes, so a merged folder as model.path is the same case) and GRPO trains."""
     _, run, merged = learned
-    proj = sft_project(tmp_path / "rl", "grpo-arith-cpu", model=merged if source == "merged" else run)
+    proj = sft_project(tmp_path / "rl", "grpo-arith-cpu", model=run)
     start_training(load_config(proj / "rlctl.toml", ["run.total_steps=2", "data.batch_size=8", "rollout.n=4",
-                                                     "actor.mini_batch_size=8", "data.val_files=[]"]),
+                                                     "actor.mini_batch_size=8", "actor.micro_batch_size=16",
+                                                     "actor.lr=1e-4", "data.val_files=[]"]),
                    address=None, force=False)
     rl_run = proj / "runs" / "grpo-arith-cpu"
     metrics = rows(rl_run)
     assert [r["step"] for r in metrics] == [1, 2] and all(r["reward/mean"] >= 0 for r in metrics)
-    resolved = load_config(rl_run / "config.resolved.toml").config.model.path
-    expected = merged if source == "merged" else run / "hf" / "step_80"   # the run's newest checkpoint, merged
-    assert Path(resolved) == expected.resolve()
-    assert load_file(str(expected / "model.safetensors")).keys() == load_file(str(merged / "model.safetensors")).keys()
+    assert metrics[0]["reward/acc"] > 0   # the SFT'd policy already answers some sums: not the base model
+    exported = run / "hf" / "step_200"
+    assert Path(load_config(rl_run / "config.resolved.toml").config.model.path) == exported.resolve()
+    a, b = load_file(str(exported / "model.safetensors")), load_file(str(merged / "model.safetensors"))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
