@@ -69,6 +69,9 @@ def main() -> None:
     sft = dataclasses.replace(c.sft, max_length=2048, truncation="right")
     samples = build_samples([tmp / "data" / "train.parquet"], load_tokenizer(str(model)), sft).samples
     steps = args.steps + 1
+    if len(samples) < steps * args.batch:
+        raise SystemExit(f"{len(samples)} samples are too few for {steps} steps of {args.batch}; set RLCTL_SHARED "
+                         "to the folder holding data/gsm8k, or lower --steps / --batch")
     batches = [collate(samples[i * args.batch:(i + 1) * args.batch], 0) for i in range(steps)]
     modes = {"padded": dict(micro_batch_max_tokens=0, rows=args.batch), "rows4": dict(micro_batch_max_tokens=0, rows=4),
              "budget": dict(micro_batch_max_tokens=args.budget, rows=args.batch)}

@@ -64,10 +64,22 @@ def test_sft_lowers_the_loss_and_raises_held_out_accuracy(learned, tiny_model_di
     val = [r["val/loss"] for r in metrics if "val/loss" in r]
     assert len(val) == 2 and val[1] < val[0]
     assert all(r["actor/grad_norm"] > 0 and r["actor/lr"] > 0 and r["train/tokens"] > 0 for r in metrics)
+    status = render(run)                          # `rlctl status` shows an SFT run's loss, not RL's reward
+    assert "loss" in status and "lr" in status and "validation at step 200: loss" in status and "reward" not in status
     held_out = arith_sft_data / "test.parquet"   # pairs never seen in training
     before, after = exact_accuracy(tiny_model_dir, held_out, tmp_path), exact_accuracy(merged, held_out, tmp_path)
     assert after >= before + 0.1, (before, after)
     print(f"held-out exact accuracy: base {before:.3f} -> SFT {after:.3f}")
+
+
+def render(run: Path) -> str:
+    from rich.console import Console
+
+    from rlctl.controller.status import render_status, status_summary
+
+    console = Console(record=True, width=200)
+    render_status(status_summary(run), console)
+    return console.export_text()
 
 
 def rlctl(*args, cwd):
