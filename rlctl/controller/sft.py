@@ -178,6 +178,8 @@ class SFTTrainer:
         return {"val/loss": loss, "val/perplexity": float(np.exp(min(loss, 50.0)))}
 
     def track_best(self, step: int, metrics: dict) -> bool:
+        """run.best_metric (val/loss, mode min): the RL trainer's rule, which reads only .config and
+        .setup.state, applied to this loop (the checkpoint's BEST.json is written the same way)."""
         from rlctl.controller.trainer import Trainer
 
         return Trainer.track_best(self, step, metrics)
