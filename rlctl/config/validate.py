@@ -511,8 +511,14 @@ def validate(loaded: LoadedConfig, *, machine: bool = True, reach_services: bool
         except ConfigError as e:
             auto_problems.append(Problem("resources.gpus_per_node",
                                          f"{e.message.removeprefix('resources.gpus_per_node = ')}; {e.hint}"))
+    if loaded.config.run.kind == "sft":
+        from rlctl.config.validate_sft import validate_sft
+
+        return validate_sft(loaded, machine=machine, auto_problems=auto_problems)
     problems, c = check_registered(loaded)
     problems += auto_problems
+    if "sft" in loaded.raw:
+        problems += [Problem(f"sft.{k}", "only used by run.kind = \"sft\"", severity="warning") for k in loaded.raw["sft"]]
     batch_problems, plan = check_batches(c)
     plan = dataclasses.replace(plan, gpus_per_node_resolved=auto)
     problems += batch_problems + check_algorithm(c, loaded.raw) + check_lora(c)
