@@ -49,6 +49,7 @@ class SFTSetup:
     notices: list[str] = field(default_factory=list)
     critic = None             # no critic, no KL controller: checkpointing skips them
     kl_ctrl = None
+    pipeline = None           # no one_step_off rollout group either
 
     def save(self, step: int, *, final: bool = False) -> Path | None:
         from rlctl.controller.checkpointing import save
