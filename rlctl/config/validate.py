@@ -314,6 +314,40 @@ def check_lora_targets(loaded: LoadedConfig) -> list[Problem]:
     return [Problem("model.lora.target_modules", message)] if message else []
 
 
+def check_multi_turn(c: Config, base: Path | None) -> list[Problem]:
+    """[rollout.multi_turn]: names of tools and the interaction; with `base` (the machine pass)
+    each is imported, and each tool's schema derived, so a bad file:name or a tool without type
+    hints is reported here, not mid-run."""
+    from rlctl.config.schema import BUILTIN_TOOLS
+
+    mt, problems = c.rollout.multi_turn, []
+    if not mt.enable:
+        return problems
+    for spec in mt.tools:
+        if spec not in BUILTIN_TOOLS and ":" not in spec:
+            problems.append(Problem("rollout.multi_turn.tools", f"unknown tool {spec!r}: use a built-in "
+                                    f"({', '.join(BUILTIN_TOOLS)}) or \"file.py:name\""))
+    if mt.interaction and ":" not in mt.interaction:
+        problems.append(Problem("rollout.multi_turn.interaction", f"{mt.interaction!r} is not \"file.py:name\""))
+    if not mt.tools and not mt.interaction:
+        problems.append(Problem("rollout.multi_turn.enable", "multi-turn rollouts without tools or an interaction "
+                                "stop after one turn; list tools or set an interaction", severity="warning"))
+    if problems or base is None:
+        return problems
+    from rlctl.errors import ConfigError
+    from rlctl.multiturn.interactions import load_interaction
+    from rlctl.multiturn.tools import load_tools
+
+    for key, load in (("rollout.multi_turn.tools", lambda: load_tools(mt.tools, base)),
+                      ("rollout.multi_turn.interaction", lambda: mt.interaction and load_interaction(mt.interaction, base))):
+        try:
+            load()
+        except ConfigError as e:
+            message = e.message.removeprefix(key + ": ")
+            problems.append(Problem(key, message + (f"; {e.hint}" if e.hint else "")))
+    return problems
+
+
 def _resolve(base: Path, p: str) -> Path:
     path = Path(p).expanduser()
     return path if path.is_absolute() else base / path
@@ -452,6 +486,7 @@ def validate(loaded: LoadedConfig, *, machine: bool = True) -> tuple[list[Proble
     problems += auto_problems
     batch_problems, plan = check_batches(c)
     problems += batch_problems + check_algorithm(c, loaded.raw) + check_lora(c) + check_reward(c, machine=machine)
+    problems += check_multi_turn(c, loaded.base_dir if machine else None)
     if machine and c.reward.model:
         problems += check_reward_model_path(c.reward.model, loaded.base_dir)
     if machine:

@@ -44,11 +44,14 @@ def read_rows(files: list[Path]) -> list[dict]:
     return rows
 
 
-def render_prompts(rows: list[dict], tokenizer, max_prompt_length: int, overlong: str) -> PromptSet:
-    """Tokenize every row's chat prompt once; apply the overlong policy; count what happened."""
+def render_prompts(rows: list[dict], tokenizer, max_prompt_length: int, overlong: str,
+                   tools: list[dict] | None = None) -> PromptSet:
+    """Tokenize every row's chat prompt once; apply the overlong policy; count what happened.
+    tools: OpenAI function schemas the template renders into the prompt (multi-turn rollouts)."""
     out = PromptSet(rows=[])
     for i, row in enumerate(rows):
-        ids = tokenizer.apply_chat_template(row["prompt"], add_generation_prompt=True, tokenize=True)
+        ids = tokenizer.apply_chat_template(row["prompt"], add_generation_prompt=True, tokenize=True,
+                                            tools=tools or None)
         if hasattr(ids, "keys"):  # transformers 5 returns a BatchEncoding
             ids = ids["input_ids"]
         ids = list(ids)

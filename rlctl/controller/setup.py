@@ -53,9 +53,16 @@ def resolve_paths(config: Config, base: Path) -> Config:
     if reward.model and looks_local(reward.model, base):
         reward = dataclasses.replace(reward, model=absolute(reward.model))  # a folder, not a hub id
     run = dataclasses.replace(config.run, output_dir=absolute(config.run.output_dir))
+    mt = config.rollout.multi_turn
+    def absolute_spec(spec: str) -> str:   # "file.py:name" -> "/abs/file.py:name"; built-in names stay
+        file, _, name = spec.rpartition(":")
+        return f"{absolute(file)}:{name}" if file else spec
+    mt = dataclasses.replace(mt, tools=tuple(map(absolute_spec, mt.tools)),
+                             interaction=absolute_spec(mt.interaction) if mt.interaction else "")
+    rollout_config = dataclasses.replace(config.rollout, multi_turn=mt)
     algorithm = dataclasses.replace(config.algorithm, plugins=tuple(map(absolute, config.algorithm.plugins)))
     return dataclasses.replace(config, model=dataclasses.replace(config.model, path=model_path), data=data,
-                               reward=reward, run=run, algorithm=algorithm)
+                               reward=reward, run=run, algorithm=algorithm, rollout=rollout_config)
 
 
 def recompute_old_log_prob(config: Config, needs: Needs | None = None) -> bool:
@@ -131,6 +138,10 @@ class TrainSetup:
                 {"prompt": p, "response": r, "score": float(sc), "ground_truth": gt, "data_source": ds}
                 for p, r, sc, gt, ds in zip(prompts, batch["response_text"][:k], batch["scores"][:k],
                                             batch["ground_truth"][:k], batch["data_source"][:k])])
+        if self.config.run.log_rollouts:
+            from rlctl.controller.rollout_log import write_rollouts
+
+            write_rollouts(self.run_dir, step, batch)
         self.display.update(step, metrics)
         write_run_info(self.run_dir, step=step)
 
@@ -139,9 +150,12 @@ def build_data(config: Config, setup_notices: list):
     """Tokenizer, training prompt loader and validation prompts (rendered once, up front)."""
     from rlctl.workers.models import load_tokenizer
 
+    from rlctl.multiturn.rollout import tool_schemas
+
     tokenizer = load_tokenizer(config.model.path, config.model.trust_remote_code)
+    tools = tool_schemas(config, Path.cwd())   # multi-turn: prompts show the tools (paths are absolute here)
     train = render_prompts(read_rows([Path(p) for p in config.data.train_files]), tokenizer,
-                           config.data.max_prompt_length, config.data.overlong_prompts)
+                           config.data.max_prompt_length, config.data.overlong_prompts, tools=tools)
     if train.filtered or train.truncated:
         setup_notices.append(f"{train.filtered} prompt(s) over data.max_prompt_length = "
                              f"{config.data.max_prompt_length} filtered, {train.truncated} truncated")
@@ -149,7 +163,7 @@ def build_data(config: Config, setup_notices: list):
     val_rows = []
     if config.data.val_files:
         val_rows = render_prompts(read_rows([Path(p) for p in config.data.val_files]), tokenizer,
-                                  config.data.max_prompt_length, config.data.overlong_prompts).rows
+                                  config.data.max_prompt_length, config.data.overlong_prompts, tools=tools).rows
     return tokenizer, loader, val_rows, train
 
 
@@ -180,11 +194,19 @@ def build_setup(loaded: LoadedConfig, run_dir: Path, stack: ExitStack, *, addres
     workers = start_workers(config, total, needs, stack, address)
     if workers.reward_model is not None:
         reward.attach_model(workers.reward_model)
+    actor = workers.actor
+    if config.rollout.multi_turn.enable:   # tools and interactions: the multi-turn loop generates
+        from rlctl.multiturn.rollout import MultiTurnActor
+        from rlctl.workers.models import eos_token_ids
+
+        actor = MultiTurnActor(workers.actor, config, tokenizer, loaded.base_dir,
+                               eos_token_ids(config.model.path, tokenizer))
+        stack.callback(actor.close)
     display = stack.enter_context(LiveDisplay(total, start_step=start_step, title=config.run.name))
     checkpoints = CheckpointManager.for_run(run_dir, config.run.keep_last)
     return TrainSetup(config=config, config_dir=loaded.base_dir, run_dir=run_dir, tokenizer=tokenizer,
                       pad_token_id=pad, loader=loader, val_rows=val_rows, total_steps=total, needs=needs,
-                      kl_ctrl=kl_ctrl, actor=workers.actor, critic=workers.critic, reward=reward, logger=logger,
+                      kl_ctrl=kl_ctrl, actor=actor, critic=workers.critic, reward=reward, logger=logger,
                       display=display, checkpoints=checkpoints, notices=notices)
 
 
