@@ -112,10 +112,13 @@ def _arch_config(arch: str, *, hidden: int, heads: int, intermediate: int, **com
 
 def build_tiny_model(out: str | os.PathLike, *, layers: int = 2, hidden: int = 64, heads: int = 4,
                      kv_heads: int = 2, intermediate: int | None = None, max_positions: int = 2048,
-                     tie_embeddings: bool = True, seed: int = 0, arch: str = "qwen2") -> dict:
+                     tie_embeddings: bool = True, seed: int = 0, arch: str = "qwen2",
+                     tokenizer: str = "byte") -> dict:
     """Write a tiny causal LM of `arch` (one of ARCHS) + tokenizer to `out`; returns a summary dict.
 
-    The same arguments always give bitwise-identical weights (seeded CPU init, float32).
+    tokenizer: "byte" (the byte-level one here) or "qwen" (Qwen's real BPE vocabulary,
+    rlctl.models.qwen_vocab). The same arguments always give bitwise-identical weights (seeded CPU
+    init, float32).
     """
     import torch
     import transformers
@@ -123,7 +126,12 @@ def build_tiny_model(out: str | os.PathLike, *, layers: int = 2, hidden: int = 6
 
     if arch not in ARCHS:
         raise ValueError(f"unknown tiny architecture {arch!r}; one of {', '.join(ARCHS)}")
-    tok = build_tokenizer(max_positions)
+    if tokenizer == "qwen":
+        from rlctl.models.qwen_vocab import build_qwen_tokenizer
+
+        tok = build_qwen_tokenizer(max_positions)
+    else:
+        tok = build_tokenizer(max_positions)
     eos, eot = tok.convert_tokens_to_ids("<|im_end|>"), tok.convert_tokens_to_ids("<|endoftext|>")
     cfg = _arch_config(
         arch, hidden=hidden, heads=heads, intermediate=intermediate or 4 * hidden,
@@ -145,7 +153,7 @@ def build_tiny_model(out: str | os.PathLike, *, layers: int = 2, hidden: int = 6
     tok.save_pretrained(out)
     info = {"path": str(out), "arch": arch, "params": sum(p.numel() for p in model.parameters()), "layers": layers,
             "hidden": hidden, "heads": heads, "kv_heads": kv_heads, "vocab": len(tok),
-            "tied_embeddings": tie_embeddings, "seed": seed}
+            "tied_embeddings": tie_embeddings, "seed": seed, "tokenizer": tokenizer}
     (out / "rlctl_tiny.json").write_text(json.dumps(info, indent=1) + "\n")
     return info
 
