@@ -22,7 +22,7 @@ def transcript(question: str) -> list[dict]:
             {"role": "assistant", "content": "4"}]
 
 
-def train_tool_caller(src: Path, out: Path, *, steps: int = 120, lr: float = 3e-3) -> Path:
+def train_tool_caller(src: Path, out: Path, *, steps: int = 100, lr: float = 4e-3) -> Path:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import get_json_schema
