@@ -200,6 +200,9 @@ class MultiTurnConfig:
     enable: bool = opt(False, "Multi-turn rollouts: the model may call tools and answer an interaction over "
                               "several turns (docs/multi-turn.md).")
     max_turns: int = opt(4, "Assistant turns per sample at most.", ge=1)
+    max_turn_length: int = opt(0, "Tokens per assistant turn at most (0 = what remains of "
+                                  "data.max_response_length); a turn cut there is closed by the template, its "
+                                  "end-of-turn token masked 0 (the model did not choose it).", ge=0)
     max_tool_response_length: int = opt(256, "Tokens of one tool or interaction answer at most (longer ones are "
                                              "cut, with a note saying so).", ge=1)
     tools: tuple = opt((), "Tools the model may call: built-ins \"calculator\", \"python\" (runs in rlctl's "

@@ -78,8 +78,12 @@ class Conversation:
         return bool(self.finish)
 
     def add_turn(self, renderer: ChatRenderer, ids: list[int], log_probs: list[float] | None, *, truncated: bool,
-                 eos_ids: set, max_turns: int, has_tools: bool, has_interaction: bool, fmt: str) -> None:
-        """Append the model's turn exactly as generated and decide what comes next."""
+                 eos_ids: set, max_turns: int, has_tools: bool, has_interaction: bool, fmt: str,
+                 at_budget: bool = True) -> None:
+        """Append the model's turn exactly as generated and decide what comes next.
+
+        truncated: no EOS ended it; at_budget: it used up the response budget (else it was cut at
+        max_turn_length, and the template's end-of-turn text comes with the next glue, mask 0)."""
         self.turns += 1
         self.response_ids += ids
         self.response_mask += [1] * len(ids)
@@ -102,7 +106,7 @@ class Conversation:
         self.messages.append(message)
         if self.finish:
             return
-        if truncated:
+        if truncated and at_budget:
             self.finish = "length"
         elif self.turns >= max_turns:
             self.finish = "max_turns"

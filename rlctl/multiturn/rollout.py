@@ -74,13 +74,15 @@ class MultiTurnActor:
                 inputs, reps = prompts, n
             else:
                 inputs, reps = [convs[i].prompt_ids + convs[i].response_ids for i in live], 1
-            limits = [budget - len(convs[i].response_ids) for i in live[::reps]]
+            limits = [min(budget - len(convs[i].response_ids), self.mt.max_turn_length or budget)
+                      for i in live[::reps]]
             out = self._generate_turn(inputs, limits, reps, seed=_turn_seed(seed, turn), mode=mode)
             for j, i in enumerate(live):
                 length = int(out["response_length"][j])
                 log_probs = out["rollout_log_prob"][j, :length].tolist() if "rollout_log_prob" in out else None
                 convs[i].add_turn(self.renderer, out["responses"][j, :length].tolist(), log_probs,
                                   truncated=bool(out["truncated"][j]), eos_ids=self.eos_ids,
+                                  at_budget=len(convs[i].response_ids) + length >= budget,
                                   max_turns=self.mt.max_turns, has_tools=bool(self.runner.tools),
                                   has_interaction=self.interaction is not None, fmt=self.mt.tool_format)
             self.events.run(self._between_turns([convs[i] for i in live], budget))
