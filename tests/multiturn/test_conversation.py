@@ -326,3 +326,47 @@ def meet(name: str) -> str:
 
 def test_renderer_closing_is_the_templates_text_after_an_assistant_turn(tok):
     assert ChatRenderer(tok).closing == "<|im_end|>\n"
+
+
+def test_a_turn_cut_at_max_turn_length_is_closed_by_the_template_with_mask_0(tmp_path, tok):
+    actor = make_actor(tmp_path, tok, tools=(), interaction="user.py:user", files={"user.py": FUNCTION_USER})
+    conv = start(actor, "Guess the word.", {"secret": "cat"})
+    cut = tok.encode("abcd", add_special_tokens=False)   # no end token: max_turn_length ran out
+    conv.add_turn(actor.renderer, cut, None, truncated=True, eos_ids=actor.eos_ids, max_turns=4, has_tools=False,
+                  has_interaction=True, fmt="hermes", at_budget=False)
+    actor.events.run(actor._between_turns([conv], 2048))
+    assert not conv.done and conv.messages[-2] == {"role": "assistant", "content": "abcd"}
+    glue = conv.response_ids[len(cut):]
+    assert tok.decode(glue).startswith("<|im_end|>\n<|im_start|>user\n")
+    assert conv.response_mask == [1] * 4 + [0] * len(glue)
+    model_turn(actor, conv, tok.encode("cat", add_special_tokens=False) + eos(tok))
+    finish(actor, conv)
+    actor.close()
+
+
+def test_config_validate_reports_bad_tools_in_one_line_exit_2(tmp_path, tiny_model_dir):
+    import subprocess
+    import sys
+
+    (tmp_path / "t.py").write_text("def untyped(x):\n    return x\n")
+    (tmp_path / "rlctl.toml").write_text(f"""
+[model]
+path = "{tiny_model_dir}"
+[data]
+train_files = ["train.parquet"]
+[rollout.multi_turn]
+enable = true
+tools = ["calculator", "t.py:untyped"]
+interaction = "nofile.py:user"
+""")
+    out = subprocess.run([sys.executable, "-m", "rlctl", "config", "validate", "rlctl.toml"], cwd=tmp_path,
+                         capture_output=True, text=True)
+    text = out.stdout + out.stderr
+    assert out.returncode == 2, text
+    assert "rollout.multi_turn.tools: tool 'untyped' has no usable schema" in text, text
+    assert "rollout.multi_turn.interaction: nofile.py does not exist" in text and "Traceback" not in text
+    (tmp_path / "rlctl.toml").write_text((tmp_path / "rlctl.toml").read_text().replace(
+        '"calculator", "t.py:untyped"', '"weather"'))
+    out = subprocess.run([sys.executable, "-m", "rlctl", "config", "validate", "rlctl.toml"], cwd=tmp_path,
+                         capture_output=True, text=True)
+    assert out.returncode == 2 and "unknown tool 'weather'" in out.stdout + out.stderr
