@@ -76,7 +76,8 @@ def main() -> None:
     mt = MultiTurnConfig(enable=True, interaction="user.py:again", max_turns=args.turns,
                          max_turn_length=args.turn_tokens, max_tool_response_length=64)
     config = Config(model=ModelConfig(path=str(work / "model"), dtype="float32"),
-                    data=DataConfig(train_files=("x",), max_prompt_length=128, max_response_length=total + 64 * args.turns),
+                    data=DataConfig(train_files=("x",), max_prompt_length=128,
+                                    max_response_length=total + 64 * args.turns),
                     rollout=RolloutConfig(n=args.n, multi_turn=mt))
     single_config = Config(model=config.model, data=DataConfig(train_files=("x",), max_prompt_length=128,
                                                                max_response_length=total),
@@ -120,9 +121,9 @@ def main() -> None:
     for name, rs in results.items():
         tps = statistics.median(r[0] for r in rs)
         med[name] = tps
-        print(f"{name:6s}  gen tok/s {tps:8.1f}  generated {statistics.median(r[1] for r in rs):6.0f}  "
-              f"response tokens {statistics.median(r[2] for r in rs):6.0f}  step {statistics.median(r[3] for r in rs):6.2f} s"
-              f"  foreign {statistics.median(r[4] for r in rs):.2f} cores")
+        generated, length, seconds, foreign = (statistics.median(r[k] for r in rs) for k in (1, 2, 3, 4))
+        print(f"{name:6s}  gen tok/s {tps:8.1f}  generated {generated:6.0f}  response tokens {length:6.0f}  "
+              f"step {seconds:6.2f} s  foreign {foreign:.2f} cores")
     print(f"single / multi = {med['single'] / med['multi']:.2f}x (goal <= 1.3x)")
 
 

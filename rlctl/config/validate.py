@@ -338,8 +338,9 @@ def check_multi_turn(c: Config, base: Path | None) -> list[Problem]:
     from rlctl.multiturn.interactions import load_interaction
     from rlctl.multiturn.tools import load_tools
 
-    for key, load in (("rollout.multi_turn.tools", lambda: load_tools(mt.tools, base)),
-                      ("rollout.multi_turn.interaction", lambda: mt.interaction and load_interaction(mt.interaction, base))):
+    loaders = (("rollout.multi_turn.tools", lambda: load_tools(mt.tools, base)),
+               ("rollout.multi_turn.interaction", lambda: mt.interaction and load_interaction(mt.interaction, base)))
+    for key, load in loaders:
         try:
             load()
         except ConfigError as e:

@@ -48,3 +48,24 @@ def test_reward_rises_with_a_feedback_interaction(tmp_path, tiny_model_dir, arit
     record = json.loads((run / "rollouts" / f"step_{STEPS}.jsonl").read_text().splitlines()[0])
     roles = [m["role"] for m in record["messages"]]
     assert roles[:2] == ["user", "assistant"] and record["num_turns"] == roles.count("assistant")
+
+
+@pytest.mark.slow
+def test_remax_dynamic_sampling_and_validation_run_the_multi_turn_loop(tmp_path, tiny_model_dir, arith_data,
+                                                                      ray_cluster):
+    """ReMax's greedy baseline, DAPO's regeneration rounds and validation all generate through the
+    multi-turn loop (their batches carry whole conversations)."""
+    proj = Path(shutil.copytree(EXAMPLE, tmp_path / "example"))
+    (proj / "models").mkdir()
+    (proj / "models" / "tiny").symlink_to(tiny_model_dir)
+    (proj / "data").mkdir()
+    (proj / "data" / "arith").symlink_to(arith_data)
+    overrides = ["run.total_steps=2", "run.save_every=0", "algorithm.name=remax", "rollout.n=4",
+                 "actor.micro_batch_size=32",
+                 "algorithm.dynamic_sampling.enable=true", "algorithm.dynamic_sampling.max_gen_batches=2",
+                 'data.val_files=["data/arith/test.parquet"]', "data.val_batch_size=16"]
+    start_training(load_config(proj / "rlctl.toml", overrides), address=None, force=False)
+    rows = [json.loads(line) for line in (proj / "runs" / "multiturn-feedback" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2]
+    assert rows[-1]["val/reward/mean"] == rows[-1]["val/reward/mean"] and rows[0]["dynamic_sampling/rounds"] >= 1
+    assert rows[0]["multi_turn/turns/mean"] > 1
