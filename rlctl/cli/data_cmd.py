@@ -16,7 +16,8 @@ def prep(
     name: str = typer.Argument(..., metavar="SOURCE",
                                help="gsm8k, math, arith (the synthetic offline task; alias: synthetic), "
                                     "code (your coding problems: question + tests per row), code-synthetic "
-                                    "(offline coding task), or jsonl / csv / parquet for your own files."),
+                                    "(offline coding task), calc-tools (offline tool-use task: RL prompts "
+                                    "+ SFT transcripts calling a calculator), or jsonl / csv / parquet for your own files."),
     source: str = typer.Option(None, "--source", metavar="PATH_OR_HUB_ID",
                                help="A local file or folder (train*/test* files), or a hub dataset id. "
                                     "gsm8k/math default to the Hugging Face hub."),

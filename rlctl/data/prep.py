@@ -13,13 +13,14 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from rlctl.data import arith, code_synthetic
+from rlctl.data import arith, calc_tools, code_synthetic
 from rlctl.data.readers import Problem, read_records
 from rlctl.data.sources import SPLIT_NAMES, RowError, Task, convert, locate, make_task
 from rlctl.errors import DataError, UsageError
 
-SOURCES = ("gsm8k", "math", "arith", "code", "code-synthetic", "jsonl", "csv", "parquet")
-GENERATED = {"arith": arith, "code-synthetic": code_synthetic}  # offline tasks: no --source
+SOURCES = ("gsm8k", "math", "arith", "code", "code-synthetic", "calc-tools", "jsonl", "csv", "parquet")
+# offline tasks: no --source
+GENERATED = {"arith": arith, "code-synthetic": code_synthetic, "calc-tools": calc_tools}
 ALIASES = {"synthetic": "arith"}
 SHOWN_PROBLEMS = 3
 
@@ -200,7 +201,8 @@ def prepare(name: str, opts: PrepOptions) -> dict:
             raise DataError(f"split {split!r} of {origin} has no usable rows ({len(rows.problems)} bad)",
                             hint="check the column mapping (--prompt-col/--answer-col) and the file.")
     limited = {s: max(0, len(r.rows) - opts.limit) if opts.limit else 0 for s, r in splits.items()}
-    schema = arrow_schema()
+    # a generated task may write more columns (calc-tools: the SFT `messages` and `tools`)
+    schema = getattr(GENERATED.get(name), "arrow_schema", arrow_schema)()
     tables = {s: pa.Table.from_pylist(r.rows[: opts.limit], schema=schema) for s, r in splits.items()}
     out = out_dir(name, opts)
     files = _write(out, tables, opts.force)

@@ -4,18 +4,20 @@
 
 Every built-in returns a dict: `score` (the reward) and `acc` (1.0 when the answer is right),
 plus task-specific metrics. `reward.function = ""` uses `default_compute_score` (dispatch on the
-row's data_source); `reward.function = "gsm8k"` (or "math", "arith", "code") forces one scorer.
+row's data_source); `reward.function = "gsm8k"` (or "math", "arith", "code", "calc-tools") forces
+one scorer.
 The `code` scorer runs the response's program in rlctl.sandbox on verl's stdin/stdout cases.
 """
 
 from __future__ import annotations
 
 from rlctl.errors import UsageError
-from rlctl.rewards.scorers import arith, code, gsm8k, math
+from rlctl.rewards.scorers import arith, calc_tools, code, gsm8k, math
 
 GSM8K_SOURCES = ("openai/gsm8k",)
 MATH_SOURCES = ("DigitalLearningGmbH/MATH-lighteval", "lighteval/MATH")
 ARITH_SOURCES = (arith.DATA_SOURCE,)
+CALC_TOOLS_SOURCES = (calc_tools.DATA_SOURCE,)
 CODE_SOURCES = ("codecontests", "apps", "taco", "codeforces", code.DATA_SOURCE)  # verl's code sources + ours
 
 
@@ -34,6 +36,11 @@ def compute_arith(data_source, solution_str, ground_truth, extra_info=None, *, f
     return arith.score(solution_str, ground_truth)
 
 
+def compute_calc_tools(data_source, solution_str, ground_truth, extra_info=None, *, format_score=0.0) -> dict:
+    """The exact final answer after any calculator calls (the last assistant turn), plus `tool_call`."""
+    return calc_tools.score(solution_str, ground_truth, extra_info, format_score=format_score)
+
+
 def compute_code(data_source, solution_str, ground_truth, extra_info=None, *, format_score=0.0,
                  sandbox_url="") -> dict:
     """1.0 when the last fenced Python block passes every stdin/stdout case in the sandbox
@@ -42,12 +49,14 @@ def compute_code(data_source, solution_str, ground_truth, extra_info=None, *, fo
                       bare_program=data_source == code.DATA_SOURCE, sandbox_url=sandbox_url)
 
 
-BUILTINS = {"gsm8k": compute_gsm8k, "math": compute_math, "arith": compute_arith, "code": compute_code}
+BUILTINS = {"gsm8k": compute_gsm8k, "math": compute_math, "arith": compute_arith, "code": compute_code,
+            "calc-tools": compute_calc_tools}
 _BY_SOURCE = {
     **{src: compute_gsm8k for src in GSM8K_SOURCES},
     **{src: compute_math for src in MATH_SOURCES},
     **{src: compute_arith for src in ARITH_SOURCES},
     **{src: compute_code for src in CODE_SOURCES},
+    **{src: compute_calc_tools for src in CALC_TOOLS_SOURCES},
 }
 
 

@@ -100,10 +100,12 @@ class Engine:
         with self.tokenizer_lock:
             return self.tokenizer(text, add_special_tokens=False)["input_ids"]
 
-    def encode_chat(self, messages: list[dict]) -> list[int]:
-        """The prompt exactly as training renders it: the chat template with the generation prompt."""
+    def encode_chat(self, messages: list[dict], tools: list[dict] | None = None) -> list[int]:
+        """The prompt exactly as training renders it: the chat template (with the tools, if any)
+        and the generation prompt."""
         with self.tokenizer_lock:
-            out = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+            out = self.tokenizer.apply_chat_template(messages, tools=tools, add_generation_prompt=True,
+                                                     tokenize=True)
         return list(out["input_ids"] if hasattr(out, "keys") else out)
 
     def submit(self, request: Request) -> bool:

@@ -19,6 +19,11 @@ from rlctl.errors import UsageError
 
 ENGINES = ("auto", "hf", "vllm", "sglang")
 EXTERNAL = ("vllm", "sglang")
+# Tool calling in the hermes format (Qwen2.5/Qwen3, the tiny model, rlctl's rollouts), by each
+# engine's own parser; words after `--` come later on the command line, so `-- --tool-call-parser X`
+# picks another one (argparse keeps the last).
+TOOL_FLAGS = {"vllm": ("--enable-auto-tool-choice", "--tool-call-parser", "hermes"),
+              "sglang": ("--tool-call-parser", "qwen")}
 
 
 @dataclass(frozen=True)
@@ -53,7 +58,7 @@ def build_command(engine: str, spec: LaunchSpec, extra: tuple[str, ...] = (),
         argv += ["--api-key", spec.api_key]
     if spec.max_concurrency:
         argv += [concurrency_flag, str(spec.max_concurrency)]
-    return argv + list(extra)
+    return argv + list(TOOL_FLAGS[engine]) + list(extra)
 
 
 def installed(engine: str) -> bool:

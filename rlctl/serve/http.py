@@ -20,6 +20,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from rlctl.serve import protocol
 from rlctl.serve.engine import Engine, Request
 from rlctl.serve.protocol import APIError
+from rlctl.serve.tools import ToolCallStream
 
 log = logging.getLogger("rlctl.serve")
 POLL_S = 0.2  # how often a waiting handler checks whether its client is still there
@@ -240,7 +241,7 @@ class _Handler(BaseHTTPRequestHandler):
         use = protocol.usage(sum(len(r.prompt_ids) for r in requests), sum(tokens))
         rid = protocol.new_id(parsed.kind)
         self._send_json(200, protocol.response(parsed.kind, rid, self.server.model_name,
-                                               list(zip(texts, finish)), use))
+                                               list(zip(texts, finish)), use, parsed.tools))
 
     def _stream(self, parsed, requests, events) -> None:
         kind, model, rid = parsed.kind, self.server.model_name, protocol.new_id(parsed.kind)
@@ -255,6 +256,7 @@ class _Handler(BaseHTTPRequestHandler):
             for i in range(total):
                 self._sse(protocol.chunk(kind, rid, model, i, None, None, role=True))
         tokens, done = [0] * total, 0
+        calls = [ToolCallStream() for _ in range(total)] if parsed.tools and parsed.tools.parse else None
         while done < total:
             ev = self._next_event(events)
             if ev.error:
@@ -262,11 +264,29 @@ class _Handler(BaseHTTPRequestHandler):
                 break
             tokens[ev.index] = ev.completion_tokens
             done += ev.finish_reason is not None
-            self._sse(protocol.chunk(kind, rid, model, ev.index, ev.text, ev.finish_reason))
+            if calls is None:
+                self._sse(protocol.chunk(kind, rid, model, ev.index, ev.text, ev.finish_reason))
+            else:
+                self._stream_tools(calls[ev.index], rid, ev)
         if parsed.include_usage:
             use = protocol.usage(sum(len(r.prompt_ids) for r in requests), sum(tokens))
             self._sse(protocol.usage_chunk(kind, rid, model, use))
         self.wfile.write(b"data: [DONE]\n\n")
+
+    def _stream_tools(self, stream: ToolCallStream, rid: str, ev) -> None:
+        """Content while no call has started; at the end the held-back rest, as tool_calls or content."""
+        model = self.server.model_name
+        text = stream.push(ev.text)
+        if ev.finish_reason is None:
+            if text:
+                self._sse(protocol.chunk("chat", rid, model, ev.index, text, None))
+            return
+        rest, tool_calls, finish = stream.finish(ev.finish_reason)
+        if text + rest:
+            self._sse(protocol.chunk("chat", rid, model, ev.index, text + rest, None))
+        for k, call in enumerate(tool_calls):
+            self._sse(protocol.chunk("chat", rid, model, ev.index, None, None, tool_call=(k, call)))
+        self._sse(protocol.chunk("chat", rid, model, ev.index, None, finish))
 
     def _sse(self, obj: dict) -> None:
         self.wfile.write(b"data: " + json.dumps(obj).encode() + b"\n\n")

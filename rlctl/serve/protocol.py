@@ -3,7 +3,8 @@
 Every way a body can be wrong becomes an `APIError` with a 4xx status and OpenAI's error shape
 ({"error": {"message", "type", "param", "code"}}), so clients raise their usual exceptions.
 Unknown fields are ignored (like vLLM); known fields the built-in engine cannot honour
-(logprobs, tools, penalties) are refused rather than silently dropped.
+(logprobs, penalties, a forced tool_choice) are refused rather than silently dropped. Tools are
+checked and turned into `tool_calls` by rlctl.serve.tools.
 """
 
 from __future__ import annotations
@@ -11,8 +12,12 @@ from __future__ import annotations
 import time
 import uuid
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from rlctl.serve.engine import SamplingParams
+
+if TYPE_CHECKING:
+    from rlctl.serve.tools import ToolSpec
 
 MAX_STOP = 16
 COMPLETION_DEFAULT_MAX_TOKENS = 16  # OpenAI's legacy /v1/completions default
@@ -36,6 +41,7 @@ class ParsedRequest:
     params: SamplingParams
     stream: bool
     include_usage: bool
+    tools: ToolSpec | None = None  # chat with tools: render them, maybe parse calls out of the answers
 
 
 def _field(body: dict, key: str, types: tuple, default=None, *, nullable: bool = True):
@@ -66,7 +72,7 @@ def check_model(body: dict, served_name: str) -> None:
 
 def _refuse_unsupported(body: dict) -> None:
     """Fields whose meaning we cannot honour: better a clear 400 than a silently different answer."""
-    for key in ("logprobs", "top_logprobs", "echo", "suffix", "tools", "functions", "logit_bias"):
+    for key in ("logprobs", "top_logprobs", "echo", "suffix", "functions", "logit_bias"):
         if body.get(key) not in (None, False, [], 0):
             raise APIError(400, f"'{key}' is not supported by the built-in engine "
                                 "(use --engine vllm or sglang)", param=key)
@@ -119,6 +125,13 @@ def _sampling(body: dict, prompt_lens: list[int], context: int, max_n: int, defa
     return params, stream, include_usage
 
 
+def _message(message, i: int) -> dict:
+    """One request message as the chat template takes it: role, text content, tool fields."""
+    from rlctl.serve.tools import message_tool_fields
+
+    return {**_message_text(message, i), **message_tool_fields(message, i)}
+
+
 def _message_text(message, i: int) -> dict:
     if not isinstance(message, dict):
         raise APIError(400, f"messages[{i}] must be an object", param=f"messages[{i}]")
@@ -145,19 +158,27 @@ def parse_chat(body: dict, engine, max_n: int) -> ParsedRequest:
     messages = _field(body, "messages", (list,), nullable=False) if "messages" in body else None
     if not messages:
         raise APIError(400, "'messages' must be a non-empty list", param="messages")
-    messages = [_message_text(m, i) for i, m in enumerate(messages)]
+    from rlctl.serve.tools import check_template, parse_tools
+
+    spec = parse_tools(body)
+    messages = [_message(m, i) for i, m in enumerate(messages)]
     if not getattr(engine.tokenizer, "chat_template", None):
         raise APIError(400, "this model has no chat template; use /v1/completions", param="messages")
+    if spec is not None:
+        check_template(engine.tokenizer)
     try:
-        prompt = engine.encode_chat(messages)
+        prompt = engine.encode_chat(messages, tools=spec.tools if spec else None)
     except Exception as e:  # a template can raise on roles it does not know (jinja raise_exception)
         raise APIError(400, f"the chat template rejected these messages: {e}", param="messages") from e
     params, stream, usage = _sampling(body, [len(prompt)], engine.context_length, max_n, None)
-    return ParsedRequest("chat", [prompt], params, stream, usage)
+    return ParsedRequest("chat", [prompt], params, stream, usage, spec)
 
 
 def parse_completion(body: dict, engine, max_n: int) -> ParsedRequest:
     _refuse_unsupported(body)
+    for key in ("tools", "tool_choice"):
+        if body.get(key) is not None:
+            raise APIError(400, f"'{key}' belongs to /v1/chat/completions, not /v1/completions", param=key)
     if body.get("best_of") not in (None, 1, body.get("n", 1)):
         raise APIError(400, "'best_of' is not supported by the built-in engine", param="best_of")
     prompt = body.get("prompt")
@@ -204,11 +225,15 @@ def usage(prompt_tokens: int, completion_tokens: int) -> dict:
             "total_tokens": prompt_tokens + completion_tokens}
 
 
-def response(kind: str, rid: str, model: str, choices: list[tuple[str, str]], use: dict) -> dict:
+def response(kind: str, rid: str, model: str, choices: list[tuple[str, str]], use: dict,
+             tools: ToolSpec | None = None) -> dict:
     """A whole (non-streamed) answer; `choices` are (text, finish_reason) by index."""
     if kind == "chat":
-        out = [{"index": i, "message": {"role": "assistant", "content": text}, "logprobs": None,
-                "finish_reason": finish} for i, (text, finish) in enumerate(choices)]
+        from rlctl.serve.tools import assistant_message
+
+        messages = [assistant_message(text, finish, tools) for text, finish in choices]
+        out = [{"index": i, "message": message, "logprobs": None, "finish_reason": finish}
+               for i, (message, finish) in enumerate(messages)]
         obj = "chat.completion"
     else:
         out = [{"index": i, "text": text, "logprobs": None, "finish_reason": finish}
@@ -219,10 +244,12 @@ def response(kind: str, rid: str, model: str, choices: list[tuple[str, str]], us
 
 
 def chunk(kind: str, rid: str, model: str, index: int, text: str | None, finish: str | None,
-          *, role: bool = False) -> dict:
-    """One streamed piece of one choice (OpenAI chunk format)."""
+          *, role: bool = False, tool_call: tuple[int, dict] | None = None) -> dict:
+    """One streamed piece of one choice (OpenAI chunk format); `tool_call` = (its index, the call)."""
     if kind == "chat":
         delta = {"role": "assistant", "content": ""} if role else ({} if text is None else {"content": text})
+        if tool_call is not None:
+            delta = {"tool_calls": [{"index": tool_call[0], **tool_call[1]}]}
         choice = {"index": index, "delta": delta, "logprobs": None, "finish_reason": finish}
         obj = "chat.completion.chunk"
     else:

@@ -90,10 +90,11 @@ def test_vllm_and_sglang_command_lines():
     assert build_command("vllm", spec, ("--enforce-eager",), python="py") == [
         "py", "-m", "vllm.entrypoints.openai.api_server", "--model", "/m", "--tensor-parallel-size", "2",
         "--host", "0.0.0.0", "--port", "9000", "--served-model-name", "mine", "--dtype", "bfloat16",
-        "--api-key", "k", "--max-num-seqs", "64", "--enforce-eager"]
+        "--api-key", "k", "--max-num-seqs", "64", "--enable-auto-tool-choice", "--tool-call-parser", "hermes",
+        "--enforce-eager"]
     assert build_command("sglang", LaunchSpec("/m", "127.0.0.1", 30000, "mine"), python="py") == [
         "py", "-m", "sglang.launch_server", "--model-path", "/m", "--tp-size", "1", "--host", "127.0.0.1",
-        "--port", "30000", "--served-model-name", "mine", "--dtype", "auto"]
+        "--port", "30000", "--served-model-name", "mine", "--dtype", "auto", "--tool-call-parser", "qwen"]
 
 
 def test_auto_picks_an_installed_gpu_engine_else_hf():

@@ -1,0 +1,103 @@
+"""The synthetic `calc-tools` task: sums and products of larger numbers, solved with a calculator tool.
+
+Too large for a tiny model to compute in its head (3-5 digit sums, 2-4 digit by 2-3 digit
+products), easy with the built-in `calculator` tool (rlctl.multiturn.builtin_tools). Each row
+serves both stages of the CPU tool-use recipe:
+
+* RL: `prompt` is the user's question alone; the rollout renders the tool's schema through the
+  chat template (`[rollout.multi_turn] tools = ["calculator"]`), and the `calc-tools` reward
+  scores the exact final answer (rlctl.rewards.scorers.calc_tools).
+* SFT: `messages` is the whole worked transcript in the OpenAI chat shape - the question, an
+  assistant turn calling `calculator`, the `tool` answer, the final answer - and `tools` the
+  JSON list of tool schemas to render it with (`apply_chat_template(messages, tools=...)`).
+
+The ground truth is `calculator(expression)`, so the transcripts are right by construction.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+
+from rlctl.multiturn.builtin_tools import calculator
+from rlctl.rewards.scorers.calc_tools import DATA_SOURCE
+
+DEFAULT_VAL_FRACTION = 0.1
+PROBLEMS = 1000  # half sums, half products; duplicates are redrawn
+OPERANDS = {"+": ((100, 99_999), (100, 99_999)), "*": ((10, 9_999), (10, 999))}
+TOOL_NAME = "calculator"
+
+
+def question(a: int, op: str, b: int) -> str:
+    return f"What is {a} {op} {b}? Use the calculator, then reply with the number only."
+
+
+def tool_schemas() -> list[dict]:
+    """The OpenAI function schemas of the task's tools, derived from the functions themselves."""
+    from transformers.utils import get_json_schema
+
+    return [get_json_schema(calculator)]
+
+
+def transcript(a: int, op: str, b: int, answer: str) -> list[dict]:
+    """The worked conversation in the OpenAI chat shape (what the chat template renders)."""
+    call_id = "call_0"
+    arguments = json.dumps({"expression": f"{a} {op} {b}"})
+    return [
+        {"role": "user", "content": question(a, op, b)},
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"id": call_id, "type": "function", "function": {"name": TOOL_NAME, "arguments": arguments}}]},
+        {"role": "tool", "tool_call_id": call_id, "name": TOOL_NAME, "content": answer},
+        {"role": "assistant", "content": answer},
+    ]
+
+
+def _row(a: int, op: str, b: int, split: str, index: int, tools_json: str) -> dict:
+    text = question(a, op, b)
+    answer = calculator(f"{a} {op} {b}")
+    return {
+        "data_source": DATA_SOURCE,
+        "prompt": [{"role": "user", "content": text}],
+        "ability": "arithmetic",
+        "reward_model": {"style": "rule", "ground_truth": answer},
+        "extra_info": {"split": split, "index": index, "question": text, "answer": answer},
+        "messages": transcript(a, op, b, answer),
+        "tools": tools_json,
+    }
+
+
+def _problems(rng: random.Random) -> list[tuple[int, str, int]]:
+    seen: set = set()
+    ops = ["+", "*"] * (PROBLEMS // 2)
+    for op in ops:
+        (lo_a, hi_a), (lo_b, hi_b) = OPERANDS[op]
+        problem = (rng.randint(lo_a, hi_a), op, rng.randint(lo_b, hi_b))
+        while problem in seen:
+            problem = (rng.randint(lo_a, hi_a), op, rng.randint(lo_b, hi_b))
+        seen.add(problem)
+    return sorted(seen, key=lambda p: (p[1], p[0], p[2]))  # a stable order before the seeded shuffle
+
+
+def generate(seed: int, val_fraction: float = DEFAULT_VAL_FRACTION) -> dict[str, list[dict]]:
+    """{"train": rows, "test": rows}: PROBLEMS seeded problems, test = val_fraction of them."""
+    rng = random.Random(seed)
+    problems = _problems(rng)
+    rng.shuffle(problems)
+    n_test = round(len(problems) * val_fraction)
+    splits = {"train": problems[n_test:], "test": problems[:n_test]}
+    tools_json = json.dumps(tool_schemas())
+    return {split: [_row(a, op, b, split, i, tools_json) for i, (a, op, b) in enumerate(chosen)]
+            for split, chosen in splits.items() if chosen}
+
+
+def arrow_schema():
+    """rlctl's row schema plus the SFT columns: `messages` (OpenAI chat messages) and `tools` (JSON)."""
+    import pyarrow as pa
+
+    from rlctl.data.schema import arrow_schema as rl_schema
+
+    call = pa.struct([("id", pa.string()), ("type", pa.string()),
+                      ("function", pa.struct([("name", pa.string()), ("arguments", pa.string())]))])
+    message = pa.struct([("role", pa.string()), ("content", pa.string()), ("tool_calls", pa.list_(call)),
+                         ("tool_call_id", pa.string()), ("name", pa.string())])
+    return rl_schema().append(pa.field("messages", pa.list_(message))).append(pa.field("tools", pa.string()))
