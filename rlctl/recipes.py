@@ -46,8 +46,9 @@ def _header(text: str, key: str) -> str:
 def load_recipe(path: Path) -> Recipe:
     text = path.read_text(encoding="utf-8")
     algo = re.search(r'^\[algorithm\][^\[]*?^name\s*=\s*"([^"]+)"', text, flags=re.MULTILINE | re.DOTALL)
+    sft = re.search(r'^\[run\][^\[]*?^kind\s*=\s*"sft"', text, flags=re.MULTILINE | re.DOTALL)
     return Recipe(name=path.stem, path=path, description=_header(text, "recipe"), paper=_header(text, "paper"),
-                  data_command=_header(text, "data"), algorithm=algo.group(1) if algo else "")
+                  data_command=_header(text, "data"), algorithm="sft" if sft else (algo.group(1) if algo else ""))
 
 
 def list_recipes() -> list[Recipe]:

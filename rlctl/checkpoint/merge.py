@@ -287,3 +287,16 @@ def export_hf(run_dir: str | os.PathLike, out_dir: str | os.PathLike, step: int 
     if result.warning:
         logging.getLogger("rlctl.merge").warning("%s", result.warning)
     return result.out
+
+
+def run_model(run_dir: str | os.PathLike) -> Path:
+    """An rlctl run folder used as model.path: its newest valid checkpoint as a verified HF folder at
+    <run>/hf/step_<N>, merged once (LoRA merged in) and reused by later runs."""
+    from rlctl.models.hub import RUN_EXPORTS
+
+    run_dir = Path(run_dir).resolve()
+    point, _ = pick_checkpoint(run_dir, None)
+    out = run_dir / RUN_EXPORTS / f"step_{point.step}"
+    if not (out / "config.json").is_file():
+        merge_run(run_dir, out, step=point.step, force=out.exists())
+    return out

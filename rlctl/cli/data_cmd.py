@@ -38,9 +38,13 @@ def prep(
                                     help="data_source written to each row (picks the built-in reward; "
                                          "default: the file's name)."),
     force: bool = typer.Option(False, "--force", help="Overwrite existing split files in --out."),
+    sft: bool = typer.Option(False, "--sft", help="SFT data: add a `response` column (the reference solution) "
+                                                  "to every row; default --out data/<name>-sft/."),
     fmt: str = format_option("text", "json", help="text or json."),
 ) -> None:
     """Turn a dataset into verl-compatible parquet files, one per split.
+
+    Example: rlctl data prep arith --sft   (SFT data for the sft-arith-cpu recipe)
 
     Example: rlctl data prep gsm8k --source ../shared/data/gsm8k
 
@@ -53,7 +57,7 @@ def prep(
     opts = PrepOptions(source=source, out=out, splits=tuple(s.strip() for s in splits.split(",") if s.strip()),
                        limit=limit, seed=seed, val_fraction=val_fraction, on_error=on_error,
                        prompt_col=prompt_col, answer_col=answer_col, system=system, instruction=instruction,
-                       data_source=data_source, force=force)
+                       data_source=data_source, force=force, sft=sft)
     report = prepare(name, opts)
     emit(report, fmt)
     if fmt == "text":

@@ -50,6 +50,8 @@ JUDGE_PROMPT = ("Grade the response to the question. Reply with a single number 
 
 @dataclass(frozen=True)
 class RunConfig:
+    kind: str = opt("rl", "What the run trains: \"rl\" (rollouts, rewards, an RL algorithm) or \"sft\" "
+                          "(supervised fine-tuning on prompt/response or chat data; see [sft]).", choices=("rl", "sft"))
     name: str = opt("run", "Run name; the run folder is <output_dir>/<name>.")
     output_dir: str = opt("runs", "Folder that holds run folders (relative to the config file).", path=True)
     seed: int = opt(42, "Seed for data order, sampling and initialisation.", ge=0)
@@ -272,6 +274,28 @@ class RewardConfig:
 
 
 @dataclass(frozen=True)
+class SFTConfig:
+    prompt_key: str = opt("prompt", "Single-turn data: the prompt column (a string, or a list of chat messages); "
+                                    "verl's data.prompt_key.")
+    prompt_dict_keys: tuple = opt((), "Keys to descend into a struct prompt column, e.g. [\"question\"] with "
+                                      "prompt_key = \"extra_info\" (verl's gsm8k SFT example).")
+    response_key: str = opt("response", "Single-turn data: the response column (a string); verl's data.response_key.")
+    response_dict_keys: tuple = opt((), "Keys to descend into a struct response column, e.g. [\"answer\"].")
+    messages_key: str = opt("messages", "Multi-turn data: the column of chat messages ({role, content} plus "
+                                        "assistant tool_calls and tool messages); used when a file has it.")
+    tools_key: str = opt("tools", "Multi-turn data: an optional column of tool schemas passed to the chat "
+                                  "template (tools=).")
+    max_length: int = opt(1024, "Longest sample in tokens after the chat template.", ge=2)
+    truncation: str = opt("error", "A sample over max_length: stop with an error, or cut it from the left or right.",
+                          choices=("error", "left", "right"))
+    assistant_only_loss: bool = opt(True, "Loss on the assistant's tokens only (its content, tool calls and "
+                                          "end-of-turn token); false = every token.")
+    micro_batch_max_tokens: int = opt(0, "Token budget of one micro-batch per worker (rows x longest row, padding "
+                                         "included); samples are grouped by length so short ones share a "
+                                         "micro-batch. 0 = actor.micro_batch_size rows each.", ge=0)
+
+
+@dataclass(frozen=True)
 class ResourcesConfig:
     address: str = opt("", "Ray address: empty = embedded Ray; 'auto' or 'ray://host:port' joins a cluster.")
     nodes: int = opt(1, "Nodes to spread workers over.", ge=1)
@@ -293,6 +317,7 @@ class Config:
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     reward: RewardConfig = field(default_factory=RewardConfig)
     resources: ResourcesConfig = field(default_factory=ResourcesConfig)
+    sft: SFTConfig = field(default_factory=SFTConfig)
 
 
 def iter_keys(cls=Config, prefix: str = ""):

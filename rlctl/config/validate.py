@@ -483,8 +483,14 @@ def validate(loaded: LoadedConfig, *, machine: bool = True) -> tuple[list[Proble
         except ConfigError as e:
             auto_problems.append(Problem("resources.gpus_per_node",
                                          f"{e.message.removeprefix('resources.gpus_per_node = ')}; {e.hint}"))
+    if loaded.config.run.kind == "sft":
+        from rlctl.config.validate_sft import validate_sft
+
+        return validate_sft(loaded, machine=machine, auto_problems=auto_problems)
     problems, c = check_registered(loaded)
     problems += auto_problems
+    if "sft" in loaded.raw:
+        problems += [Problem(f"sft.{k}", "only used by run.kind = \"sft\"", severity="warning") for k in loaded.raw["sft"]]
     batch_problems, plan = check_batches(c)
     problems += batch_problems + check_algorithm(c, loaded.raw) + check_lora(c) + check_reward(c, machine=machine)
     problems += check_multi_turn(c, loaded.base_dir if machine else None)

@@ -43,7 +43,8 @@ def save(setup: TrainSetup, step: int, *, final: bool = False) -> Path | None:
         setup.actor.save_checkpoint(str(tmp / "actor"))
         if setup.critic is not None:
             setup.critic.save_checkpoint(str(tmp / "critic"))
-        state = {"step": step, "loader": setup.loader.state_dict(), "kl_ctrl": setup.kl_ctrl.state_dict(),
+        kl_ctrl = setup.kl_ctrl.state_dict() if setup.kl_ctrl is not None else None   # None: an SFT run
+        state = {"step": step, "loader": setup.loader.state_dict(), "kl_ctrl": kl_ctrl,
                  "world_size": setup.config.resources.workers, "best": setup.state.get("best")}
         atomic_write_text(tmp / STATE_FILE, json.dumps(state, indent=1) + "\n")
         atomic_write_text(tmp / CONFIG_FILE, tomlkit.dumps(config_to_dict(setup.config)))
@@ -110,7 +111,8 @@ def restore(setup: TrainSetup, ckpt_path: Path) -> None:
     if setup.critic is not None:
         setup.critic.load_checkpoint(str(ckpt_path / "critic"))
     setup.loader.load_state_dict(state["loader"])
-    setup.kl_ctrl.load_state_dict(state["kl_ctrl"])
+    if setup.kl_ctrl is not None:
+        setup.kl_ctrl.load_state_dict(state["kl_ctrl"])
     setup.state.update(step=int(state["step"]), saved_step=int(state["step"]))
     setup.state["best"] = restore_best(setup, state.get("best"))
 

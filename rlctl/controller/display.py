@@ -29,6 +29,15 @@ KEY_METRICS = (
     ("timing/step_s", "step_s", "{:.2f}"),
     ("perf/tokens_per_s", "tok/s", "{:.0f}"),
 )
+# The line of an SFT step (run.kind = "sft": its rows carry train/loss, never a reward).
+SFT_KEY_METRICS = (
+    ("train/loss", "loss", "{:.4f}"),
+    ("val/loss", "val_loss", "{:.4f}"),
+    ("actor/grad_norm", "grad_norm", "{:.3f}"),
+    ("actor/lr", "lr", "{:.2e}"),
+    ("timing/step_s", "step_s", "{:.2f}"),
+    ("perf/tokens_per_s", "tok/s", "{:.0f}"),
+)
 
 
 class LiveDisplay:
@@ -100,10 +109,10 @@ def format_step(step: int, total_steps: int, metrics: dict, eta_s: float | None 
     """`step 3/100  reward 0.512  acc 0.500  len 123.4  kl 0.0012 ... eta 0:03:12` as rich Text."""
     width = len(str(total_steps)) if total_steps > 0 else 1
     line = Text(f"step {step:>{width}}/{total_steps}" if total_steps > 0 else f"step {step}", style="bold")
-    for key, label, fmt in KEY_METRICS:
+    for key, label, fmt in SFT_KEY_METRICS if "train/loss" in metrics else KEY_METRICS:
         if key in metrics:
             line.append(f"  {label} ", style="dim")
-            line.append(_format_value(metrics[key], fmt), style="cyan" if key == "reward/mean" else "")
+            line.append(_format_value(metrics[key], fmt), style="cyan" if key in ("reward/mean", "train/loss") else "")
     if eta_s is not None:
         line.append("  eta ", style="dim")
         line.append(format_clock(eta_s))

@@ -17,6 +17,24 @@ def _resolve_auto(loaded: LoadedConfig, address: str | None) -> LoadedConfig:
     return resolve_auto(loaded, resolve_address(address, loaded.config.resources.address))[0]
 
 
+def _model_from_run(loaded: LoadedConfig) -> LoadedConfig:
+    """model.path = an rlctl run folder (an SFT run, say): its newest checkpoint, merged into
+    <run>/hf/step_<N> once; the run records that folder as its model.path."""
+    import dataclasses
+
+    from rlctl.models.hub import is_run_folder, looks_local
+
+    path = loaded.config.model.path
+    folder = Path(path).expanduser()
+    folder = folder if folder.is_absolute() else loaded.base_dir / folder
+    if not (path and looks_local(path, loaded.base_dir) and folder.is_dir() and is_run_folder(folder)):
+        return loaded
+    from rlctl.checkpoint.merge import run_model
+
+    model = dataclasses.replace(loaded.config.model, path=str(run_model(folder)))
+    return dataclasses.replace(loaded, config=dataclasses.replace(loaded.config, model=model))
+
+
 def _check(loaded: LoadedConfig) -> None:
     """Refuse to start on any config error (the same checks as `rlctl config validate`)."""
     from rlctl.config.validate import validate
@@ -37,6 +55,7 @@ def start_training(loaded: LoadedConfig, *, address: str | None, force: bool) ->
     from rlctl.controller.setup import resolve_paths
 
     loaded = _resolve_auto(loaded, address)
+    loaded = _model_from_run(loaded)
     _check(loaded)
     run_dir = run_dir_of(loaded.config, loaded.base_dir)
     moved = claim_new_run_dir(run_dir, force=force)
@@ -84,11 +103,15 @@ def _already_finished(run_dir: Path, loaded: LoadedConfig, ckpt_step: int, overr
 def _run(loaded: LoadedConfig, run_dir: Path, *, address: str | None, command: str, notices: list,
          resume: tuple | None = None) -> None:
     from rlctl.controller import checkpointing
-    from rlctl.controller.setup import build_setup
     from rlctl.controller.status import finish_run, start_run
     from rlctl.controller.signals import StopFlag, startup_signals
-    from rlctl.controller.trainer import Trainer
     from rlctl.runtime.ray_env import resolve_address
+
+    if loaded.config.run.kind == "sft":   # same run folder, checkpoints and exits; another loop
+        from rlctl.controller.sft import SFTTrainer as Trainer, build_sft_setup as build_setup
+    else:
+        from rlctl.controller.setup import build_setup
+        from rlctl.controller.trainer import Trainer
 
     with ExitStack() as stack:
         try:

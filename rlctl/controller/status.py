@@ -211,7 +211,8 @@ def render_status(summary: dict, console) -> None:
         console.print(Text("  last ", style="dim") + line, soft_wrap=True)
     if s["last_validation"]:
         v = s["last_validation"]
-        parts = [f"{k[4:]} {v[k]:.3f}" for k in ("val/reward/mean", "val/acc") if isinstance(v.get(k), (int, float))]
+        parts = [f"{k[4:]} {v[k]:.3f}" for k in ("val/reward/mean", "val/acc", "val/loss", "val/perplexity")
+                 if isinstance(v.get(k), (int, float))]
         console.print(f"  validation at step {v['step']}: " + ("  ".join(parts) or "(no reward)"), highlight=False)
     console.print(_checkpoint_line(s))
 
@@ -242,6 +243,13 @@ PANELS = (
     ("response length (tokens)", ("response_length/mean",), "val/response_length/mean"),
     ("entropy", ("actor/entropy",), None),
 )
+# The panels of an SFT run (its rows carry train/loss).
+SFT_PANELS = (
+    ("loss (target-token NLL)", ("train/loss",), "val/loss"),
+    ("learning rate", ("actor/lr",), None),
+    ("gradient norm", ("actor/grad_norm",), None),
+    ("tokens per second", ("perf/tokens_per_s",), None),
+)
 
 
 # Training series of one panel, drawn in this order: the first wide and solid, the next thinner and
@@ -253,7 +261,8 @@ SMOOTH_FROM = 20  # points per series from which a moving average is drawn (and 
 
 
 def plot_curves(run_dir: str | os.PathLike, out_png: str | os.PathLike) -> Path:
-    """Write a PNG with reward, KL, response length and entropy over steps (2 x 2 panels)."""
+    """Write a PNG with reward, KL, response length and entropy over steps (2 x 2 panels; an SFT run:
+    loss, learning rate, gradient norm and tokens/s)."""
     fig = curves_figure(run_dir)
     out = Path(out_png)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -275,7 +284,8 @@ def curves_figure(run_dir: str | os.PathLike):
     FigureCanvasAgg(fig)  # Agg without pyplot: no global backend switch, no display needed
     fig.suptitle(f"{summary['name']}: step {summary['step']}" + (f"/{summary['total_steps']}"
                                                                  if summary["total_steps"] else ""))
-    for ax, (title, keys, val_key) in zip(fig.subplots(2, 2).flat, PANELS):
+    panels = SFT_PANELS if any("train/loss" in r for r in rows) else PANELS
+    for ax, (title, keys, val_key) in zip(fig.subplots(2, 2).flat, panels):
         _plot_panel(ax, rows, title, keys, val_key)
     return fig
 

@@ -1,5 +1,9 @@
 """`rlctl data prep`: a source (hub, local files, or the synthetic task) -> verl parquet per split.
 
+With `sft=True` (`--sft`) each row also gets a `response` column: the reference solution (gsm8k's
+worked answer, math's solution, arith's sum, your answer column), the SFT target; the RL columns
+stay, so the same file serves `rlctl eval` and an RL run.
+
 Every record either becomes a row or a counted `Problem`; with on_error="fail" (the default)
 any problem stops the prep with the first few shown, with "skip" they are dropped and counted
 in the report. Duplicate rows (same messages and ground truth within a split) are always dropped
@@ -40,6 +44,7 @@ class PrepOptions:
     instruction: str | None = None
     data_source: str | None = None
     force: bool = False
+    sft: bool = False                  # also write `response` (the reference solution) for SFT
 
 
 @dataclass
@@ -60,6 +65,9 @@ def _check_options(name: str, opts: PrepOptions) -> None:
         raise UsageError(f"--limit {opts.limit} must be at least 1")
     if name in GENERATED and opts.source:
         raise UsageError(f"the {name} task is generated offline and takes no --source")
+    if opts.sft and name in ("code", "code-synthetic"):
+        raise UsageError(f"--sft: {name} rows hold test cases, not a reference solution to imitate",
+                         hint="use --sft with gsm8k, math, arith or your own jsonl/csv/parquet with an answer column.")
     if name == "code" and not opts.source:
         raise UsageError("rlctl data prep code needs --source FILE.jsonl (question + tests per line)",
                          hint="or try the offline task: rlctl data prep code-synthetic.")
@@ -160,7 +168,7 @@ def out_dir(name: str, opts: PrepOptions) -> Path:
     if opts.out is not None:
         return Path(opts.out)
     label = name if name in ("gsm8k", "math", *GENERATED) else Path(opts.source or name).stem
-    return Path("data") / label
+    return Path("data") / (f"{label}-sft" if opts.sft else label)
 
 
 def _write(out: Path, tables: dict, force: bool) -> dict[str, str]:
@@ -203,6 +211,11 @@ def prepare(name: str, opts: PrepOptions) -> dict:
     limited = {s: max(0, len(r.rows) - opts.limit) if opts.limit else 0 for s, r in splits.items()}
     # a generated task may write more columns (calc-tools: the SFT `messages` and `tools`)
     schema = getattr(GENERATED.get(name), "arrow_schema", arrow_schema)()
+    if opts.sft:   # SFT data = the RL row + the response to imitate (eval and GRPO read the same file)
+        schema = schema.append(pa.field("response", pa.string()))
+        for rows in splits.values():
+            for row in rows.rows:
+                row["response"] = str(row["extra_info"]["answer"])
     tables = {s: pa.Table.from_pylist(r.rows[: opts.limit], schema=schema) for s, r in splits.items()}
     out = out_dir(name, opts)
     files = _write(out, tables, opts.force)

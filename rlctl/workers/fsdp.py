@@ -48,6 +48,16 @@ def all_reduce_sum(values: list[float]) -> list[float]:
     return t.tolist()
 
 
+def all_reduce_max(value: float) -> float:
+    """The largest `value` over ranks."""
+    _, world = rank_and_world()
+    if world == 1:
+        return value
+    t = torch.tensor([value], dtype=torch.float64, device=device())
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return float(t.item())
+
+
 def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
     """The repeated transformer blocks, found by the model's own `_no_split_modules` names."""
     names: set[str] = set()

@@ -1,0 +1,158 @@
+"""`SFTWorker`: supervised fine-tuning on one rank of the policy's worker group.
+
+The same TrainEngine as the RL actor (FSDP2 over the group, AdamW, LR schedule, clipping, LoRA),
+the same checkpoint format (so `rlctl merge` / `serve` / `resume` treat an SFT run like an RL
+run), and one optimizer step per training step.
+
+Batch keys (B rows, right-padded to L):
+    input_ids       int64   [B, L]
+    attention_mask  int64   [B, L]   1 on real tokens
+    loss_mask       float32 [B, L]   1 where the token is a target (rlctl.data.sft)
+
+Loss: the mean negative log-likelihood over every target token of the step's whole batch (all
+ranks): each micro-batch adds sum(nll) / N_global x W, W = ranks (FSDP averages gradients over
+ranks), so W ranks take the step one rank would, and how rows are cut into micro-batches changes
+nothing but float rounding.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from rlctl.runtime import Batch, Dispatch, register
+from rlctl.workers import fsdp
+from rlctl.workers.engine import OptimSpec, TrainEngine
+from rlctl.workers.logprob import make_layout, use_packing
+from rlctl.workers.models import apply_lora, load_causal_lm
+
+_KEYS = ["input_ids", "attention_mask", "loss_mask"]
+
+
+def plan_micro_batches(lengths: np.ndarray, *, max_tokens: int, max_rows: int, count: int | None = None) -> list:
+    """Row indices of each micro-batch: rows sorted by length (stable), cut greedily so that rows x
+    longest row <= max_tokens (0: max_rows rows each; a row over the budget goes alone). With `count`
+    (the largest count over the ranks: each rank must run as many forward/backward passes, or FSDP's
+    collectives hang), the largest micro-batches are halved until there are `count`."""
+    order = np.argsort(lengths, kind="stable")
+    groups: list[list[int]] = []
+    for i in order.tolist():
+        cur = groups[-1] if groups else None
+        fits = cur is not None and (len(cur) + 1) * int(lengths[i]) <= max_tokens if max_tokens else \
+            cur is not None and len(cur) < max_rows
+        if fits:
+            cur.append(i)
+        else:
+            groups.append([i])
+    while count is not None and len(groups) < count:
+        splittable = [g for g in range(len(groups)) if len(groups[g]) > 1]
+        if not splittable:
+            raise ValueError(f"cannot cut {len(lengths)} rows into {count} micro-batches")
+        k = max(splittable, key=lambda g: (len(groups[g]) * int(max(lengths[groups[g]])), len(groups[g])))
+        half = len(groups[k]) // 2
+        groups[k:k + 1] = [groups[k][:half], groups[k][half:]]
+    return groups
+
+
+def target_nll(module: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+               loss_mask: torch.Tensor, *, pack: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """-log p(token) of every target token [K] (row-major) and the row each belongs to [K].
+
+    Rows are right-padded; token t is predicted by the output at t - 1. pack=True runs the rows as
+    one packed row (flash attention: varlen by position_ids), else trimmed to the longest row."""
+    from rlctl.algorithms import log_probs_from_logits
+
+    layout = make_layout(input_ids, attention_mask, input_ids.shape[1] - 1, layout="pack" if pack else "trim")
+    keep = loss_mask[:, 1:][layout.response_valid] > 0                      # [M] real tokens -> targets
+    rows_of = layout.response_valid.nonzero()[:, 0][keep]
+    pred_row, pred_col, targets = layout.pred_row[keep], layout.pred_col[keep], layout.targets[keep]
+    first, last = int(pred_col.min()), int(pred_col.max())
+    out = layout.forward(module, logits_to_keep=torch.arange(first, last + 1, device=input_ids.device))
+    logits = out.logits[pred_row, pred_col - first].float()                  # [K, V]
+    return -log_probs_from_logits(logits, targets), rows_of
+
+
+class SFTWorker:
+    """The policy on one rank, trained on labelled tokens. `config`: rlctl Config (kind = "sft")."""
+
+    def __init__(self, config, *, total_steps: int = 0):
+        self.cfg = config
+        self.rank, self.world = fsdp.rank_and_world()
+        torch.manual_seed(config.run.seed)  # same LoRA init on every rank
+        model = load_causal_lm(config.model)
+        if config.model.lora.rank > 0:
+            from rlctl.workers.lora import check_targets
+
+            check_targets(model, config.model.lora)
+            model = apply_lora(model, config.model.lora)
+        self.actor = TrainEngine(model, OptimSpec.for_actor(config.actor, total_steps),
+                                 compute_dtype=fsdp.resolve_dtype(config.model.dtype),
+                                 gradient_checkpointing=config.model.gradient_checkpointing)
+        self.pack = use_packing(self.actor.module)
+
+    def _micro_batches(self, shard: Batch) -> list[dict]:
+        lengths = shard["attention_mask"].sum(1)
+        sft, rows = self.cfg.sft, self.cfg.actor.micro_batch_size
+        local = len(plan_micro_batches(lengths, max_tokens=sft.micro_batch_max_tokens, max_rows=rows))
+        count = int(fsdp.all_reduce_max(float(local)))   # the same number of passes on every rank
+        groups = plan_micro_batches(lengths, max_tokens=sft.micro_batch_max_tokens, max_rows=rows, count=count)
+        out = []
+        for group in groups:
+            part = shard.select(group)
+            width = int(part["attention_mask"].sum(1).max())
+            part = Batch({k: part[k][:, :width] for k in _KEYS})
+            out.append(part.to_torch(self.actor.device, keys=_KEYS))
+        return out
+
+    @register(Dispatch.DP_TRAIN)
+    def train_step(self, batch: Batch) -> dict[str, float]:
+        """One optimizer step on the step's batch. Metrics (the same on every rank): train/loss
+        (token-mean NLL of the batch before the step), actor/grad_norm, actor/lr, actor/skipped_steps."""
+        targets = float((batch["loss_mask"][:, 1:] > 0).sum())
+        total = fsdp.all_reduce_sum([targets])[0]
+        scale = self.world / max(total, 1.0)
+
+        def loss_fn(micro: dict):
+            nll, _ = target_nll(self.actor.module, micro["input_ids"], micro["attention_mask"], micro["loss_mask"],
+                                pack=self.pack)
+            return nll.sum() * scale, {}
+
+        out = self.actor.train_mini_batch(self._micro_batches(batch), loss_fn)
+        lr = self.actor.lr()
+        self.actor.end_train_step()
+        loss = fsdp.all_reduce_sum([out["loss"]])[0] / self.world
+        return {"train/loss": loss, "actor/grad_norm": out["grad_norm"], "actor/lr": lr,
+                "actor/skipped_steps": out["skipped"]}
+
+    @register(Dispatch.DP)
+    def eval_nll(self, batch: Batch) -> Batch:
+        """Per-row summed NLL of the target tokens and their count: nll_sum, targets [B] float64."""
+        sums = np.zeros(len(batch), dtype=np.float64)
+        with self.actor.inference() as module:
+            order = np.argsort(batch["attention_mask"].sum(1), kind="stable")
+            for start in range(0, len(order), self.cfg.actor.micro_batch_size):
+                idx = order[start:start + self.cfg.actor.micro_batch_size]
+                part = batch.select(idx)
+                width = int(part["attention_mask"].sum(1).max())
+                t = Batch({k: part[k][:, :width] for k in _KEYS}).to_torch(self.actor.device, keys=_KEYS)
+                nll, rows = target_nll(module, t["input_ids"], t["attention_mask"], t["loss_mask"], pack=self.pack)
+                np.add.at(sums, idx[rows.cpu().numpy()], nll.double().cpu().numpy())
+        counts = (batch["loss_mask"][:, 1:] > 0).sum(1).astype(np.float64)
+        return Batch({"nll_sum": sums, "targets": counts})
+
+    @register(Dispatch.ALL)
+    def flops_profile(self) -> dict:
+        return self.actor.flops_profile()
+
+    @register(Dispatch.RANK0)
+    def save_checkpoint(self, path: str) -> None:
+        """Model (trained params) + optimizer + schedule + RNG under `path`: the actor's format."""
+        from rlctl.workers.checkpoint_io import save_engine
+
+        save_engine(self.actor, path)
+
+    @register(Dispatch.RANK0)
+    def load_checkpoint(self, path: str) -> dict:
+        from rlctl.workers.checkpoint_io import load_engine
+
+        return load_engine(self.actor, path)

@@ -1,0 +1,59 @@
+"""An SFT config: validate names the RL keys it ignores (warnings), checks its own keys, and bad SFT
+data stops `rlctl train` with one line and exit 3 before any worker starts."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from rlctl.config.loader import load_config
+from rlctl.config.validate import validate
+from rlctl.project import write_project
+from rlctl.recipes import get_recipe
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_sft_recipes_validate_and_list_as_sft():
+    for name in ("sft-arith-cpu", "sft-gsm8k"):
+        problems, plan = validate(load_config(ROOT / "recipes" / f"{name}.toml"), machine=False)
+        assert [p.format() for p in problems] == []
+        assert dict(plan.rows())["run kind"].startswith("sft") and get_recipe(name).algorithm == "sft"
+
+
+def test_unused_rl_keys_are_warnings_and_sft_keys_are_checked():
+    recipe = ROOT / "recipes" / "sft-arith-cpu.toml"
+    loaded = load_config(recipe, ["rollout.n=4", "reward.function=arith", "algorithm.name=rloo",
+                                  "actor.ppo_epochs=2", "data.max_prompt_length=64", "actor.lr=1e-4"])
+    problems, _ = validate(loaded, machine=False)
+    warned = {p.key for p in problems if p.severity == "warning"}
+    assert warned == {"rollout.n", "reward.function", "algorithm.name", "actor.ppo_epochs", "data.max_prompt_length"}
+    assert not [p for p in problems if p.severity == "error"]
+
+    problems, _ = validate(load_config(recipe, ["data.batch_size=33", "run.best_metric=val/acc"]), machine=False)
+    errors = {p.key: p.message for p in problems if p.severity == "error"}
+    assert "over 2 workers" in errors["data.batch_size"] or "split evenly" in errors["data.batch_size"]
+    assert "val/loss" in errors["run.best_metric"]
+
+    # and the other way round: [sft] keys in an RL config are named as unused
+    rl = load_config(ROOT / "recipes" / "grpo-arith-cpu.toml", ["sft.max_length=64"])
+    assert [p.key for p in validate(rl, machine=False)[0] if p.severity == "warning"] == ["sft.max_length"]
+
+
+def test_bad_sft_data_is_one_line_exit_3(tmp_path, tiny_model_dir):
+    write_project(tmp_path, "sft-arith-cpu", str(tiny_model_dir))
+    data = tmp_path / "data" / "arith-sft"
+    data.mkdir(parents=True)
+    rl_rows = [{"data_source": "x", "prompt": [{"role": "user", "content": "1+1?"}]}] * 40   # RL data: no response
+    for split in ("train", "test"):
+        pq.write_table(pa.Table.from_pylist(rl_rows), data / f"{split}.parquet")
+    proc = subprocess.run([sys.executable, "-m", "rlctl", "train"], cwd=tmp_path, capture_output=True, text=True,
+                          env={**os.environ, "HF_HUB_OFFLINE": "1"}, timeout=300)
+    assert proc.returncode == 3, proc.stderr[-2000:]
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and "no 'response' column" in lines[0] and "--sft" in lines[0], proc.stderr

@@ -1,0 +1,149 @@
+"""SFT end to end on CPU (real Ray actors, 2 gloo ranks, FSDP2): it learns `arith`, a kill -9 plus
+`rlctl resume` reproduces the uninterrupted run bit for bit, and its output trains under GRPO, both
+as a merged folder and as the run folder itself."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from rlctl.config.loader import load_config
+from rlctl.controller.run import resume_training, start_training
+
+# 2 ranks; the tiny model learns sums fast at this learning rate.
+CPU = ["resources.gpus_per_node=0", "resources.workers=2", "model.dtype=float32", "data.batch_size=32",
+       "actor.lr=3e-3", "actor.warmup_steps=5", "run.keep_last=0"]
+NONDETERMINISTIC = ("timing/", "perf/")
+
+
+def rows(run: Path) -> list[dict]:
+    return [{k: v for k, v in json.loads(line).items() if not k.startswith(NONDETERMINISTIC)}
+            for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip()]
+
+
+def exact_accuracy(model: Path, data: Path, tmp_path: Path) -> float:
+    from rlctl.serve.eval import EvalOptions, run_eval
+
+    out = run_eval(model, data, EvalOptions(max_new_tokens=6), tmp_path / f"eval-{model.name}.jsonl")
+    return out["all"]["accuracy"]
+
+
+@pytest.fixture(scope="module")
+def learned(tmp_path_factory, tiny_model_dir, arith_sft_data, ray_cluster):
+    """One 2-rank SFT run of 200 steps on arith, merged: (project, run folder, merged folder)."""
+    from rlctl.checkpoint.merge import merge_run
+    from rlctl.project import write_project
+
+    proj = tmp_path_factory.mktemp("sft")
+    write_project(proj, "sft-arith-cpu", str(tiny_model_dir))
+    (proj / "data").mkdir()
+    (proj / "data" / "arith-sft").symlink_to(arith_sft_data)
+    start_training(load_config(proj / "rlctl.toml", CPU + ["run.total_steps=200", "run.val_every=100",
+                                                            "run.save_every=100"]), address=None, force=False)
+    run = proj / "runs" / "sft-arith-cpu"
+    merged = merge_run(run, proj / "models" / "sft").out
+    return proj, run, merged
+
+
+@pytest.mark.slow
+def test_sft_lowers_the_loss_and_raises_held_out_accuracy(learned, tiny_model_dir, arith_sft_data, tmp_path):
+    proj, run, merged = learned
+    metrics = rows(run)
+    assert [r["step"] for r in metrics] == list(range(1, 201))
+    first, last = sum(r["train/loss"] for r in metrics[:5]) / 5, sum(r["train/loss"] for r in metrics[-5:]) / 5
+    assert last < 0.5 * first, (first, last)
+    val = [r["val/loss"] for r in metrics if "val/loss" in r]
+    assert len(val) == 2 and val[1] < val[0]
+    assert all(r["actor/grad_norm"] > 0 and r["actor/lr"] > 0 and r["train/tokens"] > 0 for r in metrics)
+    held_out = arith_sft_data / "test.parquet"   # pairs never seen in training
+    before, after = exact_accuracy(tiny_model_dir, held_out, tmp_path), exact_accuracy(merged, held_out, tmp_path)
+    assert after >= before + 0.1, (before, after)
+    print(f"held-out exact accuracy: base {before:.3f} -> SFT {after:.3f}")
+
+
+def rlctl(*args, cwd):
+    return subprocess.Popen([sys.executable, "-m", "rlctl", *map(str, args)], cwd=cwd,
+                            env={**os.environ, "HF_HUB_OFFLINE": "1"}, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, start_new_session=True)
+
+
+def weights(run: Path, out: Path) -> dict:
+    from rlctl.checkpoint.merge import merge_run
+
+    return load_file(str(merge_run(run, out).out / "model.safetensors"))
+
+
+SHORT = CPU + ["run.total_steps=6", "run.save_every=2", "run.val_every=3", "data.batch_size=8",
+               "sft.micro_batch_max_tokens=256"]
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory, tiny_model_dir, arith_sft_data, ray_cluster):
+    """The uninterrupted 6-step, 2-rank run: its run folder."""
+    from rlctl.project import write_project
+
+    proj = tmp_path_factory.mktemp("reference")
+    write_project(proj, "sft-arith-cpu", str(tiny_model_dir))
+    (proj / "data").mkdir()
+    (proj / "data" / "arith-sft").symlink_to(arith_sft_data)
+    start_training(load_config(proj / "rlctl.toml", SHORT), address=None, force=False)
+    return proj / "runs" / "sft-arith-cpu"
+
+
+@pytest.mark.slow
+def test_two_ranks_train_like_one(reference, sft_project, tmp_path):
+    proj = sft_project(tmp_path / "one")
+    start_training(load_config(proj / "rlctl.toml", SHORT + ["resources.workers=1"]), address=None, force=False)
+    one, two = rows(proj / "runs" / "sft-arith-cpu"), rows(reference)
+    for key in ("train/loss", "actor/grad_norm", "actor/lr", "train/tokens", "val/loss"):
+        a, b = [r[key] for r in one if key in r], [r[key] for r in two if key in r]
+        assert len(a) == len(b) > 0 and a == pytest.approx(b, rel=1e-4, abs=1e-6), key
+
+
+@pytest.mark.slow
+def test_kill_9_then_resume_reproduces_the_run(reference, sft_project, tmp_path):
+    args = SHORT
+    proj = sft_project(tmp_path / "killed")
+    run = proj / "runs" / "sft-arith-cpu"
+    proc = rlctl("train", *args, cwd=proj)
+    deadline = time.monotonic() + 300
+    while not (run / "checkpoints" / "LATEST").is_file() or len(rows(run)) < 3:
+        assert proc.poll() is None, proc.communicate()[1][-3000:]
+        assert time.monotonic() < deadline, "the run made no progress"
+        time.sleep(0.1)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.communicate()
+    assert len(rows(run)) < 6   # killed mid-run
+    resume_training(run, step=None, address=None)
+    assert rows(run) == rows(reference)
+    a, b = weights(reference, tmp_path / "a"), weights(run, tmp_path / "b")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+@pytest.mark.slow
+def test_sft_run_folder_trains_under_grpo(learned, sft_project, tmp_path):
+    """model.path = the SFT run folder: its newest checkpoint is merged into <run>/hf/step_200 (the very
+    weights `rlctl merge` writes, so a merged folder as model.path is the same case) and GRPO trains."""
+    _, run, merged = learned
+    proj = sft_project(tmp_path / "rl", "grpo-arith-cpu", model=run)
+    start_training(load_config(proj / "rlctl.toml", ["run.total_steps=2", "data.batch_size=8", "rollout.n=4",
+                                                     "actor.mini_batch_size=8", "actor.micro_batch_size=16",
+                                                     "actor.lr=1e-4", "data.val_files=[]"]),
+                   address=None, force=False)
+    rl_run = proj / "runs" / "grpo-arith-cpu"
+    metrics = rows(rl_run)
+    assert [r["step"] for r in metrics] == [1, 2] and all(r["reward/mean"] >= 0 for r in metrics)
+    assert metrics[0]["reward/acc"] > 0   # the SFT'd policy already answers some sums: not the base model
+    exported = run / "hf" / "step_200"
+    assert Path(load_config(rl_run / "config.resolved.toml").config.model.path) == exported.resolve()
+    a, b = load_file(str(exported / "model.safetensors")), load_file(str(merged / "model.safetensors"))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
