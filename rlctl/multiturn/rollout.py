@@ -221,3 +221,29 @@ def multi_turn_metrics(batch: Batch) -> dict:
     for finish in ("stop", "length", "max_turns", "interaction", "template"):
         out[f"multi_turn/finish_{finish}"] = float(np.mean([i["finish"] == finish for i in infos]))
     return out
+
+
+class LocalTurns:
+    """`generate_turn` on a model in this process (rlctl eval, benches): the hf engine, one rank.
+
+    Sampling settings are fixed here (the eval's temperature and top_p), whatever the mode."""
+
+    world_size = 1
+
+    def __init__(self, model, *, pad_token_id: int, eos_token_ids: list[int], temperature: float,
+                 top_p: float = 1.0):
+        from rlctl.workers.rollout.hf import HFRolloutEngine
+
+        self.engine = HFRolloutEngine(model, pad_token_id=pad_token_id, eos_token_ids=eos_token_ids)
+        self.temperature, self.top_p = temperature, top_p
+
+    def generate_turn(self, batch: Batch, *, seed: int, mode: str = "train", n: int = 1) -> Batch:
+        import torch
+
+        prompts = [row[m != 0].tolist() for row, m in zip(batch["input_ids"], batch["attention_mask"])]
+        limits = [int(x) for x in batch["max_new_tokens"]]
+        generator = torch.Generator(device=next(self.engine.model.parameters()).device).manual_seed(seed)
+        out = self.engine.generate(prompts, n=n, max_new_tokens=max(limits), temperature=self.temperature,
+                                   top_p=self.top_p, generator=generator, greedy=self.temperature == 0,
+                                   limits=limits)
+        return Batch(out)
