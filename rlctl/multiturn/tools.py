@@ -229,8 +229,13 @@ class EventLoop:
     """One asyncio loop in a daemon thread: tools and interactions run there (verl's async
     objects keep their sessions on one loop), the rollout waits on the results."""
 
-    def __init__(self):
+    def __init__(self, threads: int = 64):
+        from concurrent.futures import ThreadPoolExecutor
+
         self.loop = asyncio.new_event_loop()
+        # sync tools run here: enough threads that a turn's calls start at once (their time limit
+        # counts from the start, so a call must not wait for a thread)
+        self.loop.set_default_executor(ThreadPoolExecutor(max_workers=threads, thread_name_prefix="rlctl-tool"))
         self.thread = threading.Thread(target=self.loop.run_forever, daemon=True, name="rlctl-tools")
         self.thread.start()
 

@@ -370,3 +370,15 @@ interaction = "nofile.py:user"
     out = subprocess.run([sys.executable, "-m", "rlctl", "config", "validate", "rlctl.toml"], cwd=tmp_path,
                          capture_output=True, text=True)
     assert out.returncode == 2 and "unknown tool 'weather'" in out.stdout + out.stderr
+
+
+def test_python_tool_runs_in_the_sandbox(tmp_path):
+    from rlctl.multiturn.tools import EventLoop, SampleTools
+
+    runner, loop = ToolRunner(load_tools(["python"], tmp_path), timeout_s=30), EventLoop()
+    session = SampleTools({})
+    ok = loop.run(runner.call("python", {"code": "print(sum(range(101)))"}, session))
+    bad = loop.run(runner.call("python", {"code": "raise ValueError('nope')"}, session))
+    loop.close()
+    assert ok.text == "5050" and not ok.error
+    assert "ValueError: nope" in bad.text
