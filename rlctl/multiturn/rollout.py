@@ -111,7 +111,7 @@ class MultiTurnActor:
             ids[r, width - len(x):], mask[r, width - len(x):] = x, 1
         out = self.group.generate_turn(Batch({"input_ids": ids, "attention_mask": mask,
                                               "max_new_tokens": np.asarray(limits, dtype=np.int64)}),
-                                       seed=seed, mode=mode, n=n)
+                                       seed=seed, mode=mode, n=n, width=max(limits))
         return out.slice(0, rows * n)
 
     # --- tools and interactions, concurrently for all conversations of a turn --------------------
@@ -237,7 +237,7 @@ class LocalTurns:
         self.engine = HFRolloutEngine(model, pad_token_id=pad_token_id, eos_token_ids=eos_token_ids)
         self.temperature, self.top_p = temperature, top_p
 
-    def generate_turn(self, batch: Batch, *, seed: int, mode: str = "train", n: int = 1) -> Batch:
+    def generate_turn(self, batch: Batch, *, seed: int, mode: str = "train", n: int = 1, width: int = 0) -> Batch:
         import torch
 
         prompts = [row[m != 0].tolist() for row, m in zip(batch["input_ids"], batch["attention_mask"])]

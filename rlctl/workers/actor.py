@@ -115,15 +115,16 @@ class ActorRolloutRefWorker:
         return _rollout_batch(batch, out, n, width=self.cfg.data.max_prompt_length, pad=self._pad_id())
 
     @register(Dispatch.DP)
-    def generate_turn(self, batch: Batch, *, seed: int, mode: str = "train", n: int = 1) -> Batch:
+    def generate_turn(self, batch: Batch, *, seed: int, mode: str = "train", n: int = 1, width: int = 0) -> Batch:
         """One assistant turn of a multi-turn rollout (rlctl.multiturn.rollout): continue each row's
         tokens (input_ids/attention_mask, left-padded) with n samples of at most max_new_tokens[row]
         tokens, at the mode's temperature. Returns responses [rows*n, T], response_length, truncated
-        (+ rollout_log_prob from GPU engines); T = the largest max_new_tokens."""
+        (+ rollout_log_prob from GPU engines); T = `width` (the largest max_new_tokens of the whole
+        call, the same on every rank, so the ranks' parts concatenate)."""
         _, temperature = self._mode(mode)
         prompts = [row[mask != 0].tolist() for row, mask in zip(batch["input_ids"], batch["attention_mask"])]
         limits = [int(x) for x in batch["max_new_tokens"]]
-        out = self._sample(prompts, n, max(limits), temperature, seed, limits=limits)
+        out = self._sample(prompts, n, max(width, *limits), temperature, seed, limits=limits)
         return Batch(_clip_to_limits(out, np.repeat(limits, n), self.eos_ids, self._pad_id()))
 
     def _mode(self, mode: str) -> tuple[int, float]:

@@ -54,14 +54,15 @@ def test_reward_rises_with_a_feedback_interaction(tmp_path, tiny_model_dir, arit
 def test_remax_dynamic_sampling_and_validation_run_the_multi_turn_loop(tmp_path, tiny_model_dir, arith_data,
                                                                       ray_cluster):
     """ReMax's greedy baseline, DAPO's regeneration rounds and validation all generate through the
-    multi-turn loop (their batches carry whole conversations)."""
+    multi-turn loop (their batches carry whole conversations), on two ranks."""
     proj = Path(shutil.copytree(EXAMPLE, tmp_path / "example"))
     (proj / "models").mkdir()
     (proj / "models" / "tiny").symlink_to(tiny_model_dir)
     (proj / "data").mkdir()
     (proj / "data" / "arith").symlink_to(arith_data)
     overrides = ["run.total_steps=2", "run.save_every=0", "algorithm.name=remax", "rollout.n=4",
-                 "actor.micro_batch_size=32",
+                 "actor.micro_batch_size=16", "resources.workers=2", "rollout.multi_turn.max_turn_length=0",
+                 # two ranks whose conversations have other budgets left: each turn's widths must agree
                  "algorithm.dynamic_sampling.enable=true", "algorithm.dynamic_sampling.max_gen_batches=2",
                  'data.val_files=["data/arith/test.parquet"]', "data.val_batch_size=16"]
     start_training(load_config(proj / "rlctl.toml", overrides), address=None, force=False)
