@@ -43,7 +43,6 @@ def test_reward_rises_with_a_feedback_interaction(tmp_path, tiny_model_dir, arit
     assert rows[0]["multi_turn/turns/mean"] > 1.5, "the user asked again in most conversations"
     rewards = [r["reward/mean"] for r in rows]
     first, last = sum(rewards[:4]) / 4, sum(rewards[-4:]) / 4
-    print("rewards", [round(x, 3) for x in rewards])
     assert last > first + 0.1, f"reward {first:.3f} -> {last:.3f} ({[round(x, 3) for x in rewards]})"
     record = json.loads((run / "rollouts" / f"step_{STEPS}.jsonl").read_text().splitlines()[0])
     roles = [m["role"] for m in record["messages"]]
