@@ -53,16 +53,20 @@ def resolve_paths(config: Config, base: Path) -> Config:
     if reward.model and looks_local(reward.model, base):
         reward = dataclasses.replace(reward, model=absolute(reward.model))  # a folder, not a hub id
     run = dataclasses.replace(config.run, output_dir=absolute(config.run.output_dir))
-    mt = config.rollout.multi_turn
-    def absolute_spec(spec: str) -> str:   # "file.py:name" -> "/abs/file.py:name"; built-in names stay
-        file, _, name = spec.rpartition(":")
-        return f"{absolute(file)}:{name}" if file else spec
-    mt = dataclasses.replace(mt, tools=tuple(map(absolute_spec, mt.tools)),
-                             interaction=absolute_spec(mt.interaction) if mt.interaction else "")
-    rollout_config = dataclasses.replace(config.rollout, multi_turn=mt)
+    multi_turn = _absolute_specs(config.rollout.multi_turn, absolute)
     algorithm = dataclasses.replace(config.algorithm, plugins=tuple(map(absolute, config.algorithm.plugins)))
     return dataclasses.replace(config, model=dataclasses.replace(config.model, path=model_path), data=data,
-                               reward=reward, run=run, algorithm=algorithm, rollout=rollout_config)
+                               reward=reward, run=run, algorithm=algorithm,
+                               rollout=dataclasses.replace(config.rollout, multi_turn=multi_turn))
+
+
+def _absolute_specs(mt, absolute):
+    """[rollout.multi_turn] with "file.py:name" tools and interaction made absolute (built-ins stay)."""
+    def spec(value: str) -> str:
+        file, _, name = value.rpartition(":")
+        return f"{absolute(file)}:{name}" if file else value
+
+    return dataclasses.replace(mt, tools=tuple(map(spec, mt.tools)), interaction=spec(mt.interaction))
 
 
 def recompute_old_log_prob(config: Config, needs: Needs | None = None) -> bool:
