@@ -22,13 +22,3 @@ def tool_model_dir(tiny_model_dir, tmp_path_factory) -> Path:
     from tool_model import train_tool_caller
 
     return train_tool_caller(tiny_model_dir, tmp_path_factory.mktemp("tool_caller") / "model")
-
-
-def write_rows(path: Path, rows: list[dict]) -> Path:
-    """verl-schema rows (data_source, prompt, reward_model, extra_info) to parquet."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    path.parent.mkdir(parents=True, exist_ok=True)
-    pq.write_table(pa.Table.from_pylist(rows), path)
-    return path

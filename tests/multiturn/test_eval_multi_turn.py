@@ -6,8 +6,8 @@ import json
 import shutil
 from pathlib import Path
 
-from conftest import write_rows
-from test_multiturn_training import REWARD
+from support.parquet_rows import write_rows
+from tool_model import REWARD
 
 
 def test_eval_runs_the_training_tools_and_reward(tmp_path, tool_model_dir):

@@ -13,22 +13,12 @@ from pathlib import Path
 
 import pytest
 
-from conftest import write_rows
+from support.parquet_rows import write_rows
+from tool_model import REWARD
 from rlctl.config.loader import load_config
 from rlctl.controller.run import resume_training, start_training
 from rlctl.project import write_project
 
-REWARD = '''
-def compute_score(data_source, solution_str, ground_truth, extra_info=None):
-    missing = [k for k in ("messages", "num_turns", "tool_calls", "turn_scores", "tool_rewards") if k not in extra_info]
-    if missing:
-        raise KeyError(f"extra_info lacks {missing}")
-    if extra_info["num_turns"] != sum(m["role"] == "assistant" for m in extra_info["messages"]):
-        raise ValueError("num_turns does not count the assistant turns")
-    used = any(c["name"] == "calculator" and not c["error"] for c in extra_info["tool_calls"])
-    final = extra_info["messages"][-1]
-    return float(used and final["role"] == "assistant" and final["content"].strip() == ground_truth)
-'''
 
 COMMON = ["resources.gpus_per_node=0", "resources.workers=2", "data.batch_size=4", "rollout.n=2",
           "actor.mini_batch_size=4", "actor.micro_batch_size=4", "data.max_prompt_length=1024",

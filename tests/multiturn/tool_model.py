@@ -13,6 +13,20 @@ from pathlib import Path
 
 CALL = {"name": "calculator", "arguments": {"expression": "2+2"}}
 
+# the reward of the tests that use this model: exact final answer after a good calculator call, and a
+# check that verl's multi-turn extra_info keys arrived
+REWARD = '''
+def compute_score(data_source, solution_str, ground_truth, extra_info=None):
+    missing = [k for k in ("messages", "num_turns", "tool_calls", "turn_scores", "tool_rewards") if k not in extra_info]
+    if missing:
+        raise KeyError(f"extra_info lacks {missing}")
+    if extra_info["num_turns"] != sum(m["role"] == "assistant" for m in extra_info["messages"]):
+        raise ValueError("num_turns does not count the assistant turns")
+    used = any(c["name"] == "calculator" and not c["error"] for c in extra_info["tool_calls"])
+    final = extra_info["messages"][-1]
+    return float(used and final["role"] == "assistant" and final["content"].strip() == ground_truth)
+'''
+
 
 def transcript(question: str) -> list[dict]:
     return [{"role": "user", "content": question},
