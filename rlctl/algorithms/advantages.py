@@ -193,14 +193,17 @@ def remax(*, token_level_rewards, response_mask, reward_baselines, **_):
 
 @register_estimator("reinforce_plus_plus")
 def reinforce_plus_plus(*, token_level_rewards, response_mask, gamma, **_):
-    """REINFORCE++: G_t = r_t + gamma G_{t+1}, reset to 0 after a masked position (so padding and
-    later turns do not leak back), then whitened over all valid tokens of the batch."""
+    """REINFORCE++: G_t = r_t + gamma G_{t+1} over the row's valid tokens, then whitened over all
+    valid tokens of the batch. A masked position (a multi-turn sample's tool or user tokens) is
+    not a time step: the return passes it unchanged, so the outcome reward at the last model
+    token reaches every earlier turn. (verl resets the return there instead, which gives earlier
+    turns a return of 0; on single-turn rows, where masked positions only trail, both agree.)"""
     returns = torch.zeros_like(token_level_rewards)
     running = token_level_rewards.new_zeros(token_level_rewards.shape[0])
     for t in reversed(range(token_level_rewards.shape[1])):
-        running = token_level_rewards[:, t] + gamma * running
-        returns[:, t] = running
-        running = running * response_mask[:, t]
+        valid = response_mask[:, t] > 0
+        running = torch.where(valid, token_level_rewards[:, t] + gamma * running, running)
+        returns[:, t] = running * response_mask[:, t]
     return masked_whiten(returns, response_mask), returns
 
 

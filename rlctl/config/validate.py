@@ -198,6 +198,10 @@ def check_one_step_off(c: Config, raw: dict) -> list[Problem]:
         problems.append(Problem("algorithm.dynamic_sampling.enable", "dynamic sampling decides how many batches to "
                                 "generate from their rewards, which one_step_off generates a step ahead: turn one "
                                 "of them off"))
+    if c.rollout.multi_turn.enable:
+        problems.append(Problem("rollout.multi_turn.enable", "multi-turn rollouts run through the actor group's "
+                                "turn loop; one_step_off's separate rollout group does not drive tools or "
+                                "interactions yet: use rollout.mode = \"sync\" for multi-turn runs"))
     if c.data.batch_size < c.resources.rollout_workers:
         problems.append(Problem("resources.rollout_workers", f"{c.resources.rollout_workers} rollout workers for "
                                 f"data.batch_size = {c.data.batch_size} prompts: every worker needs a prompt; use at "
@@ -383,6 +387,41 @@ def check_lora_targets(loaded: LoadedConfig) -> list[Problem]:
     return [Problem("model.lora.target_modules", message)] if message else []
 
 
+def check_multi_turn(c: Config, base: Path | None) -> list[Problem]:
+    """[rollout.multi_turn]: names of tools and the interaction; with `base` (the machine pass)
+    each is imported, and each tool's schema derived, so a bad file:name or a tool without type
+    hints is reported here, not mid-run."""
+    from rlctl.config.schema import BUILTIN_TOOLS
+
+    mt, problems = c.rollout.multi_turn, []
+    if not mt.enable:
+        return problems
+    for spec in mt.tools:
+        if spec not in BUILTIN_TOOLS and ":" not in spec:
+            problems.append(Problem("rollout.multi_turn.tools", f"unknown tool {spec!r}: use a built-in "
+                                    f"({', '.join(BUILTIN_TOOLS)}) or \"file.py:name\""))
+    if mt.interaction and ":" not in mt.interaction:
+        problems.append(Problem("rollout.multi_turn.interaction", f"{mt.interaction!r} is not \"file.py:name\""))
+    if not mt.tools and not mt.interaction:
+        problems.append(Problem("rollout.multi_turn.enable", "multi-turn rollouts without tools or an interaction "
+                                "stop after one turn; list tools or set an interaction", severity="warning"))
+    if problems or base is None:
+        return problems
+    from rlctl.errors import ConfigError
+    from rlctl.multiturn.interactions import load_interaction
+    from rlctl.multiturn.tools import load_tools
+
+    loaders = (("rollout.multi_turn.tools", lambda: load_tools(mt.tools, base)),
+               ("rollout.multi_turn.interaction", lambda: mt.interaction and load_interaction(mt.interaction, base)))
+    for key, load in loaders:
+        try:
+            load()
+        except ConfigError as e:
+            message = e.message.removeprefix(key + ": ")
+            problems.append(Problem(key, message + (f"; {e.hint}" if e.hint else "")))
+    return problems
+
+
 def _resolve(base: Path, p: str) -> Path:
     path = Path(p).expanduser()
     return path if path.is_absolute() else base / path
@@ -523,6 +562,7 @@ def validate(loaded: LoadedConfig, *, machine: bool = True, reach_services: bool
     plan = dataclasses.replace(plan, gpus_per_node_resolved=auto)
     problems += batch_problems + check_algorithm(c, loaded.raw) + check_lora(c)
     problems += check_reward(c, reach=machine and reach_services)
+    problems += check_multi_turn(c, loaded.base_dir if machine else None)
     if machine and c.reward.model:
         problems += check_reward_model_path(c.reward.model, loaded.base_dir)
     if machine:

@@ -44,25 +44,27 @@ def read_rows(files: list[Path]) -> list[dict]:
     return rows
 
 
-def chat_prompt_ids(messages: list, tokenizer) -> list[int]:
+def chat_prompt_ids(messages: list, tokenizer, tools: list[dict] | None = None) -> list[int]:
     """The token ids the policy sees for one chat prompt: its chat template with the generation
-    prompt (training and `rlctl eval` alike). A tokenizer without a template (a base model) reads
-    the contents joined by newlines, as `rlctl data inspect` counts them."""
+    prompt (training and `rlctl eval` alike); `tools` are OpenAI function schemas the template
+    renders into the prompt (multi-turn rollouts). A tokenizer without a template (a base model)
+    reads the contents joined by newlines, as `rlctl data inspect` counts them."""
     if not getattr(tokenizer, "chat_template", None):
         from rlctl.data.dataset import render_prompts as render_texts
 
         return tokenizer(render_texts([messages], tokenizer)[0], add_special_tokens=False)["input_ids"]
-    ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+    ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, tools=tools or None)
     if hasattr(ids, "keys"):  # transformers 5 returns a BatchEncoding
         ids = ids["input_ids"]
     return list(ids)
 
 
-def render_prompts(rows: list[dict], tokenizer, max_prompt_length: int, overlong: str) -> PromptSet:
+def render_prompts(rows: list[dict], tokenizer, max_prompt_length: int, overlong: str,
+                   tools: list[dict] | None = None) -> PromptSet:
     """Tokenize every row's chat prompt once; apply the overlong policy; count what happened."""
     out = PromptSet(rows=[])
     for i, row in enumerate(rows):
-        ids = chat_prompt_ids(row["prompt"], tokenizer)
+        ids = chat_prompt_ids(row["prompt"], tokenizer, tools)
         if len(ids) > max_prompt_length:
             if overlong == "error":
                 raise DataError(f"row {i} ({row['data_source']}) has a {len(ids)}-token prompt, over "

@@ -53,6 +53,11 @@ def score(batch: Batch, reward_runner, tokenizer, components: tuple = ()) -> dic
               "messages": m}
              for ds, t, gt, ei, p, m in zip(batch["data_source"], texts, batch["ground_truth"], batch["extra_info"],
                                             prompts, messages)]
+    if "multi_turn" in batch:   # the whole conversation reaches the reward, in verl's extra_info keys
+        from rlctl.multiturn.rollout import reward_extra_info
+
+        for item, conversation, info in zip(items, batch["conversation"], batch["multi_turn"]):
+            item["extra_info"] = reward_extra_info(item["extra_info"], conversation, info)
     result = reward_runner.score(items)
     batch["scores"] = result.scores.astype(np.float32)
     acc = result.extras.get("acc")
@@ -68,6 +73,10 @@ def score(batch: Batch, reward_runner, tokenizer, components: tuple = ()) -> dic
                               "samples, and algorithm.gdpo_reward_keys lists it",
                               hint=f"return a dict with {name!r} for every sample, or remove it from the keys")
         batch[f"reward_component/{name}"] = values.astype(np.float32)
+    if "multi_turn" in batch:
+        from rlctl.multiturn.rollout import multi_turn_metrics
+
+        return {**result.metrics, **multi_turn_metrics(batch)}
     return dict(result.metrics)
 
 

@@ -53,9 +53,20 @@ def resolve_paths(config: Config, base: Path) -> Config:
     if reward.model and looks_local(reward.model, base):
         reward = dataclasses.replace(reward, model=absolute(reward.model))  # a folder, not a hub id
     run = dataclasses.replace(config.run, output_dir=absolute(config.run.output_dir))
+    multi_turn = _absolute_specs(config.rollout.multi_turn, absolute)
     algorithm = dataclasses.replace(config.algorithm, plugins=tuple(map(absolute, config.algorithm.plugins)))
     return dataclasses.replace(config, model=dataclasses.replace(config.model, path=model_path), data=data,
-                               reward=reward, run=run, algorithm=algorithm)
+                               reward=reward, run=run, algorithm=algorithm,
+                               rollout=dataclasses.replace(config.rollout, multi_turn=multi_turn))
+
+
+def _absolute_specs(mt, absolute):
+    """[rollout.multi_turn] with "file.py:name" tools and interaction made absolute (built-ins stay)."""
+    def spec(value: str) -> str:
+        file, _, name = value.rpartition(":")
+        return f"{absolute(file)}:{name}" if file else value
+
+    return dataclasses.replace(mt, tools=tuple(map(spec, mt.tools)), interaction=spec(mt.interaction))
 
 
 def recompute_old_log_prob(config: Config, needs: Needs | None = None) -> bool:
@@ -140,6 +151,10 @@ class TrainSetup:
                 for sample, version in zip(samples, batch["policy_version"][:k]):
                     sample["policy_version"] = int(version)
             self.logger.log_samples(step, samples)
+        if self.config.run.log_rollouts:
+            from rlctl.controller.rollout_log import write_rollouts
+
+            write_rollouts(self.run_dir, step, batch)
         self.display.update(step, metrics)
         write_run_info(self.run_dir, step=step)
 
@@ -148,9 +163,12 @@ def build_data(config: Config, setup_notices: list):
     """Tokenizer, training prompt loader and validation prompts (rendered once, up front)."""
     from rlctl.workers.models import load_tokenizer
 
+    from rlctl.multiturn.rollout import tool_schemas
+
     tokenizer = load_tokenizer(config.model.path, config.model.trust_remote_code)
+    tools = tool_schemas(config, Path.cwd())   # multi-turn: prompts show the tools (paths are absolute here)
     train = render_prompts(read_rows([Path(p) for p in config.data.train_files]), tokenizer,
-                           config.data.max_prompt_length, config.data.overlong_prompts)
+                           config.data.max_prompt_length, config.data.overlong_prompts, tools=tools)
     if train.filtered or train.truncated:
         setup_notices.append(f"{train.filtered} prompt(s) over data.max_prompt_length = "
                              f"{config.data.max_prompt_length} filtered, {train.truncated} truncated")
@@ -158,7 +176,7 @@ def build_data(config: Config, setup_notices: list):
     val_rows = []
     if config.data.val_files:
         val_rows = render_prompts(read_rows([Path(p) for p in config.data.val_files]), tokenizer,
-                                  config.data.max_prompt_length, config.data.overlong_prompts).rows
+                                  config.data.max_prompt_length, config.data.overlong_prompts, tools=tools).rows
     return tokenizer, loader, val_rows, train
 
 
@@ -189,11 +207,19 @@ def build_setup(loaded: LoadedConfig, run_dir: Path, stack: ExitStack, *, addres
     workers = start_workers(config, total, needs, stack, address)
     if workers.reward_model is not None:
         reward.attach_model(workers.reward_model)
+    actor = workers.actor
+    if config.rollout.multi_turn.enable:   # tools and interactions: the multi-turn loop generates
+        from rlctl.multiturn.rollout import MultiTurnActor
+        from rlctl.workers.models import eos_token_ids
+
+        actor = MultiTurnActor(workers.actor, config, tokenizer, loaded.base_dir,
+                               eos_token_ids(config.model.path, tokenizer))
+        stack.callback(actor.close)
     display = stack.enter_context(LiveDisplay(total, start_step=start_step, title=config.run.name))
     checkpoints = CheckpointManager.for_run(run_dir, config.run.keep_last)
     return TrainSetup(config=config, config_dir=loaded.base_dir, run_dir=run_dir, tokenizer=tokenizer,
                       pad_token_id=pad, loader=loader, val_rows=val_rows, total_steps=total, needs=needs,
-                      kl_ctrl=kl_ctrl, actor=workers.actor, critic=workers.critic, reward=reward, logger=logger,
+                      kl_ctrl=kl_ctrl, actor=actor, critic=workers.critic, reward=reward, logger=logger,
                       display=display, checkpoints=checkpoints, notices=notices, rollout=workers.rollout)
 
 

@@ -155,7 +155,7 @@ class Trainer:
         mask = batch["response_mask"]
         lengths = batch["response_length"].astype(np.float64)
         generated = float(mask.sum())
-        prompt_tokens = float(batch["attention_mask"].sum() - mask.sum())
+        prompt_tokens = float(batch["attention_mask"][:, :batch["prompts"].shape[1]].sum())
         return {
             "reward/mean": float(batch["scores"].mean()), "reward/std": float(batch["scores"].std()),
             "reward/acc": float(batch["acc"].mean()),
@@ -163,7 +163,7 @@ class Trainer:
             "response_length/clip_ratio": float((lengths >= self.config.data.max_response_length).mean()),
             "prompt_length/mean": prompt_tokens / len(batch),
             "timing/step_s": step_s, "perf/tokens_per_s": generated / step_s,
-            "perf/total_tokens_per_s": (generated + prompt_tokens) / step_s,
+            "perf/total_tokens_per_s": float(batch["attention_mask"].sum()) / step_s,
             "data/epoch": float(self.setup.loader.epoch), "data/sequences": float(len(batch)),
             **(self.flops.metrics(batch, step_s) if self.flops is not None else {}),
         }

@@ -99,7 +99,7 @@ ARCHS = {
 
 def _tiny_config(arch: str, tok, *, layers: int, hidden: int, heads: int, kv_heads: int, intermediate: int,
                  max_positions: int, **extra):
-    """The transformers config of a tiny `arch` model around the byte-level tokenizer `tok`."""
+    """The transformers config of a tiny `arch` model around the tokenizer `tok` (byte-level or Qwen's)."""
     import transformers
 
     config_class, _, arch_extra = ARCHS[arch]
@@ -138,16 +138,24 @@ def _save_seeded(out, model_class: str, cfg, tok, seed: int, info: dict, generat
 
 def build_tiny_model(out: str | os.PathLike, *, layers: int = 2, hidden: int = 64, heads: int = 4,
                      kv_heads: int = 2, intermediate: int | None = None, max_positions: int = 2048,
-                     tie_embeddings: bool = True, seed: int = 0, arch: str = "qwen2") -> dict:
+                     tie_embeddings: bool = True, seed: int = 0, arch: str = "qwen2",
+                     tokenizer: str = "byte") -> dict:
     """Write a tiny causal LM of `arch` (one of ARCHS) + tokenizer to `out`; returns a summary dict.
 
-    The same arguments always give bitwise-identical weights (seeded CPU init, float32).
+    tokenizer: "byte" (the byte-level one here) or "qwen" (Qwen's real BPE vocabulary,
+    rlctl.models.qwen_vocab). The same arguments always give bitwise-identical weights (seeded CPU
+    init, float32).
     """
     from transformers import GenerationConfig
 
     if arch not in ARCHS:
         raise ValueError(f"unknown tiny architecture {arch!r}; one of {', '.join(ARCHS)}")
-    tok = build_tokenizer(max_positions)
+    if tokenizer == "qwen":
+        from rlctl.models.qwen_vocab import build_qwen_tokenizer
+
+        tok = build_qwen_tokenizer(max_positions)
+    else:
+        tok = build_tokenizer(max_positions)
     cfg = _tiny_config(arch, tok, layers=layers, hidden=hidden, heads=heads, kv_heads=kv_heads,
                        intermediate=intermediate or 4 * hidden, max_positions=max_positions,
                        tie_word_embeddings=tie_embeddings, use_cache=True)
@@ -157,7 +165,7 @@ def build_tiny_model(out: str | os.PathLike, *, layers: int = 2, hidden: int = 6
     )
     return _save_seeded(out, ARCHS[arch][1], cfg, tok, seed,
                         {"arch": arch, "layers": layers, "hidden": hidden, "heads": heads, "kv_heads": kv_heads,
-                         "tied_embeddings": tie_embeddings}, generation)
+                         "tied_embeddings": tie_embeddings, "tokenizer": tokenizer}, generation)
 
 
 def build_tiny_reward_model(out: str | os.PathLike, *, layers: int = 2, hidden: int = 64, heads: int = 4,

@@ -50,7 +50,7 @@ def parse_spec(function_spec: str, config_dir: Path, format_score: float = 0.0, 
     spec = function_spec.strip()
     if not spec:
         return RewardSpec(None, "", format_score, sandbox_url)
-    if spec.isidentifier():
+    if spec.replace("-", "_").isidentifier():   # a built-in's name: "gsm8k", "calc-tools"
         return RewardSpec(None, spec, format_score, sandbox_url)
     file, sep, fn_name = spec.rpartition(":")
     if not sep or not file or not fn_name:

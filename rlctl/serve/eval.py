@@ -64,25 +64,32 @@ def summarize(scores: list[list[float]], correct: list[list[bool]], n: int) -> d
     return out
 
 
-def reward_settings(model_path: Path, override: str | None):
-    """(RewardConfig, folder its relative paths resolve from, max_response_length) for this model."""
-    from rlctl.config.schema import DataConfig, RewardConfig
+def run_config(model_path: Path):
+    """(the training config of this run folder or merged model, or None; the folder its relative
+    paths resolve from)."""
     from rlctl.serve.source import is_run_dir
 
     from rlctl.checkpoint.manifest import CONFIG_FILE
     from rlctl.checkpoint.merge import TRAINING_CONFIG
     from rlctl.config.loader import load_config
 
-    reward, config_dir, max_response = RewardConfig(), Path.cwd(), DataConfig().max_response_length
     resolved = model_path / CONFIG_FILE
     if is_run_dir(model_path) and resolved.is_file():
         config = load_config(resolved, strict=False).config
-        reward, config_dir = config.reward, _project_dir(model_path, config)
-        max_response = config.data.max_response_length
-    elif (model_path / TRAINING_CONFIG).is_file():   # a merged folder: the run's settings (absolute paths)
-        config = load_config(model_path / TRAINING_CONFIG, strict=False).config
-        reward, config_dir = config.reward, model_path.resolve()
-        max_response = config.data.max_response_length
+        return config, _project_dir(model_path, config)
+    if (model_path / TRAINING_CONFIG).is_file():   # a merged folder: the run's settings (absolute paths)
+        return load_config(model_path / TRAINING_CONFIG, strict=False).config, model_path.resolve()
+    return None, Path.cwd()
+
+
+def reward_settings(model_path: Path, override: str | None):
+    """(RewardConfig, folder its relative paths resolve from, max_response_length) for this model."""
+    from rlctl.config.schema import DataConfig, RewardConfig
+
+    reward, config_dir, max_response = RewardConfig(), Path.cwd(), DataConfig().max_response_length
+    config, folder = run_config(model_path)
+    if config is not None:
+        reward, config_dir, max_response = config.reward, folder, config.data.max_response_length
     if override is not None:
         reward, config_dir = replace(reward, function=override), Path.cwd()
     return reward, config_dir, max_response
@@ -120,17 +127,30 @@ def run_eval(model_path: str | Path, data_file: str | Path, opts: EvalOptions, o
         raise UsageError("--n > 1 with --temperature 0 gives n identical answers",
                          hint="set --temperature (e.g. 1.0) to sample.")
     reward = _resolve_reward_model(reward, config_dir)
+    config, run_dir = run_config(model_path)
+    multi_turn = config is not None and config.rollout.multi_turn.enable
     # The reward sources check themselves as they start (the function, the built-ins for these data
     # sources, the services' URLs): a bad reward stops here, before minutes of generation.
     with build_reward(reward, config_dir) as sources:
         sources.check_data_sources({row["data_source"] for row in rows})
         with model_folder(model_path, opts.step) as folder:
-            tokenizer = AutoTokenizer.from_pretrained(folder)
-            prompt_ids = [chat_prompt_ids(row["prompt"], tokenizer) for row in rows]   # as training renders them
-            samples = _generate(folder, tokenizer, prompt_ids, opts, temperature, opts.max_new_tokens or default_max)
-        if reward.model:
-            sources.attach_model(_LocalRewardModel(reward))
-        scores, correct, records = _score(rows, samples, sources, tokenizer.batch_decode(prompt_ids))
+            if multi_turn:   # the training loop's tools, interaction and reward, conversation by conversation
+                from rlctl.serve.eval_turns import evaluate_multi_turn
+
+                if reward.model:
+                    sources.attach_model(_LocalRewardModel(reward))
+                scores, correct, records = evaluate_multi_turn(folder, rows, opts, temperature,
+                                                               opts.max_new_tokens or default_max, config, run_dir,
+                                                               sources)
+            else:
+                tokenizer = AutoTokenizer.from_pretrained(folder)
+                prompt_ids = [chat_prompt_ids(row["prompt"], tokenizer) for row in rows]   # as training renders them
+                samples = _generate(folder, tokenizer, prompt_ids, opts, temperature,
+                                    opts.max_new_tokens or default_max)
+        if not multi_turn:
+            if reward.model:
+                sources.attach_model(_LocalRewardModel(reward))
+            scores, correct, records = _score(rows, samples, sources, tokenizer.batch_decode(prompt_ids))
     _write_jsonl(out_path, records)
     by_source = defaultdict(list)
     for i, row in enumerate(rows):

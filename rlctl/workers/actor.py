@@ -109,24 +109,46 @@ class ActorRolloutRefWorker:
         seed: the controller's per-step seed; each rank samples from (seed, rank), so a run
         with the same seeds and ranks generates the same tokens.
         """
+        n, temperature = self._mode(mode)
+        prompts = [row[mask != 0].tolist() for row, mask in zip(batch["input_ids"], batch["attention_mask"])]
+        out = self._sample(prompts, n, self.cfg.data.max_response_length, temperature, seed)
+        return _rollout_batch(batch, out, n, width=self.cfg.data.max_prompt_length, pad=self._pad_id())
+
+    @register(Dispatch.DP)
+    def generate_turn(self, batch: Batch, *, seed: int, mode: str = "train", n: int = 1, width: int = 0) -> Batch:
+        """One assistant turn of a multi-turn rollout (rlctl.multiturn.rollout): continue each row's
+        tokens (input_ids/attention_mask, left-padded) with n samples of at most max_new_tokens[row]
+        tokens, at the mode's temperature. Returns responses [rows*n, T], response_length, truncated
+        (+ rollout_log_prob from GPU engines); T = `width` (the largest max_new_tokens of the whole
+        call, the same on every rank, so the ranks' parts concatenate)."""
+        _, temperature = self._mode(mode)
+        prompts = [row[mask != 0].tolist() for row, mask in zip(batch["input_ids"], batch["attention_mask"])]
+        limits = [int(x) for x in batch["max_new_tokens"]]
+        out = self._sample(prompts, n, max(width, *limits), temperature, seed, limits=limits)
+        return Batch(_clip_to_limits(out, np.repeat(limits, n), self.eos_ids, self._pad_id()))
+
+    def _mode(self, mode: str) -> tuple[int, float]:
         rc = self.cfg.rollout
         modes = {"train": (rc.n, rc.temperature), "val": (rc.val_n, rc.val_temperature), "greedy": (1, 0.0)}
         if mode not in modes:
             raise ValueError(f"generate mode must be one of {sorted(modes)}, got {mode!r}")
-        n, temperature = modes[mode]
-        prompts = [row[mask != 0].tolist() for row, mask in zip(batch["input_ids"], batch["attention_mask"])]
+        return modes[mode]
+
+    def _sample(self, prompts: list, n: int, max_new_tokens: int, temperature: float, seed: int,
+                limits: list | None = None) -> dict:
+        rc = self.cfg.rollout
         generator = torch.Generator(device=self.actor.device)
         generator.manual_seed(int(np.random.SeedSequence([seed, self.rank]).generate_state(1)[0]))
         engine = self._ready_engine()
+        extra = {"limits": limits} if limits is not None and engine.per_prompt_limits else {}
         try:
             # the hf engine runs the trainer's module (its autocast); GPU engines have their own dtype
             with self.actor.autocast() if not engine.owns_weights else contextlib.nullcontext():
-                out = engine.generate(
-                    prompts, n=n, max_new_tokens=self.cfg.data.max_response_length, temperature=temperature,
-                    top_p=rc.top_p, top_k=rc.top_k, generator=generator, greedy=temperature == 0)
+                return engine.generate(
+                    prompts, n=n, max_new_tokens=max_new_tokens, temperature=temperature,
+                    top_p=rc.top_p, top_k=rc.top_k, generator=generator, greedy=temperature == 0, **extra)
         finally:
             self._release_engine(engine)
-        return _rollout_batch(batch, out, n, width=self.cfg.data.max_prompt_length, pad=self._pad_id())
 
     @register(Dispatch.RANK0)
     def export_weights(self) -> dict | None:
@@ -273,6 +295,21 @@ class ActorRolloutRefWorker:
         meta = load_engine(self.actor, path)
         self._weights_version += 1
         return meta
+
+
+def _clip_to_limits(out: dict, limits: np.ndarray, eos_ids: list[int], pad: int) -> dict:
+    """Each row cut to its own token limit (engines without per-prompt limits generate up to the largest)."""
+    out = dict(out)
+    lengths = np.minimum(out["response_length"], limits)
+    if (lengths < out["response_length"]).any():
+        width = out["responses"].shape[1]
+        keep = np.arange(width)[None, :] < lengths[:, None]
+        out["responses"] = np.where(keep, out["responses"], pad)
+        last = out["responses"][np.arange(len(lengths)), lengths - 1]
+        out["truncated"] = ~np.isin(last, eos_ids)
+        out["response_length"] = lengths
+        out["response_mask"] = keep.astype(np.int64)
+    return out
 
 
 def _rollout_batch(prompts: Batch, out: dict, n: int, *, width: int, pad: int) -> Batch:

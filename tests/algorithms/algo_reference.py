@@ -76,13 +76,12 @@ def rloo(rewards, mask, group_ids):
 
 
 def reinforce_plus_plus(rewards, mask, gamma):
-    """Discounted return-to-go over each row's valid prefix block; a masked token resets it."""
+    """Discounted return-to-go over each row's valid tokens; a masked token is skipped (not a step)."""
     returns = np.zeros(rewards.shape)
     for i in range(rewards.shape[0]):
         running = 0.0
         for t in reversed(range(rewards.shape[1])):
             if not mask[i, t]:
-                running = 0.0
                 continue
             running = rewards[i, t] + gamma * running
             returns[i, t] = running

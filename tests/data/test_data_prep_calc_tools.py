@@ -103,3 +103,10 @@ def test_the_cli_writes_the_task(tmp_path):
 
     assert main(["data", "prep", "calc-tools", "--out", str(tmp_path), "--limit", "5", "--format", "json"]) == 0
     assert len(load_rows(tmp_path / "train.parquet")) == 5
+
+
+def test_the_reward_is_named_as_the_docs_write_it(tmp_path):
+    from rlctl.rewards.custom import parse_spec
+
+    spec = parse_spec("calc-tools", tmp_path)   # not a "file.py:function" spec: the built-in of that name
+    assert spec.path is None and spec.fn_name == "calc-tools"

@@ -31,6 +31,9 @@ class RolloutEngine(ABC):
     # False: the engine runs the trainer's own module (hf). True: it keeps its own copy of the
     # weights (vLLM, SGLang), which the actor pushes with update_weights after every update.
     owns_weights = False
+    # True: `generate` takes `limits` (a token cap per prompt, <= max_new_tokens), which multi-turn
+    # rollouts use for each conversation's remaining budget; others are cut to it afterwards.
+    per_prompt_limits = False
 
     @abstractmethod
     def generate(self, prompt_ids: list[list[int]], *, n: int, max_new_tokens: int,

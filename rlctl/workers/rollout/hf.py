@@ -54,10 +54,13 @@ class HFRolloutEngine(RolloutEngine):
         self.owns_weights = own_weights
         self.last_stats: dict[str, float] = {}
 
+    per_prompt_limits = True
+
     def generate(self, prompt_ids: list[list[int]], *, n: int, max_new_tokens: int,
                  temperature: float = 1.0, top_p: float = 1.0, top_k: int = 0,
                  generator: torch.Generator | None = None,
-                 greedy: bool = False) -> dict[str, np.ndarray]:
+                 greedy: bool = False, limits: list[int] | None = None) -> dict[str, np.ndarray]:
+        """RolloutEngine.generate; `limits` caps each prompt's responses at its own token count."""
         check_sampling_args(prompt_ids, n, max_new_tokens, temperature, top_p, top_k)
         params = dict(temperature=0.0 if greedy else float(temperature), top_p=float(top_p),
                       top_k=int(top_k), generator=generator)
@@ -66,7 +69,7 @@ class HFRolloutEngine(RolloutEngine):
         self.model.eval()  # no dropout while sampling; restored for the trainer afterwards
         try:
             with whole_weights(self.model), torch.no_grad():
-                responses, lengths, steps = self._sample(prompt_ids, n, max_new_tokens, params)
+                responses, lengths, steps = self._sample(prompt_ids, n, max_new_tokens, params, limits)
         finally:
             self.model.train(was_training)
         out = _to_numpy(responses, lengths, self.eos_token_ids)
@@ -75,7 +78,7 @@ class HFRolloutEngine(RolloutEngine):
         return out
 
     def _sample(self, prompt_ids: list[list[int]], n: int, max_new_tokens: int,
-                params: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor, int]:
+                params: dict[str, Any], limits: list[int] | None = None) -> tuple[torch.Tensor, torch.Tensor, int]:
         """The decode loop. Returns responses [B*n, T] (pad after EOS), lengths [B*n], steps."""
         device = _device_of(self.model)
         input_ids, valid = _left_pad(prompt_ids, self.pad_token_id, device)
@@ -87,6 +90,7 @@ class HFRolloutEngine(RolloutEngine):
         responses = torch.full((rows, max_new_tokens), self.pad_token_id, dtype=torch.long, device=device)
         lengths = torch.zeros(rows, dtype=torch.long, device=device)
         active = torch.arange(rows, device=device)  # original row of each active row
+        cap = None if limits is None else torch.tensor(limits, device=device).repeat_interleave(n)  # [B*n]
         for step in range(max_new_tokens):
             tokens = sample_tokens(logits, **params)
             responses[active, step] = tokens
@@ -94,6 +98,8 @@ class HFRolloutEngine(RolloutEngine):
             if step + 1 == max_new_tokens:
                 break
             finished = torch.isin(tokens, eos)
+            if cap is not None:   # this row's own budget is spent
+                finished |= cap[active] <= step + 1
             if bool(finished.any()):
                 keep = (~finished).nonzero().squeeze(-1)
                 if keep.numel() == 0:

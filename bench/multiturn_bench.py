@@ -1,0 +1,131 @@
+#!/usr/bin/env python3
+"""Multi-turn rollout speed: generated tokens/s of a multi-turn step vs a single-turn step, same tokens.
+
+  .venv/bin/python bench/multiturn_bench.py [--hidden 64] [--layers 2] [--turns 4] [--turn-tokens 32] [--reps 3]
+
+One step = 4 arith prompts x rollout.n = 8 samples on the actor worker's own hf engine (in this
+process, one rank, fp32 CPU), sampled at T=1 from a tiny random model that rarely ends a turn:
+  single : one turn of up to turns x turn-tokens new tokens (the ordinary rollout, worker.generate);
+  multi  : `turns` turns of up to turn-tokens each (rollout.multi_turn.max_turn_length), an
+           interaction asking again after each one - all live conversations batched per turn, each
+           turn re-prefilling the grown context, delta tokenisation and the interaction in between.
+Generated tokens = response_mask sum (model tokens only). Median of --reps, alternating the order;
+`foreign` = CPU cores used by other processes meanwhile (the machine may be shared). Goal: multi
+within 1.3x of single.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+USER = '''
+def again(messages, extra_info):
+    return {"content": "Please say more.", "done": False, "score": 0.0}
+'''
+QUESTIONS = ["What is 17+18? Reply with digits only.", "What is 3+45? Reply with digits only.",
+             "Name a colour.", "Say hello."]
+
+
+def foreign_cores(start: tuple, own_start: float) -> float:
+    busy, wall = start
+    now_busy, now_wall = _busy(), time.perf_counter()
+    own = time.process_time() - own_start
+    return max(0.0, ((now_busy - busy) - own) / (now_wall - wall))
+
+
+def _busy() -> float:
+    with open("/proc/stat") as f:
+        v = [int(x) for x in f.readline().split()[1:]]
+    return (sum(v[:8]) - v[3] - v[4]) / os.sysconf("SC_CLK_TCK")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--hidden", type=int, default=64)
+    ap.add_argument("--layers", type=int, default=2)
+    ap.add_argument("--turns", type=int, default=4)
+    ap.add_argument("--turn-tokens", type=int, default=32)
+    ap.add_argument("--n", type=int, default=8)
+    ap.add_argument("--reps", type=int, default=3)
+    args = ap.parse_args()
+
+    import torch
+
+    from rlctl.config.schema import Config, DataConfig, ModelConfig, MultiTurnConfig, RolloutConfig
+    from rlctl.controller.prompts import render_prompts
+    from rlctl.controller.rollout import prompt_batch
+    from rlctl.models.tiny import build_tiny_model
+    from rlctl.multiturn.rollout import MultiTurnActor
+    from rlctl.workers.actor import ActorRolloutRefWorker
+
+    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
+    work = Path(tempfile.mkdtemp(prefix="rlctl-mt-bench-"))
+    build_tiny_model(work / "model", layers=args.layers, hidden=args.hidden, heads=4, kv_heads=2)
+    (work / "user.py").write_text(USER)
+    total = args.turns * args.turn_tokens
+    mt = MultiTurnConfig(enable=True, interaction="user.py:again", max_turns=args.turns,
+                         max_turn_length=args.turn_tokens, max_tool_response_length=64)
+    config = Config(model=ModelConfig(path=str(work / "model"), dtype="float32"),
+                    data=DataConfig(train_files=("x",), max_prompt_length=128,
+                                    max_response_length=total + 64 * args.turns),
+                    rollout=RolloutConfig(n=args.n, multi_turn=mt))
+    single_config = Config(model=config.model, data=DataConfig(train_files=("x",), max_prompt_length=128,
+                                                               max_response_length=total),
+                           rollout=RolloutConfig(n=args.n))
+    worker = ActorRolloutRefWorker(config)
+    single_worker = ActorRolloutRefWorker(single_config)
+    single_worker.actor.module.load_state_dict(worker.actor.module.state_dict())
+
+    class OneRank:
+        world_size = 1
+        generate_turn = staticmethod(worker.generate_turn)
+
+    actor = MultiTurnActor(OneRank(), config, worker.tokenizer, work, worker.eos_ids)
+    rows = [{"prompt": [{"role": "user", "content": q}], "data_source": "b", "reward_model": {"ground_truth": ""},
+             "extra_info": {}} for q in QUESTIONS]
+    batch = prompt_batch(render_prompts(rows, worker.tokenizer, 128, "error").rows, "b", actor.pad)
+
+    def single(seed):
+        out = single_worker.generate(batch, seed=seed)
+        return float(out["response_mask"].sum()), float(out["response_length"].sum())
+
+    def multi(seed):
+        out = actor.generate(batch, seed=seed)
+        return float(out["response_mask"].sum()), float(out["response_length"].sum())
+
+    results = {"single": [], "multi": []}
+    single(0), multi(0)   # warm-up
+    for rep in range(args.reps):
+        for name in (("single", "multi") if rep % 2 == 0 else ("multi", "single")):
+            fn = single if name == "single" else multi
+            start, own = (_busy(), time.perf_counter()), time.process_time()
+            t0 = time.perf_counter()
+            generated, length = fn(rep + 1)
+            seconds = time.perf_counter() - t0
+            results[name].append((generated / seconds, generated, length, seconds, foreign_cores(start, own)))
+    actor.close()
+    print(f"model: tiny qwen2 hidden {args.hidden}, {args.layers} layers; {len(QUESTIONS)} prompts x n={args.n}; "
+          f"single = 1 turn x {total} tokens, multi = {args.turns} turns x {args.turn_tokens} tokens; "
+          f"threads {torch.get_num_threads()}")
+    med = {}
+    for name, rs in results.items():
+        tps = statistics.median(r[0] for r in rs)
+        med[name] = tps
+        generated, length, seconds, foreign = (statistics.median(r[k] for r in rs) for k in (1, 2, 3, 4))
+        print(f"{name:6s}  gen tok/s {tps:8.1f}  generated {generated:6.0f}  response tokens {length:6.0f}  "
+              f"step {seconds:6.2f} s  foreign {foreign:.2f} cores")
+    print(f"single / multi = {med['single'] / med['multi']:.2f}x (goal <= 1.3x)")
+
+
+if __name__ == "__main__":
+    main()

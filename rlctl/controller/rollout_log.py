@@ -1,0 +1,58 @@
+"""`run.log_rollouts`: every sample of a step, as trained on, in rollouts/step_<N>.jsonl.
+
+One JSON object per line: `prompt_ids` and `response_ids` (no padding), `response_mask` (1 = a
+token the model generated, 0 = tool or interaction text or template glue), `messages` (the whole
+conversation; for a single-turn sample the prompt plus the decoded response), `score`, and the
+row's uid, data_source and acc. A resumed run rewrites the steps it repeats.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+
+
+def rollout_records(batch) -> list[dict]:
+    width = batch["prompts"].shape[1]
+    prompt_valid = batch["attention_mask"][:, :width] != 0
+    records = []
+    for r in range(len(batch)):
+        length = int(batch["response_length"][r])
+        if "conversation" in batch:
+            messages = batch["conversation"][r]
+        else:
+            prompt = batch["messages"][r] if "messages" in batch else None
+            messages = list(prompt or []) + [{"role": "assistant", "content": str(batch["response_text"][r])}]
+        record = {"uid": str(batch["uid"][r]), "data_source": str(batch["data_source"][r]),
+                  "prompt_ids": batch["prompts"][r][prompt_valid[r]].tolist(),
+                  "response_ids": batch["responses"][r, :length].tolist(),
+                  "response_mask": batch["response_mask"][r, :length].astype(np.int64).tolist(),
+                  "messages": messages, "score": float(batch["scores"][r]), "acc": float(batch["acc"][r])}
+        if "multi_turn" in batch:
+            info = batch["multi_turn"][r]
+            record.update(num_turns=info["num_turns"], turn_scores=info["turn_scores"],
+                          tool_rewards=info["tool_rewards"], finish=info["finish"])
+        records.append(record)
+    return records
+
+
+def write_rollouts(run_dir: Path, step: int, batch) -> Path:
+    folder = Path(run_dir) / "rollouts"
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"step_{step}.jsonl"
+    tmp = path.with_suffix(".jsonl.tmp")
+    with tmp.open("w") as f:
+        for record in rollout_records(batch):
+            f.write(json.dumps(record, ensure_ascii=False, default=_jsonable) + "\n")
+    tmp.replace(path)
+    return path
+
+
+def _jsonable(value):
+    if isinstance(value, np.generic):
+        return value.item()
+    if isinstance(value, np.ndarray):
+        return value.tolist()
+    return str(value)

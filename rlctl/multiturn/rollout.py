@@ -1,0 +1,249 @@
+"""The multi-turn rollout loop: batched turns on the policy workers, tools and interactions here.
+
+`MultiTurnActor` stands in for the actor group wherever the controller generates (training
+batches, validation, ReMax's greedy baseline): its `generate(prompt_batch, seed, mode)` returns a
+rollout Batch of the same shape as the single-turn one, and every other call goes to the group.
+Each turn, all live conversations of the step generate together in one `generate_turn` call (the
+first turn samples rollout.n continuations per prompt; later turns continue each sample once);
+conversations that ended drop out. Between turns the controller runs the turn's tool calls
+concurrently (an asyncio loop in a thread, each call time-limited) and asks the interaction,
+so no tool ever runs inside a generation worker. See rlctl.multiturn.conversation for the
+token bookkeeping and docs/multi-turn.md for the user's side.
+
+Extra rollout columns (besides the single-turn ones): `conversation` (the whole chat, OpenAI
+shape) and `multi_turn` (per sample: num_turns, tool_calls, turn_scores, tool_rewards, finish).
+`response_mask` is 1 on model tokens only; `attention_mask` covers every real token.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+from pathlib import Path
+
+import numpy as np
+
+from rlctl.multiturn.conversation import ChatRenderer, Conversation
+from rlctl.multiturn.tools import EventLoop, SampleTools, ToolRunner, clean_text, load_tools
+from rlctl.runtime.batch import Batch, object_array
+
+_MODEL_KEYS = ("input_ids", "attention_mask")
+
+
+def tool_schemas(config, base: Path) -> list[dict]:
+    """The OpenAI schemas of the configured tools (what the chat template renders into prompts)."""
+    mt = config.rollout.multi_turn
+    return [t.schema for t in load_tools(mt.tools, base)] if mt.enable else []
+
+
+class MultiTurnActor:
+    """The actor group with a multi-turn `generate`; other attributes are the group's own."""
+
+    def __init__(self, group, config, tokenizer, base: Path, eos_ids: list[int]):
+        from rlctl.multiturn.interactions import load_interaction
+
+        mt = config.rollout.multi_turn
+        self.group, self.config, self.mt = group, config, mt
+        self.runner = ToolRunner(load_tools(mt.tools, base), timeout_s=mt.tool_timeout_s)
+        self.interaction = load_interaction(mt.interaction, base) if mt.interaction else None
+        self.renderer = ChatRenderer(tokenizer, self.runner.schemas)
+        self.eos_ids = set(int(e) for e in eos_ids)
+        self.pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else int(eos_ids[0])
+        self.events = EventLoop()
+
+    def __getattr__(self, name):   # compute_log_prob, update_actor, world_size, ... : the group's
+        return getattr(self.group, name)
+
+    def close(self) -> None:
+        self.events.close()
+
+    # --- the loop ------------------------------------------------------------------------------
+    def generate(self, batch: Batch, *, seed: int, mode: str = "train") -> Batch:
+        rc = self.config.rollout
+        n = {"train": rc.n, "val": rc.val_n, "greedy": 1}[mode]
+        budget = self.config.data.max_response_length
+        prompts = [row[m != 0].tolist() for row, m in zip(batch["input_ids"], batch["attention_mask"])]
+        convs = [self._start(prompt_ids, messages, extra_info)
+                 for prompt_ids, messages, extra_info in zip(prompts, batch["messages"], batch["extra_info"])
+                 for _ in range(n)]
+        self.events.run(self._gather([self._start_interaction(c) for c in convs]))
+        live, turn = list(range(len(convs))), 0
+        while live:
+            turn += 1
+            if turn == 1:   # n samples per prompt: the engine shares each prompt's prefill
+                inputs, reps = prompts, n
+            else:
+                inputs, reps = [convs[i].prompt_ids + convs[i].response_ids for i in live], 1
+            limits = [min(budget - len(convs[i].response_ids), self.mt.max_turn_length or budget)
+                      for i in live[::reps]]
+            out = self._generate_turn(inputs, limits, reps, seed=_turn_seed(seed, turn), mode=mode)
+            for j, i in enumerate(live):
+                length = int(out["response_length"][j])
+                log_probs = out["rollout_log_prob"][j, :length].tolist() if "rollout_log_prob" in out else None
+                convs[i].add_turn(self.renderer, out["responses"][j, :length].tolist(), log_probs,
+                                  truncated=bool(out["truncated"][j]), eos_ids=self.eos_ids,
+                                  at_budget=len(convs[i].response_ids) + length >= budget,
+                                  max_turns=self.mt.max_turns, has_tools=bool(self.runner.tools),
+                                  has_interaction=self.interaction is not None, fmt=self.mt.tool_format)
+            self.events.run(self._between_turns([convs[i] for i in live], budget))
+            live = [i for i in live if not convs[i].done]
+        self.events.run(self._gather([self._finish(c) for c in convs]))
+        return self._batch(batch, convs, n)
+
+    def _start(self, prompt_ids: list, messages, extra_info) -> Conversation:
+        messages = [dict(m) for m in (messages if messages is not None else [])]
+        extra_info = dict(extra_info or {})
+        return Conversation(messages=messages, prompt_len=len(messages), prompt_ids=list(prompt_ids),
+                            text=self.renderer.render(messages, generation_prompt=True), extra_info=extra_info,
+                            tools=SampleTools(tools_kwargs=dict(extra_info.get("tools_kwargs") or {})))
+
+    def _generate_turn(self, inputs: list[list[int]], limits: list[int], n: int, *, seed: int, mode: str) -> Batch:
+        """One generate_turn call on the group; rows padded up to the world size (every rank must
+        take part: FSDP gathers weights in it) and the padding dropped again."""
+        rows = len(inputs)
+        world = self.group.world_size
+        if rows < world:   # a copy of the last row, 1 token each: cheap, and dropped below
+            inputs, limits = inputs + [inputs[-1]] * (world - rows), limits + [1] * (world - rows)
+        width = max(len(x) for x in inputs)
+        ids = np.full((len(inputs), width), self.pad, dtype=np.int64)
+        mask = np.zeros((len(inputs), width), dtype=np.int64)
+        for r, x in enumerate(inputs):
+            ids[r, width - len(x):], mask[r, width - len(x):] = x, 1
+        out = self.group.generate_turn(Batch({"input_ids": ids, "attention_mask": mask,
+                                              "max_new_tokens": np.asarray(limits, dtype=np.int64)}),
+                                       seed=seed, mode=mode, n=n, width=max(limits))
+        return out.slice(0, rows * n)
+
+    # --- tools and interactions, concurrently for all conversations of a turn --------------------
+    async def _gather(self, coros):
+        return await asyncio.gather(*coros)
+
+    async def _between_turns(self, convs: list[Conversation], budget: int) -> None:
+        await asyncio.gather(*(self._answer(c, budget) for c in convs if not c.done and c.next))
+
+    async def _answer(self, conv: Conversation, budget: int) -> None:
+        if conv.next == "tools":
+            results = await asyncio.gather(*(self._call(conv, item) for item in conv.pending))
+            conv.pending = []
+            conv.extend(self.renderer, [{"role": "tool", "content": self._cap(text)} for text in results], budget)
+            return
+        reply = await self.interaction.respond(conv.interaction_state, conv.messages, conv.extra_info)
+        if reply.score is not None:
+            conv.turn_scores.append(reply.score)
+        if reply.done:
+            conv.finish = "interaction"
+            return
+        conv.extend(self.renderer, [{"role": "user", "content": self._cap(clean_text(reply.content))}], budget)
+
+    async def _call(self, conv: Conversation, item) -> str:
+        if isinstance(item, str):   # a block that was not a readable call: the model hears why
+            conv.calls.append({"name": None, "arguments": None, "error": True})
+            return f"error: {item}"
+        result = await self.runner.call(item.name, dict(item.arguments), conv.tools)
+        conv.calls.append({"name": item.name, "arguments": item.arguments, "error": result.error})
+        return result.text
+
+    def _cap(self, text: str) -> str:
+        """At most max_tool_response_length tokens of a tool or interaction answer."""
+        limit = self.mt.max_tool_response_length
+        ids = self.renderer.encode(text)
+        if len(ids) <= limit:
+            return text
+        return clean_text(self.renderer.decode(ids[:limit])) + "...(truncated)"
+
+    async def _start_interaction(self, conv: Conversation) -> None:
+        if self.interaction is not None:
+            conv.interaction_state = await self.interaction.start(conv.extra_info)
+
+    async def _finish(self, conv: Conversation) -> None:
+        await self.runner.finish(conv.tools)
+        if self.interaction is not None:
+            try:
+                await self.interaction.finish(conv.interaction_state)
+            except Exception:   # releasing state must not lose the rollout
+                pass
+
+    # --- the rollout batch -------------------------------------------------------------------------
+    def _batch(self, prompts: Batch, convs: list[Conversation], n: int) -> Batch:
+        """Rows as the single-turn rollout lays them out (prompt-major, prompts left-padded to
+        data.max_prompt_length, responses right-padded to data.max_response_length)."""
+        width_p = max(self.config.data.max_prompt_length, prompts["input_ids"].shape[1])
+        width_r = self.config.data.max_response_length
+        rows = len(convs)
+        prompt_ids = np.full((rows, width_p), self.pad, dtype=np.int64)
+        prompt_mask = np.zeros((rows, width_p), dtype=np.int64)
+        responses = np.full((rows, width_r), self.pad, dtype=np.int64)
+        response_mask = np.zeros((rows, width_r), dtype=np.float32)
+        log_probs = np.zeros((rows, width_r), dtype=np.float32)
+        lengths = np.zeros(rows, dtype=np.int64)
+        for r, c in enumerate(convs):
+            p, t = len(c.prompt_ids), len(c.response_ids)
+            prompt_ids[r, width_p - p:], prompt_mask[r, width_p - p:] = c.prompt_ids, 1
+            responses[r, :t], response_mask[r, :t], log_probs[r, :t] = c.response_ids, c.response_mask, c.log_probs
+            lengths[r] = t
+        attention = (np.arange(width_r)[None, :] < lengths[:, None]).astype(np.int64)
+        out = {
+            "prompts": prompt_ids, "responses": responses, "response_mask": response_mask, "response_length": lengths,
+            "truncated": np.array([c.finish == "length" for c in convs]),
+            "input_ids": np.concatenate([prompt_ids, responses], axis=1),
+            "attention_mask": np.concatenate([prompt_mask, attention], axis=1),
+            "conversation": object_array([copy.deepcopy(c.messages) for c in convs]),
+            "multi_turn": object_array([c.summary() for c in convs]),
+        }
+        if self.config.rollout.engine != "hf":   # GPU engines report their log-probs (0 on non-model tokens)
+            out["rollout_log_prob"] = log_probs
+        carried = {k: np.repeat(v, n, axis=0) for k, v in prompts.tensors.items() if k not in _MODEL_KEYS}
+        return Batch({**carried, **out}, prompts.meta)
+
+
+def _turn_seed(seed: int, turn: int) -> int:
+    return seed if turn == 1 else int(np.random.SeedSequence([seed, turn]).generate_state(1)[0])
+
+
+def reward_extra_info(extra_info: dict, conversation: list, info: dict) -> dict:
+    """verl's extra_info for a multi-turn sample: the row's own keys plus the whole conversation
+    (`messages`), `num_turns`, `tool_calls`, `turn_scores` and `tool_rewards`."""
+    return {**(extra_info or {}), "messages": conversation, "num_turns": info["num_turns"],
+            "tool_calls": info["tool_calls"], "turn_scores": info["turn_scores"],
+            "tool_rewards": info["tool_rewards"]}
+
+
+def multi_turn_metrics(batch: Batch) -> dict:
+    """Step metrics of a multi-turn rollout: turns, tool calls and their errors, how samples ended."""
+    infos = list(batch["multi_turn"])
+    calls = [len(i["tool_calls"]) for i in infos]
+    errors = sum(sum(bool(c["error"]) for c in i["tool_calls"]) for i in infos)
+    out = {"multi_turn/turns/mean": float(np.mean([i["num_turns"] for i in infos])),
+           "multi_turn/tool_calls/mean": float(np.mean(calls)),
+           "multi_turn/tool_use_frac": float(np.mean([c > 0 for c in calls])),
+           "multi_turn/tool_errors_frac": errors / max(sum(calls), 1),
+           "multi_turn/model_token_frac": float(batch["response_mask"].sum() / max(batch["response_length"].sum(), 1))}
+    for finish in ("stop", "length", "max_turns", "interaction", "template"):
+        out[f"multi_turn/finish_{finish}"] = float(np.mean([i["finish"] == finish for i in infos]))
+    return out
+
+
+class LocalTurns:
+    """`generate_turn` on a model in this process (rlctl eval, benches): the hf engine, one rank.
+
+    Sampling settings are fixed here (the eval's temperature and top_p), whatever the mode."""
+
+    world_size = 1
+
+    def __init__(self, model, *, pad_token_id: int, eos_token_ids: list[int], temperature: float,
+                 top_p: float = 1.0):
+        from rlctl.workers.rollout.hf import HFRolloutEngine
+
+        self.engine = HFRolloutEngine(model, pad_token_id=pad_token_id, eos_token_ids=eos_token_ids)
+        self.temperature, self.top_p = temperature, top_p
+
+    def generate_turn(self, batch: Batch, *, seed: int, mode: str = "train", n: int = 1, width: int = 0) -> Batch:
+        import torch
+
+        prompts = [row[m != 0].tolist() for row, m in zip(batch["input_ids"], batch["attention_mask"])]
+        limits = [int(x) for x in batch["max_new_tokens"]]
+        generator = torch.Generator(device=next(self.engine.model.parameters()).device).manual_seed(seed)
+        out = self.engine.generate(prompts, n=n, max_new_tokens=max(limits), temperature=self.temperature,
+                                   top_p=self.top_p, generator=generator, greedy=self.temperature == 0,
+                                   limits=limits)
+        return Batch(out)

@@ -1,0 +1,64 @@
+"""`rlctl eval` of a multi-turn run: the training loop's tools, interaction and reward on held-out rows.
+
+The model is loaded in this process and driven by the same `MultiTurnActor` as training (the hf
+engine behind `LocalTurns`): prompts rendered with the tools' schemas, all conversations of a chunk
+batched per turn, tools and the interaction between turns, the reward called with the whole
+conversation in `extra_info`. Each record carries the conversation, its turns and tool calls.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from pathlib import Path
+
+CHUNK = 64   # prompts generated together
+
+
+def evaluate_multi_turn(folder: Path, rows: list[dict], opts, temperature: float, max_new: int, config,
+                        run_dir: Path, sources):
+    """(scores [prompt][sample], correct [prompt][sample], records), as eval._score returns them;
+    `sources` is the started reward (rlctl.rewards.sources.build_reward)."""
+    from rlctl.controller.prompts import render_prompts
+    from rlctl.controller.rollout import decode_responses, prompt_batch
+    from rlctl.multiturn.rollout import LocalTurns, MultiTurnActor, reward_extra_info
+    from rlctl.serve.source import load_model
+    from rlctl.workers.models import eos_token_ids
+
+    model, tokenizer = load_model(folder, opts.dtype)
+    eos = eos_token_ids(str(folder), tokenizer)
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos[0]
+    config = dataclasses.replace(config, rollout=dataclasses.replace(config.rollout, n=opts.n),
+                                 data=dataclasses.replace(config.data, max_response_length=max_new))
+    turns = LocalTurns(model, pad_token_id=pad, eos_token_ids=eos, temperature=temperature, top_p=opts.top_p)
+    actor = MultiTurnActor(turns, config, tokenizer, run_dir, eos)
+    try:
+        prompts = render_prompts(rows, tokenizer, 1 << 30, "error", tools=actor.runner.schemas).rows
+        batches = [actor.generate(prompt_batch(prompts[i:i + CHUNK], f"eval{i}", pad), seed=opts.seed + i)
+                   for i in range(0, len(prompts), CHUNK)]
+    finally:
+        actor.close()
+    items, samples = [], []
+    for batch in batches:
+        for text, ds, gt, ei, conv, info, prompt in zip(
+                decode_responses(batch, tokenizer), batch["data_source"], batch["ground_truth"],
+                batch["extra_info"], batch["conversation"], batch["multi_turn"], batch["messages"]):
+            items.append({"data_source": ds, "solution_str": text, "ground_truth": gt, "prompt_str": "",
+                          "extra_info": reward_extra_info(ei, conv, info), "messages": prompt})
+            samples.append((conv, info))
+    result = sources.score(items)
+    acc = result.extras.get("acc")
+    scores, correct, records = [], [], []
+    for k, ((conv, info), item) in enumerate(zip(samples, items)):
+        i, j = divmod(k, opts.n)
+        if j == 0:
+            scores.append([]), correct.append([])
+        score = float(result.scores[k])
+        ok = bool(acc[k] > 0) if acc is not None and not math.isnan(acc[k]) else score > 0
+        scores[-1].append(score), correct[-1].append(ok)
+        records.append({"index": i, "sample": j, "data_source": item["data_source"], "prompt": rows[i]["prompt"],
+                        "response": item["solution_str"], "ground_truth": item["ground_truth"], "score": score,
+                        "correct": ok, "finish_reason": info["finish"], "messages": conv,
+                        "num_turns": info["num_turns"], "tool_calls": info["tool_calls"],
+                        "turn_scores": info["turn_scores"]})
+    return scores, correct, records

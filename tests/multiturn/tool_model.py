@@ -1,0 +1,72 @@
+"""A tiny model that has learned to call the calculator: a few hundred plain-torch steps on one transcript.
+
+Tests of multi-turn rollouts with tools need a policy that writes tool calls; a random tiny model
+never does. This memorises [question -> calculator call -> tool answer -> final answer] (loss on
+the assistant turns only, rendered by the model's own chat template with the tool's schema).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+CALL = {"name": "calculator", "arguments": {"expression": "2+2"}}
+
+# the reward of the tests that use this model: exact final answer after a good calculator call, and a
+# check that verl's multi-turn extra_info keys arrived
+REWARD = '''
+def compute_score(data_source, solution_str, ground_truth, extra_info=None):
+    missing = [k for k in ("messages", "num_turns", "tool_calls", "turn_scores", "tool_rewards") if k not in extra_info]
+    if missing:
+        raise KeyError(f"extra_info lacks {missing}")
+    if extra_info["num_turns"] != sum(m["role"] == "assistant" for m in extra_info["messages"]):
+        raise ValueError("num_turns does not count the assistant turns")
+    used = any(c["name"] == "calculator" and not c["error"] for c in extra_info["tool_calls"])
+    final = extra_info["messages"][-1]
+    return float(used and final["role"] == "assistant" and final["content"].strip() == ground_truth)
+'''
+
+
+def transcript(question: str) -> list[dict]:
+    return [{"role": "user", "content": question},
+            {"role": "assistant", "content": "", "tool_calls": [
+                {"type": "function", "function": {"name": CALL["name"], "arguments": json.dumps(CALL["arguments"])}}]},
+            {"role": "tool", "content": "4"},
+            {"role": "assistant", "content": "4"}]
+
+
+def train_tool_caller(src: Path, out: Path, *, steps: int = 100, lr: float = 4e-3) -> Path:
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers.utils import get_json_schema
+
+    from rlctl.multiturn.builtin_tools import calculator
+
+    tok = AutoTokenizer.from_pretrained(src)
+    model = AutoModelForCausalLM.from_pretrained(src, dtype=torch.float32)
+    tools = [get_json_schema(calculator)]
+    messages = transcript("What is 2 + 2?")
+    ids, labels = [], []
+    for k in range(1, len(messages) + 1):   # assistant turns get labels; everything else is context
+        text = tok.apply_chat_template(messages[:k], tools=tools, tokenize=False)
+        new = tok(text, add_special_tokens=False)["input_ids"][len(ids):]
+        train = messages[k - 1]["role"] == "assistant"
+        head = len(tok("<|im_start|>assistant\n", add_special_tokens=False)["input_ids"]) if train else 0
+        labels += [-100] * head + (new[head:-1] + [-100] if train else [-100] * (len(new) - head))  # up to <|im_end|>
+        ids += new
+    x, y = torch.tensor([ids]), torch.tensor([labels])
+    optim = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
+    torch.manual_seed(0)
+    for _ in range(steps):
+        loss = model(input_ids=x, labels=y).loss
+        loss.backward()
+        optim.step()
+        optim.zero_grad()
+    shutil.rmtree(out, ignore_errors=True)
+    model.save_pretrained(out)
+    tok.save_pretrained(out)
+    for extra in ("generation_config.json", "rlctl_tiny.json"):
+        if (src / extra).exists():
+            shutil.copy(src / extra, out / extra)
+    return out
