@@ -4,7 +4,8 @@
 
 Every built-in returns a dict: `score` (the reward) and `acc` (1.0 when the answer is right),
 plus task-specific metrics. `reward.function = ""` uses `default_compute_score` (dispatch on the
-row's data_source); `reward.function = "gsm8k"` (or "math", "arith", "code") forces one scorer.
+row's data_source); `reward.function = "gsm8k"` (or "math", "arith", "arith_exact", "code") forces
+one scorer.
 The `code` scorer runs the response's program in rlctl.sandbox on verl's stdin/stdout cases.
 """
 
@@ -34,6 +35,11 @@ def compute_arith(data_source, solution_str, ground_truth, extra_info=None, *, f
     return arith.score(solution_str, ground_truth)
 
 
+def compute_arith_exact(data_source, solution_str, ground_truth, extra_info=None, *, format_score=0.0) -> dict:
+    """The synthetic task's exact-match reward: 1.0 for the sum, else 0.0 (format_score unused)."""
+    return arith.score_exact(solution_str, ground_truth)
+
+
 def compute_code(data_source, solution_str, ground_truth, extra_info=None, *, format_score=0.0,
                  sandbox_url="") -> dict:
     """1.0 when the last fenced Python block passes every stdin/stdout case in the sandbox
@@ -42,7 +48,8 @@ def compute_code(data_source, solution_str, ground_truth, extra_info=None, *, fo
                       bare_program=data_source == code.DATA_SOURCE, sandbox_url=sandbox_url)
 
 
-BUILTINS = {"gsm8k": compute_gsm8k, "math": compute_math, "arith": compute_arith, "code": compute_code}
+BUILTINS = {"gsm8k": compute_gsm8k, "math": compute_math, "arith": compute_arith, "arith_exact": compute_arith_exact,
+            "code": compute_code}
 _BY_SOURCE = {
     **{src: compute_gsm8k for src in GSM8K_SOURCES},
     **{src: compute_math for src in MATH_SOURCES},
