@@ -64,10 +64,22 @@ def test_sft_lowers_the_loss_and_raises_held_out_accuracy(learned, tiny_model_di
     val = [r["val/loss"] for r in metrics if "val/loss" in r]
     assert len(val) == 2 and val[1] < val[0]
     assert all(r["actor/grad_norm"] > 0 and r["actor/lr"] > 0 and r["train/tokens"] > 0 for r in metrics)
+    status = render(run)                          # `rlctl status` shows an SFT run's loss, not RL's reward
+    assert "loss" in status and "lr" in status and "validation at step 200: loss" in status and "reward" not in status
     held_out = arith_sft_data / "test.parquet"   # pairs never seen in training
     before, after = exact_accuracy(tiny_model_dir, held_out, tmp_path), exact_accuracy(merged, held_out, tmp_path)
     assert after >= before + 0.1, (before, after)
     print(f"held-out exact accuracy: base {before:.3f} -> SFT {after:.3f}")
+
+
+def render(run: Path) -> str:
+    from rich.console import Console
+
+    from rlctl.controller.status import render_status, status_summary
+
+    console = Console(record=True, width=200)
+    render_status(status_summary(run), console)
+    return console.export_text()
 
 
 def rlctl(*args, cwd):
@@ -82,14 +94,36 @@ def weights(run: Path, out: Path) -> dict:
     return load_file(str(merge_run(run, out).out / "model.safetensors"))
 
 
-@pytest.mark.slow
-def test_kill_9_then_resume_reproduces_the_run(sft_project, tmp_path, ray_cluster):
-    args = CPU + ["run.total_steps=6", "run.save_every=2", "run.val_every=3", "data.batch_size=8",
-                  "sft.micro_batch_max_tokens=256"]
-    ref = sft_project(tmp_path / "ref")
-    start_training(load_config(ref / "rlctl.toml", args), address=None, force=False)
-    reference = rows(ref / "runs" / "sft-arith-cpu")
+SHORT = CPU + ["run.total_steps=6", "run.save_every=2", "run.val_every=3", "data.batch_size=8",
+               "sft.micro_batch_max_tokens=256"]
 
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory, tiny_model_dir, arith_sft_data, ray_cluster):
+    """The uninterrupted 6-step, 2-rank run: its run folder."""
+    from rlctl.project import write_project
+
+    proj = tmp_path_factory.mktemp("reference")
+    write_project(proj, "sft-arith-cpu", str(tiny_model_dir))
+    (proj / "data").mkdir()
+    (proj / "data" / "arith-sft").symlink_to(arith_sft_data)
+    start_training(load_config(proj / "rlctl.toml", SHORT), address=None, force=False)
+    return proj / "runs" / "sft-arith-cpu"
+
+
+@pytest.mark.slow
+def test_two_ranks_train_like_one(reference, sft_project, tmp_path):
+    proj = sft_project(tmp_path / "one")
+    start_training(load_config(proj / "rlctl.toml", SHORT + ["resources.workers=1"]), address=None, force=False)
+    one, two = rows(proj / "runs" / "sft-arith-cpu"), rows(reference)
+    for key in ("train/loss", "actor/grad_norm", "actor/lr", "train/tokens", "val/loss"):
+        a, b = [r[key] for r in one if key in r], [r[key] for r in two if key in r]
+        assert len(a) == len(b) > 0 and a == pytest.approx(b, rel=1e-4, abs=1e-6), key
+
+
+@pytest.mark.slow
+def test_kill_9_then_resume_reproduces_the_run(reference, sft_project, tmp_path):
+    args = SHORT
     proj = sft_project(tmp_path / "killed")
     run = proj / "runs" / "sft-arith-cpu"
     proc = rlctl("train", *args, cwd=proj)
@@ -102,8 +136,8 @@ def test_kill_9_then_resume_reproduces_the_run(sft_project, tmp_path, ray_cluste
     proc.communicate()
     assert len(rows(run)) < 6   # killed mid-run
     resume_training(run, step=None, address=None)
-    assert rows(run) == reference
-    a, b = weights(ref / "runs" / "sft-arith-cpu", tmp_path / "a"), weights(run, tmp_path / "b")
+    assert rows(run) == rows(reference)
+    a, b = weights(reference, tmp_path / "a"), weights(run, tmp_path / "b")
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
