@@ -78,16 +78,16 @@ def run_rlctl(work: Path, a, workers: int, cpus: int, env: dict) -> dict:
             "final_loss": rows[-1]["train/loss"], "foreign_cores": foreign, "wall_s": wall}
 
 
-def run_trl(work: Path, a, env: dict) -> dict:
-    out_json = work / "trl.json"
+def run_trl(work: Path, a, threads: int, env: dict) -> dict:
+    out_json = work / f"trl-{threads}.json"
     cmd = [a.trl_python, str(HERE / "trl_sft_side.py"), "--model", "models/tiny",
            "--data", "data/arith-sft/train.parquet", "--steps", str(a.steps), "--warmup-steps", str(a.warmup),
            "--batch", str(a.batch), "--lr", str(a.lr), "--lr-warmup", str(a.lr_warmup),
-           "--max-length", str(a.max_length), "--threads", str(a.trl_threads), "--json", str(out_json)]
+           "--max-length", str(a.max_length), "--threads", str(threads), "--json", str(out_json)]
     trl_env = {k: v for k, v in env.items() if k != "PYTHONPATH"}
     wall, foreign, _ = timed(cmd, work, trl_env)
     s = json.loads(out_json.read_text())["summary"]
-    return {"tool": f"TRL {a.trl_threads} thr", "step_s": s["step_s"], "tokens_per_s": s["tokens_per_s"],
+    return {"tool": f"TRL {threads} thread(s)", "step_s": s["step_s"], "tokens_per_s": s["tokens_per_s"],
             "tokens_per_step": s["tokens_per_step"], "loss_tokens_per_step": s["loss_tokens_per_step"],
             "final_loss": s["final_loss"], "foreign_cores": foreign, "wall_s": wall,
             "versions": s["versions"]}
@@ -105,7 +105,7 @@ def table(results: list[dict]) -> str:
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--work", default="/tmp/rlctl-sft-bench", help="scratch project folder (recreated)")
+    ap.add_argument("--work", default="/tmp/rlctl-sft-trl-bench", help="scratch project folder (recreated)")
     ap.add_argument("--layers", type=int, default=2)
     ap.add_argument("--hidden", type=int, default=128)
     ap.add_argument("--steps", type=int, default=60)
@@ -116,7 +116,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--max-length", type=int, default=128)
     ap.add_argument("--splits", default="2x1,1x2", help="rlctl resources.workers x cpus_per_worker, comma-separated")
     ap.add_argument("--trl-python", default="/tmp/venv-trl/bin/python", help="python of a venv with trl")
-    ap.add_argument("--trl-threads", type=int, default=os.cpu_count() or 1)
+    ap.add_argument("--trl-threads", default=f"{os.cpu_count() or 1},1", help="torch threads for TRL, comma-separated")
     ap.add_argument("--json", default="", help="write the figures here")
     a = ap.parse_args(argv)
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "RAY_USAGE_STATS_ENABLED": "0", "RAY_AUTH_MODE": "disabled",
@@ -131,9 +131,10 @@ def main(argv: list[str] | None = None) -> None:
         print(f"{results[-1]['tool']}: step_s={results[-1]['step_s']:.3f} tokens_per_s={results[-1]['tokens_per_s']:.0f}",
               flush=True)
     if Path(a.trl_python).exists():
-        results.append(run_trl(work, a, env))
-        print(f"{results[-1]['tool']}: step_s={results[-1]['step_s']:.3f} tokens_per_s={results[-1]['tokens_per_s']:.0f}",
-              flush=True)
+        for threads in sorted({int(t) for t in a.trl_threads.split(",") if t}, reverse=True):
+            results.append(run_trl(work, a, threads, env))
+            print(f"{results[-1]['tool']}: step_s={results[-1]['step_s']:.3f} "
+                  f"tokens_per_s={results[-1]['tokens_per_s']:.0f}", flush=True)
     else:
         print(f"no TRL venv at {a.trl_python}: build one as ../shared/bench/BASELINE.md says; rlctl only", flush=True)
     print(f"\nmodel {a.layers}x{a.hidden} (rlctl model tiny), {a.steps} steps of {a.batch} examples, lr {a.lr}, "

@@ -2,7 +2,9 @@
 
 Reads a parquet written by `rlctl data prep arith --sft` (a chat `prompt` column and a
 `response` string), turns each row into TRL's conversational prompt-completion form, and trains
-with completion-only loss (TRL's default for prompt-completion data), no packing, fp32 on CPU.
+with completion-only loss (TRL's default for prompt-completion data), no packing, fp32 on CPU,
+full batches only. TRL's completion is everything after the generation prompt, so it also trains
+the newline the template puts after `<|im_end|>` (one token more per row than rlctl's mask).
 Timing comes from a TrainerCallback: step_s = on_step_begin -> on_step_end; tokens per step are
 the non-padding tokens of the batch the collator built (what rlctl logs as train/tokens).
 Prints one `trl_sft ...` summary line and, with --json, writes every measured step.
@@ -67,6 +69,7 @@ def main() -> None:
         weight_decay=0.0, max_grad_norm=1.0, max_length=a.max_length, packing=False,
         completion_only_loss=True, bf16=False, fp16=False, use_cpu=True, gradient_checkpointing=False,
         logging_steps=1, disable_tqdm=True, save_strategy="no", report_to="none", seed=a.seed, dataloader_num_workers=0,
+        dataloader_drop_last=True,   # full batches only, as rlctl (360 rows = 11 steps of 32 per epoch)
         dataset_num_proc=1)
 
     steps: list[dict] = []

@@ -17,7 +17,7 @@ rlctl init sft --recipe sft-arith-cpu --model ../models/base
 (cd sft
  rlctl data prep arith --sft --limit 120  # data/arith-sft: 120 of the 360 training sums with answers; 40 held out
  rlctl config validate
- rlctl train
+ rlctl train run.total_steps=300
  rlctl merge runs/sft-arith-cpu --to-hf ../models/sft)
 
 # Stage 2, GRPO from the SFT model on all 360 training prompts, answers never shown: reward 1 for the
@@ -25,7 +25,7 @@ rlctl init sft --recipe sft-arith-cpu --model ../models/base
 rlctl init grpo --recipe grpo-arith-cpu --model ../models/sft
 (cd grpo
  rlctl data prep arith                  # the same seeded split: the same 40 held-out sums
- GRPO="reward.function=arith_exact actor.lr=1e-4 run.total_steps=100"
+ GRPO="reward.function=arith_exact actor.lr=1e-4 run.total_steps=150"
  rlctl config validate $GRPO
  rlctl train $GRPO
  rlctl status runs/grpo-arith-cpu --plot runs/grpo-arith-cpu/curves.png
