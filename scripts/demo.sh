@@ -15,7 +15,7 @@ rlctl model tiny models/base --layers 2 --hidden 128
 # Stage 1, SFT: next-token loss on the answers (the prompt masked out), then a Hugging Face folder.
 rlctl init sft --recipe sft-arith-cpu --model ../models/base
 (cd sft
- rlctl data prep arith --sft --limit 120  # data/arith-sft: 120 of the 360 training sums with answers; 40 held out
+ rlctl data prep arith --sft --limit 180  # data/arith-sft: 180 of the 360 training sums with answers; 40 held out
  rlctl config validate
  rlctl train run.total_steps=300
  rlctl merge runs/sft-arith-cpu --to-hf ../models/sft)
