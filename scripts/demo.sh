@@ -25,7 +25,7 @@ rlctl init sft --recipe sft-arith-cpu --model ../models/base
 rlctl init grpo --recipe grpo-arith-cpu --model ../models/sft
 (cd grpo
  rlctl data prep arith                  # the same seeded split: the same 40 held-out sums
- GRPO="reward.function=arith_exact actor.lr=1e-4 run.total_steps=150"
+ GRPO="reward.function=arith_exact actor.lr=2e-4 run.total_steps=100"
  rlctl config validate $GRPO
  rlctl train $GRPO
  rlctl status runs/grpo-arith-cpu --plot runs/grpo-arith-cpu/curves.png
