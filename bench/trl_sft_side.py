@@ -1,4 +1,4 @@
-"""TRL's SFTTrainer on rlctl's SFT data: the TRL side of bench/sft_trl_bench.py (runs in a TRL venv).
+"""TRL's SFTTrainer on rlctl's SFT data: the TRL side of bench/sft_trl_e2e_bench.py (runs in a TRL venv).
 
 Reads a parquet written by `rlctl data prep arith --sft` (a chat `prompt` column and a
 `response` string), turns each row into TRL's conversational prompt-completion form, and trains

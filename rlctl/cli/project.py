@@ -9,7 +9,7 @@ import typer
 
 from rlctl.cli.common import emit, format_option
 
-recipes_app = typer.Typer(help="The built-in recipes (PPO, GRPO, DAPO, RLOO, ReMax, REINFORCE++).",
+recipes_app = typer.Typer(help="The built-in recipes (PPO, GRPO, DAPO, RLOO, ReMax, REINFORCE++, SFT).",
                           no_args_is_help=True)
 
 PROJECT_FILES = ("rlctl.toml", "reward.py", "README.md", ".gitignore", "rlctl.schema.json")

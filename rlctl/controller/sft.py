@@ -125,11 +125,13 @@ class SFTTrainer:
     def __init__(self, setup: SFTSetup):
         self.setup, self.config = setup, setup.config
         self.bad_steps = 0
+        self.flops = None   # (ModelShape, peak FLOP/s) measured when fit starts
 
     def fit(self, stop: StopFlag) -> None:
         from rlctl.data.sft import collate
 
         setup, config = self.setup, self.config
+        self.flops = self.measure_flops()
         if config.run.val_before_train and setup.val_samples and setup.state["step"] == 0:
             setup.logger.log(0, self.validate(0))
         for step in range(setup.state["step"] + 1, setup.total_steps + 1):
@@ -142,7 +144,7 @@ class SFTTrainer:
             metrics.update({"train/tokens": tokens, "train/loss_tokens": float((batch["loss_mask"][:, 1:] > 0).sum()),
                             "train/padding_ratio": 1.0 - tokens / batch["attention_mask"].size,
                             "timing/step_s": step_s, "perf/tokens_per_s": tokens / step_s,
-                            "data/epoch": float(setup.loader.epoch)})
+                            "data/epoch": float(setup.loader.epoch), **self.perf(batch, step_s)})
             new_best = False
             val_due = config.run.val_every and step % config.run.val_every == 0
             if setup.val_samples and (step == setup.total_steps or val_due):
@@ -155,6 +157,30 @@ class SFTTrainer:
             if step == setup.total_steps or (config.run.save_every and step % config.run.save_every == 0) or new_best:
                 setup.save(step)
             stop.check()
+
+    def measure_flops(self) -> tuple | None:
+        """(model shape, summed matmul peak of the ranks) for perf/mfu; None when the model's config
+        lacks the sizes the count needs (rlctl.utils.flops, as for RL)."""
+        from rlctl.utils.flops import ModelShape
+
+        profiles = self.setup.actor.flops_profile()
+        try:
+            return ModelShape.from_hf_config(profiles[0]["model_config"]), sum(p["peak_flops"] for p in profiles)
+        except (KeyError, TypeError, ValueError):
+            return None
+
+    def perf(self, batch, step_s: float) -> dict:
+        """perf/mfu: one forward + backward over the batch's real tokens (2 forward-equivalents for the
+        backward, fewer with LoRA's frozen weights) over what the ranks could do in step_s."""
+        from rlctl.utils.flops import forward_flops, mfu, training_forward_equivalents
+
+        if self.flops is None:
+            return {}
+        shape, peak = self.flops
+        tokens = float(batch["attention_mask"].sum())
+        flops = training_forward_equivalents(epochs=1, frozen_weights=self.config.model.lora.rank > 0) * \
+            forward_flops(shape, prompt_tokens=0.0, response_tokens=tokens, rows=len(batch), group_size=1)
+        return {"perf/mfu": mfu(flops, step_s, peak), "perf/peak_flops": peak}
 
     def validate(self, step: int) -> dict:
         """val/loss: token-mean NLL of the target tokens of data.val_files (and val/perplexity)."""
@@ -178,6 +204,8 @@ class SFTTrainer:
         return {"val/loss": loss, "val/perplexity": float(np.exp(min(loss, 50.0)))}
 
     def track_best(self, step: int, metrics: dict) -> bool:
+        """run.best_metric (val/loss, mode min): the RL trainer's rule, which reads only .config and
+        .setup.state, applied to this loop (the checkpoint's BEST.json is written the same way)."""
         from rlctl.controller.trainer import Trainer
 
         return Trainer.track_best(self, step, metrics)
