@@ -18,7 +18,7 @@ from rlctl.config.loader import LoadedConfig, Problem
 from rlctl.config.plan import batch_plan, world_size
 from rlctl.config.schema import Config
 
-BUILTIN_REWARDS = ("gsm8k", "math", "arith", "code", "calc-tools")  # rlctl.rewards.builtin.BUILTINS, without importing it
+BUILTIN_REWARDS = ("gsm8k", "math", "arith", "arith_exact", "code", "calc-tools")  # rlctl.rewards.builtin.BUILTINS, without importing it
 
 
 @dataclass(frozen=True)

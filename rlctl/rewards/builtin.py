@@ -4,8 +4,8 @@
 
 Every built-in returns a dict: `score` (the reward) and `acc` (1.0 when the answer is right),
 plus task-specific metrics. `reward.function = ""` uses `default_compute_score` (dispatch on the
-row's data_source); `reward.function = "gsm8k"` (or "math", "arith", "code", "calc-tools") forces
-one scorer.
+row's data_source); `reward.function = "gsm8k"` (or "math", "arith", "arith_exact", "code",
+"calc-tools") forces one scorer.
 The `code` scorer runs the response's program in rlctl.sandbox on verl's stdin/stdout cases.
 Every built-in takes the same keyword options (format_score, sandbox_url); one that has no use
 for an option ignores it, so callers pass them all the same way.
@@ -38,6 +38,11 @@ def compute_arith(data_source, solution_str, ground_truth, extra_info=None, *, f
     return arith.score(solution_str, ground_truth)
 
 
+def compute_arith_exact(data_source, solution_str, ground_truth, extra_info=None, *, format_score=0.0, **_) -> dict:
+    """The synthetic task's exact-match reward: 1.0 for the sum, else 0.0 (format_score unused)."""
+    return arith.score_exact(solution_str, ground_truth)
+
+
 def compute_calc_tools(data_source, solution_str, ground_truth, extra_info=None, *, format_score=0.0, **_) -> dict:
     """The exact final answer after any calculator calls (the last assistant turn), plus `tool_call`."""
     return calc_tools.score(solution_str, ground_truth, extra_info, format_score=format_score)
@@ -51,8 +56,8 @@ def compute_code(data_source, solution_str, ground_truth, extra_info=None, *, fo
                       bare_program=data_source == code.DATA_SOURCE, sandbox_url=sandbox_url)
 
 
-BUILTINS = {"gsm8k": compute_gsm8k, "math": compute_math, "arith": compute_arith, "code": compute_code,
-            "calc-tools": compute_calc_tools}
+BUILTINS = {"gsm8k": compute_gsm8k, "math": compute_math, "arith": compute_arith, "arith_exact": compute_arith_exact,
+            "code": compute_code, "calc-tools": compute_calc_tools}
 _BY_SOURCE = {
     **{src: compute_gsm8k for src in GSM8K_SOURCES},
     **{src: compute_math for src in MATH_SOURCES},

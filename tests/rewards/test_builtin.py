@@ -124,6 +124,23 @@ def test_arith_reward_gives_random_bytes_a_varied_signal():
     assert arith.score("35", "35")["score"] == 1.0
 
 
+@pytest.mark.parametrize("response, truth, expected", [
+    ("35", "35", 1.0),
+    (" 35\n", "35", 1.0),
+    ("34", "35", 0.0),                          # a near miss earns nothing (shaped arith: 0.6)
+    ("035", "35", 0.0),
+    ("", "35", 0.0),
+])
+def test_arith_exact_is_all_or_nothing(response, truth, expected):
+    result = resolve_builtin("arith_exact")(arith.DATA_SOURCE, response, truth)
+    assert result == {"score": expected, "acc": expected}
+
+
+def test_arith_rows_keep_the_shaped_reward_by_default():
+    """arith_exact is chosen by name only: rlctl/arith rows still get partial credit."""
+    assert default_compute_score(arith.DATA_SOURCE, "34", "35")["score"] > 0.0
+
+
 # --- dispatch ------------------------------------------------------------------------------------
 
 def test_unknown_data_source_names_the_source_and_the_fix():

@@ -11,6 +11,9 @@ then how close the number is, so the mean reward climbs within minutes of CPU RL
       brevity   = min(1, (len(t) + 1) / n)  (0 when n = 0): long rambling scores less
       closeness = 1 / (1 + |int(s) - int(t)|) when s is an integer (optional minus), else 0
     A wrong number scores at most 0.6; only a zero-padded right one ("07") reaches 0.8.
+
+`score_exact` is the 0/1 reward for a model that already answers in form (after SFT): 1.0 for
+the exact sum, 0.0 otherwise, so GRPO's advantages come from right vs wrong and nothing else.
 """
 
 from __future__ import annotations
@@ -41,3 +44,9 @@ def score(solution_str: str, ground_truth: str) -> dict:
     exact = solution_str.strip() == str(ground_truth).strip()
     value = 1.0 if exact else 0.2 * parts["digits"] + 0.2 * parts["brevity"] + 0.4 * parts["closeness"]
     return {"score": value, "acc": float(exact), **parts}
+
+
+def score_exact(solution_str: str, ground_truth: str) -> dict:
+    """1.0 when the stripped response is the sum, else 0.0 (`acc` is the same number)."""
+    exact = float(solution_str.strip() == str(ground_truth).strip())
+    return {"score": exact, "acc": exact}
