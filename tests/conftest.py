@@ -61,3 +61,13 @@ def tiny_untied_model_dir(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("tiny_untied")
     build_tiny_model(out, layers=2, hidden=64, heads=4, kv_heads=2, tie_embeddings=False, seed=1)
     return out
+
+
+@pytest.fixture(scope="module")
+def ray_cluster():
+    """Embedded Ray with 2 CPUs for the training runs of one test module (torn down after it)."""
+    import ray
+
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    yield
+    ray.shutdown()

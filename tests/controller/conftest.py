@@ -1,4 +1,4 @@
-"""Fixtures for training runs in this process: one Ray instance per module, arith data, projects."""
+"""Fixtures for training runs in this process: arith data, projects (ray_cluster: tests/conftest.py)."""
 
 from __future__ import annotations
 
@@ -8,15 +8,6 @@ import pytest
 
 from rlctl.data.prep import PrepOptions, prepare
 from rlctl.project import write_project
-
-
-@pytest.fixture(scope="module")
-def ray_cluster():
-    import ray
-
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-    yield
-    ray.shutdown()
 
 
 @pytest.fixture(scope="module")

@@ -1,19 +1,10 @@
-"""Fixtures for multi-turn training runs: one Ray instance per module, a tool-calling tiny model, chat data."""
+"""Fixtures for multi-turn training runs: a tool-calling tiny model, chat data (ray_cluster: tests/conftest.py)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 import pytest
-
-
-@pytest.fixture(scope="module")
-def ray_cluster():
-    import ray
-
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-    yield
-    ray.shutdown()
 
 
 @pytest.fixture(scope="session")
