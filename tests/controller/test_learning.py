@@ -14,12 +14,8 @@ import pytest
 
 from rlctl.config.loader import load_config
 from rlctl.controller.run import start_training
+from support.dense_reward import DENSE_REWARD
 
-DENSE_REWARD = '''
-def compute_score(data_source, solution_str, ground_truth, extra_info=None):
-    text = solution_str
-    return sum("a" <= ch <= "z" for ch in text) / max(len(text), 1)
-'''
 
 COMMON = ["resources.gpus_per_node=0", "resources.workers=1", "data.max_response_length=8",
           "data.max_prompt_length=96", "data.val_files=[]", 'data.train_files=["data/arith/train.parquet"]',

@@ -11,6 +11,7 @@ import pytest
 from rlctl.config.loader import load_config
 from rlctl.config.validate import validate
 from rlctl.controller.run import start_training
+from support.dense_reward import DENSE_REWARD
 
 PLUGIN = '''
 import torch
@@ -27,11 +28,6 @@ def max_baseline(*, token_level_rewards, response_mask, group_ids, **_):
 def reinforce(*, log_prob, advantages, response_mask, loss_agg_mode, norm, **_):
     loss = aggregate_loss(-advantages * log_prob, response_mask, loss_agg_mode, norm=norm)
     return loss, {{"plugin_loss_calls": 1.0}}
-'''
-
-DENSE_REWARD = '''
-def compute_score(data_source, solution_str, ground_truth, extra_info=None):
-    return sum("a" <= ch <= "z" for ch in solution_str) / max(len(solution_str), 1)
 '''
 
 
