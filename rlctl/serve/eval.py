@@ -261,9 +261,6 @@ class _LocalRewardModel:
 
 
 def _write_jsonl(path: Path, records: list[dict]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w", encoding="utf-8") as f:
-        for record in records:
-            f.write(json.dumps(record, ensure_ascii=False, default=str) + "\n")
-    tmp.replace(path)
+    from rlctl.utils.fs import atomic_write_text
+
+    atomic_write_text(path, "".join(json.dumps(record, ensure_ascii=False, default=str) + "\n" for record in records))

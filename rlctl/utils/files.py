@@ -11,7 +11,7 @@ import os
 from pathlib import Path
 
 from rlctl.errors import UsageError
-from rlctl.utils.fs import atomic_write_bytes
+from rlctl.utils.fs import atomic_write_bytes, is_special_file
 
 
 def write_files(folder: Path, files: dict[str, bytes], *, hint: str) -> list[Path]:
@@ -47,6 +47,8 @@ def _check_targets(folder: Path, targets: dict, hint: str) -> None:
     for path in targets:
         if path.is_dir():
             raise UsageError(f"cannot write {path}: a folder of that name is in the way", hint=hint)
+        if is_special_file(path):   # renaming over it would replace a device or pipe with a plain file
+            raise UsageError(f"cannot write {path}: it is a device or pipe, not a file", hint=hint)
 
 
 def _make_folder(folder: Path, hint: str) -> list[Path]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import stat
 import tempfile
 from pathlib import Path
 
@@ -17,12 +18,27 @@ _UMASK = _read_umask()
 FILE_MODE = 0o666 & ~_UMASK   # what open() gives a new file: readable by others unless the umask says no
 
 
+def is_special_file(path: str | os.PathLike) -> bool:
+    """True for an existing device, FIFO or socket (`--out /dev/null`, `/dev/stdout`, a named pipe):
+    something to write into, never to rename over (that would put a plain file where /dev/null was)."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return False
+    return not stat.S_ISREG(mode) and not stat.S_ISDIR(mode)
+
+
 def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
     """Write to a temp file in the same folder, fsync, then rename over `path`.
 
     The file gets the mode a plain open() would give it (0666 less the umask, or the mode of the
-    file it replaces), not mkstemp's private 0600."""
+    file it replaces), not mkstemp's private 0600. A device, FIFO or socket at `path` is written
+    into directly: there is no half-written state to protect, and renaming would replace it."""
     path = Path(path)
+    if is_special_file(path):
+        with open(path, "wb") as f:
+            f.write(data)
+        return
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
