@@ -553,7 +553,7 @@ def validate(loaded: LoadedConfig, *, machine: bool = True, reach_services: bool
     if loaded.config.run.kind == "sft":
         from rlctl.config.validate_sft import validate_sft
 
-        return validate_sft(loaded, machine=machine, auto_problems=auto_problems)
+        return validate_sft(loaded, machine=machine, auto_problems=auto_problems, auto=auto)
     problems, c = check_registered(loaded)
     problems += auto_problems
     if "sft" in loaded.raw:

@@ -29,6 +29,8 @@ class SFTPlan:
     train_rows: int | None
     steps_per_epoch: int | None
     total_steps: int | None
+    gpus_per_node: int | str = "auto"   # as validated: "auto" only without the machine pass
+    gpus_per_node_resolved: str = ""    # why "auto" became gpus_per_node ("" when it was a number)
 
     @property
     def sequences_per_step(self) -> int:
@@ -59,7 +61,8 @@ def unused_keys(raw: dict) -> list[str]:
     return [k for k in flatten(raw) if not any(k == s or (s.endswith(".") and k.startswith(s)) for s in SFT_KEYS)]
 
 
-def validate_sft(loaded: LoadedConfig, *, machine: bool, auto_problems: list) -> tuple[list[Problem], SFTPlan]:
+def validate_sft(loaded: LoadedConfig, *, machine: bool, auto_problems: list, auto: str = ""
+                 ) -> tuple[list[Problem], SFTPlan]:
     from rlctl.config import validate as V
 
     c = loaded.config
@@ -81,7 +84,8 @@ def validate_sft(loaded: LoadedConfig, *, machine: bool, auto_problems: list) ->
     plan = SFTPlan(examples_per_step=c.data.batch_size, examples_per_worker=max(1, c.data.batch_size // workers),
                    micro_batching=(f"by length, <= {budget} tokens each (rows x longest)" if budget
                                    else f"by length, {c.actor.micro_batch_size} rows each"),
-                   train_rows=None, steps_per_epoch=None, total_steps=c.run.total_steps or None)
+                   train_rows=None, steps_per_epoch=None, total_steps=c.run.total_steps or None,
+                   gpus_per_node=c.resources.gpus_per_node, gpus_per_node_resolved=auto)
     if machine:
         rl_plan = V.BatchPlan(0, 0, 0, 0, 0, None, None, None)
         file_problems, rl_plan = V.check_files(loaded, rl_plan)

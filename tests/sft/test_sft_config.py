@@ -26,6 +26,21 @@ def test_sft_recipes_validate_and_list_as_sft():
         assert dict(plan.rows())["run kind"].startswith("sft") and get_recipe(name).algorithm == "sft"
 
 
+def test_config_validate_command_prints_the_sft_plan(tmp_path, tiny_model_dir, capsys):
+    """The CLI, not only validate(): it reads the plan's GPU fields, which the SFT plan lacked once."""
+    import json
+
+    from rlctl.cli.main import main
+    from rlctl.data.prep import PrepOptions, prepare
+
+    write_project(tmp_path, "sft-arith-cpu", str(tiny_model_dir))
+    prepare("arith", PrepOptions(out=tmp_path / "data" / "arith-sft", sft=True))
+    assert main(["config", "validate", str(tmp_path / "rlctl.toml"), "--format", "json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["ok"] and report["gpus_per_node"] == 0 and report["batch_plan"]["training rows"] == 360
+    assert main(["config", "validate", str(tmp_path / "rlctl.toml"), "--skip-machine"]) == 0
+
+
 def test_unused_rl_keys_are_warnings_and_sft_keys_are_checked():
     recipe = ROOT / "recipes" / "sft-arith-cpu.toml"
     loaded = load_config(recipe, ["rollout.n=4", "reward.function=arith", "algorithm.name=rloo",
