@@ -133,13 +133,21 @@ def _call_ids() -> str:
     return "call_" + uuid.uuid4().hex[:20]
 
 
+def _served_calls(text: str, finish: str):
+    """The turn's calls when they are answered as `tool_calls`: the model stopped by itself and
+    every block parsed. Otherwise None, and the text goes back as plain content."""
+    if finish != "stop":
+        return None
+    turn = parse_tool_calls(text)
+    return turn if turn.calls and not turn.errors else None
+
+
 def assistant_message(text: str, finish: str, spec: ToolSpec | None) -> tuple[dict, str]:
     """(message, finish_reason) of one non-streamed choice."""
-    if spec is not None and spec.parse and finish == "stop":
-        turn = parse_tool_calls(text)
-        if turn.calls and not turn.errors:
-            return ({"role": "assistant", "content": turn.content or None,
-                     "tool_calls": openai_tool_calls(turn.calls, _call_ids())}, "tool_calls")
+    turn = _served_calls(text, finish) if spec is not None and spec.parse else None
+    if turn is not None:
+        return ({"role": "assistant", "content": turn.content or None,
+                 "tool_calls": openai_tool_calls(turn.calls, _call_ids())}, "tool_calls")
     return {"role": "assistant", "content": text}, finish
 
 
@@ -170,10 +178,9 @@ class ToolCallStream:
 
     def finish(self, reason: str) -> tuple[str, list[dict], str]:
         """(content still to send, tool_calls, finish_reason) once the choice has ended."""
-        if self._in_call and reason == "stop":
-            turn = parse_tool_calls(self.text)
-            if turn.calls and not turn.errors:
-                return "", openai_tool_calls(turn.calls, _call_ids()), "tool_calls"
+        turn = _served_calls(self.text, reason) if self._in_call else None
+        if turn is not None:
+            return "", openai_tool_calls(turn.calls, _call_ids()), "tool_calls"
         rest, self._sent = self.text[self._sent:], len(self.text)
         return rest, [], reason
 
