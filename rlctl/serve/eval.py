@@ -137,20 +137,16 @@ def run_eval(model_path: str | Path, data_file: str | Path, opts: EvalOptions, o
             if multi_turn:   # the training loop's tools, interaction and reward, conversation by conversation
                 from rlctl.serve.eval_turns import evaluate_multi_turn
 
-                if reward.model:
-                    sources.attach_model(_LocalRewardModel(reward))
-                scores, correct, records = evaluate_multi_turn(folder, rows, opts, temperature,
-                                                               opts.max_new_tokens or default_max, config, run_dir,
-                                                               sources)
+                samples = evaluate_multi_turn(folder, rows, opts, temperature, opts.max_new_tokens or default_max,
+                                              config, run_dir)
             else:
                 tokenizer = AutoTokenizer.from_pretrained(folder)
                 prompt_ids = [chat_prompt_ids(row["prompt"], tokenizer) for row in rows]   # as training renders them
-                samples = _generate(folder, tokenizer, prompt_ids, opts, temperature,
-                                    opts.max_new_tokens or default_max)
-        if not multi_turn:
-            if reward.model:
-                sources.attach_model(_LocalRewardModel(reward))
-            scores, correct, records = _score(rows, samples, sources, tokenizer.batch_decode(prompt_ids))
+                samples = _single_turn_samples(rows, tokenizer.batch_decode(prompt_ids), _generate(
+                    folder, tokenizer, prompt_ids, opts, temperature, opts.max_new_tokens or default_max))
+        if reward.model:   # loaded once the policy is done with
+            sources.attach_model(_LocalRewardModel(reward))
+        scores, correct, records = _score(rows, samples, sources)
     _write_jsonl(out_path, records)
     by_source = defaultdict(list)
     for i, row in enumerate(rows):
@@ -224,25 +220,31 @@ def _progress_printer():
     return show
 
 
-def _score(rows, samples, sources, prompts: list[str]):
-    """Scores [prompt][sample], correctness (the reward's `acc` if it gives one, else score > 0), records."""
-    items = [{"data_source": row["data_source"], "solution_str": s.text,
-              "ground_truth": row["reward_model"]["ground_truth"], "extra_info": row.get("extra_info"),
-              "prompt_str": prompt, "messages": row["prompt"]}
-             for row, prompt, row_samples in zip(rows, prompts, samples) for s in row_samples]
-    result = sources.score(items)
+def _single_turn_samples(rows, prompts: list[str], generated):
+    """[prompt][sample] (reward item, record fields) of single-turn generations, for _score."""
+    return [[({"data_source": row["data_source"], "solution_str": s.text,
+               "ground_truth": row["reward_model"]["ground_truth"], "extra_info": row.get("extra_info"),
+               "prompt_str": prompt, "messages": row["prompt"]},
+              {"finish_reason": s.finish_reason, "response_tokens": s.tokens}) for s in row_samples]
+            for row, prompt, row_samples in zip(rows, prompts, generated)]
+
+
+def _score(rows, samples, sources):
+    """Scores [prompt][sample], correctness (the reward's `acc` if it gives one, else score > 0), records.
+
+    samples[prompt][sample] is (the reward's item, the record's engine-specific fields), single- or multi-turn."""
+    result = sources.score([item for row_samples in samples for item, _ in row_samples])
     acc = result.extras.get("acc")
     scores, correct, records, k = [], [], [], 0
     for i, (row, row_samples) in enumerate(zip(rows, samples)):
         scores.append([]), correct.append([])
-        for j, s in enumerate(row_samples):
+        for j, (item, fields) in enumerate(row_samples):
             score = float(result.scores[k])
             ok = bool(acc[k] > 0) if acc is not None and not math.isnan(acc[k]) else score > 0
             scores[-1].append(score), correct[-1].append(ok)
             records.append({"index": i, "sample": j, "data_source": row["data_source"], "prompt": row["prompt"],
-                            "response": s.text, "ground_truth": row["reward_model"]["ground_truth"],
-                            "score": score, "correct": ok, "finish_reason": s.finish_reason,
-                            "response_tokens": s.tokens})
+                            "response": item["solution_str"], "ground_truth": item["ground_truth"],
+                            "score": score, "correct": ok, **fields})
             k += 1
     return scores, correct, records
 
