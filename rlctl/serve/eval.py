@@ -184,18 +184,10 @@ def _generate(folder: Path, tokenizer, prompt_ids: list[list[int]], opts: EvalOp
     from rlctl.serve.generate import external_server, free_port, generate_local, generate_remote
     from rlctl.serve.source import load_model
 
-    from transformers import AutoConfig
-
     engine = pick_engine(opts.engine)
-    context = int(getattr(AutoConfig.from_pretrained(folder), "max_position_embeddings", 0) or 2048)
-    params = []
-    for i, ids in enumerate(prompt_ids):
-        room = context - len(ids)
-        if room < 1:
-            raise DataError(f"prompt {i} has {len(ids)} tokens; the model's context is {context}",
-                            hint="drop it with --limit or shorten it in the data.")
-        params.append(SamplingParams(max_tokens=min(max_new, room), temperature=temperature, top_p=opts.top_p,
-                                     n=opts.n, seed=opts.seed + i))
+    params = [SamplingParams(max_tokens=min(max_new, room), temperature=temperature, top_p=opts.top_p,
+                             n=opts.n, seed=opts.seed + i)
+              for i, room in enumerate(context_room(folder, prompt_ids))]
     progress = _progress_printer()
     log.info("generating %d x %d samples with the %s engine", len(prompt_ids), opts.n, engine)
     if engine == "hf":
@@ -207,6 +199,21 @@ def _generate(folder: Path, tokenizer, prompt_ids: list[list[int]], opts: EvalOp
     with external_server(build_command(engine, spec), f"http://127.0.0.1:{port}") as url:
         return generate_remote(url, "eval", prompt_ids, params, concurrency=opts.max_concurrency,
                                progress=progress)
+
+
+def context_room(folder: Path, prompt_ids: list[list[int]]) -> list[int]:
+    """The tokens each prompt leaves in the model's context (max_position_embeddings); DataError for
+    a prompt that fills it."""
+    from transformers import AutoConfig
+
+    context = int(getattr(AutoConfig.from_pretrained(folder), "max_position_embeddings", 0) or 2048)
+    rooms = []
+    for i, ids in enumerate(prompt_ids):
+        rooms.append(context - len(ids))
+        if rooms[-1] < 1:
+            raise DataError(f"prompt {i} has {len(ids)} tokens; the model's context is {context}",
+                            hint="drop it with --limit or shorten it in the data.")
+    return rooms
 
 
 def _progress_printer():

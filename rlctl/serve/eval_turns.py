@@ -21,6 +21,7 @@ def evaluate_multi_turn(folder: Path, rows: list[dict], opts, temperature: float
     from rlctl.controller.prompts import render_prompts
     from rlctl.controller.rollout import decode_prompts, decode_responses, prompt_batch
     from rlctl.multiturn.rollout import LocalTurns, MultiTurnActor, reward_extra_info
+    from rlctl.serve.eval import context_room
     from rlctl.serve.source import load_model
     from rlctl.workers.models import eos_token_ids
 
@@ -33,6 +34,7 @@ def evaluate_multi_turn(folder: Path, rows: list[dict], opts, temperature: float
     actor = MultiTurnActor(turns, config, tokenizer, run_dir, eos)
     try:
         prompts = render_prompts(rows, tokenizer, 1 << 30, "error", tools=actor.runner.schemas).rows
+        context_room(folder, [p.prompt_ids for p in prompts])   # as single-turn eval checks them
         batches = [actor.generate(prompt_batch(prompts[i:i + CHUNK], f"eval{i}", pad), seed=opts.seed + i)
                    for i in range(0, len(prompts), CHUNK)]
     finally:

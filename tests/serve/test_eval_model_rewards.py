@@ -114,3 +114,27 @@ def test_multi_turn_eval_sends_the_remote_reward_the_prompt_training_sends(tiny_
     expected = tok.decode(chat_prompt_ids(row["prompt"], tok, [FunctionTool(calculator).schema]))
     assert "calculator" in expected
     assert [body["prompts"] for body in service.requests] == [[expected]]
+
+
+@pytest.mark.parametrize("multi_turn", [False, True])
+def test_a_prompt_that_fills_the_context_is_refused(tiny_model_dir, tmp_path, multi_turn):
+    """Single- and multi-turn eval check the rendered prompts against max_position_embeddings alike."""
+    import json
+
+    from rlctl.errors import DataError
+
+    model = tmp_path / "merged"
+    shutil.copytree(tiny_model_dir, model)
+    config = json.loads((model / "config.json").read_text())
+    (model / "config.json").write_text(json.dumps({**config, "max_position_embeddings": 16}))
+    (model / "rlctl_training.toml").write_text(textwrap.dedent(f"""
+        [reward]
+        function = "{tmp_path / 'reward.py'}:compute_score"
+        [rollout.multi_turn]
+        enable = {str(multi_turn).lower()}
+        tools = ["calculator"]
+    """))
+    (tmp_path / "reward.py").write_text("def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n"
+                                        "    return 0.0\n")
+    with pytest.raises(DataError, match=r"prompt 0 has \d+ tokens; the model's context is 16"):
+        run_eval(model, _one_row(tmp_path), EvalOptions(engine="hf"), tmp_path / "out.jsonl")
