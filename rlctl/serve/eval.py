@@ -82,12 +82,13 @@ def run_config(model_path: Path):
     return None, Path.cwd()
 
 
-def reward_settings(model_path: Path, override: str | None):
-    """(RewardConfig, folder its relative paths resolve from, max_response_length) for this model."""
+def reward_settings(model_path: Path, override: str | None, loaded: tuple | None = None):
+    """(RewardConfig, folder its relative paths resolve from, max_response_length) for this model;
+    `loaded` is run_config(model_path) when the caller has read it already."""
     from rlctl.config.schema import DataConfig, RewardConfig
 
     reward, config_dir, max_response = RewardConfig(), Path.cwd(), DataConfig().max_response_length
-    config, folder = run_config(model_path)
+    config, folder = loaded if loaded is not None else run_config(model_path)
     if config is not None:
         reward, config_dir, max_response = config.reward, folder, config.data.max_response_length
     if override is not None:
@@ -121,13 +122,13 @@ def run_eval(model_path: str | Path, data_file: str | Path, opts: EvalOptions, o
     rows = load_rows([Path(data_file)])[: opts.limit]
     if not rows:
         raise DataError(f"{data_file} has no rows to evaluate")
-    reward, config_dir, default_max = reward_settings(model_path, opts.reward)
+    config, run_dir = run_config(model_path)
+    reward, config_dir, default_max = reward_settings(model_path, opts.reward, (config, run_dir))
     temperature = opts.temperature if opts.temperature is not None else (0.0 if opts.n == 1 else 1.0)
     if opts.n > 1 and temperature == 0:
         raise UsageError("--n > 1 with --temperature 0 gives n identical answers",
                          hint="set --temperature (e.g. 1.0) to sample.")
     reward = _resolve_reward_model(reward, config_dir)
-    config, run_dir = run_config(model_path)
     multi_turn = config is not None and config.rollout.multi_turn.enable
     # The reward sources check themselves as they start (the function, the built-ins for these data
     # sources, the services' URLs): a bad reward stops here, before minutes of generation.
