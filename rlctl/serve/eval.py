@@ -144,7 +144,7 @@ def run_eval(model_path: str | Path, data_file: str | Path, opts: EvalOptions, o
                 tokenizer = AutoTokenizer.from_pretrained(folder)
                 prompt_ids = [chat_prompt_ids(row["prompt"], tokenizer) for row in rows]   # as training renders them
                 samples = _single_turn_samples(rows, tokenizer.batch_decode(prompt_ids), _generate(
-                    folder, tokenizer, prompt_ids, opts, temperature, opts.max_new_tokens or default_max))
+                    folder, prompt_ids, opts, temperature, opts.max_new_tokens or default_max))
         if reward.model:   # loaded once the policy is done with
             sources.attach_model(_LocalRewardModel(reward))
         scores, correct, records = _score(rows, samples, sources)
@@ -178,7 +178,7 @@ def _reward_label(reward) -> str:
     return " + ".join(names)
 
 
-def _generate(folder: Path, tokenizer, prompt_ids: list[list[int]], opts: EvalOptions, temperature: float,
+def _generate(folder: Path, prompt_ids: list[list[int]], opts: EvalOptions, temperature: float,
               max_new: int):
     from rlctl.serve.engine import SamplingParams
     from rlctl.serve.external import LaunchSpec, build_command, pick_engine
