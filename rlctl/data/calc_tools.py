@@ -20,6 +20,7 @@ import json
 import random
 
 from rlctl.multiturn.builtin_tools import calculator
+from rlctl.multiturn.formats import ToolCall, openai_tool_calls
 from rlctl.rewards.scorers.calc_tools import DATA_SOURCE
 
 DEFAULT_VAL_FRACTION = 0.1
@@ -33,21 +34,20 @@ def question(a: int, op: str, b: int) -> str:
 
 
 def tool_schemas() -> list[dict]:
-    """The OpenAI function schemas of the task's tools, derived from the functions themselves."""
-    from transformers.utils import get_json_schema
+    """The OpenAI function schemas of the task's tools, derived from the functions themselves (as the
+    multi-turn rollout derives them)."""
+    from rlctl.multiturn.tools import FunctionTool   # asyncio and threads: only when this task is made
 
-    return [get_json_schema(calculator)]
+    return [FunctionTool(calculator).schema]
 
 
 def transcript(a: int, op: str, b: int, answer: str) -> list[dict]:
     """The worked conversation in the OpenAI chat shape (what the chat template renders)."""
-    call_id = "call_0"
-    arguments = json.dumps({"expression": f"{a} {op} {b}"})
+    calls = openai_tool_calls([ToolCall(TOOL_NAME, {"expression": f"{a} {op} {b}"})])
     return [
         {"role": "user", "content": question(a, op, b)},
-        {"role": "assistant", "content": None, "tool_calls": [
-            {"id": call_id, "type": "function", "function": {"name": TOOL_NAME, "arguments": arguments}}]},
-        {"role": "tool", "tool_call_id": call_id, "name": TOOL_NAME, "content": answer},
+        {"role": "assistant", "content": None, "tool_calls": calls},
+        {"role": "tool", "tool_call_id": calls[0]["id"], "name": TOOL_NAME, "content": answer},
         {"role": "assistant", "content": answer},
     ]
 

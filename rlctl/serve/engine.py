@@ -101,12 +101,12 @@ class Engine:
             return self.tokenizer(text, add_special_tokens=False)["input_ids"]
 
     def encode_chat(self, messages: list[dict], tools: list[dict] | None = None) -> list[int]:
-        """The prompt exactly as training renders it: the chat template (with the tools, if any)
-        and the generation prompt."""
+        """The prompt exactly as training renders it (training's own chat_prompt_ids): the chat
+        template (with the tools, if any) and the generation prompt."""
+        from rlctl.controller.prompts import chat_prompt_ids
+
         with self.tokenizer_lock:
-            out = self.tokenizer.apply_chat_template(messages, tools=tools, add_generation_prompt=True,
-                                                     tokenize=True)
-        return list(out["input_ids"] if hasattr(out, "keys") else out)
+            return chat_prompt_ids(messages, self.tokenizer, tools)
 
     def submit(self, request: Request) -> bool:
         """Queue a request; False when the waiting queue is full (the caller answers 429)."""

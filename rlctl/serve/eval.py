@@ -82,12 +82,13 @@ def run_config(model_path: Path):
     return None, Path.cwd()
 
 
-def reward_settings(model_path: Path, override: str | None):
-    """(RewardConfig, folder its relative paths resolve from, max_response_length) for this model."""
+def reward_settings(model_path: Path, override: str | None, loaded: tuple | None = None):
+    """(RewardConfig, folder its relative paths resolve from, max_response_length) for this model;
+    `loaded` is run_config(model_path) when the caller has read it already."""
     from rlctl.config.schema import DataConfig, RewardConfig
 
     reward, config_dir, max_response = RewardConfig(), Path.cwd(), DataConfig().max_response_length
-    config, folder = run_config(model_path)
+    config, folder = loaded if loaded is not None else run_config(model_path)
     if config is not None:
         reward, config_dir, max_response = config.reward, folder, config.data.max_response_length
     if override is not None:
@@ -121,13 +122,13 @@ def run_eval(model_path: str | Path, data_file: str | Path, opts: EvalOptions, o
     rows = load_rows([Path(data_file)])[: opts.limit]
     if not rows:
         raise DataError(f"{data_file} has no rows to evaluate")
-    reward, config_dir, default_max = reward_settings(model_path, opts.reward)
+    config, run_dir = run_config(model_path)
+    reward, config_dir, default_max = reward_settings(model_path, opts.reward, (config, run_dir))
     temperature = opts.temperature if opts.temperature is not None else (0.0 if opts.n == 1 else 1.0)
     if opts.n > 1 and temperature == 0:
         raise UsageError("--n > 1 with --temperature 0 gives n identical answers",
                          hint="set --temperature (e.g. 1.0) to sample.")
     reward = _resolve_reward_model(reward, config_dir)
-    config, run_dir = run_config(model_path)
     multi_turn = config is not None and config.rollout.multi_turn.enable
     # The reward sources check themselves as they start (the function, the built-ins for these data
     # sources, the services' URLs): a bad reward stops here, before minutes of generation.
@@ -137,20 +138,16 @@ def run_eval(model_path: str | Path, data_file: str | Path, opts: EvalOptions, o
             if multi_turn:   # the training loop's tools, interaction and reward, conversation by conversation
                 from rlctl.serve.eval_turns import evaluate_multi_turn
 
-                if reward.model:
-                    sources.attach_model(_LocalRewardModel(reward))
-                scores, correct, records = evaluate_multi_turn(folder, rows, opts, temperature,
-                                                               opts.max_new_tokens or default_max, config, run_dir,
-                                                               sources)
+                samples = evaluate_multi_turn(folder, rows, opts, temperature, opts.max_new_tokens or default_max,
+                                              config, run_dir)
             else:
                 tokenizer = AutoTokenizer.from_pretrained(folder)
                 prompt_ids = [chat_prompt_ids(row["prompt"], tokenizer) for row in rows]   # as training renders them
-                samples = _generate(folder, tokenizer, prompt_ids, opts, temperature,
-                                    opts.max_new_tokens or default_max)
-        if not multi_turn:
-            if reward.model:
-                sources.attach_model(_LocalRewardModel(reward))
-            scores, correct, records = _score(rows, samples, sources, tokenizer.batch_decode(prompt_ids))
+                samples = _single_turn_samples(rows, tokenizer.batch_decode(prompt_ids), _generate(
+                    folder, prompt_ids, opts, temperature, opts.max_new_tokens or default_max))
+        if reward.model:   # loaded once the policy is done with
+            sources.attach_model(_LocalRewardModel(reward))
+        scores, correct, records = _score(rows, samples, sources)
     _write_jsonl(out_path, records)
     by_source = defaultdict(list)
     for i, row in enumerate(rows):
@@ -181,25 +178,17 @@ def _reward_label(reward) -> str:
     return " + ".join(names)
 
 
-def _generate(folder: Path, tokenizer, prompt_ids: list[list[int]], opts: EvalOptions, temperature: float,
+def _generate(folder: Path, prompt_ids: list[list[int]], opts: EvalOptions, temperature: float,
               max_new: int):
     from rlctl.serve.engine import SamplingParams
     from rlctl.serve.external import LaunchSpec, build_command, pick_engine
     from rlctl.serve.generate import external_server, free_port, generate_local, generate_remote
     from rlctl.serve.source import load_model
 
-    from transformers import AutoConfig
-
     engine = pick_engine(opts.engine)
-    context = int(getattr(AutoConfig.from_pretrained(folder), "max_position_embeddings", 0) or 2048)
-    params = []
-    for i, ids in enumerate(prompt_ids):
-        room = context - len(ids)
-        if room < 1:
-            raise DataError(f"prompt {i} has {len(ids)} tokens; the model's context is {context}",
-                            hint="drop it with --limit or shorten it in the data.")
-        params.append(SamplingParams(max_tokens=min(max_new, room), temperature=temperature, top_p=opts.top_p,
-                                     n=opts.n, seed=opts.seed + i))
+    params = [SamplingParams(max_tokens=min(max_new, room), temperature=temperature, top_p=opts.top_p,
+                             n=opts.n, seed=opts.seed + i)
+              for i, room in enumerate(context_room(folder, prompt_ids))]
     progress = _progress_printer()
     log.info("generating %d x %d samples with the %s engine", len(prompt_ids), opts.n, engine)
     if engine == "hf":
@@ -213,6 +202,21 @@ def _generate(folder: Path, tokenizer, prompt_ids: list[list[int]], opts: EvalOp
                                progress=progress)
 
 
+def context_room(folder: Path, prompt_ids: list[list[int]]) -> list[int]:
+    """The tokens each prompt leaves in the model's context (max_position_embeddings); DataError for
+    a prompt that fills it."""
+    from transformers import AutoConfig
+
+    context = int(getattr(AutoConfig.from_pretrained(folder), "max_position_embeddings", 0) or 2048)
+    rooms = []
+    for i, ids in enumerate(prompt_ids):
+        rooms.append(context - len(ids))
+        if rooms[-1] < 1:
+            raise DataError(f"prompt {i} has {len(ids)} tokens; the model's context is {context}",
+                            hint="drop it with --limit or shorten it in the data.")
+    return rooms
+
+
 def _progress_printer():
     last = [0.0]
 
@@ -224,25 +228,31 @@ def _progress_printer():
     return show
 
 
-def _score(rows, samples, sources, prompts: list[str]):
-    """Scores [prompt][sample], correctness (the reward's `acc` if it gives one, else score > 0), records."""
-    items = [{"data_source": row["data_source"], "solution_str": s.text,
-              "ground_truth": row["reward_model"]["ground_truth"], "extra_info": row.get("extra_info"),
-              "prompt_str": prompt, "messages": row["prompt"]}
-             for row, prompt, row_samples in zip(rows, prompts, samples) for s in row_samples]
-    result = sources.score(items)
+def _single_turn_samples(rows, prompts: list[str], generated):
+    """[prompt][sample] (reward item, record fields) of single-turn generations, for _score."""
+    return [[({"data_source": row["data_source"], "solution_str": s.text,
+               "ground_truth": row["reward_model"]["ground_truth"], "extra_info": row.get("extra_info"),
+               "prompt_str": prompt, "messages": row["prompt"]},
+              {"finish_reason": s.finish_reason, "response_tokens": s.tokens}) for s in row_samples]
+            for row, prompt, row_samples in zip(rows, prompts, generated)]
+
+
+def _score(rows, samples, sources):
+    """Scores [prompt][sample], correctness (the reward's `acc` if it gives one, else score > 0), records.
+
+    samples[prompt][sample] is (the reward's item, the record's engine-specific fields), single- or multi-turn."""
+    result = sources.score([item for row_samples in samples for item, _ in row_samples])
     acc = result.extras.get("acc")
     scores, correct, records, k = [], [], [], 0
     for i, (row, row_samples) in enumerate(zip(rows, samples)):
         scores.append([]), correct.append([])
-        for j, s in enumerate(row_samples):
+        for j, (item, fields) in enumerate(row_samples):
             score = float(result.scores[k])
             ok = bool(acc[k] > 0) if acc is not None and not math.isnan(acc[k]) else score > 0
             scores[-1].append(score), correct[-1].append(ok)
             records.append({"index": i, "sample": j, "data_source": row["data_source"], "prompt": row["prompt"],
-                            "response": s.text, "ground_truth": row["reward_model"]["ground_truth"],
-                            "score": score, "correct": ok, "finish_reason": s.finish_reason,
-                            "response_tokens": s.tokens})
+                            "response": item["solution_str"], "ground_truth": item["ground_truth"],
+                            "score": score, "correct": ok, **fields})
             k += 1
     return scores, correct, records
 

@@ -9,19 +9,19 @@ conversation in `extra_info`. Each record carries the conversation, its turns an
 from __future__ import annotations
 
 import dataclasses
-import math
 from pathlib import Path
 
 CHUNK = 64   # prompts generated together
 
 
 def evaluate_multi_turn(folder: Path, rows: list[dict], opts, temperature: float, max_new: int, config,
-                        run_dir: Path, sources):
-    """(scores [prompt][sample], correct [prompt][sample], records), as eval._score returns them;
-    `sources` is the started reward (rlctl.rewards.sources.build_reward)."""
+                        run_dir: Path):
+    """[prompt][sample] (reward item, record fields), for eval._score: the reward reads the prompt as
+    training decodes it and the whole conversation in `extra_info`; the record keeps the conversation."""
     from rlctl.controller.prompts import render_prompts
-    from rlctl.controller.rollout import decode_responses, prompt_batch
+    from rlctl.controller.rollout import decode_prompts, decode_responses, prompt_batch
     from rlctl.multiturn.rollout import LocalTurns, MultiTurnActor, reward_extra_info
+    from rlctl.serve.eval import context_room
     from rlctl.serve.source import load_model
     from rlctl.workers.models import eos_token_ids
 
@@ -34,31 +34,19 @@ def evaluate_multi_turn(folder: Path, rows: list[dict], opts, temperature: float
     actor = MultiTurnActor(turns, config, tokenizer, run_dir, eos)
     try:
         prompts = render_prompts(rows, tokenizer, 1 << 30, "error", tools=actor.runner.schemas).rows
+        context_room(folder, [p.prompt_ids for p in prompts])   # as single-turn eval checks them
         batches = [actor.generate(prompt_batch(prompts[i:i + CHUNK], f"eval{i}", pad), seed=opts.seed + i)
                    for i in range(0, len(prompts), CHUNK)]
     finally:
         actor.close()
-    items, samples = [], []
+    items = []
     for batch in batches:
-        for text, ds, gt, ei, conv, info, prompt in zip(
+        for text, ds, gt, ei, conv, info, prompt, prompt_str in zip(
                 decode_responses(batch, tokenizer), batch["data_source"], batch["ground_truth"],
-                batch["extra_info"], batch["conversation"], batch["multi_turn"], batch["messages"]):
-            items.append({"data_source": ds, "solution_str": text, "ground_truth": gt, "prompt_str": "",
-                          "extra_info": reward_extra_info(ei, conv, info), "messages": prompt})
-            samples.append((conv, info))
-    result = sources.score(items)
-    acc = result.extras.get("acc")
-    scores, correct, records = [], [], []
-    for k, ((conv, info), item) in enumerate(zip(samples, items)):
-        i, j = divmod(k, opts.n)
-        if j == 0:
-            scores.append([]), correct.append([])
-        score = float(result.scores[k])
-        ok = bool(acc[k] > 0) if acc is not None and not math.isnan(acc[k]) else score > 0
-        scores[-1].append(score), correct[-1].append(ok)
-        records.append({"index": i, "sample": j, "data_source": item["data_source"], "prompt": rows[i]["prompt"],
-                        "response": item["solution_str"], "ground_truth": item["ground_truth"], "score": score,
-                        "correct": ok, "finish_reason": info["finish"], "messages": conv,
-                        "num_turns": info["num_turns"], "tool_calls": info["tool_calls"],
-                        "turn_scores": info["turn_scores"]})
-    return scores, correct, records
+                batch["extra_info"], batch["conversation"], batch["multi_turn"], batch["messages"],
+                decode_prompts(batch, tokenizer)):
+            items.append(({"data_source": ds, "solution_str": text, "ground_truth": gt, "prompt_str": prompt_str,
+                           "extra_info": reward_extra_info(ei, conv, info), "messages": prompt},
+                          {"finish_reason": info["finish"], "messages": conv, "num_turns": info["num_turns"],
+                           "tool_calls": info["tool_calls"], "turn_scores": info["turn_scores"]}))
+    return [items[i:i + opts.n] for i in range(0, len(items), opts.n)]

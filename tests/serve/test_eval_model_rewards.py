@@ -83,3 +83,58 @@ def _one_row(tmp_path):
     path = tmp_path / "one.parquet"
     pq.write_table(pa.Table.from_pylist(generate(seed=0)["test"][:1], schema=arrow_schema()), path)
     return path
+
+
+def test_multi_turn_eval_sends_the_remote_reward_the_prompt_training_sends(tiny_model_dir, tmp_path):
+    """query = prompt + response, the prompt rendered with the tools' schemas and decoded as training does
+    (multi-turn eval sent an empty prompt)."""
+    from transformers import AutoTokenizer
+
+    from rlctl.controller.prompts import chat_prompt_ids
+    from rlctl.multiturn.tools import FunctionTool
+    from rlctl.multiturn.builtin_tools import calculator
+
+    data = _one_row(tmp_path)
+    model = tmp_path / "merged"
+    shutil.copytree(tiny_model_dir, model)
+    with RewardService() as service:
+        (model / "rlctl_training.toml").write_text(textwrap.dedent(f"""
+            [reward]
+            remote_url = "{service.url}"
+            [rollout.multi_turn]
+            enable = true
+            tools = ["calculator"]
+            max_turns = 2
+        """))
+        run_eval(model, data, EvalOptions(max_new_tokens=6, engine="hf"), tmp_path / "out.jsonl")
+    import pyarrow.parquet as pq
+
+    tok = AutoTokenizer.from_pretrained(model)
+    row = pq.read_table(data).to_pylist()[0]
+    expected = tok.decode(chat_prompt_ids(row["prompt"], tok, [FunctionTool(calculator).schema]))
+    assert "calculator" in expected
+    assert [body["prompts"] for body in service.requests] == [[expected]]
+
+
+@pytest.mark.parametrize("multi_turn", [False, True])
+def test_a_prompt_that_fills_the_context_is_refused(tiny_model_dir, tmp_path, multi_turn):
+    """Single- and multi-turn eval check the rendered prompts against max_position_embeddings alike."""
+    import json
+
+    from rlctl.errors import DataError
+
+    model = tmp_path / "merged"
+    shutil.copytree(tiny_model_dir, model)
+    config = json.loads((model / "config.json").read_text())
+    (model / "config.json").write_text(json.dumps({**config, "max_position_embeddings": 16}))
+    (model / "rlctl_training.toml").write_text(textwrap.dedent(f"""
+        [reward]
+        function = "{tmp_path / 'reward.py'}:compute_score"
+        [rollout.multi_turn]
+        enable = {str(multi_turn).lower()}
+        tools = ["calculator"]
+    """))
+    (tmp_path / "reward.py").write_text("def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n"
+                                        "    return 0.0\n")
+    with pytest.raises(DataError, match=r"prompt 0 has \d+ tokens; the model's context is 16"):
+        run_eval(model, _one_row(tmp_path), EvalOptions(engine="hf"), tmp_path / "out.jsonl")
