@@ -57,7 +57,6 @@ class Conversation:
     prompt_ids + response_ids stand for."""
 
     messages: list
-    prompt_len: int
     prompt_ids: list
     text: str
     extra_info: dict

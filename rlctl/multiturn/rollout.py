@@ -93,7 +93,7 @@ class MultiTurnActor:
     def _start(self, prompt_ids: list, messages, extra_info) -> Conversation:
         messages = [dict(m) for m in (messages if messages is not None else [])]
         extra_info = dict(extra_info or {})
-        return Conversation(messages=messages, prompt_len=len(messages), prompt_ids=list(prompt_ids),
+        return Conversation(messages=messages, prompt_ids=list(prompt_ids),
                             text=self.renderer.render(messages, generation_prompt=True), extra_info=extra_info,
                             tools=SampleTools(tools_kwargs=dict(extra_info.get("tools_kwargs") or {})))
 
