@@ -27,9 +27,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from rlctl.config.schema import BUILTIN_TOOLS as BUILTINS   # one list: validation checks the same names
 from rlctl.errors import ConfigError
-
-BUILTINS = ("calculator", "python")
 
 
 @dataclass
