@@ -30,21 +30,17 @@ from rlctl.runtime.batch import Batch, object_array
 _MODEL_KEYS = ("input_ids", "attention_mask")
 
 
-def tool_schemas(config, base: Path) -> list[dict]:
-    """The OpenAI schemas of the configured tools (what the chat template renders into prompts)."""
-    mt = config.rollout.multi_turn
-    return [t.schema for t in load_tools(mt.tools, base)] if mt.enable else []
-
-
 class MultiTurnActor:
-    """The actor group with a multi-turn `generate`; other attributes are the group's own."""
+    """The actor group with a multi-turn `generate`; other attributes are the group's own.
+    `tools`: the configured tools when the caller loaded them already (else loaded here)."""
 
-    def __init__(self, group, config, tokenizer, base: Path, eos_ids: list[int]):
+    def __init__(self, group, config, tokenizer, base: Path, eos_ids: list[int], *, tools: list | None = None):
         from rlctl.multiturn.interactions import load_interaction
 
         mt = config.rollout.multi_turn
         self.group, self.config, self.mt = group, config, mt
-        self.runner = ToolRunner(load_tools(mt.tools, base), timeout_s=mt.tool_timeout_s)
+        tools = load_tools(mt.tools, base) if tools is None else tools
+        self.runner = ToolRunner(tools, timeout_s=mt.tool_timeout_s)
         self.interaction = load_interaction(mt.interaction, base) if mt.interaction else None
         self.renderer = ChatRenderer(tokenizer, self.runner.schemas)
         self.eos_ids = set(int(e) for e in eos_ids)
