@@ -13,6 +13,9 @@ from pathlib import Path
 
 import numpy as np
 
+from rlctl.controller.logging import _jsonable
+from rlctl.utils.fs import atomic_write_text
+
 
 def rollout_records(batch) -> list[dict]:
     width = batch["prompts"].shape[1]
@@ -39,20 +42,8 @@ def rollout_records(batch) -> list[dict]:
 
 
 def write_rollouts(run_dir: Path, step: int, batch) -> Path:
-    folder = Path(run_dir) / "rollouts"
-    folder.mkdir(parents=True, exist_ok=True)
-    path = folder / f"step_{step}.jsonl"
-    tmp = path.with_suffix(".jsonl.tmp")
-    with tmp.open("w") as f:
-        for record in rollout_records(batch):
-            f.write(json.dumps(record, ensure_ascii=False, default=_jsonable) + "\n")
-    tmp.replace(path)
+    """Write rollouts/step_<step>.jsonl atomically; NaN (a failed turn score) is written as null."""
+    path = Path(run_dir) / "rollouts" / f"step_{step}.jsonl"
+    atomic_write_text(path, "".join(json.dumps(_jsonable(record), ensure_ascii=False) + "\n"
+                                    for record in rollout_records(batch)))
     return path
-
-
-def _jsonable(value):
-    if isinstance(value, np.generic):
-        return value.item()
-    if isinstance(value, np.ndarray):
-        return value.tolist()
-    return str(value)

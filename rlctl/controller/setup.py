@@ -159,14 +159,12 @@ class TrainSetup:
         write_run_info(self.run_dir, step=step)
 
 
-def build_data(config: Config, setup_notices: list):
-    """Tokenizer, training prompt loader and validation prompts (rendered once, up front)."""
+def build_data(config: Config, setup_notices: list, tools: list[dict]):
+    """Tokenizer, training prompt loader and validation prompts (rendered once, up front); `tools`:
+    the multi-turn tools' schemas, which the prompts show."""
     from rlctl.workers.models import load_tokenizer
 
-    from rlctl.multiturn.rollout import tool_schemas
-
     tokenizer = load_tokenizer(config.model.path, config.model.trust_remote_code)
-    tools = tool_schemas(config, Path.cwd())   # multi-turn: prompts show the tools (paths are absolute here)
     train = render_prompts(read_rows([Path(p) for p in config.data.train_files]), tokenizer,
                            config.data.max_prompt_length, config.data.overlong_prompts, tools=tools)
     if train.filtered or train.truncated:
@@ -186,13 +184,16 @@ def build_setup(loaded: LoadedConfig, run_dir: Path, stack: ExitStack, *, addres
     from rlctl.checkpoint.manager import CheckpointManager
     from rlctl.controller.display import LiveDisplay
     from rlctl.controller.logging import MetricsLogger
+    from rlctl.multiturn.tools import load_tools
     from rlctl.plugins import import_plugins
     from rlctl.rewards.sources import build_reward
 
     config = resolve_paths(loaded.config, loaded.base_dir)
     import_plugins(config.algorithm.plugins)   # the user's estimators / losses, before anything asks for them
     notices: list[str] = []
-    tokenizer, loader, val_rows, train = build_data(config, notices)
+    mt = config.rollout.multi_turn
+    tools = load_tools(mt.tools, loaded.base_dir) if mt.enable else []   # the prompts show them, the loop calls them
+    tokenizer, loader, val_rows, train = build_data(config, notices, [t.schema for t in tools])
     total = config.run.total_steps or loader.steps_per_epoch * config.run.total_epochs
     algo = config.algorithm
     needs = algorithms.algorithm_needs(algo.name, kl_in_reward=algo.kl_in_reward,
@@ -208,12 +209,12 @@ def build_setup(loaded: LoadedConfig, run_dir: Path, stack: ExitStack, *, addres
     if workers.reward_model is not None:
         reward.attach_model(workers.reward_model)
     actor = workers.actor
-    if config.rollout.multi_turn.enable:   # tools and interactions: the multi-turn loop generates
+    if mt.enable:   # tools and interactions: the multi-turn loop generates
         from rlctl.multiturn.rollout import MultiTurnActor
         from rlctl.workers.models import eos_token_ids
 
         actor = MultiTurnActor(workers.actor, config, tokenizer, loaded.base_dir,
-                               eos_token_ids(config.model.path, tokenizer))
+                               eos_token_ids(config.model.path, tokenizer), tools=tools)
         stack.callback(actor.close)
     display = stack.enter_context(LiveDisplay(total, start_step=start_step, title=config.run.name))
     checkpoints = CheckpointManager.for_run(run_dir, config.run.keep_last)

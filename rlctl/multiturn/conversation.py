@@ -21,6 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from rlctl.data.sft import render
 from rlctl.multiturn.formats import openai_tool_calls, parse_tool_calls
 from rlctl.multiturn.tools import SampleTools
 
@@ -33,9 +34,8 @@ class ChatRenderer:
         self.tools = list(tool_schemas or []) or None
         self.closing = self._closing()
 
-    def render(self, messages: list[dict], *, generation_prompt: bool) -> str:
-        return self.tokenizer.apply_chat_template(messages, tools=self.tools, tokenize=False,
-                                                  add_generation_prompt=generation_prompt)
+    def render(self, messages: list[dict], *, generation_prompt: bool) -> str:   # as SFT renders (data.sft)
+        return render(self.tokenizer, messages, self.tools, generation_prompt=generation_prompt)
 
     def encode(self, text: str) -> list[int]:
         return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
@@ -57,7 +57,6 @@ class Conversation:
     prompt_ids + response_ids stand for."""
 
     messages: list
-    prompt_len: int
     prompt_ids: list
     text: str
     extra_info: dict

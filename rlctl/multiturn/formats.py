@@ -12,7 +12,7 @@ import json
 import re
 from dataclasses import dataclass, field
 
-FORMATS = ("hermes",)
+from rlctl.config.schema import TOOL_FORMATS as FORMATS   # one list: the config's choices are the same
 
 
 @dataclass(frozen=True)

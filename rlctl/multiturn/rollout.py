@@ -27,24 +27,18 @@ from rlctl.multiturn.conversation import ChatRenderer, Conversation
 from rlctl.multiturn.tools import EventLoop, SampleTools, ToolRunner, clean_text, load_tools
 from rlctl.runtime.batch import Batch, object_array
 
-_MODEL_KEYS = ("input_ids", "attention_mask")
-
-
-def tool_schemas(config, base: Path) -> list[dict]:
-    """The OpenAI schemas of the configured tools (what the chat template renders into prompts)."""
-    mt = config.rollout.multi_turn
-    return [t.schema for t in load_tools(mt.tools, base)] if mt.enable else []
-
 
 class MultiTurnActor:
-    """The actor group with a multi-turn `generate`; other attributes are the group's own."""
+    """The actor group with a multi-turn `generate`; other attributes are the group's own.
+    `tools`: the configured tools when the caller loaded them already (else loaded here)."""
 
-    def __init__(self, group, config, tokenizer, base: Path, eos_ids: list[int]):
+    def __init__(self, group, config, tokenizer, base: Path, eos_ids: list[int], *, tools: list | None = None):
         from rlctl.multiturn.interactions import load_interaction
 
         mt = config.rollout.multi_turn
         self.group, self.config, self.mt = group, config, mt
-        self.runner = ToolRunner(load_tools(mt.tools, base), timeout_s=mt.tool_timeout_s)
+        tools = load_tools(mt.tools, base) if tools is None else tools
+        self.runner = ToolRunner(tools, timeout_s=mt.tool_timeout_s)
         self.interaction = load_interaction(mt.interaction, base) if mt.interaction else None
         self.renderer = ChatRenderer(tokenizer, self.runner.schemas)
         self.eos_ids = set(int(e) for e in eos_ids)
@@ -93,7 +87,7 @@ class MultiTurnActor:
     def _start(self, prompt_ids: list, messages, extra_info) -> Conversation:
         messages = [dict(m) for m in (messages if messages is not None else [])]
         extra_info = dict(extra_info or {})
-        return Conversation(messages=messages, prompt_len=len(messages), prompt_ids=list(prompt_ids),
+        return Conversation(messages=messages, prompt_ids=list(prompt_ids),
                             text=self.renderer.render(messages, generation_prompt=True), extra_info=extra_info,
                             tools=SampleTools(tools_kwargs=dict(extra_info.get("tools_kwargs") or {})))
 
@@ -165,35 +159,28 @@ class MultiTurnActor:
 
     # --- the rollout batch -------------------------------------------------------------------------
     def _batch(self, prompts: Batch, convs: list[Conversation], n: int) -> Batch:
-        """Rows as the single-turn rollout lays them out (prompt-major, prompts left-padded to
-        data.max_prompt_length, responses right-padded to data.max_response_length)."""
-        width_p = max(self.config.data.max_prompt_length, prompts["input_ids"].shape[1])
-        width_r = self.config.data.max_response_length
-        rows = len(convs)
-        prompt_ids = np.full((rows, width_p), self.pad, dtype=np.int64)
-        prompt_mask = np.zeros((rows, width_p), dtype=np.int64)
-        responses = np.full((rows, width_r), self.pad, dtype=np.int64)
-        response_mask = np.zeros((rows, width_r), dtype=np.float32)
-        log_probs = np.zeros((rows, width_r), dtype=np.float32)
-        lengths = np.zeros(rows, dtype=np.int64)
-        for r, c in enumerate(convs):
-            p, t = len(c.prompt_ids), len(c.response_ids)
-            prompt_ids[r, width_p - p:], prompt_mask[r, width_p - p:] = c.prompt_ids, 1
-            responses[r, :t], response_mask[r, :t], log_probs[r, :t] = c.response_ids, c.response_mask, c.log_probs
-            lengths[r] = t
-        attention = (np.arange(width_r)[None, :] < lengths[:, None]).astype(np.int64)
-        out = {
-            "prompts": prompt_ids, "responses": responses, "response_mask": response_mask, "response_length": lengths,
-            "truncated": np.array([c.finish == "length" for c in convs]),
-            "input_ids": np.concatenate([prompt_ids, responses], axis=1),
-            "attention_mask": np.concatenate([prompt_mask, attention], axis=1),
-            "conversation": object_array([copy.deepcopy(c.messages) for c in convs]),
-            "multi_turn": object_array([c.summary() for c in convs]),
-        }
+        """The single-turn rollout's rows (rlctl.workers.actor._rollout_batch: prompt-major, prompts
+        left-padded to data.max_prompt_length, responses right-padded to data.max_response_length),
+        with response_mask 1 on model tokens only, and the conversation columns."""
+        from rlctl.workers.actor import _rollout_batch
+
+        width = self.config.data.max_response_length
+        lengths = np.array([len(c.response_ids) for c in convs], dtype=np.int64)
+        responses = np.full((len(convs), width), self.pad, dtype=np.int64)
+        model_mask = np.zeros((len(convs), width), dtype=np.float32)
+        log_probs = np.zeros((len(convs), width), dtype=np.float32)
+        for r, (c, t) in enumerate(zip(convs, lengths)):
+            responses[r, :t], model_mask[r, :t], log_probs[r, :t] = c.response_ids, c.response_mask, c.log_probs
+        out = {"responses": responses, "response_length": lengths,
+               "response_mask": np.arange(width)[None, :] < lengths[:, None],   # every real token: the attention
+               "truncated": np.array([c.finish == "length" for c in convs])}
         if self.config.rollout.engine != "hf":   # GPU engines report their log-probs (0 on non-model tokens)
             out["rollout_log_prob"] = log_probs
-        carried = {k: np.repeat(v, n, axis=0) for k, v in prompts.tensors.items() if k not in _MODEL_KEYS}
-        return Batch({**carried, **out}, prompts.meta)
+        batch = _rollout_batch(prompts, out, n, width=self.config.data.max_prompt_length, pad=self.pad)
+        batch["response_mask"] = model_mask
+        batch["conversation"] = object_array([copy.deepcopy(c.messages) for c in convs])
+        batch["multi_turn"] = object_array([c.summary() for c in convs])
+        return batch
 
 
 def _turn_seed(seed: int, turn: int) -> int:

@@ -27,16 +27,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from rlctl.config.schema import BUILTIN_TOOLS as BUILTINS   # one list: validation checks the same names
 from rlctl.errors import ConfigError
-
-BUILTINS = ("calculator", "python")
 
 
 @dataclass
 class ToolResult:
     text: str
     reward: float | None = None
-    metrics: dict = field(default_factory=dict)
     error: bool = False
 
 
@@ -147,10 +145,9 @@ class VerlTool:
             instance = created[0] if isinstance(created, tuple) else created   # verl >= 0.5: (id, ToolResponse)
             session.instances[self.name] = instance
         out = await maybe_await(self.obj.execute(instance, arguments, **(kwargs.get("execute_kwargs") or {})))
-        response, reward, metrics = (tuple(out) + (None, None))[:3] if isinstance(out, tuple) else (out, None, None)
+        response, reward = (tuple(out) + (None,))[:2] if isinstance(out, tuple) else (out, None)   # (.., metrics)
         result = as_result(response)
         result.reward = reward if reward is not None else result.reward
-        result.metrics = dict(metrics or {})
         return result
 
     async def finish(self, session: "SampleTools") -> float | None:

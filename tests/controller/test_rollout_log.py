@@ -30,3 +30,23 @@ def test_single_turn_rows_are_written_unpadded_with_their_messages(tmp_path):
     assert rows[1]["prompt_ids"] == [7, 8, 9] and rows[1]["response_ids"] == [13, 14, 15, 16]
     assert rows[0]["messages"] == [{"role": "user", "content": "q1"}, {"role": "assistant", "content": "r1"}]
     assert [r["score"] for r in rows] == [0.5, 1.0] and "num_turns" not in rows[0]
+
+
+def test_a_nan_turn_score_is_written_as_null_valid_json(tmp_path):
+    """An interaction may score a turn NaN: the line must still be valid JSON (null), not a bare NaN."""
+    batch = Batch({
+        "prompts": np.array([[5, 6]]), "responses": np.array([[11, 12]]), "response_length": np.array([2]),
+        "response_mask": np.array([[1.0, 0.0]]), "attention_mask": np.ones((1, 4), dtype=np.int64),
+        "uid": object_array(["a"]), "data_source": object_array(["d"]),
+        "conversation": object_array([[{"role": "user", "content": "q"}, {"role": "assistant", "content": "r"}]]),
+        "multi_turn": object_array([{"num_turns": 2, "turn_scores": [float("nan"), 1.0], "tool_rewards": [],
+                                     "finish": "done"}]),
+        "scores": np.array([np.nan]), "acc": np.array([0.0]),
+    })
+    text = write_rollouts(tmp_path, 1, batch).read_text()
+
+    def no_bare_constants(name):
+        raise AssertionError(f"invalid JSON: bare {name}")
+    row = json.loads(text, parse_constant=no_bare_constants)
+    assert row["turn_scores"] == [None, 1.0] and row["score"] is None and row["response_mask"] == [1, 0]
+    assert not list((tmp_path / "rollouts").glob("*.tmp"))

@@ -41,21 +41,14 @@ def train_tool_caller(src: Path, out: Path, *, steps: int = 100, lr: float = 4e-
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import get_json_schema
 
+    from rlctl.data.sft import tokenize_conversation
     from rlctl.multiturn.builtin_tools import calculator
 
     tok = AutoTokenizer.from_pretrained(src)
     model = AutoModelForCausalLM.from_pretrained(src, dtype=torch.float32)
-    tools = [get_json_schema(calculator)]
-    messages = transcript("What is 2 + 2?")
-    ids, labels = [], []
-    for k in range(1, len(messages) + 1):   # assistant turns get labels; everything else is context
-        text = tok.apply_chat_template(messages[:k], tools=tools, tokenize=False)
-        new = tok(text, add_special_tokens=False)["input_ids"][len(ids):]
-        train = messages[k - 1]["role"] == "assistant"
-        head = len(tok("<|im_start|>assistant\n", add_special_tokens=False)["input_ids"]) if train else 0
-        labels += [-100] * head + (new[head:-1] + [-100] if train else [-100] * (len(new) - head))  # up to <|im_end|>
-        ids += new
-    x, y = torch.tensor([ids]), torch.tensor([labels])
+    # the SFT mask: the assistant turns' tokens up to <|im_end|> are labels; everything else is context
+    ids, mask = tokenize_conversation(tok, transcript("What is 2 + 2?"), [get_json_schema(calculator)])
+    x, y = torch.tensor([ids]), torch.tensor([[t if m else -100 for t, m in zip(ids, mask)]])
     optim = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
     torch.manual_seed(0)
     for _ in range(steps):
