@@ -27,7 +27,7 @@ from rlctl.errors import ConfigError
 from rlctl.runtime import Batch, Dispatch, register
 from rlctl.workers import fsdp
 from rlctl.workers.engine import OptimSpec, TrainEngine
-from rlctl.workers.logprob import inference_order, response_log_probs
+from rlctl.workers.logprob import batched_response_outputs, response_log_probs
 from rlctl.workers.lora import check_targets
 from rlctl.workers.models import apply_lora, eos_token_ids, load_causal_lm, load_tokenizer
 from rlctl.workers.training import mini_batch_count, run_updates
@@ -169,20 +169,11 @@ class ActorRolloutRefWorker:
     # --- log-probs -----------------------------------------------------------------------------
     def _log_probs(self, engine: TrainEngine, batch: Batch, *, with_entropy: bool, adapter: bool = True,
                    with_sum_pi_squared: bool = False) -> dict[str, np.ndarray]:
-        width = batch["response_mask"].shape[1]
-        parts: dict[str, list] = {"log_prob": [], "entropy": [], "sum_pi_squared": []}
-        order = inference_order(engine.module, batch["attention_mask"])
         off = self.actor.module.disable_adapter() if not adapter else contextlib.nullcontext()
         with engine.inference() as module, off:
-            for micro in batch.select(order).split(self.cfg.actor.micro_batch_size):
-                t = micro.to_torch(engine.device, keys=_MODEL_KEYS)
-                out = response_log_probs(module, t["input_ids"], t["attention_mask"], width,
-                                         temperature=self.temperature, with_entropy=with_entropy,
-                                         with_sum_pi_squared=with_sum_pi_squared)
-                for key, value in out.items():
-                    parts[key].append(value.cpu().numpy())
-        inverse = np.argsort(order)
-        return {k: np.concatenate(v)[inverse] for k, v in parts.items() if v}
+            return batched_response_outputs(module, engine.device, batch, self.cfg.actor.micro_batch_size,
+                                            temperature=self.temperature, with_entropy=with_entropy,
+                                            with_sum_pi_squared=with_sum_pi_squared)
 
     @register(Dispatch.DP)
     def compute_log_prob(self, batch: Batch) -> Batch:

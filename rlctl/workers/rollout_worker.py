@@ -21,10 +21,8 @@ import torch
 from rlctl.runtime import Batch, Dispatch, register
 from rlctl.workers import fsdp
 from rlctl.workers.actor import _rollout_batch
-from rlctl.workers.logprob import inference_order, response_log_probs
+from rlctl.workers.logprob import batched_response_outputs
 from rlctl.workers.models import eos_token_ids, load_causal_lm, load_tokenizer
-
-_MODEL_KEYS = ["input_ids", "attention_mask"]
 
 
 class RolloutWorker:
@@ -80,15 +78,8 @@ class RolloutWorker:
         return rows
 
     def _log_probs(self, batch: Batch) -> np.ndarray:
-        """log pi_version(sampled token) [B, T] float32, 0 on padding: micro-batches in the order and
-        sizes the actor's compute_log_prob uses, so equal weights give equal numbers."""
-        width = batch["response_mask"].shape[1]
-        order = inference_order(self.model, batch["attention_mask"])
-        parts = []
+        """log pi_version(sampled token) [B, T] float32, 0 on padding: the actor's compute_log_prob
+        loop (micro-batch order and sizes), so equal weights give equal numbers."""
         with torch.no_grad(), self._autocast():
-            for micro in batch.select(order).split(self.cfg.actor.micro_batch_size):
-                t = micro.to_torch(self.device, keys=_MODEL_KEYS)
-                out = response_log_probs(self.model, t["input_ids"], t["attention_mask"], width,
-                                         temperature=self.temperature)
-                parts.append(out["log_prob"].float().cpu().numpy())
-        return np.concatenate(parts)[np.argsort(order)].astype(np.float32)
+            return batched_response_outputs(self.model, self.device, batch, self.cfg.actor.micro_batch_size,
+                                            temperature=self.temperature)["log_prob"]
