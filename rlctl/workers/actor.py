@@ -110,8 +110,7 @@ class ActorRolloutRefWorker:
         with the same seeds and ranks generates the same tokens.
         """
         n, temperature = self._mode(mode)
-        prompts = [row[mask != 0].tolist() for row, mask in zip(batch["input_ids"], batch["attention_mask"])]
-        out = self._sample(prompts, n, self.cfg.data.max_response_length, temperature, seed)
+        out = self._sample(batch, n, self.cfg.data.max_response_length, temperature, seed)
         return _rollout_batch(batch, out, n, width=self.cfg.data.max_prompt_length, pad=self._pad_id())
 
     @register(Dispatch.DP)
@@ -122,9 +121,8 @@ class ActorRolloutRefWorker:
         (+ rollout_log_prob from GPU engines); T = `width` (the largest max_new_tokens of the whole
         call, the same on every rank, so the ranks' parts concatenate)."""
         _, temperature = self._mode(mode)
-        prompts = [row[mask != 0].tolist() for row, mask in zip(batch["input_ids"], batch["attention_mask"])]
         limits = [int(x) for x in batch["max_new_tokens"]]
-        out = self._sample(prompts, n, max(width, *limits), temperature, seed, limits=limits)
+        out = self._sample(batch, n, max(width, *limits), temperature, seed, limits=limits)
         return Batch(_clip_to_limits(out, np.repeat(limits, n), self.eos_ids, self._pad_id()))
 
     def _mode(self, mode: str) -> tuple[int, float]:
@@ -134,19 +132,15 @@ class ActorRolloutRefWorker:
             raise ValueError(f"generate mode must be one of {sorted(modes)}, got {mode!r}")
         return modes[mode]
 
-    def _sample(self, prompts: list, n: int, max_new_tokens: int, temperature: float, seed: int,
+    def _sample(self, batch: Batch, n: int, max_new_tokens: int, temperature: float, seed: int,
                 limits: list | None = None) -> dict:
-        rc = self.cfg.rollout
-        generator = torch.Generator(device=self.actor.device)
-        generator.manual_seed(int(np.random.SeedSequence([seed, self.rank]).generate_state(1)[0]))
         engine = self._ready_engine()
         extra = {"limits": limits} if limits is not None and engine.per_prompt_limits else {}
         try:
             # the hf engine runs the trainer's module (its autocast); GPU engines have their own dtype
             with self.actor.autocast() if not engine.owns_weights else contextlib.nullcontext():
-                return engine.generate(
-                    prompts, n=n, max_new_tokens=max_new_tokens, temperature=temperature,
-                    top_p=rc.top_p, top_k=rc.top_k, generator=generator, greedy=temperature == 0, **extra)
+                return sample(engine, batch, self.cfg.rollout, n=n, max_new_tokens=max_new_tokens,
+                              temperature=temperature, seed=seed, rank=self.rank, device=self.actor.device, **extra)
         finally:
             self._release_engine(engine)
 
@@ -164,7 +158,7 @@ class ActorRolloutRefWorker:
         return out if self.rank == 0 else None
 
     def _pad_id(self) -> int:
-        return self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.eos_ids[0]
+        return pad_token_id(self.tokenizer, self.eos_ids)
 
     # --- log-probs -----------------------------------------------------------------------------
     def _log_probs(self, engine: TrainEngine, batch: Batch, *, with_entropy: bool, adapter: bool = True,
@@ -286,6 +280,25 @@ class ActorRolloutRefWorker:
         meta = load_engine(self.actor, path)
         self._weights_version += 1
         return meta
+
+
+def pad_token_id(tokenizer, eos_ids: list[int]) -> int:
+    """The tokenizer's pad token, else the first EOS token."""
+    return tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos_ids[0]
+
+
+def sample(engine, batch: Batch, rollout_cfg, *, n: int, max_new_tokens: int, temperature: float, seed: int,
+           rank: int, device, **extra) -> dict:
+    """engine.generate on the batch's prompts (input_ids where attention_mask is set): n samples each
+    at `temperature` (0: greedy) with rollout.top_p / top_k. The generator is seeded from (seed, rank),
+    so a run with the same seeds and ranks generates the same tokens (the actor's and the
+    one_step_off rollout rank's generate alike)."""
+    prompts = [row[mask != 0].tolist() for row, mask in zip(batch["input_ids"], batch["attention_mask"])]
+    generator = torch.Generator(device=device)
+    generator.manual_seed(int(np.random.SeedSequence([seed, rank]).generate_state(1)[0]))
+    return engine.generate(prompts, n=n, max_new_tokens=max_new_tokens, temperature=temperature,
+                           top_p=rollout_cfg.top_p, top_k=rollout_cfg.top_k, generator=generator,
+                           greedy=temperature == 0, **extra)
 
 
 def _clip_to_limits(out: dict, limits: np.ndarray, eos_ids: list[int], pad: int) -> dict:
