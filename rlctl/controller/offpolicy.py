@@ -56,13 +56,11 @@ class OneStepOff:
 
     def push_weights(self, version: int) -> None:
         """The actor's trained weights (after `version` updates) to every rollout rank, no disk:
-        rank 0 of the actor returns numpy arrays, put once in the object store for all ranks."""
-        import ray
-
+        rank 0 of the actor returns numpy arrays, put once in the object store for all ranks
+        (the worker group puts a dict argument of an ALL call there)."""
         if self.push is not None:
             self.push.result()   # surface a failed earlier push before queueing another
-        weights = ray.put(self.setup.actor.export_weights())
-        self.push = self.setup.rollout.submit("update_weights", weights, version=version)
+        self.push = self.setup.rollout.submit("update_weights", self.setup.actor.export_weights(), version=version)
 
     def rollout(self, step: int) -> tuple[Batch, dict]:
         """Batch `step` (generated one update ago, or now when nothing is in flight), scored; batch

@@ -42,7 +42,7 @@ def test_rollout_rank_generates_with_the_pushed_weights(tiny_model_dir):
         workers = start_workers(cfg, total_steps=2, needs_reference=False, needs_critic=False)
         actor, rollout = workers.actor, workers.rollout
         assert rollout is not None and rollout.world_size == 1
-        assert rollout.update_weights(ray.put(actor.export_weights()), version=0) == [0]
+        assert rollout.update_weights(actor.export_weights(), version=0) == [0]
 
         first = rollout.generate(_prompts(), seed=1)
         assert len(first) == 8 and (first["policy_version"] == 0).all()
@@ -59,7 +59,7 @@ def test_rollout_rank_generates_with_the_pushed_weights(tiny_model_dir):
         assert (again["policy_version"] == 0).all() and np.array_equal(again["responses"], first["responses"])
 
         # ... until its weights are pushed: then the rollout rank generates with version 1
-        assert rollout.update_weights(ray.put(actor.export_weights()), version=1) == [1]
+        assert rollout.update_weights(actor.export_weights(), version=1) == [1]
         second = rollout.generate(_prompts(), seed=2)
         assert (second["policy_version"] == 1).all()
         assert _close_on_mask(actor.compute_log_prob(second)["old_log_prob"], second["rollout_log_prob"],
