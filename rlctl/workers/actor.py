@@ -222,14 +222,16 @@ class ActorRolloutRefWorker:
                                      entropy_grad=ac.entropy_coef > 0)
             log_prob = out["log_prob"]
             old = micro["old_log_prob"] if "old_log_prob" in micro else log_prob.detach()
-            pg_loss, metrics = (self._bypass_loss(micro, log_prob, norm) if rc.bypass_mode else policy_loss(ac.policy_loss, old_log_prob=old, log_prob=log_prob,
-                                           advantages=micro["advantages"], response_mask=mask,
-                                           clip_ratio_low=ac.clip_ratio_low, clip_ratio_high=ac.clip_ratio_high,
-                                           clip_ratio_c=ac.clip_ratio_c, loss_agg_mode=ac.loss_agg_mode, norm=norm,
-                                           tau_pos=ac.tau_pos, tau_neg=ac.tau_neg, clip_cov_ratio=ac.clip_cov_ratio,
-                                           clip_cov_lb=ac.clip_cov_lb, clip_cov_ub=ac.clip_cov_ub,
-                                           kl_cov_ratio=ac.kl_cov_ratio, ppo_kl_coef=ac.ppo_kl_coef, dro_beta=ac.dro_beta,
-                                           rollout_is_weights=micro.get("rollout_is_weights")))
+            if rc.bypass_mode:
+                pg_loss, metrics = self._bypass_loss(micro, log_prob, norm)
+            else:
+                pg_loss, metrics = policy_loss(
+                    ac.policy_loss, old_log_prob=old, log_prob=log_prob, advantages=micro["advantages"],
+                    response_mask=mask, clip_ratio_low=ac.clip_ratio_low, clip_ratio_high=ac.clip_ratio_high,
+                    clip_ratio_c=ac.clip_ratio_c, loss_agg_mode=ac.loss_agg_mode, norm=norm, tau_pos=ac.tau_pos,
+                    tau_neg=ac.tau_neg, clip_cov_ratio=ac.clip_cov_ratio, clip_cov_lb=ac.clip_cov_lb,
+                    clip_cov_ub=ac.clip_cov_ub, kl_cov_ratio=ac.kl_cov_ratio, ppo_kl_coef=ac.ppo_kl_coef,
+                    dro_beta=ac.dro_beta, rollout_is_weights=micro.get("rollout_is_weights"))
             entropy = aggregate_loss(out["entropy"], mask, ac.loss_agg_mode, norm=norm)
             loss = pg_loss - ac.entropy_coef * entropy if ac.entropy_coef > 0 else pg_loss
             metrics = {**metrics, "pg_loss": float(pg_loss.detach()), "entropy": float(entropy.detach())}
