@@ -26,7 +26,10 @@ from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+REPO = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(REPO), str(REPO / "bench")]
+
+from proctree import machine_busy_s  # noqa: E402
 
 USER = '''
 def again(messages, extra_info):
@@ -38,15 +41,9 @@ QUESTIONS = ["What is 17+18? Reply with digits only.", "What is 3+45? Reply with
 
 def foreign_cores(start: tuple, own_start: float) -> float:
     busy, wall = start
-    now_busy, now_wall = _busy(), time.perf_counter()
+    now_busy, now_wall = machine_busy_s(), time.perf_counter()
     own = time.process_time() - own_start
     return max(0.0, ((now_busy - busy) - own) / (now_wall - wall))
-
-
-def _busy() -> float:
-    with open("/proc/stat") as f:
-        v = [int(x) for x in f.readline().split()[1:]]
-    return (sum(v[:8]) - v[3] - v[4]) / os.sysconf("SC_CLK_TCK")
 
 
 def main() -> None:
@@ -108,7 +105,7 @@ def main() -> None:
     for rep in range(args.reps):
         for name in (("single", "multi") if rep % 2 == 0 else ("multi", "single")):
             fn = single if name == "single" else multi
-            start, own = (_busy(), time.perf_counter()), time.process_time()
+            start, own = (machine_busy_s(), time.perf_counter()), time.process_time()
             t0 = time.perf_counter()
             generated, length = fn(rep + 1)
             seconds = time.perf_counter() - t0

@@ -41,8 +41,6 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO), str(REPO / "bench")]
 
@@ -87,8 +85,8 @@ def run_mode(project: Path, mode: str, a, *, steps: int, lr: float | None) -> di
     # the measured steps end at t1 (the run's last step); they span the sum of their step times
     span = sum(r["timing/step_s"] for r in measured)
 
-    def med(key: str) -> float:
-        return statistics.median(r.get(key, 0.0) for r in measured)
+    def med(key: str) -> float:   # over the steps that log it (the last step pushes no weights); 0 when none
+        return statistics.median([r[key] for r in measured if key in r] or [0.0])
 
     return {"mode": mode, "step_s": med("timing/step_s"), "gen_wait_s": med("timing/gen_s") - med("timing/reward_s"),
             "train_s": med("timing/update_actor_s"), "old_log_prob_s": med("timing/old_log_prob_s"),

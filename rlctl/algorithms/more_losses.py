@@ -232,11 +232,10 @@ def bypass_policy_loss(*, rollout_log_prob, log_prob, advantages, response_mask,
     weights, metrics, mask = None, {}, response_mask
     if bool(_valid(response_mask).any()):
         with torch.no_grad():
-            weights, new_mask, metrics = rollout_correction(
-                _where_valid(response_mask, log_prob.detach()), _where_valid(response_mask, rollout_log_prob),
-                response_mask, rollout_is=rollout_is, rollout_is_threshold=rollout_is_threshold,
-                rollout_is_batch_normalize=rollout_is_batch_normalize, rollout_rs=rollout_rs,
-                rollout_rs_threshold=rollout_rs_threshold)
+            weights, new_mask, metrics = rollout_correction(   # it zeroes the padding itself
+                log_prob.detach(), rollout_log_prob, response_mask, rollout_is=rollout_is,
+                rollout_is_threshold=rollout_is_threshold, rollout_is_batch_normalize=rollout_is_batch_normalize,
+                rollout_rs=rollout_rs, rollout_rs_threshold=rollout_rs_threshold)
         mask = new_mask.to(response_mask.dtype) if rollout_rs else response_mask
     common = dict(old_log_prob=rollout_log_prob, log_prob=log_prob, advantages=advantages, response_mask=mask,
                   clip_ratio_low=clip_ratio_low, clip_ratio_high=clip_ratio_high, clip_ratio_c=clip_ratio_c,

@@ -56,13 +56,10 @@ class OneStepOff:
 
     def push_weights(self, version: int) -> None:
         """The actor's trained weights (after `version` updates) to every rollout rank, no disk:
-        rank 0 of the actor returns numpy arrays, put once in the object store for all ranks."""
-        import ray
-
-        if self.push is not None:
-            self.push.result()   # surface a failed earlier push before queueing another
-        weights = ray.put(self.setup.actor.export_weights())
-        self.push = self.setup.rollout.submit("update_weights", weights, version=version)
+        rank 0 of the actor returns numpy arrays, put once in the object store for all ranks
+        (the worker group puts a dict argument of an ALL call there). rollout() waits for it (a
+        failed push surfaces there) before the next push."""
+        self.push = self.setup.rollout.submit("update_weights", self.setup.actor.export_weights(), version=version)
 
     def rollout(self, step: int) -> tuple[Batch, dict]:
         """Batch `step` (generated one update ago, or now when nothing is in flight), scored; batch
@@ -71,7 +68,8 @@ class OneStepOff:
         if self.pending is None or self.pending[0] != step:
             self._submit(step)
         start = time.perf_counter()
-        batch = self._result()
+        _, batch = self._wait()
+        self.pending = None
         waited = time.perf_counter() - start
         self.push.result()
         if step < setup.total_steps:
@@ -89,19 +87,18 @@ class OneStepOff:
         prompts = rollout.prompt_batch(setup.loader.next_batch(), f"{step}.1", setup.pad_token_id)
         self.pending = (step, setup.rollout.submit("generate", prompts, seed=setup.seed_for(step, 1)))
 
-    def _result(self) -> Batch:
+    def _wait(self) -> tuple[int, Batch]:
+        """The batch in flight, waited for (it stays pending)."""
         step, call = self.pending
-        batch = call if isinstance(call, Batch) else call.result()
-        self.pending = None
-        return batch
+        if not isinstance(call, Batch):
+            self.pending = (step, call.result())
+        return self.pending
 
     def save(self, folder: Path) -> None:
         """Write the batch in flight (waiting for it to finish generating) into a checkpoint folder."""
         if self.pending is None:
             return
-        step, call = self.pending
-        batch = call if isinstance(call, Batch) else call.result()
-        self.pending = (step, batch)
+        step, batch = self._wait()
         with open(folder / PENDING_FILE, "wb") as f:
             pickle.dump({"step": step, "tensors": batch.tensors, "meta": batch.meta}, f,
                         protocol=pickle.HIGHEST_PROTOCOL)

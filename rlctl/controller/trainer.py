@@ -87,7 +87,7 @@ class Trainer:
                                                                                 setup.critic)))
             with phase(timing, "update_actor"):
                 metrics.update(setup.actor.update_actor(with_mini_batches(batch, "actor", config, setup.actor)))
-            if pipeline:
+            if pipeline and step < setup.total_steps:   # the last update has no next batch to generate
                 with phase(timing, "sync_weights"):
                     pipeline.push_weights(step)
             setup.state["step"] = step

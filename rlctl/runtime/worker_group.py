@@ -187,14 +187,18 @@ class RoleHandle:
 
 
 def _put_shared(mode: Dispatch, values):
-    """ALL/RANK0 send the same Batch to every rank: put it in the object store once."""
+    """ALL/RANK0 send the same Batch or dict (a weight push) to every rank: put it in the object
+    store once."""
     if mode not in (Dispatch.ALL, Dispatch.RANK0):
         return values
     import ray
 
+    def shared(v):
+        return ray.put(v) if isinstance(v, (Batch, dict)) else v
+
     if isinstance(values, dict):
-        return {k: ray.put(v) if isinstance(v, Batch) else v for k, v in values.items()}
-    return tuple(ray.put(v) if isinstance(v, Batch) else v for v in values)
+        return {k: shared(v) for k, v in values.items()}
+    return tuple(shared(v) for v in values)
 
 
 def _session_logs() -> str:

@@ -27,7 +27,7 @@ from rlctl.errors import ConfigError
 from rlctl.runtime import Batch, Dispatch, register
 from rlctl.workers import fsdp
 from rlctl.workers.engine import OptimSpec, TrainEngine
-from rlctl.workers.logprob import inference_order, response_log_probs
+from rlctl.workers.logprob import batched_response_outputs, response_log_probs
 from rlctl.workers.lora import check_targets
 from rlctl.workers.models import apply_lora, eos_token_ids, load_causal_lm, load_tokenizer
 from rlctl.workers.training import mini_batch_count, run_updates
@@ -110,8 +110,7 @@ class ActorRolloutRefWorker:
         with the same seeds and ranks generates the same tokens.
         """
         n, temperature = self._mode(mode)
-        prompts = [row[mask != 0].tolist() for row, mask in zip(batch["input_ids"], batch["attention_mask"])]
-        out = self._sample(prompts, n, self.cfg.data.max_response_length, temperature, seed)
+        out = self._sample(batch, n, self.cfg.data.max_response_length, temperature, seed)
         return _rollout_batch(batch, out, n, width=self.cfg.data.max_prompt_length, pad=self._pad_id())
 
     @register(Dispatch.DP)
@@ -122,9 +121,8 @@ class ActorRolloutRefWorker:
         (+ rollout_log_prob from GPU engines); T = `width` (the largest max_new_tokens of the whole
         call, the same on every rank, so the ranks' parts concatenate)."""
         _, temperature = self._mode(mode)
-        prompts = [row[mask != 0].tolist() for row, mask in zip(batch["input_ids"], batch["attention_mask"])]
         limits = [int(x) for x in batch["max_new_tokens"]]
-        out = self._sample(prompts, n, max(width, *limits), temperature, seed, limits=limits)
+        out = self._sample(batch, n, max(width, *limits), temperature, seed, limits=limits)
         return Batch(_clip_to_limits(out, np.repeat(limits, n), self.eos_ids, self._pad_id()))
 
     def _mode(self, mode: str) -> tuple[int, float]:
@@ -134,19 +132,15 @@ class ActorRolloutRefWorker:
             raise ValueError(f"generate mode must be one of {sorted(modes)}, got {mode!r}")
         return modes[mode]
 
-    def _sample(self, prompts: list, n: int, max_new_tokens: int, temperature: float, seed: int,
+    def _sample(self, batch: Batch, n: int, max_new_tokens: int, temperature: float, seed: int,
                 limits: list | None = None) -> dict:
-        rc = self.cfg.rollout
-        generator = torch.Generator(device=self.actor.device)
-        generator.manual_seed(int(np.random.SeedSequence([seed, self.rank]).generate_state(1)[0]))
         engine = self._ready_engine()
         extra = {"limits": limits} if limits is not None and engine.per_prompt_limits else {}
         try:
             # the hf engine runs the trainer's module (its autocast); GPU engines have their own dtype
             with self.actor.autocast() if not engine.owns_weights else contextlib.nullcontext():
-                return engine.generate(
-                    prompts, n=n, max_new_tokens=max_new_tokens, temperature=temperature,
-                    top_p=rc.top_p, top_k=rc.top_k, generator=generator, greedy=temperature == 0, **extra)
+                return sample(engine, batch, self.cfg.rollout, n=n, max_new_tokens=max_new_tokens,
+                              temperature=temperature, seed=seed, rank=self.rank, device=self.actor.device, **extra)
         finally:
             self._release_engine(engine)
 
@@ -164,25 +158,16 @@ class ActorRolloutRefWorker:
         return out if self.rank == 0 else None
 
     def _pad_id(self) -> int:
-        return self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.eos_ids[0]
+        return pad_token_id(self.tokenizer, self.eos_ids)
 
     # --- log-probs -----------------------------------------------------------------------------
     def _log_probs(self, engine: TrainEngine, batch: Batch, *, with_entropy: bool, adapter: bool = True,
                    with_sum_pi_squared: bool = False) -> dict[str, np.ndarray]:
-        width = batch["response_mask"].shape[1]
-        parts: dict[str, list] = {"log_prob": [], "entropy": [], "sum_pi_squared": []}
-        order = inference_order(engine.module, batch["attention_mask"])
         off = self.actor.module.disable_adapter() if not adapter else contextlib.nullcontext()
         with engine.inference() as module, off:
-            for micro in batch.select(order).split(self.cfg.actor.micro_batch_size):
-                t = micro.to_torch(engine.device, keys=_MODEL_KEYS)
-                out = response_log_probs(module, t["input_ids"], t["attention_mask"], width,
-                                         temperature=self.temperature, with_entropy=with_entropy,
-                                         with_sum_pi_squared=with_sum_pi_squared)
-                for key, value in out.items():
-                    parts[key].append(value.cpu().numpy())
-        inverse = np.argsort(order)
-        return {k: np.concatenate(v)[inverse] for k, v in parts.items() if v}
+            return batched_response_outputs(module, engine.device, batch, self.cfg.actor.micro_batch_size,
+                                            temperature=self.temperature, with_entropy=with_entropy,
+                                            with_sum_pi_squared=with_sum_pi_squared)
 
     @register(Dispatch.DP)
     def compute_log_prob(self, batch: Batch) -> Batch:
@@ -237,14 +222,16 @@ class ActorRolloutRefWorker:
                                      entropy_grad=ac.entropy_coef > 0)
             log_prob = out["log_prob"]
             old = micro["old_log_prob"] if "old_log_prob" in micro else log_prob.detach()
-            pg_loss, metrics = (self._bypass_loss(micro, log_prob, norm) if rc.bypass_mode else policy_loss(ac.policy_loss, old_log_prob=old, log_prob=log_prob,
-                                           advantages=micro["advantages"], response_mask=mask,
-                                           clip_ratio_low=ac.clip_ratio_low, clip_ratio_high=ac.clip_ratio_high,
-                                           clip_ratio_c=ac.clip_ratio_c, loss_agg_mode=ac.loss_agg_mode, norm=norm,
-                                           tau_pos=ac.tau_pos, tau_neg=ac.tau_neg, clip_cov_ratio=ac.clip_cov_ratio,
-                                           clip_cov_lb=ac.clip_cov_lb, clip_cov_ub=ac.clip_cov_ub,
-                                           kl_cov_ratio=ac.kl_cov_ratio, ppo_kl_coef=ac.ppo_kl_coef, dro_beta=ac.dro_beta,
-                                           rollout_is_weights=micro.get("rollout_is_weights")))
+            if rc.bypass_mode:
+                pg_loss, metrics = self._bypass_loss(micro, log_prob, norm)
+            else:
+                pg_loss, metrics = policy_loss(
+                    ac.policy_loss, old_log_prob=old, log_prob=log_prob, advantages=micro["advantages"],
+                    response_mask=mask, clip_ratio_low=ac.clip_ratio_low, clip_ratio_high=ac.clip_ratio_high,
+                    clip_ratio_c=ac.clip_ratio_c, loss_agg_mode=ac.loss_agg_mode, norm=norm, tau_pos=ac.tau_pos,
+                    tau_neg=ac.tau_neg, clip_cov_ratio=ac.clip_cov_ratio, clip_cov_lb=ac.clip_cov_lb,
+                    clip_cov_ub=ac.clip_cov_ub, kl_cov_ratio=ac.kl_cov_ratio, ppo_kl_coef=ac.ppo_kl_coef,
+                    dro_beta=ac.dro_beta, rollout_is_weights=micro.get("rollout_is_weights"))
             entropy = aggregate_loss(out["entropy"], mask, ac.loss_agg_mode, norm=norm)
             loss = pg_loss - ac.entropy_coef * entropy if ac.entropy_coef > 0 else pg_loss
             metrics = {**metrics, "pg_loss": float(pg_loss.detach()), "entropy": float(entropy.detach())}
@@ -295,6 +282,25 @@ class ActorRolloutRefWorker:
         meta = load_engine(self.actor, path)
         self._weights_version += 1
         return meta
+
+
+def pad_token_id(tokenizer, eos_ids: list[int]) -> int:
+    """The tokenizer's pad token, else the first EOS token."""
+    return tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos_ids[0]
+
+
+def sample(engine, batch: Batch, rollout_cfg, *, n: int, max_new_tokens: int, temperature: float, seed: int,
+           rank: int, device, **extra) -> dict:
+    """engine.generate on the batch's prompts (input_ids where attention_mask is set): n samples each
+    at `temperature` (0: greedy) with rollout.top_p / top_k. The generator is seeded from (seed, rank),
+    so a run with the same seeds and ranks generates the same tokens (the actor's and the
+    one_step_off rollout rank's generate alike)."""
+    prompts = [row[mask != 0].tolist() for row, mask in zip(batch["input_ids"], batch["attention_mask"])]
+    generator = torch.Generator(device=device)
+    generator.manual_seed(int(np.random.SeedSequence([seed, rank]).generate_state(1)[0]))
+    return engine.generate(prompts, n=n, max_new_tokens=max_new_tokens, temperature=temperature,
+                           top_p=rollout_cfg.top_p, top_k=rollout_cfg.top_k, generator=generator,
+                           greedy=temperature == 0, **extra)
 
 
 def _clip_to_limits(out: dict, limits: np.ndarray, eos_ids: list[int], pad: int) -> dict:

@@ -11,14 +11,13 @@ Batch keys:  compute_values  in: input_ids, attention_mask, response_mask   out:
 
 from __future__ import annotations
 
-import numpy as np
 import torch
 
 from rlctl.config.plan import batch_plan
 from rlctl.runtime import Batch, Dispatch, register
 from rlctl.workers import fsdp
 from rlctl.workers.engine import OptimSpec, TrainEngine
-from rlctl.workers.logprob import inference_order, response_values
+from rlctl.workers.logprob import batched_response_outputs, response_values
 from rlctl.workers.models import load_value_model
 from rlctl.workers.training import mini_batch_count, run_updates
 
@@ -39,14 +38,10 @@ class CriticWorker:
 
     @register(Dispatch.DP)
     def compute_values(self, batch: Batch) -> Batch:
-        width = batch["response_mask"].shape[1]
-        order = inference_order(self.critic.module, batch["attention_mask"])
-        parts = []
         with self.critic.inference() as module:
-            for micro in batch.select(order).split(self.cfg.critic.micro_batch_size):
-                t = micro.to_torch(self.critic.device, keys=_MODEL_KEYS)
-                parts.append(response_values(module, t["input_ids"], t["attention_mask"], width).cpu().numpy())
-        return Batch({"values": np.concatenate(parts)[np.argsort(order)]}, batch.meta)
+            out = batched_response_outputs(module, self.critic.device, batch, self.cfg.critic.micro_batch_size,
+                                           forward=lambda *args: {"values": response_values(*args)})
+        return Batch(out, batch.meta)
 
     @register(Dispatch.DP_TRAIN)
     def update_critic(self, batch: Batch) -> dict[str, float]:

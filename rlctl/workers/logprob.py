@@ -69,6 +69,25 @@ def inference_order(model: torch.nn.Module, attention_mask: np.ndarray) -> np.nd
     return np.argsort(attention_mask.sum(1), kind="stable")
 
 
+def batched_response_outputs(model: torch.nn.Module, device: torch.device, batch, micro_batch_size: int, *,
+                             forward=None, **kwargs) -> dict[str, np.ndarray]:
+    """`forward` (default response_log_probs) over a Batch of [B, P+T] rows in micro-batches of
+    `micro_batch_size`, in inference_order; its [b, T] outputs as numpy [B, T] in the batch's row
+    order. `forward(model, input_ids, attention_mask, T, **kwargs)` returns a dict of tensors.
+    The caller holds the contexts (no_grad, autocast, adapters). One loop for the actor, the
+    critic and the one_step_off rollout rank, so equal weights give equal numbers."""
+    forward = forward or response_log_probs
+    width = batch["response_mask"].shape[1]
+    order = inference_order(model, batch["attention_mask"])
+    parts: dict[str, list] = {}
+    for micro in batch.select(order).split(micro_batch_size):
+        t = micro.to_torch(device, keys=["input_ids", "attention_mask"])
+        for key, value in forward(model, t["input_ids"], t["attention_mask"], width, **kwargs).items():
+            parts.setdefault(key, []).append(value.cpu().numpy())
+    inverse = np.argsort(order)
+    return {key: np.concatenate(values)[inverse] for key, values in parts.items()}
+
+
 def make_layout(input_ids: torch.Tensor, attention_mask: torch.Tensor, response_width: int, *,
                 pack: bool = False, layout: str | None = None) -> Layout:
     """The unpadded model input of a micro-batch; layout "shared" | "pack" | "trim" (else from `pack`)."""

@@ -20,11 +20,9 @@ import torch
 
 from rlctl.runtime import Batch, Dispatch, register
 from rlctl.workers import fsdp
-from rlctl.workers.actor import _rollout_batch
-from rlctl.workers.logprob import inference_order, response_log_probs
+from rlctl.workers.actor import _rollout_batch, pad_token_id, sample
+from rlctl.workers.logprob import batched_response_outputs
 from rlctl.workers.models import eos_token_ids, load_causal_lm, load_tokenizer
-
-_MODEL_KEYS = ["input_ids", "attention_mask"]
 
 
 class RolloutWorker:
@@ -43,7 +41,7 @@ class RolloutWorker:
         self.dtype = fsdp.resolve_dtype(config.model.dtype)
         self.tokenizer = load_tokenizer(config.model.path, config.model.trust_remote_code)
         eos = eos_token_ids(config.model.path, self.tokenizer)
-        self.pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else eos[0]
+        self.pad = pad_token_id(self.tokenizer, eos)
         self.engine = HFRolloutEngine(self.model, pad_token_id=self.pad, eos_token_ids=eos, own_weights=True)
         self.temperature = config.rollout.temperature or 1.0   # log-probs of the sampling distribution
         self.version = 0   # the actor's update count whose weights this copy holds
@@ -67,28 +65,17 @@ class RolloutWorker:
         """rollout.n samples per prompt at rollout.temperature with this rank's weights; each rank
         samples from (seed, rank), as the actor's generate does."""
         rc = self.cfg.rollout
-        prompts = [row[mask != 0].tolist() for row, mask in zip(batch["input_ids"], batch["attention_mask"])]
-        generator = torch.Generator(device=self.device)
-        generator.manual_seed(int(np.random.SeedSequence([seed, self.rank]).generate_state(1)[0]))
         with self._autocast():
-            out = self.engine.generate(prompts, n=rc.n, max_new_tokens=self.cfg.data.max_response_length,
-                                       temperature=rc.temperature, top_p=rc.top_p, top_k=rc.top_k,
-                                       generator=generator, greedy=rc.temperature == 0)
+            out = sample(self.engine, batch, rc, n=rc.n, max_new_tokens=self.cfg.data.max_response_length,
+                         temperature=rc.temperature, seed=seed, rank=self.rank, device=self.device)
         rows = _rollout_batch(batch, out, rc.n, width=self.cfg.data.max_prompt_length, pad=self.pad)
         rows["rollout_log_prob"] = self._log_probs(rows)
         rows["policy_version"] = np.full(len(rows), self.version, dtype=np.int64)
         return rows
 
     def _log_probs(self, batch: Batch) -> np.ndarray:
-        """log pi_version(sampled token) [B, T] float32, 0 on padding: micro-batches in the order and
-        sizes the actor's compute_log_prob uses, so equal weights give equal numbers."""
-        width = batch["response_mask"].shape[1]
-        order = inference_order(self.model, batch["attention_mask"])
-        parts = []
+        """log pi_version(sampled token) [B, T] float32, 0 on padding: the actor's compute_log_prob
+        loop (micro-batch order and sizes), so equal weights give equal numbers."""
         with torch.no_grad(), self._autocast():
-            for micro in batch.select(order).split(self.cfg.actor.micro_batch_size):
-                t = micro.to_torch(self.device, keys=_MODEL_KEYS)
-                out = response_log_probs(self.model, t["input_ids"], t["attention_mask"], width,
-                                         temperature=self.temperature)
-                parts.append(out["log_prob"].float().cpu().numpy())
-        return np.concatenate(parts)[np.argsort(order)].astype(np.float32)
+            return batched_response_outputs(self.model, self.device, batch, self.cfg.actor.micro_batch_size,
+                                            temperature=self.temperature)["log_prob"]

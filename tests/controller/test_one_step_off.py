@@ -46,6 +46,8 @@ def test_one_step_off_learns_with_stale_batches(tmp_path, make_project, ray_clus
     assert got[0]["rollout/logprob_diff_mean"] == pytest.approx(0.0, abs=1e-6)   # v0 pushed exactly
     assert all(r["rollout/logprob_diff_mean"] > 0 for r in got[1:])               # drift once stale
     assert all("rollout_corr/rollout_is_mean" in r for r in got)                  # TIS on by default
+    # weights pushed after every update but the last (nothing generates after it)
+    assert ["timing/sync_weights_s" in r for r in got] == [True] * (steps - 1) + [False]
     samples = [json.loads(line) for line in (proj / "runs" / "grpo-arith-offpolicy-cpu" / "samples.jsonl").open()]
     assert samples and all(s["policy_version"] == max(0, s["step"] - 2) for s in samples)
     rewards = [r["reward/mean"] for r in got]

@@ -42,7 +42,7 @@ def test_rollout_rank_generates_with_the_pushed_weights(tiny_model_dir):
         workers = start_workers(cfg, total_steps=2, needs_reference=False, needs_critic=False)
         actor, rollout = workers.actor, workers.rollout
         assert rollout is not None and rollout.world_size == 1
-        assert rollout.update_weights(ray.put(actor.export_weights()), version=0) == [0]
+        assert rollout.update_weights(actor.export_weights(), version=0) == [0]
 
         first = rollout.generate(_prompts(), seed=1)
         assert len(first) == 8 and (first["policy_version"] == 0).all()
@@ -59,7 +59,7 @@ def test_rollout_rank_generates_with_the_pushed_weights(tiny_model_dir):
         assert (again["policy_version"] == 0).all() and np.array_equal(again["responses"], first["responses"])
 
         # ... until its weights are pushed: then the rollout rank generates with version 1
-        assert rollout.update_weights(ray.put(actor.export_weights()), version=1) == [1]
+        assert rollout.update_weights(actor.export_weights(), version=1) == [1]
         second = rollout.generate(_prompts(), seed=2)
         assert (second["policy_version"] == 1).all()
         assert _close_on_mask(actor.compute_log_prob(second)["old_log_prob"], second["rollout_log_prob"],
@@ -91,3 +91,24 @@ def test_own_weights_engine_loads_every_pushed_tensor_and_refuses_a_bad_push(tin
         engine.update_weights({**stream, "model.bogus.weight": np.zeros(1, dtype=np.float32)})
     with pytest.raises(UsageError, match="left 1 rollout parameter"):
         engine.update_weights({k: v for k, v in stream.items() if k != "model.norm.weight"})
+
+
+def test_own_weights_engine_of_an_untied_model_needs_its_lm_head(tiny_untied_model_dir):
+    """Untied embeddings: lm_head.weight is a parameter of its own; the stream carries it and a
+    push without it leaves that parameter unset."""
+    from transformers import AutoModelForCausalLM
+
+    from rlctl.workers.rollout.hf import HFRolloutEngine
+    from rlctl.workers.rollout.weights import engine_weights
+
+    source = AutoModelForCausalLM.from_pretrained(str(tiny_untied_model_dir), torch_dtype=torch.float32)
+    with torch.no_grad():
+        source.lm_head.weight.add_(0.01)
+    stream = {name: t.numpy() for name, t in engine_weights(source)}
+    assert "lm_head.weight" in stream
+    copy = AutoModelForCausalLM.from_pretrained(str(tiny_untied_model_dir), torch_dtype=torch.float32)
+    engine = HFRolloutEngine(copy, pad_token_id=PAD, eos_token_ids=[0], own_weights=True)
+    engine.update_weights(stream)
+    assert torch.equal(copy.lm_head.weight, source.lm_head.weight)
+    with pytest.raises(UsageError, match="left 1 rollout parameter.*lm_head.weight"):
+        engine.update_weights({k: v for k, v in stream.items() if k != "lm_head.weight"})

@@ -119,21 +119,21 @@ class HFRolloutEngine(RolloutEngine):
         """Shared module: a no-op (the engine runs the trainer's module, always the live weights).
         Own copy: copy every pushed tensor (torch or numpy, HF names) into the module's parameter
         of that name; a name the module lacks, or a parameter left without a value, is an error
-        (tied embeddings: `lm_head.weight` is the embedding and need not be sent)."""
+        (tied embeddings: named_parameters() lists the shared tensor once, as the embedding, so
+        `lm_head.weight` is neither expected nor accepted)."""
         if not self.owns_weights or weights is None:
             return
         from rlctl.workers.rollout.weights import hf_name
 
         params = {hf_name(name): p for name, p in self.model.named_parameters()}
-        tied = bool(getattr(getattr(self.model, "config", None), "tie_word_embeddings", False))
-        missing = set(params) - ({"lm_head.weight"} if tied else set())
+        missing = set(params)
         items = weights.items() if isinstance(weights, Mapping) else weights
         with torch.no_grad():
             for name, value in items:
                 if name not in params:
                     raise UsageError(f"pushed weight {name!r} is not a parameter of the rollout model",
                                      hint="the actor and the rollout group must load the same model.path")
-                params[name].copy_(torch.as_tensor(value).to(params[name].dtype))
+                params[name].copy_(torch.as_tensor(value))   # copy_ casts dtype and device
                 missing.discard(name)
         if missing:
             raise UsageError(f"the weight push left {len(missing)} rollout parameter(s) unset, e.g. {sorted(missing)[0]}",
