@@ -323,9 +323,9 @@ def validation_metric_names(data_sources=()) -> list[str]:
         [f"val/{ds}/{m}" for ds in sorted(data_sources) for m in VAL_METRICS_PER_SOURCE]
 
 
-def check_best_metric(c: Config, data_sources: set[str] | None = None) -> list[Problem]:
-    """run.best_metric must be a metric validation logs; data_sources (those of data.val_files, or
-    None when unread) decide the per-source names."""
+def check_best_metric(c: Config, data_sources: set[str] | None = None, known=None) -> list[Problem]:
+    """run.best_metric must be a metric validation logs: one of `known` (SFT's), or of RL's, where
+    data_sources (those of data.val_files, or None when unread) decide the per-source names."""
     from rlctl.config.loader import suggest
 
     metric = c.run.best_metric
@@ -334,9 +334,10 @@ def check_best_metric(c: Config, data_sources: set[str] | None = None) -> list[P
     if not c.data.val_files:
         return [Problem("run.best_metric", f"{metric!r} is a validation metric but the run does not validate; "
                                            "set data.val_files (and run.val_every), or run.best_metric = \"\"")]
-    known = validation_metric_names(data_sources or ())
+    rl = known is None
+    known = validation_metric_names(data_sources or ()) if rl else list(known)
     source = metric.removeprefix("val/").removesuffix("/acc").removesuffix("/reward/mean")
-    per_source = metric.startswith("val/") and source not in ("", metric.removeprefix("val/"))   # val/<ds>/...
+    per_source = rl and metric.startswith("val/") and source not in ("", metric.removeprefix("val/"))  # val/<ds>/...
     if metric in known or (data_sources is None and per_source):
         problems = []
     else:

@@ -102,17 +102,11 @@ def validate_sft(loaded: LoadedConfig, *, machine: bool, auto_problems: list, au
 
 
 def check_best_metric(c) -> list[Problem]:
-    metric = c.run.best_metric
-    if not metric:
-        return []
-    if not c.data.val_files:
-        return [Problem("run.best_metric", f"{metric!r} is a validation metric but the run does not validate; set "
-                                           "data.val_files, or run.best_metric = \"\"")]
-    problems = []
-    if metric not in VAL_METRICS:
-        problems.append(Problem("run.best_metric", f"{metric!r} is not a metric SFT validation logs; it logs "
-                                                   f"{', '.join(VAL_METRICS)}"))
-    elif c.run.best_mode != "min":
+    """RL's check against SFT's metrics (val_every = 0 warns alike), and both are better when lower."""
+    from rlctl.config.validate import check_best_metric as check
+
+    metric, problems = c.run.best_metric, check(c, known=VAL_METRICS)
+    if metric in VAL_METRICS and c.data.val_files and c.run.best_mode != "min":
         problems.append(Problem("run.best_mode", f"{metric} is better when lower: set run.best_mode = \"min\"",
                                 severity="warning"))
     return problems
