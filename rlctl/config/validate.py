@@ -466,7 +466,8 @@ def _add_rows(rows: int, path: Path) -> int | None:
 
 
 def check_model(loaded: LoadedConfig) -> list[Problem]:
-    """model.path is a local folder, a cached hub id, or a hub id the hub can serve now (probed fast)."""
+    """model.path is a local folder, a cached hub id, or a hub id the hub can serve now (probed fast),
+    whose context holds the longest sequence (prompt + response; SFT: sft.max_length)."""
     from rlctl.errors import DataError
     from rlctl.models.hub import resolve_model
 
@@ -487,10 +488,13 @@ def check_model(loaded: LoadedConfig) -> list[Problem]:
     except (OSError, ValueError) as e:
         return [Problem("model.path", f"{path / 'config.json'} is unreadable: {e}")]
     ctx = hf.get("max_position_embeddings")
-    total = c.data.max_prompt_length + c.data.max_response_length
+    if c.run.kind == "sft":   # the longest training sample
+        key, total, what = "sft.max_length", c.sft.max_length, ""
+    else:
+        key, total = "data.max_response_length", c.data.max_prompt_length + c.data.max_response_length
+        what = "max_prompt_length + max_response_length = "
     if isinstance(ctx, int) and total > ctx:
-        problems.append(Problem("data.max_response_length", f"max_prompt_length + max_response_length = {total} "
-                                                            f"exceeds the model's context of {ctx} tokens"))
+        problems.append(Problem(key, f"{what}{total} exceeds the model's context of {ctx} tokens"))
     return problems
 
 

@@ -93,8 +93,7 @@ def validate_sft(loaded: LoadedConfig, *, machine: bool, auto_problems: list, au
         if rl_plan.train_rows is not None:
             plan = SFTPlan(**{**plan.__dict__, "train_rows": rl_plan.train_rows,
                               "steps_per_epoch": rl_plan.steps_per_epoch, "total_steps": rl_plan.total_steps})
-        problems += [p for p in V.check_model(loaded) if p.key != "data.max_response_length"]
-        problems += check_context(loaded)
+        problems += V.check_model(loaded)
         problems += V.check_lora_targets(loaded)
         problems += [p for p in V.check_machine(c) if p.key != "rollout.engine"]
     bad_keys = {p.key for p in loaded.problems if p.severity == "error"}
@@ -110,23 +109,3 @@ def check_best_metric(c) -> list[Problem]:
         problems.append(Problem("run.best_mode", f"{metric} is better when lower: set run.best_mode = \"min\"",
                                 severity="warning"))
     return problems
-
-
-def check_context(loaded: LoadedConfig) -> list[Problem]:
-    """sft.max_length within the model's context (config.json's max_position_embeddings)."""
-    import json
-
-    from rlctl.errors import DataError
-    from rlctl.models.hub import resolve_model
-
-    try:
-        folder = resolve_model(loaded.config.model.path, loaded.base_dir).folder
-    except DataError:
-        return []   # reported by check_model
-    try:
-        ctx = json.loads((folder / "config.json").read_text()).get("max_position_embeddings") if folder else None
-    except (OSError, ValueError):
-        return []
-    if isinstance(ctx, int) and loaded.config.sft.max_length > ctx:
-        return [Problem("sft.max_length", f"{loaded.config.sft.max_length} exceeds the model's context of {ctx} tokens")]
-    return []

@@ -93,3 +93,16 @@ def test_best_metric_is_checked_as_for_rl():
     assert "did you mean 'val/loss'?" in errors["run.best_metric"] and "val/perplexity" in errors["run.best_metric"]
     assert "not a metric" in problems("run.best_metric=val/math/acc", "run.val_every=10")[0]["run.best_metric"]
     assert "does not validate" in problems("run.best_metric=val/loss", "data.val_files=[]")[0]["run.best_metric"]
+
+
+def test_sft_max_length_is_checked_against_the_models_context(tmp_path, tiny_model_dir):
+    """The machine pass: sft.max_length (not data.max_prompt/response_length) against max_position_embeddings."""
+    write_project(tmp_path, "sft-arith-cpu", str(tiny_model_dir))
+
+    def problems(*overrides):
+        return {p.key: p.message for p in validate(load_config(tmp_path / "rlctl.toml", list(overrides)))[0]
+                if p.severity == "error"}
+
+    assert problems("sft.max_length=4096")["sft.max_length"] == "4096 exceeds the model's context of 2048 tokens"
+    found = problems("sft.max_length=2048", "data.max_response_length=4000")
+    assert "sft.max_length" not in found and "data.max_response_length" not in found, found
