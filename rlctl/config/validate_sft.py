@@ -87,12 +87,8 @@ def validate_sft(loaded: LoadedConfig, *, machine: bool, auto_problems: list, au
                    train_rows=None, steps_per_epoch=None, total_steps=c.run.total_steps or None,
                    gpus_per_node=c.resources.gpus_per_node, gpus_per_node_resolved=auto)
     if machine:
-        rl_plan = V.BatchPlan(0, 0, 0, 0, 0, None, None, None)
-        file_problems, rl_plan = V.check_files(loaded, rl_plan)
+        file_problems, plan = V.check_files(loaded, plan)   # fills train_rows, steps_per_epoch, total_steps
         problems += [p for p in file_problems if not p.key.startswith("reward.")]
-        if rl_plan.train_rows is not None:
-            plan = SFTPlan(**{**plan.__dict__, "train_rows": rl_plan.train_rows,
-                              "steps_per_epoch": rl_plan.steps_per_epoch, "total_steps": rl_plan.total_steps})
         problems += V.check_model(loaded)
         problems += V.check_lora_targets(loaded)
         problems += [p for p in V.check_machine(c) if p.key != "rollout.engine"]
