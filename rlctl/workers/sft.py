@@ -22,9 +22,8 @@ import torch
 
 from rlctl.runtime import Batch, Dispatch, register
 from rlctl.workers import fsdp
-from rlctl.workers.engine import OptimSpec, TrainEngine
 from rlctl.workers.logprob import make_layout, use_packing
-from rlctl.workers.models import apply_lora, load_causal_lm
+from rlctl.workers.models import policy_engine
 
 _KEYS = ["input_ids", "attention_mask", "loss_mask"]
 
@@ -78,16 +77,7 @@ class SFTWorker:
     def __init__(self, config, *, total_steps: int = 0):
         self.cfg = config
         self.rank, self.world = fsdp.rank_and_world()
-        torch.manual_seed(config.run.seed)  # same LoRA init on every rank
-        model = load_causal_lm(config.model)
-        if config.model.lora.rank > 0:
-            from rlctl.workers.lora import check_targets
-
-            check_targets(model, config.model.lora)
-            model = apply_lora(model, config.model.lora)
-        self.actor = TrainEngine(model, OptimSpec.for_actor(config.actor, total_steps),
-                                 compute_dtype=fsdp.resolve_dtype(config.model.dtype),
-                                 gradient_checkpointing=config.model.gradient_checkpointing)
+        self.actor = policy_engine(config, total_steps)   # the actor's: checkpoints are the actor's
         self.pack = use_packing(self.actor.module)
 
     def _micro_batches(self, shard: Batch) -> list[dict]:
