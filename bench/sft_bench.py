@@ -30,13 +30,9 @@ from pathlib import Path
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 REPO = Path(__file__).resolve().parents[1]
 SHARED = Path(os.environ.get("RLCTL_SHARED", REPO.parent / "shared"))
-sys.path.insert(0, str(REPO))
+sys.path[:0] = [str(REPO), str(REPO / "bench")]
 
-
-def cpu_busy() -> float:
-    fields = Path("/proc/stat").read_text().splitlines()[0].split()[1:]
-    values = list(map(int, fields))
-    return float(sum(values) - values[3] - values[4])   # all but idle and iowait, in ticks
+from proctree import machine_busy_s  # noqa: E402
 
 
 def main() -> None:
@@ -86,7 +82,7 @@ def main() -> None:
             run=dataclasses.replace(c.run, kind="sft"))
         worker = SFTWorker(cfg, total_steps=steps)
         times, rates, ran, real, micros, first = [], [], 0, 0, 0, None
-        busy0, wall0, own0 = cpu_busy(), time.perf_counter(), time.process_time()
+        busy0, wall0, own0 = machine_busy_s(), time.perf_counter(), time.process_time()
         for i, batch in enumerate(batches):
             parts = worker._micro_batches(batch)
             start = time.perf_counter()
@@ -101,8 +97,7 @@ def main() -> None:
                 real += int(tokens)
                 micros += len(parts)
         wall = time.perf_counter() - wall0
-        ticks = os.sysconf("SC_CLK_TCK")
-        foreign = max(0.0, (cpu_busy() - busy0) / ticks - (time.process_time() - own0)) / wall
+        foreign = max(0.0, (machine_busy_s() - busy0) - (time.process_time() - own0)) / wall
         print(f"{name:8} {statistics.median(times):8.2f} {statistics.median(rates):11.0f} {1 - real / ran:8.1%} "
               f"{micros / args.steps:10.1f} {first:12.6f} {foreign:8.2f}")
 

@@ -20,11 +20,7 @@ import os
 import statistics
 import time
 
-
-def _machine_busy_s() -> float:
-    with open("/proc/stat") as f:
-        v = [int(x) for x in f.readline().split()[1:]]
-    return (sum(v[:8]) - v[3] - v[4]) / os.sysconf("SC_CLK_TCK")
+from proctree import machine_busy_s   # bench/ (the script's folder) is on sys.path; stdlib only
 
 
 def _own_cpu_s() -> float:
@@ -77,11 +73,11 @@ def main() -> None:
     class Timer(TrainerCallback):
         def on_step_begin(self, args, state, control, **kw):
             self.t0 = time.perf_counter()
-            self.busy0, self.own0 = _machine_busy_s(), _own_cpu_s()
+            self.busy0, self.own0 = machine_busy_s(), _own_cpu_s()
 
         def on_step_end(self, args, state, control, **kw):
             wall = time.perf_counter() - self.t0
-            foreign = (_machine_busy_s() - self.busy0 - (_own_cpu_s() - self.own0)) / max(wall, 1e-9)
+            foreign = (machine_busy_s() - self.busy0 - (_own_cpu_s() - self.own0)) / max(wall, 1e-9)
             steps.append({"step": state.global_step, "step_s": wall, "foreign_cores": max(0.0, foreign)})
 
         def on_log(self, args, state, control, logs=None, **kw):

@@ -295,8 +295,10 @@ def run_model(run_dir: str | os.PathLike) -> Path:
     from rlctl.models.hub import RUN_EXPORTS
 
     run_dir = Path(run_dir).resolve()
-    point, _ = pick_checkpoint(run_dir, None)
-    out = run_dir / RUN_EXPORTS / f"step_{point.step}"
-    if not (out / "config.json").is_file():
-        merge_run(run_dir, out, step=point.step, force=out.exists())
+    step = CheckpointManager.for_run(run_dir).latest_named()
+    if step is None:   # no readable LATEST: pick_checkpoint raises and says why
+        step = pick_checkpoint(run_dir, None)[0].step
+    out = run_dir / RUN_EXPORTS / f"step_{step}"
+    if not (out / "config.json").is_file():   # merged before: reused without hashing the checkpoint again
+        merge_run(run_dir, out, force=out.exists())   # exactly the step LATEST names; raises when it is broken
     return out

@@ -323,9 +323,9 @@ def validation_metric_names(data_sources=()) -> list[str]:
         [f"val/{ds}/{m}" for ds in sorted(data_sources) for m in VAL_METRICS_PER_SOURCE]
 
 
-def check_best_metric(c: Config, data_sources: set[str] | None = None) -> list[Problem]:
-    """run.best_metric must be a metric validation logs; data_sources (those of data.val_files, or
-    None when unread) decide the per-source names."""
+def check_best_metric(c: Config, data_sources: set[str] | None = None, known=None) -> list[Problem]:
+    """run.best_metric must be a metric validation logs: one of `known` (SFT's), or of RL's, where
+    data_sources (those of data.val_files, or None when unread) decide the per-source names."""
     from rlctl.config.loader import suggest
 
     metric = c.run.best_metric
@@ -334,9 +334,10 @@ def check_best_metric(c: Config, data_sources: set[str] | None = None) -> list[P
     if not c.data.val_files:
         return [Problem("run.best_metric", f"{metric!r} is a validation metric but the run does not validate; "
                                            "set data.val_files (and run.val_every), or run.best_metric = \"\"")]
-    known = validation_metric_names(data_sources or ())
+    rl = known is None
+    known = validation_metric_names(data_sources or ()) if rl else list(known)
     source = metric.removeprefix("val/").removesuffix("/acc").removesuffix("/reward/mean")
-    per_source = metric.startswith("val/") and source not in ("", metric.removeprefix("val/"))   # val/<ds>/...
+    per_source = rl and metric.startswith("val/") and source not in ("", metric.removeprefix("val/"))  # val/<ds>/...
     if metric in known or (data_sources is None and per_source):
         problems = []
     else:
@@ -465,7 +466,8 @@ def _add_rows(rows: int, path: Path) -> int | None:
 
 
 def check_model(loaded: LoadedConfig) -> list[Problem]:
-    """model.path is a local folder, a cached hub id, or a hub id the hub can serve now (probed fast)."""
+    """model.path is a local folder, a cached hub id, or a hub id the hub can serve now (probed fast),
+    whose context holds the longest sequence (prompt + response; SFT: sft.max_length)."""
     from rlctl.errors import DataError
     from rlctl.models.hub import resolve_model
 
@@ -486,10 +488,13 @@ def check_model(loaded: LoadedConfig) -> list[Problem]:
     except (OSError, ValueError) as e:
         return [Problem("model.path", f"{path / 'config.json'} is unreadable: {e}")]
     ctx = hf.get("max_position_embeddings")
-    total = c.data.max_prompt_length + c.data.max_response_length
+    if c.run.kind == "sft":   # the longest training sample
+        key, total, what = "sft.max_length", c.sft.max_length, ""
+    else:
+        key, total = "data.max_response_length", c.data.max_prompt_length + c.data.max_response_length
+        what = "max_prompt_length + max_response_length = "
     if isinstance(ctx, int) and total > ctx:
-        problems.append(Problem("data.max_response_length", f"max_prompt_length + max_response_length = {total} "
-                                                            f"exceeds the model's context of {ctx} tokens"))
+        problems.append(Problem(key, f"{what}{total} exceeds the model's context of {ctx} tokens"))
     return problems
 
 

@@ -87,14 +87,9 @@ def validate_sft(loaded: LoadedConfig, *, machine: bool, auto_problems: list, au
                    train_rows=None, steps_per_epoch=None, total_steps=c.run.total_steps or None,
                    gpus_per_node=c.resources.gpus_per_node, gpus_per_node_resolved=auto)
     if machine:
-        rl_plan = V.BatchPlan(0, 0, 0, 0, 0, None, None, None)
-        file_problems, rl_plan = V.check_files(loaded, rl_plan)
+        file_problems, plan = V.check_files(loaded, plan)   # fills train_rows, steps_per_epoch, total_steps
         problems += [p for p in file_problems if not p.key.startswith("reward.")]
-        if rl_plan.train_rows is not None:
-            plan = SFTPlan(**{**plan.__dict__, "train_rows": rl_plan.train_rows,
-                              "steps_per_epoch": rl_plan.steps_per_epoch, "total_steps": rl_plan.total_steps})
-        problems += [p for p in V.check_model(loaded) if p.key != "data.max_response_length"]
-        problems += check_context(loaded)
+        problems += V.check_model(loaded)
         problems += V.check_lora_targets(loaded)
         problems += [p for p in V.check_machine(c) if p.key != "rollout.engine"]
     bad_keys = {p.key for p in loaded.problems if p.severity == "error"}
@@ -102,37 +97,11 @@ def validate_sft(loaded: LoadedConfig, *, machine: bool, auto_problems: list, au
 
 
 def check_best_metric(c) -> list[Problem]:
-    metric = c.run.best_metric
-    if not metric:
-        return []
-    if not c.data.val_files:
-        return [Problem("run.best_metric", f"{metric!r} is a validation metric but the run does not validate; set "
-                                           "data.val_files, or run.best_metric = \"\"")]
-    problems = []
-    if metric not in VAL_METRICS:
-        problems.append(Problem("run.best_metric", f"{metric!r} is not a metric SFT validation logs; it logs "
-                                                   f"{', '.join(VAL_METRICS)}"))
-    elif c.run.best_mode != "min":
+    """RL's check against SFT's metrics (val_every = 0 warns alike), and both are better when lower."""
+    from rlctl.config.validate import check_best_metric as check
+
+    metric, problems = c.run.best_metric, check(c, known=VAL_METRICS)
+    if metric in VAL_METRICS and c.data.val_files and c.run.best_mode != "min":
         problems.append(Problem("run.best_mode", f"{metric} is better when lower: set run.best_mode = \"min\"",
                                 severity="warning"))
     return problems
-
-
-def check_context(loaded: LoadedConfig) -> list[Problem]:
-    """sft.max_length within the model's context (config.json's max_position_embeddings)."""
-    import json
-
-    from rlctl.errors import DataError
-    from rlctl.models.hub import resolve_model
-
-    try:
-        folder = resolve_model(loaded.config.model.path, loaded.base_dir).folder
-    except DataError:
-        return []   # reported by check_model
-    try:
-        ctx = json.loads((folder / "config.json").read_text()).get("max_position_embeddings") if folder else None
-    except (OSError, ValueError):
-        return []
-    if isinstance(ctx, int) and loaded.config.sft.max_length > ctx:
-        return [Problem("sft.max_length", f"{loaded.config.sft.max_length} exceeds the model's context of {ctx} tokens")]
-    return []

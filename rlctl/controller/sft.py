@@ -21,12 +21,11 @@ import numpy as np
 
 from rlctl.config.loader import LoadedConfig, config_to_dict
 from rlctl.config.schema import Config
-from rlctl.errors import DataError, NumericalError
+from rlctl.controller.trainer import Trainer, phase
+from rlctl.errors import DataError
 
 if TYPE_CHECKING:
     from rlctl.controller.signals import StopFlag
-
-MAX_BAD_STEPS = 3   # non-finite gradients in a row before the run stops (exit 5), as in RL
 
 
 @dataclass
@@ -122,11 +121,9 @@ def start_sft_workers(config: Config, total_steps: int, stack: ExitStack, addres
     return group.role("actor")
 
 
-class SFTTrainer:
-    def __init__(self, setup: SFTSetup):
-        self.setup, self.config = setup, setup.config
-        self.bad_steps = 0
-        self.flops = None   # (ModelShape, peak FLOP/s) measured when fit starts
+class SFTTrainer(Trainer):
+    """The RL trainer's best-checkpoint rule (run.best_metric) and non-finite step count (exit 5),
+    with SFT's step, validation and perf/mfu; self.flops: (ModelShape, peak FLOP/s) once fit starts."""
 
     def fit(self, stop: StopFlag) -> None:
         from rlctl.data.sft import collate
@@ -146,12 +143,12 @@ class SFTTrainer:
                             "train/padding_ratio": 1.0 - tokens / batch["attention_mask"].size,
                             "timing/step_s": step_s, "perf/tokens_per_s": tokens / step_s,
                             "data/epoch": float(setup.loader.epoch), **self.perf(batch, step_s)})
-            new_best = False
+            new_best, timing = False, {}
             val_due = config.run.val_every and step % config.run.val_every == 0
             if setup.val_samples and (step == setup.total_steps or val_due):
-                val_start = time.perf_counter()
-                metrics.update(self.validate(step))
-                metrics["timing/val_s"] = time.perf_counter() - val_start
+                with phase(timing, "val"):
+                    metrics.update(self.validate(step))
+                metrics.update(timing)
                 new_best = self.track_best(step, metrics)
             self.check_numerics(metrics, step)
             setup.log_step(step, metrics)
@@ -201,19 +198,6 @@ class SFTTrainer:
             nll += float(out["nll_sum"][:keep].sum())
             count += float(out["targets"][:keep].sum())
         loss = nll / max(count, 1.0)
-        setup.display.print(f"validation at step {step}: loss {loss:.4f}  perplexity {np.exp(min(loss, 50)):.2f}")
-        return {"val/loss": loss, "val/perplexity": float(np.exp(min(loss, 50.0)))}
-
-    def track_best(self, step: int, metrics: dict) -> bool:
-        """run.best_metric (val/loss, mode min): the RL trainer's rule, which reads only .config and
-        .setup.state, applied to this loop (the checkpoint's BEST.json is written the same way)."""
-        from rlctl.controller.trainer import Trainer
-
-        return Trainer.track_best(self, step, metrics)
-
-    def check_numerics(self, metrics: dict, step: int) -> None:
-        self.bad_steps = self.bad_steps + 1 if metrics.get("actor/skipped_steps") else 0
-        if self.bad_steps >= MAX_BAD_STEPS:
-            raise NumericalError(f"non-finite gradients in {self.bad_steps} steps in a row (last: step {step}); the "
-                                 "weights were left unchanged",
-                                 hint="lower actor.lr, set actor.grad_clip, or use model.dtype = \"float32\".")
+        perplexity = float(np.exp(min(loss, 50.0)))
+        setup.display.print(f"validation at step {step}: loss {loss:.4f}  perplexity {perplexity:.2f}")
+        return {"val/loss": loss, "val/perplexity": perplexity}

@@ -162,18 +162,11 @@ def is_run_folder(folder: Path) -> bool:
             and not (folder / "config.json").is_file())
 
 
-def latest_step(run_dir: Path) -> int | None:
-    """The step checkpoints/LATEST names (None when there is none yet)."""
-    try:
-        name = (run_dir / "checkpoints" / "LATEST").read_text().strip()
-        return int(name.removeprefix("step_"))
-    except (OSError, ValueError):
-        return None
-
-
 def run_source(run_dir: Path) -> ModelSource:
+    from rlctl.checkpoint.manager import CheckpointManager
+
     run_dir = run_dir.resolve()
-    step = latest_step(run_dir)
+    step = CheckpointManager.for_run(run_dir).latest_named()
     if step is None:
         raise DataError(f"model.path {run_dir} is an rlctl run folder without a checkpoint",
                         hint="train it first (`rlctl train` / `rlctl resume`), or point model.path at a model folder")

@@ -26,10 +26,9 @@ from rlctl.config.plan import batch_plan
 from rlctl.errors import ConfigError
 from rlctl.runtime import Batch, Dispatch, register
 from rlctl.workers import fsdp
-from rlctl.workers.engine import OptimSpec, TrainEngine
+from rlctl.workers.engine import TrainEngine
 from rlctl.workers.logprob import batched_response_outputs, response_log_probs
-from rlctl.workers.lora import check_targets
-from rlctl.workers.models import apply_lora, eos_token_ids, load_causal_lm, load_tokenizer
+from rlctl.workers.models import eos_token_ids, load_causal_lm, load_tokenizer, policy_engine
 from rlctl.workers.training import mini_batch_count, run_updates
 
 _MODEL_KEYS = ["input_ids", "attention_mask"]
@@ -50,13 +49,7 @@ class ActorRolloutRefWorker:
         self.rank, self.world = fsdp.rank_and_world()
         self.lora = config.model.lora.rank > 0
         dtype = fsdp.resolve_dtype(config.model.dtype)
-        torch.manual_seed(config.run.seed)  # same LoRA init on every rank
-        model = load_causal_lm(config.model)
-        if self.lora:
-            check_targets(model, config.model.lora)   # validate cannot see a hub model's layers
-            model = apply_lora(model, config.model.lora)
-        self.actor = TrainEngine(model, OptimSpec.for_actor(config.actor, total_steps), compute_dtype=dtype,
-                                 gradient_checkpointing=config.model.gradient_checkpointing)
+        self.actor = policy_engine(config, total_steps)
         self.ref = None
         if with_ref and not self.lora:
             self.ref = TrainEngine(load_causal_lm(config.model, dtype), None, compute_dtype=dtype)

@@ -73,6 +73,24 @@ def apply_lora(model: torch.nn.Module, lora_cfg) -> torch.nn.Module:
         return get_peft_model(model, lora_config(lora_cfg))
 
 
+def policy_engine(config, total_steps: int):
+    """The policy's TrainEngine, the one built for RL's actor and for SFT (an SFT checkpoint is resumed,
+    merged and trained on as an actor checkpoint): model.path, LoRA adapters (seeded by run.seed: the
+    same init on every rank), AdamW and the schedule over total_steps."""
+    from rlctl.workers import fsdp
+    from rlctl.workers.engine import OptimSpec, TrainEngine
+    from rlctl.workers.lora import check_targets
+
+    torch.manual_seed(config.run.seed)
+    model = load_causal_lm(config.model)
+    if config.model.lora.rank > 0:
+        check_targets(model, config.model.lora)   # validate cannot see a hub model's layers
+        model = apply_lora(model, config.model.lora)
+    return TrainEngine(model, OptimSpec.for_actor(config.actor, total_steps),
+                       compute_dtype=fsdp.resolve_dtype(config.model.dtype),
+                       gradient_checkpointing=config.model.gradient_checkpointing)
+
+
 def load_tokenizer(path: str, trust_remote_code: bool = False):
     from transformers import AutoTokenizer
 

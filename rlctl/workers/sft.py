@@ -22,9 +22,8 @@ import torch
 
 from rlctl.runtime import Batch, Dispatch, register
 from rlctl.workers import fsdp
-from rlctl.workers.engine import OptimSpec, TrainEngine
 from rlctl.workers.logprob import make_layout, use_packing
-from rlctl.workers.models import apply_lora, load_causal_lm
+from rlctl.workers.models import policy_engine
 
 _KEYS = ["input_ids", "attention_mask", "loss_mask"]
 
@@ -78,16 +77,7 @@ class SFTWorker:
     def __init__(self, config, *, total_steps: int = 0):
         self.cfg = config
         self.rank, self.world = fsdp.rank_and_world()
-        torch.manual_seed(config.run.seed)  # same LoRA init on every rank
-        model = load_causal_lm(config.model)
-        if config.model.lora.rank > 0:
-            from rlctl.workers.lora import check_targets
-
-            check_targets(model, config.model.lora)
-            model = apply_lora(model, config.model.lora)
-        self.actor = TrainEngine(model, OptimSpec.for_actor(config.actor, total_steps),
-                                 compute_dtype=fsdp.resolve_dtype(config.model.dtype),
-                                 gradient_checkpointing=config.model.gradient_checkpointing)
+        self.actor = policy_engine(config, total_steps)   # the actor's: checkpoints are the actor's
         self.pack = use_packing(self.actor.module)
 
     def _micro_batches(self, shard: Batch) -> list[dict]:
@@ -96,13 +86,13 @@ class SFTWorker:
         local = len(plan_micro_batches(lengths, max_tokens=sft.micro_batch_max_tokens, max_rows=rows))
         count = int(fsdp.all_reduce_max(float(local)))   # the same number of passes on every rank
         groups = plan_micro_batches(lengths, max_tokens=sft.micro_batch_max_tokens, max_rows=rows, count=count)
-        out = []
-        for group in groups:
-            part = shard.select(group)
-            width = int(part["attention_mask"].sum(1).max())
-            part = Batch({k: part[k][:, :width] for k in _KEYS})
-            out.append(part.to_torch(self.actor.device, keys=_KEYS))
-        return out
+        return [self._trimmed(shard, group) for group in groups]
+
+    def _trimmed(self, shard: Batch, rows) -> dict:
+        """Those rows, cut to their longest, as tensors on this rank's device."""
+        part = shard.select(rows)
+        width = int(part["attention_mask"].sum(1).max())
+        return Batch({k: part[k][:, :width] for k in _KEYS}).to_torch(self.actor.device, keys=_KEYS)
 
     @register(Dispatch.DP_TRAIN)
     def train_step(self, batch: Batch) -> dict[str, float]:
@@ -126,17 +116,16 @@ class SFTWorker:
 
     @register(Dispatch.DP)
     def eval_nll(self, batch: Batch) -> Batch:
-        """Per-row summed NLL of the target tokens and their count: nll_sum, targets [B] float64."""
+        """Per-row summed NLL of the target tokens and their count: nll_sum, targets [B] float64. Micro-batches
+        as in training (sft.micro_batch_max_tokens); whole weights, so ranks may run different counts."""
         sums = np.zeros(len(batch), dtype=np.float64)
+        groups = plan_micro_batches(batch["attention_mask"].sum(1), max_tokens=self.cfg.sft.micro_batch_max_tokens,
+                                    max_rows=self.cfg.actor.micro_batch_size)
         with self.actor.inference() as module:
-            order = np.argsort(batch["attention_mask"].sum(1), kind="stable")
-            for start in range(0, len(order), self.cfg.actor.micro_batch_size):
-                idx = order[start:start + self.cfg.actor.micro_batch_size]
-                part = batch.select(idx)
-                width = int(part["attention_mask"].sum(1).max())
-                t = Batch({k: part[k][:, :width] for k in _KEYS}).to_torch(self.actor.device, keys=_KEYS)
+            for group in groups:
+                t = self._trimmed(batch, group)
                 nll, rows = target_nll(module, t["input_ids"], t["attention_mask"], t["loss_mask"], pack=self.pack)
-                np.add.at(sums, idx[rows.cpu().numpy()], nll.double().cpu().numpy())
+                np.add.at(sums, np.asarray(group)[rows.cpu().numpy()], nll.double().cpu().numpy())
         counts = (batch["loss_mask"][:, 1:] > 0).sum(1).astype(np.float64)
         return Batch({"nll_sum": sums, "targets": counts})
 

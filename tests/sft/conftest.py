@@ -17,10 +17,11 @@ def arith_sft_data(tmp_path_factory) -> Path:
     return root
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def sft_project(tiny_model_dir, arith_sft_data):
     """sft_project(folder, recipe="sft-arith-cpu", model=tiny): a project with data/arith-sft (SFT
-    data; its RL columns also serve GRPO recipes, linked as data/arith too)."""
+    data; its RL columns also serve GRPO recipes, linked as data/arith too). Module-scoped, so the
+    module's run fixtures make their projects with it too."""
     def make(folder: Path, recipe: str = "sft-arith-cpu", model: Path | None = None) -> Path:
         write_project(folder, recipe, str(model or tiny_model_dir))
         (folder / "data").mkdir()

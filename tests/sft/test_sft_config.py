@@ -72,3 +72,37 @@ def test_bad_sft_data_is_one_line_exit_3(tmp_path, tiny_model_dir):
     assert proc.returncode == 3, proc.stderr[-2000:]
     lines = [line for line in proc.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and "no 'response' column" in lines[0] and "--sft" in lines[0], proc.stderr
+
+
+def test_best_metric_is_checked_as_for_rl():
+    """run.best_metric in an SFT config: SFT's metrics, lower is better, and run.val_every = 0 (the best is
+    always the last step) warns as it does for GRPO."""
+    recipe = ROOT / "recipes" / "sft-arith-cpu.toml"
+
+    def problems(*overrides):
+        found = validate(load_config(recipe, list(overrides)), machine=False)[0]
+        return {p.key: p.message for p in found if p.severity == "error"}, [p.message for p in found
+                                                                            if p.severity == "warning"]
+
+    assert problems("run.best_metric=val/loss", "run.best_mode=min", "run.val_every=10") == ({}, [])
+    errors, warnings = problems("run.best_metric=val/loss", "run.best_mode=min", "run.val_every=0")
+    assert errors == {} and len(warnings) == 1 and "validates only at the last step" in warnings[0]
+    errors, warnings = problems("run.best_metric=val/perplexity", "run.best_mode=max", "run.val_every=10")
+    assert errors == {} and warnings == ["val/perplexity is better when lower: set run.best_mode = \"min\""]
+    errors, _ = problems("run.best_metric=val/los", "run.val_every=10")
+    assert "did you mean 'val/loss'?" in errors["run.best_metric"] and "val/perplexity" in errors["run.best_metric"]
+    assert "not a metric" in problems("run.best_metric=val/math/acc", "run.val_every=10")[0]["run.best_metric"]
+    assert "does not validate" in problems("run.best_metric=val/loss", "data.val_files=[]")[0]["run.best_metric"]
+
+
+def test_sft_max_length_is_checked_against_the_models_context(tmp_path, tiny_model_dir):
+    """The machine pass: sft.max_length (not data.max_prompt/response_length) against max_position_embeddings."""
+    write_project(tmp_path, "sft-arith-cpu", str(tiny_model_dir))
+
+    def problems(*overrides):
+        return {p.key: p.message for p in validate(load_config(tmp_path / "rlctl.toml", list(overrides)))[0]
+                if p.severity == "error"}
+
+    assert problems("sft.max_length=4096")["sft.max_length"] == "4096 exceeds the model's context of 2048 tokens"
+    found = problems("sft.max_length=2048", "data.max_response_length=4000")
+    assert "sft.max_length" not in found and "data.max_response_length" not in found, found

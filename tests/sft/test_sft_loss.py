@@ -76,3 +76,21 @@ def test_token_budget_micro_batches_match_one_padded_batch(tiny_model_dir, batch
     assert a["actor/grad_norm"] == pytest.approx(b["actor/grad_norm"], rel=1e-5)
     for (name, p), q in zip(whole.actor.module.named_parameters(), budget.actor.module.parameters()):
         torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6, msg=name)
+
+
+def test_validation_keeps_the_token_budget_and_the_nll(tiny_model_dir, batch, monkeypatch):
+    """eval_nll cuts micro-batches as training does (sft.micro_batch_max_tokens), with the same per-row NLL."""
+    import rlctl.workers.sft as sft
+
+    whole = SFTWorker(config(tiny_model_dir, micro_batch_max_tokens=0))
+    budget = SFTWorker(config(tiny_model_dir, micro_batch_max_tokens=160))
+    shapes, real = [], sft.target_nll
+    monkeypatch.setattr(sft, "target_nll", lambda module, ids, *a, **k: shapes.append(ids.shape) or real(module, ids,
+                                                                                                        *a, **k))
+    a = whole.eval_nll(batch)
+    assert shapes == [(12, batch["input_ids"].shape[1])]
+    shapes.clear()
+    b = budget.eval_nll(batch)
+    assert len(shapes) > 2 and all(rows == 1 or rows * width <= 160 for rows, width in shapes), shapes
+    assert np.array_equal(a["targets"], b["targets"]) and (a["nll_sum"] > 0).all()
+    np.testing.assert_allclose(a["nll_sum"], b["nll_sum"], rtol=1e-5)

@@ -38,15 +38,11 @@ def exact_accuracy(model: Path, data: Path, tmp_path: Path) -> float:
 
 
 @pytest.fixture(scope="module")
-def learned(tmp_path_factory, tiny_model_dir, arith_sft_data, ray_cluster):
+def learned(tmp_path_factory, sft_project, ray_cluster):
     """One 2-rank SFT run of 200 steps on arith, merged: (project, run folder, merged folder)."""
     from rlctl.checkpoint.merge import merge_run
-    from rlctl.project import write_project
 
-    proj = tmp_path_factory.mktemp("sft")
-    write_project(proj, "sft-arith-cpu", str(tiny_model_dir))
-    (proj / "data").mkdir()
-    (proj / "data" / "arith-sft").symlink_to(arith_sft_data)
+    proj = sft_project(tmp_path_factory.mktemp("sft"))
     start_training(load_config(proj / "rlctl.toml", CPU + ["run.total_steps=200", "run.val_every=100",
                                                             "run.save_every=100"]), address=None, force=False)
     run = proj / "runs" / "sft-arith-cpu"
@@ -99,14 +95,9 @@ SHORT = CPU + ["run.total_steps=6", "run.save_every=2", "run.val_every=3", "data
 
 
 @pytest.fixture(scope="module")
-def reference(tmp_path_factory, tiny_model_dir, arith_sft_data, ray_cluster):
+def reference(tmp_path_factory, sft_project, ray_cluster):
     """The uninterrupted 6-step, 2-rank run: its run folder."""
-    from rlctl.project import write_project
-
-    proj = tmp_path_factory.mktemp("reference")
-    write_project(proj, "sft-arith-cpu", str(tiny_model_dir))
-    (proj / "data").mkdir()
-    (proj / "data" / "arith-sft").symlink_to(arith_sft_data)
+    proj = sft_project(tmp_path_factory.mktemp("reference"))
     start_training(load_config(proj / "rlctl.toml", SHORT), address=None, force=False)
     return proj / "runs" / "sft-arith-cpu"
 
