@@ -6,7 +6,6 @@ Prints each committed step, flushed, so the parent knows what must survive the k
 """
 
 import json
-import os
 import sys
 from pathlib import Path
 

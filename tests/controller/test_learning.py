@@ -8,7 +8,6 @@ byte-level model), so every group has signal from the first step.
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 
