@@ -1,17 +1,22 @@
 #!/usr/bin/env python3
 """Multi-turn rollout speed: generated tokens/s of a multi-turn step vs a single-turn step, same tokens.
 
-  .venv/bin/python bench/multiturn_bench.py [--hidden 64] [--layers 2] [--turns 4] [--turn-tokens 32] [--reps 3]
+  .venv/bin/python bench/multiturn_bench.py [--hidden 64] [--layers 2] [--turns 4] [--turn-tokens 32] [--reps 5]
+                                            [--no-kv-reuse]
 
 One step = 4 arith prompts x rollout.n = 8 samples on the actor worker's own hf engine (in this
 process, one rank, fp32 CPU), sampled at T=1 from a tiny random model that rarely ends a turn:
   single : one turn of up to turns x turn-tokens new tokens (the ordinary rollout, worker.generate);
   multi  : `turns` turns of up to turn-tokens each (rollout.multi_turn.max_turn_length), an
            interaction asking again after each one - all live conversations batched per turn, each
-           turn re-prefilling the grown context, delta tokenisation and the interaction in between.
+           turn continuing from the KV the engine kept from the last one (--no-kv-reuse: re-prefilling
+           the whole grown context, as before), delta tokenisation and the interaction in between.
+  long   : one turn as long as the multi-turn responses (model + interaction tokens, mean of a
+           warm-up multi step; no EOS ends a row early): the same sequence length, all generated.
 Generated tokens = response_mask sum (model tokens only). Median of --reps, alternating the order;
 `foreign` = CPU cores used by other processes meanwhile (the machine may be shared). Goal: multi
-within 1.3x of single.
+within 1.3x of single in generated tokens/s; the second figure compares step times at the same
+sequence length (multi prefills its interaction tokens, long generates them).
 """
 
 from __future__ import annotations
@@ -53,7 +58,8 @@ def main() -> None:
     ap.add_argument("--turns", type=int, default=4)
     ap.add_argument("--turn-tokens", type=int, default=32)
     ap.add_argument("--n", type=int, default=8)
-    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--no-kv-reuse", action="store_true", help="re-prefill every turn's whole context")
     args = ap.parse_args()
 
     import torch
@@ -82,6 +88,7 @@ def main() -> None:
     worker = ActorRolloutRefWorker(config)
     single_worker = ActorRolloutRefWorker(single_config)
     single_worker.actor.module.load_state_dict(worker.actor.module.state_dict())
+    worker.rollout_engine().reuse_kv = not args.no_kv_reuse
 
     class OneRank:
         world_size = 1
@@ -100,11 +107,25 @@ def main() -> None:
         out = actor.generate(batch, seed=seed)
         return float(out["response_mask"].sum()), float(out["response_length"].sum())
 
-    results = {"single": [], "multi": []}
-    single(0), multi(0)   # warm-up
+    single(0)   # warm-up
+    long_tokens = int(round(multi(0)[1] / len(QUESTIONS) / args.n))
+    long_config = Config(model=config.model, data=DataConfig(train_files=("x",), max_prompt_length=128,
+                                                             max_response_length=long_tokens),
+                         rollout=RolloutConfig(n=args.n))
+    long_worker = ActorRolloutRefWorker(long_config)
+    long_worker.actor.module.load_state_dict(worker.actor.module.state_dict())
+    long_worker.rollout_engine().eos_token_ids = [-1]   # no row ends early: every sequence is long_tokens
+
+    def long(seed):
+        out = long_worker.generate(batch, seed=seed)
+        return float(out["response_mask"].sum()), float(out["response_length"].sum())
+
+    long(0)
+    results = {"single": [], "multi": [], "long": []}
+    fns = {"single": single, "multi": multi, "long": long}
     for rep in range(args.reps):
-        for name in (("single", "multi") if rep % 2 == 0 else ("multi", "single")):
-            fn = single if name == "single" else multi
+        for name in (("single", "multi", "long") if rep % 2 == 0 else ("long", "multi", "single")):
+            fn = fns[name]
             start, own = (machine_busy_s(), time.perf_counter()), time.process_time()
             t0 = time.perf_counter()
             generated, length = fn(rep + 1)
@@ -112,16 +133,18 @@ def main() -> None:
             results[name].append((generated / seconds, generated, length, seconds, foreign_cores(start, own)))
     actor.close()
     print(f"model: tiny qwen2 hidden {args.hidden}, {args.layers} layers; {len(QUESTIONS)} prompts x n={args.n}; "
-          f"single = 1 turn x {total} tokens, multi = {args.turns} turns x {args.turn_tokens} tokens; "
-          f"threads {torch.get_num_threads()}")
-    med = {}
+          f"single = 1 turn x {total} tokens, multi = {args.turns} turns x {args.turn_tokens} tokens, "
+          f"long = 1 turn x {long_tokens} tokens; "
+          f"threads {torch.get_num_threads()}; kv reuse {'off' if args.no_kv_reuse else 'on'}")
+    med, step = {}, {}
     for name, rs in results.items():
         tps = statistics.median(r[0] for r in rs)
-        med[name] = tps
+        med[name], step[name] = tps, statistics.median(r[3] for r in rs)
         generated, length, seconds, foreign = (statistics.median(r[k] for r in rs) for k in (1, 2, 3, 4))
         print(f"{name:6s}  gen tok/s {tps:8.1f}  generated {generated:6.0f}  response tokens {length:6.0f}  "
               f"step {seconds:6.2f} s  foreign {foreign:.2f} cores")
-    print(f"single / multi = {med['single'] / med['multi']:.2f}x (goal <= 1.3x)")
+    print(f"single / multi = {med['single'] / med['multi']:.2f}x in generated tok/s (goal <= 1.3x); "
+          f"same sequence length: multi step / long step = {step['multi'] / step['long']:.2f}x")
 
 
 if __name__ == "__main__":

@@ -62,6 +62,10 @@ class MultiTurnActor:
                  for _ in range(n)]
         self.events.run(self._gather([self._start_interaction(c) for c in convs]))
         live, turn = list(range(len(convs))), 0
+        # kept-KV keys, new for every rollout (so no KV outlives a weight update): conversation i of
+        # this call is `base + i`; each turn keeps its rows' KV and the next turn continues from it
+        base = int(np.random.default_rng().integers(1, 2 ** 30)) << 24
+        homes: dict[int, int] = {}   # conversation -> the rank holding its kept KV
         while live:
             turn += 1
             if turn == 1:   # n samples per prompt: the engine shares each prompt's prefill
@@ -70,7 +74,8 @@ class MultiTurnActor:
                 inputs, reps = [convs[i].prompt_ids + convs[i].response_ids for i in live], 1
             limits = [min(budget - len(convs[i].response_ids), self.mt.max_turn_length or budget)
                       for i in live[::reps]]
-            out = self._generate_turn(inputs, limits, reps, seed=_turn_seed(seed, turn), mode=mode)
+            out = self._generate_turn(inputs, limits, reps, seed=_turn_seed(seed, turn), mode=mode,
+                                      keys=[base + i for i in live], reuse=turn > 1, homes=homes)
             for j, i in enumerate(live):
                 length = int(out["response_length"][j])
                 log_probs = out["rollout_log_prob"][j, :length].tolist() if "rollout_log_prob" in out else None
@@ -91,22 +96,40 @@ class MultiTurnActor:
                             text=self.renderer.render(messages, generation_prompt=True), extra_info=extra_info,
                             tools=SampleTools(tools_kwargs=dict(extra_info.get("tools_kwargs") or {})))
 
-    def _generate_turn(self, inputs: list[list[int]], limits: list[int], n: int, *, seed: int, mode: str) -> Batch:
-        """One generate_turn call on the group; rows padded up to the world size (every rank must
-        take part: FSDP gathers weights in it) and the padding dropped again."""
-        rows = len(inputs)
+    def _generate_turn(self, inputs: list[list[int]], limits: list[int], n: int, *, seed: int, mode: str,
+                       keys: list[int], reuse: bool, homes: dict[int, int]) -> Batch:
+        """One generate_turn call on the group: `inputs` (one per prompt, n samples each; or one per
+        conversation, n = 1), every rank taking part (FSDP gathers weights in it). keys: each
+        response row's kept-KV key; reuse: continue each input from its key's kept KV. A
+        conversation goes back to the rank that holds its KV (`homes`, updated here) where the
+        split allows; dummy rows (one token, dropped again) even the ranks out."""
         world = self.group.world_size
-        if rows < world:   # a copy of the last row, 1 token each: cheap, and dropped below
-            inputs, limits = inputs + [inputs[-1]] * (world - rows), limits + [1] * (world - rows)
-        width = max(len(x) for x in inputs)
-        ids = np.full((len(inputs), width), self.pad, dtype=np.int64)
-        mask = np.zeros((len(inputs), width), dtype=np.int64)
-        for r, x in enumerate(inputs):
+        if n > 1:   # prompts in order, each rank its consecutive share (Batch.chunk)
+            order = list(range(len(inputs))) + [None] * max(0, world - len(inputs))
+            bounds = np.cumsum([0] + [len(c) for c in Batch({"i": np.arange(len(order))}).chunk(world)])
+            for rank in range(world):
+                for row in order[bounds[rank]:bounds[rank + 1]]:
+                    if row is not None:
+                        homes.update({keys[row * n + j]: rank for j in range(n)})
+        else:
+            order = _arrange(keys, homes, world)
+        dummy = [self.pad]
+        rows = [inputs[j] if j is not None else dummy for j in order]
+        width = max(len(x) for x in rows)
+        ids = np.full((len(rows), width), self.pad, dtype=np.int64)
+        mask = np.zeros((len(rows), width), dtype=np.int64)
+        for r, x in enumerate(rows):
             ids[r, width - len(x):], mask[r, width - len(x):] = x, 1
+        lookup = [keys[j] if j is not None and reuse else -1 for j in order]
+        store = [[keys[j * n + s] if j is not None else -1 for s in range(n)] for j in order]
         out = self.group.generate_turn(Batch({"input_ids": ids, "attention_mask": mask,
-                                              "max_new_tokens": np.asarray(limits, dtype=np.int64)}),
+                                              "max_new_tokens": np.asarray([limits[j] if j is not None else 1
+                                                                            for j in order], dtype=np.int64),
+                                              "kv_lookup": np.asarray(lookup, dtype=np.int64),
+                                              "kv_store": np.asarray(store, dtype=np.int64)}),
                                        seed=seed, mode=mode, n=n, width=max(limits))
-        return out.slice(0, rows * n)
+        at = {j: k for k, j in enumerate(order) if j is not None}
+        return out.select([at[j] * n + s for j in range(len(inputs)) for s in range(n)])
 
     # --- tools and interactions, concurrently for all conversations of a turn --------------------
     async def _gather(self, coros):
@@ -183,6 +206,27 @@ class MultiTurnActor:
         return batch
 
 
+def _arrange(keys: list[int], homes: dict[int, int], world: int) -> list[int | None]:
+    """Row order for one turn over `world` ranks in equal consecutive shares: each conversation on
+    its home rank while that rank has room, the rest where there is room; None = a dummy row."""
+    share = -(-len(keys) // world)
+    slots: list[list[int | None]] = [[] for _ in range(world)]
+    loose = []
+    for j, key in enumerate(keys):
+        rank = homes.get(key)
+        if rank is not None and len(slots[rank]) < share:
+            slots[rank].append(j)
+        else:
+            loose.append(j)
+    for j in loose:
+        rank = next(r for r in range(world) if len(slots[r]) < share)
+        slots[rank].append(j)
+    for rank, slot in enumerate(slots):
+        slot += [None] * (share - len(slot))
+        homes.update({keys[j]: rank for j in slot if j is not None})
+    return [j for slot in slots for j in slot]
+
+
 def _turn_seed(seed: int, turn: int) -> int:
     return seed if turn == 1 else int(np.random.SeedSequence([seed, turn]).generate_state(1)[0])
 
@@ -230,7 +274,10 @@ class LocalTurns:
         prompts = [row[m != 0].tolist() for row, m in zip(batch["input_ids"], batch["attention_mask"])]
         limits = [int(x) for x in batch["max_new_tokens"]]
         generator = torch.Generator(device=next(self.engine.model.parameters()).device).manual_seed(seed)
+        kv = {}
+        if "kv_lookup" in batch:   # continue each conversation from the KV kept last turn
+            kv = {"kv_lookup": batch["kv_lookup"].tolist(), "kv_store": batch["kv_store"].reshape(-1).tolist()}
         out = self.engine.generate(prompts, n=n, max_new_tokens=max(limits), temperature=self.temperature,
                                    top_p=self.top_p, generator=generator, greedy=self.temperature == 0,
-                                   limits=limits)
+                                   limits=limits, **kv)
         return Batch(out)

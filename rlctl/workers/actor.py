@@ -110,12 +110,16 @@ class ActorRolloutRefWorker:
     def generate_turn(self, batch: Batch, *, seed: int, mode: str = "train", n: int = 1, width: int = 0) -> Batch:
         """One assistant turn of a multi-turn rollout (rlctl.multiturn.rollout): continue each row's
         tokens (input_ids/attention_mask, left-padded) with n samples of at most max_new_tokens[row]
-        tokens, at the mode's temperature. Returns responses [rows*n, T], response_length, truncated
-        (+ rollout_log_prob from GPU engines); T = `width` (the largest max_new_tokens of the whole
-        call, the same on every rank, so the ranks' parts concatenate)."""
+        tokens, at the mode's temperature. Optional columns kv_lookup [rows] and kv_store [rows, n]:
+        the hf engine's kept-KV keys (HFRolloutEngine.generate). Returns responses [rows*n, T],
+        response_length, truncated (+ rollout_log_prob from GPU engines); T = `width` (the largest
+        max_new_tokens of the whole call, the same on every rank, so the ranks' parts concatenate)."""
         _, temperature = self._mode(mode)
         limits = [int(x) for x in batch["max_new_tokens"]]
-        out = self._sample(batch, n, max(width, *limits), temperature, seed, limits=limits)
+        kv = {}
+        if "kv_lookup" in batch:   # the hf engine continues each conversation from its kept KV
+            kv = {"kv_lookup": batch["kv_lookup"].tolist(), "kv_store": batch["kv_store"].reshape(-1).tolist()}
+        out = self._sample(batch, n, max(width, *limits), temperature, seed, limits=limits, kv=kv)
         return Batch(_clip_to_limits(out, np.repeat(limits, n), self.eos_ids, self._pad_id()))
 
     def _mode(self, mode: str) -> tuple[int, float]:
@@ -126,9 +130,9 @@ class ActorRolloutRefWorker:
         return modes[mode]
 
     def _sample(self, batch: Batch, n: int, max_new_tokens: int, temperature: float, seed: int,
-                limits: list | None = None) -> dict:
+                limits: list | None = None, kv: dict | None = None) -> dict:
         engine = self._ready_engine()
-        extra = {"limits": limits} if limits is not None and engine.per_prompt_limits else {}
+        extra = {"limits": limits, **(kv or {})} if limits is not None and engine.per_prompt_limits else {}
         try:
             # the hf engine runs the trainer's module (its autocast); GPU engines have their own dtype
             with self.actor.autocast() if not engine.owns_weights else contextlib.nullcontext():

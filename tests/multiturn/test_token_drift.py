@@ -120,6 +120,8 @@ def test_generated_conversations_decode_to_their_messages_and_naive_retokenisati
         if glue:
             assert "<|im_start|>user" in tok.decode(glue)
     assert multi >= 1, "the interaction asked again at least once"
+    # later turns continued from the KV the engine kept (the check above holds with it)
+    assert worker.rollout_engine().last_stats["kv_reused_tokens"] > 0
     assert drifted >= 1, "re-tokenising the rendered conversation should differ for some sample"
     # downstream: the policy's log-probs cover every model token of every turn (mask 1), nothing else
     old = worker.compute_log_prob(batch)["old_log_prob"]

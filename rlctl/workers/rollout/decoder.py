@@ -79,22 +79,31 @@ class DecoderRunner:
         self.batch, self.n, self.generated = batch, n, 0
         self.slot = torch.arange(batch * n, device=self.device)
 
-    def prefill(self, input_ids: torch.Tensor, valid: torch.Tensor, n: int) -> torch.Tensor:
+    def prefill(self, input_ids: torch.Tensor, valid: torch.Tensor, n: int,
+                past: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
         """Run B left-padded prompts [B, P] once; returns last-position logits [B, V].
 
-        Pad queries may attend to themselves only (never to nothing, which would give NaN);
-        real queries see real keys up to themselves.
+        past: (keys, values [layers, B, kv, C, D], valid [B, C]): KV already computed for the
+        tokens before each row's input (left-padded; a row without any has no valid column), so
+        only the input is run, attending to it. Pad queries may attend to themselves only (never
+        to nothing, which would give NaN); real queries see real keys up to themselves.
         """
         batch, plen = input_ids.shape
-        self._allocate(batch, n, plen)
+        cached = 0 if past is None else past[2].shape[1]
+        before = 0 if past is None else past[2].sum(-1, keepdim=True)   # [B, 1] real past tokens
+        self._allocate(batch, n, cached + plen)
+        everything = valid if past is None else torch.cat([past[2], valid], dim=-1)
+        self.prompt_valid = everything
         zero = torch.zeros((), dtype=self.dtype, device=self.device)
-        self.prompt_bias = torch.where(valid, zero, float("-inf")).view(batch, 1, 1, plen)
-        positions = (valid.long().cumsum(-1) - 1).clamp(min=0)
+        self.prompt_bias = torch.where(everything, zero, float("-inf")).view(batch, 1, 1, cached + plen)
+        positions = (valid.long().cumsum(-1) - 1).clamp(min=0) + before
         cos, sin = self.cos[positions].unsqueeze(1), self.sin[positions].unsqueeze(1)  # [B,1,P,D]
         idx = torch.arange(plen, device=self.device)
         causal = idx.unsqueeze(0) <= idx.unsqueeze(1)  # [P(query), P(key)]
         mask = (causal & valid[:, None, :]) | torch.eye(plen, dtype=torch.bool, device=self.device)
-        mask = mask.unsqueeze(1)  # [B, 1, P, P]
+        if past is not None:   # every real past key precedes every query of the row
+            mask = torch.cat([past[2][:, None, :].expand(batch, plen, cached), mask], dim=-1)
+        mask = mask.unsqueeze(1)  # [B, 1, P, C + P]
         h = self.core.embed_tokens(input_ids)
         for i, layer in enumerate(self.layers):
             attn = layer.self_attn
@@ -106,7 +115,10 @@ class DecoderRunner:
                 q, k = attn.q_norm(q), attn.k_norm(k)
             q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
             q, k = _rope(q, cos, sin), _rope(k, cos, sin)
-            self.kp[i], self.vp[i] = k, v
+            self.kp[i, :, :, cached:], self.vp[i, :, :, cached:] = k, v
+            if past is not None:
+                self.kp[i, :, :, :cached], self.vp[i, :, :, :cached] = past[0][i], past[1][i]
+                k, v = self.kp[i], self.vp[i]
             out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=self.scale, enable_gqa=True)
             h = h + attn.o_proj(out.transpose(1, 2).reshape(batch, plen, -1))
             h = h + layer.mlp(layer.post_attention_layernorm(h))
@@ -153,6 +165,18 @@ class DecoderRunner:
         prompt_probs = prompt_probs.view(b, n, kv, g, plen).transpose(1, 2).reshape(b, kv, n * g, plen)
         prompt_out = torch.matmul(prompt_probs, self.vp[i]).view(b, kv, n, g, d).transpose(1, 2)
         return prompt_out.reshape(b * n, kv, g, d)[self.slot] + torch.matmul(probs[..., plen:], vg)
+
+    def prompt_kv(self, prompt: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Prompt `prompt`'s real keys and values, [layers, kv, tokens, D] each."""
+        cols = self.prompt_valid[prompt]
+        return self.kp[:, prompt][:, :, cols], self.vp[:, prompt][:, :, cols]
+
+    def snapshot(self, live: torch.Tensor, rows: torch.Tensor) -> dict[int, tuple[torch.Tensor, torch.Tensor]]:
+        """Copies of the generated KV of live rows `live` (indices into the live rows), keyed by
+        their original row (`rows`: each live row's original row), [layers, kv, generated, D]."""
+        cols = self.generated
+        return {int(rows[i]): (self.kg[:, i, :, :cols].clone(), self.vg[:, i, :, :cols].clone())
+                for i in live.tolist()}
 
     def select(self, keep: torch.Tensor) -> None:
         """Keep live rows `keep` (indices into the live rows, ascending), moved to the front."""

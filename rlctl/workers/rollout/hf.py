@@ -9,6 +9,15 @@ the same stream vLLM and SGLang load (rlctl.workers.rollout.weights.engine_weigh
   2. decode all B*n rows one token per step, sampling with sampling.sample_tokens,
   3. drop a row from the batch and the KV cache as soon as it emits an EOS.
 
+Multi-turn rollouts (rlctl.multiturn.rollout) continue a conversation every turn with its whole
+token history. With `kv_store` keys, a call keeps each finished row's KV (its prompt and all of
+its response but the last token, whose KV was never computed); the next call, given that key in
+`kv_lookup`, prefills only the tokens after the kept prefix (the last sampled token, the tool
+or user turn and the template's glue) instead of the whole context again. An entry is used only
+when its token ids are exactly a prefix of the row's input, and the store holds the last call's
+rows only: keys are per rollout (the caller's), so nothing survives a weight update. The fast
+decoder (Llama-style models) reuses; other architectures prefill in full, as before.
+
 FSDP2: a sharded model all-gathers parameters in every forward, and ranks that ran a different
 number of decode steps (their rows finish at different times) would deadlock on those
 collectives. So generation runs inside `rlctl.workers.fsdp.whole_weights`: every FSDP unit is
@@ -43,7 +52,7 @@ class HFRolloutEngine(RolloutEngine):
     """
 
     def __init__(self, model: torch.nn.Module, *, pad_token_id: int, eos_token_ids: list[int],
-                 fast: bool = True, own_weights: bool = False):
+                 fast: bool = True, own_weights: bool = False, reuse_kv: bool = True):
         if not eos_token_ids:
             raise UsageError("the hf rollout engine needs at least one EOS token id",
                              hint="set eos_token_id in the model's generation_config.json")
@@ -52,6 +61,8 @@ class HFRolloutEngine(RolloutEngine):
         self.eos_token_ids = [int(e) for e in eos_token_ids]
         self.fast = fast
         self.owns_weights = own_weights
+        self.reuse_kv = reuse_kv
+        self.kept_kv: dict[int, KVEntry] = {}
         self.last_stats: dict[str, float] = {}
 
     per_prompt_limits = True
@@ -59,8 +70,11 @@ class HFRolloutEngine(RolloutEngine):
     def generate(self, prompt_ids: list[list[int]], *, n: int, max_new_tokens: int,
                  temperature: float = 1.0, top_p: float = 1.0, top_k: int = 0,
                  generator: torch.Generator | None = None,
-                 greedy: bool = False, limits: list[int] | None = None) -> dict[str, np.ndarray]:
-        """RolloutEngine.generate; `limits` caps each prompt's responses at its own token count."""
+                 greedy: bool = False, limits: list[int] | None = None,
+                 kv_lookup: list[int] | None = None, kv_store: list[int] | None = None) -> dict[str, np.ndarray]:
+        """RolloutEngine.generate; `limits` caps each prompt's responses at its own token count.
+        kv_lookup (one key per prompt, -1 = none): continue from the KV a previous call kept under
+        that key; kv_store (one key per response row, -1 = none): keep this call's rows' KV."""
         check_sampling_args(prompt_ids, n, max_new_tokens, temperature, top_p, top_k)
         params = dict(temperature=0.0 if greedy else float(temperature), top_p=float(top_p),
                       top_k=int(top_k), generator=generator)
@@ -69,28 +83,40 @@ class HFRolloutEngine(RolloutEngine):
         self.model.eval()  # no dropout while sampling; restored for the trainer afterwards
         try:
             with whole_weights(self.model), torch.no_grad():
-                responses, lengths, steps = self._sample(prompt_ids, n, max_new_tokens, params, limits)
+                responses, lengths, steps = self._sample(prompt_ids, n, max_new_tokens, params, limits,
+                                                         kv_lookup, kv_store)
         finally:
             self.model.train(was_training)
         out = _to_numpy(responses, lengths, self.eos_token_ids)
         self.last_stats = {"seconds": time.perf_counter() - t0, "tokens": int(lengths.sum()),
-                           "rows": len(lengths), "decode_steps": steps}
+                           "rows": len(lengths), "decode_steps": steps, **self._kv_stats}
         return out
 
     def _sample(self, prompt_ids: list[list[int]], n: int, max_new_tokens: int,
-                params: dict[str, Any], limits: list[int] | None = None) -> tuple[torch.Tensor, torch.Tensor, int]:
+                params: dict[str, Any], limits: list[int] | None = None,
+                kv_lookup: list[int] | None = None,
+                kv_store: list[int] | None = None) -> tuple[torch.Tensor, torch.Tensor, int]:
         """The decode loop. Returns responses [B*n, T] (pad after EOS), lengths [B*n], steps."""
         device = _device_of(self.model)
-        input_ids, valid = _left_pad(prompt_ids, self.pad_token_id, device)
-        rows, plen = len(prompt_ids) * n, input_ids.shape[1]
-        runner = self._runner(max_new_tokens, plen + max_new_tokens)
-        logits = runner.prefill(input_ids, valid, n).repeat_interleave(n, dim=0)
-        prompt_len = valid.sum(-1).repeat_interleave(n)  # [B*n] real prompt tokens per row
+        plen_max = max(len(p) for p in prompt_ids)
+        runner = self._runner(max_new_tokens, plen_max + max_new_tokens)
+        keep_kv = self.reuse_kv and isinstance(runner, DecoderRunner) and kv_store is not None
+        past, new_ids = self._take_past(prompt_ids, kv_lookup if keep_kv else None, device)
+        input_ids, valid = _left_pad(new_ids, self.pad_token_id, device)
+        rows = len(prompt_ids) * n
+        if past is None:
+            logits = runner.prefill(input_ids, valid, n)
+        else:
+            logits = runner.prefill(input_ids, valid, n, past=past)
+        logits = logits.repeat_interleave(n, dim=0)
+        real = valid.sum(-1) + (0 if past is None else past[2].sum(-1))
+        prompt_len = real.repeat_interleave(n)  # [B*n] real prompt tokens per row
         eos = torch.tensor(self.eos_token_ids, device=device)
         responses = torch.full((rows, max_new_tokens), self.pad_token_id, dtype=torch.long, device=device)
         lengths = torch.zeros(rows, dtype=torch.long, device=device)
         active = torch.arange(rows, device=device)  # original row of each active row
         cap = None if limits is None else torch.tensor(limits, device=device).repeat_interleave(n)  # [B*n]
+        kept: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}   # row -> its generated KV
         for step in range(max_new_tokens):
             tokens = sample_tokens(logits, **params)
             responses[active, step] = tokens
@@ -101,13 +127,70 @@ class HFRolloutEngine(RolloutEngine):
             if cap is not None:   # this row's own budget is spent
                 finished |= cap[active] <= step + 1
             if bool(finished.any()):
+                if keep_kv:
+                    kept.update(runner.snapshot(finished.nonzero().squeeze(-1), active))
                 keep = (~finished).nonzero().squeeze(-1)
                 if keep.numel() == 0:
                     break
                 runner.select(keep)
                 active, tokens = active[keep], tokens[keep]
             logits = runner.decode(tokens, prompt_len[active] + step)
+        if keep_kv:
+            if len(kept) < rows:   # rows still live at the last step
+                kept.update(runner.snapshot(torch.arange(len(active), device=device), active))
+            self._keep(prompt_ids, responses, lengths, n, runner, kept, kv_store)
         return responses, lengths, step + 1
+
+    def _take_past(self, prompt_ids: list[list[int]], lookup: list[int] | None, device: torch.device):
+        """Pop the kept KV of each prompt's key (when its ids are a prefix of the prompt): returns
+        (keys, values [layers, B, kv, C, D], valid [B, C]) left-padded, or None when nothing is
+        reused, and the ids still to prefill per prompt (all of them where nothing was kept)."""
+        store, self.kept_kv = self.kept_kv, {}
+        self._kv_stats = {"kv_reused_tokens": 0, "kv_prefill_tokens": sum(len(p) for p in prompt_ids)}
+        if not lookup:
+            return None, prompt_ids
+        hits = []
+        for key, ids in zip(lookup, prompt_ids):
+            entry = store.pop(int(key), None) if int(key) >= 0 else None
+            usable = entry is not None and len(entry.ids) < len(ids) and tuple(ids[:len(entry.ids)]) == entry.ids
+            hits.append(entry if usable else None)
+        if not any(hits):
+            return None, prompt_ids
+        width = max(len(e.ids) for e in hits if e is not None)
+        sample = next(e for e in hits if e is not None)
+        layers, kv, _, dim = sample.keys.shape
+        keys = sample.keys.new_zeros(layers, len(hits), kv, width, dim)
+        values = torch.zeros_like(keys)
+        valid = torch.zeros(len(hits), width, dtype=torch.bool, device=device)
+        rest = []
+        for b, (entry, ids) in enumerate(zip(hits, prompt_ids)):
+            if entry is None:
+                rest.append(ids)
+                continue
+            c = len(entry.ids)
+            keys[:, b, :, width - c:], values[:, b, :, width - c:] = entry.keys, entry.values
+            valid[b, width - c:] = True
+            rest.append(ids[c:])
+        reused = int(valid.sum())
+        self._kv_stats = {"kv_reused_tokens": reused, "kv_prefill_tokens": self._kv_stats["kv_prefill_tokens"] - reused}
+        return (keys, values, valid), rest
+
+    def _keep(self, prompt_ids: list[list[int]], responses: torch.Tensor, lengths: torch.Tensor, n: int,
+              runner: "DecoderRunner", kept: dict, store_keys: list[int]) -> None:
+        """Keep each keyed row's KV: its prompt's (shared by its n samples) ++ its own generated."""
+        prompt_kv: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        resp = responses.tolist()
+        for row, key in enumerate(store_keys):
+            if int(key) < 0:
+                continue
+            b, length = row // n, int(lengths[row])
+            if b not in prompt_kv:
+                prompt_kv[b] = runner.prompt_kv(b)
+            pk, pv = prompt_kv[b]
+            gk, gv = kept[row]
+            self.kept_kv[int(key)] = KVEntry(ids=tuple(prompt_ids[b]) + tuple(resp[row][:length - 1]),
+                                              keys=torch.cat([pk, gk[:, :, :length - 1]], dim=2),
+                                              values=torch.cat([pv, gv[:, :, :length - 1]], dim=2))
 
     def _runner(self, max_new_tokens: int, max_len: int):
         lm = causal_lm_parts(self.model)
@@ -140,13 +223,23 @@ class HFRolloutEngine(RolloutEngine):
                              hint="the actor and the rollout group must load the same model.path")
 
     def sleep(self) -> None:
-        """Nothing persists between calls (the KV cache lives inside generate); on GPU hand the
-        allocator's cached blocks back so the trainer can use them."""
+        """Drop the kept multi-turn KV; on GPU hand the allocator's cached blocks back so the
+        trainer can use them."""
+        self.kept_kv = {}
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
 
     def wake(self) -> None:
         """Nothing to re-acquire: weights are the trainer's, the cache is allocated per call."""
+
+
+class KVEntry:
+    """One kept row: its token ids and their keys/values [layers, kv_heads, len(ids), head_dim]."""
+
+    __slots__ = ("ids", "keys", "values")
+
+    def __init__(self, ids: tuple, keys: torch.Tensor, values: torch.Tensor):
+        self.ids, self.keys, self.values = ids, keys, values
 
 
 def _left_pad(prompt_ids: list[list[int]], pad_id: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
