@@ -67,3 +67,11 @@ def test_tool_mistakes_are_one_line_usage_errors(gsm8k_dir, tmp_path, capsys):
     assert main(["data", "prep", "arith", "--tools", "python", "--out", str(tmp_path / "o")]) == 2
     assert "--tools is for gsm8k and math prompts, not arith" in capsys.readouterr().err
     assert not (tmp_path / "o").exists()
+
+
+def test_docs_quote_the_system_message_as_written():
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[2] / "docs" / "data.md").read_text()
+    quoted = text.split("For `gsm8k --tools python` the system message is", 1)[1].split("```text", 1)[1]
+    assert " ".join(quoted.split("```", 1)[0].split()) == tool_system_prompt("gsm8k", ("python",))
