@@ -5,7 +5,8 @@ A random tiny model never writes a tool call, so the policy is the session's tin
 plain-torch steps on one transcript (tests/multiturn/tool_model.py): the first prepared GSM8K prompt
 (its system message offering `python`) -> a `python` call -> the tool's output -> `#### 72`. The
 logged rollouts must then show the program really ran in rlctl's sandbox: each tool message is what
-the sandbox prints for the call's code, and the GSM8K reward scored the conversations. Only the
+the sandbox prints for the call's code, its tokens are masked out of training, and the GSM8K reward
+scored the conversations. Only the
 GPU is replaced (CPU overrides of the recipe's sizes); the recipe's GPU run is not tested here.
 """
 
@@ -50,6 +51,8 @@ def tool_turns(messages: list[dict]) -> list[tuple[str, str]]:
 @pytest.mark.slow
 def test_recipe_runs_the_python_tool_in_the_sandbox(tmp_path, tiny_model_dir, gsm8k_dir):
     import pyarrow.parquet as pq
+    from transformers import AutoTokenizer
+
     from rlctl.multiturn.tools import python
     from rlctl.sandbox import run as sandbox_run
 
@@ -81,6 +84,12 @@ def test_recipe_runs_the_python_tool_in_the_sandbox(tmp_path, tiny_model_dir, gs
     # the built-in gsm8k reward read the conversations: `#### 72` after the tool scores 1 on Natalia's row
     solved = [r for r in records if r["messages"][-1]["content"].strip() == "#### 72"]
     assert solved and all(r["score"] == (1.0 if "Natalia" in r["messages"][1]["content"] else 0.0) for r in solved)
+    # the tool's output is in the sample's tokens but not trained on (response_mask 0)
+    tok = AutoTokenizer.from_pretrained(model)
+    for rec in solved:
+        ids, mask = rec["response_ids"], rec["response_mask"]
+        assert "<tool_response>\n72\n</tool_response>" in tok.decode([t for t, m in zip(ids, mask) if m == 0])
+        assert "tool_response" not in tok.decode([t for t, m in zip(ids, mask) if m == 1])
 
 
 def test_recipe_validates_as_shipped_and_reads_what_the_prep_writes():
