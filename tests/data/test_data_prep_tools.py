@@ -56,6 +56,10 @@ def test_math_and_two_tools_name_each_and_the_boxed_format(tmp_path):
 
 
 def test_tool_mistakes_are_one_line_usage_errors(gsm8k_dir, tmp_path, capsys):
+    from rlctl.config.schema import BUILTIN_TOOLS
+    from rlctl.data.sources import TOOL_OFFERS
+
+    assert sorted(TOOL_OFFERS) == sorted(BUILTIN_TOOLS)   # --tools offers exactly what a rollout can run
     prep = ["data", "prep", "gsm8k", "--source", str(gsm8k_dir), "--out", str(tmp_path / "o")]
     cases = [(["--tools", "pyhton"], "unknown tool(s) 'pyhton'", "python, calculator"),
              (["--tools", "python", "--sft"], "--tools with --sft", "no tool-use transcript"),
