@@ -40,6 +40,10 @@ def prep(
     force: bool = typer.Option(False, "--force", help="Overwrite existing split files in --out."),
     sft: bool = typer.Option(False, "--sft", help="SFT data: add a `response` column (the reference solution) "
                                                   "to every row; default --out data/<name>-sft/."),
+    tools: str = typer.Option("", "--tools", metavar="TOOL[,TOOL]",
+                              help="gsm8k/math prompts for tool use: a system message offers these built-in "
+                                   "tools (python, calculator) and asks for the final answer in the reward's "
+                                   "format; default --out data/<name>-<tools>/ (docs/multi-turn.md)."),
     fmt: str = format_option("text", "json", help="text or json."),
 ) -> None:
     """Turn a dataset into verl-compatible parquet files, one per split.
@@ -47,6 +51,8 @@ def prep(
     Example: rlctl data prep arith --sft   (SFT data for the sft-arith-cpu recipe)
 
     Example: rlctl data prep gsm8k --source ../shared/data/gsm8k
+
+    Example: rlctl data prep gsm8k --tools python   (for the grpo-gsm8k-python-tool recipe)
 
     Example: rlctl data prep jsonl --source qa.jsonl --prompt-col q --answer-col a --val-fraction 0.1
 
@@ -57,11 +63,16 @@ def prep(
     opts = PrepOptions(source=source, out=out, splits=tuple(s.strip() for s in splits.split(",") if s.strip()),
                        limit=limit, seed=seed, val_fraction=val_fraction, on_error=on_error,
                        prompt_col=prompt_col, answer_col=answer_col, system=system, instruction=instruction,
-                       data_source=data_source, force=force, sft=sft)
+                       data_source=data_source, force=force, sft=sft, tools=_names(tools))
     report = prepare(name, opts)
     emit(report, fmt)
     if fmt == "text":
         _print_prep(report)
+
+
+def _names(words: str) -> tuple[str, ...]:
+    """"a, b,a" -> ("a", "b"): comma-separated names, blanks and repeats dropped, order kept."""
+    return tuple(dict.fromkeys(w.strip() for w in words.split(",") if w.strip()))
 
 
 def _print_prep(report: dict) -> None:

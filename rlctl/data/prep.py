@@ -4,6 +4,11 @@ With `sft=True` (`--sft`) each row also gets a `response` column: the reference 
 worked answer, math's solution, arith's sum, your answer column), the SFT target; the RL columns
 stay, so the same file serves `rlctl eval` and an RL run.
 
+With `tools=("python",)` (`--tools python`, gsm8k and math) each prompt starts with a system message
+offering those built-in tools and asking for the final answer in the source's format (`#### <number>`),
+for multi-turn RL with `[rollout.multi_turn] tools` naming the same tools; the user message, ground
+truth and data_source stay as without it, so the built-in reward scores the conversations unchanged.
+
 Every record either becomes a row or a counted `Problem`; with on_error="fail" (the default)
 any problem stops the prep with the first few shown, with "skip" they are dropped and counted
 in the report. Duplicate rows (same messages and ground truth within a split) are always dropped
@@ -19,7 +24,8 @@ from pathlib import Path
 
 from rlctl.data import arith, calc_tools, code_synthetic
 from rlctl.data.readers import Problem, read_records
-from rlctl.data.sources import SPLIT_NAMES, RowError, Task, convert, locate, make_task
+from rlctl.data.sources import (FINAL_ANSWER_FORMATS, SPLIT_NAMES, TOOL_OFFERS, RowError, Task, convert, locate,
+                                make_task, tool_system_prompt)
 from rlctl.errors import DataError, UsageError
 
 SOURCES = ("gsm8k", "math", "arith", "code", "code-synthetic", "calc-tools", "jsonl", "csv", "parquet")
@@ -45,6 +51,7 @@ class PrepOptions:
     data_source: str | None = None
     force: bool = False
     sft: bool = False                  # also write `response` (the reference solution) for SFT
+    tools: tuple = ()                  # built-in tools the system message offers (tool-use RL prompts)
 
 
 @dataclass
@@ -68,9 +75,27 @@ def _check_options(name: str, opts: PrepOptions) -> None:
     if opts.sft and name in ("code", "code-synthetic"):
         raise UsageError(f"--sft: {name} rows hold test cases, not a reference solution to imitate",
                          hint="use --sft with gsm8k, math, arith or your own jsonl/csv/parquet with an answer column.")
+    if opts.tools:
+        _check_tools(name, opts)
     if name == "code" and not opts.source:
         raise UsageError("rlctl data prep code needs --source FILE.jsonl (question + tests per line)",
                          hint="or try the offline task: rlctl data prep code-synthetic.")
+
+
+def _check_tools(name: str, opts: PrepOptions) -> None:
+    unknown = [t for t in opts.tools if t not in TOOL_OFFERS]
+    if unknown:
+        raise UsageError(f"--tools: unknown tool(s) {', '.join(map(repr, unknown))}",
+                         hint=f"built-in tools: {', '.join(TOOL_OFFERS)} (comma-separated).")
+    if name not in FINAL_ANSWER_FORMATS:
+        raise UsageError(f"--tools is for gsm8k and math prompts, not {name}",
+                         hint="for your own files write the tool instructions with --system.")
+    if opts.sft:
+        raise UsageError("--tools with --sft: the reference solutions call no tool, so there is no tool-use "
+                         "transcript to imitate", hint="prepare tool-use RL prompts without --sft.")
+    if opts.system is not None:
+        raise UsageError("--tools writes the system message; --system would replace it",
+                         hint="use one of them.")
 
 
 def _check_columns(task: Task, raw) -> None:
@@ -129,14 +154,19 @@ def _gather(name: str, opts: PrepOptions) -> tuple[str, Task | None, dict, list[
         generated = module.generate(opts.seed, fraction)
         return f"generated (seed {opts.seed})", None, {s: SplitRows(rows=r) for s, r in generated.items()}, notes
     stem = Path(opts.source).stem if opts.source else name
+    system = tool_system_prompt(name, opts.tools) if opts.tools else opts.system
     task = make_task(name, prompt_col=opts.prompt_col, answer_col=opts.answer_col, instruction=opts.instruction,
-                     system=opts.system, data_source=opts.data_source, default_data_source=stem)
+                     system=system, data_source=opts.data_source, default_data_source=stem)
     origin, files, ignored = locate(task, opts.source)
     if ignored:
         notes.append(f"ignored {len(ignored)} file(s) not named after a split: "
                      + ", ".join(p.name for p in ignored[:5]))
     ordered = sorted(files, key=SPLIT_NAMES.index)  # train first, whatever the folder listing says
     splits = {split: read_split(task, split, files[split]) for split in ordered}
+    if opts.tools:
+        listed = ", ".join(f'"{t}"' for t in opts.tools)
+        notes.append(f"the prompts offer {', '.join(opts.tools)}: train with [rollout.multi_turn] enable = true, "
+                     f"tools = [{listed}]")
     if opts.val_fraction:
         if set(splits) == {"train"}:
             _carve_validation(splits, opts.val_fraction, opts.seed)
@@ -168,6 +198,8 @@ def out_dir(name: str, opts: PrepOptions) -> Path:
     if opts.out is not None:
         return Path(opts.out)
     label = name if name in ("gsm8k", "math", *GENERATED) else Path(opts.source or name).stem
+    if opts.tools:
+        return Path("data") / "-".join((label, *opts.tools))   # data/gsm8k-python
     return Path("data") / (f"{label}-sft" if opts.sft else label)
 
 

@@ -22,6 +22,12 @@ GSM8K_INSTRUCTION = 'Let\'s think step by step and output the final answer after
 CODE_INSTRUCTION = ("Write a Python program that reads standard input and writes standard output; "
                     "put it in a ```python block.")
 MATH_INSTRUCTION = "Let's think step by step and output the final answer within \\boxed{}."
+# `--tools`: a system message offers built-in tools and says how to end, in the task's answer format
+# (verl's gsm8k_multiturn_w_tool.py does the same for its tool; the user message stays as above)
+TOOL_OFFERS = {"python": "the `python` tool runs a Python program you write and returns what it prints "
+                         "(print the values you need)",
+               "calculator": "the `calculator` tool evaluates an arithmetic expression such as `4821 * 37`"}
+FINAL_ANSWER_FORMATS = {"gsm8k": "as `#### <number>`, e.g. `#### 42`", "math": "within \\boxed{}"}
 SPLIT_NAMES = ("train", "test", "validation", "valid", "val", "dev")
 _HUB_ID = re.compile(r"[\w.-]+/[\w.-]+")
 
@@ -48,6 +54,15 @@ class Task:
     hub_patterns: tuple = ()
     suffixes: tuple = SUFFIXES
     structured_answer: bool = False  # the answer may be a dict/list (code test cases), not only text
+
+
+def tool_system_prompt(source: str, tools: tuple[str, ...]) -> str:
+    """The system message of a tool-use prompt: which tools there are, and the final-answer format that
+    the source's built-in reward reads (`#### <number>` for gsm8k), so the reward scores it unchanged."""
+    offers = "; ".join(TOOL_OFFERS[t] for t in tools)
+    return ("You are a math expert. Solve the problem step by step. You can call tools: "
+            f"{offers}. Use {'it' if len(tools) == 1 else 'them'} for the calculations, then give the final "
+            f"answer on the last line {FINAL_ANSWER_FORMATS[source]}.")
 
 
 def _gsm8k_truth(answer: str) -> str:

@@ -1,8 +1,10 @@
-"""A tiny model that has learned to call the calculator: a few hundred plain-torch steps on one transcript.
+"""A tiny model that has learned to call a tool: a hundred or so plain-torch steps on one transcript.
 
 Tests of multi-turn rollouts with tools need a policy that writes tool calls; a random tiny model
-never does. This memorises [question -> calculator call -> tool answer -> final answer] (loss on
-the assistant turns only, rendered by the model's own chat template with the tool's schema).
+never does. This memorises [prompt -> tool call -> tool answer -> final answer] (loss on the
+assistant turns only, rendered by the model's own chat template with the tool's schema). The
+default is the calculator on "What is 2 + 2?"; `conversation` builds others (the python tool on a
+GSM8K prompt: tests/multiturn/test_gsm8k_python_tool.py).
 """
 
 from __future__ import annotations
@@ -28,15 +30,23 @@ def compute_score(data_source, solution_str, ground_truth, extra_info=None):
 '''
 
 
-def transcript(question: str) -> list[dict]:
-    return [{"role": "user", "content": question},
+def conversation(prompt: list[dict], call: dict, tool_answer: str, final: str) -> list[dict]:
+    """`prompt` (chat messages), then one assistant turn making `call`, the tool's answer, the final answer."""
+    return [*prompt,
             {"role": "assistant", "content": "", "tool_calls": [
-                {"type": "function", "function": {"name": CALL["name"], "arguments": json.dumps(CALL["arguments"])}}]},
-            {"role": "tool", "content": "4"},
-            {"role": "assistant", "content": "4"}]
+                {"type": "function", "function": {"name": call["name"], "arguments": json.dumps(call["arguments"])}}]},
+            {"role": "tool", "content": tool_answer},
+            {"role": "assistant", "content": final}]
 
 
-def train_tool_caller(src: Path, out: Path, *, steps: int = 100, lr: float = 4e-3) -> Path:
+def transcript(question: str) -> list[dict]:
+    return conversation([{"role": "user", "content": question}], CALL, "4", "4")
+
+
+def train_tool_caller(src: Path, out: Path, *, messages: list[dict] | None = None, tool=None,
+                      steps: int = 100, lr: float = 4e-3) -> Path:
+    """`src` trained on `messages` (default: the calculator transcript) rendered with `tool`'s schema
+    (a typed, documented function; default the calculator), saved as a model folder at `out`."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import get_json_schema
@@ -47,7 +57,8 @@ def train_tool_caller(src: Path, out: Path, *, steps: int = 100, lr: float = 4e-
     tok = AutoTokenizer.from_pretrained(src)
     model = AutoModelForCausalLM.from_pretrained(src, dtype=torch.float32)
     # the SFT mask: the assistant turns' tokens up to <|im_end|> are labels; everything else is context
-    ids, mask = tokenize_conversation(tok, transcript("What is 2 + 2?"), [get_json_schema(calculator)])
+    ids, mask = tokenize_conversation(tok, messages or transcript("What is 2 + 2?"),
+                                      [get_json_schema(tool or calculator)])
     x, y = torch.tensor([ids]), torch.tensor([[t if m else -100 for t, m in zip(ids, mask)]])
     optim = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
     torch.manual_seed(0)
