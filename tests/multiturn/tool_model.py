@@ -1,8 +1,10 @@
-"""A tiny model that has learned to call the calculator: a few hundred plain-torch steps on one transcript.
+"""A tiny model that has learned to call the calculator: a few hundred plain-torch steps on a few transcripts.
 
 Tests of multi-turn rollouts with tools need a policy that writes tool calls; a random tiny model
 never does. This memorises [question -> calculator call -> tool answer -> final answer] (loss on
-the assistant turns only, rendered by the model's own chat template with the tool's schema).
+the assistant turns only, rendered by the model's own chat template with the tool's schema); given
+several conversations (e.g. one calling the tool and one answering directly, for the same
+question) it learns each, so it samples between them.
 """
 
 from __future__ import annotations
@@ -36,7 +38,8 @@ def transcript(question: str) -> list[dict]:
             {"role": "assistant", "content": "4"}]
 
 
-def train_tool_caller(src: Path, out: Path, *, steps: int = 100, lr: float = 4e-3) -> Path:
+def train_tool_caller(src: Path, out: Path, *, steps: int = 100, lr: float = 4e-3,
+                      conversations: list[list[dict]] | None = None) -> Path:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import get_json_schema
@@ -47,12 +50,15 @@ def train_tool_caller(src: Path, out: Path, *, steps: int = 100, lr: float = 4e-
     tok = AutoTokenizer.from_pretrained(src)
     model = AutoModelForCausalLM.from_pretrained(src, dtype=torch.float32)
     # the SFT mask: the assistant turns' tokens up to <|im_end|> are labels; everything else is context
-    ids, mask = tokenize_conversation(tok, transcript("What is 2 + 2?"), [get_json_schema(calculator)])
-    x, y = torch.tensor([ids]), torch.tensor([[t if m else -100 for t, m in zip(ids, mask)]])
+    examples = []
+    for messages in conversations or [transcript("What is 2 + 2?")]:
+        ids, mask = tokenize_conversation(tok, messages, [get_json_schema(calculator)])
+        examples.append((torch.tensor([ids]), torch.tensor([[t if m else -100 for t, m in zip(ids, mask)]])))
     optim = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
     torch.manual_seed(0)
-    for _ in range(steps):
-        loss = model(input_ids=x, labels=y).loss
+    targets = sum(int((y[:, 1:] != -100).sum()) for _, y in examples)
+    for _ in range(steps):   # the mean over all target tokens, so each conversation weighs by its length
+        loss = sum(model(input_ids=x, labels=y).loss * int((y[:, 1:] != -100).sum()) for x, y in examples) / targets
         loss.backward()
         optim.step()
         optim.zero_grad()
