@@ -59,8 +59,7 @@ def test_grpo_raises_tool_use_and_accuracy_on_calc_tools(tmp_path, half_tool_mod
     write_rows(proj / "data" / "calc-tools" / "train.parquet", rows)
     start_training(load_config(proj / "rlctl.toml", [
         f"run.total_steps={STEPS}", "run.save_every=0", "run.val_every=0", "data.val_files=[]",
-        "data.batch_size=2", "rollout.n=8", "actor.mini_batch_size=2", "actor.micro_batch_size=8",
-        "rollout.temperature=0.7"]), address=None, force=False)
+        "data.batch_size=2", "rollout.n=8", "actor.mini_batch_size=2", "actor.micro_batch_size=8"]), address=None, force=False)
     run = proj / "runs" / "grpo-calc-tools-cpu"
     metrics = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert [m["step"] for m in metrics] == list(range(1, STEPS + 1))
