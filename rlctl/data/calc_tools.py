@@ -1,8 +1,9 @@
 """The synthetic `calc-tools` task: sums and products of larger numbers, solved with a calculator tool.
 
-Too large for a tiny model to compute in its head (3-5 digit sums, 2-4 digit by 2-3 digit
-products), easy with the built-in `calculator` tool (rlctl.multiturn.builtin_tools). Each row
-serves both stages of the CPU tool-use recipe:
+Too large for a tiny model to compute in its head (4-digit sums, 3-digit by 2-digit products),
+easy with the built-in `calculator` tool (rlctl.multiturn.builtin_tools). Every answer has exactly
+5 digits, so copying the tool's number into the final answer is a fixed stride back in the
+conversation, which a tiny model can learn. Each row serves both stages of the CPU tool-use recipe:
 
 * RL: `prompt` is the user's question alone; the rollout renders the tool's schema through the
   chat template (`[rollout.multi_turn] tools = ["calculator"]`), and the `calc-tools` reward
@@ -10,6 +11,9 @@ serves both stages of the CPU tool-use recipe:
 * SFT: `messages` is the whole worked transcript in the OpenAI chat shape - the question, an
   assistant turn calling `calculator`, the `tool` answer, the final answer - and `tools` the
   JSON list of tool schemas to render it with (`apply_chat_template(messages, tools=...)`).
+  One transcript in DIRECT_EVERY answers directly instead (the right number, no call), as a
+  teacher who sometimes works in its head: an SFT'd model then calls the tool only part of the
+  time, and RL has to learn that the call pays.
 
 The ground truth is `calculator(expression)`, so the transcripts are right by construction.
 """
@@ -25,12 +29,14 @@ from rlctl.rewards.scorers.calc_tools import DATA_SOURCE
 
 DEFAULT_VAL_FRACTION = 0.1
 PROBLEMS = 1000  # half sums, half products; duplicates are redrawn
-OPERANDS = {"+": ((100, 99_999), (100, 99_999)), "*": ((10, 9_999), (10, 999))}
+# every answer has 5 digits: 10000 <= 5000 + 5000, 9999 + 9999 <= 19998; 10000 <= 200 * 50, 999 * 99 <= 98901
+OPERANDS = {"+": ((5_000, 9_999), (5_000, 9_999)), "*": ((200, 999), (50, 99))}
+DIRECT_EVERY = 4   # SFT transcripts 0, 4, 8, ... of each split answer without the tool
 TOOL_NAME = "calculator"
 
 
 def question(a: int, op: str, b: int) -> str:
-    return f"What is {a} {op} {b}? Use the calculator, then reply with the number only."
+    return f"What is {a} {op} {b}? Reply with the number only."
 
 
 def tool_schemas() -> list[dict]:
@@ -41,8 +47,11 @@ def tool_schemas() -> list[dict]:
     return [FunctionTool(calculator).schema]
 
 
-def transcript(a: int, op: str, b: int, answer: str) -> list[dict]:
-    """The worked conversation in the OpenAI chat shape (what the chat template renders)."""
+def transcript(a: int, op: str, b: int, answer: str, *, direct: bool = False) -> list[dict]:
+    """The worked conversation in the OpenAI chat shape (what the chat template renders); `direct`:
+    the answer alone, without the calculator."""
+    if direct:
+        return [{"role": "user", "content": question(a, op, b)}, {"role": "assistant", "content": answer}]
     calls = openai_tool_calls([ToolCall(TOOL_NAME, {"expression": f"{a} {op} {b}"})])
     return [
         {"role": "user", "content": question(a, op, b)},
@@ -61,7 +70,7 @@ def _row(a: int, op: str, b: int, split: str, index: int, tools_json: str) -> di
         "ability": "arithmetic",
         "reward_model": {"style": "rule", "ground_truth": answer},
         "extra_info": {"split": split, "index": index, "question": text, "answer": answer},
-        "messages": transcript(a, op, b, answer),
+        "messages": transcript(a, op, b, answer, direct=index % DIRECT_EVERY == 0),
         "tools": tools_json,
     }
 

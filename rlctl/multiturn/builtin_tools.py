@@ -25,10 +25,10 @@ class _Refused(ValueError):
 
 
 def calculator(expression: str) -> str:
-    """Evaluate an arithmetic expression and return the result.
+    """Evaluate arithmetic: numbers, + - * / // % ** and parentheses.
 
     Args:
-        expression: An arithmetic expression with numbers, + - * / // % ** and parentheses, e.g. "4821 * 37".
+        expression: e.g. "4821 * 37"
     """
     if not isinstance(expression, str):
         return f"error: expression must be a string, got {type(expression).__name__}"

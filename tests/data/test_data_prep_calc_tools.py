@@ -7,6 +7,7 @@ import json
 
 import pytest
 
+from rlctl.data.calc_tools import DIRECT_EVERY
 from rlctl.data.dataset import load_rows
 from rlctl.data.prep import PrepOptions, prepare
 from rlctl.models.tiny import build_tokenizer
@@ -45,14 +46,19 @@ def test_ground_truth_is_the_calculator_on_the_question_and_exact(prepared):
     for row in rows["train"] + rows["test"]:
         a, op, b = _operands(row["prompt"][0]["content"])
         truth = row["reward_model"]["ground_truth"]
-        assert truth == calculator(f"{a} {op} {b}") == str(OPS[op](a, b))
+        assert truth == calculator(f"{a} {op} {b}") == str(OPS[op](a, b)) and len(truth) == 5
         assert row["prompt"] == [{"role": "user", "content": row["messages"][0]["content"]}]
 
 
 def test_transcripts_render_with_the_template_and_their_calls_parse_back(prepared):
     _, rows = prepared
     tok = build_tokenizer()
-    for row in rows["train"][:50]:
+    direct = [row for row in rows["train"] if len(row["messages"]) == 2]
+    assert len(direct) == len(rows["train"]) // DIRECT_EVERY   # one transcript in DIRECT_EVERY skips the tool
+    for row in direct:
+        assert row["messages"][1] == {"role": "assistant", "content": row["reward_model"]["ground_truth"],
+                                      "tool_calls": None, "tool_call_id": None, "name": None}
+    for row in [row for row in rows["train"] if len(row["messages"]) == 4][:50]:
         tools, messages, truth = json.loads(row["tools"]), row["messages"], row["reward_model"]["ground_truth"]
         assert [t["function"]["name"] for t in tools] == ["calculator"]
         # the same tools block as a rollout that hands the template the function itself (tools=[calculator])

@@ -1,10 +1,12 @@
-"""A tiny model that has learned to call a tool: a hundred or so plain-torch steps on one transcript.
+"""A tiny model that has learned to call a tool: a hundred or so plain-torch steps on a few transcripts.
 
 Tests of multi-turn rollouts with tools need a policy that writes tool calls; a random tiny model
 never does. This memorises [prompt -> tool call -> tool answer -> final answer] (loss on the
 assistant turns only, rendered by the model's own chat template with the tool's schema). The
 default is the calculator on "What is 2 + 2?"; `conversation` builds others (the python tool on a
-GSM8K prompt: tests/multiturn/test_gsm8k_python_tool.py).
+GSM8K prompt: tests/multiturn/test_gsm8k_python_tool.py). Given several conversations (e.g. one
+calling the tool and one answering directly, for the same question) it learns each, so it samples
+between them.
 """
 
 from __future__ import annotations
@@ -44,9 +46,11 @@ def transcript(question: str) -> list[dict]:
 
 
 def train_tool_caller(src: Path, out: Path, *, messages: list[dict] | None = None, tool=None,
-                      steps: int = 100, lr: float = 4e-3) -> Path:
-    """`src` trained on `messages` (default: the calculator transcript) rendered with `tool`'s schema
-    (a typed, documented function; default the calculator), saved as a model folder at `out`."""
+                      steps: int = 100, lr: float = 4e-3,
+                      conversations: list[list[dict]] | None = None) -> Path:
+    """`src` trained on `conversations` (or the one `messages`; default: the calculator transcript)
+    rendered with `tool`'s schema (a typed, documented function; default the calculator), saved as
+    a model folder at `out`."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import get_json_schema
@@ -57,13 +61,15 @@ def train_tool_caller(src: Path, out: Path, *, messages: list[dict] | None = Non
     tok = AutoTokenizer.from_pretrained(src)
     model = AutoModelForCausalLM.from_pretrained(src, dtype=torch.float32)
     # the SFT mask: the assistant turns' tokens up to <|im_end|> are labels; everything else is context
-    ids, mask = tokenize_conversation(tok, messages or transcript("What is 2 + 2?"),
-                                      [get_json_schema(tool or calculator)])
-    x, y = torch.tensor([ids]), torch.tensor([[t if m else -100 for t, m in zip(ids, mask)]])
+    examples = []
+    for convo in conversations or [messages or transcript("What is 2 + 2?")]:
+        ids, mask = tokenize_conversation(tok, convo, [get_json_schema(tool or calculator)])
+        examples.append((torch.tensor([ids]), torch.tensor([[t if m else -100 for t, m in zip(ids, mask)]])))
     optim = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
     torch.manual_seed(0)
-    for _ in range(steps):
-        loss = model(input_ids=x, labels=y).loss
+    targets = sum(int((y[:, 1:] != -100).sum()) for _, y in examples)
+    for _ in range(steps):   # the mean over all target tokens, so each conversation weighs by its length
+        loss = sum(model(input_ids=x, labels=y).loss * int((y[:, 1:] != -100).sum()) for x, y in examples) / targets
         loss.backward()
         optim.step()
         optim.zero_grad()
