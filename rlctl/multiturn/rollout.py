@@ -271,13 +271,12 @@ class LocalTurns:
     def generate_turn(self, batch: Batch, *, seed: int, mode: str = "train", n: int = 1, width: int = 0) -> Batch:
         import torch
 
+        from rlctl.workers.rollout.hf import kept_kv_args
+
         prompts = [row[m != 0].tolist() for row, m in zip(batch["input_ids"], batch["attention_mask"])]
         limits = [int(x) for x in batch["max_new_tokens"]]
         generator = torch.Generator(device=next(self.engine.model.parameters()).device).manual_seed(seed)
-        kv = {}
-        if "kv_lookup" in batch:   # continue each conversation from the KV kept last turn
-            kv = {"kv_lookup": batch["kv_lookup"].tolist(), "kv_store": batch["kv_store"].reshape(-1).tolist()}
         out = self.engine.generate(prompts, n=n, max_new_tokens=max(limits), temperature=self.temperature,
                                    top_p=self.top_p, generator=generator, greedy=self.temperature == 0,
-                                   limits=limits, **kv)
+                                   limits=limits, **kept_kv_args(batch))
         return Batch(out)

@@ -29,6 +29,7 @@ from rlctl.workers import fsdp
 from rlctl.workers.engine import TrainEngine
 from rlctl.workers.logprob import batched_response_outputs, response_log_probs
 from rlctl.workers.models import eos_token_ids, load_causal_lm, load_tokenizer, policy_engine
+from rlctl.workers.rollout.hf import kept_kv_args
 from rlctl.workers.training import mini_batch_count, run_updates
 
 _MODEL_KEYS = ["input_ids", "attention_mask"]
@@ -116,10 +117,7 @@ class ActorRolloutRefWorker:
         max_new_tokens of the whole call, the same on every rank, so the ranks' parts concatenate)."""
         _, temperature = self._mode(mode)
         limits = [int(x) for x in batch["max_new_tokens"]]
-        kv = {}
-        if "kv_lookup" in batch:   # the hf engine continues each conversation from its kept KV
-            kv = {"kv_lookup": batch["kv_lookup"].tolist(), "kv_store": batch["kv_store"].reshape(-1).tolist()}
-        out = self._sample(batch, n, max(width, *limits), temperature, seed, limits=limits, kv=kv)
+        out = self._sample(batch, n, max(width, *limits), temperature, seed, limits=limits, kv=kept_kv_args(batch))
         return Batch(_clip_to_limits(out, np.repeat(limits, n), self.eos_ids, self._pad_id()))
 
     def _mode(self, mode: str) -> tuple[int, float]:

@@ -233,6 +233,14 @@ class HFRolloutEngine(RolloutEngine):
         """Nothing to re-acquire: weights are the trainer's, the cache is allocated per call."""
 
 
+def kept_kv_args(batch) -> dict:
+    """generate()'s kv_lookup / kv_store from a generate_turn batch's optional columns of the same
+    names ([rows] and [rows, n]); {} when the caller keeps no KV."""
+    if "kv_lookup" not in batch:
+        return {}
+    return {"kv_lookup": batch["kv_lookup"].tolist(), "kv_store": batch["kv_store"].reshape(-1).tolist()}
+
+
 class KVEntry:
     """One kept row: its token ids and their keys/values [layers, kv_heads, len(ids), head_dim]."""
 
