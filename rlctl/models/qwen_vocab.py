@@ -44,7 +44,7 @@ def build_qwen_tokenizer(max_length: int = 32768):
     from transformers import PreTrainedTokenizerFast
     from transformers.convert_slow_tokenizer import TikTokenConverter
 
-    from rlctl.models.tiny import CHAT_TEMPLATE
+    from rlctl.models.tiny import QWEN_CHAT_TEMPLATE
 
     core = TikTokenConverter(vocab_file=str(vocab_file()), pattern=PATTERN).converted()
     core.normalizer = normalizers.NFC()
@@ -57,5 +57,5 @@ def build_qwen_tokenizer(max_length: int = 32768):
         additional_special_tokens=list(SPECIAL[1:2]), model_max_length=max_length, padding_side="left",
         clean_up_tokenization_spaces=False, split_special_tokens=False,
     )
-    tok.chat_template = CHAT_TEMPLATE
+    tok.chat_template = QWEN_CHAT_TEMPLATE
     return tok

@@ -2,7 +2,8 @@
 
 Tests, CI and the demo need a real Hugging Face model folder without a hub. The tokenizer is
 byte-level (one token per UTF-8 byte, ids 0..255) plus four special tokens, with a ChatML chat
-template, so `apply_chat_template` and round-trip decoding work like a real chat model's.
+template, so `apply_chat_template` and round-trip decoding work like a real chat model's. Its tools
+block is compact (one line per tool), since every byte of it is a token the model must attend across.
 """
 
 from __future__ import annotations
@@ -12,12 +13,11 @@ import os
 from pathlib import Path
 
 SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|pad|>")
-# ChatML in Qwen2.5's shape, tools included: `tools=` renders a system block listing the function
-# schemas, an assistant's `tool_calls` render as hermes `<tool_call>` JSON blocks, and `tool` messages
-# (consecutive ones together) come back inside one user turn as `<tool_response>` blocks. Without
-# tools it renders exactly `<|im_start|>role\ncontent<|im_end|>\n` per message (no default system).
-CHAT_TEMPLATE = (
-    "{%- if tools %}"
+# ChatML in Qwen2.5's shape: `tools=` renders a system block listing the tools, an assistant's
+# `tool_calls` render as hermes `<tool_call>` JSON blocks, and `tool` messages (consecutive ones
+# together) come back inside one user turn as `<tool_response>` blocks. Without tools it renders
+# exactly `<|im_start|>role\ncontent<|im_end|>\n` per message (no default system).
+_QWEN_TOOLS_BLOCK = (
     "{{- '<|im_start|>system\n' }}"
     "{%- if messages[0]['role'] == 'system' %}{{- messages[0]['content'] + '\n\n' }}{%- endif %}"
     "{{- '# Tools\n\nYou may call one or more functions to assist with the user query.\n\n'"
@@ -26,30 +26,54 @@ CHAT_TEMPLATE = (
     "{{- '\n</tools>\n\nFor each function call, return a json object with function name and arguments'"
     " + ' within <tool_call></tool_call> XML tags:\n<tool_call>\n'"
     " + '{\"name\": <function-name>, \"arguments\": <args-json-object>}\n</tool_call><|im_end|>\n' }}"
-    "{%- elif messages[0]['role'] == 'system' %}"
-    "{{- '<|im_start|>system\n' + messages[0]['content'] + '<|im_end|>\n' }}"
-    "{%- endif %}"
-    "{%- for message in messages %}"
-    "{%- if message['role'] == 'system' and loop.first %}"
-    "{%- elif message['role'] == 'assistant' and message.get('tool_calls') %}"
-    "{{- '<|im_start|>assistant' }}"
-    "{%- if message['content'] %}{{- '\n' + message['content'] }}{%- endif %}"
-    "{%- for call in message['tool_calls'] %}"
-    "{%- set fn = call['function'] if call.get('function') else call %}"
-    "{%- set args = fn['arguments'] if fn['arguments'] is string else (fn['arguments'] | tojson) %}"
-    "{{- '\n<tool_call>\n{\"name\": \"' + fn['name'] + '\", \"arguments\": ' + args + '}\n</tool_call>' }}"
-    "{%- endfor %}"
-    "{{- '<|im_end|>\n' }}"
-    "{%- elif message['role'] == 'tool' %}"
-    "{%- if loop.first or messages[loop.index0 - 1]['role'] != 'tool' %}{{- '<|im_start|>user' }}{%- endif %}"
-    "{{- '\n<tool_response>\n' + message['content'] + '\n</tool_response>' }}"
-    "{%- if loop.last or messages[loop.index0 + 1]['role'] != 'tool' %}{{- '<|im_end|>\n' }}{%- endif %}"
-    "{%- else %}"
-    "{{- '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>\n' }}"
-    "{%- endif %}"
-    "{%- endfor %}"
-    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\n' }}{%- endif %}"
 )
+# The byte-level tokenizer spends one token per byte, so Qwen's block above (its instructions plus
+# every schema as JSON) costs ~700 tokens for one small tool, and a 2 x 64 model does not learn to
+# copy a number across it (docs/multi-turn.md). Its block names each tool, its parameters and its
+# description on one line, and shows the call format once (~160 tokens for the calculator).
+_COMPACT_TOOLS_BLOCK = (
+    "{{- '<|im_start|>system\n' }}"
+    "{%- if messages[0]['role'] == 'system' %}{{- messages[0]['content'] + '\n\n' }}{%- endif %}"
+    "{{- '# Tools' }}"
+    "{%- for tool in tools %}{%- set fn = tool['function'] if tool.get('function') else tool %}"
+    "{{- '\n' + fn['name'] + '(' + (fn['parameters']['properties'] | list | join(', ')) + '): '"
+    " + fn.get('description', '') }}"
+    "{%- endfor %}"
+    "{{- '\nCall a tool as <tool_call>\n{\"name\": <name>, \"arguments\": <json object>}\n</tool_call><|im_end|>\n' }}"
+)
+
+
+def _chat_template(tools_block: str) -> str:
+    return (
+        "{%- if tools %}" + tools_block +
+        "{%- elif messages[0]['role'] == 'system' %}"
+        "{{- '<|im_start|>system\n' + messages[0]['content'] + '<|im_end|>\n' }}"
+        "{%- endif %}"
+        "{%- for message in messages %}"
+        "{%- if message['role'] == 'system' and loop.first %}"
+        "{%- elif message['role'] == 'assistant' and message.get('tool_calls') %}"
+        "{{- '<|im_start|>assistant' }}"
+        "{%- if message['content'] %}{{- '\n' + message['content'] }}{%- endif %}"
+        "{%- for call in message['tool_calls'] %}"
+        "{%- set fn = call['function'] if call.get('function') else call %}"
+        "{%- set args = fn['arguments'] if fn['arguments'] is string else (fn['arguments'] | tojson) %}"
+        "{{- '\n<tool_call>\n{\"name\": \"' + fn['name'] + '\", \"arguments\": ' + args + '}\n</tool_call>' }}"
+        "{%- endfor %}"
+        "{{- '<|im_end|>\n' }}"
+        "{%- elif message['role'] == 'tool' %}"
+        "{%- if loop.first or messages[loop.index0 - 1]['role'] != 'tool' %}{{- '<|im_start|>user' }}{%- endif %}"
+        "{{- '\n<tool_response>\n' + message['content'] + '\n</tool_response>' }}"
+        "{%- if loop.last or messages[loop.index0 + 1]['role'] != 'tool' %}{{- '<|im_end|>\n' }}{%- endif %}"
+        "{%- else %}"
+        "{{- '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>\n' }}"
+        "{%- endif %}"
+        "{%- endfor %}"
+        "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\n' }}{%- endif %}"
+    )
+
+
+QWEN_CHAT_TEMPLATE = _chat_template(_QWEN_TOOLS_BLOCK)  # Qwen's own vocabulary (rlctl.models.qwen_vocab)
+BYTE_CHAT_TEMPLATE = _chat_template(_COMPACT_TOOLS_BLOCK)  # the byte-level tokenizer's
 
 
 def _byte_alphabet() -> dict[int, str]:
@@ -79,7 +103,7 @@ def build_tokenizer(max_length: int = 2048):
         unk_token=None, additional_special_tokens=["<|endoftext|>", "<|im_start|>"],
         model_max_length=max_length, padding_side="left", clean_up_tokenization_spaces=False,
     )
-    tok.chat_template = CHAT_TEMPLATE
+    tok.chat_template = BYTE_CHAT_TEMPLATE
     return tok
 
 

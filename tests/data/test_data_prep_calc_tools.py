@@ -67,7 +67,7 @@ def test_transcripts_render_with_the_template_and_their_calls_parse_back(prepare
         text = tok.apply_chat_template(messages, tools=tools, tokenize=False)
         # the SFT transcript continues exactly the prompt an RL rollout starts from (same tools block)
         prompt = tok.apply_chat_template(row["prompt"], tools=tools, tokenize=False, add_generation_prompt=True)
-        assert text.startswith(prompt) and "<tools>" in prompt
+        assert text.startswith(prompt) and "\ncalculator(expression): Evaluate arithmetic" in prompt
         first, rest = text[len(prompt):].split("<|im_end|>\n", 1)
         parsed = parse_tool_calls(first)
         a, op, b = _operands(messages[0]["content"])

@@ -48,6 +48,40 @@ def test_loads_and_chats(tiny_model_dir):
     assert logits.shape == (1, ids.shape[1], 260) and torch.isfinite(logits).all()
 
 
+def test_the_byte_template_lists_tools_compactly(tiny_model_dir):
+    """One token per byte: the tools block is one line per tool (name, parameters, description) and the call
+    format once, not Qwen's ~700-token JSON block, which Qwen's own vocabulary keeps."""
+    from transformers import AutoTokenizer
+
+    from rlctl.models.tiny import QWEN_CHAT_TEMPLATE
+
+    def lookup(city: str, days: int = 1) -> str:
+        """Weather forecast for a city.
+
+        Args:
+            city: The city's name.
+            days: How many days ahead.
+        """
+
+    def calculator(expression: str) -> str:
+        """Evaluate arithmetic.
+
+        Args:
+            expression: e.g. "2 + 2".
+        """
+
+    tok = AutoTokenizer.from_pretrained(tiny_model_dir)
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Paris?"}]
+    text = tok.apply_chat_template(messages, tools=[lookup, calculator], tokenize=False, add_generation_prompt=True)
+    assert text == ("<|im_start|>system\nBe brief.\n\n# Tools\nlookup(city, days): Weather forecast for a city.\n"
+                    "calculator(expression): Evaluate arithmetic.\nCall a tool as <tool_call>\n"
+                    "{\"name\": <name>, \"arguments\": <json object>}\n</tool_call><|im_end|>\n"
+                    "<|im_start|>user\nParis?<|im_end|>\n<|im_start|>assistant\n")
+    tok.chat_template = QWEN_CHAT_TEMPLATE
+    qwen = tok.apply_chat_template(messages, tools=[lookup, calculator], tokenize=False, add_generation_prompt=True)
+    assert "<tools>\n{\"type\": \"function\"" in qwen and len(qwen) > 2 * len(text)
+
+
 @pytest.mark.parametrize("fmt", ["text", "json"])
 def test_doctor_reports(fmt):
     out = subprocess.run([sys.executable, "-m", "rlctl", "doctor", "--format", fmt], capture_output=True, text=True)
