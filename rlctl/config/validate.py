@@ -198,10 +198,6 @@ def check_one_step_off(c: Config, raw: dict) -> list[Problem]:
         problems.append(Problem("algorithm.dynamic_sampling.enable", "dynamic sampling decides how many batches to "
                                 "generate from their rewards, which one_step_off generates a step ahead: turn one "
                                 "of them off"))
-    if c.rollout.multi_turn.enable:
-        problems.append(Problem("rollout.multi_turn.enable", "multi-turn rollouts run through the actor group's "
-                                "turn loop; one_step_off's separate rollout group does not drive tools or "
-                                "interactions yet: use rollout.mode = \"sync\" for multi-turn runs"))
     if c.data.batch_size < c.resources.rollout_workers:
         problems.append(Problem("resources.rollout_workers", f"{c.resources.rollout_workers} rollout workers for "
                                 f"data.batch_size = {c.data.batch_size} prompts: every worker needs a prompt; use at "

@@ -17,12 +17,20 @@ correction (verl's sequence-level TIS by default, algorithm.rollout_correction.r
 Resume is exact: a checkpoint after step k also holds batch k+1, already generated with v_{k-1}
 (the save waits for it), in `pending_rollout.pkl`; resume trains on it instead of regenerating
 it with v_k, and pushes v_k to the fresh rollout group before generating batch k+2.
+
+Multi-turn rollouts (rollout.multi_turn.enable): the turn loop (rlctl.multiturn.rollout), with its
+own tools and interaction, drives the rollout group from a thread of this process, one
+`generate_turn` call per turn, then tags the batch (`tag_rollout`). A weight push waits for the
+batch in flight to finish its turns, so every turn of a sample comes from the same weights and the
+staleness is the single-turn one.
 """
 
 from __future__ import annotations
 
 import pickle
+import threading
 import time
+from concurrent.futures import Future
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -43,8 +51,9 @@ class OneStepOff:
 
     def __init__(self, setup: TrainSetup):
         self.setup = setup
-        self.pending: tuple[int, object] | None = None   # (step, PendingCall or Batch) being generated
+        self.pending: tuple[int, object] | None = None   # (step, PendingCall, Future or Batch) being generated
         self.push = None                                  # the last weight push (PendingCall)
+        self.turns = _turn_loop(setup) if setup.config.rollout.multi_turn.enable else None
 
     def start(self, first_step: int) -> None:
         """Give the rollout group the actor's current weights (update first_step - 1) and take back
@@ -58,7 +67,10 @@ class OneStepOff:
         """The actor's trained weights (after `version` updates) to every rollout rank, no disk:
         rank 0 of the actor returns numpy arrays, put once in the object store for all ranks
         (the worker group puts a dict argument of an ALL call there). rollout() waits for it (a
-        failed push surfaces there) before the next push."""
+        failed push surfaces there) before the next push. A multi-turn batch in flight finishes its
+        turns first: the group runs each call in order, and new weights must not land between turns."""
+        if self.turns is not None and self.pending is not None:
+            self._wait()
         self.push = self.setup.rollout.submit("update_weights", self.setup.actor.export_weights(), version=version)
 
     def rollout(self, step: int) -> tuple[Batch, dict]:
@@ -85,7 +97,16 @@ class OneStepOff:
     def _submit(self, step: int) -> None:
         setup = self.setup
         prompts = rollout.prompt_batch(setup.loader.next_batch(), f"{step}.1", setup.pad_token_id)
-        self.pending = (step, setup.rollout.submit("generate", prompts, seed=setup.seed_for(step, 1)))
+        if self.turns is not None:
+            self.pending = (step, _in_thread(self._generate_turns, prompts, setup.seed_for(step, 1)))
+        else:
+            self.pending = (step, setup.rollout.submit("generate", prompts, seed=setup.seed_for(step, 1)))
+
+    def _generate_turns(self, prompts: Batch, seed: int) -> Batch:
+        """A multi-turn batch from the rollout group, tagged with its weights' version and log-probs."""
+        batch = self.turns.generate(prompts, seed=seed, mode="train")
+        model = Batch({key: batch[key] for key in ("input_ids", "attention_mask", "response_mask")})
+        return batch.union(self.setup.rollout.tag_rollout(model))
 
     def _wait(self) -> tuple[int, Batch]:
         """The batch in flight, waited for (it stays pending)."""
@@ -93,6 +114,10 @@ class OneStepOff:
         if not isinstance(call, Batch):
             self.pending = (step, call.result())
         return self.pending
+
+    def close(self) -> None:
+        if self.turns is not None:
+            self.turns.close()
 
     def save(self, folder: Path) -> None:
         """Write the batch in flight (waiting for it to finish generating) into a checkpoint folder."""
@@ -102,6 +127,31 @@ class OneStepOff:
         with open(folder / PENDING_FILE, "wb") as f:
             pickle.dump({"step": step, "tensors": batch.tensors, "meta": batch.meta}, f,
                         protocol=pickle.HIGHEST_PROTOCOL)
+
+
+def _turn_loop(setup: TrainSetup):
+    """The multi-turn loop over the rollout group (tools and interaction loaded afresh: it runs
+    while the actor's own loop may validate)."""
+    from rlctl.multiturn.rollout import MultiTurnActor
+    from rlctl.workers.models import eos_token_ids
+
+    config = setup.config
+    return MultiTurnActor(setup.rollout, config, setup.tokenizer, setup.config_dir,
+                          eos_token_ids(config.model.path, setup.tokenizer))
+
+
+def _in_thread(fn, *args) -> Future:
+    """fn(*args) in a daemon thread (a run that fails meanwhile must not wait for it at exit)."""
+    future: Future = Future()
+
+    def run():
+        try:
+            future.set_result(fn(*args))
+        except BaseException as e:   # surfaces in the trainer's thread, at _wait
+            future.set_exception(e)
+
+    threading.Thread(target=run, daemon=True, name="rlctl-multi-turn-rollout").start()
+    return future
 
 
 def load_pending(ckpt_path: Path) -> dict | None:

@@ -51,6 +51,14 @@ class Trainer:
         if config.run.val_before_train and setup.val_rows and setup.state["step"] == 0:
             setup.logger.log(0, self.validate(0))
         pipeline = start_pipeline(setup)
+        try:
+            self.steps(stop, pipeline)
+        finally:
+            if pipeline:
+                pipeline.close()
+
+    def steps(self, stop: StopFlag, pipeline) -> None:
+        setup, config = self.setup, self.config
         for step in range(setup.state["step"] + 1, setup.total_steps + 1):
             timing, start = {}, time.perf_counter()
             with phase(timing, "gen"):

@@ -11,6 +11,10 @@ which rollout correction and the drift metrics compare with the trainer's.
 Batch keys: generate  in: input_ids, attention_mask [B, P] left-padded prompts (+ per-prompt
 columns)  out: as ActorRolloutRefWorker.generate, plus rollout_log_prob [B*n, T] float32 and
 policy_version [B*n] int64.
+
+Multi-turn rollouts (rlctl.multiturn.rollout on the controller) call `generate_turn` once per turn,
+as on the actor group, then `tag_rollout` on the finished batch for the same two columns. The
+controller pushes no weights between the turns of one batch (rlctl.controller.offpolicy).
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ import torch
 
 from rlctl.runtime import Batch, Dispatch, register
 from rlctl.workers import fsdp
-from rlctl.workers.actor import _rollout_batch, pad_token_id, sample
+from rlctl.workers.actor import _clip_to_limits, _rollout_batch, pad_token_id, sample
 from rlctl.workers.logprob import batched_response_outputs
 from rlctl.workers.models import eos_token_ids, load_causal_lm, load_tokenizer
 
@@ -40,9 +44,9 @@ class RolloutWorker:
         self.model.eval()
         self.dtype = fsdp.resolve_dtype(config.model.dtype)
         self.tokenizer = load_tokenizer(config.model.path, config.model.trust_remote_code)
-        eos = eos_token_ids(config.model.path, self.tokenizer)
-        self.pad = pad_token_id(self.tokenizer, eos)
-        self.engine = HFRolloutEngine(self.model, pad_token_id=self.pad, eos_token_ids=eos, own_weights=True)
+        self.eos_ids = eos_token_ids(config.model.path, self.tokenizer)
+        self.pad = pad_token_id(self.tokenizer, self.eos_ids)
+        self.engine = HFRolloutEngine(self.model, pad_token_id=self.pad, eos_token_ids=self.eos_ids, own_weights=True)
         self.temperature = config.rollout.temperature or 1.0   # log-probs of the sampling distribution
         self.version = 0   # the actor's update count whose weights this copy holds
 
@@ -69,9 +73,31 @@ class RolloutWorker:
             out = sample(self.engine, batch, rc, n=rc.n, max_new_tokens=self.cfg.data.max_response_length,
                          temperature=rc.temperature, seed=seed, rank=self.rank, device=self.device)
         rows = _rollout_batch(batch, out, rc.n, width=self.cfg.data.max_prompt_length, pad=self.pad)
-        rows["rollout_log_prob"] = self._log_probs(rows)
-        rows["policy_version"] = np.full(len(rows), self.version, dtype=np.int64)
-        return rows
+        return rows.union(self.tag_rollout(rows))
+
+    @register(Dispatch.DP)
+    def generate_turn(self, batch: Batch, *, seed: int, mode: str = "train", n: int = 1, width: int = 0) -> Batch:
+        """One assistant turn of a multi-turn rollout with this rank's weights, as
+        ActorRolloutRefWorker.generate_turn (same columns, kept KV included). Training batches only:
+        the actor's own group validates."""
+        if mode != "train":
+            raise ValueError(f"the one_step_off rollout group generates training batches only, not mode {mode!r}")
+        from rlctl.workers.rollout.hf import kept_kv_args
+
+        limits = [int(x) for x in batch["max_new_tokens"]]
+        with self._autocast():
+            out = sample(self.engine, batch, self.cfg.rollout, n=n, max_new_tokens=max(width, *limits),
+                         temperature=self.cfg.rollout.temperature, seed=seed, rank=self.rank, device=self.device,
+                         limits=limits, **kept_kv_args(batch))
+        return Batch(_clip_to_limits(out, np.repeat(limits, n), self.eos_ids, self.pad))
+
+    @register(Dispatch.DP)
+    def tag_rollout(self, batch: Batch) -> Batch:
+        """rollout_log_prob [B, T] (this rank's weights' log-probs of the response tokens) and
+        policy_version [B] for rows this group generated: `generate` adds them itself, a multi-turn
+        batch gets them once its last turn is done (in: input_ids, attention_mask, response_mask)."""
+        return Batch({"rollout_log_prob": self._log_probs(batch),
+                      "policy_version": np.full(len(batch), self.version, dtype=np.int64)}, batch.meta)
 
     def _log_probs(self, batch: Batch) -> np.ndarray:
         """log pi_version(sampled token) [B, T] float32, 0 on padding: the actor's compute_log_prob

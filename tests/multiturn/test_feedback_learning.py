@@ -50,6 +50,26 @@ def test_reward_rises_with_a_feedback_interaction(tmp_path, tiny_model_dir, arit
 
 
 @pytest.mark.slow
+def test_reward_rises_one_step_off(tmp_path, tiny_model_dir, arith_data, ray_cluster):
+    """rollout.mode = "one_step_off": the separate rollout group runs the conversations (the turn loop
+    drives it from a thread) one update behind the actor, and the reward still rises."""
+    proj = Path(shutil.copytree(EXAMPLE, tmp_path / "example"))
+    (proj / "models").mkdir()
+    (proj / "models" / "tiny").symlink_to(tiny_model_dir)
+    (proj / "data").mkdir()
+    (proj / "data" / "arith").symlink_to(arith_data)
+    start_training(load_config(proj / "rlctl.toml", [
+        f"run.total_steps={STEPS}", "run.save_every=0", "rollout.mode=one_step_off", "resources.workers=1",
+        "resources.rollout_workers=1"]), address=None, force=False)
+    rows = [json.loads(line) for line in (proj / "runs" / "multiturn-feedback" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["rollout/staleness"] for r in rows] == [0.0] + [1.0] * (STEPS - 1)
+    assert all(r["multi_turn/turns/mean"] > 1.5 for r in rows[:3]), "the user asked again"
+    rewards = [r["reward/mean"] for r in rows]
+    first, last = sum(rewards[:4]) / 4, sum(rewards[-4:]) / 4
+    assert last > first + 0.1, f"reward {first:.3f} -> {last:.3f} ({[round(x, 3) for x in rewards]})"
+
+
+@pytest.mark.slow
 def test_remax_dynamic_sampling_and_validation_run_the_multi_turn_loop(tmp_path, tiny_model_dir, arith_data,
                                                                       ray_cluster):
     """ReMax's greedy baseline, DAPO's regeneration rounds and validation all generate through the

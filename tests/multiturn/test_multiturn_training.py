@@ -101,6 +101,45 @@ def test_grpo_with_the_calculator_tool_logs_exact_rollouts_and_resumes_exactly(t
 
 
 @pytest.mark.slow
+def test_one_step_off_runs_the_turn_loop_on_the_rollout_group_and_resumes_exactly(tmp_path, tool_model_dir,
+                                                                                  ray_cluster):
+    """rollout.mode = "one_step_off" with the calculator: the turn loop drives the separate rollout group
+    (from a thread, while the actor trains), every batch after the first is one update stale, the
+    rollouts keep their exact transcripts, and the batch in flight at a checkpoint makes resume exact."""
+    from transformers import AutoTokenizer
+    from transformers.utils import get_json_schema
+
+    from rlctl.multiturn.builtin_tools import calculator
+    from rlctl.multiturn.conversation import ChatRenderer
+
+    proj = project(tmp_path / "p", tool_model_dir, "grpo-gsm8k")
+    start_training(load_config(proj / "rlctl.toml", COMMON + [
+        "resources.workers=1", "rollout.mode=one_step_off", "resources.rollout_workers=1", "run.total_steps=4",
+        "run.save_every=2", "run.keep_last=0"]), address=None, force=False)
+    run = proj / "runs" / "grpo-gsm8k"
+    full = metric_rows(run)
+    assert [r["rollout/staleness"] for r in full] == [0.0, 1.0, 1.0, 1.0]
+    assert [r["rollout/policy_version"] for r in full] == [0.0, 0.0, 1.0, 2.0]
+    assert full[0]["rollout/logprob_diff_mean"] == pytest.approx(0.0, abs=1e-6)   # the rollout rank's v0 = the actor's
+    assert full[0]["multi_turn/tool_calls/mean"] > 0.5
+    assert (run / "checkpoints" / "step_2" / "pending_rollout.pkl").is_file()      # batch 3, its turns done with v1
+    tok = AutoTokenizer.from_pretrained(tool_model_dir)
+    renderer = ChatRenderer(tok, [get_json_schema(calculator)])
+    eos_ids = {tok.convert_tokens_to_ids("<|im_end|>"), tok.convert_tokens_to_ids("<|endoftext|>")}
+    logged = {step: records(run, step) for step in (1, 2, 3, 4)}
+    for recs in logged.values():
+        for rec in recs:
+            check_record(rec, renderer, eos_ids)
+    assert sum(m["role"] == "tool" and m["content"] == "4" for recs in logged.values() for rec in recs
+               for m in rec["messages"]) >= 8, "the calculator ran for the rollout group's conversations"
+
+    resume_training(run, step=2, address=None)
+    assert metric_rows(run) == full
+    for step in (3, 4):
+        assert records(run, step) == logged[step]
+
+
+@pytest.mark.slow
 def test_ppo_critic_trains_on_multi_turn_samples(tmp_path, tool_model_dir, ray_cluster):
     proj = project(tmp_path / "p", tool_model_dir, "ppo-gsm8k")
     start_training(load_config(proj / "rlctl.toml", COMMON + [
