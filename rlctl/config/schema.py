@@ -221,7 +221,8 @@ class MultiTurnConfig:
                            "object; relative to rlctl.toml).")
     interaction: str = opt("", "\"file.py:name\": a function (messages, extra_info) -> {\"content\", \"done\", "
                                "\"score\"} or a verl BaseInteraction-style object, asked after every turn that "
-                               "called no tool (empty = none).")
+                               "called no tool; or a dict of them by name, each row picking one with "
+                               "extra_info.interaction_kwargs.name (empty = none).")
     tool_format: str = opt("hermes", "How the model writes tool calls (hermes: <tool_call>{json}</tool_call>, "
                                      "Qwen2.5/Qwen3).", choices=TOOL_FORMATS)
     tool_timeout_s: float = opt(10.0, "Seconds one tool call may take; a slower call answers \"error: timed out\".",

@@ -410,12 +410,39 @@ def check_multi_turn(c: Config, base: Path | None) -> list[Problem]:
 
     loaders = (("rollout.multi_turn.tools", lambda: load_tools(mt.tools, base)),
                ("rollout.multi_turn.interaction", lambda: mt.interaction and load_interaction(mt.interaction, base)))
+    loaded = {}
     for key, load in loaders:
         try:
-            load()
+            loaded[key] = load()
         except ConfigError as e:
             message = e.message.removeprefix(key + ": ")
             problems.append(Problem(key, message + (f"; {e.hint}" if e.hint else "")))
+    return problems + check_interaction_names(c, base, loaded.get("rollout.multi_turn.interaction"))
+
+
+def check_interaction_names(c: Config, base: Path, interaction) -> list[Problem]:
+    """Several interactions by name: every row of the data files must pick one of them
+    (extra_info.interaction_kwargs.name). Files that cannot be read are check_files' to report."""
+    from rlctl.multiturn.interactions import InteractionSet
+
+    if not isinstance(interaction, InteractionSet):
+        return []
+    import pyarrow.parquet as pq
+
+    problems = []
+    for key in ("train_files", "val_files"):
+        for p in getattr(c.data, key):
+            try:
+                infos = pq.read_table(_resolve(base, p), columns=["extra_info"]).column("extra_info").to_pylist()
+            except Exception:
+                continue
+            names = [((info or {}).get("interaction_kwargs") or {}).get("name") for info in infos]
+            bad = sorted({str(n) for n in names if n not in interaction.members})
+            if bad:
+                count = sum(n not in interaction.members for n in names)
+                problems.append(Problem(f"data.{key}", f"{p}: {count} row(s) pick no interaction of "
+                                        f"rollout.multi_turn.interaction (extra_info.interaction_kwargs.name: "
+                                        f"{', '.join(bad)}); it has {', '.join(interaction.members)}"))
     return problems
 
 

@@ -7,7 +7,10 @@
     `start_interaction(instance_id, **interaction_kwargs)`, then after each such turn
     `generate_response(instance_id, messages, **interaction_kwargs)` -> (should_terminate, content,
     score, metadata), and `finalize_interaction(instance_id)` when the conversation ends. Its
-    kwargs are the row's `extra_info.interaction_kwargs`, as in verl.
+    kwargs are the row's `extra_info.interaction_kwargs`, as in verl; or
+  * a dict of them by name, `{"gsm8k": Gsm8kInteraction, "feedback": ask_again}` (verl's
+    interaction_config_path, which lists several): each row picks one with
+    `extra_info.interaction_kwargs.name`; a class is created with `{"name": <its key>}`.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rlctl.errors import ConfigError
+from rlctl.errors import ConfigError, DataError
 from rlctl.multiturn.tools import load_object, maybe_await
 
 KEY = "rollout.multi_turn.interaction"
@@ -81,12 +84,49 @@ class VerlInteraction:
         await maybe_await(finalize(instance) if takes_id else finalize())
 
 
+class InteractionSet:
+    """Several interactions by name: a row's `extra_info.interaction_kwargs.name` picks its own."""
+
+    def __init__(self, members: dict):
+        self.members = members
+
+    def pick(self, extra_info: dict) -> str:
+        name = (extra_info.get("interaction_kwargs") or {}).get("name")
+        if name not in self.members:
+            said = "names no interaction" if name is None else f"names interaction {name!r}"
+            raise DataError(f"a row's extra_info.interaction_kwargs {said}; {KEY} has "
+                            f"{', '.join(map(repr, self.members))}", hint="set interaction_kwargs.name in every row "
+                                                                         "to one of them")
+        return name
+
+    async def start(self, extra_info: dict) -> Any:
+        member = self.members[self.pick(extra_info)]
+        return member, await member.start(extra_info)
+
+    async def respond(self, state, messages: list, extra_info: dict) -> Reply:
+        member, inner = state
+        return await member.respond(inner, messages, extra_info)
+
+    async def finish(self, state) -> None:
+        member, inner = state
+        await member.finish(inner)
+
+
 def load_interaction(spec: str, base: Path):
-    """`file.py:name` -> FunctionInteraction or VerlInteraction (ConfigError, exit 2, otherwise)."""
+    """`file.py:name` -> FunctionInteraction, VerlInteraction or, for a dict of them by name,
+    InteractionSet (ConfigError, exit 2, otherwise)."""
     obj = load_object(spec, base, KEY)
+    if isinstance(obj, dict):
+        if not obj or not all(isinstance(k, str) and k for k in obj):
+            raise ConfigError(f"{KEY}: {spec} is a dict: it must map interaction names (strings) to interactions")
+        return InteractionSet({name: _interaction(member, f"{spec}[{name!r}]", name) for name, member in obj.items()})
+    return _interaction(obj, spec, getattr(obj, "__name__", "interaction"))
+
+
+def _interaction(obj, spec: str, name: str):
     if inspect.isclass(obj):
         try:
-            obj = obj({"name": getattr(obj, "__name__", "interaction")})   # verl: __init__(self, config: dict)
+            obj = obj({"name": name})   # verl: __init__(self, config: dict)
         except Exception as e:
             raise ConfigError(f"{KEY}: {spec}: could not create the interaction: {type(e).__name__}: {e}",
                               hint="verl interactions take one config dict; or name an instance in your file") from e

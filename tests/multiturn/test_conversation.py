@@ -270,6 +270,63 @@ def test_verl_style_tool_and_interaction_objects_work_unchanged(tmp_path, tok):
     actor.close()
 
 
+SEVERAL = VERL_STYLE + FUNCTION_USER + '''
+interactions = {"teacher": Teacher, "guess": user}
+'''
+
+
+def test_a_dict_of_interactions_lets_each_row_pick_one_by_name(tmp_path, tok):
+    """verl's interaction_config_path lists several interactions; a row picks one with interaction_kwargs.name."""
+    from rlctl.errors import DataError
+
+    actor = make_actor(tmp_path, tok, tools=(), interaction="several.py:interactions", files={"several.py": SEVERAL})
+    teacher = start(actor, "Count to 42.", {"interaction_kwargs": {"name": "teacher", "ground_truth": "42"}})
+    guess = start(actor, "Guess the word.", {"secret": "cat", "interaction_kwargs": {"name": "guess"}})
+    for conv in (teacher, guess):
+        model_turn(actor, conv, tok.encode("41", add_special_tokens=False) + eos(tok))
+    assert teacher.messages[-1] == {"role": "user", "content": "wrong, again"}
+    assert guess.messages[-1]["content"].startswith("No, try again")
+    model_turn(actor, teacher, tok.encode("42", add_special_tokens=False) + eos(tok))
+    model_turn(actor, guess, tok.encode("cat", add_special_tokens=False) + eos(tok))
+    assert teacher.finish == guess.finish == "interaction" and teacher.turn_scores == guess.turn_scores == [0.0, 1.0]
+    for conv in (teacher, guess):
+        finish(actor, conv)
+    member = actor.interaction.members["teacher"].obj
+    assert member.config == {"name": "teacher"} and member.finalized == list(member.seen)
+    with pytest.raises(DataError, match="names interaction 'judge'; .* has 'teacher', 'guess'"):
+        start(actor, "?", {"interaction_kwargs": {"name": "judge"}})
+    actor.close()
+
+
+def test_config_validate_checks_every_row_picks_one_of_several_interactions(tmp_path, tiny_model_dir):
+    import subprocess
+    import sys
+
+    from support.parquet_rows import write_rows
+
+    (tmp_path / "several.py").write_text(SEVERAL)
+    write_rows(tmp_path / "train.parquet", [
+        {"data_source": "x", "prompt": [{"role": "user", "content": "hi"}], "reward_model": {"ground_truth": "1"},
+         "extra_info": {"index": i, "interaction_kwargs": {"name": name}}}
+        for i, name in enumerate(["teacher", "guess", "judge", "judge"])])
+    (tmp_path / "rlctl.toml").write_text(f"""
+[model]
+path = "{tiny_model_dir}"
+[data]
+train_files = ["train.parquet"]
+val_files = []
+[rollout.multi_turn]
+enable = true
+interaction = "several.py:interactions"
+""")
+    out = subprocess.run([sys.executable, "-m", "rlctl", "config", "validate", "rlctl.toml"], cwd=tmp_path,
+                         capture_output=True, text=True)
+    text = out.stdout + out.stderr
+    assert out.returncode == 2, text
+    assert ("data.train_files: train.parquet: 2 row(s) pick no interaction of rollout.multi_turn.interaction "
+            "(extra_info.interaction_kwargs.name: judge); it has teacher, guess") in " ".join(text.split()), text
+
+
 def test_function_schemas_come_from_type_hints_and_docstrings(tmp_path):
     (tmp_path / "t.py").write_text('''
 def lookup(city: str, days: int = 1) -> str:
