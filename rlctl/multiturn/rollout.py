@@ -25,7 +25,7 @@ import numpy as np
 
 from rlctl.multiturn.conversation import ChatRenderer, Conversation
 from rlctl.multiturn.tools import EventLoop, SampleTools, ToolRunner, clean_text, load_tools
-from rlctl.runtime.batch import Batch, object_array
+from rlctl.runtime.batch import Batch, chunk_bounds, object_array
 
 
 class MultiTurnActor:
@@ -106,7 +106,7 @@ class MultiTurnActor:
         world = self.group.world_size
         if n > 1:   # prompts in order, each rank its consecutive share (Batch.chunk)
             order = list(range(len(inputs))) + [None] * max(0, world - len(inputs))
-            bounds = np.cumsum([0] + [len(c) for c in Batch({"i": np.arange(len(order))}).chunk(world)])
+            bounds = chunk_bounds(len(order), world)
             for rank in range(world):
                 for row in order[bounds[rank]:bounds[rank + 1]]:
                     if row is not None:

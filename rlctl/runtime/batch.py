@@ -97,12 +97,9 @@ class Batch:
 
         even=True insists on equal parts and raises ValueError naming the sizes otherwise.
         """
-        if parts < 1:
-            raise ValueError(f"chunk parts must be >= 1, got {parts}")
         if even and len(self) % parts:
             raise ValueError(f"{len(self)} rows do not split evenly into {parts} parts")
-        base, extra = divmod(len(self), parts)
-        bounds = np.cumsum([0] + [base + (i < extra) for i in range(parts)])
+        bounds = chunk_bounds(len(self), parts)
         return [self.slice(int(a), int(b)) for a, b in zip(bounds[:-1], bounds[1:])]
 
     def repeat(self, n: int) -> "Batch":
@@ -160,3 +157,12 @@ def _as_numpy(value: Any) -> np.ndarray:
             t = t.float()
         return t.numpy()
     return np.asarray(value)
+
+
+def chunk_bounds(rows: int, parts: int) -> list[int]:
+    """Where Batch.chunk cuts `rows` rows into `parts` parts: parts + 1 offsets, part i being rows
+    bounds[i]:bounds[i + 1] (sizes differ by at most one, earlier parts larger)."""
+    if parts < 1:
+        raise ValueError(f"chunk parts must be >= 1, got {parts}")
+    base, extra = divmod(rows, parts)
+    return [int(b) for b in np.cumsum([0] + [base + (i < extra) for i in range(parts)])]
