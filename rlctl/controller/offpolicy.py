@@ -130,8 +130,8 @@ class OneStepOff:
 
 
 def _turn_loop(setup: TrainSetup):
-    """The multi-turn loop over the rollout group (tools and interaction loaded afresh: it runs
-    while the actor's own loop may validate)."""
+    """The multi-turn loop over the rollout group, with its own tool runner and interaction (the
+    actor's own loop may validate meanwhile; classes are created again, a file's instances shared)."""
     from rlctl.multiturn.rollout import MultiTurnActor
     from rlctl.workers.models import eos_token_ids
 

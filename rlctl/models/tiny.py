@@ -36,8 +36,9 @@ _COMPACT_TOOLS_BLOCK = (
     "{%- if messages[0]['role'] == 'system' %}{{- messages[0]['content'] + '\n\n' }}{%- endif %}"
     "{{- '# Tools' }}"
     "{%- for tool in tools %}{%- set fn = tool['function'] if tool.get('function') else tool %}"
-    "{{- '\n' + fn['name'] + '(' + (fn['parameters']['properties'] | list | join(', ')) + '): '"
-    " + fn.get('description', '') }}"
+    "{%- set params = (fn.get('parameters') or {}).get('properties') or {} %}"
+    "{{- '\n' + fn['name'] + '(' + (params | list | join(', ')) + ')' }}"
+    "{%- if fn.get('description') %}{{- ': ' + fn['description'] }}{%- endif %}"
     "{%- endfor %}"
     "{{- '\nCall a tool as <tool_call>\n{\"name\": <name>, \"arguments\": <json object>}\n</tool_call><|im_end|>\n' }}"
 )

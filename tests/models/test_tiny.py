@@ -77,6 +77,8 @@ def test_the_byte_template_lists_tools_compactly(tiny_model_dir):
                     "calculator(expression): Evaluate arithmetic.\nCall a tool as <tool_call>\n"
                     "{\"name\": <name>, \"arguments\": <json object>}\n</tool_call><|im_end|>\n"
                     "<|im_start|>user\nParis?<|im_end|>\n<|im_start|>assistant\n")
+    bare = {"type": "function", "function": {"name": "now"}}   # a schema without parameters or description
+    assert "# Tools\nnow()\nCall a tool as" in tok.apply_chat_template(messages, tools=[bare], tokenize=False)
     tok.chat_template = QWEN_CHAT_TEMPLATE
     qwen = tok.apply_chat_template(messages, tools=[lookup, calculator], tokenize=False, add_generation_prompt=True)
     assert "<tools>\n{\"type\": \"function\"" in qwen and len(qwen) > 2 * len(text)
