@@ -76,6 +76,9 @@ def eval_cmd(
     dtype: str = typer.Option("auto", help="auto, float32, bfloat16 or float16."),
     max_concurrency: int = typer.Option(32, min=1, help="Sequences generated together."),
     step: Optional[int] = typer.Option(None, min=0, help="Run folder: evaluate this checkpoint step (default latest)."),
+    config: Optional[Path] = typer.Option(None, "--config", help="An rlctl.toml whose reward and [rollout.multi_turn] "
+                                          "tools/interaction to use instead of the model's run's (e.g. an SFT model "
+                                          "with the RL run's tools)."),
     fmt: str = format_option("text", "json", help="text or json."),
 ) -> None:
     """Score a model on a parquet split with the training prompts and reward function.
@@ -92,7 +95,7 @@ def eval_cmd(
         raise UsageError(f"--dtype {dtype!r} is not one of {', '.join(DTYPES)}")
     opts = EvalOptions(n=n, temperature=temperature, top_p=top_p, max_new_tokens=max_new_tokens, limit=limit,
                        seed=seed, engine=engine, reward=reward, dtype=dtype, max_concurrency=max_concurrency,
-                       step=step)
+                       step=step, config=str(config) if config else None)
     summary = run_eval(model, data, opts, out or Path(f"eval-{data.stem}.jsonl"))
     emit(summary, fmt, text=_eval_table(summary))
 

@@ -33,6 +33,7 @@ class EvalOptions:
     dtype: str = "auto"
     max_concurrency: int = 32
     step: int | None = None
+    config: str | None = None  # an rlctl.toml whose reward and multi-turn settings replace the model's run's
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -51,12 +52,17 @@ def ks_for(n: int) -> list[int]:
     return ks if ks[-1] == n else ks + [n]
 
 
-def summarize(scores: list[list[float]], correct: list[list[bool]], n: int) -> dict:
-    """Metrics over prompts: mean reward, accuracy, and mean@n / pass@k when n > 1."""
+def summarize(scores: list[list[float]], correct: list[list[bool]], n: int,
+              tool_use: list[list[bool]] | None = None) -> dict:
+    """Metrics over prompts: mean reward, accuracy, and mean@n / pass@k when n > 1; `tool_use`
+    (multi-turn): the fraction of samples that called a tool."""
     flat_scores = [s for row in scores for s in row]
     flat_correct = [c for row in correct for c in row]
     out = {"prompts": len(scores), "samples": len(flat_scores),
            "accuracy": sum(flat_correct) / len(flat_correct), "mean_reward": sum(flat_scores) / len(flat_scores)}
+    if tool_use is not None:
+        flat_used = [u for row in tool_use for u in row]
+        out["tool_use"] = sum(flat_used) / len(flat_used)
     if n > 1:
         out[f"mean@{n}"] = out["mean_reward"]
         for k in ks_for(n):
@@ -80,6 +86,18 @@ def run_config(model_path: Path):
     if (model_path / TRAINING_CONFIG).is_file():   # a merged folder: the run's settings (absolute paths)
         return load_config(model_path / TRAINING_CONFIG, strict=False).config, model_path.resolve()
     return None, Path.cwd()
+
+
+def eval_config(path: str | Path):
+    """`rlctl eval --config rlctl.toml`: (that config, its folder), for a model without the run's
+    settings, e.g. the SFT stage or a base model evaluated with an RL run's tools and reward."""
+    from rlctl.config.loader import load_config
+
+    path = Path(path)
+    if not path.is_file():
+        raise UsageError(f"--config {path} does not exist", hint="name an rlctl.toml, e.g. --config rl.toml")
+    loaded = load_config(path, strict=False)
+    return loaded.config, loaded.base_dir
 
 
 def reward_settings(model_path: Path, override: str | None, loaded: tuple | None = None):
@@ -122,7 +140,7 @@ def run_eval(model_path: str | Path, data_file: str | Path, opts: EvalOptions, o
     rows = load_rows([Path(data_file)])[: opts.limit]
     if not rows:
         raise DataError(f"{data_file} has no rows to evaluate")
-    config, run_dir = run_config(model_path)
+    config, run_dir = eval_config(opts.config) if opts.config else run_config(model_path)
     reward, config_dir, default_max = reward_settings(model_path, opts.reward, (config, run_dir))
     temperature = opts.temperature if opts.temperature is not None else (0.0 if opts.n == 1 else 1.0)
     if opts.n > 1 and temperature == 0:
@@ -152,11 +170,16 @@ def run_eval(model_path: str | Path, data_file: str | Path, opts: EvalOptions, o
     by_source = defaultdict(list)
     for i, row in enumerate(rows):
         by_source[row["data_source"]].append(i)
-    return {"model": str(model_path), "data": str(data_file), "n": opts.n, "temperature": temperature,
-            "reward": _reward_label(reward), "out": str(out_path),
-            "sources": {src: summarize([scores[i] for i in idx], [correct[i] for i in idx], opts.n)
-                        for src, idx in sorted(by_source.items())},
-            "all": summarize(scores, correct, opts.n)}
+    used = [[bool(fields["tool_calls"]) for _, fields in prompt] for prompt in samples] if multi_turn else None
+    summary = {"model": str(model_path), "data": str(data_file), "n": opts.n, "temperature": temperature,
+               "reward": _reward_label(reward), "out": str(out_path),
+               "sources": {src: summarize([scores[i] for i in idx], [correct[i] for i in idx], opts.n,
+                                          [used[i] for i in idx] if used else None)
+                           for src, idx in sorted(by_source.items())},
+               "all": summarize(scores, correct, opts.n, used)}
+    if opts.config:
+        summary["config"] = opts.config
+    return summary
 
 
 def _resolve_reward_model(reward, config_dir: Path):

@@ -40,3 +40,48 @@ max_turns = 3
         assert [m["role"] for m in rec["messages"]] == ["user", "assistant", "tool", "assistant"]
         assert rec["messages"][2]["content"] == "4" and rec["num_turns"] == 2
         assert rec["tool_calls"] == [{"name": "calculator", "arguments": {"expression": "2+2"}, "error": False}]
+
+
+def test_eval_config_gives_a_model_without_a_run_the_tools_of_an_rl_config(tmp_path, tool_model_dir):
+    """`rlctl eval MODEL --config rl.toml`: a plain model folder (an SFT stage, a base model) evaluated
+    with that config's tools, multi-turn loop and reward; the summary adds tool_use."""
+    import subprocess
+    import sys
+
+    (tmp_path / "reward.py").write_text(REWARD)
+    (tmp_path / "rl.toml").write_text("""
+[model]
+path = "unused-by-eval"
+[data]
+train_files = ["data.parquet"]
+max_response_length = 200
+[reward]
+function = "reward.py:compute_score"
+[rollout.multi_turn]
+enable = true
+tools = ["calculator"]
+max_turns = 3
+""")
+    write_rows(tmp_path / "data.parquet", [
+        {"data_source": "calc", "prompt": [{"role": "user", "content": "What is 2 + 2?"}],
+         "reward_model": {"style": "rule", "ground_truth": "4"}, "extra_info": {"index": 0}}])
+    out = subprocess.run([sys.executable, "-m", "rlctl", "eval", str(tool_model_dir), "--data", "data.parquet",
+                          "--config", "rl.toml", "--engine", "hf", "--out", "out.jsonl", "--format", "json"],
+                         cwd=tmp_path, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    summary = json.loads(out.stdout)
+    assert summary["config"] == "rl.toml"
+    assert summary["all"]["accuracy"] == 1.0 and summary["all"]["tool_use"] == 1.0
+    record = json.loads((tmp_path / "out.jsonl").read_text())
+    assert [m["role"] for m in record["messages"]] == ["user", "assistant", "tool", "assistant"]
+    (tmp_path / "plain.py").write_text("def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n"
+                                       "    return float(solution_str.strip() == ground_truth)\n")
+    plain = subprocess.run([sys.executable, "-m", "rlctl", "eval", str(tool_model_dir), "--data", "data.parquet",
+                            "--reward", "plain.py:compute_score", "--engine", "hf", "--out", "plain.jsonl",
+                            "--format", "json"],
+                           cwd=tmp_path, capture_output=True, text=True)
+    assert plain.returncode == 0 and "tool_use" not in json.loads(plain.stdout)["all"]   # no run, no tools
+    missing = subprocess.run([sys.executable, "-m", "rlctl", "eval", str(tool_model_dir), "--data", "data.parquet",
+                              "--config", "nope.toml"], cwd=tmp_path, capture_output=True, text=True)
+    assert missing.returncode == 2 and "--config nope.toml does not exist" in missing.stderr
+
