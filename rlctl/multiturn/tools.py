@@ -18,9 +18,7 @@ never an exception in the rollout.
 from __future__ import annotations
 
 import asyncio
-import importlib.util
 import inspect
-import sys
 import threading
 import unicodedata
 from dataclasses import dataclass, field
@@ -29,6 +27,7 @@ from typing import Any, Callable
 
 from rlctl.config.schema import BUILTIN_TOOLS as BUILTINS   # one list: validation checks the same names
 from rlctl.errors import ConfigError
+from rlctl.plugins import import_file
 
 
 @dataclass
@@ -74,17 +73,10 @@ def load_object(spec: str, base: Path, key: str) -> Any:
     path = path if path.is_absolute() else (base / path)
     if not path.is_file():
         raise ConfigError(f"{key}: {file} does not exist (looked in {path.parent})")
-    module_name = f"rlctl_user_{abs(hash(str(path.resolve())))}"
-    module = sys.modules.get(module_name)
-    if module is None:
-        loader_spec = importlib.util.spec_from_file_location(module_name, path)
-        module = importlib.util.module_from_spec(loader_spec)
-        sys.modules[module_name] = module
-        try:
-            loader_spec.loader.exec_module(module)
-        except Exception as e:
-            del sys.modules[module_name]
-            raise ConfigError(f"{key}: importing {file} failed: {type(e).__name__}: {e}") from e
+    try:   # once per process, shared with reward.py and plugins; its folder joins sys.path
+        module = import_file(path)
+    except Exception as e:
+        raise ConfigError(f"{key}: importing {file} failed: {type(e).__name__}: {e}") from e
     if not hasattr(module, name):
         public = [n for n in vars(module) if not n.startswith("_")]
         raise ConfigError(f"{key}: {file} has no {name!r}", hint=f"it defines: {', '.join(public[:12]) or 'nothing'}")

@@ -327,6 +327,24 @@ interaction = "several.py:interactions"
             "(extra_info.interaction_kwargs.name: judge); it has teacher, guess") in " ".join(text.split()), text
 
 
+def test_a_tool_file_imports_helpers_next_to_it_and_runs_once_per_process(tmp_path):
+    """As reward.py and plugins: the file's folder joins sys.path, and one file loaded for tools and
+    for the interaction is executed once (rlctl.plugins.import_file)."""
+    from rlctl.multiturn.interactions import load_interaction
+    from rlctl.multiturn.tools import load_object
+
+    (tmp_path / "helper_mt.py").write_text("def double(x):\n    return 2 * x\n")
+    (tmp_path / "tools_mt.py").write_text(
+        "from helper_mt import double\nRUNS = []\nRUNS.append(1)\n\n"
+        "def twice(x: int) -> int:\n    \"\"\"Twice x.\n\n    Args:\n        x: a number.\n    \"\"\"\n"
+        "    return double(x)\n\n"
+        "def user(messages, extra_info):\n    return {\"content\": \"again\", \"done\": False}\n")
+    (tool,) = load_tools(["tools_mt.py:twice"], tmp_path)
+    assert tool.name == "twice" and tool.fn(21) == 42
+    load_interaction("tools_mt.py:user", tmp_path)
+    assert load_object("tools_mt.py:RUNS", tmp_path, "x") == [1]
+
+
 def test_function_schemas_come_from_type_hints_and_docstrings(tmp_path):
     (tmp_path / "t.py").write_text('''
 def lookup(city: str, days: int = 1) -> str:
