@@ -16,7 +16,8 @@ process, one rank, fp32 CPU), sampled at T=1 from a tiny random model that rarel
 Generated tokens = response_mask sum (model tokens only). Median of --reps, alternating the order;
 `foreign` = CPU cores used by other processes meanwhile (the machine may be shared). Goal: multi
 within 1.3x of single in generated tokens/s; the second figure compares step times at the same
-sequence length (multi prefills its interaction tokens, long generates them).
+sequence length (multi prefills its interaction tokens, long generates them). --phases also
+prints the engine's prefill and decode seconds per kind of step (calls counted).
 """
 
 from __future__ import annotations
@@ -60,7 +61,9 @@ def main() -> None:
     ap.add_argument("--n", type=int, default=8)
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--no-kv-reuse", action="store_true", help="re-prefill every turn's whole context")
+    ap.add_argument("--phases", action="store_true", help="time the engine's prefill and decode calls")
     args = ap.parse_args()
+    phases = PhaseTimer() if args.phases else None
 
     import torch
 
@@ -128,8 +131,12 @@ def main() -> None:
             fn = fns[name]
             start, own = (machine_busy_s(), time.perf_counter()), time.process_time()
             t0 = time.perf_counter()
+            if phases:
+                phases.current = name
             generated, length = fn(rep + 1)
             seconds = time.perf_counter() - t0
+            if phases:
+                phases.add(name, "step", seconds)
             results[name].append((generated / seconds, generated, length, seconds, foreign_cores(start, own)))
     actor.close()
     print(f"model: tiny qwen2 hidden {args.hidden}, {args.layers} layers; {len(QUESTIONS)} prompts x n={args.n}; "
@@ -145,6 +152,40 @@ def main() -> None:
               f"step {seconds:6.2f} s  foreign {foreign:.2f} cores")
     print(f"single / multi = {med['single'] / med['multi']:.2f}x in generated tok/s (goal <= 1.3x); "
           f"same sequence length: multi step / long step = {step['multi'] / step['long']:.2f}x")
+    if phases:
+        for name in ("single", "multi", "long"):
+            (step_s, _), (pre_s, pre_n), (dec_s, dec_n) = (phases.totals[(name, k)]
+                                                           for k in ("step", "prefill", "decode"))
+            print(f"{name:6s}  {args.reps} steps {step_s:6.2f} s: prefill {pre_s:6.2f} s ({pre_n} calls), "
+                  f"decode {dec_s:6.2f} s ({dec_n} steps, {1000 * dec_s / max(dec_n, 1):.1f} ms each)")
+
+
+class PhaseTimer:
+    """Seconds in DecoderRunner.prefill / decode (the hf engine), summed per kind of bench step."""
+
+    def __init__(self):
+        from collections import defaultdict
+
+        from rlctl.workers.rollout.decoder import DecoderRunner
+
+        self.current = ""   # the kind of step running; warm-ups are not counted
+        self.totals = defaultdict(lambda: (0.0, 0))
+        for method in ("prefill", "decode"):
+            original = getattr(DecoderRunner, method)
+
+            def timed(runner, *args, _original=original, _method=method, **kwargs):
+                start = time.perf_counter()
+                try:
+                    return _original(runner, *args, **kwargs)
+                finally:
+                    if self.current:
+                        self.add(self.current, _method, time.perf_counter() - start)
+
+            setattr(DecoderRunner, method, timed)
+
+    def add(self, name: str, what: str, seconds: float) -> None:
+        total, calls = self.totals[(name, what)]
+        self.totals[(name, what)] = (total + seconds, calls + 1)
 
 
 if __name__ == "__main__":
