@@ -436,7 +436,7 @@ def check_interaction_names(c: Config, base: Path, interaction) -> list[Problem]
                 infos = pq.read_table(_resolve(base, p), columns=["extra_info"]).column("extra_info").to_pylist()
             except Exception:
                 continue
-            names = [((info or {}).get("interaction_kwargs") or {}).get("name") for info in infos]
+            names = [interaction.name_of(info) for info in infos]
             bad = sorted({str(n) for n in names if n not in interaction.members})
             if bad:
                 count = sum(n not in interaction.members for n in names)

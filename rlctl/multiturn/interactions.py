@@ -90,8 +90,13 @@ class InteractionSet:
     def __init__(self, members: dict):
         self.members = members
 
+    @staticmethod
+    def name_of(extra_info: dict | None) -> str | None:
+        """The interaction a row names (extra_info.interaction_kwargs.name), None when it names none."""
+        return ((extra_info or {}).get("interaction_kwargs") or {}).get("name")
+
     def pick(self, extra_info: dict) -> str:
-        name = (extra_info.get("interaction_kwargs") or {}).get("name")
+        name = self.name_of(extra_info)
         if name not in self.members:
             said = "names no interaction" if name is None else f"names interaction {name!r}"
             raise DataError(f"a row's extra_info.interaction_kwargs {said}; {KEY} has "
