@@ -46,6 +46,19 @@ def metric_rows(run: Path) -> list[dict]:
             for line in (run / "metrics.jsonl").read_text().splitlines()]
 
 
+def calculator_renderer(model_dir: Path):
+    """(the chat renderer with the calculator's schema, the EOS ids) for check_record."""
+    from transformers import AutoTokenizer
+    from transformers.utils import get_json_schema
+
+    from rlctl.multiturn.builtin_tools import calculator
+    from rlctl.multiturn.conversation import ChatRenderer
+
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    eos_ids = {tok.convert_tokens_to_ids("<|im_end|>"), tok.convert_tokens_to_ids("<|endoftext|>")}
+    return ChatRenderer(tok, [get_json_schema(calculator)]), eos_ids
+
+
 def check_record(record: dict, renderer, eos_ids) -> None:
     from rlctl.multiturn.conversation import check_transcript
 
@@ -68,12 +81,6 @@ def check_record(record: dict, renderer, eos_ids) -> None:
 @pytest.mark.slow
 def test_grpo_with_the_calculator_tool_logs_exact_rollouts_and_resumes_exactly(tmp_path, tool_model_dir,
                                                                                 ray_cluster):
-    from transformers import AutoTokenizer
-    from transformers.utils import get_json_schema
-
-    from rlctl.multiturn.builtin_tools import calculator
-    from rlctl.multiturn.conversation import ChatRenderer
-
     proj = project(tmp_path / "p", tool_model_dir, "grpo-gsm8k")
     start_training(load_config(proj / "rlctl.toml", COMMON + ["run.total_steps=4", "run.save_every=2",
                                                              "run.keep_last=0"]), address=None, force=False)
@@ -81,9 +88,7 @@ def test_grpo_with_the_calculator_tool_logs_exact_rollouts_and_resumes_exactly(t
     full = metric_rows(run)
     assert [r["step"] for r in full] == [1, 2, 3, 4]
     assert full[0]["multi_turn/tool_calls/mean"] > 0.5 and full[0]["reward/mean"] > 0
-    tok = AutoTokenizer.from_pretrained(tool_model_dir)
-    renderer = ChatRenderer(tok, [get_json_schema(calculator)])
-    eos_ids = {tok.convert_tokens_to_ids("<|im_end|>"), tok.convert_tokens_to_ids("<|endoftext|>")}
+    renderer, eos_ids = calculator_renderer(tool_model_dir)
     logged = {step: records(run, step) for step in (1, 2, 3, 4)}
     tool_answers = 0
     for step, recs in logged.items():
@@ -106,12 +111,6 @@ def test_one_step_off_runs_the_turn_loop_on_the_rollout_group_and_resumes_exactl
     """rollout.mode = "one_step_off" with the calculator: the turn loop drives the separate rollout group
     (from a thread, while the actor trains), every batch after the first is one update stale, the
     rollouts keep their exact transcripts, and the batch in flight at a checkpoint makes resume exact."""
-    from transformers import AutoTokenizer
-    from transformers.utils import get_json_schema
-
-    from rlctl.multiturn.builtin_tools import calculator
-    from rlctl.multiturn.conversation import ChatRenderer
-
     proj = project(tmp_path / "p", tool_model_dir, "grpo-gsm8k")
     start_training(load_config(proj / "rlctl.toml", COMMON + [
         "resources.workers=1", "rollout.mode=one_step_off", "resources.rollout_workers=1", "run.total_steps=4",
@@ -123,9 +122,7 @@ def test_one_step_off_runs_the_turn_loop_on_the_rollout_group_and_resumes_exactl
     assert full[0]["rollout/logprob_diff_mean"] == pytest.approx(0.0, abs=1e-6)   # the rollout rank's v0 = the actor's
     assert full[0]["multi_turn/tool_calls/mean"] > 0.5
     assert (run / "checkpoints" / "step_2" / "pending_rollout.pkl").is_file()      # batch 3, its turns done with v1
-    tok = AutoTokenizer.from_pretrained(tool_model_dir)
-    renderer = ChatRenderer(tok, [get_json_schema(calculator)])
-    eos_ids = {tok.convert_tokens_to_ids("<|im_end|>"), tok.convert_tokens_to_ids("<|endoftext|>")}
+    renderer, eos_ids = calculator_renderer(tool_model_dir)
     logged = {step: records(run, step) for step in (1, 2, 3, 4)}
     for recs in logged.values():
         for rec in recs:
