@@ -49,4 +49,4 @@ train ppo grpo-arith-cpu run.total_steps=3 algorithm.name=gae critic.lr=1e-3 act
 train sft sft-arith-cpu run.total_steps=4
 train offpolicy grpo-arith-offpolicy-cpu run.total_steps=4
 train multiturn grpo-calc-tools-cpu run.total_steps=2 model.path=models/tiny data.batch_size=4 rollout.n=4 \
-  actor.mini_batch_size=4 data.max_response_length=48 run.val_every=0 run.val_before_train=false
+  actor.mini_batch_size=4 actor.micro_batch_size=8 data.max_response_length=48 run.val_every=0 run.val_before_train=false
