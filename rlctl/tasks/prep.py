@@ -278,8 +278,9 @@ def prepare(name: str, opts: PrepOptions) -> dict:
                             hint="check the column mapping (--prompt-col/--answer-col) and the file.")
     limited = {s: max(0, len(r.rows) - opts.limit) if opts.limit else 0 for s, r in splits.items()}
     # a generated task may write more columns (calc-tools: the SFT `messages` and `tools`)
-    rows = _task_rows(name)
-    schema = (rows.arrow_schema if isinstance(rows, Generated) and rows.arrow_schema else arrow_schema)()
+    generated = _task_rows(name)
+    own_schema = generated.arrow_schema if isinstance(generated, Generated) else None
+    schema = (own_schema or arrow_schema)()
     if opts.sft:   # SFT data = the RL row + the response to imitate (eval and GRPO read the same file)
         schema = schema.append(pa.field("response", pa.string()))
         for rows in splits.values():
