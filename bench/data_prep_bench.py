@@ -3,7 +3,7 @@
 
   .venv/bin/python bench/data_prep_bench.py [--source ../shared/data/gsm8k] [--reps 5]
 
-Times `rlctl.data.prep.prepare("gsm8k", ...)` in-process: read, convert, dedupe, build the
+Times `rlctl.tasks.prep.prepare("gsm8k", ...)` in-process: read, convert, dedupe, build the
 Arrow tables, write both parquet files atomically. The first rep includes importing pyarrow
 (what a fresh `rlctl data prep` pays after interpreter start); the median is over all reps.
 Target (issue 3): under 2 s wall, excluding interpreter start.
@@ -29,7 +29,7 @@ def main() -> None:
     args = parser.parse_args()
 
     start = time.perf_counter()
-    from rlctl.data.prep import PrepOptions, prepare  # the import is part of the first rep
+    from rlctl.tasks.prep import PrepOptions, prepare  # the import is part of the first rep
 
     times = []
     with tempfile.TemporaryDirectory() as tmp:

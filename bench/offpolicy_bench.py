@@ -54,7 +54,7 @@ MODES = {"sync": ["rollout.mode=sync", "resources.workers=2"],
 
 
 def make_project(root: Path, a) -> Path:
-    from rlctl.data.prep import PrepOptions, prepare
+    from rlctl.tasks.prep import PrepOptions, prepare
     from rlctl.models.tiny import build_tiny_model
     from rlctl.project import write_project
 

@@ -49,7 +49,7 @@ def main() -> None:
 
     torch.set_num_threads(args.threads)
     from rlctl.config.schema import Config
-    from rlctl.data.prep import PrepOptions, prepare
+    from rlctl.tasks.prep import PrepOptions, prepare
     from rlctl.data.sft import build_samples, collate
     from rlctl.models.tiny import build_tiny_model
     from rlctl.workers.models import load_tokenizer

@@ -105,7 +105,7 @@ def main() -> None:
     sys.path.insert(0, str(REPO))
     import pyarrow.parquet as pq
 
-    from rlctl.data.prep import PrepOptions, prepare
+    from rlctl.tasks.prep import PrepOptions, prepare
     from rlctl.data.sft import build_samples
     from rlctl.config.schema import SFTConfig
     from rlctl.models.tiny import build_tiny_model

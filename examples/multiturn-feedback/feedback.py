@@ -7,7 +7,7 @@ records it as the turn's score and, unless it was exact, says what was wrong. Th
 the answer the model ended with, after the feedback it got.
 """
 
-from rlctl.rewards.scorers.arith import score
+from rlctl.tasks.arith import score
 
 
 def ask_again(messages, extra_info):

@@ -7,17 +7,14 @@ from pathlib import Path
 import typer
 
 from rlctl.cli.common import emit, format_option
+from rlctl.tasks.prep import source_help   # the built-in tasks' choices; no heavy import
 
 data_app = typer.Typer(help="Prepare and inspect training data (verl-compatible parquet).", no_args_is_help=True)
 
 
 @data_app.command("prep")
 def prep(
-    name: str = typer.Argument(..., metavar="SOURCE",
-                               help="gsm8k, math, arith (the synthetic offline task; alias: synthetic), "
-                                    "code (your coding problems: question + tests per row), code-synthetic "
-                                    "(offline coding task), calc-tools (offline tool-use task: RL prompts "
-                                    "+ SFT transcripts calling a calculator), or jsonl / csv / parquet for your own files."),
+    name: str = typer.Argument(..., metavar="SOURCE", help=source_help()),
     source: str = typer.Option(None, "--source", metavar="PATH_OR_HUB_ID",
                                help="A local file or folder (train*/test* files), or a hub dataset id. "
                                     "gsm8k/math default to the Hugging Face hub."),
@@ -58,7 +55,7 @@ def prep(
 
     Example: rlctl data prep code --source problems.jsonl   (rows: question + tests {"inputs", "outputs"})
     """
-    from rlctl.data.prep import PrepOptions, prepare
+    from rlctl.tasks.prep import PrepOptions, prepare
 
     opts = PrepOptions(source=source, out=out, splits=tuple(s.strip() for s in splits.split(",") if s.strip()),
                        limit=limit, seed=seed, val_fraction=val_fraction, on_error=on_error,

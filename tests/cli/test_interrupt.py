@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from rlctl.data.prep import PrepOptions, prepare
 from rlctl.project import write_project
+from rlctl.tasks.prep import PrepOptions, prepare
 
 ARGS = ["resources.gpus_per_node=0", "resources.workers=2", "data.batch_size=4", "rollout.n=2",
         "actor.mini_batch_size=4", "actor.micro_batch_size=4", "data.max_response_length=8",

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from rlctl.data.prep import PrepOptions, prepare
 from rlctl.project import write_project
+from rlctl.tasks.prep import PrepOptions, prepare
 
 
 @pytest.fixture(scope="module")

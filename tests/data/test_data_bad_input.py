@@ -9,8 +9,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from rlctl.cli.main import main
-from rlctl.data.prep import PrepOptions, prepare
 from rlctl.errors import DataError
+from rlctl.tasks.prep import PrepOptions, prepare
 
 GOOD = {"question": "What is 2+2?", "answer": "2+2=4\n#### 4"}
 

@@ -11,8 +11,8 @@ import pytest
 
 from rlctl.cli.main import main
 from rlctl.data.inspect import histogram, inspect_file, percentile
-from rlctl.data.prep import PrepOptions, prepare
 from rlctl.errors import DataError
+from rlctl.tasks.prep import PrepOptions, prepare
 
 PROMPT = [{"role": "user", "content": "hi"}]
 GOOD = {"data_source": ["s"], "prompt": [PROMPT], "ability": ["a"],

@@ -12,10 +12,11 @@ import pytest
 
 from rlctl.cli.main import main
 from rlctl.data.dataset import load_rows, prompt_token_lengths
-from rlctl.data.prep import PrepOptions, prepare
 from rlctl.data.schema import validate_table
-from rlctl.data.sources import GSM8K_INSTRUCTION, MATH_INSTRUCTION
 from rlctl.errors import DataError, UsageError
+from rlctl.tasks.gsm8k import INSTRUCTION as GSM8K_INSTRUCTION
+from rlctl.tasks.math import INSTRUCTION as MATH_INSTRUCTION
+from rlctl.tasks.prep import PrepOptions, prepare
 
 
 def write_jsonl(path: Path, records) -> Path:

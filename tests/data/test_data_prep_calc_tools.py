@@ -7,14 +7,13 @@ import json
 
 import pytest
 
-from rlctl.data.calc_tools import DIRECT_EVERY
 from rlctl.data.dataset import load_rows
-from rlctl.data.prep import PrepOptions, prepare
 from rlctl.models.tiny import build_tokenizer
 from rlctl.multiturn.builtin_tools import calculator
 from rlctl.multiturn.formats import ToolCall, parse_tool_calls
 from rlctl.rewards.builtin import default_compute_score, resolve_builtin
-from rlctl.rewards.scorers.calc_tools import DATA_SOURCE
+from rlctl.tasks.calc_tools import DATA_SOURCE, DIRECT_EVERY
+from rlctl.tasks.prep import PrepOptions, prepare
 
 OPS = {"+": lambda a, b: a + b, "*": lambda a, b: a * b}
 

@@ -7,10 +7,10 @@ import json
 import pyarrow.parquet as pq
 import pytest
 
-from rlctl.data.prep import PrepOptions, prepare
 from rlctl.data.schema import validate_table
 from rlctl.errors import DataError, UsageError
 from rlctl.rewards import default_compute_score
+from rlctl.tasks.prep import PrepOptions, prepare
 
 
 def read(path) -> list[dict]:

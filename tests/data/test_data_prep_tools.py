@@ -11,10 +11,9 @@ import json
 import pyarrow.parquet as pq
 
 from rlctl.cli.main import main
-from rlctl.data.prep import PrepOptions, prepare
 from rlctl.data.schema import validate_table
-from rlctl.data.sources import tool_system_prompt
-from rlctl.rewards.scorers.gsm8k import score
+from rlctl.tasks.gsm8k import score
+from rlctl.tasks.prep import PrepOptions, prepare, tool_system_prompt
 
 
 def rows(path) -> list[dict]:
@@ -57,7 +56,7 @@ def test_math_and_two_tools_name_each_and_the_boxed_format(tmp_path):
 
 def test_tool_mistakes_are_one_line_usage_errors(gsm8k_dir, tmp_path, capsys):
     from rlctl.config.schema import BUILTIN_TOOLS
-    from rlctl.data.sources import TOOL_OFFERS
+    from rlctl.tasks.prep import TOOL_OFFERS
 
     assert sorted(TOOL_OFFERS) == sorted(BUILTIN_TOOLS)   # --tools offers exactly what a rollout can run
     prep = ["data", "prep", "gsm8k", "--source", str(gsm8k_dir), "--out", str(tmp_path / "o")]

@@ -10,9 +10,9 @@ import pyarrow.parquet as pq
 import pytest
 
 from rlctl.data.dataset import files_fingerprint, load_rows, read_table, render_prompts
-from rlctl.data.prep import PrepOptions, prepare
 from rlctl.errors import DataError
 from rlctl.models.tiny import build_tokenizer
+from rlctl.tasks.prep import PrepOptions, prepare
 
 
 def test_load_rows_concatenates_files_with_different_extra_info(tmp_path):

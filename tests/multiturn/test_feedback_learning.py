@@ -21,7 +21,7 @@ STEPS = 30
 
 @pytest.fixture(scope="module")
 def arith_data(tmp_path_factory) -> Path:
-    from rlctl.data.prep import PrepOptions, prepare
+    from rlctl.tasks.prep import PrepOptions, prepare
 
     root = tmp_path_factory.mktemp("arith")
     prepare("arith", PrepOptions(out=root))

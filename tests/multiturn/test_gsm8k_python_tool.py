@@ -95,7 +95,7 @@ def test_recipe_runs_the_python_tool_in_the_sandbox(tmp_path, tiny_model_dir, gs
 def test_recipe_validates_as_shipped_and_reads_what_the_prep_writes():
     from rlctl.config.loader import load_config
     from rlctl.config.validate import validate
-    from rlctl.data.prep import PrepOptions, out_dir
+    from rlctl.tasks.prep import PrepOptions, out_dir
     from rlctl.recipes import get_recipe
 
     recipe = get_recipe(RECIPE)

@@ -23,8 +23,8 @@ import pytest
 from support.parquet_rows import write_rows
 from rlctl.config.loader import load_config
 from rlctl.controller.run import start_training
-from rlctl.data.calc_tools import generate
 from rlctl.project import write_project
+from rlctl.tasks.calc_tools import generate
 
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "calc-tools-sft"
 PROMPTS = 8

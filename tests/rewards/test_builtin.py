@@ -8,9 +8,8 @@ import random
 import pytest
 
 from rlctl.errors import UsageError
-from rlctl.rewards import builtin
 from rlctl.rewards.builtin import default_compute_score, resolve_builtin
-from rlctl.rewards.scorers import arith, gsm8k, math
+from rlctl.tasks import arith, gsm8k, math
 
 
 # --- GSM8K: verl's strict "#### <number>" --------------------------------------------------------
@@ -151,7 +150,7 @@ def test_unknown_data_source_names_the_source_and_the_fix():
 
 
 def test_resolve_builtin_by_name():
-    assert resolve_builtin("gsm8k") is builtin.compute_gsm8k
+    assert resolve_builtin("gsm8k") is gsm8k.compute_score
     assert resolve_builtin("math")("any", "\\boxed{4}", "4")["score"] == 1.0
     with pytest.raises(UsageError, match="gsm8k, math, arith"):
         resolve_builtin("gsm9k")

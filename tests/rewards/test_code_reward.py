@@ -10,7 +10,7 @@ import pytest
 
 from rlctl.rewards import default_compute_score
 from rlctl.rewards.runner import RewardRunner
-from rlctl.rewards.scorers.code import extract_code, outputs_match, parse_cases
+from rlctl.tasks.code import extract_code, outputs_match, parse_cases
 
 pytestmark = pytest.mark.timeout(300)
 

@@ -96,7 +96,7 @@ def test_slow_service_times_out(tmp_path):
 
 @pytest.mark.parametrize("key", ["remote_url", "sandbox_url"])
 def test_train_with_service_down_is_a_one_line_error(tmp_path, tiny_model_dir, key):
-    from rlctl.data.prep import PrepOptions, prepare
+    from rlctl.tasks.prep import PrepOptions, prepare
     from rlctl.project import write_project
 
     write_project(tmp_path, "grpo-arith-cpu", str(tiny_model_dir))
@@ -116,7 +116,7 @@ def test_train_start_reaches_the_service_once(tmp_path, tiny_model_dir, monkeypa
 
     from rlctl.config.loader import load_config
     from rlctl.controller.run import _check
-    from rlctl.data.prep import PrepOptions, prepare
+    from rlctl.tasks.prep import PrepOptions, prepare
     from rlctl.project import write_project
 
     write_project(tmp_path, "grpo-arith-cpu", str(tiny_model_dir))

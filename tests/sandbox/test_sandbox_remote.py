@@ -17,9 +17,9 @@ from support.servers import send_json
 from rlctl.errors import ConfigError, RewardError
 from rlctl.rewards import default_compute_score
 from rlctl.rewards.runner import RewardRunner
-from rlctl.rewards.scorers.code import SandboxFailure
 from rlctl.sandbox import Limits, run
 from rlctl.sandbox.remote import run_remote
+from rlctl.tasks.code import SandboxFailure
 
 TRUTH = json.dumps({"inputs": ["2 3\n", "4 4\n"], "outputs": ["5\n", "8\n"]})
 RIGHT = "```python\na, b = map(int, input().split())\nprint(a + b)\n```"

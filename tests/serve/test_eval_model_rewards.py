@@ -17,7 +17,7 @@ def test_eval_scores_with_reward_model_plus_remote_service(tiny_model_dir, tmp_p
     import torch
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
-    from rlctl.data.arith import generate
+    from rlctl.tasks.arith import generate
     from rlctl.data.schema import arrow_schema
     from rlctl.models.tiny import build_tiny_reward_model
 
@@ -77,7 +77,7 @@ def _one_row(tmp_path):
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from rlctl.data.arith import generate
+    from rlctl.tasks.arith import generate
     from rlctl.data.schema import arrow_schema
 
     path = tmp_path / "one.parquet"

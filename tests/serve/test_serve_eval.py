@@ -26,7 +26,7 @@ def parquet(tmp_path_factory) -> Path:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from rlctl.data.arith import generate
+    from rlctl.tasks.arith import generate
     from rlctl.data.schema import arrow_schema
 
     rows = generate(seed=0)["test"][:4]

@@ -31,7 +31,7 @@ def test_config_validate_command_prints_the_sft_plan(tmp_path, tiny_model_dir, c
     import json
 
     from rlctl.cli.main import main
-    from rlctl.data.prep import PrepOptions, prepare
+    from rlctl.tasks.prep import PrepOptions, prepare
 
     write_project(tmp_path, "sft-arith-cpu", str(tiny_model_dir))
     prepare("arith", PrepOptions(out=tmp_path / "data" / "arith-sft", sft=True))

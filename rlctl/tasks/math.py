@@ -1,4 +1,7 @@
-"""MATH (competition math): the last `\\boxed{...}` answer, compared after string normalisation.
+"""MATH (competition math): prepared as verl does, scored by the last `\\boxed{...}` answer.
+
+Prep follows verl's MATH preprocessing: the problem plus INSTRUCTION, the ground truth the last
+`\\boxed{}` of the reference solution, data_source "DigitalLearningGmbH/MATH-lighteval".
 
 The normalisation follows the Hendrycks MATH convention that verl's `math` reward uses, so
 `\\dfrac12`, `\\frac{1}{2}`, `1/2` and `0.5` all compare equal, `\\text{ cm}` units, `$`, `%`,
@@ -10,6 +13,11 @@ from __future__ import annotations
 
 import re
 
+from rlctl.data.sources import FileSource, PrepSource, RowError
+
+DATA_SOURCES = ("DigitalLearningGmbH/MATH-lighteval", "lighteval/MATH")
+INSTRUCTION = "Let's think step by step and output the final answer within \\boxed{}."
+FINAL_ANSWER_FORMAT = "within \\boxed{}"   # `--tools`: the tool-use system message asks for this
 _BOX_COMMANDS = ("\\boxed", "\\fbox")
 _SQRT_BARE = re.compile(r"\\sqrt(\w)")
 _INT = re.compile(r"-?\d+")
@@ -96,3 +104,24 @@ def score(solution_str: str, ground_truth: str, *, format_score: float = 0.0) ->
     correct = predicted is not None and is_equiv(predicted, str(ground_truth))
     value = 1.0 if correct else (float(format_score) if predicted is not None else 0.0)
     return {"score": value, "acc": float(correct)}
+
+
+def compute_score(data_source, solution_str, ground_truth, extra_info=None, *, format_score=0.0, **_) -> dict:
+    """The last `\\boxed{}` answer, equal to the ground truth after MATH normalisation."""
+    return score(solution_str, ground_truth, format_score=format_score)
+
+
+def _ground_truth(solution: str) -> str:
+    truth = last_boxed(solution)
+    if truth is None:
+        raise RowError("no \\boxed answer", "solution has no complete \\boxed{...} answer")
+    if not truth.strip():
+        raise RowError("no \\boxed answer", "the solution's \\boxed{} is empty")
+    return truth.strip()
+
+
+REWARDS = {"math": compute_score}
+PREP = (PrepSource("math", FileSource("math", DATA_SOURCES[0], "math", "problem", "solution", _ground_truth,
+                                      INSTRUCTION, hub_id="DigitalLearningGmbH/MATH-lighteval",
+                                      hub_patterns=("data/*.parquet",)),
+                   final_answer_format=FINAL_ANSWER_FORMAT),)

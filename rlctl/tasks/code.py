@@ -1,4 +1,11 @@
-"""The `code` reward: run the response's program on stdin/stdout test cases in the sandbox.
+"""The `code` task: coding problems with stdin/stdout test cases, run in the sandbox to score.
+
+Prep (`rlctl data prep code --source FILE`) reads your problems, one question and its test cases
+per record. `code-synthetic` generates tiny ones offline and seeded: a one-line program over two
+integers read from one input line (their sum, difference, product, maximum or minimum, plus a
+constant), three test cases each. The shortest right answer is about 40 bytes, so a tiny model's
+responses fit in a short response length; with `reward.format_score` a program that runs but
+prints the wrong thing earns partial credit.
 
 Ground truth is verl's format for its code sources (codecontests, apps, taco, codeforces): a
 JSON string `{"inputs": [stdin, ...], "outputs": [expected stdout, ...]}`. The response's last
@@ -28,11 +35,19 @@ row would only make the reward the step's bottleneck.
 from __future__ import annotations
 
 import json
+import random
 import re
 
+from rlctl.data.sources import FileSource, Generated, PrepSource, RowError
+
 DATA_SOURCE = "rlctl/code"
+DATA_SOURCES = ("codecontests", "apps", "taco", "codeforces", DATA_SOURCE)  # verl's code sources + ours
+INSTRUCTION = ("Write a Python program that reads standard input and writes standard output; "
+               "put it in a ```python block.")
 FAIL_STATUSES = ("no_code", "wrong_answer", "error", "timeout", "memory", "output_limit")
 STOP_AFTER = ("timeout", "memory")
+
+
 class SandboxFailure(RuntimeError):
     """The sandbox could not run the program: the sample has no score (see the module docstring)."""
 
@@ -124,3 +139,77 @@ def _text(value) -> str:
 
 def _length(value) -> str:
     return str(len(value)) if isinstance(value, list) else type(value).__name__
+
+
+# --- code-synthetic: offline problems (see the module docstring) ------------------------------
+OPERATIONS = {"sum": lambda a, b: a + b, "difference": lambda a, b: a - b, "product": lambda a, b: a * b,
+              "maximum": max, "minimum": min}
+OFFSETS = range(20)
+CASES = 3
+DEFAULT_VAL_FRACTION = 0.1
+SYNTHETIC_INSTRUCTION = "Reply with a Python program in a ```python block."
+
+
+def synthetic_question(operation: str, offset: int) -> str:
+    plus = f" plus {offset}" if offset else ""
+    return (f"Read two integers a and b from one line of standard input and print their {operation}{plus}. "
+            f"{SYNTHETIC_INSTRUCTION}")
+
+
+def _synthetic_cases(rng: random.Random, operation: str, offset: int) -> str:
+    pairs = [(rng.randint(-50, 50), rng.randint(-50, 50)) for _ in range(CASES)]
+    return json.dumps({"inputs": [f"{a} {b}\n" for a, b in pairs],
+                       "outputs": [f"{OPERATIONS[operation](a, b) + offset}\n" for a, b in pairs]})
+
+
+def _synthetic_row(operation: str, offset: int, truth: str, split: str, index: int) -> dict:
+    text = synthetic_question(operation, offset)
+    return {
+        "data_source": DATA_SOURCE,
+        "prompt": [{"role": "user", "content": text}],
+        "ability": "code",
+        "reward_model": {"style": "rule", "ground_truth": truth},
+        "extra_info": {"split": split, "index": index, "question": text, "answer": truth},
+    }
+
+
+def generate_synthetic(seed: int, val_fraction: float = DEFAULT_VAL_FRACTION) -> dict[str, list[dict]]:
+    """code-synthetic's {"train": rows, "test": rows}: every (operation, offset) once, test = val_fraction."""
+    rng = random.Random(seed)
+    problems = [(op, k, _synthetic_cases(rng, op, k)) for op in OPERATIONS for k in OFFSETS]
+    rng.shuffle(problems)
+    n_test = round(len(problems) * val_fraction)
+    splits = {"train": problems[n_test:], "test": problems[:n_test]}
+    return {split: [_synthetic_row(op, k, truth, split, i) for i, (op, k, truth) in enumerate(chosen)]
+            for split, chosen in splits.items() if chosen}
+
+
+def compute_score(data_source, solution_str, ground_truth, extra_info=None, *, format_score=0.0,
+                  sandbox_url="") -> dict:
+    """1.0 when the last fenced Python block passes every stdin/stdout case in the sandbox
+    (rlctl's own, or the SandboxFusion service at `sandbox_url`)."""
+    return score(solution_str, ground_truth, format_score=format_score,
+                 bare_program=data_source == DATA_SOURCE, sandbox_url=sandbox_url)
+
+
+def _ground_truth(answer) -> str:
+    """verl's code ground truth: a JSON string {"inputs": [...], "outputs": [...]}, checked now."""
+    try:
+        data = json.loads(answer) if isinstance(answer, str) else answer
+        parse_cases(data)
+    except ValueError as e:  # json.JSONDecodeError is a ValueError
+        raise RowError("bad tests", str(e).splitlines()[0][:200]) from None
+    return json.dumps(data)
+
+
+REWARDS = {"code": compute_score}
+_NO_SFT = "rows hold test cases, not a reference solution to imitate"
+PREP = (
+    PrepSource("code", FileSource("code", DATA_SOURCE, "code", "question", "tests", _ground_truth, INSTRUCTION,
+                                  suffixes=(".jsonl", ".json", ".parquet"), structured_answer=True),
+               help="your coding problems: question + tests per row", no_sft=_NO_SFT,
+               needs_source=("rlctl data prep code needs --source FILE.jsonl (question + tests per line)",
+                             "or try the offline task: rlctl data prep code-synthetic.")),
+    PrepSource("code-synthetic", Generated(DATA_SOURCE, generate_synthetic, DEFAULT_VAL_FRACTION),
+               help="offline coding task", no_sft=_NO_SFT),
+)

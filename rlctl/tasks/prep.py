@@ -1,5 +1,8 @@
 """`rlctl data prep`: a source (hub, local files, or the synthetic task) -> verl parquet per split.
 
+The choices are the built-in tasks' PrepSources (each task's PREP in rlctl.tasks.TASKS: gsm8k, ...)
+and the user's own jsonl / csv / parquet files (rlctl.data.sources.FILE_FORMATS).
+
 With `sft=True` (`--sft`) each row also gets a `response` column: the reference solution (gsm8k's
 worked answer, math's solution, arith's sum, your answer column), the SFT target; the RL columns
 stay, so the same file serves `rlctl eval` and an RL run.
@@ -19,20 +22,42 @@ from __future__ import annotations
 
 import random
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from rlctl.data import arith, calc_tools, code_synthetic
 from rlctl.data.readers import Problem, read_records
-from rlctl.data.sources import (FINAL_ANSWER_FORMATS, SPLIT_NAMES, TOOL_OFFERS, RowError, Task, convert, locate,
-                                make_task, tool_system_prompt)
+from rlctl.data.sources import (FILE_FORMATS, SPLIT_NAMES, FileSource, Generated, RowError, convert,
+                                file_source, locate)
 from rlctl.errors import DataError, UsageError
+from rlctl.tasks import TASKS
 
-SOURCES = ("gsm8k", "math", "arith", "code", "code-synthetic", "calc-tools", "jsonl", "csv", "parquet")
-# offline tasks: no --source
-GENERATED = {"arith": arith, "code-synthetic": code_synthetic, "calc-tools": calc_tools}
-ALIASES = {"synthetic": "arith"}
+PREP_SOURCES = {p.name: p for task in TASKS for p in task.PREP}   # the built-in tasks' choices, in order
+SOURCES = (*PREP_SOURCES, *FILE_FORMATS)
+ALIASES = {alias: p.name for p in PREP_SOURCES.values() for alias in p.aliases}
+# `--tools`: a system message offers built-in tools and says how to end, in the task's answer format
+# (verl's gsm8k_multiturn_w_tool.py does the same for its tool; the user message stays as without it)
+TOOL_OFFERS = {"python": "the `python` tool runs a Python program you write and returns what it prints "
+                         "(print the values you need)",
+               "calculator": "the `calculator` tool evaluates an arithmetic expression such as `4821 * 37`"}
 SHOWN_PROBLEMS = 3
+
+
+def source_help() -> str:
+    """The SOURCE words of `rlctl data prep --help`: every task's choice, then the user's own files."""
+    words = []
+    for p in PREP_SOURCES.values():
+        notes = "; ".join(filter(None, (p.help, f"alias: {', '.join(p.aliases)}" if p.aliases else "")))
+        words.append(f"{p.name} ({notes})" if notes else p.name)
+    return ", ".join(words) + f", or {' / '.join(FILE_FORMATS)} for your own files."
+
+
+def tool_system_prompt(source: str, tools: tuple[str, ...]) -> str:
+    """The system message of a tool-use prompt: which tools there are, and the final-answer format that
+    the source's built-in reward reads (`#### <number>` for gsm8k), so the reward scores it unchanged."""
+    offers = "; ".join(TOOL_OFFERS[t] for t in tools)
+    return ("You are a math expert. Solve the problem step by step. You can call tools: "
+            f"{offers}. Use {'it' if len(tools) == 1 else 'them'} for the calculations, then give the final "
+            f"answer on the last line {PREP_SOURCES[source].final_answer_format}.")
 
 
 @dataclass(frozen=True)
@@ -61,6 +86,12 @@ class SplitRows:
     duplicates: list = field(default_factory=list)  # rows dropped as repeats
 
 
+def _task_rows(name: str) -> FileSource | Generated | None:
+    """A built-in task's FileSource or Generated rows; None for the user's own jsonl / csv / parquet."""
+    entry = PREP_SOURCES.get(name)
+    return entry.rows if entry else None
+
+
 def _check_options(name: str, opts: PrepOptions) -> None:
     if name not in SOURCES:
         raise UsageError(f"unknown source {name!r}", hint=f"choose one of {', '.join(SOURCES)}.")
@@ -70,16 +101,17 @@ def _check_options(name: str, opts: PrepOptions) -> None:
         raise UsageError(f"--val-fraction {opts.val_fraction} is outside [0, 1)")
     if opts.limit is not None and opts.limit < 1:
         raise UsageError(f"--limit {opts.limit} must be at least 1")
-    if name in GENERATED and opts.source:
+    entry = PREP_SOURCES.get(name)   # None: the user's own files
+    if isinstance(_task_rows(name), Generated) and opts.source:
         raise UsageError(f"the {name} task is generated offline and takes no --source")
-    if opts.sft and name in ("code", "code-synthetic"):
-        raise UsageError(f"--sft: {name} rows hold test cases, not a reference solution to imitate",
+    if opts.sft and entry and entry.no_sft:
+        raise UsageError(f"--sft: {name} {entry.no_sft}",
                          hint="use --sft with gsm8k, math, arith or your own jsonl/csv/parquet with an answer column.")
     if opts.tools:
         _check_tools(name, opts)
-    if name == "code" and not opts.source:
-        raise UsageError("rlctl data prep code needs --source FILE.jsonl (question + tests per line)",
-                         hint="or try the offline task: rlctl data prep code-synthetic.")
+    if entry and entry.needs_source and not opts.source:
+        message, hint = entry.needs_source
+        raise UsageError(message, hint=hint)
 
 
 def _check_tools(name: str, opts: PrepOptions) -> None:
@@ -87,8 +119,9 @@ def _check_tools(name: str, opts: PrepOptions) -> None:
     if unknown:
         raise UsageError(f"--tools: unknown tool(s) {', '.join(map(repr, unknown))}",
                          hint=f"built-in tools: {', '.join(TOOL_OFFERS)} (comma-separated).")
-    if name not in FINAL_ANSWER_FORMATS:
-        raise UsageError(f"--tools is for gsm8k and math prompts, not {name}",
+    with_tools = [p.name for p in PREP_SOURCES.values() if p.final_answer_format]
+    if name not in with_tools:
+        raise UsageError(f"--tools is for {' and '.join(with_tools)} prompts, not {name}",
                          hint="for your own files write the tool instructions with --system.")
     if opts.sft:
         raise UsageError("--tools with --sft: the reference solutions call no tool, so there is no tool-use "
@@ -98,7 +131,7 @@ def _check_tools(name: str, opts: PrepOptions) -> None:
                          hint="use one of them.")
 
 
-def _check_columns(task: Task, raw) -> None:
+def _check_columns(task: FileSource, raw) -> None:
     """A column the mapping names but the file lacks is a usage mistake, not a bad row."""
     if not raw.records:
         return
@@ -108,7 +141,7 @@ def _check_columns(task: Task, raw) -> None:
                             hint=f"pass {flag} NAME to say which column holds it.")
 
 
-def read_split(task: Task, split: str, paths: list[Path]) -> SplitRows:
+def read_split(task: FileSource, split: str, paths: list[Path]) -> SplitRows:
     """Convert every record of a split's files, deduplicating on (messages, ground truth)."""
     out, seen = SplitRows(), {}
     raws = [read_records(path) for path in paths]
@@ -145,18 +178,19 @@ def _carve_validation(splits: dict, fraction: float, seed: int) -> None:
     splits["test"] = test
 
 
-def _gather(name: str, opts: PrepOptions) -> tuple[str, Task | None, dict, list[str]]:
+def _gather(name: str, opts: PrepOptions) -> tuple[str, FileSource | None, dict, list[str]]:
     """(origin, task, {split: SplitRows}, notes) before limits and writing."""
     notes = []
-    if name in GENERATED:
-        module = GENERATED[name]
-        fraction = module.DEFAULT_VAL_FRACTION if opts.val_fraction is None else opts.val_fraction
-        generated = module.generate(opts.seed, fraction)
+    rows = _task_rows(name)
+    if isinstance(rows, Generated):
+        fraction = rows.default_val_fraction if opts.val_fraction is None else opts.val_fraction
+        generated = rows.generate(opts.seed, fraction)
         return f"generated (seed {opts.seed})", None, {s: SplitRows(rows=r) for s, r in generated.items()}, notes
     stem = Path(opts.source).stem if opts.source else name
     system = tool_system_prompt(name, opts.tools) if opts.tools else opts.system
-    task = make_task(name, prompt_col=opts.prompt_col, answer_col=opts.answer_col, instruction=opts.instruction,
-                     system=system, data_source=opts.data_source, default_data_source=stem)
+    overrides = {"prompt_col": opts.prompt_col, "answer_col": opts.answer_col, "instruction": opts.instruction,
+                 "system": system, "data_source": opts.data_source}
+    task = replace(rows or file_source(name, stem), **{k: v for k, v in overrides.items() if v is not None})
     origin, files, ignored = locate(task, opts.source)
     if ignored:
         notes.append(f"ignored {len(ignored)} file(s) not named after a split: "
@@ -197,7 +231,9 @@ def _fail_on_problems(splits: dict, origin: str) -> None:
 def out_dir(name: str, opts: PrepOptions) -> Path:
     if opts.out is not None:
         return Path(opts.out)
-    label = name if name in ("gsm8k", "math", *GENERATED) else Path(opts.source or name).stem
+    # a task is named after itself; a folder of the user's files (or code problems) after the source
+    rows = _task_rows(name)
+    label = name if isinstance(rows, Generated) or (rows and rows.hub_id) else Path(opts.source or name).stem
     if opts.tools:
         return Path("data") / "-".join((label, *opts.tools))   # data/gsm8k-python
     return Path("data") / (f"{label}-sft" if opts.sft else label)
@@ -242,7 +278,9 @@ def prepare(name: str, opts: PrepOptions) -> dict:
                             hint="check the column mapping (--prompt-col/--answer-col) and the file.")
     limited = {s: max(0, len(r.rows) - opts.limit) if opts.limit else 0 for s, r in splits.items()}
     # a generated task may write more columns (calc-tools: the SFT `messages` and `tools`)
-    schema = getattr(GENERATED.get(name), "arrow_schema", arrow_schema)()
+    generated = _task_rows(name)
+    own_schema = generated.arrow_schema if isinstance(generated, Generated) else None
+    schema = (own_schema or arrow_schema)()
     if opts.sft:   # SFT data = the RL row + the response to imitate (eval and GRPO read the same file)
         schema = schema.append(pa.field("response", pa.string()))
         for rows in splits.values():
@@ -261,6 +299,6 @@ def _report(name, origin, task, out, splits, tables, files, limited, notes) -> d
         per_split[split] = {"rows": tables[split].num_rows, "file": files[split], "skipped": skipped,
                             "over_limit": limited[split]}
     shown = [str(p) for rows in splits.values() for p in rows.problems + rows.duplicates][:5]
-    data_source = task.data_source if task else GENERATED[name].DATA_SOURCE
+    data_source = (task or PREP_SOURCES[name].rows).data_source
     return {"source": name, "origin": origin, "data_source": data_source, "out": str(out),
             "splits": per_split, "skipped_examples": shown, "notes": notes}

@@ -7,7 +7,7 @@ conversation, which a tiny model can learn. Each row serves both stages of the C
 
 * RL: `prompt` is the user's question alone; the rollout renders the tool's schema through the
   chat template (`[rollout.multi_turn] tools = ["calculator"]`), and the `calc-tools` reward
-  scores the exact final answer (rlctl.rewards.scorers.calc_tools).
+  scores the exact final answer (`score`, below).
 * SFT: `messages` is the whole worked transcript in the OpenAI chat shape - the question, an
   assistant turn calling `calculator`, the `tool` answer, the final answer - and `tools` the
   JSON list of tool schemas to render it with (`apply_chat_template(messages, tools=...)`).
@@ -16,23 +16,41 @@ conversation, which a tiny model can learn. Each row serves both stages of the C
   time, and RL has to learn that the call pays.
 
 The ground truth is `calculator(expression)`, so the transcripts are right by construction.
+
+The reward: the final answer, after any calculator calls, must be exact. A multi-turn response
+holds the model's tool calls, the tool responses and the template glue between turns; only the
+last assistant turn is the answer. With `extra_info["messages"]` (what multi-turn rollouts pass)
+that turn is read from the messages; otherwise from the text after the last `</tool_response>`,
+with special tokens and a left-over `assistant` role line removed
+(decoding with skip_special_tokens keeps the role word of `<|im_start|>assistant`).
+
+    final = the last assistant turn's text without its <tool_call> blocks, stripped, commas removed
+    score = 1.0 if final == ground_truth; format_score if final is an integer; else 0.0
+    acc   = 1.0 if final == ground_truth
+    tool_call = 1.0 if the response called a tool (a `<tool_call>` block or an assistant tool_calls)
 """
 
 from __future__ import annotations
 
 import json
 import random
+import re
 
+from rlctl.data.sources import Generated, PrepSource
 from rlctl.multiturn.builtin_tools import calculator
-from rlctl.multiturn.formats import ToolCall, openai_tool_calls
-from rlctl.rewards.scorers.calc_tools import DATA_SOURCE
+from rlctl.multiturn.formats import ToolCall, openai_tool_calls, parse_tool_calls
 
+DATA_SOURCE = "rlctl/calc-tools"
+DATA_SOURCES = (DATA_SOURCE,)
 DEFAULT_VAL_FRACTION = 0.1
 PROBLEMS = 1000  # half sums, half products; duplicates are redrawn
 # every answer has 5 digits: 10000 <= 5000 + 5000, 9999 + 9999 <= 19998; 10000 <= 200 * 50, 999 * 99 <= 98901
 OPERANDS = {"+": ((5_000, 9_999), (5_000, 9_999)), "*": ((200, 999), (50, 99))}
 DIRECT_EVERY = 4   # SFT transcripts 0, 4, 8, ... of each split answer without the tool
 TOOL_NAME = "calculator"
+_INTEGER = re.compile(r"-?\d+")
+_SPECIAL = re.compile(r"<\|[a-z_]+\|>")
+_ROLE_LINE = re.compile(r"^\s*assistant\s*\n")
 
 
 def question(a: int, op: str, b: int) -> str:
@@ -99,6 +117,33 @@ def generate(seed: int, val_fraction: float = DEFAULT_VAL_FRACTION) -> dict[str,
             for split, chosen in splits.items() if chosen}
 
 
+def final_answer(solution_str: str, extra_info: dict | None = None) -> str:
+    """The last assistant turn's plain text (tool-call blocks removed), stripped, commas removed."""
+    messages = (extra_info or {}).get("messages") if isinstance(extra_info, dict) else None
+    if messages:
+        assistant = [m for m in messages if m.get("role") == "assistant"]
+        text = (assistant[-1].get("content") or "") if assistant else ""
+    else:
+        text = solution_str.rsplit("</tool_response>", 1)[-1]
+        text = _ROLE_LINE.sub("", _SPECIAL.sub("", text), count=1)
+    return parse_tool_calls(text).content.strip().replace(",", "")
+
+
+def called_tool(solution_str: str, extra_info: dict | None = None) -> bool:
+    messages = (extra_info or {}).get("messages") if isinstance(extra_info, dict) else None
+    if messages and any(m.get("role") == "assistant" and m.get("tool_calls") for m in messages):
+        return True
+    return "<tool_call>" in solution_str
+
+
+def score(solution_str: str, ground_truth: str, extra_info: dict | None = None, *,
+          format_score: float = 0.0) -> dict:
+    final = final_answer(solution_str, extra_info)
+    exact = final == str(ground_truth).strip()
+    value = 1.0 if exact else (format_score if _INTEGER.fullmatch(final) else 0.0)
+    return {"score": value, "acc": float(exact), "tool_call": float(called_tool(solution_str, extra_info))}
+
+
 def arrow_schema():
     """rlctl's row schema plus the SFT columns: `messages` (OpenAI chat messages) and `tools` (JSON)."""
     import pyarrow as pa
@@ -110,3 +155,13 @@ def arrow_schema():
     message = pa.struct([("role", pa.string()), ("content", pa.string()), ("tool_calls", pa.list_(call)),
                          ("tool_call_id", pa.string()), ("name", pa.string())])
     return rl_schema().append(pa.field("messages", pa.list_(message))).append(pa.field("tools", pa.string()))
+
+
+def compute_score(data_source, solution_str, ground_truth, extra_info=None, *, format_score=0.0, **_) -> dict:
+    """The exact final answer after any calculator calls (the last assistant turn), plus `tool_call`."""
+    return score(solution_str, ground_truth, extra_info, format_score=format_score)
+
+
+REWARDS = {"calc-tools": compute_score}
+PREP = (PrepSource("calc-tools", Generated(DATA_SOURCE, generate, DEFAULT_VAL_FRACTION, arrow_schema),
+                   help="offline tool-use task: RL prompts + SFT transcripts calling a calculator"),)

@@ -1,0 +1,18 @@
+"""The built-in tasks, one module each: its data (adapter or generator), data_source names, scorer
+and tool offer, as nanochat keeps `tasks/gsm8k.py`. Each task module declares:
+
+    DATA_SOURCES  the data_source strings whose rows its `compute_score` scores (reward.function = "")
+    REWARDS       {reward.function name: scorer with verl's signature}
+    PREP          its `rlctl data prep SOURCE` choices (rlctl.data.sources.PrepSource)
+
+Adding a task: its module here and one entry in TASKS. rlctl.tasks.prep (the prep choices) and
+rlctl.rewards.builtin (the reward names and the data_source routing) read the table, in its order;
+tests/tasks checks that no two tasks claim one name.
+"""
+
+from __future__ import annotations
+
+from rlctl.tasks import arith, calc_tools, code, gsm8k, math
+
+TASKS = (gsm8k, math, arith, code, calc_tools)
+
