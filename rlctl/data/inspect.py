@@ -8,7 +8,7 @@ from collections import Counter
 from pathlib import Path
 
 from rlctl.errors import DataError
-from rlctl.models.tokenizer import load_tokenizer
+from rlctl.models.loading import load_tokenizer
 
 PERCENTILES = (50, 90, 95, 99)
 HISTOGRAM_BINS = 10

@@ -6,16 +6,9 @@ from __future__ import annotations
 import torch
 
 from rlctl.errors import DataError
+from rlctl.models.loading import quiet_transformers
 # The actor and the controller import the tokenizer loader from here; its home is rlctl.models.
-from rlctl.models.tokenizer import load_tokenizer as load_tokenizer
-
-
-def quiet_transformers() -> None:
-    """Workers log through the controller; transformers' per-load bars and warnings are noise."""
-    import transformers
-
-    transformers.utils.logging.set_verbosity_error()
-    transformers.utils.logging.disable_progress_bar()
+from rlctl.models.loading import load_tokenizer as load_tokenizer
 
 
 def _check_path(path: str, what: str) -> None:

@@ -22,7 +22,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from rlctl.models.tokenizer import load_tokenizer
+from rlctl.models.loading import load_tokenizer
 from rlctl.runtime import Batch, Dispatch, register
 from rlctl.workers import fsdp
 from rlctl.workers.actor import _clip_to_limits, _rollout_batch, pad_token_id, sample

@@ -1,10 +1,19 @@
-"""Loading a model's tokenizer: one loader for the workers, the controller, merge and `data inspect`."""
+"""transformers' side of a model folder, for data, workers and checkpoint alike: the tokenizer loader
+(the workers, the controller, merge and `data inspect` share it) and transformers' logging turned down."""
 
 from __future__ import annotations
 
 import os
 
 from rlctl.errors import DataError
+
+
+def quiet_transformers() -> None:
+    """Workers log through the controller; transformers' per-load bars and warnings are noise."""
+    import transformers
+
+    transformers.utils.logging.set_verbosity_error()
+    transformers.utils.logging.disable_progress_bar()
 
 
 def load_tokenizer(path: str | os.PathLike, trust_remote_code: bool | None = False, *, key: str | None = None):
