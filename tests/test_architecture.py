@@ -15,7 +15,7 @@ A package is `<root>/<name>/` or a top-level module `<root>/<name>.py`; `<root>/
 from __future__ import annotations
 
 import ast
-import sys
+import functools
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -26,7 +26,8 @@ import rlctl
 ROOT = Path(rlctl.__file__).parent
 MAX_FILE_LINES, MAX_FUNCTION_LINES = 400, 60
 
-# The layer map (docs: COMMON layering of issue 25): a package imports its own layer or lower.
+# The layer map (issue 25; docs/architecture.md says what each layer holds): a package imports
+# its own layer or lower.
 LAYERS = {
     "__init__": 0, "errors": 0, "utils": 0,
     "config": 1, "algorithms": 1, "sandbox": 1, "plugins": 1, "recipes": 1,
@@ -58,6 +59,7 @@ class Import:
     type_checking: bool    # inside `if TYPE_CHECKING:`
 
 
+@functools.lru_cache(maxsize=None)   # each root is read once per session (planted roots are new folders)
 def modules(root: Path) -> dict[str, Path]:
     """Dotted module name -> file, for every .py under root (root's folder name is the top package)."""
     out = {}
@@ -106,7 +108,8 @@ def _targets(node, module: str, is_init: bool, mods: dict) -> list[tuple[str, tu
     return out
 
 
-def imports(root: Path) -> list[Import]:
+@functools.lru_cache(maxsize=None)
+def imports(root: Path) -> tuple[Import, ...]:
     """Every import of a module under root, at any depth of every file (function bodies included)."""
     mods, out = modules(root), []
 
@@ -126,7 +129,7 @@ def imports(root: Path) -> list[Import]:
 
     for module, path in mods.items():
         visit(ast.parse(path.read_text(), str(path)), module, path.name == "__init__.py", False)
-    return out
+    return tuple(out)
 
 
 def _where(root: Path, module: str) -> str:
@@ -140,35 +143,30 @@ def _edge(root: Path, imp: Import) -> str:
 
 
 def _cycles(graph: dict[str, set]) -> list[set]:
-    """Strongly connected components of more than one node (Tarjan, iterative)."""
-    index, low, stack, on_stack, found, counter = {}, {}, [], set(), [], [0]
-    for start in sorted(graph):
-        if start in index:
-            continue
-        work = [(start, iter(sorted(graph[start])))]
-        index[start] = low[start] = counter[0]; counter[0] += 1; stack.append(start); on_stack.add(start)
-        while work:
-            node, children = work[-1]
-            child = next(children, None)
-            if child is not None:
-                if child not in index:
-                    index[child] = low[child] = counter[0]; counter[0] += 1
-                    stack.append(child); on_stack.add(child)
-                    work.append((child, iter(sorted(graph.get(child, ())))))
-                elif child in on_stack:
-                    low[node] = min(low[node], index[child])
-                continue
-            work.pop()
-            if work:
-                low[work[-1][0]] = min(low[work[-1][0]], low[node])
-            if low[node] == index[node]:
-                component = set()
-                while True:
-                    member = stack.pop(); on_stack.discard(member); component.add(member)
-                    if member == node:
-                        break
-                if len(component) > 1:
-                    found.append(component)
+    """Strongly connected components of more than one node (Tarjan's algorithm)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[set] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        for child in sorted(graph.get(node, ())):
+            if child not in index:
+                visit(child)
+                low[node] = min(low[node], low[child])
+            elif child in stack:
+                low[node] = min(low[node], index[child])
+        if low[node] == index[node]:
+            component = set(stack[stack.index(node):])
+            del stack[stack.index(node):]
+            if len(component) > 1:
+                found.append(component)
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
     return found
 
 
