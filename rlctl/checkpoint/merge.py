@@ -165,7 +165,7 @@ def _usual_modes(folder: Path) -> None:
 
 def _export(step_dir: Path, config, tmp: Path, *, dtype: str, lora: str, max_shard_size) -> tuple:
     """Rebuild, write into tmp, verify; returns (Verification, dtype name written)."""
-    from rlctl.workers.models import quiet_transformers
+    from rlctl.models.loading import quiet_transformers
 
     quiet_transformers()
     with warnings.catch_warnings():
@@ -178,7 +178,7 @@ def _export(step_dir: Path, config, tmp: Path, *, dtype: str, lora: str, max_sha
 def _export_quiet(step_dir: Path, config, tmp: Path, *, dtype: str, lora: str, max_shard_size) -> tuple:
     from rlctl.checkpoint import verify_export as V
     from rlctl.checkpoint.trained import load_trained_model
-    from rlctl.workers.models import load_tokenizer
+    from rlctl.models.loading import load_tokenizer
 
     model = load_trained_model(step_dir, config)
     tokenizer = load_tokenizer(config.model.path, config.model.trust_remote_code)

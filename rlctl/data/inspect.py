@@ -8,6 +8,7 @@ from collections import Counter
 from pathlib import Path
 
 from rlctl.errors import DataError
+from rlctl.models.loading import load_tokenizer
 
 PERCENTILES = (50, 90, 95, 99)
 HISTOGRAM_BINS = 10
@@ -42,21 +43,6 @@ def histogram(values: list[int], bins: int = HISTOGRAM_BINS) -> list[dict]:
     for v in values:
         counts[(v - lo) // width] += 1
     return [{"lo": e, "hi": min(e + width - 1, hi), "count": c} for e, c in zip(edges, counts)]
-
-
-def load_tokenizer(model: str | os.PathLike):
-    """AutoTokenizer from a local folder or hub id; DataError (one line) when it cannot load."""
-    from rlctl.models.hub import resolve_model
-
-    source = resolve_model(str(model), key="--model")  # one line, fast, when offline and not cached
-    from transformers import AutoTokenizer
-
-    try:
-        return AutoTokenizer.from_pretrained(source.spec)
-    except Exception as e:  # missing folder, offline hub, broken files: one message for all
-        reason = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
-        raise DataError(f"cannot load a tokenizer from {model} ({reason})",
-                        hint="pass --model a local model folder (rlctl model tiny OUT makes one).") from None
 
 
 def length_report(prompts: list, tokenizer, max_prompt_length: int | None) -> dict:
@@ -99,7 +85,7 @@ def inspect_file(path: str | os.PathLike, *, model: str | None = None, max_promp
         "samples": [_sample(r) for r in rows[:samples]],
     }
     if model is not None:
-        tokenizer = load_tokenizer(model)
+        tokenizer = load_tokenizer(model, trust_remote_code=None, key="--model")
         report["prompt_tokens"] = {"model": str(model),
                                    **length_report([r["prompt"] for r in rows], tokenizer, max_prompt_length)}
     return report

@@ -42,8 +42,11 @@ class SFTSet:
 
 
 # --- reading rows --------------------------------------------------------------------------------
-def read_table(path: Path) -> tuple[list[str], list[dict]]:
-    """(column names, rows as dicts) of a parquet or jsonl file; DataError when unreadable."""
+def read_sft_file(path: Path) -> tuple[list[str], list[dict]]:
+    """(column names, rows as dicts) of a parquet or jsonl file; DataError when unreadable.
+
+    Not rlctl.data.dataset.read_table: SFT files carry any columns (no verl-schema check), may be
+    jsonl, and are read one at a time; their error messages point at `data prep --sft`."""
     if not path.is_file():
         raise DataError(f"{path} does not exist", hint="prepare SFT data with `rlctl data prep arith --sft`.")
     if path.suffix in (".jsonl", ".json"):
@@ -67,7 +70,7 @@ def read_table(path: Path) -> tuple[list[str], list[dict]]:
 
 def conversations(path: Path, sft) -> list[tuple[list[dict], list | None]]:
     """Every row of `path` as (messages, tools or None), per the [sft] column keys."""
-    columns, rows = read_table(path)
+    columns, rows = read_sft_file(path)
     if not rows:
         raise DataError(f"{path} has no rows", hint="prepare SFT data with `rlctl data prep ... --sft`.")
     if sft.messages_key in columns:

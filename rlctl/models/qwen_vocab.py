@@ -44,7 +44,7 @@ def build_qwen_tokenizer(max_length: int = 32768):
     from transformers import PreTrainedTokenizerFast
     from transformers.convert_slow_tokenizer import TikTokenConverter
 
-    from rlctl.models.tiny import QWEN_CHAT_TEMPLATE
+    from rlctl.models.chat_templates import QWEN_CHAT_TEMPLATE
 
     core = TikTokenConverter(vocab_file=str(vocab_file()), pattern=PATTERN).converted()
     core.normalizer = normalizers.NFC()

@@ -9,16 +9,11 @@ process group, and the actor/rollout/reference roles share one copy of the weigh
 from __future__ import annotations
 
 import os
-import socket
 import time
 from datetime import timedelta
 from typing import Any
 
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("", 0))
-        return s.getsockname()[1]
+from rlctl.utils.net import free_port
 
 
 class WorkerHost:

@@ -205,8 +205,9 @@ def _generate(folder: Path, prompt_ids: list[list[int]], opts: EvalOptions, temp
               max_new: int):
     from rlctl.serve.engine import SamplingParams
     from rlctl.serve.external import LaunchSpec, build_command, pick_engine
-    from rlctl.serve.generate import external_server, free_port, generate_local, generate_remote
-    from rlctl.serve.source import load_model
+    from rlctl.serve.generate import external_server, generate_local, generate_remote
+    from rlctl.serve.source import context_room, load_model
+    from rlctl.utils.net import free_port
 
     engine = pick_engine(opts.engine)
     params = [SamplingParams(max_tokens=min(max_new, room), temperature=temperature, top_p=opts.top_p,
@@ -218,26 +219,11 @@ def _generate(folder: Path, prompt_ids: list[list[int]], opts: EvalOptions, temp
         model, tokenizer = load_model(folder, opts.dtype)
         return generate_local(model, tokenizer, prompt_ids, params,
                               max_concurrency=max(opts.max_concurrency, opts.n), progress=progress)
-    port = free_port()
+    port = free_port("127.0.0.1")
     spec = LaunchSpec(str(folder), "127.0.0.1", port, "eval", dtype=opts.dtype)
     with external_server(build_command(engine, spec), f"http://127.0.0.1:{port}") as url:
         return generate_remote(url, "eval", prompt_ids, params, concurrency=opts.max_concurrency,
                                progress=progress)
-
-
-def context_room(folder: Path, prompt_ids: list[list[int]]) -> list[int]:
-    """The tokens each prompt leaves in the model's context (max_position_embeddings); DataError for
-    a prompt that fills it."""
-    from transformers import AutoConfig
-
-    context = int(getattr(AutoConfig.from_pretrained(folder), "max_position_embeddings", 0) or 2048)
-    rooms = []
-    for i, ids in enumerate(prompt_ids):
-        rooms.append(context - len(ids))
-        if rooms[-1] < 1:
-            raise DataError(f"prompt {i} has {len(ids)} tokens; the model's context is {context}",
-                            hint="drop it with --limit or shorten it in the data.")
-    return rooms
 
 
 def _progress_printer():

@@ -21,8 +21,7 @@ def evaluate_multi_turn(folder: Path, rows: list[dict], opts, temperature: float
     from rlctl.controller.prompts import render_prompts
     from rlctl.controller.rollout import decode_prompts, decode_responses, prompt_batch
     from rlctl.multiturn.rollout import LocalTurns, MultiTurnActor, reward_extra_info
-    from rlctl.serve.eval import context_room
-    from rlctl.serve.source import load_model
+    from rlctl.serve.source import context_room, load_model
     from rlctl.workers.models import eos_token_ids
 
     model, tokenizer = load_model(folder, opts.dtype)

@@ -14,7 +14,6 @@ import http.client
 import json
 import logging
 import queue
-import socket
 import subprocess
 import sys
 import time
@@ -96,12 +95,6 @@ def generate_remote(base_url: str, model_name: str, prompt_ids: list[list[int]],
             if progress:
                 progress(done, len(prompt_ids))
     return out
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @contextlib.contextmanager

@@ -19,7 +19,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from rlctl.serve import protocol
 from rlctl.serve.engine import Engine, Request
-from rlctl.serve.protocol import APIError
+from rlctl.serve.api_error import APIError
 from rlctl.serve.tools import ToolCallStream
 
 log = logging.getLogger("rlctl.serve")

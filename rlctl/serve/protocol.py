@@ -14,6 +14,7 @@ import uuid
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from rlctl.serve.api_error import APIError
 from rlctl.serve.engine import SamplingParams
 
 if TYPE_CHECKING:
@@ -21,17 +22,6 @@ if TYPE_CHECKING:
 
 MAX_STOP = 16
 COMPLETION_DEFAULT_MAX_TOKENS = 16  # OpenAI's legacy /v1/completions default
-
-
-class APIError(Exception):
-    def __init__(self, status: int, message: str, *, type: str = "invalid_request_error",
-                 param: str | None = None, code: str | None = None):
-        super().__init__(message)
-        self.status, self.message, self.type, self.param, self.code = status, message, type, param, code
-
-    def body(self) -> dict:
-        return {"error": {"message": self.message, "type": self.type, "param": self.param,
-                          "code": self.code}}
 
 
 @dataclass

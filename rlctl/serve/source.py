@@ -80,3 +80,18 @@ def load_model(folder: Path, dtype: str = "auto", device: str | None = None):
         raise DataError(f"cannot load a model from {folder}: {e}",
                         hint="is it a complete Hugging Face folder (config, weights, tokenizer)?") from None
     return model.to(device).eval(), tokenizer
+
+
+def context_room(folder: Path, prompt_ids: list[list[int]]) -> list[int]:
+    """The tokens each prompt leaves in the model's context (max_position_embeddings); DataError for
+    a prompt that fills it."""
+    from transformers import AutoConfig
+
+    context = int(getattr(AutoConfig.from_pretrained(folder), "max_position_embeddings", 0) or 2048)
+    rooms = []
+    for i, ids in enumerate(prompt_ids):
+        rooms.append(context - len(ids))
+        if rooms[-1] < 1:
+            raise DataError(f"prompt {i} has {len(ids)} tokens; the model's context is {context}",
+                            hint="drop it with --limit or shorten it in the data.")
+    return rooms

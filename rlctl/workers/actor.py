@@ -265,17 +265,13 @@ class ActorRolloutRefWorker:
     @register(Dispatch.RANK0)
     def save_checkpoint(self, path: str) -> None:
         """Model (trained params) + optimizer + schedule + RNG, sharded per rank, under `path`."""
-        from rlctl.workers.checkpoint_io import save_engine
-
-        save_engine(self.actor, path)
+        self.actor.save(path)
 
     @register(Dispatch.RANK0)
     def load_checkpoint(self, path: str) -> dict:
         """Restore what save_checkpoint wrote (any number of ranks); returns its engine.json."""
-        from rlctl.workers.checkpoint_io import load_engine
-
-        meta = load_engine(self.actor, path)
-        self._weights_version += 1
+        meta = self.actor.load(path)
+        self._weights_version += 1   # engines with their own weight copy reload before the next generate
         return meta
 
 

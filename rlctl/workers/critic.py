@@ -76,12 +76,8 @@ class CriticWorker:
 
     @register(Dispatch.RANK0)
     def save_checkpoint(self, path: str) -> None:
-        from rlctl.workers.checkpoint_io import save_engine
-
-        save_engine(self.critic, path)
+        self.critic.save(path)
 
     @register(Dispatch.RANK0)
     def load_checkpoint(self, path: str) -> dict:
-        from rlctl.workers.checkpoint_io import load_engine
-
-        return load_engine(self.critic, path)
+        return self.critic.load(path)

@@ -16,6 +16,7 @@ from typing import Callable, Iterator
 import torch
 
 from rlctl.workers import fsdp, shared_prompt
+from rlctl.workers.checkpoint_io import load_engine, save_engine
 
 
 @dataclass(frozen=True)
@@ -155,6 +156,17 @@ class TrainEngine:
             config = config.get_text_config()
         return {"peak_flops": matmul_peak(str(self.device), str(self.compute_dtype).removeprefix("torch.")),
                 "model_config": config.to_dict() if config is not None else {}}
+
+    # --- checkpoints -----------------------------------------------------------------------------
+    # The workers' save_checkpoint / load_checkpoint RPCs are these two calls on the engine they
+    # train, so the actor, the critic and the SFT worker keep one checkpoint format.
+    def save(self, path: str) -> None:
+        """Trained params + optimizer + schedule + RNG, sharded per rank, under `path` (every rank calls)."""
+        save_engine(self, path)
+
+    def load(self, path: str) -> dict:
+        """Restore what `save` wrote (any number of ranks); returns its engine.json."""
+        return load_engine(self, path)
 
     def lr(self) -> float:
         return float(self.optimizer.param_groups[0]["lr"]) if self.optimizer else 0.0

@@ -117,7 +117,7 @@ def meta_model(path: str, trust_remote_code: bool = False) -> torch.nn.Module:
     """The architecture at `path` (config.json only) on the meta device: names and shapes, no memory."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from rlctl.workers.models import quiet_transformers
+    from rlctl.models.loading import quiet_transformers
 
     quiet_transformers()
     config = AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code, local_files_only=True)

@@ -6,14 +6,9 @@ from __future__ import annotations
 import torch
 
 from rlctl.errors import DataError
-
-
-def quiet_transformers() -> None:
-    """Workers log through the controller; transformers' per-load bars and warnings are noise."""
-    import transformers
-
-    transformers.utils.logging.set_verbosity_error()
-    transformers.utils.logging.disable_progress_bar()
+from rlctl.models.loading import quiet_transformers
+# The actor and the controller import the tokenizer loader from here; its home is rlctl.models.
+from rlctl.models.loading import load_tokenizer as load_tokenizer
 
 
 def _check_path(path: str, what: str) -> None:
@@ -89,12 +84,6 @@ def policy_engine(config, total_steps: int):
     return TrainEngine(model, OptimSpec.for_actor(config.actor, total_steps),
                        compute_dtype=fsdp.resolve_dtype(config.model.dtype),
                        gradient_checkpointing=config.model.gradient_checkpointing)
-
-
-def load_tokenizer(path: str, trust_remote_code: bool = False):
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
 
 
 def eos_token_ids(path: str, tokenizer) -> list[int]:

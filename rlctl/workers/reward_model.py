@@ -26,7 +26,7 @@ class RewardModelWorker:
     def __init__(self, config):
         from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
-        from rlctl.workers.models import quiet_transformers
+        from rlctl.models.loading import quiet_transformers
 
         quiet_transformers()
         path, trust = config.reward.model, config.model.trust_remote_code

@@ -22,11 +22,12 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from rlctl.models.loading import load_tokenizer
 from rlctl.runtime import Batch, Dispatch, register
 from rlctl.workers import fsdp
 from rlctl.workers.actor import _clip_to_limits, _rollout_batch, pad_token_id, sample
 from rlctl.workers.logprob import batched_response_outputs
-from rlctl.workers.models import eos_token_ids, load_causal_lm, load_tokenizer
+from rlctl.workers.models import eos_token_ids, load_causal_lm
 
 
 class RolloutWorker:

@@ -136,12 +136,8 @@ class SFTWorker:
     @register(Dispatch.RANK0)
     def save_checkpoint(self, path: str) -> None:
         """Model (trained params) + optimizer + schedule + RNG under `path`: the actor's format."""
-        from rlctl.workers.checkpoint_io import save_engine
-
-        save_engine(self.actor, path)
+        self.actor.save(path)
 
     @register(Dispatch.RANK0)
     def load_checkpoint(self, path: str) -> dict:
-        from rlctl.workers.checkpoint_io import load_engine
-
-        return load_engine(self.actor, path)
+        return self.actor.load(path)

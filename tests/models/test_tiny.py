@@ -53,7 +53,7 @@ def test_the_byte_template_lists_tools_compactly(tiny_model_dir):
     format once, not Qwen's ~700-token JSON block, which Qwen's own vocabulary keeps."""
     from transformers import AutoTokenizer
 
-    from rlctl.models.tiny import QWEN_CHAT_TEMPLATE
+    from rlctl.models.chat_templates import QWEN_CHAT_TEMPLATE
 
     def lookup(city: str, days: int = 1) -> str:
         """Weather forecast for a city.

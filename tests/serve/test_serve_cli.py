@@ -173,9 +173,9 @@ def test_external_engine_serves_the_tiny_model(tiny_model_dir, engine):
     """Needs the engine installed and a CUDA GPU: never runs on the CPU CI machine."""
     import openai
 
-    from rlctl.serve.generate import free_port
+    from rlctl.utils.net import free_port
 
-    port = free_port()
+    port = free_port("127.0.0.1")
     proc = subprocess.Popen([*RLCTL, "serve", str(tiny_model_dir), "--engine", engine, "--port", str(port),
                              "--served-model-name", "tiny", "--api-key", "k"])
     try:

@@ -300,7 +300,7 @@ def test_tools_on_the_completions_route_are_refused(tool_client):
 # ---- the pieces, without a server -----------------------------------------------------------------
 def test_a_template_without_tools_is_refused():
     from rlctl.models.tiny import build_tokenizer
-    from rlctl.serve.protocol import APIError
+    from rlctl.serve.api_error import APIError
 
     tok = build_tokenizer()
     check_template(tok)  # the tiny template renders tools

@@ -56,7 +56,7 @@ def launcher_env() -> dict[str, str]:
 
     env = {"LOCAL_RANK": str(torch.cuda.current_device())}
     if "RANK" not in os.environ and not (torch.distributed.is_available() and torch.distributed.is_initialized()):
-        from rlctl.runtime.host import free_port
+        from rlctl.utils.net import free_port
 
         env.update(RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
     return env

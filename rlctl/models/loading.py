@@ -1,0 +1,42 @@
+"""transformers' side of a model folder, for data, workers and checkpoint alike: the tokenizer loader
+(the workers, the controller, merge and `data inspect` share it) and transformers' logging turned down."""
+
+from __future__ import annotations
+
+import os
+
+from rlctl.errors import DataError
+
+
+def quiet_transformers() -> None:
+    """Workers log through the controller; transformers' per-load bars and warnings are noise."""
+    import transformers
+
+    transformers.utils.logging.set_verbosity_error()
+    transformers.utils.logging.disable_progress_bar()
+
+
+def load_tokenizer(path: str | os.PathLike, trust_remote_code: bool | None = False, *, key: str | None = None):
+    """AutoTokenizer from a local folder or hub id.
+
+    key: the flag that named the model on the command line (`--model`). The path is then resolved
+    first (rlctl.models.hub: one line, fast, when offline and not cached) and any load failure is
+    one DataError line that says what to pass to it. Without a key (model.path, which the controller
+    resolved already) transformers' own errors propagate.
+    trust_remote_code: None lets transformers ask before it runs a model's own code (`data inspect`).
+    """
+    if key is None:
+        from transformers import AutoTokenizer
+
+        return AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
+    from rlctl.models.hub import resolve_model
+
+    source = resolve_model(str(path), key=key)
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(source.spec, trust_remote_code=trust_remote_code)
+    except Exception as e:  # missing folder, offline hub, broken files: one message for all
+        reason = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
+        raise DataError(f"cannot load a tokenizer from {path} ({reason})",
+                        hint=f"pass {key} a local model folder (rlctl model tiny OUT makes one).") from None

@@ -1,0 +1,14 @@
+"""A free TCP port, for a process group's rendezvous or a server started on this machine."""
+
+from __future__ import annotations
+
+import socket
+
+
+def free_port(host: str = "") -> int:
+    """A port the kernel reports free on `host` ("": every interface, as a rendezvous other nodes
+    reach needs; "127.0.0.1": a server only this machine talks to). Free when asked: the caller
+    binds it soon after, and a port taken in between fails there, loudly."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
