@@ -14,8 +14,8 @@ from .kl import (KL_KINDS, AdaptiveKLController, FixedKLController, apply_kl_in_
                  make_kl_controller)
 from .losses import policy_loss, value_loss
 from . import more_losses  # noqa: F401  (registers sapo, cispo, geo_mean, clip_cov, kl_cov, gpg, dppo_*)
-from .registry import (AlgorithmError, EstimatorSpec, Needs, PolicyLossSpec, algorithm_needs, estimator_names,
-                       get_estimator, get_policy_loss, policy_loss_names, register_estimator,
+from .registry import (AlgorithmError, EstimatorSpec, Needs, PolicyLossSpec, RequiredParam, algorithm_needs,
+                       estimator_names, get_estimator, get_policy_loss, policy_loss_names, register_estimator,
                        register_policy_loss)
 from .rollout_correction import rollout_correction
 from .sampling import GroupFilter, filter_groups
@@ -23,7 +23,7 @@ from .shaping import overlong_penalty, scores_to_token_rewards
 
 __all__ = [
     "AdaptiveKLController", "AlgorithmError", "EstimatorSpec", "FixedKLController", "GroupFilter", "KL_KINDS",
-    "LOSS_AGG_MODES", "LossNorm", "Needs", "PolicyLossSpec", "aggregate_loss", "algorithm_needs",
+    "LOSS_AGG_MODES", "LossNorm", "Needs", "PolicyLossSpec", "RequiredParam", "aggregate_loss", "algorithm_needs",
     "apply_kl_in_reward", "compute_advantages", "entropy_from_logits", "estimator_names", "filter_groups",
     "get_estimator", "get_policy_loss", "group_index", "kl_penalty", "log_probs_from_logits",
     "make_kl_controller", "masked_mean", "masked_sum", "masked_var", "masked_whiten", "overlong_penalty",

@@ -60,7 +60,7 @@ def _where_valid(mask: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
     return torch.where(_valid(mask), x, torch.zeros((), dtype=x.dtype, device=x.device))
 
 
-@register_policy_loss("vanilla")
+@register_policy_loss("vanilla", clip_higher=True, bypass_loss=True)
 def vanilla(*, old_log_prob, log_prob, advantages, response_mask, clip_ratio_low, clip_ratio_high,
             clip_ratio_c, loss_agg_mode, norm, rollout_is_weights=None, **_):
     """PPO clipped surrogate with asymmetric clip (DAPO clip-higher) and dual-clip.

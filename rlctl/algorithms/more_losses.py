@@ -14,7 +14,7 @@ import torch
 from .aggregation import mean_over_sequences
 from .functional import masked_mean
 from .losses import LOG_RATIO_CLAMP, _valid, _where_valid, weighted_loss
-from .registry import AlgorithmError, get_policy_loss, register_policy_loss
+from .registry import AlgorithmError, RequiredParam, get_policy_loss, register_policy_loss
 
 
 def _inputs(old_log_prob, log_prob, advantages, response_mask):
@@ -195,7 +195,8 @@ def dppo_kl(*, old_log_prob, log_prob, advantages, response_mask, clip_ratio_low
     return _dppo(old, new, adv, response_mask, inside, clip_ratio_c, loss_agg_mode, norm, rollout_is_weights)
 
 
-@register_policy_loss("dro")
+@register_policy_loss("dro", 
+                      required=(RequiredParam("dro_beta", "weighs its quadratic penalty by dro_beta", 0.1),))
 def dro(*, old_log_prob, log_prob, advantages, response_mask, loss_agg_mode, norm, dro_beta=None,
         rollout_is_weights=None, **_):
     """DRO (verl docs/algo/dro.md, Direct Reward Optimization): a quadratic proximal penalty

@@ -46,12 +46,29 @@ class EstimatorSpec:
 
 
 @dataclass(frozen=True)
+class RequiredParam:
+    """An actor setting a policy loss reads that has no usable default: it must be set > 0.
+    `why` completes "policy_loss = "<name>" <why>, which has no default"; `example` is a value."""
+
+    key: str
+    why: str
+    example: float
+
+
+@dataclass(frozen=True)
 class PolicyLossSpec:
-    """A policy loss; `loss_agg_mode` set means the loss always aggregates that way (GSPO)."""
+    """A policy loss and what it declares about the actor settings it reads.
+
+    loss_agg_mode set means the loss always aggregates that way (GSPO). The declarations are plain
+    data, read by the config checks (rlctl.workers.loss_checks) so no rule compares a loss's name;
+    a loss that declares nothing gets no rule about them."""
 
     name: str
     fn: Callable
     loss_agg_mode: str | None = None
+    clip_higher: bool = False           # clips the ratio to [1 - clip_ratio_low, 1 + clip_ratio_high] (DAPO)
+    bypass_loss: bool = False           # is the loss bypass_mode's "ppo_clip" uses, so bypass replaces nothing
+    required: tuple[RequiredParam, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -105,18 +122,21 @@ def register_estimator(name: str, *, needs_critic: bool = False, needs_group: bo
     return decorator
 
 
-def register_policy_loss(name: str, *, loss_agg_mode: str | None = None) -> Callable[[Callable], Callable]:
+def register_policy_loss(name: str, *, loss_agg_mode: str | None = None, clip_higher: bool = False,
+                         bypass_loss: bool = False,
+                         required: tuple[RequiredParam, ...] = ()) -> Callable[[Callable], Callable]:
     """Decorator: register a policy loss under `name`; a taken name is an error.
 
     fn is called with keyword arguments only: old_log_prob, log_prob, advantages, response_mask,
     clip_ratio_low, clip_ratio_high, clip_ratio_c, loss_agg_mode, norm; it returns
-    (loss: scalar tensor, metrics: dict[str, float]).
+    (loss: scalar tensor, metrics: dict[str, float]). The keywords after loss_agg_mode declare
+    what `rlctl config validate` checks for it (see PolicyLossSpec).
     """
     _check_new("policy loss", name, _POLICY_LOSSES)
 
     def decorator(fn: Callable) -> Callable:
         _check_new("policy loss", name, _POLICY_LOSSES)
-        _POLICY_LOSSES[name] = PolicyLossSpec(name, fn, loss_agg_mode)
+        _POLICY_LOSSES[name] = PolicyLossSpec(name, fn, loss_agg_mode, clip_higher, bypass_loss, tuple(required))
         return fn
 
     return decorator

@@ -48,7 +48,7 @@ def validate_cmd(
 
     Example: rlctl config validate rlctl.toml actor.lr=1e-6 rollout.n=8
     """
-    from rlctl.config.validate import validate
+    from rlctl.validate import validate
 
     loaded = load_checked(file, overrides, strict=False)
     problems, plan = validate(loaded, machine=not skip_machine)   # resolves gpus_per_node = "auto"

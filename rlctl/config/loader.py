@@ -1,9 +1,9 @@
 """Read rlctl.toml + dotted overrides into the typed `Config`, reporting every problem at once.
 
 Pass 1 (here) checks the file alone: syntax, unknown keys ("did you mean"), types, ranges, enum
-values and required keys. Cross-field rules and checks against the machine live in
-`rlctl.config.validate`. Nothing raises on the first problem: all are collected, then one
-ConfigError carries the list (exit 2).
+values and required keys. Cross-field rules and checks against the machine live beside the
+code that reads those keys, gathered by `rlctl.validate`. Nothing raises on the first problem:
+all are collected, then one ConfigError carries the list (exit 2).
 """
 
 from __future__ import annotations

@@ -10,6 +10,8 @@ optimizer steps they take), so the three never disagree:
     split into role.micro_batch_size rows      = its gradient-accumulation steps
 
 Workers are resources.workers on CPU; on GPUs every GPU of every node is one (ResourcePool).
+`BatchPlan` (RL) and `SFTPlan` are what `rlctl config validate` prints: the same formula, plus the
+data's rows once the machine pass has read them.
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ def world_size(resources) -> int:
 
 def batch_plan(config, role: str = "actor") -> RolePlan:
     """The plan of `role` ("actor" or "critic") for a full step's batch. No checks: validate
-    reports the sizes that do not divide (rlctl.config.validate.check_batches)."""
+    reports the sizes that do not divide (rlctl.validate.training.check_batches)."""
     section, n, workers = getattr(config, role), config.rollout.n, world_size(config.resources)
     prompts = section.mini_batch_size or config.data.batch_size
     mini_batches = max(1, config.data.batch_size // prompts)
@@ -45,3 +47,75 @@ def batch_plan(config, role: str = "actor") -> RolePlan:
                     mini_batches_per_step=mini_batches, optimizer_steps_per_rollout=section.ppo_epochs * mini_batches,
                     sequences_per_worker=per_worker,
                     micro_batches_per_optimizer_step=max(1, per_worker // section.micro_batch_size))
+
+
+@dataclass(frozen=True)
+class BatchPlan:
+    prompts_per_step: int
+    sequences_per_step: int
+    mini_batches_per_rollout: int  # optimizer steps per rollout = ppo_epochs x mini-batches
+    micro_batches_per_optimizer_step: int  # per worker (gradient accumulation steps)
+    sequences_per_worker_per_mini_batch: int
+    train_rows: int | None
+    steps_per_epoch: int | None
+    total_steps: int | None
+    gpus_per_node: int | str = "auto"   # as validated: "auto" only without the machine pass
+    gpus_per_node_resolved: str = ""    # why "auto" became gpus_per_node ("" when it was a number)
+
+    def rows(self) -> list[tuple[str, object]]:
+        unknown = "unknown (data files not readable)"
+        return [("prompts per step", self.prompts_per_step),
+                ("sequences per step", self.sequences_per_step),
+                ("optimizer steps per rollout", self.mini_batches_per_rollout),
+                ("micro-batches per optimizer step (per worker)", self.micro_batches_per_optimizer_step),
+                ("sequences per worker per optimizer step", self.sequences_per_worker_per_mini_batch),
+                ("training rows", unknown if self.train_rows is None else self.train_rows),
+                ("steps per epoch", unknown if self.steps_per_epoch is None else self.steps_per_epoch),
+                ("total steps", unknown if self.total_steps is None else self.total_steps)]
+
+
+def step_plan(config) -> BatchPlan:
+    """The RL plan of a config before its data is read (rows, steps per epoch: unknown)."""
+    actor = batch_plan(config, "actor")
+    return BatchPlan(
+        prompts_per_step=config.data.batch_size, sequences_per_step=config.data.batch_size * config.rollout.n,
+        mini_batches_per_rollout=actor.optimizer_steps_per_rollout,
+        micro_batches_per_optimizer_step=actor.micro_batches_per_optimizer_step,
+        sequences_per_worker_per_mini_batch=actor.sequences_per_worker, train_rows=None, steps_per_epoch=None,
+        total_steps=config.run.total_steps or None, gpus_per_node=config.resources.gpus_per_node)
+
+
+@dataclass(frozen=True)
+class SFTPlan:
+    examples_per_step: int
+    examples_per_worker: int
+    micro_batching: str
+    train_rows: int | None
+    steps_per_epoch: int | None
+    total_steps: int | None
+    gpus_per_node: int | str = "auto"   # as validated: "auto" only without the machine pass
+    gpus_per_node_resolved: str = ""    # why "auto" became gpus_per_node ("" when it was a number)
+
+    @property
+    def sequences_per_step(self) -> int:
+        return self.examples_per_step
+
+    def rows(self) -> list[tuple[str, object]]:
+        unknown = "unknown (data files not readable)"
+        return [("run kind", "sft (one optimizer step per step)"), ("examples per step", self.examples_per_step),
+                ("examples per worker per step", self.examples_per_worker),
+                ("micro-batches (per worker)", self.micro_batching),
+                ("training rows", unknown if self.train_rows is None else self.train_rows),
+                ("steps per epoch", unknown if self.steps_per_epoch is None else self.steps_per_epoch),
+                ("total steps", unknown if self.total_steps is None else self.total_steps)]
+
+
+def sft_plan(config, gpus_per_node_resolved: str = "") -> SFTPlan:
+    """The SFT plan before its data is read: batch_size examples split over the workers."""
+    budget, workers = config.sft.micro_batch_max_tokens, world_size(config.resources)
+    return SFTPlan(examples_per_step=config.data.batch_size,
+                   examples_per_worker=max(1, config.data.batch_size // workers),
+                   micro_batching=(f"by length, <= {budget} tokens each (rows x longest)" if budget
+                                   else f"by length, {config.actor.micro_batch_size} rows each"),
+                   train_rows=None, steps_per_epoch=None, total_steps=config.run.total_steps or None,
+                   gpus_per_node=config.resources.gpus_per_node, gpus_per_node_resolved=gpus_per_node_resolved)

@@ -23,7 +23,7 @@ def opt(default: Any, help: str, *, ge=None, gt=None, le=None, lt=None, choices=
     value is checked against the registry by validate, not against `choices` by the loader.
     items: the element type of a list field (str or float).
     int_or_auto: an integer (within the bounds) or the string "auto", which is resolved against
-    the machine once at start-up (rlctl.config.validate.resolve_auto)."""
+    the machine once at start-up (rlctl.runtime.checks.resolve_auto)."""
     meta = {"help": help, "ge": ge, "gt": gt, "le": le, "lt": lt, "choices": choices,
             "required": required, "path": path, "extensible": extensible, "items": items,
             "int_or_auto": int_or_auto}
@@ -43,7 +43,7 @@ KL_TYPES = ("k1", "kl", "abs", "k2", "mse", "k3", "low_var_kl", "k1+", "kl+", "a
 ADV_ESTIMATORS = ("gae", "grpo", "rloo", "remax", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "grpo_passk",
                   "opo", "gpg", "gdpo", "optimal_token_baseline")
 LOGGERS = ("console", "jsonl", "tensorboard", "wandb")
-REWARD_SOURCES = ("function", "model", "judge", "remote")
+REWARD_SOURCES = ("function", "model", "judge", "remote")   # rlctl.rewards.registry.SOURCES (a test keeps them equal)
 JUDGE_PROMPT = ("Grade the response to the question. Reply with a single number from 0 to 10 on the last line.\n\n"
                 "Question:\n{question}\n\nReference answer:\n{ground_truth}\n\nResponse:\n{response}")
 
@@ -203,7 +203,7 @@ class CriticConfig:
 
 
 TOOL_FORMATS = ("hermes",)   # rlctl.multiturn.formats.FORMATS, without importing it
-BUILTIN_TOOLS = ("calculator", "python")   # rlctl.multiturn.tools.BUILTINS
+BUILTIN_TOOLS = ("calculator", "python")   # rlctl.multiturn.builtin_tools.BUILTINS (a test keeps them equal)
 
 
 @dataclass(frozen=True)

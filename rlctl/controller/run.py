@@ -11,7 +11,7 @@ from rlctl.errors import ConfigError, Interrupted, RlctlError, WorkerDiedError
 
 def _resolve_auto(loaded: LoadedConfig, address: str | None) -> LoadedConfig:
     """resources.gpus_per_node = "auto" -> a number, once, before the run folder records the config."""
-    from rlctl.config.validate import resolve_auto
+    from rlctl.validate import resolve_auto
     from rlctl.runtime.ray_env import resolve_address
 
     return resolve_auto(loaded, resolve_address(address, loaded.config.resources.address))[0]
@@ -38,7 +38,7 @@ def _model_from_run(loaded: LoadedConfig) -> LoadedConfig:
 def _check(loaded: LoadedConfig) -> None:
     """Refuse to start on any config error (the same checks as `rlctl config validate`; the reward
     services are reached once, by build_reward, where an unreachable one is an error)."""
-    from rlctl.config.validate import validate
+    from rlctl.validate import validate
 
     problems, _ = validate(loaded, reach_services=False)
     errors = [p for p in problems if p.severity == "error"]

@@ -251,8 +251,8 @@ def validation_line(step: int, val: dict) -> str:
 
 
 def validation_metrics(parts) -> dict:
-    """The metrics config.validate.validation_metric_names lists, from the validation batches."""
-    from rlctl.config.validate import VAL_METRIC_COLUMNS, VAL_METRICS_PER_SOURCE
+    """The metrics config.metrics.validation_metric_names lists, from the validation batches."""
+    from rlctl.config.metrics import VAL_METRIC_COLUMNS, VAL_METRICS_PER_SOURCE
     from rlctl.runtime.batch import Batch
 
     batch = Batch.concat(parts)

@@ -1,6 +1,8 @@
 """Built-in tools: plain typed Python functions whose docstrings become their OpenAI schemas.
 
-Each docstring is in the Google style that `transformers.utils.get_json_schema` reads (a summary,
+`BUILTINS` maps each name `[rollout.multi_turn] tools` may use to a factory of its function; the
+loader (rlctl.multiturn.tools.make_tool) and `rlctl config validate` read it, and a test keeps it
+equal to rlctl.config.schema.BUILTIN_TOOLS. Each docstring is in the Google style that `transformers.utils.get_json_schema` reads (a summary,
 then `Args:` with one line per parameter), so the schema rendered into a prompt by the chat
 template (`tools=[calculator]`) is derived from the function itself, at training and at data prep.
 """
@@ -9,6 +11,7 @@ from __future__ import annotations
 
 import ast
 import operator
+from typing import Callable
 
 MAX_EXPRESSION_CHARS = 200
 MAX_EXPONENT = 64          # 10**64 is plenty for a calculator; 9**9**9 would hang the process
@@ -82,3 +85,23 @@ def _format(value: int | float) -> str:
         return f"{value:.12g}"
     return str(value)
 
+
+
+def python(code: str) -> str:
+    """Run a Python program in a sandbox and return what it printed.
+
+    Args:
+        code: A complete Python program; print the values you need (stdout is returned).
+    """
+    from rlctl.sandbox import Limits, run
+
+    result = run(code, limits=Limits(wall_s=5.0, cpu_s=5.0, memory_mb=512))
+    out = result.stdout
+    if not result.ok:
+        tail = result.stderr.strip().splitlines()[-3:]
+        out += f"\n{result.status}" + (": " + " | ".join(tail) if tail else "")
+    return out.strip() or "(no output)"
+
+
+# name -> factory of the tool's function (FunctionTool derives its schema from it)
+BUILTINS: dict[str, Callable[[], Callable]] = {"calculator": lambda: calculator, "python": lambda: python}

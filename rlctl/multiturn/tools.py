@@ -25,8 +25,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from rlctl.config.schema import BUILTIN_TOOLS as BUILTINS   # one list: validation checks the same names
 from rlctl.errors import ConfigError
+from rlctl.multiturn.builtin_tools import BUILTINS
 from rlctl.plugins import import_file
 
 
@@ -35,30 +35,6 @@ class ToolResult:
     text: str
     reward: float | None = None
     error: bool = False
-
-
-def python(code: str) -> str:
-    """Run a Python program in a sandbox and return what it printed.
-
-    Args:
-        code: A complete Python program; print the values you need (stdout is returned).
-    """
-    from rlctl.sandbox import Limits, run
-
-    result = run(code, limits=Limits(wall_s=5.0, cpu_s=5.0, memory_mb=512))
-    out = result.stdout
-    if not result.ok:
-        tail = result.stderr.strip().splitlines()[-3:]
-        out += f"\n{result.status}" + (": " + " | ".join(tail) if tail else "")
-    return out.strip() or "(no output)"
-
-
-def builtin(name: str) -> Callable:
-    if name == "calculator":
-        from rlctl.multiturn.builtin_tools import calculator
-
-        return calculator
-    return python
 
 
 # --- loading ---------------------------------------------------------------------------------------
@@ -176,7 +152,7 @@ def as_result(out: Any) -> ToolResult:
 def make_tool(spec: str, base: Path):
     key = "rollout.multi_turn.tools"
     if spec in BUILTINS:
-        return FunctionTool(builtin(spec), key)
+        return FunctionTool(BUILTINS[spec](), key)
     if ":" not in spec:
         raise ConfigError(f"{key}: unknown tool {spec!r}",
                           hint=f"use a built-in ({', '.join(BUILTINS)}) or \"file.py:name\"")

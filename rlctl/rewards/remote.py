@@ -22,7 +22,8 @@ import re
 import numpy as np
 
 from rlctl.errors import ConfigError
-from rlctl.rewards.http import HttpFailure, check_reachable, map_concurrent, post_json
+from rlctl.rewards.http import check_reachable, map_concurrent
+from rlctl.utils.http import HttpFailure, post_json
 
 REMOTE_CHUNK = 16
 _NUMBER = r"[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?"

@@ -1,9 +1,10 @@
 """All of a run's reward sources behind one `score(items)`: function, reward model, LLM judge, remote service.
 
 The score of a sample is the weighted sum over the configured sources (`reward.weights`; a source
-not named weighs 1.0); each source's own batch mean is logged as `reward/<source>/mean`. The
-function source is on when `reward.function` is set, when `reward.weights` names it, or when no
-other source is configured (the built-ins by data_source, as before).
+not named weighs 1.0); each source's own batch mean is logged as `reward/<source>/mean`. Which
+sources there are, when each is on and how it is built: rlctl.rewards.registry. The function
+source is on when `reward.function` is set, when `reward.weights` names it, or when no other
+source is configured (the built-ins by data_source, as before).
 
 `reward.on_error` and `reward.timeout_s` apply to every source: a failed sample stops the run
 (exit 5) or scores 0 in the sum, and more than half of a batch failing stops it either way.
@@ -20,6 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from rlctl.errors import RewardError
+from rlctl.rewards.registry import configured
 from rlctl.rewards.runner import RewardResult
 
 
@@ -35,8 +37,7 @@ class RewardSources:
 
     @property
     def names(self) -> list[str]:
-        return (["function"] if self.function is not None else []) + [s.name for s in self.others] + \
-            (["model"] if self.cfg.model and not any(s.name == "model" for s in self.others) else [])
+        return configured_names(self.cfg)
 
     def attach_model(self, handle) -> None:
         """The reward-model worker group (rlctl.workers.reward_model) scores from now on."""
@@ -99,27 +100,16 @@ class RewardSources:
                               hint=f'fix the {name} source; reward.on_error = "zero" tolerates up to half.')
 
 
-def uses_function(cfg) -> bool:
-    """The function source is on when set, weighted, or the only source there is."""
-    return bool(cfg.function) or "function" in cfg.weights or not (cfg.model or cfg.judge_url or cfg.remote_url)
+def configured_names(cfg) -> list[str]:
+    """The names of the configured sources, in the order their scores are summed."""
+    return [entry.name for entry in configured(cfg)]
 
 
 def build_reward(cfg, config_dir: Path) -> RewardSources:
     """The configured sources, each checked now (a missing file, an unreachable judge: ConfigError,
-    exit 2, before the first step). The reward model joins later, through attach_model()."""
-    from rlctl.rewards.remote import LlmJudge, RemoteService
-    from rlctl.rewards.runner import RewardRunner
-
-    http = {"timeout_s": cfg.timeout_s, "retries": cfg.retries, "concurrency": cfg.concurrency}
-    others = []
-    if cfg.remote_url:
-        others.append(RemoteService(cfg.remote_url, **http))
-    if cfg.judge_url:
-        others.append(LlmJudge(cfg.judge_url, cfg.judge_model, cfg.judge_prompt, cfg.judge_score,
-                               max_tokens=cfg.judge_max_tokens, api_key_env=cfg.judge_api_key_env, **http))
-    function = None
-    if uses_function(cfg):
-        function = RewardRunner(cfg.function, config_dir, timeout_s=cfg.timeout_s, on_error=cfg.on_error,
-                                workers=cfg.workers, format_score=cfg.format_score,
-                                sandbox_url=cfg.sandbox_url)
+    exit 2, before the first step); the services first, then the function's process pool. The
+    reward model joins later, through attach_model()."""
+    entries = [e for e in configured(cfg) if e.build is not None]
+    others = [e.build(cfg, config_dir) for e in entries if not e.base]
+    function = next((e.build(cfg, config_dir) for e in entries if e.base), None)
     return RewardSources(cfg, function, others)

@@ -5,7 +5,7 @@ For clusters that already run SandboxFusion (bytedance/SandboxFusion): its docum
 answered by `{"status": "Success" | "Failed" | "SandboxError", "message", "run_result":
 {"status": "Finished" | "TimeLimitExceeded" | "Error", "return_code", "stdout", "stderr",
 "execution_time"}}`. The answer becomes the same RunResult as a local run. The request goes
-through the reward sources' JSON client (rlctl.rewards.http: standard library only). Isolation is
+through the shared JSON client (rlctl.utils.http: standard library only). Isolation is
 then the service's, not rlctl's.
 """
 
@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import time
 
-from rlctl.rewards.http import HttpFailure, post_json
+from rlctl.utils.http import HttpFailure, post_json
 from rlctl.sandbox.run import MEMORY_MARKERS, Limits, RunResult
 
 HTTP_MARGIN_S = 10.0  # the service also queues and compiles: wait longer than the run's limit

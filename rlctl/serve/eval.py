@@ -193,12 +193,9 @@ def _resolve_reward_model(reward, config_dir: Path):
 
 
 def _reward_label(reward) -> str:
-    from rlctl.rewards.sources import uses_function
+    from rlctl.rewards.registry import configured
 
-    names = ([reward.function or "built-in by data_source"] if uses_function(reward) else []) + \
-        [f"{name} {value}" for name, value in (("model", reward.model), ("judge", reward.judge_url),
-                                               ("remote", reward.remote_url)) if value]
-    return " + ".join(names)
+    return " + ".join(entry.label(reward) for entry in configured(reward))
 
 
 def _generate(folder: Path, prompt_ids: list[list[int]], opts: EvalOptions, temperature: float,

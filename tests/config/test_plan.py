@@ -33,7 +33,7 @@ def test_one_optimizer_step_per_rollout_by_default():
 
 
 def test_on_gpus_every_gpu_of_every_node_is_a_worker():
-    from rlctl.config.validate import check_batches
+    from rlctl.validate.training import check_batches
 
     c = config(data={"batch_size": 8}, rollout={"n": 4}, resources={"nodes": 2, "gpus_per_node": 4, "workers": 1},
                actor={"micro_batch_size": 2})

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from rlctl.config.loader import load_config
-from rlctl.config.validate import validate
+from rlctl.validate import validate
 
 ROOT = Path(__file__).resolve().parents[2]
 WITH_SMOKE_RUN = sorted(p for p in (ROOT / "recipes").glob("*.toml") if "For a CPU smoke run" in p.read_text())

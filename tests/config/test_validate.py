@@ -11,7 +11,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from rlctl.config.loader import load_config
-from rlctl.config.validate import validate
+from rlctl.validate import validate
 
 BASE = """
 [model]
@@ -117,9 +117,9 @@ def test_unreachable_reward_service_is_a_warning_in_validate(project, key):
 
 def test_builtin_reward_names_are_accepted(project):
     from rlctl.rewards.builtin import BUILTINS
-    from rlctl.config.validate import BUILTIN_REWARDS
+    from rlctl.rewards.checks import builtin_reward_names
 
-    assert set(BUILTIN_REWARDS) == set(BUILTINS)
+    assert set(builtin_reward_names()) == set(BUILTINS)
     assert check(project, "reward.function=gsm8k")[0] == []
 
 
@@ -200,7 +200,7 @@ def test_sandbox_url_must_be_http(project):
 
 def test_gpus_auto_resolves_once_to_this_machines_gpus(project):
     """On this CPU machine "auto" is 0; validate says so, and with a cluster address it refuses."""
-    from rlctl.config.validate import resolve_auto
+    from rlctl.validate import resolve_auto
     from rlctl.runtime.resource_pool import visible_gpus
 
     loaded = load_config(project / "rlctl.toml", ["resources.gpus_per_node=auto"])

@@ -9,7 +9,7 @@ import uuid
 import pytest
 
 from rlctl.config.loader import load_config
-from rlctl.config.validate import validate
+from rlctl.validate import validate
 from rlctl.controller.run import start_training
 from support.dense_reward import DENSE_REWARD
 

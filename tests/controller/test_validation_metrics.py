@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from rlctl.config.validate import validation_metric_names
+from rlctl.config.metrics import validation_metric_names
 from rlctl.controller.trainer import validation_line, validation_metrics
 from rlctl.runtime.batch import Batch, object_array
 

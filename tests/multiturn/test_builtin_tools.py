@@ -56,3 +56,28 @@ def test_the_schema_comes_from_the_signature_and_docstring():
     assert function["parameters"]["required"] == ["expression"]
     assert function["parameters"]["properties"]["expression"]["type"] == "string"
     assert "4821 * 37" in function["parameters"]["properties"]["expression"]["description"]
+
+
+def test_the_builtins_table_is_the_schemas_list():
+    """config.schema keeps its own copy (config imports nothing of multiturn): the same names, in
+    the same order, since messages list them."""
+    from rlctl.config.schema import BUILTIN_TOOLS
+    from rlctl.multiturn.builtin_tools import BUILTINS
+
+    assert tuple(BUILTINS) == BUILTIN_TOOLS
+
+
+def test_every_builtin_loads_as_a_tool_of_its_name(tmp_path):
+    from rlctl.multiturn.builtin_tools import BUILTINS
+    from rlctl.multiturn.tools import load_tools
+
+    assert [tool.name for tool in load_tools(list(BUILTINS), tmp_path)] == list(BUILTINS)
+
+
+def test_a_name_outside_the_table_is_a_config_error_not_the_python_tool(tmp_path):
+    from rlctl.errors import ConfigError
+    from rlctl.multiturn.tools import make_tool
+
+    with pytest.raises(ConfigError, match="unknown tool 'search'") as err:
+        make_tool("search", tmp_path)
+    assert "calculator, python" in err.value.hint

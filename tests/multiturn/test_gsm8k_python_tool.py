@@ -53,7 +53,7 @@ def test_recipe_runs_the_python_tool_in_the_sandbox(tmp_path, tiny_model_dir, gs
     import pyarrow.parquet as pq
     from transformers import AutoTokenizer
 
-    from rlctl.multiturn.tools import python
+    from rlctl.multiturn.builtin_tools import python
     from rlctl.sandbox import run as sandbox_run
 
     proj = tmp_path / "proj"
@@ -94,7 +94,7 @@ def test_recipe_runs_the_python_tool_in_the_sandbox(tmp_path, tiny_model_dir, gs
 
 def test_recipe_validates_as_shipped_and_reads_what_the_prep_writes():
     from rlctl.config.loader import load_config
-    from rlctl.config.validate import validate
+    from rlctl.validate import validate
     from rlctl.tasks.prep import PrepOptions, out_dir
     from rlctl.recipes import get_recipe
 

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from rlctl.config.loader import load_config
-from rlctl.config.validate import validate
+from rlctl.validate import validate
 
 ROOT = Path(__file__).resolve().parents[2]
 

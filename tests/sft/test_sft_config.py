@@ -12,7 +12,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from rlctl.config.loader import load_config
-from rlctl.config.validate import validate
+from rlctl.validate import validate
 from rlctl.project import write_project
 from rlctl.recipes import get_recipe
 

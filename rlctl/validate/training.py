@@ -1,0 +1,175 @@
+"""Config checks of the keys the training controller reads: the algorithm, the batch sizes, KL,
+loggers and the best-checkpoint metric.
+
+Not in rlctl.algorithms, which stays torch/numpy/stdlib only, nor in rlctl.controller, which runs
+these checks before a run starts (rlctl.validate) and so cannot be imported by them. What they
+know of an estimator they read from its registry declaration (EstimatorSpec), never from its name.
+Each is `check(config, ctx)` (rlctl.config.checks) except the two that also return something to
+check further with.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+
+from rlctl.config.checks import CheckContext
+from rlctl.config.loader import Problem, suggest
+from rlctl.config.metrics import SFT_VAL_METRICS, validation_metric_names
+from rlctl.config.plan import BatchPlan, batch_plan, step_plan, world_size
+from rlctl.config.schema import Config
+
+
+def estimator_needs(name: str):
+    """The estimator's declared needs (critic, groups, greedy baseline) from the registry."""
+    from rlctl.algorithms import get_estimator
+
+    return get_estimator(name)
+
+
+def check_registered(config: Config, ctx: CheckContext) -> tuple[list[Problem], Config]:
+    """Import algorithm.plugins, then check algorithm.name and actor.policy_loss against the
+    registries. Returns the problems and the config to check further: an unknown name is
+    replaced by its default there, so that rules about it do not mislead."""
+    from rlctl.algorithms import estimator_names, policy_loss_names
+    from rlctl.errors import ConfigError
+    from rlctl.plugins import import_plugins
+
+    c, problems = config, []
+    try:
+        import_plugins(c.algorithm.plugins, ctx.base_dir)
+    except ConfigError as err:
+        problems.append(Problem("algorithm.plugins", err.message.removeprefix("algorithm.plugins: ")))
+    for key, names, default in (("algorithm.name", estimator_names(), Config().algorithm.name),
+                                ("actor.policy_loss", policy_loss_names(), Config().actor.policy_loss)):
+        section, field = key.split(".")
+        value = getattr(getattr(c, section), field)
+        if value not in names:
+            problems.append(Problem(key, f"{value!r} is not a registered name ({', '.join(names)}){suggest(value, names)}"
+                                         "; register your own in a file listed in algorithm.plugins"))
+            c = dataclasses.replace(c, **{section: dataclasses.replace(getattr(c, section), **{field: default})})
+    return problems, c
+
+
+def check_batches(c: Config) -> tuple[list[Problem], BatchPlan]:
+    """Each training role's mini- and micro-batches divide the step's batch over its workers."""
+    problems = []
+    n, workers = c.rollout.n, world_size(c.resources)
+    over = (f"resources.workers = {workers}" if workers == c.resources.workers
+            else f"the {workers} GPU workers (resources.nodes x gpus_per_node)")
+    roles = ("actor", "critic") if estimator_needs(c.algorithm.name).needs_critic else ("actor",)
+    for role in roles:
+        sect, role_plan = getattr(c, role), batch_plan(c, role)
+        mini = role_plan.prompts_per_mini_batch
+        if c.data.batch_size % mini:
+            problems.append(Problem(f"{role}.mini_batch_size",
+                                    f"{mini} prompts does not divide data.batch_size = {c.data.batch_size}"))
+            continue
+        seqs = role_plan.sequences_per_mini_batch
+        if seqs % workers:
+            problems.append(Problem(f"{role}.mini_batch_size",
+                                    f"{mini} prompts x rollout.n {n} = {seqs} sequences cannot be split evenly "
+                                    f"over {over}"))
+            continue
+        per_worker = seqs // workers
+        if per_worker % sect.micro_batch_size:
+            problems.append(Problem(f"{role}.micro_batch_size",
+                                    f"{sect.micro_batch_size} does not divide the {per_worker} sequences each worker "
+                                    f"gets per optimizer step ({mini} prompts x n {n} / {workers} workers)"))
+    return problems, step_plan(c)
+
+
+def check_algorithm(c: Config, ctx: CheckContext) -> list[Problem]:
+    """What the estimator declares it needs (groups, reward components, a critic), and the
+    algorithm keys that only make sense together."""
+    problems = []
+    spec = estimator_needs(c.algorithm.name)
+    if spec.needs_group and c.rollout.n < 2:
+        problems.append(Problem("rollout.n", f"algorithm {c.algorithm.name!r} compares samples within a group of "
+                                             f"the same prompt and needs rollout.n >= 2 (got {c.rollout.n})"))
+    keys, weights = c.algorithm.gdpo_reward_keys, c.algorithm.gdpo_reward_weights
+    if spec.needs_reward_components and not keys:
+        problems.append(Problem("algorithm.gdpo_reward_keys", f"algorithm {c.algorithm.name!r} normalises each reward "
+                                "component on its own: list the keys your reward function returns in its dict, "
+                                "e.g. [\"format\", \"accuracy\"]"))
+    if weights and len(weights) != len(keys):
+        problems.append(Problem("algorithm.gdpo_reward_weights", f"has {len(weights)} weights for {len(keys)} "
+                                "gdpo_reward_keys: give one per key, or none (1 each)"))
+    rc = c.algorithm.rollout_correction
+    if rc.rollout_rs:
+        from rlctl.algorithms import AlgorithmError
+        from rlctl.algorithms.rollout_correction import parse_rollout_rs
+
+        try:
+            parse_rollout_rs(rc.rollout_rs, rc.rollout_rs_threshold)
+        except AlgorithmError as err:
+            problems.append(Problem("algorithm.rollout_correction.rollout_rs", str(err)))
+    if c.algorithm.dynamic_sampling.enable and c.rollout.n < 2:
+        problems.append(Problem("algorithm.dynamic_sampling.enable",
+                                "dynamic sampling keeps groups whose rewards differ, so it needs rollout.n >= 2"))
+    if spec.needs_critic and "critic" not in ctx.raw:
+        problems.append(Problem("critic", f"algorithm {c.algorithm.name!r} trains a value model: add a [critic] "
+                                          "section (e.g. lr = 1e-5)"))
+    if not spec.needs_critic and "critic" in ctx.raw:
+        problems.append(Problem("critic", f"[critic] is unused by algorithm {c.algorithm.name!r} and is ignored",
+                                severity="warning"))
+    if c.rollout.temperature == 0 and c.rollout.n > 1:
+        problems.append(Problem("rollout.temperature", "0 (greedy) makes all rollout.n samples identical, so "
+                                                        "group advantages are zero", severity="warning"))
+    return problems
+
+
+def check_kl(c: Config, ctx: CheckContext) -> list[Problem]:
+    if c.actor.use_kl_loss and c.algorithm.kl_in_reward:
+        return [Problem("actor.use_kl_loss", "KL is both in the reward (algorithm.kl_in_reward) and in the "
+                                             "loss; usually you want one of them", severity="warning")]
+    return []
+
+
+def check_loggers(c: Config, ctx: CheckContext) -> list[Problem]:
+    """run.loggers that need an optional package (the machine pass)."""
+    problems = []
+    for logger, pkg in (("tensorboard", "tensorboard"), ("wandb", "wandb")):
+        if logger in c.run.loggers and importlib.util.find_spec(pkg) is None:
+            problems.append(Problem("run.loggers", f"{logger!r} is configured but not installed; "
+                                                   f"pip install \"rlctl[{logger}]\""))
+    return problems
+
+
+def check_best_metric(c: Config, ctx: CheckContext) -> list[Problem]:
+    """RL: run.best_metric names a metric validation logs; ctx.val_data_sources (None when
+    unread) decide the per-source names."""
+    return best_metric_problems(c, ctx.val_data_sources)
+
+
+def check_sft_best_metric(c: Config, ctx: CheckContext) -> list[Problem]:
+    """RL's rule against SFT's metrics (val_every = 0 warns alike), and both are better when lower."""
+    metric, problems = c.run.best_metric, best_metric_problems(c, known=SFT_VAL_METRICS)
+    if metric in SFT_VAL_METRICS and c.data.val_files and c.run.best_mode != "min":
+        problems.append(Problem("run.best_mode", f"{metric} is better when lower: set run.best_mode = \"min\"",
+                                severity="warning"))
+    return problems
+
+
+def best_metric_problems(c: Config, data_sources=None, known=None) -> list[Problem]:
+    """run.best_metric must be a metric validation logs: one of `known` (SFT's), or of RL's, where
+    data_sources (those of data.val_files, or None when unread) decide the per-source names."""
+    metric = c.run.best_metric
+    if not metric:
+        return []
+    if not c.data.val_files:
+        return [Problem("run.best_metric", f"{metric!r} is a validation metric but the run does not validate; "
+                                           "set data.val_files (and run.val_every), or run.best_metric = \"\"")]
+    rl = known is None
+    known = validation_metric_names(data_sources or ()) if rl else list(known)
+    source = metric.removeprefix("val/").removesuffix("/acc").removesuffix("/reward/mean")
+    per_source = rl and metric.startswith("val/") and source not in ("", metric.removeprefix("val/"))  # val/<ds>/...
+    if metric in known or (data_sources is None and per_source):
+        problems = []
+    else:
+        problems = [Problem("run.best_metric", f"{metric!r} is not a metric validation logs{suggest(metric, known)}; "
+                                               f"it logs {', '.join(known)}")]
+    if c.run.val_every == 0:
+        problems.append(Problem("run.best_metric", "run.val_every = 0 validates only at the last step, so the best "
+                                                   "checkpoint is the last one; set run.val_every", severity="warning"))
+    return problems

@@ -1,0 +1,74 @@
+"""Config checks of the rollout engine, from what its registry entry declares
+(rlctl.workers.rollout.registry): tensor-parallel size, temperature, GPUs and the pip extra, and
+what rollout.mode = "one_step_off" supports so far.
+
+Checks keep the contract of rlctl.config.checks: `check(config, ctx) -> list[Problem]`.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+
+from rlctl.config.checks import CheckContext
+from rlctl.config.loader import Problem
+from rlctl.config.schema import Config
+from rlctl.workers.rollout.registry import rollout_engine_info, sharding_engines
+
+
+def check_rollout_engine(c: Config, ctx: CheckContext) -> list[Problem]:
+    """The engine's declared limits: tensor-parallel size, temperature."""
+    engine = rollout_engine_info(c.rollout.engine)
+    tp, most, gpus = c.rollout.tensor_parallel_size, engine.max_tensor_parallel_size, c.resources.gpus_per_node
+    gpus = gpus if isinstance(gpus, int) else 0   # "auto" before it is resolved (--skip-machine)
+    problems = []
+    if most is not None and tp > most:
+        others = " or ".join(f'"{n}"' for n in sharding_engines())
+        problems.append(Problem("rollout.tensor_parallel_size", f"{tp}: the {engine.name} training rollout runs one "
+                                f"engine per GPU rank (tensor-parallel {most}); set it to {most}, or use "
+                                f"rollout.engine = {others}"))
+    elif tp != 1 and gpus and gpus % tp:
+        problems.append(Problem("rollout.tensor_parallel_size", f"{tp}: a {engine.title} engine spans {tp} GPUs of one "
+                                f"node, but resources.gpus_per_node = {gpus} is not a multiple of it"))
+    if engine.max_temperature is not None and c.rollout.temperature > engine.max_temperature:
+        problems.append(Problem("rollout.temperature", f"{c.rollout.temperature:g}: {engine.title} samples with "
+                                                       f"temperature <= {engine.max_temperature:g}"))
+    return problems
+
+
+def check_one_step_off(c: Config, ctx: CheckContext) -> list[Problem]:
+    """rollout.mode = "one_step_off": what the separate rollout group supports so far."""
+    if c.rollout.mode != "one_step_off":
+        if "rollout_workers" in ctx.raw.get("resources", {}):
+            return [Problem("resources.rollout_workers", "is used only with rollout.mode = \"one_step_off\" and is "
+                                                         "ignored", severity="warning")]
+        return []
+    problems = []
+    gpus = c.resources.gpus_per_node
+    if c.rollout.engine != "hf":
+        problems.append(Problem("rollout.mode", f"\"one_step_off\" generates with the hf engine in its own group; "
+                                f"rollout.engine = {c.rollout.engine!r} there is not built yet: use rollout.engine = "
+                                "\"hf\" or rollout.mode = \"sync\""))
+    if isinstance(gpus, int) and gpus > 0:
+        problems.append(Problem("rollout.mode", "\"one_step_off\" splits CPU workers between the actor and the "
+                                "rollout group; GPU placement of the rollout group is not built yet: set "
+                                "resources.gpus_per_node = 0 or rollout.mode = \"sync\""))
+    if c.algorithm.dynamic_sampling.enable:
+        problems.append(Problem("algorithm.dynamic_sampling.enable", "dynamic sampling decides how many batches to "
+                                "generate from their rewards, which one_step_off generates a step ahead: turn one "
+                                "of them off"))
+    if c.data.batch_size < c.resources.rollout_workers:
+        problems.append(Problem("resources.rollout_workers", f"{c.resources.rollout_workers} rollout workers for "
+                                f"data.batch_size = {c.data.batch_size} prompts: every worker needs a prompt; use at "
+                                "most data.batch_size"))
+    return problems
+
+
+def check_engine_installed(c: Config, ctx: CheckContext) -> list[Problem]:
+    """The machine pass: a GPU-only engine has GPUs, an engine's pip extra is installed."""
+    engine = rollout_engine_info(c.rollout.engine)
+    if engine.gpu_only and c.resources.gpus_per_node == 0:
+        return [Problem("rollout.engine", f"{engine.name!r} runs on GPUs only; set resources.gpus_per_node "
+                                          "or use engine = \"hf\" on CPU")]
+    if engine.extra and importlib.util.find_spec(engine.extra) is None:
+        return [Problem("rollout.engine", f"{engine.name!r} is not installed; pip install \"rlctl[{engine.extra}]\"")]
+    return []
