@@ -26,14 +26,21 @@ LEAF_KEYS = {key: f for key, f in iter_keys()}
 
 @dataclass(frozen=True)
 class Problem:
+    """One thing wrong: a config key (or a data file's `file:line`) and what is wrong with it.
+    `kind` names the sort of problem where a report counts them (data prep: "malformed JSON")."""
+
     key: str
     message: str
     line: int | None = None
     severity: str = "error"  # or "warning"
+    kind: str = ""
 
     def format(self, source: str = "") -> str:
         where = f"{source}:{self.line}: " if source and self.line else (f"{source}: " if source else "")
         return f"{where}{self.key}: {self.message}" if self.key else f"{where}{self.message}"
+
+    def __str__(self) -> str:
+        return self.format()
 
 
 @dataclass(frozen=True)

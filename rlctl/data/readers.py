@@ -13,21 +13,15 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from rlctl.config.loader import Problem
 from rlctl.errors import DataError
 
 SUFFIXES = (".jsonl", ".json", ".csv", ".parquet")
 
 
-@dataclass(frozen=True)
-class Problem:
-    """One row that could not be used: where (`file:line`), a short kind, and the detail."""
-
-    where: str
-    kind: str
-    detail: str
-
-    def __str__(self) -> str:
-        return f"{self.where}: {self.detail}"
+def row_problem(where: str, kind: str, detail: str) -> Problem:
+    """A row that could not be used: where (`file:line`), a short kind, and the detail."""
+    return Problem(where, detail, kind=kind)
 
 
 @dataclass
@@ -65,17 +59,17 @@ def _read_jsonl(path: Path) -> RawFile:
         try:
             text = line.decode("utf-8")
         except UnicodeDecodeError as e:
-            raw.problems.append(Problem(where, "not UTF-8",
-                                        f"not valid UTF-8 (byte 0x{line[e.start]:02x} at column {e.start + 1})"))
+            raw.problems.append(row_problem(where, "not UTF-8",
+                                            f"not valid UTF-8 (byte 0x{line[e.start]:02x} at column {e.start + 1})"))
             continue
         try:
             record = json.loads(text)
         except json.JSONDecodeError as e:
-            raw.problems.append(Problem(where, "malformed JSON", f"malformed JSON ({e.msg} at column {e.colno})"))
+            raw.problems.append(row_problem(where, "malformed JSON", f"malformed JSON ({e.msg} at column {e.colno})"))
             continue
         if not isinstance(record, dict):
-            raw.problems.append(Problem(where, "malformed JSON",
-                                        f"expected a JSON object per line, got {type(record).__name__}"))
+            raw.problems.append(row_problem(where, "malformed JSON",
+                                            f"expected a JSON object per line, got {type(record).__name__}"))
             continue
         keys.update(dict.fromkeys(record))
         raw.records.append((where, record))
@@ -99,7 +93,7 @@ def _read_json(path: Path) -> RawFile:
             raw.records.append((where, item))
             raw.columns = list(dict.fromkeys([*raw.columns, *item]))
         else:
-            raw.problems.append(Problem(where, "malformed JSON", f"expected an object, got {type(item).__name__}"))
+            raw.problems.append(row_problem(where, "malformed JSON", f"expected an object, got {type(item).__name__}"))
     return raw
 
 
@@ -121,10 +115,10 @@ def _read_csv(path: Path) -> RawFile:
         if not any(cell.strip() for cell in row):
             continue
         if any("\udc80" <= ch <= "\udcff" for cell in row for ch in cell):
-            raw.problems.append(Problem(where, "not UTF-8", "not valid UTF-8"))
+            raw.problems.append(row_problem(where, "not UTF-8", "not valid UTF-8"))
         elif len(row) != len(raw.columns):
-            raw.problems.append(Problem(where, "wrong field count",
-                                        f"{len(row)} fields, the header has {len(raw.columns)}"))
+            raw.problems.append(row_problem(where, "wrong field count",
+                                            f"{len(row)} fields, the header has {len(raw.columns)}"))
         else:
             raw.records.append((where, dict(zip(raw.columns, row))))
     return raw

@@ -25,7 +25,7 @@ from collections import Counter
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from rlctl.data.readers import Problem, read_records
+from rlctl.data.readers import read_records, row_problem
 from rlctl.data.sources import (FILE_FORMATS, SPLIT_NAMES, FileSource, Generated, RowError, convert,
                                 file_source, locate)
 from rlctl.errors import DataError, UsageError
@@ -153,11 +153,11 @@ def read_split(task: FileSource, split: str, paths: list[Path]) -> SplitRows:
         try:
             row = convert(task, record, split, index)
         except RowError as e:
-            out.problems.append(Problem(where, e.kind, e.detail))
+            out.problems.append(row_problem(where, e.kind, e.detail))
             continue
         key = (tuple((m["role"], m["content"]) for m in row["prompt"]), row["reward_model"]["ground_truth"])
         if key in seen:
-            out.duplicates.append(Problem(where, "duplicate", f"duplicate of {seen[key]}"))
+            out.duplicates.append(row_problem(where, "duplicate", f"duplicate of {seen[key]}"))
         else:
             seen[key] = where
             out.rows.append(row)
