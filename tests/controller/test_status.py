@@ -16,8 +16,8 @@ from rich.console import Console
 
 from rlctl.controller.logging import MetricsLogger
 from rlctl.checkpoint.manager import CheckpointManager
-from rlctl.controller.status import (curves_figure, find_run_dir, finish_run, plot_curves, read_run_info,
-                                     render_status, start_run, status_summary, write_run_info)
+from rlctl.checkpoint.run_folder import find_run_dir, finish_run, read_run_info, start_run, write_run_info
+from rlctl.controller.status import curves_figure, plot_curves, render_status, status_summary
 from rlctl.errors import UsageError
 
 
