@@ -31,11 +31,15 @@ import json
 import os
 import socket
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from rlctl import __version__
 from rlctl.checkpoint.manager import CHECKPOINTS_DIR, CheckpointManager
 from rlctl.checkpoint.manifest import CONFIG_FILE
 from rlctl.errors import UsageError
+
+if TYPE_CHECKING:
+    from rlctl.models.hub import ModelSource
 
 __all__ = ["CHECKPOINTS_DIR", "CONFIG_FILE"]   # the checkpoint manager's and the manifest's names, shown here
 
@@ -118,6 +122,26 @@ def run_model(run_dir: str | os.PathLike) -> Path:
     if not (out / MODEL_CONFIG).is_file():   # merged before: reused without hashing the checkpoint again
         merge_run(run_dir, out, force=out.exists())   # exactly the step LATEST names; raises when it is broken
     return out
+
+
+def model_of_run(run_dir: str | os.PathLike) -> ModelSource:
+    """What model.path = a run folder names, without merging (`rlctl config validate`): the export
+    of its newest checkpoint when run_model merged it before, else no folder yet and a note saying
+    when it will be; DataError when the run has no checkpoint."""
+    from rlctl.errors import DataError
+    from rlctl.models.hub import ModelSource
+
+    run_dir = Path(run_dir).resolve()
+    step = CheckpointManager.for_run(run_dir).latest_named()
+    if step is None:
+        raise DataError(f"model.path {run_dir} is an rlctl run folder without a checkpoint",
+                        hint="train it first (`rlctl train` / `rlctl resume`), or point model.path at a model folder")
+    export = run_dir / EXPORTS_DIR / f"step_{step}"
+    if (export / MODEL_CONFIG).is_file():
+        return ModelSource(str(export), export, "run")
+    return ModelSource(str(run_dir), None, "run",
+                       note=f"{run_dir.name} is an rlctl run folder: training starts from its checkpoint step_{step}, "
+                            f"merged into {export} when the run starts")
 
 
 def _mtime(path: Path) -> float:
