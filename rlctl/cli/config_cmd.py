@@ -50,9 +50,9 @@ def validate_cmd(
     """
     from rlctl.config.validate import validate
 
-    loaded, first = run_as_model(load_checked(file, overrides, strict=False))
+    loaded, from_run = run_as_model(load_checked(file, overrides, strict=False))
     problems, plan = validate(loaded, machine=not skip_machine)   # resolves gpus_per_node = "auto"
-    problems = first + list(problems)
+    problems = list(problems) + from_run
     gpus, auto = plan.gpus_per_node, plan.gpus_per_node_resolved
     lines = loaded.lines
     source = os.path.relpath(loaded.path) if loaded.path else "overrides"
@@ -73,7 +73,7 @@ def validate_cmd(
 def run_as_model(loaded):
     """model.path = an rlctl run folder: the checks read the model training will start from (its
     merged checkpoint, or until that exists the model the run itself started from), and the
-    run folder's own word about it comes first. Returns (loaded, those problems)."""
+    run folder's own word about it joins the report. Returns (loaded, those problems)."""
     import dataclasses
 
     from rlctl.checkpoint.run_folder import CONFIG_FILE, is_run_folder, model_of_run
