@@ -150,7 +150,7 @@ def run_rlctl(size: str, a) -> dict:
     log_step = S.TrainSetup.log_step
 
     def recording_log_step(self, step, metrics, batch):  # the group's cumulative call timing per step
-        snaps.append((step, time.perf_counter(), {k: dict(v) for k, v in self.actor.group.timing.items()}))
+        snaps.append((step, time.perf_counter(), {k: dict(v) for k, v in self.actor.role.group.timing.items()}))
         return log_step(self, step, metrics, batch)
 
     with tempfile.TemporaryDirectory(prefix=f"rlctl-bench-{size}-") as tmp:

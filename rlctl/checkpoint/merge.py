@@ -287,18 +287,3 @@ def export_hf(run_dir: str | os.PathLike, out_dir: str | os.PathLike, step: int 
     if result.warning:
         logging.getLogger("rlctl.merge").warning("%s", result.warning)
     return result.out
-
-
-def run_model(run_dir: str | os.PathLike) -> Path:
-    """An rlctl run folder used as model.path: its newest valid checkpoint as a verified HF folder at
-    <run>/hf/step_<N>, merged once (LoRA merged in) and reused by later runs."""
-    from rlctl.models.hub import RUN_EXPORTS
-
-    run_dir = Path(run_dir).resolve()
-    step = CheckpointManager.for_run(run_dir).latest_named()
-    if step is None:   # no readable LATEST: pick_checkpoint raises and says why
-        step = pick_checkpoint(run_dir, None)[0].step
-    out = run_dir / RUN_EXPORTS / f"step_{step}"
-    if not (out / "config.json").is_file():   # merged before: reused without hashing the checkpoint again
-        merge_run(run_dir, out, force=out.exists())   # exactly the step LATEST names; raises when it is broken
-    return out

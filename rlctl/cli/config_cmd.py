@@ -50,8 +50,9 @@ def validate_cmd(
     """
     from rlctl.validate import validate
 
-    loaded = load_checked(file, overrides, strict=False)
+    loaded, from_run = run_as_model(load_checked(file, overrides, strict=False))
     problems, plan = validate(loaded, machine=not skip_machine)   # resolves gpus_per_node = "auto"
+    problems = list(problems) + from_run
     gpus, auto = plan.gpus_per_node, plan.gpus_per_node_resolved
     lines = loaded.lines
     source = os.path.relpath(loaded.path) if loaded.path else "overrides"
@@ -67,6 +68,38 @@ def validate_cmd(
                       lines)
     if errors:
         raise typer.Exit(2)
+
+
+def run_as_model(loaded):
+    """model.path = an rlctl run folder: the checks read the model training will start from (its
+    merged checkpoint, or until that exists the model the run itself started from), and the
+    run folder's own word about it joins the report. Returns (loaded, those problems)."""
+    import dataclasses
+
+    from rlctl.checkpoint.run_folder import CONFIG_FILE, is_run_folder, model_of_run
+    from rlctl.config.loader import Problem, load_config
+    from rlctl.errors import DataError
+    from rlctl.models.hub import looks_local
+
+    path = loaded.config.model.path
+    folder = Path(path).expanduser()
+    folder = folder if folder.is_absolute() else loaded.base_dir / folder
+    if not (path and looks_local(path, loaded.base_dir) and folder.is_dir() and is_run_folder(folder)):
+        return loaded, []
+    try:
+        source = model_of_run(folder)
+    except DataError as e:
+        source, problems = None, [Problem("model.path", e.message.removeprefix("model.path ") + f"; {e.hint}")]
+    else:
+        problems = [Problem("model.path", source.note, severity="warning")] if source.note else []
+    if source is not None and source.folder is not None:
+        model = str(source.folder)
+    elif (folder / CONFIG_FILE).is_file():   # the run's own starting model: same architecture and context
+        model = load_config(folder / CONFIG_FILE, strict=False).config.model.path
+    else:
+        return loaded, problems
+    config = dataclasses.replace(loaded.config, model=dataclasses.replace(loaded.config.model, path=model))
+    return dataclasses.replace(loaded, config=config), problems
 
 
 def _with_line(problem, lines):

@@ -40,7 +40,7 @@ def resume(run_dir: Optional[str] = typer.Argument(None, help="Run folder (defau
     Example: rlctl resume runs/grpo-gsm8k --step 40 run.total_steps=200
     """
     from rlctl.controller.run import resume_training
-    from rlctl.controller.status import find_run_dir
+    from rlctl.checkpoint.run_folder import find_run_dir
 
     words = list(overrides or [])
     if run_dir is not None and "=" in run_dir and not Path(run_dir).exists():
@@ -56,7 +56,8 @@ def status(run_dir: Optional[Path] = typer.Argument(None, help="Run folder (defa
 
     Example: rlctl status runs/grpo-gsm8k --plot curves.png
     """
-    from rlctl.controller.status import find_run_dir, plot_curves, render_status, status_summary
+    from rlctl.checkpoint.run_folder import find_run_dir
+    from rlctl.controller.status import plot_curves, render_status, status_summary
 
     folder = find_run_dir(run_dir)
     summary = status_summary(folder)

@@ -7,7 +7,8 @@ the run's config. MANIFEST.json (written by the CheckpointManager, which makes t
 atomically) carries the run's fingerprint (config + content hashes of model, tokenizer, data,
 reward file), so resume can refuse a config that would break the run.
 Generation seeds are a pure function of (seed, step, round), so no sampler state is needed.
-rollout.mode = "one_step_off" adds pending_rollout.pkl: the batch already generated for step + 1.
+What a step folder holds comes from the run's session (rlctl.controller.session.RunSession: its
+roles, its stateful parts, its extras such as the one-step-off batch already generated for step + 1).
 """
 
 from __future__ import annotations
@@ -20,42 +21,40 @@ from rlctl.checkpoint.manifest import CONFIG_FILE, MANIFEST
 from rlctl.utils.fs import atomic_write_text
 
 if TYPE_CHECKING:
-    from rlctl.controller.setup import TrainSetup
+    from rlctl.controller.session import RunSession
 
 STATE_FILE = "trainer_state.json"
 
 
-def fingerprint(setup: TrainSetup) -> dict:
+def fingerprint(session: RunSession) -> dict:
     from rlctl.checkpoint.compat import run_fingerprint
     from rlctl.config.loader import config_to_dict
 
-    return run_fingerprint(config_to_dict(setup.config), setup.config_dir, setup.config.model.path)
+    return run_fingerprint(config_to_dict(session.config), session.config_dir, session.config.model.path)
 
 
-def save(setup: TrainSetup, step: int, *, final: bool = False) -> Path | None:
+def save(session: RunSession, step: int, *, final: bool = False) -> Path | None:
     """Write checkpoint `step` (skipped when that step is already the newest saved one)."""
-    if step == 0 or step == setup.state.get("saved_step"):
+    if step == 0 or step == session.state.saved_step:
         return None
     import tomlkit
 
     from rlctl.config.loader import config_to_dict
 
     def write(tmp: Path) -> None:
-        setup.actor.save_checkpoint(str(tmp / "actor"))
-        if setup.critic is not None:
-            setup.critic.save_checkpoint(str(tmp / "critic"))
-        kl_ctrl = setup.kl_ctrl.state_dict() if setup.kl_ctrl is not None else None   # None: an SFT run
-        state = {"step": step, "loader": setup.loader.state_dict(), "kl_ctrl": kl_ctrl,
-                 "world_size": setup.config.resources.workers, "best": setup.state.get("best")}
+        for name, role in session.roles.items():   # actor/ (and critic/): each rank its shards
+            role.save_checkpoint(str(tmp / name))
+        state = {"step": step, **{name: part.state_dict() for name, part in session.stateful.items()},
+                 "world_size": session.config.resources.workers, "best": session.state.best}
         atomic_write_text(tmp / STATE_FILE, json.dumps(state, indent=1) + "\n")
-        if setup.pipeline is not None:   # one_step_off: the batch generating for step + 1
-            setup.pipeline.save(tmp)
-        atomic_write_text(tmp / CONFIG_FILE, tomlkit.dumps(config_to_dict(setup.config)))
+        for extra in session.extras:   # e.g. one_step_off: the batch generating for step + 1
+            extra.save(tmp)
+        atomic_write_text(tmp / CONFIG_FILE, tomlkit.dumps(config_to_dict(session.config)))
 
-    with_notice = setup.display.print if final else (lambda _msg: None)
-    meta = {"run": setup.config.run.name, "fingerprint": fingerprint(setup)}
-    path = setup.checkpoints.save(step, write, meta=meta, best=setup.state.get("best"))
-    setup.state["saved_step"] = step
+    with_notice = session.display.print if final else (lambda _msg: None)
+    meta = {"run": session.config.run.name, "fingerprint": fingerprint(session)}
+    path = session.checkpoints.save(step, write, meta=meta, best=session.state.best)
+    session.state.saved_step = step
     with_notice(f"checkpoint saved: {path}")
     return path
 
@@ -101,35 +100,31 @@ def prepare_resume(run_dir: Path, step: int | None, overrides: list[str] | tuple
 def _current_fingerprint(loaded) -> dict:
     from rlctl.checkpoint.compat import run_fingerprint
     from rlctl.config.loader import config_to_dict
-    from rlctl.controller.setup import resolve_paths
+    from rlctl.controller.paths import resolve_paths
 
     config = resolve_paths(loaded.config, loaded.base_dir)
     return run_fingerprint(config_to_dict(config), loaded.base_dir, config.model.path)
 
 
-def restore(setup: TrainSetup, ckpt_path: Path) -> None:
-    """Load workers, data position and KL controller from a checkpoint folder."""
+def restore(session: RunSession, ckpt_path: Path) -> None:
+    """Load workers, data position and KL controller (what the session has) from a checkpoint folder."""
     state = json.loads((ckpt_path / STATE_FILE).read_text())
-    setup.actor.load_checkpoint(str(ckpt_path / "actor"))
-    if setup.critic is not None:
-        setup.critic.load_checkpoint(str(ckpt_path / "critic"))
-    setup.loader.load_state_dict(state["loader"])
-    if setup.kl_ctrl is not None:
-        setup.kl_ctrl.load_state_dict(state["kl_ctrl"])
-    setup.state.update(step=int(state["step"]), saved_step=int(state["step"]))
-    setup.state["best"] = restore_best(setup, state.get("best"))
-    if setup.config.rollout.mode == "one_step_off":
-        from rlctl.controller.offpolicy import load_pending
-
-        setup.state["pending_rollout"] = load_pending(ckpt_path)
+    for name, role in session.roles.items():
+        role.load_checkpoint(str(ckpt_path / name))
+    for name, part in session.stateful.items():
+        part.load_state_dict(state[name])
+    session.state.step = session.state.saved_step = int(state["step"])
+    session.state.best = restore_best(session, state.get("best"))
+    for extra in session.extras:
+        extra.restore(ckpt_path)
 
 
-def restore_best(setup, record: dict | None) -> dict | None:
+def restore_best(session: RunSession, record: dict | None) -> dict | None:
     """The best-checkpoint record as of the checkpoint resumed from, written back to BEST.json (which
     a run that went further, before `resume --step`, may have moved on). Dropped, and BEST.json with
     it, when run.best_metric / best_mode changed or the checkpoint it names no longer exists."""
-    run = setup.config.run
+    run = session.config.run
     kept = (record is not None and record.get("metric") == run.best_metric and record.get("mode") == run.best_mode
-            and (setup.checkpoints.step_dir(record["step"]) / MANIFEST).is_file())
-    setup.checkpoints.write_best(record if kept else None)
+            and (session.checkpoints.step_dir(record["step"]) / MANIFEST).is_file())
+    session.checkpoints.write_best(record if kept else None)
     return record if kept else None

@@ -17,11 +17,10 @@ import secrets
 from pathlib import Path
 from typing import Any, Iterable
 
+from rlctl.checkpoint.run_folder import METRICS_FILE, SAMPLES_FILE
 from rlctl.errors import UsageError
 
 SINKS = ("console", "jsonl", "tensorboard", "wandb")
-METRICS_FILE = "metrics.jsonl"
-SAMPLES_FILE = "samples.jsonl"
 TENSORBOARD_DIR = "tensorboard"
 WANDB_ID_FILE = "wandb_id"
 _PACKAGES = {"tensorboard": "tensorboard", "wandb": "wandb"}

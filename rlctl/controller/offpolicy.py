@@ -37,43 +37,60 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from rlctl.controller import rollout
+from rlctl.controller.timing import phase
 from rlctl.runtime.batch import Batch
 
 if TYPE_CHECKING:
     from rlctl.controller.setup import TrainSetup
+    from rlctl.runtime.worker_group import RoleHandle
+    from rlctl.workers.groups import Workers
 
 PENDING_FILE = "pending_rollout.pkl"
 
 
 class OneStepOff:
-    """The rollout side of the loop in one_step_off mode: `rollout(step)` replaces
-    rlctl.controller.rollout.rollout, `push_weights(version)` follows every actor update."""
+    """The rollout source of one_step_off mode (rlctl.controller.rollout_source.RolloutSource):
+    `next(step)` returns the batch generated one update ago, `after_update(version)` pushes the
+    new weights to the rollout group."""
 
-    def __init__(self, setup: TrainSetup):
+    on_policy = False   # batch k comes from the weights of update k-2: drift is by design
+
+    def __init__(self, setup: TrainSetup, workers: Workers):
         self.setup = setup
+        self.group: RoleHandle = workers.rollout
         self.pending: tuple[int, object] | None = None   # (step, PendingCall, Future or Batch) being generated
         self.push = None                                  # the last weight push (PendingCall)
-        self.turns = _turn_loop(setup) if setup.config.rollout.multi_turn.enable else None
+        self.restored: dict | None = None                 # the batch a checkpoint saved in flight
+        self.turns = None                                 # the multi-turn loop over the rollout group
 
     def start(self, first_step: int) -> None:
         """Give the rollout group the actor's current weights (update first_step - 1) and take back
         a batch a checkpoint saved in flight."""
+        if self.setup.config.rollout.multi_turn.enable:
+            self.turns = _turn_loop(self.setup, self.group)
         self.push_weights(first_step - 1)
-        saved = self.setup.state.pop("pending_rollout", None)
+        saved, self.restored = self.restored, None
         if saved is not None and saved["step"] == first_step:
             self.pending = (first_step, Batch(saved["tensors"], saved["meta"]))
 
     def push_weights(self, version: int) -> None:
         """The actor's trained weights (after `version` updates) to every rollout rank, no disk:
         rank 0 of the actor returns numpy arrays, put once in the object store for all ranks
-        (the worker group puts a dict argument of an ALL call there). rollout() waits for it (a
+        (the worker group puts a dict argument of an ALL call there). next() waits for it (a
         failed push surfaces there) before the next push. A multi-turn batch in flight finishes its
         turns first: the group runs each call in order, and new weights must not land between turns."""
         if self.turns is not None and self.pending is not None:
             self._wait()
-        self.push = self.setup.rollout.submit("update_weights", self.setup.actor.export_weights(), version=version)
+        self.push = self.group.submit("update_weights", self.setup.actor.export_weights(), version=version)
 
-    def rollout(self, step: int) -> tuple[Batch, dict]:
+    def after_update(self, step: int) -> dict:
+        timing: dict = {}
+        if step < self.setup.total_steps:   # the last update has no next batch to generate
+            with phase(timing, "sync_weights"):
+                self.push_weights(step)
+        return timing
+
+    def next(self, step: int) -> tuple[Batch, dict]:
         """Batch `step` (generated one update ago, or now when nothing is in flight), scored; batch
         step+1 is submitted before scoring, so it generates while this one is scored and trained."""
         setup = self.setup
@@ -100,13 +117,13 @@ class OneStepOff:
         if self.turns is not None:
             self.pending = (step, _in_thread(self._generate_turns, prompts, setup.seed_for(step, 1)))
         else:
-            self.pending = (step, setup.rollout.submit("generate", prompts, seed=setup.seed_for(step, 1)))
+            self.pending = (step, self.group.submit("generate", prompts, seed=setup.seed_for(step, 1)))
 
     def _generate_turns(self, prompts: Batch, seed: int) -> Batch:
         """A multi-turn batch from the rollout group, tagged with its weights' version and log-probs."""
         batch = self.turns.generate(prompts, seed=seed, mode="train")
         model = Batch({key: batch[key] for key in ("input_ids", "attention_mask", "response_mask")})
-        return batch.union(self.setup.rollout.tag_rollout(model))
+        return batch.union(self.group.tag_rollout(model))
 
     def _wait(self) -> tuple[int, Batch]:
         """The batch in flight, waited for (it stays pending)."""
@@ -128,16 +145,22 @@ class OneStepOff:
             pickle.dump({"step": step, "tensors": batch.tensors, "meta": batch.meta}, f,
                         protocol=pickle.HIGHEST_PROTOCOL)
 
+    def restore(self, folder: Path) -> None:
+        """Take back the batch a checkpoint saved in flight; `start` trains on it."""
+        self.restored = load_pending(folder)
 
-def _turn_loop(setup: TrainSetup):
+
+def _turn_loop(setup: TrainSetup, group: RoleHandle):
     """The multi-turn loop over the rollout group, with its own tool runner and interaction (the
     actor's own loop may validate meanwhile; classes are created again, a file's instances shared)."""
     from rlctl.multiturn.rollout import MultiTurnActor
     from rlctl.workers.models import eos_token_ids
+    from rlctl.workers.rollout.registry import rollout_engine_info
 
     config = setup.config
-    return MultiTurnActor(setup.rollout, config, setup.tokenizer, setup.config_dir,
-                          eos_token_ids(config.model.path, setup.tokenizer))
+    return MultiTurnActor(group, config, setup.tokenizer, setup.session.config_dir,
+                          eos_token_ids(config.model.path, setup.tokenizer),
+                          engine_log_probs=rollout_engine_info(config.rollout.engine).reports_log_probs)
 
 
 def _in_thread(fn, *args) -> Future:

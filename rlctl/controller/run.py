@@ -22,14 +22,14 @@ def _model_from_run(loaded: LoadedConfig) -> LoadedConfig:
     <run>/hf/step_<N> once; the run records that folder as its model.path."""
     import dataclasses
 
-    from rlctl.models.hub import is_run_folder, looks_local
+    from rlctl.checkpoint.run_folder import is_run_folder, run_model
+    from rlctl.models.hub import looks_local
 
     path = loaded.config.model.path
     folder = Path(path).expanduser()
     folder = folder if folder.is_absolute() else loaded.base_dir / folder
     if not (path and looks_local(path, loaded.base_dir) and folder.is_dir() and is_run_folder(folder)):
         return loaded
-    from rlctl.checkpoint.merge import run_model
 
     model = dataclasses.replace(loaded.config.model, path=str(run_model(folder)))
     return dataclasses.replace(loaded, config=dataclasses.replace(loaded.config, model=model))
@@ -53,7 +53,7 @@ def _check(loaded: LoadedConfig) -> None:
 
 def start_training(loaded: LoadedConfig, *, address: str | None, force: bool) -> None:
     from rlctl.controller.run_dir import claim_new_run_dir, run_dir_of, write_resolved_config
-    from rlctl.controller.setup import resolve_paths
+    from rlctl.controller.paths import resolve_paths
 
     loaded = _resolve_auto(loaded, address)
     loaded = _model_from_run(loaded)
@@ -76,21 +76,21 @@ def resume_training(run_dir: Path, *, step: int | None, address: str | None, ove
     _run(loaded, run_dir, address=address, command="resume", notices=notices, resume=(ckpt_step, ckpt_path))
 
 
-def _signal_killed_the_workers(stop, setup) -> Interrupted:
+def _signal_killed_the_workers(stop, session) -> Interrupted:
     """A SIGTERM sent to the whole process group (a service manager, `timeout`) also reaches Ray's
     raylet, whose shutdown kills the worker ranks before the controller's safe point: the run
     stops as asked (exit 143), without the final checkpoint, and says where resume will start."""
     from rlctl.controller.signals import stopped
 
-    saved = [c["step"] for c in setup.checkpoints.listing() if c["valid"]]
+    saved = [c["step"] for c in session.checkpoints.listing() if c["valid"]]
     where = f"rlctl resume continues from step {max(saved)}" if saved else "no checkpoint was saved yet"
     return stopped(stop.signum, f", which also reached Ray's own processes: the workers ended before "
-                                f"step {setup.state['step'] + 1} could finish or be saved; {where}")
+                                f"step {session.state.step + 1} could finish or be saved; {where}")
 
 
 def _already_finished(run_dir: Path, loaded: LoadedConfig, ckpt_step: int, overrides) -> bool:
     """A finished run resumed from its last step with the same length: say so, start nothing."""
-    from rlctl.controller.status import read_run_info
+    from rlctl.checkpoint.run_folder import read_run_info
 
     info = read_run_info(run_dir)
     longer = any(w.startswith(("run.total_steps=", "run.total_epochs=")) for w in overrides)
@@ -104,7 +104,7 @@ def _already_finished(run_dir: Path, loaded: LoadedConfig, ckpt_step: int, overr
 def _run(loaded: LoadedConfig, run_dir: Path, *, address: str | None, command: str, notices: list,
          resume: tuple | None = None) -> None:
     from rlctl.controller import checkpointing
-    from rlctl.controller.status import finish_run, start_run
+    from rlctl.checkpoint.run_folder import finish_run, start_run
     from rlctl.controller.signals import StopFlag, startup_signals
     from rlctl.runtime.ray_env import resolve_address
 
@@ -122,24 +122,25 @@ def _run(loaded: LoadedConfig, run_dir: Path, *, address: str | None, command: s
         except Interrupted as e:   # nothing trained in this session: the run folder says so
             finish_run(run_dir, status="interrupted", exit_code=e.exit_code, error=e.message)
             raise
+        session = setup.session
         stop = stack.enter_context(StopFlag())   # from here on: stop at the next safe point
         if resume:
-            checkpointing.restore(setup, resume[1])
+            checkpointing.restore(session, resume[1])
         start_run(run_dir, name=loaded.config.run.name, total_steps=setup.total_steps, command=command,
                   resumed_from=resume[0] if resume else None)
-        for line in notices + setup.notices:
-            setup.display.print(line)
+        for line in notices + session.notices:
+            session.display.print(line)
         try:
             Trainer(setup).fit(stop)
         except Interrupted as e:
-            setup.save(setup.state["step"], final=True)
+            session.save(session.state.step, final=True)
             finish_run(run_dir, status="interrupted", exit_code=e.exit_code, error=e.message)
             raise
         except WorkerDiedError as e:
             if not stop.signum:
                 finish_run(run_dir, status="failed", exit_code=e.exit_code, error=e.message)
                 raise
-            stopped = _signal_killed_the_workers(stop, setup)   # the user's stop, not a crash
+            stopped = _signal_killed_the_workers(stop, session)   # the user's stop, not a crash
             finish_run(run_dir, status="interrupted", exit_code=stopped.exit_code, error=stopped.message)
             raise stopped from None
         except RlctlError as e:

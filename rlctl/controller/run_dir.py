@@ -1,6 +1,5 @@
-"""The run folder (DESIGN.md "Runs on disk"): creation and refusal to clobber (run.json: status.py).
-
-    <output_dir>/<name>/config.resolved.toml  metrics.jsonl  samples.jsonl  run.json  checkpoints/
+"""The run folder (DESIGN.md "Runs on disk"): creation and refusal to clobber; its layout and run.json
+are rlctl.checkpoint.run_folder's.
 
 `rlctl train` never starts over in a folder that holds checkpoints (that is `rlctl resume`'s
 job) and never deletes a user's files: `--force` moves an old folder aside.
@@ -12,7 +11,7 @@ import time
 from pathlib import Path
 
 from rlctl.checkpoint.manager import CheckpointManager
-from rlctl.checkpoint.manifest import CONFIG_FILE
+from rlctl.checkpoint.run_folder import CONFIG_FILE
 from rlctl.errors import UsageError
 from rlctl.utils.fs import atomic_write_text
 

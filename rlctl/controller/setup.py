@@ -7,7 +7,6 @@ every way out of `rlctl train` releases it.
 
 from __future__ import annotations
 
-import dataclasses
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,7 +16,9 @@ import numpy as np
 
 from rlctl.config.loader import LoadedConfig, config_to_dict
 from rlctl.config.schema import Config, rollout_is_level
+from rlctl.controller.paths import resolve_paths
 from rlctl.controller.prompts import PromptLoader, PromptRow, read_rows, render_prompts
+from rlctl.controller.session import RunSession
 
 if TYPE_CHECKING:  # heavy (torch, transformers, ray): the annotations only name them
     from transformers import PreTrainedTokenizerBase
@@ -26,47 +27,11 @@ if TYPE_CHECKING:  # heavy (torch, transformers, ray): the annotations only name
     from rlctl.algorithms.registry import Needs
     from rlctl.checkpoint.manager import CheckpointManager
     from rlctl.controller.display import LiveDisplay
-    from rlctl.controller.logging import MetricsLogger
+    from rlctl.controller.rollout_source import RolloutSource
     from rlctl.rewards.sources import RewardSources
+    from rlctl.runtime.policy import PolicyActor
     from rlctl.runtime.worker_group import RoleHandle
     from rlctl.workers.groups import Workers
-
-
-def resolve_paths(config: Config, base: Path) -> Config:
-    """Paths in rlctl.toml are relative to the file; workers (and `rlctl resume`, which reads the run's
-    config.resolved.toml) see them from elsewhere, so make them absolute."""
-    def absolute(p: str) -> str:
-        path = Path(p).expanduser()
-        return str(path if path.is_absolute() else (base / path).resolve())
-
-    from rlctl.models.hub import looks_local
-
-    model_path = config.model.path
-    if looks_local(model_path, base):
-        model_path = absolute(model_path)
-    data = dataclasses.replace(config.data, train_files=tuple(map(absolute, config.data.train_files)),
-                               val_files=tuple(map(absolute, config.data.val_files)))
-    reward = config.reward
-    if ":" in reward.function:
-        file, _, fn = reward.function.rpartition(":")
-        reward = dataclasses.replace(reward, function=f"{absolute(file)}:{fn}")
-    if reward.model and looks_local(reward.model, base):
-        reward = dataclasses.replace(reward, model=absolute(reward.model))  # a folder, not a hub id
-    run = dataclasses.replace(config.run, output_dir=absolute(config.run.output_dir))
-    multi_turn = _absolute_specs(config.rollout.multi_turn, absolute)
-    algorithm = dataclasses.replace(config.algorithm, plugins=tuple(map(absolute, config.algorithm.plugins)))
-    return dataclasses.replace(config, model=dataclasses.replace(config.model, path=model_path), data=data,
-                               reward=reward, run=run, algorithm=algorithm,
-                               rollout=dataclasses.replace(config.rollout, multi_turn=multi_turn))
-
-
-def _absolute_specs(mt, absolute):
-    """[rollout.multi_turn] with "file.py:name" tools and interaction made absolute (built-ins stay)."""
-    def spec(value: str) -> str:
-        file, _, name = value.rpartition(":")
-        return f"{absolute(file)}:{name}" if file else value
-
-    return dataclasses.replace(mt, tools=tuple(map(spec, mt.tools)), interaction=spec(mt.interaction))
 
 
 def recompute_old_log_prob(config: Config, needs: Needs | None = None) -> bool:
@@ -90,11 +55,10 @@ def recompute_old_log_prob(config: Config, needs: Needs | None = None) -> bool:
 
 @dataclass
 class TrainSetup:
-    """What `build_setup` started for one run; the trainer and checkpointing read it."""
+    """What `build_setup` started for one RL run; the trainer reads it. The run folder, its writers
+    and the run's progress are the `session`'s (shared with SFT); the rest is RL's own."""
 
-    config: Config
-    config_dir: Path
-    run_dir: Path
+    session: RunSession
     tokenizer: PreTrainedTokenizerBase
     pad_token_id: int
     loader: PromptLoader
@@ -102,26 +66,22 @@ class TrainSetup:
     total_steps: int
     needs: Needs
     kl_ctrl: FixedKLController | AdaptiveKLController
-    actor: RoleHandle
-    critic: RoleHandle | None
+    actor: PolicyActor
+    critic: RoleHandle | None             # None: the algorithm's needs have no critic (GRPO, ...)
     reward: RewardSources
-    logger: MetricsLogger
-    display: LiveDisplay
-    checkpoints: CheckpointManager
-    state: dict = field(default_factory=lambda: {"step": 0})
-    notices: list[str] = field(default_factory=list)
-    rollout: RoleHandle | None = None   # rollout.mode = "one_step_off": the separate rollout group
-    pipeline: object = None             # rlctl.controller.offpolicy.OneStepOff, made by the trainer
+    rollouts: RolloutSource = field(init=False)   # chosen by rollout.mode once the rest is built
+
+    @property
+    def config(self) -> Config:
+        return self.session.config
+
+    @property
+    def display(self) -> LiveDisplay:
+        return self.session.display
 
     @property
     def recompute_old_log_prob(self) -> bool:
         return recompute_old_log_prob(self.config, self.needs)
-
-    def save(self, step: int, *, final: bool = False) -> Path | None:
-        """Write checkpoint `step` (rlctl.controller.checkpointing.save)."""
-        from rlctl.controller.checkpointing import save
-
-        return save(self, step, final=final)
 
     def seed_for(self, step: int, round_: int) -> int:
         """The sampling seed of a generation call: a pure function of (run seed, step, round)."""
@@ -137,9 +97,7 @@ class TrainSetup:
                                                  batch["extra_info"][::n])]
 
     def log_step(self, step: int, metrics: dict, batch) -> None:
-        from rlctl.controller.status import write_run_info
-
-        self.logger.log(step, metrics)
+        self.session.logger.log(step, metrics)
         k = min(self.config.run.log_samples, len(batch))
         if k:
             prompts = self.tokenizer.batch_decode([row[m != 0].tolist() for row, m in
@@ -150,13 +108,12 @@ class TrainSetup:
             if "policy_version" in batch:   # one_step_off: the weights (update count) that generated each
                 for sample, version in zip(samples, batch["policy_version"][:k]):
                     sample["policy_version"] = int(version)
-            self.logger.log_samples(step, samples)
+            self.session.logger.log_samples(step, samples)
         if self.config.run.log_rollouts:
             from rlctl.controller.rollout_log import write_rollouts
 
-            write_rollouts(self.run_dir, step, batch)
-        self.display.update(step, metrics)
-        write_run_info(self.run_dir, step=step)
+            write_rollouts(self.session.run_dir, step, batch)
+        self.session.log_progress(step, metrics)
 
 
 def build_data(config: Config, setup_notices: list, tools: list[dict]):
@@ -184,6 +141,7 @@ def build_setup(loaded: LoadedConfig, run_dir: Path, stack: ExitStack, *, addres
     from rlctl.checkpoint.manager import CheckpointManager
     from rlctl.controller.display import LiveDisplay
     from rlctl.controller.logging import MetricsLogger
+    from rlctl.controller.rollout_source import rollout_source
     from rlctl.multiturn.tools import load_tools
     from rlctl.plugins import import_plugins
     from rlctl.rewards.sources import build_reward
@@ -208,20 +166,36 @@ def build_setup(loaded: LoadedConfig, run_dir: Path, stack: ExitStack, *, addres
     workers = start_workers(config, total, needs, stack, address)
     if workers.reward_model is not None:
         reward.attach_model(workers.reward_model)
-    actor = workers.actor
-    if mt.enable:   # tools and interactions: the multi-turn loop generates
-        from rlctl.multiturn.rollout import MultiTurnActor
-        from rlctl.workers.models import eos_token_ids
-
-        actor = MultiTurnActor(workers.actor, config, tokenizer, loaded.base_dir,
-                               eos_token_ids(config.model.path, tokenizer), tools=tools)
-        stack.callback(actor.close)
+    actor = policy(config, workers, tokenizer, loaded.base_dir, tools, stack)
     display = stack.enter_context(LiveDisplay(total, start_step=start_step, title=config.run.name))
-    checkpoints = CheckpointManager.for_run(run_dir, config.run.keep_last)
-    return TrainSetup(config=config, config_dir=loaded.base_dir, run_dir=run_dir, tokenizer=tokenizer,
-                      pad_token_id=pad, loader=loader, val_rows=val_rows, total_steps=total, needs=needs,
-                      kl_ctrl=kl_ctrl, actor=actor, critic=workers.critic, reward=reward, logger=logger,
-                      display=display, checkpoints=checkpoints, notices=notices, rollout=workers.rollout)
+    roles = {"actor": actor, **({"critic": workers.critic} if workers.critic is not None else {})}
+    session = RunSession(config=config, config_dir=loaded.base_dir, run_dir=run_dir, logger=logger, display=display,
+                         checkpoints=CheckpointManager.for_run(run_dir, config.run.keep_last), roles=roles,
+                         stateful={"loader": loader, "kl_ctrl": kl_ctrl}, notices=notices)
+    setup = TrainSetup(session=session, tokenizer=tokenizer, pad_token_id=pad, loader=loader, val_rows=val_rows,
+                       total_steps=total, needs=needs, kl_ctrl=kl_ctrl, actor=actor, critic=workers.critic,
+                       reward=reward)
+    setup.rollouts = rollout_source(setup, workers)
+    session.extras.append(setup.rollouts)   # a batch in flight goes into each checkpoint
+    return setup
+
+
+def policy(config: Config, workers: Workers, tokenizer, base: Path, tools: list, stack: ExitStack) -> PolicyActor:
+    """The actor group as the trainer calls it; with multi-turn rollouts, the turn loop (tools and
+    interactions) generates and the group does the rest."""
+    from rlctl.runtime.policy import PolicyHandle
+
+    actor = PolicyHandle(workers.actor)
+    if not config.rollout.multi_turn.enable:
+        return actor
+    from rlctl.multiturn.rollout import MultiTurnActor
+    from rlctl.workers.models import eos_token_ids
+    from rlctl.workers.rollout.registry import rollout_engine_info
+
+    multi = MultiTurnActor(actor, config, tokenizer, base, eos_token_ids(config.model.path, tokenizer), tools=tools,
+                           engine_log_probs=rollout_engine_info(config.rollout.engine).reports_log_probs)
+    stack.callback(multi.close)
+    return multi
 
 
 def start_workers(config: Config, total_steps: int, needs: Needs, stack: ExitStack, address: str) -> Workers:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import time
 from contextlib import ExitStack
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -21,7 +21,9 @@ import numpy as np
 
 from rlctl.config.loader import LoadedConfig, config_to_dict
 from rlctl.config.schema import Config
-from rlctl.controller.trainer import Trainer, phase
+from rlctl.controller.session import RunSession
+from rlctl.controller.timing import phase
+from rlctl.controller.trainer import Trainer
 from rlctl.errors import DataError
 
 if TYPE_CHECKING:
@@ -30,37 +32,25 @@ if TYPE_CHECKING:
 
 @dataclass
 class SFTSetup:
-    """What one SFT run holds; the field names checkpointing.save / restore read match TrainSetup's."""
+    """What one SFT run holds: the run folder and its writers (`session`, as RL's) and SFT's own data
+    and worker group. Its session checkpoints the actor and the loader only: no critic, no KL
+    controller, no rollout in flight."""
 
-    config: Config
-    config_dir: Path
-    run_dir: Path
+    session: RunSession
     tokenizer: object
     pad_token_id: int
     loader: object            # rlctl.controller.prompts.PromptLoader over SFTSample rows
     val_samples: list
     total_steps: int
     actor: object             # RoleHandle of SFTWorker
-    logger: object
-    display: object
-    checkpoints: object
-    state: dict = field(default_factory=lambda: {"step": 0})
-    notices: list[str] = field(default_factory=list)
-    critic = None             # no critic, no KL controller: checkpointing skips them
-    kl_ctrl = None
-    pipeline = None           # no one_step_off rollout group either
 
-    def save(self, step: int, *, final: bool = False) -> Path | None:
-        from rlctl.controller.checkpointing import save
-
-        return save(self, step, final=final)
+    @property
+    def config(self) -> Config:
+        return self.session.config
 
     def log_step(self, step: int, metrics: dict) -> None:
-        from rlctl.controller.status import write_run_info
-
-        self.logger.log(step, metrics)
-        self.display.update(step, metrics)
-        write_run_info(self.run_dir, step=step)
+        self.session.logger.log(step, metrics)
+        self.session.log_progress(step, metrics)
 
 
 def load_samples(config: Config, notices: list):
@@ -84,8 +74,8 @@ def build_sft_setup(loaded: LoadedConfig, run_dir: Path, stack: ExitStack, *, ad
     from rlctl.checkpoint.manager import CheckpointManager
     from rlctl.controller.display import LiveDisplay
     from rlctl.controller.logging import MetricsLogger
+    from rlctl.controller.paths import resolve_paths
     from rlctl.controller.prompts import PromptLoader, PromptSet
-    from rlctl.controller.setup import resolve_paths
 
     config = resolve_paths(loaded.config, loaded.base_dir)
     notices: list[str] = []
@@ -101,10 +91,11 @@ def build_sft_setup(loaded: LoadedConfig, run_dir: Path, stack: ExitStack, *, ad
                                                start_step=start_step))
     actor = start_sft_workers(config, total, stack, address)
     display = stack.enter_context(LiveDisplay(total, start_step=start_step, title=config.run.name))
-    return SFTSetup(config=config, config_dir=loaded.base_dir, run_dir=run_dir, tokenizer=tokenizer,
-                    pad_token_id=int(pad), loader=loader, val_samples=val, total_steps=total, actor=actor,
-                    logger=logger, display=display, checkpoints=CheckpointManager.for_run(run_dir, config.run.keep_last),
-                    notices=notices)
+    session = RunSession(config=config, config_dir=loaded.base_dir, run_dir=run_dir, logger=logger, display=display,
+                         checkpoints=CheckpointManager.for_run(run_dir, config.run.keep_last), roles={"actor": actor},
+                         stateful={"loader": loader}, notices=notices)
+    return SFTSetup(session=session, tokenizer=tokenizer, pad_token_id=int(pad), loader=loader, val_samples=val,
+                    total_steps=total, actor=actor)
 
 
 def start_sft_workers(config: Config, total_steps: int, stack: ExitStack, address: str):
@@ -130,13 +121,14 @@ class SFTTrainer(Trainer):
 
         setup, config = self.setup, self.config
         self.flops = self.measure_flops()
-        if config.run.val_before_train and setup.val_samples and setup.state["step"] == 0:
-            setup.logger.log(0, self.validate(0))
-        for step in range(setup.state["step"] + 1, setup.total_steps + 1):
+        state = setup.session.state
+        if config.run.val_before_train and setup.val_samples and state.step == 0:
+            setup.session.logger.log(0, self.validate(0))
+        for step in range(state.step + 1, setup.total_steps + 1):
             start = time.perf_counter()
             batch = collate(setup.loader.next_batch(), setup.pad_token_id)
             metrics = setup.actor.train_step(batch)
-            setup.state["step"] = step
+            state.step = step
             step_s = time.perf_counter() - start
             tokens = float(batch["attention_mask"].sum())
             metrics.update({"train/tokens": tokens, "train/loss_tokens": float((batch["loss_mask"][:, 1:] > 0).sum()),
@@ -153,7 +145,7 @@ class SFTTrainer(Trainer):
             self.check_numerics(metrics, step)
             setup.log_step(step, metrics)
             if step == setup.total_steps or (config.run.save_every and step % config.run.save_every == 0) or new_best:
-                setup.save(step)
+                setup.session.save(step)
             stop.check()
 
     def measure_flops(self) -> tuple | None:
@@ -199,5 +191,5 @@ class SFTTrainer(Trainer):
             count += float(out["targets"][:keep].sum())
         loss = nll / max(count, 1.0)
         perplexity = float(np.exp(min(loss, 50.0)))
-        setup.display.print(f"validation at step {step}: loss {loss:.4f}  perplexity {perplexity:.2f}")
+        setup.session.display.print(f"validation at step {step}: loss {loss:.4f}  perplexity {perplexity:.2f}")
         return {"val/loss": loss, "val/perplexity": perplexity}

@@ -1,16 +1,5 @@
 """A run folder as a person asks about it: `rlctl status` (progress, last metrics, checkpoints) and a
-PNG of the curves. Also writes run.json, the run's identity card.
-
-run.json (written atomically by the trainer; every field is always present):
-    name            run.name
-    status          "running" | "finished" | "failed" | "interrupted"
-    step            last completed step;   total_steps   steps the run will take
-    created_at      first start (UTC, ISO 8601);  started_at  start of this session (train or resume)
-    updated_at      last write;  finished_at  when the session ended (null while running)
-    exit_code       the process exit code once ended (0, 5, 130...);  error   the one-line message or null
-    command         "train" | "resume";  resumed_from  the checkpoint step this session resumed from, or null
-    pid, host       the controller process, so `status` can tell a live run from one that died
-    rlctl_version   the rlctl that wrote it
+PNG of the curves. The folder, run.json and finding the newest run are rlctl.checkpoint.run_folder's.
 `status` reports "died" for a run whose run.json says running but whose pid is gone on this host.
 Its checkpoints are read through rlctl.checkpoint.manager, which owns checkpoints/.
 """
@@ -23,72 +12,16 @@ import os
 import socket
 from pathlib import Path
 
-from rlctl import __version__
 from rlctl.checkpoint.manager import CheckpointManager, pid_alive
-from rlctl.controller.logging import METRICS_FILE, read_jsonl
+from rlctl.checkpoint.run_folder import METRICS_FILE, STATES, is_run_folder, read_run_info
+from rlctl.controller.logging import read_jsonl
 from rlctl.errors import UsageError
-
-RUN_FILE = "run.json"
-STATES = ("running", "finished", "failed", "interrupted")
-
-
-# -- run.json -------------------------------------------------------------------------------------
-
-def start_run(run_dir: str | os.PathLike, *, name: str, total_steps: int, command: str = "train",
-              resumed_from: int | None = None) -> dict:
-    """Mark the run as running in this process (a fresh run, or a resume keeping `created_at`)."""
-    old = read_run_info(run_dir)
-    now = _now()
-    return write_run_info(run_dir, name=name, status="running", step=resumed_from or 0, total_steps=int(total_steps),
-                          created_at=old.get("created_at") or now, started_at=now, finished_at=None,
-                          exit_code=None, error=None, command=command, resumed_from=resumed_from,
-                          pid=os.getpid(), host=socket.gethostname(), rlctl_version=__version__)
-
-
-def finish_run(run_dir: str | os.PathLike, *, status: str, exit_code: int, error: str | None = None) -> dict:
-    """Record how the session ended: status finished / failed / interrupted and the exit code."""
-    if status not in STATES[1:]:
-        raise ValueError(f"finish_run status {status!r} is not one of {STATES[1:]}")
-    return write_run_info(run_dir, status=status, exit_code=int(exit_code), error=error, finished_at=_now())
-
-
-def write_run_info(run_dir: str | os.PathLike, **fields) -> dict:
-    """Merge `fields` into run.json (e.g. `step=12` after each step) and write it atomically."""
-    from rlctl.utils.fs import atomic_write_text
-
-    info = {**read_run_info(run_dir), **fields, "updated_at": _now()}
-    atomic_write_text(Path(run_dir) / RUN_FILE, json.dumps(info, indent=2) + "\n")
-    return info
-
-
-def read_run_info(run_dir: str | os.PathLike) -> dict:
-    path = Path(run_dir) / RUN_FILE
-    try:
-        info = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError):
-        return {}
-    return info if isinstance(info, dict) else {}
-
-
-# -- reading a run --------------------------------------------------------------------------------
-
-def find_run_dir(path: str | os.PathLike | None = None) -> Path:
-    """`path` itself when it is a run folder, else the most recently updated run below it
-    (`path/*`, `path/runs/*`); UsageError (exit 2) when there is none."""
-    root = Path(path or ".")
-    if _is_run_dir(root):
-        return root
-    candidates = [p for pattern in ("*", "runs/*", "*/*") for p in root.glob(pattern) if _is_run_dir(p)]
-    if not candidates:
-        raise UsageError(f"no run folder in {root} (a run folder has run.json or metrics.jsonl)",
-                         hint="pass the run folder: rlctl status runs/<name>.")
-    return max(candidates, key=lambda p: _mtime(p / RUN_FILE) or _mtime(p / METRICS_FILE))
 
 
 def status_summary(run_dir: str | os.PathLike) -> dict:
     """Everything `rlctl status` shows, as plain JSON-ready data."""
     run_dir = Path(run_dir)
-    if not _is_run_dir(run_dir):
+    if not is_run_folder(run_dir):
         raise UsageError(f"{run_dir} is not a run folder (no run.json or metrics.jsonl)",
                          hint="pass <output_dir>/<run name>, e.g. runs/my-run.")
     info = read_run_info(run_dir)
@@ -157,21 +90,6 @@ def _elapsed(info: dict) -> float | None:
     end = end or (dt.datetime.now(dt.timezone.utc) if info.get("status") == "running" else
                   _parse_time(info.get("updated_at")))
     return max(0.0, (end - start).total_seconds()) if end else None
-
-
-def _is_run_dir(path: Path) -> bool:
-    return (path / RUN_FILE).is_file() or (path / METRICS_FILE).is_file()
-
-
-def _mtime(path: Path) -> float:
-    try:
-        return path.stat().st_mtime
-    except OSError:
-        return 0.0
-
-
-def _now() -> str:
-    return dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
 
 
 def _parse_time(text) -> dt.datetime | None:

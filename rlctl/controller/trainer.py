@@ -11,7 +11,6 @@ loop never asks which algorithm it is running. Each step is one call per worker 
 from __future__ import annotations
 
 import time
-from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -19,6 +18,7 @@ import numpy as np
 from rlctl.controller import rollout
 from rlctl.controller.advantage import apply_rollout_correction, compute_advantages
 from rlctl.controller.setup import TrainSetup
+from rlctl.controller.timing import phase
 from rlctl.errors import NumericalError
 
 if TYPE_CHECKING:
@@ -26,13 +26,6 @@ if TYPE_CHECKING:
 
 MAX_BAD_STEPS = 3  # non-finite loss/grad steps in a row before the run stops (exit 5)
 DRIFT_WARN = 0.1   # mean |engine - trainer| log-prob (nats) above bf16 noise: say so, once
-
-
-@contextmanager
-def phase(timing: dict, name: str):
-    start = time.perf_counter()
-    yield
-    timing[f"timing/{name}_s"] = timing.get(f"timing/{name}_s", 0.0) + time.perf_counter() - start
 
 
 class Trainer:
@@ -48,21 +41,20 @@ class Trainer:
 
         setup, config = self.setup, self.config
         self.flops = StepFlops.measure(setup)
-        if config.run.val_before_train and setup.val_rows and setup.state["step"] == 0:
-            setup.logger.log(0, self.validate(0))
-        pipeline = start_pipeline(setup)
+        if config.run.val_before_train and setup.val_rows and setup.session.state.step == 0:
+            setup.session.logger.log(0, self.validate(0))
+        setup.rollouts.start(setup.session.state.step + 1)
         try:
-            self.steps(stop, pipeline)
+            self.steps(stop)
         finally:
-            if pipeline:
-                pipeline.close()
+            setup.rollouts.close()
 
-    def steps(self, stop: StopFlag, pipeline) -> None:
+    def steps(self, stop: StopFlag) -> None:
         setup, config = self.setup, self.config
-        for step in range(setup.state["step"] + 1, setup.total_steps + 1):
+        for step in range(setup.session.state.step + 1, setup.total_steps + 1):
             timing, start = {}, time.perf_counter()
             with phase(timing, "gen"):
-                batch, metrics = pipeline.rollout(step) if pipeline else rollout.rollout(setup, step)
+                batch, metrics = setup.rollouts.next(step)
             if metrics.get("dynamic_sampling/short"):
                 groups, rounds = int(metrics["dynamic_sampling/groups"]), int(metrics["dynamic_sampling/rounds"])
                 setup.display.print(f"step {step}: dynamic sampling found {groups} of {config.data.batch_size} "
@@ -78,7 +70,7 @@ class Trainer:
                     batch = batch.union(setup.actor.compute_log_prob(batch))
                 if "rollout_log_prob" in batch:
                     metrics.update(rollout_drift(batch))
-                    if not pipeline:   # one-step off-policy drifts by design
+                    if setup.rollouts.on_policy:   # an off-policy source drifts by design
                         self.warn_drift(step, metrics)
                 metrics.update(apply_rollout_correction(batch, config))
             if setup.needs.reference:
@@ -95,10 +87,8 @@ class Trainer:
                                                                                 setup.critic)))
             with phase(timing, "update_actor"):
                 metrics.update(setup.actor.update_actor(with_mini_batches(batch, "actor", config, setup.actor)))
-            if pipeline and step < setup.total_steps:   # the last update has no next batch to generate
-                with phase(timing, "sync_weights"):
-                    pipeline.push_weights(step)
-            setup.state["step"] = step
+            timing.update(setup.rollouts.after_update(step))
+            setup.session.state.step = step
             metrics.update(self.step_metrics(batch, time.perf_counter() - start))
             metrics.setdefault("actor/kl", kl_metric(metrics))
             new_best = False
@@ -111,7 +101,7 @@ class Trainer:
             self.check_numerics(metrics, step)
             setup.log_step(step, metrics, batch)
             if step == setup.total_steps or (config.run.save_every and step % config.run.save_every == 0) or new_best:
-                setup.save(step)
+                setup.session.save(step)
             stop.check()
 
     def warn_drift(self, step: int, metrics: dict) -> None:
@@ -139,10 +129,11 @@ class Trainer:
         value = metrics.get(run.best_metric) if run.best_metric else None
         if value is None or value != value:   # off, not logged, or NaN: never a best
             return False
-        best = self.setup.state.get("best")
+        state = self.setup.session.state
+        best = state.best
         if best is not None and not (value > best["value"] if run.best_mode == "max" else value < best["value"]):
             return False
-        self.setup.state["best"] = {"step": step, "metric": run.best_metric, "mode": run.best_mode, "value": float(value)}
+        state.best = {"step": step, "metric": run.best_metric, "mode": run.best_mode, "value": float(value)}
         return True
 
     def validate(self, step: int) -> dict:
@@ -184,18 +175,6 @@ class Trainer:
             raise NumericalError(f"non-finite loss or gradients in {self.bad_steps} steps in a row (last: step "
                                  f"{step}); the weights were left unchanged",
                                  hint="lower actor.lr, set actor.grad_clip, or use model.dtype = \"float32\".")
-
-
-def start_pipeline(setup):
-    """rollout.mode = "one_step_off": the overlapped rollout (rlctl.controller.offpolicy), weights
-    pushed and any batch a checkpoint saved in flight taken back; None in sync mode."""
-    if setup.config.rollout.mode != "one_step_off":
-        return None
-    from rlctl.controller.offpolicy import OneStepOff
-
-    setup.pipeline = OneStepOff(setup)
-    setup.pipeline.start(setup.state["step"] + 1)
-    return setup.pipeline
 
 
 def with_mini_batches(batch, role: str, config, group):

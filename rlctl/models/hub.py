@@ -131,8 +131,6 @@ def resolve_model(path: str, base: Path | None = None, *, key: str = "model.path
         if not folder.is_dir():
             raise DataError(f"{key} {path!r} is not a folder (looked at {folder})",
                             hint="fix the path, or build one with `rlctl model tiny models/tiny`")
-        if is_run_folder(folder):
-            return run_source(folder)
         return ModelSource(str(folder), folder, "local")
     cached = cached_snapshot(path)
     hub = probe_hub(timeout_s)
@@ -149,30 +147,3 @@ def resolve_model(path: str, base: Path | None = None, *, key: str = "model.path
     online = "unset HF_HUB_OFFLINE" if offline else "a network that reaches the hub, or HF_ENDPOINT for a mirror"
     raise DataError(f"{key} {path!r} is neither a local folder nor in the Hugging Face cache, and {why}",
                     hint=FIX_HINT.format(online=online))
-
-
-# An rlctl run folder (an SFT run, say) is a model too: training starts from its newest checkpoint,
-# merged once into <run>/hf/step_<N> (rlctl.checkpoint.merge.run_model) when the run starts.
-RUN_EXPORTS = "hf"
-
-
-def is_run_folder(folder: Path) -> bool:
-    """A run folder made by `rlctl train` (checkpoints/ and config.resolved.toml, no config.json)."""
-    return ((folder / "checkpoints").is_dir() and (folder / "config.resolved.toml").is_file()
-            and not (folder / "config.json").is_file())
-
-
-def run_source(run_dir: Path) -> ModelSource:
-    from rlctl.checkpoint.manager import CheckpointManager
-
-    run_dir = run_dir.resolve()
-    step = CheckpointManager.for_run(run_dir).latest_named()
-    if step is None:
-        raise DataError(f"model.path {run_dir} is an rlctl run folder without a checkpoint",
-                        hint="train it first (`rlctl train` / `rlctl resume`), or point model.path at a model folder")
-    export = run_dir / RUN_EXPORTS / f"step_{step}"
-    if (export / "config.json").is_file():
-        return ModelSource(str(export), export, "run")
-    return ModelSource(str(run_dir), None, "run",
-                       note=f"{run_dir.name} is an rlctl run folder: training starts from its checkpoint step_{step}, "
-                            f"merged into {export} when the run starts")

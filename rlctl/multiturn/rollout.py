@@ -26,13 +26,18 @@ import numpy as np
 from rlctl.multiturn.conversation import ChatRenderer, Conversation
 from rlctl.multiturn.tools import EventLoop, SampleTools, ToolRunner, clean_text, load_tools
 from rlctl.runtime.batch import Batch, chunk_bounds, object_array
+from rlctl.runtime.policy import PolicyActor, rollout_batch
 
 
 class MultiTurnActor:
-    """The actor group with a multi-turn `generate`; other attributes are the group's own.
-    `tools`: the configured tools when the caller loaded them already (else loaded here)."""
+    """The policy with a multi-turn `generate` (rlctl.runtime.policy.PolicyActor); its other calls
+    go to `group`. The turn loop itself calls only `group.generate_turn` and `world_size`, so a
+    turn generator (the one-step-off rollout group, a local model) is enough where only `generate`
+    is asked for. `tools`: the configured tools when the caller loaded them already (else loaded
+    here). `engine_log_probs`: the rollout engine reports rollout_log_prob (its registry entry)."""
 
-    def __init__(self, group, config, tokenizer, base: Path, eos_ids: list[int], *, tools: list | None = None):
+    def __init__(self, group: PolicyActor, config, tokenizer, base: Path, eos_ids: list[int], *,
+                 tools: list | None = None, engine_log_probs: bool = False):
         from rlctl.multiturn.interactions import load_interaction
 
         mt = config.rollout.multi_turn
@@ -43,13 +48,40 @@ class MultiTurnActor:
         self.renderer = ChatRenderer(tokenizer, self.runner.schemas)
         self.eos_ids = set(int(e) for e in eos_ids)
         self.pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else int(eos_ids[0])
+        self.engine_log_probs = engine_log_probs
         self.events = EventLoop()
-
-    def __getattr__(self, name):   # compute_log_prob, update_actor, world_size, ... : the group's
-        return getattr(self.group, name)
 
     def close(self) -> None:
         self.events.close()
+
+    # --- the policy's other calls: the group's own ----------------------------------------------
+    @property
+    def world_size(self) -> int:
+        return self.group.world_size
+
+    def generate_turn(self, batch: Batch, *, seed: int, mode: str = "train", n: int = 1, width: int = 0) -> Batch:
+        return self.group.generate_turn(batch, seed=seed, mode=mode, n=n, width=width)
+
+    def compute_log_prob(self, batch: Batch) -> Batch:
+        return self.group.compute_log_prob(batch)
+
+    def compute_ref_log_prob(self, batch: Batch) -> Batch:
+        return self.group.compute_ref_log_prob(batch)
+
+    def update_actor(self, batch: Batch) -> dict[str, float]:
+        return self.group.update_actor(batch)
+
+    def flops_profile(self) -> list[dict]:
+        return self.group.flops_profile()
+
+    def save_checkpoint(self, path: str) -> None:
+        return self.group.save_checkpoint(path)
+
+    def load_checkpoint(self, path: str) -> dict:
+        return self.group.load_checkpoint(path)
+
+    def export_weights(self) -> dict | None:
+        return self.group.export_weights()
 
     # --- the loop ------------------------------------------------------------------------------
     def generate(self, batch: Batch, *, seed: int, mode: str = "train") -> Batch:
@@ -182,11 +214,9 @@ class MultiTurnActor:
 
     # --- the rollout batch -------------------------------------------------------------------------
     def _batch(self, prompts: Batch, convs: list[Conversation], n: int) -> Batch:
-        """The single-turn rollout's rows (rlctl.workers.actor._rollout_batch: prompt-major, prompts
+        """The single-turn rollout's rows (rlctl.runtime.policy.rollout_batch: prompt-major, prompts
         left-padded to data.max_prompt_length, responses right-padded to data.max_response_length),
         with response_mask 1 on model tokens only, and the conversation columns."""
-        from rlctl.workers.actor import _rollout_batch
-
         width = self.config.data.max_response_length
         lengths = np.array([len(c.response_ids) for c in convs], dtype=np.int64)
         responses = np.full((len(convs), width), self.pad, dtype=np.int64)
@@ -197,9 +227,9 @@ class MultiTurnActor:
         out = {"responses": responses, "response_length": lengths,
                "response_mask": np.arange(width)[None, :] < lengths[:, None],   # every real token: the attention
                "truncated": np.array([c.finish == "length" for c in convs])}
-        if self.config.rollout.engine != "hf":   # GPU engines report their log-probs (0 on non-model tokens)
+        if self.engine_log_probs:   # GPU engines report their log-probs (0 on non-model tokens)
             out["rollout_log_prob"] = log_probs
-        batch = _rollout_batch(prompts, out, n, width=self.config.data.max_prompt_length, pad=self.pad)
+        batch = rollout_batch(prompts, out, n, width=self.config.data.max_prompt_length, pad=self.pad)
         batch["response_mask"] = model_mask
         batch["conversation"] = object_array([copy.deepcopy(c.messages) for c in convs])
         batch["multi_turn"] = object_array([c.summary() for c in convs])
@@ -252,31 +282,3 @@ def multi_turn_metrics(batch: Batch) -> dict:
     for finish in ("stop", "length", "max_turns", "interaction", "template"):
         out[f"multi_turn/finish_{finish}"] = float(np.mean([i["finish"] == finish for i in infos]))
     return out
-
-
-class LocalTurns:
-    """`generate_turn` on a model in this process (rlctl eval, benches): the hf engine, one rank.
-
-    Sampling settings are fixed here (the eval's temperature and top_p), whatever the mode."""
-
-    world_size = 1
-
-    def __init__(self, model, *, pad_token_id: int, eos_token_ids: list[int], temperature: float,
-                 top_p: float = 1.0):
-        from rlctl.workers.rollout.hf import HFRolloutEngine
-
-        self.engine = HFRolloutEngine(model, pad_token_id=pad_token_id, eos_token_ids=eos_token_ids)
-        self.temperature, self.top_p = temperature, top_p
-
-    def generate_turn(self, batch: Batch, *, seed: int, mode: str = "train", n: int = 1, width: int = 0) -> Batch:
-        import torch
-
-        from rlctl.workers.rollout.hf import kept_kv_args
-
-        prompts = [row[m != 0].tolist() for row, m in zip(batch["input_ids"], batch["attention_mask"])]
-        limits = [int(x) for x in batch["max_new_tokens"]]
-        generator = torch.Generator(device=next(self.engine.model.parameters()).device).manual_seed(seed)
-        out = self.engine.generate(prompts, n=n, max_new_tokens=max(limits), temperature=self.temperature,
-                                   top_p=self.top_p, generator=generator, greedy=self.temperature == 0,
-                                   limits=limits, **kept_kv_args(batch))
-        return Batch(out)

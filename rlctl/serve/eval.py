@@ -73,14 +73,12 @@ def summarize(scores: list[list[float]], correct: list[list[bool]], n: int,
 def run_config(model_path: Path):
     """(the training config of this run folder or merged model, or None; the folder its relative
     paths resolve from)."""
-    from rlctl.serve.source import is_run_dir
-
-    from rlctl.checkpoint.manifest import CONFIG_FILE
     from rlctl.checkpoint.merge import TRAINING_CONFIG
+    from rlctl.checkpoint.run_folder import CONFIG_FILE, is_run_folder
     from rlctl.config.loader import load_config
 
     resolved = model_path / CONFIG_FILE
-    if is_run_dir(model_path) and resolved.is_file():
+    if is_run_folder(model_path) and resolved.is_file():
         config = load_config(resolved, strict=False).config
         return config, _project_dir(model_path, config)
     if (model_path / TRAINING_CONFIG).is_file():   # a merged folder: the run's settings (absolute paths)

@@ -1,8 +1,8 @@
 """`rlctl eval` of a multi-turn run: the training loop's tools, interaction and reward on held-out rows.
 
 The model is loaded in this process and driven by the same `MultiTurnActor` as training (the hf
-engine behind `LocalTurns`): prompts rendered with the tools' schemas, all conversations of a chunk
-batched per turn, tools and the interaction between turns, the reward called with the whole
+engine behind `LocalTurns`, below): prompts rendered with the tools' schemas, all conversations of
+a chunk batched per turn, tools and the interaction between turns, the reward called with the whole
 conversation in `extra_info`. Each record carries the conversation, its turns and tool calls.
 """
 
@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
+
+from rlctl.runtime.batch import Batch
 
 CHUNK = 64   # prompts generated together
 
@@ -20,7 +22,7 @@ def evaluate_multi_turn(folder: Path, rows: list[dict], opts, temperature: float
     training decodes it and the whole conversation in `extra_info`; the record keeps the conversation."""
     from rlctl.controller.prompts import render_prompts
     from rlctl.controller.rollout import decode_prompts, decode_responses, prompt_batch
-    from rlctl.multiturn.rollout import LocalTurns, MultiTurnActor, reward_extra_info
+    from rlctl.multiturn.rollout import MultiTurnActor, reward_extra_info
     from rlctl.serve.source import context_room, load_model
     from rlctl.workers.models import eos_token_ids
 
@@ -49,3 +51,32 @@ def evaluate_multi_turn(folder: Path, rows: list[dict], opts, temperature: float
                           {"finish_reason": info["finish"], "messages": conv, "num_turns": info["num_turns"],
                            "tool_calls": info["tool_calls"], "turn_scores": info["turn_scores"]}))
     return [items[i:i + opts.n] for i in range(0, len(items), opts.n)]
+
+
+class LocalTurns:
+    """`generate_turn` on a model in this process (rlctl eval): the hf engine, one rank; a
+    rlctl.runtime.policy.TurnGenerator for the multi-turn driver.
+
+    Sampling settings are fixed here (the eval's temperature and top_p), whatever the mode."""
+
+    world_size = 1
+
+    def __init__(self, model, *, pad_token_id: int, eos_token_ids: list[int], temperature: float,
+                 top_p: float = 1.0):
+        from rlctl.workers.rollout.hf import HFRolloutEngine
+
+        self.engine = HFRolloutEngine(model, pad_token_id=pad_token_id, eos_token_ids=eos_token_ids)
+        self.temperature, self.top_p = temperature, top_p
+
+    def generate_turn(self, batch: Batch, *, seed: int, mode: str = "train", n: int = 1, width: int = 0) -> Batch:
+        import torch
+
+        from rlctl.workers.rollout.hf import kept_kv_args
+
+        prompts = [row[m != 0].tolist() for row, m in zip(batch["input_ids"], batch["attention_mask"])]
+        limits = [int(x) for x in batch["max_new_tokens"]]
+        generator = torch.Generator(device=next(self.engine.model.parameters()).device).manual_seed(seed)
+        out = self.engine.generate(prompts, n=n, max_new_tokens=max(limits), temperature=self.temperature,
+                                   top_p=self.top_p, generator=generator, greedy=self.temperature == 0,
+                                   limits=limits, **kept_kv_args(batch))
+        return Batch(out)

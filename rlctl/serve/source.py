@@ -1,7 +1,7 @@
 """What `serve` and `eval` were pointed at: a Hugging Face model folder, or a training run folder.
 
-A run folder (it has checkpoints/ or run.json) holds sharded training checkpoints, not a model
-a server can load, so it is exported to a temporary Hugging Face folder first with
+A run folder (rlctl.checkpoint.run_folder.is_run_folder) holds sharded training checkpoints, not
+a model a server can load, so it is exported to a temporary Hugging Face folder first with
 `rlctl.checkpoint.merge.export_hf`, the same code `rlctl merge` uses.
 """
 
@@ -16,13 +16,6 @@ from rlctl.errors import CheckpointError, DataError, UsageError
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 
 
-def is_run_dir(path: Path) -> bool:
-    from rlctl.checkpoint.manager import CHECKPOINTS_DIR
-    from rlctl.controller.status import RUN_FILE
-
-    return (path / CHECKPOINTS_DIR).is_dir() or (path / RUN_FILE).is_file()
-
-
 def is_model_dir(path: Path) -> bool:
     return (path / "config.json").is_file()
 
@@ -30,16 +23,18 @@ def is_model_dir(path: Path) -> bool:
 @contextlib.contextmanager
 def model_folder(path: str | Path, step: int | None = None):
     """Yield a loadable Hugging Face folder for `path` (exporting a run's checkpoint if needed)."""
+    from rlctl.checkpoint.run_folder import is_run_folder
+
     path = Path(path)
     if not path.exists():
         raise DataError(f"{path} does not exist", hint="pass a Hugging Face model folder or a run folder (a hub id "
                                                        "is not fetched here: `hf download ID --local-dir DIR` first)")
-    if is_model_dir(path) and not is_run_dir(path):
+    if is_model_dir(path):   # a folder with config.json is a model, never a run folder
         if step is not None:
             raise UsageError(f"--step applies to run folders; {path} is a model folder")
         yield path
         return
-    if not is_run_dir(path):
+    if not is_run_folder(path):
         raise DataError(f"{path} is neither a Hugging Face model folder (no config.json) nor a run "
                         "folder (no checkpoints/ or run.json)",
                         hint="pass the folder `rlctl merge` wrote, or a run folder.")

@@ -25,6 +25,7 @@ import torch
 from rlctl.config.plan import batch_plan
 from rlctl.errors import ConfigError
 from rlctl.runtime import Batch, Dispatch, register
+from rlctl.runtime.policy import rollout_batch
 from rlctl.workers import fsdp
 from rlctl.workers.engine import TrainEngine
 from rlctl.workers.logprob import batched_response_outputs, response_log_probs
@@ -105,7 +106,7 @@ class ActorRolloutRefWorker:
         """
         n, temperature = self._mode(mode)
         out = self._sample(batch, n, self.cfg.data.max_response_length, temperature, seed)
-        return _rollout_batch(batch, out, n, width=self.cfg.data.max_prompt_length, pad=self._pad_id())
+        return rollout_batch(batch, out, n, width=self.cfg.data.max_prompt_length, pad=self._pad_id())
 
     @register(Dispatch.DP)
     def generate_turn(self, batch: Batch, *, seed: int, mode: str = "train", n: int = 1, width: int = 0) -> Batch:
@@ -307,27 +308,3 @@ def _clip_to_limits(out: dict, limits: np.ndarray, eos_ids: list[int], pad: int)
         out["response_length"] = lengths
         out["response_mask"] = keep.astype(np.int64)
     return out
-
-
-def _rollout_batch(prompts: Batch, out: dict, n: int, *, width: int, pad: int) -> Batch:
-    """B prompts + the engine's B*n responses -> rows of [prompt ++ response] (prompt-major).
-
-    Prompts are left-padded to `width` (data.max_prompt_length) so that batches from different
-    generate calls (dynamic sampling, several ranks) have the same P and concatenate."""
-    extra = max(0, width - prompts["input_ids"].shape[1])
-    prompt_ids = np.pad(np.repeat(prompts["input_ids"], n, axis=0), ((0, 0), (extra, 0)), constant_values=pad)
-    prompt_mask = np.pad(np.repeat(prompts["attention_mask"], n, axis=0).astype(np.int64), ((0, 0), (extra, 0)))
-    responses = out["responses"].astype(np.int64)
-    response_mask = out["response_mask"].astype(np.int64)
-    rows = {
-        "prompts": prompt_ids, "responses": responses,
-        "response_mask": response_mask.astype(np.float32),
-        "response_length": out["response_length"].astype(np.int64),
-        "truncated": np.asarray(out["truncated"], dtype=bool),
-        "input_ids": np.concatenate([prompt_ids, responses], axis=1),
-        "attention_mask": np.concatenate([prompt_mask, response_mask], axis=1),
-    }
-    if "rollout_log_prob" in out:   # GPU engines: their log-prob of each sampled token
-        rows["rollout_log_prob"] = out["rollout_log_prob"].astype(np.float32)
-    carried = {k: np.repeat(v, n, axis=0) for k, v in prompts.tensors.items() if k not in _MODEL_KEYS}
-    return Batch({**carried, **rows}, prompts.meta)

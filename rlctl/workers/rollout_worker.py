@@ -24,8 +24,9 @@ import torch
 
 from rlctl.models.loading import load_tokenizer
 from rlctl.runtime import Batch, Dispatch, register
+from rlctl.runtime.policy import rollout_batch
 from rlctl.workers import fsdp
-from rlctl.workers.actor import _clip_to_limits, _rollout_batch, pad_token_id, sample
+from rlctl.workers.actor import _clip_to_limits, pad_token_id, sample
 from rlctl.workers.logprob import batched_response_outputs
 from rlctl.workers.models import eos_token_ids, load_causal_lm
 
@@ -73,7 +74,7 @@ class RolloutWorker:
         with self._autocast():
             out = sample(self.engine, batch, rc, n=rc.n, max_new_tokens=self.cfg.data.max_response_length,
                          temperature=rc.temperature, seed=seed, rank=self.rank, device=self.device)
-        rows = _rollout_batch(batch, out, rc.n, width=self.cfg.data.max_prompt_length, pad=self.pad)
+        rows = rollout_batch(batch, out, rc.n, width=self.cfg.data.max_prompt_length, pad=self.pad)
         return rows.union(self.tag_rollout(rows))
 
     @register(Dispatch.DP)

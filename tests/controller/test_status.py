@@ -16,8 +16,8 @@ from rich.console import Console
 
 from rlctl.controller.logging import MetricsLogger
 from rlctl.checkpoint.manager import CheckpointManager
-from rlctl.controller.status import (curves_figure, find_run_dir, finish_run, plot_curves, read_run_info,
-                                     render_status, start_run, status_summary, write_run_info)
+from rlctl.checkpoint.run_folder import find_run_dir, finish_run, read_run_info, start_run, write_run_info
+from rlctl.controller.status import curves_figure, plot_curves, render_status, status_summary
 from rlctl.errors import UsageError
 
 
@@ -210,14 +210,15 @@ def test_a_stop_signal_that_also_ended_the_workers_is_an_interruption(tmp_path):
     from types import SimpleNamespace
 
     from rlctl.controller.run import _signal_killed_the_workers
+    from rlctl.controller.session import RunState
 
     run = make_run(tmp_path / "r", steps=41, ckpts=(20, 40), broken=())
-    setup = SimpleNamespace(checkpoints=CheckpointManager.for_run(run), state={"step": 41})
+    setup = SimpleNamespace(checkpoints=CheckpointManager.for_run(run), state=RunState(step=41))
     stopped = _signal_killed_the_workers(SimpleNamespace(signum=signal.SIGTERM), setup)
     assert stopped.exit_code == 143
     assert stopped.message == ("stopped by SIGTERM, which also reached Ray's own processes: the workers ended "
                                "before step 42 could finish or be saved; rlctl resume continues from step 40")
     empty = make_run(tmp_path / "e", steps=3, ckpts=(), broken=())
-    setup = SimpleNamespace(checkpoints=CheckpointManager.for_run(empty), state={"step": 3})
+    setup = SimpleNamespace(checkpoints=CheckpointManager.for_run(empty), state=RunState(step=3))
     stopped = _signal_killed_the_workers(SimpleNamespace(signum=signal.SIGINT), setup)
     assert stopped.exit_code == 130 and stopped.message.endswith("no checkpoint was saved yet")

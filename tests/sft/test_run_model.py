@@ -1,11 +1,11 @@
-"""model.path = a run folder: rlctl.checkpoint.merge.run_model reuses <run>/hf/step_<N> without reading
+"""model.path = a run folder: rlctl.checkpoint.run_folder.run_model reuses <run>/hf/step_<N> without reading
 the checkpoint again, and a run folder without a usable checkpoint is still an error."""
 
 from __future__ import annotations
 
 import pytest
 
-from rlctl.checkpoint.merge import run_model
+from rlctl.checkpoint.run_folder import run_model
 from rlctl.errors import CheckpointError
 
 

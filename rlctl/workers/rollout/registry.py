@@ -1,10 +1,11 @@
 """Name -> rollout engine, imported lazily, with what each engine declares.
 
 Like the algorithm registry (rlctl/algorithms/registry.py): the actor, the setup and the config
-validator read an engine's declaration (does it keep its own weights, does it need a GPU, which
-pip extra installs it, how far it shards) instead of comparing engine names. Adding an engine is
-one module with a RolloutEngine subclass plus one `_register` line here. Importing this module
-costs nothing: the engine's module is imported only when the engine is built.
+validator read an engine's declaration (does it keep its own weights, does it report the log-probs
+of what it samples, does it need a GPU, which pip extra installs it, how far it shards) instead of
+comparing engine names. Adding an engine is one module with a RolloutEngine subclass plus one
+`_register` line here. Importing this module costs nothing: the engine's module is imported only
+when the engine is built.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ class RolloutEngineInfo:
     name: str
     target: str                          # "module:Class", a RolloutEngine subclass
     owns_weights: bool                   # True: loads its own copy from a GPUEngineSpec (and is told updates)
+    reports_log_probs: bool              # True: returns rollout_log_prob, its log-prob of each sampled token
     title: str = ""                      # the name in messages ("vLLM")
     gpu_only: bool = False
     extra: str | None = None             # `pip install "rlctl[<extra>]"`; also the package it imports
@@ -43,11 +45,13 @@ def _register(info: RolloutEngineInfo) -> None:
     _ENGINES[info.name] = info
 
 
-_register(RolloutEngineInfo("hf", "rlctl.workers.rollout.hf:HFRolloutEngine", owns_weights=False, title="hf"))
-_register(RolloutEngineInfo("vllm", "rlctl.workers.rollout.vllm:VLLMRolloutEngine", owns_weights=True, title="vLLM",
-                            gpu_only=True, extra="vllm", max_tensor_parallel_size=None, max_temperature=2.0))
+_register(RolloutEngineInfo("hf", "rlctl.workers.rollout.hf:HFRolloutEngine", owns_weights=False,
+                            reports_log_probs=False, title="hf"))
+_register(RolloutEngineInfo("vllm", "rlctl.workers.rollout.vllm:VLLMRolloutEngine", owns_weights=True,
+                            reports_log_probs=True, title="vLLM", gpu_only=True, extra="vllm",
+                            max_tensor_parallel_size=None, max_temperature=2.0))
 _register(RolloutEngineInfo("sglang", "rlctl.workers.rollout.sglang:SGLangRolloutEngine", owns_weights=True,
-                            title="SGLang", gpu_only=True, extra="sglang"))
+                            reports_log_probs=True, title="SGLang", gpu_only=True, extra="sglang"))
 
 
 def rollout_engine_names() -> tuple[str, ...]:

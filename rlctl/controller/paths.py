@@ -1,0 +1,49 @@
+"""Paths in a run's config made absolute, once, before the run folder records it.
+
+rlctl.toml names files relative to itself; workers, `rlctl resume` (which reads the run's
+config.resolved.toml) and the resume fingerprint see them from elsewhere.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+from rlctl.config.schema import Config
+
+
+def resolve_paths(config: Config, base: Path) -> Config:
+    """Paths in rlctl.toml are relative to the file; workers (and `rlctl resume`, which reads the run's
+    config.resolved.toml) see them from elsewhere, so make them absolute."""
+    def absolute(p: str) -> str:
+        path = Path(p).expanduser()
+        return str(path if path.is_absolute() else (base / path).resolve())
+
+    from rlctl.models.hub import looks_local
+
+    model_path = config.model.path
+    if looks_local(model_path, base):
+        model_path = absolute(model_path)
+    data = dataclasses.replace(config.data, train_files=tuple(map(absolute, config.data.train_files)),
+                               val_files=tuple(map(absolute, config.data.val_files)))
+    reward = config.reward
+    if ":" in reward.function:
+        file, _, fn = reward.function.rpartition(":")
+        reward = dataclasses.replace(reward, function=f"{absolute(file)}:{fn}")
+    if reward.model and looks_local(reward.model, base):
+        reward = dataclasses.replace(reward, model=absolute(reward.model))  # a folder, not a hub id
+    run = dataclasses.replace(config.run, output_dir=absolute(config.run.output_dir))
+    multi_turn = _absolute_specs(config.rollout.multi_turn, absolute)
+    algorithm = dataclasses.replace(config.algorithm, plugins=tuple(map(absolute, config.algorithm.plugins)))
+    return dataclasses.replace(config, model=dataclasses.replace(config.model, path=model_path), data=data,
+                               reward=reward, run=run, algorithm=algorithm,
+                               rollout=dataclasses.replace(config.rollout, multi_turn=multi_turn))
+
+
+def _absolute_specs(mt, absolute):
+    """[rollout.multi_turn] with "file.py:name" tools and interaction made absolute (built-ins stay)."""
+    def spec(value: str) -> str:
+        file, _, name = value.rpartition(":")
+        return f"{absolute(file)}:{name}" if file else value
+
+    return dataclasses.replace(mt, tools=tuple(map(spec, mt.tools)), interaction=spec(mt.interaction))

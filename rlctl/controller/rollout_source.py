@@ -1,0 +1,90 @@
+"""Where the trainer's batches come from: a `RolloutSource`, chosen once at setup by rollout.mode.
+
+    source.start(first_step)                  # once, after any restore
+    batch, metrics = source.next(step)        # generated (and scored) for step
+    ... old log-probs, advantages, updates ...
+    timing = source.after_update(step)        # e.g. push the new weights to a separate rollout group
+
+"sync" (`SyncRollout`): each step generates on the actor's own workers and scores the batch
+(rlctl.controller.rollout.rollout, with dynamic sampling). "one_step_off"
+(rlctl.controller.offpolicy.OneStepOff): a separate rollout group generates batch k+1 while the
+actor trains on batch k. A source also writes what it has in flight into a checkpoint (`save`) and
+takes it back on resume (`restore`). Adding a mode: one module with a class like these and one
+line in MODES (plus the choice in rlctl.config.schema.RolloutConfig.mode).
+"""
+
+from __future__ import annotations
+
+import importlib
+from pathlib import Path
+from typing import TYPE_CHECKING, Protocol
+
+from rlctl.controller import rollout
+
+if TYPE_CHECKING:
+    from rlctl.controller.setup import TrainSetup
+    from rlctl.runtime.batch import Batch
+    from rlctl.workers.groups import Workers
+
+# rollout.mode -> "module:Class"; the class is built with (setup, workers), imported only when chosen
+MODES = {
+    "sync": "rlctl.controller.rollout_source:SyncRollout",
+    "one_step_off": "rlctl.controller.offpolicy:OneStepOff",
+}
+
+
+class RolloutSource(Protocol):
+    """The trainer's supply of scored batches."""
+
+    # False: batches come from older weights, so trainer/engine log-prob drift is expected, not a warning
+    on_policy: bool
+
+    def start(self, first_step: int) -> None:
+        """Get ready to supply batches from `first_step` on (after any restore)."""
+
+    def next(self, step: int) -> tuple[Batch, dict]:
+        """Batch `step`, scored, and its rollout metrics (reward, timing/reward_s, ...)."""
+
+    def after_update(self, step: int) -> dict:
+        """The actor finished update `step`; returns the `timing/*` of what that took here."""
+
+    def save(self, folder: Path) -> None:
+        """Write what is in flight into a checkpoint's step folder."""
+
+    def restore(self, folder: Path) -> None:
+        """Take back what `save` wrote (resume)."""
+
+    def close(self) -> None: ...
+
+
+class SyncRollout:
+    """rollout.mode = "sync": generate on the actor's workers, then score, at every step."""
+
+    on_policy = True
+
+    def __init__(self, setup: TrainSetup, workers: Workers):
+        self.setup = setup
+
+    def start(self, first_step: int) -> None:
+        """Nothing to prepare: the actor generates with the weights it holds."""
+
+    def next(self, step: int) -> tuple[Batch, dict]:
+        return rollout.rollout(self.setup, step)
+
+    def after_update(self, step: int) -> dict:
+        return {}   # the actor's own engine generates with the weights it just trained
+
+    def save(self, folder: Path) -> None:
+        """Nothing in flight: the next batch is generated when its step starts."""
+
+    def restore(self, folder: Path) -> None:
+        """Nothing to take back: generation seeds are a pure function of (seed, step, round)."""
+
+    def close(self) -> None:
+        """Nothing of its own to release: the workers belong to the run."""
+
+
+def rollout_source(setup: TrainSetup, workers: Workers) -> RolloutSource:
+    """The source for the run's rollout.mode (MODES)."""
+    module, _, name = MODES[setup.config.rollout.mode].partition(":")
+    return getattr(importlib.import_module(module), name)(setup, workers)
