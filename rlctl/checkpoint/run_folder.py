@@ -60,6 +60,18 @@ def is_run_folder(path: str | os.PathLike) -> bool:
     return (path / RUN_FILE).is_file() or (path / METRICS_FILE).is_file() or (path / CHECKPOINTS_DIR).is_dir()
 
 
+def named_run_folder(spec: str, base: Path) -> Path | None:
+    """The run folder a model.path names (relative to `base`, the config's folder), or None when it
+    names a model folder or a hub id: the one test `train`, `resume` and `config validate` share."""
+    from rlctl.models.hub import looks_local
+
+    folder = Path(spec).expanduser()
+    folder = folder if folder.is_absolute() else base / folder
+    if spec and looks_local(spec, base) and folder.is_dir() and is_run_folder(folder):
+        return folder
+    return None
+
+
 def start_run(run_dir: str | os.PathLike, *, name: str, total_steps: int, command: str = "train",
               resumed_from: int | None = None) -> dict:
     """Mark the run as running in this process (a fresh run, or a resume keeping `created_at`)."""

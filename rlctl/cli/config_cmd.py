@@ -76,15 +76,12 @@ def run_as_model(loaded):
     run folder's own word about it joins the report. Returns (loaded, those problems)."""
     import dataclasses
 
-    from rlctl.checkpoint.run_folder import CONFIG_FILE, is_run_folder, model_of_run
+    from rlctl.checkpoint.run_folder import CONFIG_FILE, model_of_run, named_run_folder
     from rlctl.config.loader import Problem, load_config
     from rlctl.errors import DataError
-    from rlctl.models.hub import looks_local
 
-    path = loaded.config.model.path
-    folder = Path(path).expanduser()
-    folder = folder if folder.is_absolute() else loaded.base_dir / folder
-    if not (path and looks_local(path, loaded.base_dir) and folder.is_dir() and is_run_folder(folder)):
+    folder = named_run_folder(loaded.config.model.path, loaded.base_dir)
+    if folder is None:
         return loaded, []
     try:
         source = model_of_run(folder)

@@ -22,13 +22,10 @@ def _model_from_run(loaded: LoadedConfig) -> LoadedConfig:
     <run>/hf/step_<N> once; the run records that folder as its model.path."""
     import dataclasses
 
-    from rlctl.checkpoint.run_folder import is_run_folder, run_model
-    from rlctl.models.hub import looks_local
+    from rlctl.checkpoint.run_folder import named_run_folder, run_model
 
-    path = loaded.config.model.path
-    folder = Path(path).expanduser()
-    folder = folder if folder.is_absolute() else loaded.base_dir / folder
-    if not (path and looks_local(path, loaded.base_dir) and folder.is_dir() and is_run_folder(folder)):
+    folder = named_run_folder(loaded.config.model.path, loaded.base_dir)
+    if folder is None:
         return loaded
 
     model = dataclasses.replace(loaded.config.model, path=str(run_model(folder)))

@@ -25,7 +25,6 @@ if TYPE_CHECKING:  # heavy (torch, transformers, ray): the annotations only name
 
     from rlctl.algorithms.kl import AdaptiveKLController, FixedKLController
     from rlctl.algorithms.registry import Needs
-    from rlctl.checkpoint.manager import CheckpointManager
     from rlctl.controller.display import LiveDisplay
     from rlctl.controller.rollout_source import RolloutSource
     from rlctl.rewards.sources import RewardSources

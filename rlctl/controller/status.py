@@ -7,7 +7,6 @@ Its checkpoints are read through rlctl.checkpoint.manager, which owns checkpoint
 from __future__ import annotations
 
 import datetime as dt
-import json
 import os
 import socket
 from pathlib import Path
