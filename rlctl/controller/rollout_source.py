@@ -15,23 +15,16 @@ line in MODES (plus the choice in rlctl.config.schema.RolloutConfig.mode).
 
 from __future__ import annotations
 
-import importlib
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
 from rlctl.controller import rollout
+from rlctl.controller.offpolicy import OneStepOff
 
 if TYPE_CHECKING:
     from rlctl.controller.setup import TrainSetup
     from rlctl.runtime.batch import Batch
     from rlctl.workers.groups import Workers
-
-# rollout.mode -> "module:Class"; the class is built with (setup, workers), imported only when chosen
-MODES = {
-    "sync": "rlctl.controller.rollout_source:SyncRollout",
-    "one_step_off": "rlctl.controller.offpolicy:OneStepOff",
-}
-
 
 class RolloutSource(Protocol):
     """The trainer's supply of scored batches."""
@@ -84,7 +77,10 @@ class SyncRollout:
         """Nothing of its own to release: the workers belong to the run."""
 
 
+# rollout.mode -> its source class, built with (setup, workers)
+MODES = {"sync": SyncRollout, "one_step_off": OneStepOff}
+
+
 def rollout_source(setup: TrainSetup, workers: Workers) -> RolloutSource:
     """The source for the run's rollout.mode (MODES)."""
-    module, _, name = MODES[setup.config.rollout.mode].partition(":")
-    return getattr(importlib.import_module(module), name)(setup, workers)
+    return MODES[setup.config.rollout.mode](setup, workers)

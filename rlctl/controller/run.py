@@ -130,7 +130,7 @@ def _run(loaded: LoadedConfig, run_dir: Path, *, address: str | None, command: s
         try:
             Trainer(setup).fit(stop)
         except Interrupted as e:
-            session.save(session.state.step, final=True)
+            checkpointing.save(session, session.state.step, final=True)
             finish_run(run_dir, status="interrupted", exit_code=e.exit_code, error=e.message)
             raise
         except WorkerDiedError as e:

@@ -70,12 +70,6 @@ class RunSession:
     notices: list[str] = field(default_factory=list)
     state: RunState = field(default_factory=RunState)
 
-    def save(self, step: int, *, final: bool = False) -> Path | None:
-        """Write checkpoint `step` (rlctl.controller.checkpointing.save)."""
-        from rlctl.controller.checkpointing import save
-
-        return save(self, step, final=final)
-
     def log_progress(self, step: int, metrics: dict) -> None:
         """The step's metrics to the display, and its number to run.json."""
         from rlctl.checkpoint.run_folder import write_run_info

@@ -21,6 +21,7 @@ import numpy as np
 
 from rlctl.config.loader import LoadedConfig, config_to_dict
 from rlctl.config.schema import Config
+from rlctl.controller import checkpointing
 from rlctl.controller.session import RunSession
 from rlctl.controller.timing import phase
 from rlctl.controller.trainer import Trainer
@@ -145,7 +146,7 @@ class SFTTrainer(Trainer):
             self.check_numerics(metrics, step)
             setup.log_step(step, metrics)
             if step == setup.total_steps or (config.run.save_every and step % config.run.save_every == 0) or new_best:
-                setup.session.save(step)
+                checkpointing.save(setup.session, step)
             stop.check()
 
     def measure_flops(self) -> tuple | None:

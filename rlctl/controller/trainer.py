@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from rlctl.controller import rollout
+from rlctl.controller import checkpointing, rollout
 from rlctl.controller.advantage import apply_rollout_correction, compute_advantages
 from rlctl.controller.setup import TrainSetup
 from rlctl.controller.timing import phase
@@ -101,7 +101,7 @@ class Trainer:
             self.check_numerics(metrics, step)
             setup.log_step(step, metrics, batch)
             if step == setup.total_steps or (config.run.save_every and step % config.run.save_every == 0) or new_best:
-                setup.session.save(step)
+                checkpointing.save(setup.session, step)
             stop.check()
 
     def warn_drift(self, step: int, metrics: dict) -> None:
