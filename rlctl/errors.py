@@ -1,4 +1,4 @@
-"""Known errors and their exit codes (DESIGN.md: "Exit codes").
+"""Known errors and their exit codes (docs/architecture.md, "Exit codes and errors").
 
 Every error a user can cause is one of these. The CLI prints `error: <message>` on one line and
 exits with `exit_code`; a traceback is shown only with RLCTL_DEBUG=1. Messages say what went

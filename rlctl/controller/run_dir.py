@@ -1,4 +1,4 @@
-"""The run folder (DESIGN.md "Runs on disk"): creation and refusal to clobber; its layout and run.json
+"""The run folder (docs/architecture.md, "The run folder"): creation and refusal to clobber; its layout and run.json
 are rlctl.checkpoint.run_folder's.
 
 `rlctl train` never starts over in a folder that holds checkpoints (that is `rlctl resume`'s

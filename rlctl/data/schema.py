@@ -1,4 +1,4 @@
-"""The verl-compatible row schema (DESIGN.md "Data"), and checks that name the wrong column.
+"""The verl-compatible row schema (docs/data.md, "The row format"), and checks that name the wrong column.
 
     data_source: str
     prompt: list<struct<role: str, content: str>>         the chat messages, last one the user's
