@@ -36,11 +36,13 @@ if TYPE_CHECKING:  # heavy (torch, transformers, ray): the annotations only name
 def recompute_old_log_prob(config: Config, needs: Needs | None = None) -> bool:
     """old_log_prob equals the policy's own log-prob (detached) when the rollout is used for exactly
     one optimizer step; it is recomputed otherwise, whenever KL in the reward, the estimator
-    (needs.old_log_prob) or rollout correction needs it, in one-step off-policy mode (the batch
-    came from older weights), and with an engine that keeps its own weights (its kernels and dtype differ from the trainer's: the PPO ratio must start at the
+    (needs.old_log_prob) or rollout correction needs it, when the rollout mode's source is not
+    on-policy (one_step_off: the batch came from older weights), and with an engine that keeps its
+    own weights (its kernels and dtype differ from the trainer's: the PPO ratio must start at the
     trainer's own log-probs, and the drift between the two is a metric). Never with
     rollout_correction.bypass_mode, which takes the rollout's log-probs as old_log_prob."""
     from rlctl.config.plan import batch_plan
+    from rlctl.controller.rollout_source import MODES
     from rlctl.workers.rollout.registry import rollout_engine_info
 
     one_update = batch_plan(config, "actor").optimizer_steps_per_rollout == 1
@@ -48,7 +50,7 @@ def recompute_old_log_prob(config: Config, needs: Needs | None = None) -> bool:
     if correction.bypass_mode:   # old_log_prob is the rollout's own (verl's bypass mode)
         return False
     return (not one_update or config.algorithm.kl_in_reward or rollout_engine_info(config.rollout.engine).owns_weights
-            or config.rollout.mode == "one_step_off" or bool(needs is not None and needs.old_log_prob)
+            or not MODES[config.rollout.mode].on_policy or bool(needs is not None and needs.old_log_prob)
             or bool(rollout_is_level(config) or correction.rollout_rs))
 
 
