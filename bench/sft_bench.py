@@ -52,7 +52,7 @@ def main() -> None:
     from rlctl.tasks.prep import PrepOptions, prepare
     from rlctl.data.sft import build_samples, collate
     from rlctl.models.tiny import build_tiny_model
-    from rlctl.workers.models import load_tokenizer
+    from rlctl.models.loading import load_tokenizer
     from rlctl.workers.sft import SFTWorker
 
     tmp = Path(tempfile.mkdtemp(prefix="sft-bench-"))

@@ -109,7 +109,7 @@ def main() -> None:
     from rlctl.data.sft import build_samples
     from rlctl.config.schema import SFTConfig
     from rlctl.models.tiny import build_tiny_model
-    from rlctl.workers.models import load_tokenizer
+    from rlctl.models.loading import load_tokenizer
 
     tmp = Path(tempfile.mkdtemp(prefix="sft-trl-bench-"))
     prepare("arith", PrepOptions(out=tmp / "data", sft=True))

@@ -120,7 +120,7 @@ class TrainSetup:
 def build_data(config: Config, setup_notices: list, tools: list[dict]):
     """Tokenizer, training prompt loader and validation prompts (rendered once, up front); `tools`:
     the multi-turn tools' schemas, which the prompts show."""
-    from rlctl.workers.models import load_tokenizer
+    from rlctl.models.loading import load_tokenizer
 
     tokenizer = load_tokenizer(config.model.path, config.model.trust_remote_code)
     train = render_prompts(read_rows([Path(p) for p in config.data.train_files]), tokenizer,

@@ -57,7 +57,7 @@ class SFTSetup:
 def load_samples(config: Config, notices: list):
     """Tokenizer, training samples and validation samples."""
     from rlctl.data.sft import build_samples
-    from rlctl.workers.models import load_tokenizer
+    from rlctl.models.loading import load_tokenizer
 
     tokenizer = load_tokenizer(config.model.path, config.model.trust_remote_code)
     train = build_samples([Path(p) for p in config.data.train_files], tokenizer, config.sft)

@@ -25,11 +25,12 @@ import torch
 from rlctl.config.plan import batch_plan
 from rlctl.errors import ConfigError
 from rlctl.runtime import Batch, Dispatch, register
+from rlctl.models.loading import load_tokenizer
 from rlctl.runtime.policy import rollout_batch
 from rlctl.workers import fsdp
 from rlctl.workers.engine import TrainEngine
 from rlctl.workers.logprob import batched_response_outputs, response_log_probs
-from rlctl.workers.models import eos_token_ids, load_causal_lm, load_tokenizer, policy_engine
+from rlctl.workers.models import eos_token_ids, load_causal_lm, policy_engine
 from rlctl.workers.rollout.hf import kept_kv_args
 from rlctl.workers.training import mini_batch_count, run_updates
 

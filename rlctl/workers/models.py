@@ -1,14 +1,11 @@
-"""Loading the models the workers train: the policy (+ LoRA), the critic, the tokenizer."""
+"""Loading the models the workers train: the policy (+ LoRA) and the critic (tokenizers: rlctl.models.loading)."""
 
 from __future__ import annotations
-
 
 import torch
 
 from rlctl.errors import DataError
 from rlctl.models.loading import quiet_transformers
-# The actor and the controller import the tokenizer loader from here; its home is rlctl.models.
-from rlctl.models.loading import load_tokenizer as load_tokenizer
 
 
 def _check_path(path: str, what: str) -> None:

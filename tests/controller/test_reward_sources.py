@@ -64,7 +64,7 @@ def test_logged_scores_equal_the_reward_model_run_directly(colocate, tmp_path, m
                                                           tiny_model_dir):
     from rlctl.controller.prompts import read_rows
     from rlctl.models.tiny import build_tiny_reward_model
-    from rlctl.workers.models import load_tokenizer
+    from rlctl.models.loading import load_tokenizer
 
     proj = make_project(tmp_path, "grpo-arith-cpu")
     build_tiny_reward_model(proj / "rm", seed=3)

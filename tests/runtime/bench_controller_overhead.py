@@ -55,7 +55,7 @@ def main() -> None:
     from rlctl.runtime import Batch
     from rlctl.runtime.ray_env import ray_session
     from rlctl.workers.groups import start_workers
-    from rlctl.workers.models import load_tokenizer
+    from rlctl.models.loading import load_tokenizer
 
     model = Path(tempfile.mkdtemp()) / "tiny"
     build_tiny_model(model, layers=4, hidden=256, heads=4, kv_heads=2, intermediate=1024, seed=0)
