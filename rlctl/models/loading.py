@@ -1,8 +1,11 @@
 """transformers' side of a model folder, for data, workers and checkpoint alike: the tokenizer loader
-(the workers, the controller, merge and `data inspect` share it) and transformers' logging turned down."""
+(the workers, the controller, merge and `data inspect` share it), transformers' logging turned down,
+and the name of a causal LM's KV-cache argument."""
 
 from __future__ import annotations
 
+import functools
+import inspect
 import os
 
 from rlctl.errors import DataError
@@ -40,3 +43,22 @@ def load_tokenizer(path: str | os.PathLike, trust_remote_code: bool | None = Fal
         reason = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
         raise DataError(f"cannot load a tokenizer from {path} ({reason})",
                         hint=f"pass {key} a local model folder (rlctl model tiny OUT makes one).") from None
+
+
+@functools.lru_cache(maxsize=None)
+def _cache_keyword(model_type: type) -> str:
+    return "cache" if "cache" in inspect.signature(model_type.forward).parameters else "past_key_values"
+
+
+def with_cache(model, cache) -> dict:
+    """The forward keyword that passes a KV cache to `model`: transformers 5.24 renamed
+    `past_key_values` to `cache` (the old name still works but warns on every call), 5.0-5.23 know
+    only the old one. The same cache object either way, so the computation is the same. A peft
+    wrapper passes the keyword on to its base model, whose signature decides."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    return {_cache_keyword(type(base)): cache}
+
+
+def cache_of(out):
+    """The KV cache a forward returned, under either name (see with_cache)."""
+    return out["cache"] if "cache" in out else out.past_key_values

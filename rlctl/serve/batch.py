@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import torch
 
+from rlctl.models.loading import cache_of, with_cache
+
 
 class DecodeBatch:
     """KV cache + padding mask of the rows being decoded together (row order = caller's order)."""
@@ -40,8 +42,8 @@ class DecodeBatch:
         position_ids = (mask.cumsum(-1) - 1).clamp_min(0)
         cache = DynamicCache()
         out = model(input_ids=input_ids, attention_mask=mask, position_ids=position_ids,
-                    past_key_values=cache, use_cache=True, logits_to_keep=1)
-        return cls(out.past_key_values, mask), out.logits[:, -1, :]
+                    **with_cache(model, cache), use_cache=True, logits_to_keep=1)
+        return cls(cache_of(out), mask), out.logits[:, -1, :]
 
     @torch.inference_mode()
     def decode(self, model, next_tokens: torch.Tensor) -> torch.Tensor:
@@ -51,8 +53,8 @@ class DecodeBatch:
         self.attention_mask = torch.cat([self.attention_mask, ones], dim=1)
         out = model(input_ids=next_tokens.view(-1, 1).to(self.attention_mask.device),
                     attention_mask=self.attention_mask, position_ids=positions,
-                    past_key_values=self.cache, use_cache=True)
-        self.cache = out.past_key_values
+                    **with_cache(model, self.cache), use_cache=True)
+        self.cache = cache_of(out)
         return out.logits[:, -1, :]
 
     def keep(self, rows: list[int]) -> None:

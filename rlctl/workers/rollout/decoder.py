@@ -15,6 +15,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from rlctl.models.loading import cache_of, with_cache
+
 SUPPORTED_TYPES = ("llama", "qwen2", "qwen3", "mistral")
 
 
@@ -201,8 +203,8 @@ class HFCacheRunner:
         mask = valid.long()
         positions = (mask.cumsum(-1) - 1).clamp(min=0)
         out = self.model(input_ids=input_ids, attention_mask=mask, position_ids=positions,
-                         past_key_values=self.cache, use_cache=True, logits_to_keep=1)
-        self.cache = out.past_key_values
+                         **with_cache(self.model, self.cache), use_cache=True, logits_to_keep=1)
+        self.cache = cache_of(out)
         self.cache.batch_repeat_interleave(n)
         self.mask = mask.repeat_interleave(n, dim=0)
         return out.logits[:, -1]
@@ -210,9 +212,9 @@ class HFCacheRunner:
     def decode(self, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         self.mask = torch.cat([self.mask, self.mask.new_ones(self.mask.shape[0], 1)], dim=-1)
         out = self.model(input_ids=tokens.unsqueeze(-1), attention_mask=self.mask,
-                         position_ids=positions.unsqueeze(-1), past_key_values=self.cache,
+                         position_ids=positions.unsqueeze(-1), **with_cache(self.model, self.cache),
                          use_cache=True)
-        self.cache = out.past_key_values
+        self.cache = cache_of(out)
         return out.logits[:, -1]
 
     def select(self, keep: torch.Tensor) -> None:
