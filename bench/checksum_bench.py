@@ -4,7 +4,9 @@
 
 Writes a file of random bytes, reads it once to warm the page cache, then hashes it with each
 algorithm the way rlctl.checkpoint.manifest reads shards (1 MiB blocks, readinto one buffer) and
-prints GB/s per algorithm (the best of --repeat; one thread, so it is the cost per rank).
+prints GB/s per algorithm (the best of --repeat; one thread, so it is the cost per rank). Then
+what resume pays in the controller: rlctl.checkpoint.manifest.verify(hashes=True) over a checkpoint
+folder of 4 such files (the manifest's crc32, a few files at a time in threads).
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import os
+import shutil
 import tempfile
 import time
 import zlib
@@ -51,8 +54,29 @@ def main() -> None:
         for name in ("sha256", "blake2b", "crc32"):
             best = min(_timed(name, path) for _ in range(args.repeat))
             print(f"{name:8s} {size / best / 1e9:6.2f} GB/s   100 GB: {100e9 / (size / best):7.1f} s")
+        _verify_folder(path, size, args.repeat)
     finally:
         os.unlink(path)
+
+
+def _verify_folder(path: str, size: int, repeat: int) -> None:
+    from pathlib import Path
+
+    from rlctl.checkpoint.manifest import verify, write_manifest
+
+    root = Path(tempfile.mkdtemp())
+    try:
+        for i in range(4):
+            shutil.copyfile(path, root / f"shard-{i}.safetensors")
+        write_manifest(root, 1, {})
+        start = time.perf_counter()
+        for _ in range(repeat):
+            assert verify(root, hashes=True) == []
+        took = (time.perf_counter() - start) / repeat
+        print(f"verify(hashes=True), 4 files, {4 * size / 2**20:.0f} MiB: {4 * size / took / 1e9:.2f} GB/s "
+              f"({took:.2f} s)")
+    finally:
+        shutil.rmtree(root)
 
 
 def _timed(name: str, path: str) -> float:
