@@ -186,7 +186,8 @@ class CheckpointManager:
 
         Only steps up to the one LATEST names count: newer folders are from before a
         `resume --step` to an earlier step and are left alone; LATEST's own step and the one
-        BEST.json names are always kept.
+        BEST.json names are always kept, and so is the newest step that verifies (sizes, the cheap
+        check) when none of the kept ones does, so retention never deletes the only loadable one.
         """
         latest = self.latest_named()
         if self.keep_last <= 0 or latest is None:
@@ -194,10 +195,17 @@ class CheckpointManager:
         complete = [s for s in self.steps() if s <= latest and (self.step_dir(s) / MANIFEST).is_file()]
         best = self.read_best()
         keep = set(complete[-self.keep_last:]) | {latest} | ({best["step"]} if best else set())
+        keep |= self._newest_loadable(complete, keep)
         doomed = [s for s in complete if s not in keep]
         for step in doomed:
             _remove(self.step_dir(step))
         return doomed
+
+    def _newest_loadable(self, complete: list[int], keep: set[int]) -> set[int]:
+        """{the newest step of `complete` that verifies} when no step in `keep` does, else {}."""
+        if any(s in complete and not verify(self.step_dir(s), hashes=False) for s in keep):
+            return set()
+        return next(({s} for s in reversed(complete) if not verify(self.step_dir(s), hashes=False)), set())
 
     # --- leftovers ------------------------------------------------------------------------------
     def clean_leftovers(self) -> list[str]:
@@ -248,7 +256,8 @@ class CheckpointManager:
 
         step=None: the step LATEST names when it verifies, else the newest complete step before
         it (or the newest overall when LATEST is unreadable) with a warning. step=N: that step,
-        or CheckpointError. hashes=True also checks every file's sha256 (reads everything).
+        or CheckpointError. hashes=True also checks every file's checksum (crc32, or sha256 in
+        older manifests: reads everything); resume and merge pass it.
         """
         steps = self.steps()
         if not steps:

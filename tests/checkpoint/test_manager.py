@@ -50,8 +50,8 @@ def test_save_commits_manifest_then_latest(tmp_path):
                                                       "trainer_state.json"}
     assert set(manifest["versions"]) >= {"rlctl", "torch", "transformers"} and manifest["versions"]["torch"]
     entry = next(f for f in manifest["files"] if f["path"].endswith("shard-0.safetensors"))
-    import hashlib
-    assert entry["size"] == 4096 and entry["sha256"] == hashlib.sha256(bytes([5]) * 4096).hexdigest()
+    import zlib
+    assert entry["size"] == 4096 and entry["crc32"] == f"{zlib.crc32(bytes([5]) * 4096):08x}"
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]
     assert manager.latest_valid() == (5, step_dir, None)
 
@@ -175,9 +175,44 @@ def test_hash_check_catches_same_size_corruption(tmp_path):
     shard.write_bytes(b"\x00" * 4096)              # same size, other bytes
     assert manager.latest_valid().warning is None   # sizes only: looks fine
     point = manager.latest_valid(hashes=True)
-    assert point.step == 1 and "does not match its sha256" in point.warning
+    assert point.step == 1 and "does not match its crc32" in point.warning
     assert verify(tmp_path / "step_2", hashes=True) == [
-        "actor/model/shard-0.safetensors does not match its sha256 in the manifest (corrupted)"]
+        "actor/model/shard-0.safetensors does not match its crc32 in the manifest (corrupted)"]
+
+
+def test_manifests_with_sha256_are_still_verified(tmp_path):
+    """Checkpoints saved before crc32 record sha256 per file: read and checked as before."""
+    import hashlib
+
+    manager = saved_steps(tmp_path, steps=(1,))
+    step_dir = tmp_path / "step_1"
+    manifest = json.loads((step_dir / "MANIFEST.json").read_text())
+    for entry in manifest["files"]:
+        del entry["crc32"]
+        entry["sha256"] = hashlib.sha256((step_dir / entry["path"]).read_bytes()).hexdigest()
+    (step_dir / "MANIFEST.json").write_text(json.dumps(manifest))
+    assert verify(step_dir, hashes=True) == []
+    shard = step_dir / "actor" / "model" / "shard-0.safetensors"
+    shard.write_bytes(b"\x07" * 4096)
+    with pytest.raises(CheckpointError, match="shard-0.safetensors does not match its sha256"):
+        manager.latest_valid(1, hashes=True)
+    del manifest["files"][0]["sha256"]
+    (step_dir / "MANIFEST.json").write_text(json.dumps(manifest))
+    assert "has no checksum in the manifest" in verify(step_dir, hashes=True)[0]
+
+
+def test_retention_never_deletes_the_only_loadable_checkpoint(tmp_path):
+    """keep_last=1 with LATEST's step broken (truncated after its save): the newest step that
+    verifies stays, because it is the one resume falls back to."""
+    manager = saved_steps(tmp_path, keep_last=2, steps=(1, 2, 3))
+    assert manager.steps() == [2, 3]
+    manager.keep_last = 1
+    shard = tmp_path / "step_3" / "actor" / "model" / "shard-0.safetensors"
+    shard.write_bytes(shard.read_bytes()[:100])
+    assert manager.apply_retention() == []
+    assert manager.steps() == [2, 3] and manager.latest_valid().step == 2
+    manager.save(4, files_writer(4), meta={})       # a valid newer step: the fallback is no longer needed
+    assert manager.steps() == [4]
 
 
 def test_explicit_step_and_no_checkpoint_errors(tmp_path):

@@ -79,7 +79,7 @@ def test_step_that_does_not_exist(trained_runs, tmp_path, capsys):
 @pytest.mark.parametrize("damage, message", [
     (lambda p: p.unlink(), f"{SHARD} is missing"),
     (lambda p: p.write_bytes(p.read_bytes()[:-1000]), f"{SHARD} is"),
-    (lambda p: p.write_bytes(p.read_bytes()[:-8] + b"\x00" * 8), f"{SHARD} does not match its sha256"),
+    (lambda p: p.write_bytes(p.read_bytes()[:-8] + b"\x00" * 8), f"{SHARD} does not match its crc32"),
 ], ids=["missing", "truncated", "corrupted"])
 def test_damaged_shard(trained_runs, tmp_path, capsys, damage, message):
     run = copy_run(trained_runs, tmp_path)
