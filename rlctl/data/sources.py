@@ -108,10 +108,17 @@ def convert(src: FileSource, record: dict, split: str, index: int) -> dict:
     content = f"{question} {src.instruction}" if src.instruction else question
     messages = ([{"role": "system", "content": src.system}] if src.system else [])
     messages.append({"role": "user", "content": content})
+    return rule_row(src.data_source, messages, src.ability, truth, split, index, question=question, answer=answer)
+
+
+def rule_row(data_source: str, prompt: list[dict], ability: str, truth: str, split: str, index: int, *,
+             question: str, answer: str) -> dict:
+    """One verl row scored by a rule against `truth` (DESIGN.md's parquet schema); extra_info keeps
+    the split, the row's index in it, and the question and answer as the source gave them."""
     return {
-        "data_source": src.data_source,
-        "prompt": messages,
-        "ability": src.ability,
+        "data_source": data_source,
+        "prompt": prompt,
+        "ability": ability,
         "reward_model": {"style": "rule", "ground_truth": truth},
         "extra_info": {"split": split, "index": index, "question": question, "answer": answer},
     }

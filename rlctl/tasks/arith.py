@@ -26,7 +26,7 @@ from __future__ import annotations
 import random
 import re
 
-from rlctl.data.sources import Generated, PrepSource
+from rlctl.data.sources import Generated, PrepSource, rule_row
 
 DATA_SOURCE = "rlctl/arith"
 DATA_SOURCES = (DATA_SOURCE,)
@@ -40,14 +40,9 @@ def question(a: int, b: int) -> str:
 
 
 def _row(a: int, b: int, split: str, index: int) -> dict:
-    text = question(a, b)
-    return {
-        "data_source": DATA_SOURCE,
-        "prompt": [{"role": "user", "content": text}],
-        "ability": "arithmetic",
-        "reward_model": {"style": "rule", "ground_truth": str(a + b)},
-        "extra_info": {"split": split, "index": index, "question": text, "answer": str(a + b)},
-    }
+    text, truth = question(a, b), str(a + b)
+    return rule_row(DATA_SOURCE, [{"role": "user", "content": text}], "arithmetic", truth, split, index,
+                    question=text, answer=truth)
 
 
 def generate(seed: int, val_fraction: float = DEFAULT_VAL_FRACTION) -> dict[str, list[dict]]:

@@ -36,7 +36,7 @@ import json
 import random
 import re
 
-from rlctl.data.sources import Generated, PrepSource
+from rlctl.data.sources import Generated, PrepSource, rule_row
 from rlctl.multiturn.builtin_tools import calculator
 from rlctl.multiturn.formats import ToolCall, openai_tool_calls, parse_tool_calls
 
@@ -83,11 +83,8 @@ def _row(a: int, op: str, b: int, split: str, index: int, tools_json: str) -> di
     text = question(a, op, b)
     answer = calculator(f"{a} {op} {b}")
     return {
-        "data_source": DATA_SOURCE,
-        "prompt": [{"role": "user", "content": text}],
-        "ability": "arithmetic",
-        "reward_model": {"style": "rule", "ground_truth": answer},
-        "extra_info": {"split": split, "index": index, "question": text, "answer": answer},
+        **rule_row(DATA_SOURCE, [{"role": "user", "content": text}], "arithmetic", answer, split, index,
+                   question=text, answer=answer),
         "messages": transcript(a, op, b, answer, direct=index % DIRECT_EVERY == 0),
         "tools": tools_json,
     }

@@ -38,7 +38,7 @@ import json
 import random
 import re
 
-from rlctl.data.sources import FileSource, Generated, PrepSource, RowError
+from rlctl.data.sources import FileSource, Generated, PrepSource, RowError, rule_row
 
 DATA_SOURCE = "rlctl/code"
 DATA_SOURCES = ("codecontests", "apps", "taco", "codeforces", DATA_SOURCE)  # verl's code sources + ours
@@ -164,13 +164,8 @@ def _synthetic_cases(rng: random.Random, operation: str, offset: int) -> str:
 
 def _synthetic_row(operation: str, offset: int, truth: str, split: str, index: int) -> dict:
     text = synthetic_question(operation, offset)
-    return {
-        "data_source": DATA_SOURCE,
-        "prompt": [{"role": "user", "content": text}],
-        "ability": "code",
-        "reward_model": {"style": "rule", "ground_truth": truth},
-        "extra_info": {"split": split, "index": index, "question": text, "answer": truth},
-    }
+    return rule_row(DATA_SOURCE, [{"role": "user", "content": text}], "code", truth, split, index,
+                    question=text, answer=truth)
 
 
 def generate_synthetic(seed: int, val_fraction: float = DEFAULT_VAL_FRACTION) -> dict[str, list[dict]]:
