@@ -26,22 +26,23 @@ import numpy as np
 from rlctl.multiturn.conversation import ChatRenderer, Conversation
 from rlctl.multiturn.tools import EventLoop, SampleTools, ToolRunner, clean_text, load_tools
 from rlctl.runtime.batch import Batch, chunk_bounds, object_array
-from rlctl.runtime.policy import PolicyActor, rollout_batch
+from rlctl.runtime.policy import PolicyActor, PolicyHandle, rollout_batch
 
 
-class MultiTurnActor:
+class MultiTurnActor(PolicyHandle):
     """The policy with a multi-turn `generate` (rlctl.runtime.policy.PolicyActor); its other calls
-    go to `group`. The turn loop itself calls only `group.generate_turn` and `world_size`, so a
-    turn generator (the one-step-off rollout group, a local model) is enough where only `generate`
-    is asked for. `tools`: the configured tools when the caller loaded them already (else loaded
-    here). `engine_log_probs`: the rollout engine reports rollout_log_prob (its registry entry)."""
+    go to `group` (PolicyHandle's forwarding). The turn loop itself calls only `group.generate_turn`
+    and `world_size`, so a turn generator (the one-step-off rollout group, a local model) is
+    enough where only `generate` is asked for. `tools`: the configured tools when the caller loaded
+    them already (else loaded here). `engine_log_probs`: the rollout engine reports rollout_log_prob (its registry entry)."""
 
     def __init__(self, group: PolicyActor, config, tokenizer, base: Path, eos_ids: list[int], *,
                  tools: list | None = None, engine_log_probs: bool = False):
         from rlctl.multiturn.interactions import load_interaction
 
         mt = config.rollout.multi_turn
-        self.group, self.config, self.mt = group, config, mt
+        super().__init__(group)
+        self.config, self.mt = config, mt
         tools = load_tools(mt.tools, base) if tools is None else tools
         self.runner = ToolRunner(tools, timeout_s=mt.tool_timeout_s)
         self.interaction = load_interaction(mt.interaction, base) if mt.interaction else None
@@ -54,34 +55,10 @@ class MultiTurnActor:
     def close(self) -> None:
         self.events.close()
 
-    # --- the policy's other calls: the group's own ----------------------------------------------
     @property
-    def world_size(self) -> int:
-        return self.group.world_size
-
-    def generate_turn(self, batch: Batch, *, seed: int, mode: str = "train", n: int = 1, width: int = 0) -> Batch:
-        return self.group.generate_turn(batch, seed=seed, mode=mode, n=n, width=width)
-
-    def compute_log_prob(self, batch: Batch) -> Batch:
-        return self.group.compute_log_prob(batch)
-
-    def compute_ref_log_prob(self, batch: Batch) -> Batch:
-        return self.group.compute_ref_log_prob(batch)
-
-    def update_actor(self, batch: Batch) -> dict[str, float]:
-        return self.group.update_actor(batch)
-
-    def flops_profile(self) -> list[dict]:
-        return self.group.flops_profile()
-
-    def save_checkpoint(self, path: str) -> None:
-        return self.group.save_checkpoint(path)
-
-    def load_checkpoint(self, path: str) -> dict:
-        return self.group.load_checkpoint(path)
-
-    def export_weights(self) -> dict | None:
-        return self.group.export_weights()
+    def group(self) -> PolicyActor:
+        """The policy (or turn generator) every call but `generate` goes to."""
+        return self.role
 
     # --- the loop ------------------------------------------------------------------------------
     def generate(self, batch: Batch, *, seed: int, mode: str = "train") -> Batch:

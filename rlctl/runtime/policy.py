@@ -55,9 +55,10 @@ class PolicyActor(TurnGenerator, Protocol):
 
 class PolicyHandle:
     """`PolicyActor` over the actor role of a worker group: each call runs on every rank with the
-    dispatch its worker method registered (rlctl.runtime.worker_group.RoleHandle)."""
+    dispatch its worker method registered (rlctl.runtime.worker_group.RoleHandle). A wrapper that
+    changes one call (the multi-turn driver's `generate`) subclasses it over another PolicyActor."""
 
-    def __init__(self, role: RoleHandle):
+    def __init__(self, role: RoleHandle | PolicyActor | TurnGenerator):
         self.role = role
 
     @property
@@ -92,7 +93,7 @@ class PolicyHandle:
         return self.role.export_weights()
 
     def __repr__(self) -> str:
-        return f"PolicyHandle({self.role!r})"
+        return f"{type(self).__name__}({self.role!r})"
 
 
 def rollout_batch(prompts: Batch, out: dict, n: int, *, width: int, pad: int) -> Batch:
