@@ -34,7 +34,8 @@ class MultiTurnActor(PolicyHandle):
     go to `group` (PolicyHandle's forwarding). The turn loop itself calls only `group.generate_turn`
     and `world_size`, so a turn generator (the one-step-off rollout group, a local model) is
     enough where only `generate` is asked for. `tools`: the configured tools when the caller loaded
-    them already (else loaded here). `engine_log_probs`: the rollout engine reports rollout_log_prob (its registry entry)."""
+    them already (else loaded here). `engine_log_probs`: the rollout engine reports rollout_log_prob
+    (its registry entry)."""
 
     def __init__(self, group: PolicyActor, config, tokenizer, base: Path, eos_ids: list[int], *,
                  tools: list | None = None, engine_log_probs: bool = False):
