@@ -49,29 +49,38 @@ def batch_plan(config, role: str = "actor") -> RolePlan:
                     micro_batches_per_optimizer_step=max(1, per_worker // section.micro_batch_size))
 
 
-@dataclass(frozen=True)
-class BatchPlan:
-    prompts_per_step: int
-    sequences_per_step: int
-    mini_batches_per_rollout: int  # optimizer steps per rollout = ppo_epochs x mini-batches
-    micro_batches_per_optimizer_step: int  # per worker (gradient accumulation steps)
-    sequences_per_worker_per_mini_batch: int
+@dataclass(frozen=True, kw_only=True)
+class DataPlan:
+    """What a plan knows once the training data is read (None before), and the node size."""
     train_rows: int | None
     steps_per_epoch: int | None
     total_steps: int | None
     gpus_per_node: int | str = "auto"   # as validated: "auto" only without the machine pass
     gpus_per_node_resolved: str = ""    # why "auto" became gpus_per_node ("" when it was a number)
 
-    def rows(self) -> list[tuple[str, object]]:
+    def data_rows(self) -> list[tuple[str, object]]:
+        """The rows that depend on the training data (unknown before it is read)."""
         unknown = "unknown (data files not readable)"
+        return [(label, unknown if value is None else value)
+                for label, value in (("training rows", self.train_rows), ("steps per epoch", self.steps_per_epoch),
+                                     ("total steps", self.total_steps))]
+
+
+@dataclass(frozen=True, kw_only=True)
+class BatchPlan(DataPlan):
+    prompts_per_step: int
+    sequences_per_step: int
+    mini_batches_per_rollout: int  # optimizer steps per rollout = ppo_epochs x mini-batches
+    micro_batches_per_optimizer_step: int  # per worker (gradient accumulation steps)
+    sequences_per_worker_per_mini_batch: int
+
+    def rows(self) -> list[tuple[str, object]]:
         return [("prompts per step", self.prompts_per_step),
                 ("sequences per step", self.sequences_per_step),
                 ("optimizer steps per rollout", self.mini_batches_per_rollout),
                 ("micro-batches per optimizer step (per worker)", self.micro_batches_per_optimizer_step),
                 ("sequences per worker per optimizer step", self.sequences_per_worker_per_mini_batch),
-                ("training rows", unknown if self.train_rows is None else self.train_rows),
-                ("steps per epoch", unknown if self.steps_per_epoch is None else self.steps_per_epoch),
-                ("total steps", unknown if self.total_steps is None else self.total_steps)]
+                *self.data_rows()]
 
 
 def step_plan(config) -> BatchPlan:
@@ -85,29 +94,21 @@ def step_plan(config) -> BatchPlan:
         total_steps=config.run.total_steps or None, gpus_per_node=config.resources.gpus_per_node)
 
 
-@dataclass(frozen=True)
-class SFTPlan:
+@dataclass(frozen=True, kw_only=True)
+class SFTPlan(DataPlan):
     examples_per_step: int
     examples_per_worker: int
     micro_batching: str
-    train_rows: int | None
-    steps_per_epoch: int | None
-    total_steps: int | None
-    gpus_per_node: int | str = "auto"   # as validated: "auto" only without the machine pass
-    gpus_per_node_resolved: str = ""    # why "auto" became gpus_per_node ("" when it was a number)
 
     @property
     def sequences_per_step(self) -> int:
         return self.examples_per_step
 
     def rows(self) -> list[tuple[str, object]]:
-        unknown = "unknown (data files not readable)"
         return [("run kind", "sft (one optimizer step per step)"), ("examples per step", self.examples_per_step),
                 ("examples per worker per step", self.examples_per_worker),
                 ("micro-batches (per worker)", self.micro_batching),
-                ("training rows", unknown if self.train_rows is None else self.train_rows),
-                ("steps per epoch", unknown if self.steps_per_epoch is None else self.steps_per_epoch),
-                ("total steps", unknown if self.total_steps is None else self.total_steps)]
+                *self.data_rows()]
 
 
 def sft_plan(config, gpus_per_node_resolved: str = "") -> SFTPlan:
