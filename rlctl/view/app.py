@@ -1,0 +1,228 @@
+"""`rlctl view`: the terminal UI over run folders (Textual). What it reads is rlctl.view.data's.
+
+Two tabs: Curves (any metric, several runs overlaid, re-read while a run trains) and Samples (a
+table of every sample, filtered by the words of rlctl.view.samples.parse_filter and sorted by a
+column). Enter opens a sample (rlctl.view.screens); keys are in the footer; `?` explains them.
+"""
+
+from __future__ import annotations
+
+from textual.app import App, ComposeResult
+from textual.binding import Binding
+from textual.containers import Horizontal, Vertical
+from textual.widgets import DataTable, Footer, Header, Input, SelectionList, Static, TabbedContent, TabPane
+
+from rlctl.view.chart import braille_chart
+from rlctl.view.data import RunView, load_samples
+from rlctl.view.samples import SORT_KEYS, parse_filter, sort_samples
+from rlctl.view.screens import HelpScreen, PromptScreen, SampleScreen
+
+DEFAULT_METRICS = ("reward/mean", "train/loss", "val/reward/mean", "val/loss")
+COLUMNS = ("run", "step", "#", "source", "score", "acc", "len", "turns", "calls", "err", "response")
+MAX_ROWS = 2000   # rows put in the table at once; the filter narrows the rest down
+
+
+class ViewApp(App):
+    """Curves and samples of `runs` (RunViews); `follow_s`: how often metrics.jsonl is re-read (0: never)."""
+
+    TITLE = "rlctl view"
+    ENABLE_COMMAND_PALETTE = False
+    CSS = """
+    #curves-row { height: 1fr; }
+    #metrics { width: 26; height: 1fr; border: round $primary; }
+    #chart { width: 1fr; height: 1fr; padding: 0 1; }
+    #filter { height: 3; }
+    #status { height: 1; color: $text-muted; }
+    """
+    BINDINGS = [
+        Binding("q", "quit", "quit"),
+        Binding("question_mark", "help", "help", key_display="?"),
+        Binding("c", "show_tab('curves')", "curves"),
+        Binding("v", "show_tab('samples')", "samples"),
+        Binding("slash", "focus_filter", "filter", key_display="/"),
+        Binding("s", "cycle_sort", "sort"),
+        Binding("r", "reverse_sort", "reverse"),
+        Binding("p", "same_prompt", "same prompt"),
+    ]
+
+    def __init__(self, runs: list[RunView], *, follow_s: float = 1.0):
+        super().__init__()
+        self.runs = runs
+        self.follow_s = follow_s
+        self.sort_key, self.reverse = "step", False
+        self.shown: list[tuple[RunView, dict]] = []
+        self._filter = parse_filter("")
+        self._rollout_files = {id(run): self._rollout_count(run) for run in runs}
+
+    def compose(self) -> ComposeResult:
+        yield Header(show_clock=False)
+        with TabbedContent(initial="curves"):
+            with TabPane("Curves", id="curves"):
+                with Horizontal(id="curves-row"):
+                    yield SelectionList[str](id="metrics")
+                    yield Static(id="chart")
+            with TabPane("Samples", id="samples"):
+                with Vertical():
+                    yield Input(placeholder="filter: reward>0.5 acc=0 source:gsm8k len<100 turns>1 errors>0 words",
+                                id="filter")
+                    yield Static(id="status")
+                    yield DataTable(id="table", cursor_type="row", zebra_stripes=True)
+        yield Footer()
+
+    def on_mount(self) -> None:
+        self.sub_title = " + ".join(f"{run.name} ({run.kind})" for run in self.runs)
+        table = self.query_one("#table", DataTable)
+        for name in COLUMNS:
+            table.add_column(name, key=name)
+        self.refresh_metric_list(initial=True)
+        self.call_after_refresh(self.draw_chart)   # once the layout has given the chart its size
+        self.refresh_samples()
+        for run in self.runs:
+            for note in run.notes:
+                self.notify(f"{run.name}: {note}", severity="warning", timeout=8)
+        if self.follow_s > 0:
+            self.set_interval(self.follow_s, self.follow)
+
+    # -- curves ---------------------------------------------------------------------------------------
+
+    def refresh_metric_list(self, initial: bool = False) -> None:
+        widget = self.query_one("#metrics", SelectionList)
+        keys = sorted({key for run in self.runs for key in run.metric_keys})
+        have = {widget.get_option_at_index(i).value for i in range(widget.option_count)}
+        chosen = set(widget.selected)
+        if initial:
+            chosen = {k for k in DEFAULT_METRICS if k in keys} or set(keys[:1])
+        for key in keys:
+            if key not in have:
+                widget.add_option((key, key, key in chosen))
+        self.draw_chart()
+
+    def draw_chart(self) -> None:
+        chart = self.query_one("#chart", Static)
+        chosen = self.query_one("#metrics", SelectionList).selected
+        series = []
+        for run in self.runs:
+            for key in chosen:
+                xs, ys = run.series(key)
+                label = f"{run.name}: {key}" if len(self.runs) > 1 else key
+                series.append((label, xs, ys))
+        if not any(run.metrics for run in self.runs):
+            chart.update("no metrics yet (the run has not finished a step); this view follows metrics.jsonl")
+            return
+        size = chart.content_size
+        chart.update(braille_chart(series, max(size.width, 20), max(size.height, 6)))
+
+    def on_selection_list_selected_changed(self, _event) -> None:
+        self.draw_chart()
+
+    def on_resize(self, _event) -> None:
+        self.call_after_refresh(self.draw_chart)
+
+    def follow(self) -> None:
+        """Re-read what a training run appended: metrics rows and new rollouts/step_<N>.jsonl files."""
+        grew = sum(run.follow() for run in self.runs)
+        if grew:
+            self.refresh_metric_list()
+        for run in self.runs:
+            count = self._rollout_count(run)
+            if run.kind != "eval" and count != self._rollout_files[id(run)]:
+                self._rollout_files[id(run)] = count
+                run.samples = load_samples(run.path, [])
+                self.refresh_samples()
+
+    @staticmethod
+    def _rollout_count(run: RunView) -> int:
+        folder = run.path / "rollouts"
+        return sum(1 for _ in folder.glob("step_*.jsonl")) if run.kind != "eval" and folder.is_dir() else 0
+
+    # -- samples --------------------------------------------------------------------------------------
+
+    def refresh_samples(self) -> None:
+        table = self.query_one("#table", DataTable)
+        table.clear()
+        rows = [(run, s) for run in self.runs for s in run.samples if self._filter(s)]
+        total = sum(len(run.samples) for run in self.runs)
+        order = sort_samples([s for _, s in rows], self.sort_key, self.reverse)
+        owner = {id(s): run for run, s in rows}
+        self.shown = [(owner[id(s)], s) for s in order]
+        for k, (run, s) in enumerate(self.shown[:MAX_ROWS]):
+            table.add_row(*self._cells(run, s), key=str(k))
+        more = f" (first {MAX_ROWS} in the table: filter to narrow)" if len(self.shown) > MAX_ROWS else ""
+        arrow = "desc" if self.reverse else "asc"
+        self.query_one("#status", Static).update(
+            f"{len(self.shown)} of {total} samples  sorted by {self.sort_key} {arrow}{more}"
+            if total else "no samples logged (set run.log_rollouts = true, or run.log_samples > 0)")
+
+    def _cells(self, run: RunView, s: dict) -> tuple:
+        last = next((m["content"] for m in reversed(s["messages"]) if m["gen"]), "")
+        return (run.name[:12], s["step"], s["i"], s["source"][:14], _num(s["score"]), _num(s["acc"]),
+                "" if s["length"] is None else s["length"], s["turns"], s["calls"], s["errors"],
+                " ".join(last.split())[:60])
+
+    def on_input_changed(self, event: Input.Changed) -> None:
+        try:
+            self._filter = parse_filter(event.value)
+        except ValueError as e:
+            self.query_one("#status", Static).update(f"[red]{e}[/red]")
+            return
+        self.refresh_samples()
+
+    def on_input_submitted(self, _event: Input.Submitted) -> None:
+        self.query_one("#table", DataTable).focus()
+
+    def on_data_table_row_selected(self, event: DataTable.RowSelected) -> None:
+        run, sample = self.shown[int(event.row_key.value)]
+        self.push_screen(SampleScreen(run, sample))
+
+    def on_data_table_header_selected(self, event: DataTable.HeaderSelected) -> None:
+        key = {"score": "score", "acc": "acc", "len": "length", "turns": "turns", "err": "errors",
+               "source": "source", "step": "step"}.get(str(event.column_key.value))
+        if key:
+            self.reverse = not self.reverse if key == self.sort_key else key != "step"
+            self.sort_key = key
+            self.refresh_samples()
+
+    def current(self) -> tuple[RunView, dict] | None:
+        table = self.query_one("#table", DataTable)
+        if not self.shown or table.cursor_row is None or table.cursor_row >= min(len(self.shown), MAX_ROWS):
+            return None
+        return self.shown[table.cursor_row]
+
+    # -- actions --------------------------------------------------------------------------------------
+
+    def action_show_tab(self, tab: str) -> None:
+        self.query_one(TabbedContent).active = tab
+        if tab == "samples":
+            self.query_one("#table", DataTable).focus()
+
+    def action_focus_filter(self) -> None:
+        self.action_show_tab("samples")
+        self.query_one("#filter", Input).focus()
+
+    def action_cycle_sort(self) -> None:
+        self.sort_key = SORT_KEYS[(SORT_KEYS.index(self.sort_key) + 1) % len(SORT_KEYS)]
+        self.reverse = self.sort_key != "step"   # best first, except for steps
+        self.refresh_samples()
+
+    def action_reverse_sort(self) -> None:
+        self.reverse = not self.reverse
+        self.refresh_samples()
+
+    def action_same_prompt(self) -> None:
+        picked = self.current()
+        if picked is not None:
+            self.push_screen(PromptScreen(picked[0], picked[1]["prompt"]))
+
+    def action_help(self) -> None:
+        self.push_screen(HelpScreen())
+
+    def check_action(self, action: str, parameters: tuple) -> bool | None:
+        """Letter keys go to the filter box while it has the focus (q, s, r... are words too)."""
+        if action in ("quit", "help", "cycle_sort", "reverse_sort", "same_prompt", "show_tab", "focus_filter") \
+                and isinstance(self.focused, Input):
+            return False
+        return True
+
+
+def _num(value) -> str:
+    return "" if value is None else f"{value:.3g}"

@@ -1,0 +1,231 @@
+"""What `rlctl view` shows, read from disk: no Textual, no HTML, no torch.
+
+A source is one of
+    a run folder (RL or SFT): metrics.jsonl (curves), rollouts/step_<N>.jsonl (run.log_rollouts:
+        every sample with ids, mask and conversation) or else samples.jsonl (a few decoded samples a step);
+    an `rlctl eval --out` file: one JSON line per sample (index, sample, prompt, response, score, correct...).
+Reading is forgiving where a run is: a line cut off by a crash (or still being written) is skipped
+and noted, an empty run is a view with nothing in it yet. A path that is neither is a UsageError
+(exit 2) naming what a run folder holds.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import math
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from rlctl.checkpoint.run_folder import METRICS_FILE, ROLLOUTS_DIR, SAMPLES_FILE, is_run_folder, read_run_info
+from rlctl.errors import UsageError
+from rlctl.view.samples import eval_sample, logged_sample, rollout_sample
+
+
+@dataclass
+class RunView:
+    """One source as the views show it. `samples`: normalised dicts (rlctl.view.samples)."""
+
+    path: Path
+    name: str
+    kind: str                                    # "rl" | "sft" | "eval"
+    info: dict = field(default_factory=dict)     # run.json ({} for an eval file)
+    metrics: list[dict] = field(default_factory=list)
+    samples: list[dict] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)   # what was skipped and why, shown to the user
+    tail: MetricsTail | None = None
+
+    @property
+    def metric_keys(self) -> list[str]:
+        keys = {k for row in self.metrics for k, v in row.items() if k != "step" and isinstance(v, (int, float))}
+        return sorted(keys)
+
+    def series(self, key: str) -> tuple[list[int], list[float]]:
+        pairs = [(row["step"], float(row[key])) for row in self.metrics
+                 if isinstance(row.get(key), (int, float)) and isinstance(row.get("step"), int)
+                 and math.isfinite(row[key])]
+        return [p[0] for p in pairs], [p[1] for p in pairs]
+
+    def follow(self) -> int:
+        """Append the metrics rows written since the last read (a run still training); returns how many."""
+        if self.tail is None:
+            return 0
+        rows, reset = self.tail.poll()
+        if reset:
+            self.metrics = []
+        self.metrics.extend(rows)
+        return len(rows)
+
+
+class MetricsTail:
+    """Reads a growing JSONL file by offset: only complete lines are parsed; a partial last line waits
+    for its newline (the writer flushes each step), and a file that shrank (resume truncated it) is
+    read again from the start."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self.offset = 0
+        self.stamp: tuple[int, int] | None = None
+        self.bad_lines = 0
+
+    def poll(self) -> tuple[list[dict], bool]:
+        """(new rows, whether earlier rows were dropped because the file was rewritten)."""
+        try:
+            stat = self.path.stat()
+        except OSError:
+            return [], False
+        stamp = (stat.st_size, stat.st_mtime_ns)
+        if stamp == self.stamp:
+            return [], False
+        reset = stat.st_size < self.offset
+        if reset:
+            self.offset = 0
+        with open(self.path, "rb") as f:
+            f.seek(self.offset)
+            chunk = f.read()
+        complete = chunk[: chunk.rfind(b"\n") + 1]
+        self.offset += len(complete)
+        self.stamp = (self.offset, stat.st_mtime_ns) if len(complete) == len(chunk) else None
+        rows = []
+        for line in complete.decode("utf-8", errors="replace").splitlines():
+            row = parse_line(line)
+            if row is None:
+                self.bad_lines += line.strip() != ""
+            else:
+                rows.append(row)
+        return rows, reset
+
+    def pending(self) -> bool:
+        """True when the file ends in a line without its newline (cut off, or being written)."""
+        try:
+            return self.path.stat().st_size > self.offset
+        except OSError:
+            return False
+
+
+def parse_line(line: str) -> dict | None:
+    try:
+        row = json.loads(line)
+    except json.JSONDecodeError:
+        return None
+    return row if isinstance(row, dict) else None
+
+
+def read_jsonl(path: Path, notes: list[str]) -> list[dict]:
+    """Rows of a JSONL file; unreadable lines are skipped and counted in `notes`."""
+    rows, bad, last_bad = [], 0, False
+    with open(path, encoding="utf-8", errors="replace") as f:
+        for line in f:
+            row = parse_line(line)
+            last_bad = row is None and line.strip() != ""
+            bad += last_bad
+            if row is not None:
+                rows.append(row)
+    if bad:
+        where = "the last line is cut off (the run stopped mid-write)" if bad == 1 and last_bad else \
+            f"{bad} lines are not JSON objects"
+        notes.append(f"{path.name}: {where}; skipped")
+    return rows
+
+
+def load_source(path: str | os.PathLike, *, with_samples: bool = True) -> RunView:
+    """A run folder or an eval output file as a RunView; UsageError (exit 2) for anything else."""
+    path = Path(path)
+    if path.is_file() and path.suffix == ".jsonl":
+        return load_eval(path)
+    if not path.exists():
+        raise UsageError(f"{path} does not exist", hint="pass a run folder (runs/<name>) or an `rlctl eval --out` file.")
+    if not path.is_dir() or not is_run_folder(path):
+        raise UsageError(f"{path} is not a run folder (no run.json, metrics.jsonl or checkpoints/)",
+                         hint="pass <output_dir>/<run name>, e.g. runs/my-run, or an `rlctl eval --out` .jsonl file.")
+    return load_run(path, with_samples=with_samples)
+
+
+def load_run(path: Path, *, with_samples: bool = True) -> RunView:
+    info = read_run_info(path)
+    view = RunView(path=path, name=info.get("name") or path.name, kind="rl", info=info)
+    view.tail = MetricsTail(path / METRICS_FILE)
+    view.metrics, _ = view.tail.poll()
+    if view.tail.bad_lines or view.tail.pending():
+        cut = " and the last line is cut off" if view.tail.pending() else ""
+        bad = f"{view.tail.bad_lines} lines are not JSON objects" if view.tail.bad_lines else ""
+        view.notes.append(f"{METRICS_FILE}: {(bad + cut).removeprefix(' and ')}; skipped "
+                          "(a line still being written is read once it is complete)")
+    if any("train/loss" in row for row in view.metrics):
+        view.kind = "sft"
+    if with_samples:
+        view.samples = load_samples(path, view.notes)
+    if not view.metrics and not view.samples:
+        view.notes.append("no metrics yet: the run has not finished a step")
+    return view
+
+
+def load_samples(path: Path, notes: list[str]) -> list[dict]:
+    """Every sample of run.log_rollouts when the run logged them, else samples.jsonl's few per step."""
+    folder = path / ROLLOUTS_DIR
+    files = sorted(folder.glob("step_*.jsonl"), key=_step_of) if folder.is_dir() else []
+    files = [f for f in files if _step_of(f) >= 0]
+    if files:
+        decode = token_decoder(path)
+        samples = []
+        for file in files:
+            step = _step_of(file)
+            samples += [rollout_sample(rec, step, i, decode) for i, rec in enumerate(read_jsonl(file, notes))]
+        return samples
+    if (path / SAMPLES_FILE).is_file():
+        rows = read_jsonl(path / SAMPLES_FILE, notes)
+        counts: dict[int, int] = {}
+        out = []
+        for row in rows:
+            step = row.get("step") if isinstance(row.get("step"), int) else 0
+            counts[step] = counts.get(step, 0) + 1
+            out.append(logged_sample(row, step, counts[step] - 1))
+        return out
+    return []
+
+
+def load_eval(path: Path) -> RunView:
+    notes: list[str] = []
+    rows = read_jsonl(path, notes)
+    if rows and not all("score" in r and ("response" in r or "messages" in r) for r in rows[:5]):
+        raise UsageError(f"{path} is not an `rlctl eval --out` file (its lines lack score and response)",
+                         hint="pass a run folder, or the file `rlctl eval MODEL --data FILE --out OUT.jsonl` wrote.")
+    view = RunView(path=path, name=path.stem, kind="eval", notes=notes)
+    view.samples = [eval_sample(row, i) for i, row in enumerate(rows)]
+    if not rows:
+        notes.append(f"{path.name} has no samples")
+    return view
+
+
+@functools.lru_cache(maxsize=8)
+def token_decoder(run_dir: Path):
+    """A function ids -> text from the run's tokenizer.json (the `tokenizers` library, no transformers),
+    or None when the run's model folder is not on this machine: masks are then shown per message."""
+    try:
+        import tomllib
+    except ImportError:   # Python 3.10
+        import tomli as tomllib   # type: ignore[no-redef]
+    try:
+        config = tomllib.loads((run_dir / "config.resolved.toml").read_text(encoding="utf-8"))
+        model = Path(config["model"]["path"])
+    except (OSError, KeyError, TypeError, ValueError):
+        return None
+    candidates = [model / "tokenizer.json", *sorted(model.glob("hf/step_*/tokenizer.json"))]
+    found = next((c for c in candidates if c.is_file()), None)
+    if found is None:
+        return None
+    try:
+        from tokenizers import Tokenizer
+
+        tokenizer = Tokenizer.from_file(str(found))
+    except Exception:   # an unreadable tokenizer only costs the token-level view
+        return None
+    return lambda ids: tokenizer.decode(ids, skip_special_tokens=False)
+
+
+def _step_of(path: Path) -> int:
+    try:
+        return int(path.stem.removeprefix("step_"))
+    except ValueError:
+        return -1
