@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.binding import Binding
@@ -71,14 +73,25 @@ def _shaded_tokens(run: RunView, sample: dict, key: str) -> Text:
     scale = max(abs(v) for v in values) or 1.0
     out = Text(f"\n── {key} per token (green +, red -; brighter = larger |value|, max {scale:.3g}) ──\n",
                style="bold cyan")
-    for tid, value in zip(ids, values):
+    for piece, value in zip(token_pieces(decode, ids), values):
         level = int(55 + 200 * min(1.0, abs(value) / scale))
         if key == "log_probs":   # log-probs are <= 0: likely tokens dark, unlikely ones bright red
             colour = f"rgb({level},40,40)"
         else:
             colour = f"rgb(40,{level},40)" if value >= 0 else f"rgb({level},40,40)"
-        out.append(decode([tid]), style=f"on {colour}")
+        out.append(piece, style=f"on {colour}")
     return out + Text("\n")
+
+
+def token_pieces(decode, ids: list[int]) -> list[str]:
+    """Each token's text as it reads in context: decode(ids[:k+1]) minus decode(ids[:k]). Decoding tokens one
+    by one loses what depends on neighbours (a byte-level BPE's spaces, multi-byte characters)."""
+    pieces, before = [], ""
+    for k in range(len(ids)):
+        text = decode(ids[:k + 1])
+        pieces.append(text[len(os.path.commonprefix([before, text])):])
+        before = text
+    return pieces
 
 
 def _short(value) -> str:
