@@ -31,7 +31,7 @@ def view(runs: Optional[List[Path]] = typer.Argument(None, help="Run folders (se
                              hint="run it once per run: rlctl view RUN --html RUN.html.")
         from rlctl.view.html import write_html
 
-        run = load_source(paths[0])
+        run = load_source(paths[0], decode=True)   # every response's mask segments, for the page
         out = write_html(run, html)
         for note in run.notes:
             typer.echo(f"note: {note}", err=True)

@@ -129,8 +129,9 @@ def read_jsonl(path: Path, notes: list[str]) -> list[dict]:
     return rows
 
 
-def load_source(path: str | os.PathLike, *, with_samples: bool = True) -> RunView:
-    """A run folder or an eval output file as a RunView; UsageError (exit 2) for anything else."""
+def load_source(path: str | os.PathLike, *, with_samples: bool = True, decode: bool = False) -> RunView:
+    """A run folder or an eval output file as a RunView; UsageError (exit 2) for anything else.
+    `decode`: decode every logged response into its mask segments now (the HTML page), not on demand."""
     path = Path(path)
     if path.is_file() and path.suffix == ".jsonl":
         return load_eval(path)
@@ -139,10 +140,10 @@ def load_source(path: str | os.PathLike, *, with_samples: bool = True) -> RunVie
     if not path.is_dir() or not is_run_folder(path):
         raise UsageError(f"{path} is not a run folder (no run.json, metrics.jsonl or checkpoints/)",
                          hint="pass <output_dir>/<run name>, e.g. runs/my-run, or an `rlctl eval --out` .jsonl file.")
-    return load_run(path, with_samples=with_samples)
+    return load_run(path, with_samples=with_samples, decode=decode)
 
 
-def load_run(path: Path, *, with_samples: bool = True) -> RunView:
+def load_run(path: Path, *, with_samples: bool = True, decode: bool = False) -> RunView:
     info = read_run_info(path)
     view = RunView(path=path, name=info.get("name") or path.name, kind="rl", info=info)
     view.tail = MetricsTail(path / METRICS_FILE)
@@ -155,23 +156,23 @@ def load_run(path: Path, *, with_samples: bool = True) -> RunView:
     if any("train/loss" in row for row in view.metrics):
         view.kind = "sft"
     if with_samples:
-        view.samples = load_samples(path, view.notes)
+        view.samples = load_samples(path, view.notes, decode=decode)
     if not view.metrics and not view.samples:
         view.notes.append("no metrics yet: the run has not finished a step")
     return view
 
 
-def load_samples(path: Path, notes: list[str]) -> list[dict]:
+def load_samples(path: Path, notes: list[str], *, decode: bool = False) -> list[dict]:
     """Every sample of run.log_rollouts when the run logged them, else samples.jsonl's few per step."""
     folder = path / ROLLOUTS_DIR
     files = sorted(folder.glob("step_*.jsonl"), key=_step_of) if folder.is_dir() else []
     files = [f for f in files if _step_of(f) >= 0]
     if files:
-        decode = token_decoder(path)
+        decoder = token_decoder(path) if decode else None
         samples = []
         for file in files:
             step = _step_of(file)
-            samples += [rollout_sample(rec, step, i, decode) for i, rec in enumerate(read_jsonl(file, notes))]
+            samples += [rollout_sample(rec, step, i, str(file), decoder) for i, rec in enumerate(read_jsonl(file, notes))]
         return samples
     if (path / SAMPLES_FILE).is_file():
         rows = read_jsonl(path / SAMPLES_FILE, notes)
@@ -196,6 +197,17 @@ def load_eval(path: Path) -> RunView:
     if not rows:
         notes.append(f"{path.name} has no samples")
     return view
+
+
+def token_record(sample: dict) -> dict | None:
+    """The rollout-log line a sample came from (its ids, mask and per-token arrays), or None."""
+    if not sample.get("file"):
+        return None
+    try:
+        rows = read_jsonl(Path(sample["file"]), [])
+    except OSError:
+        return None
+    return rows[sample["i"]] if sample["i"] < len(rows) else None
 
 
 @functools.lru_cache(maxsize=8)

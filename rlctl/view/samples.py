@@ -11,7 +11,8 @@
                      0 = tool / interaction text and template glue); None without the run's tokenizer
     mask_runs        [[mask, tokens], ...] the same runs as token counts (rollout logs only)
     extra            the other fields the writer logged (turn_scores, policy_version, ground_truth, ...)
-    token_ids, log_probs, advantages   per response token, where the rollout log carries them
+    file, tokens     the rollout log holding the sample (line i) and which per-token arrays it has
+                     ("log_probs", "advantages"): read back for one sample by rlctl.view.data.token_record
 """
 
 from __future__ import annotations
@@ -25,30 +26,34 @@ _KNOWN = {"step", "uid", "data_source", "score", "acc", "prompt_ids", "response_
           "num_turns", "tool_calls", "prompt", "response", "log_probs", "advantages", "index", "sample", "correct"}
 
 
-def rollout_sample(rec: dict, step: int, i: int, decode) -> dict:
-    """A line of rollouts/step_<N>.jsonl (rlctl.controller.rollout_log)."""
+def rollout_sample(rec: dict, step: int, i: int, file: str, decode=None) -> dict:
+    """A line of rollouts/step_<N>.jsonl (rlctl.controller.rollout_log). The token arrays stay on disk
+    (`file`, line `i`: rlctl.view.data.token_record reads them back for one sample); `decode` given,
+    the response is decoded into its mask segments now (the HTML page needs every sample's)."""
     ids, mask = rec.get("response_ids") or [], rec.get("response_mask") or []
-    runs = mask_runs(mask)
-    segments = None
-    if decode is not None and ids:
-        segments, start = [], 0
-        for m, n in runs:
-            segments.append([m, decode(ids[start:start + n])])
-            start += n
     calls = rec.get("tool_calls") or []
     sample = _base(step, i, rec, _messages(rec.get("messages") or []))
-    sample.update(length=len(ids), segments=segments, mask_runs=runs, calls=len(calls),
+    sample.update(length=len(ids), mask_runs=mask_runs(mask), calls=len(calls), file=file,
                   errors=sum(bool(c.get("error")) for c in calls if isinstance(c, dict)),
-                  turns=int(rec.get("num_turns") or sum(m["role"] == "assistant" for m in sample["messages"])))
+                  turns=int(rec.get("num_turns") or sum(m["role"] == "assistant" for m in sample["messages"])),
+                  tokens=[k for k in ("log_probs", "advantages") if isinstance(rec.get(k), list)])
     if not calls:   # older logs had no tool_calls: count the conversation's tool turns
         sample["calls"] = sum(len(m.get("tool_calls") or []) for m in sample["messages"])
         sample["errors"] = sum(m["role"] == "tool" and str(m["content"]).startswith("error") for m in sample["messages"])
-    for key in ("log_probs", "advantages"):
-        if isinstance(rec.get(key), list):
-            sample[key] = rec[key]
-    if ids and ("log_probs" in sample or "advantages" in sample):
-        sample["token_ids"] = ids
+    if decode is not None:
+        sample["segments"] = segments(ids, sample["mask_runs"], decode)
     return _finish(sample)
+
+
+def segments(ids: list[int], runs: list[list[int]], decode) -> list[list] | None:
+    """[[mask, text], ...]: the response decoded run by run of equal response_mask."""
+    if not ids:
+        return None
+    out, start = [], 0
+    for m, n in runs:
+        out.append([m, decode(ids[start:start + n])])
+        start += n
+    return out
 
 
 def logged_sample(row: dict, step: int, i: int) -> dict:
@@ -80,6 +85,7 @@ def _base(step: int, i: int, row: dict, messages: list[dict]) -> dict:
     return {"step": step, "i": i, "uid": row.get("uid"), "source": str(row.get("data_source") or ""),
             "score": _number(row.get("score")), "acc": _number(row.get("acc")), "length": None,
             "turns": 1, "calls": 0, "errors": 0, "messages": messages, "segments": None, "mask_runs": None,
+            "file": None, "tokens": [],
             "extra": {k: _finite(v) for k, v in row.items() if k not in _KNOWN}}
 
 

@@ -11,8 +11,8 @@ from textual.containers import VerticalScroll
 from textual.screen import ModalScreen, Screen
 from textual.widgets import DataTable, Footer, Static
 
-from rlctl.view.data import RunView, token_decoder
-from rlctl.view.samples import prompt_history
+from rlctl.view.data import RunView, token_decoder, token_record
+from rlctl.view.samples import prompt_history, segments
 
 ROLE_STYLE = {"system": "bold blue", "user": "bold green", "assistant": "bold magenta", "tool": "bold yellow"}
 GEN_STYLE, GLUE_STYLE = "bold", "dim yellow"   # response_mask 1 (generated) / 0 (tool, interaction, template)
@@ -33,8 +33,9 @@ HELP = """[b]rlctl view[/b]: curves and samples of runs
 q quits (or closes this screen), ? shows this help, escape goes back."""
 
 
-def conversation_text(run: RunView, sample: dict, shade: str = SHADES[0]) -> Text:
-    """The sample as text: scores, every message with its role, the response's mask runs, token shading."""
+def conversation_text(run: RunView, sample: dict, shade: str = SHADES[0], record: dict | None = None) -> Text:
+    """The sample as text: scores, every message with its role, the response's mask runs, token shading.
+    `record`: its rollout-log line (token_record), for the decoded mask segments and the per-token arrays."""
     text = Text()
     score = "-" if sample["score"] is None else f"{sample['score']:.4g}"
     acc = "" if sample["acc"] is None else f"   acc {sample['acc']:.4g}"
@@ -47,27 +48,30 @@ def conversation_text(run: RunView, sample: dict, shade: str = SHADES[0]) -> Tex
     for m in sample["messages"]:
         text.append(f"\n── {m['role']}" + (" (generated)" if m["gen"] else "") + " ──\n",
                     style=ROLE_STYLE.get(m["role"], "bold"))
-        text.append(m["content"] + "\n", style="" if m["gen"] else "")
+        text.append(m["content"] + "\n")
         for call in m.get("tool_calls", []):
             text.append(f"  tool call: {call}\n", style="yellow")
     if sample["mask_runs"]:
         text.append("\n── response_mask ──  ", style="bold cyan")
         text.append(" · ".join(f"{n} {'generated' if m else 'tool/template'}" for m, n in sample["mask_runs"]) + "\n")
-    if sample["segments"]:
+    decode = token_decoder(run.path) if record else None
+    parts = sample["segments"] or (segments(record.get("response_ids") or [], sample["mask_runs"] or [], decode)
+                                   if decode else None)
+    if parts:
         text.append("response tokens as trained on (bold: generated, dim yellow: mask 0)\n", style="dim")
-        for m, part in sample["segments"]:
+        for m, part in parts:
             text.append(part, style=GEN_STYLE if m else GLUE_STYLE)
         text.append("\n")
     if shade != "off":
-        text.append_text(_shaded_tokens(run, sample, "advantages" if shade == SHADES[0] else "log_probs"))
+        text.append_text(_shaded_tokens(decode, record, "advantages" if shade == SHADES[0] else "log_probs"))
     return text
 
 
-def _shaded_tokens(run: RunView, sample: dict, key: str) -> Text:
-    values, ids = sample.get(key), sample.get("token_ids")
+def _shaded_tokens(decode, record: dict | None, key: str) -> Text:
+    values = (record or {}).get(key)
+    ids = (record or {}).get("response_ids")
     if not values or not ids:
         return Text(f"\n(no per-token {key.replace('_', '-')} in this run's rollout log)\n", style="dim")
-    decode = token_decoder(run.path)
     if decode is None:
         return Text(f"\n(per-token {key}: the run's tokenizer is not on this machine)\n", style="dim")
     scale = max(abs(v) for v in values) or 1.0
@@ -108,15 +112,17 @@ class SampleScreen(Screen):
     def __init__(self, run: RunView, sample: dict):
         super().__init__()
         self.run, self.sample, self.shade = run, sample, 0
+        self.record = token_record(sample)   # its ids, mask and per-token arrays, read back from the rollout log
 
     def compose(self) -> ComposeResult:
         with VerticalScroll():
-            yield Static(conversation_text(self.run, self.sample, SHADES[0]), id="conversation")
+            yield Static(conversation_text(self.run, self.sample, SHADES[0], self.record), id="conversation")
         yield Footer()
 
     def action_shade(self) -> None:
         self.shade = (self.shade + 1) % len(SHADES)
-        self.query_one("#conversation", Static).update(conversation_text(self.run, self.sample, SHADES[self.shade]))
+        self.query_one("#conversation", Static).update(conversation_text(self.run, self.sample, SHADES[self.shade],
+                                                                                  self.record))
         self.notify(f"shading: {SHADES[self.shade]}", timeout=2)
 
     def action_same_prompt(self) -> None:

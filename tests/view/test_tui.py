@@ -83,13 +83,14 @@ def test_navigate_filter_and_open_a_multi_turn_sample(calc_run):
     assert f"step {sample['step']}" in text and "score" in text and "turns" in text
     assert "── user ──" in text and "assistant (generated)" in text and "── tool ──" in text
     assert "tool call: calculator(" in text
-    assert "generated" in text and "tool/template" in text and "response_mask" in seen["sample_end"] + text
+    assert "generated" in text and "tool/template" in text and "response_mask" in text
+    assert "<tool_response>" in seen["sample_end"]   # the response decoded by mask runs, the tool's part shown
     assert "samples of: What is" in seen["prompt"] and re.search(r"\b1\b.*\n(.*\n)*.*\b2\b", seen["prompt"])
     assert "filter words" in seen["help"] and seen["running"] is False
 
 
 def test_the_mask_is_shown_per_token_run_with_the_runs_tokenizer(calc_run):
-    view = load_source(calc_run)
+    view = load_source(calc_run, decode=True)
     sample = next(s for s in view.samples if s["turns"] > 1)
     record = logged(calc_run)[(sample["step"] - 1) * 8 + sample["i"]]
     mask = record["response_mask"]
