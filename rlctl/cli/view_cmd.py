@@ -41,7 +41,7 @@ def view(runs: Optional[List[Path]] = typer.Argument(None, help="Run folders (se
     if not (sys.stdin.isatty() and sys.stdout.isatty()):
         raise UsageError("rlctl view needs a terminal (stdin and stdout are not one)",
                          hint="run it in a terminal, or write a page: rlctl view RUN --html report.html.")
-    sources = [load_source(p) for p in paths]
+    sources = [load_source(p, with_samples=False) for p in paths]   # the UI reads samples in the background
     from rlctl.view.app import ViewApp
 
     ViewApp(sources, follow_s=follow_s).run()

@@ -7,19 +7,21 @@ column). Enter opens a sample (rlctl.view.screens); keys are in the footer; `?` 
 
 from __future__ import annotations
 
+from rich.text import Text
 from textual.app import App, ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
 from textual.widgets import DataTable, Footer, Header, Input, SelectionList, Static, TabbedContent, TabPane
 
 from rlctl.view.chart import braille_chart
-from rlctl.view.data import RunView, load_samples
+from rlctl.view.data import RunView, load_samples, read_rollout_file, rollout_files
 from rlctl.view.samples import SORT_KEYS, parse_filter, sort_samples
 from rlctl.view.screens import HelpScreen, PromptScreen, SampleScreen
 
 DEFAULT_METRICS = ("reward/mean", "train/loss", "val/reward/mean", "val/loss")
 COLUMNS = ("run", "step", "#", "source", "score", "acc", "len", "turns", "calls", "err", "response")
-MAX_ROWS = 2000   # rows put in the table at once; the filter narrows the rest down
+MAX_ROWS = 500    # rows put in the table at once (a 64k-row table is slow to fill); the filter narrows the rest
+FILTER_DELAY_S = 0.25   # the filter runs once typing pauses, not on every key
 
 
 class ViewApp(App):
@@ -52,7 +54,8 @@ class ViewApp(App):
         self.sort_key, self.reverse = "step", False
         self.shown: list[tuple[RunView, dict]] = []
         self._filter = parse_filter("")
-        self._rollout_files = {id(run): self._rollout_count(run) for run in runs}
+        self._filter_timer = None
+        self._seen_files: dict[int, set[str]] = {id(run): set() for run in runs}
 
     def compose(self) -> ComposeResult:
         yield Header(show_clock=False)
@@ -76,12 +79,32 @@ class ViewApp(App):
             table.add_column(name, key=name)
         self.refresh_metric_list(initial=True)
         self.call_after_refresh(self.draw_chart)   # once the layout has given the chart its size
-        self.refresh_samples()
         for run in self.runs:
+            if run.samples_loaded:
+                self._seen_files[id(run)] = {str(f) for f in rollout_files(run.path)} if run.kind != "eval" else set()
             for note in run.notes:
                 self.notify(f"{run.name}: {note}", severity="warning", timeout=8)
+        self.refresh_samples()
+        if not all(run.samples_loaded for run in self.runs):   # a large run: curves now, samples when read
+            self.run_worker(self._read_samples, thread=True, exclusive=True, group="samples")
         if self.follow_s > 0:
             self.set_interval(self.follow_s, self.follow)
+
+    def _read_samples(self) -> None:
+        """In a worker thread: each run's samples, handed to the app when read."""
+        for run in self.runs:
+            if not run.samples_loaded:
+                files = {str(f) for f in rollout_files(run.path)}
+                notes: list[str] = []
+                samples = load_samples(run.path, notes)
+                self.call_from_thread(self._samples_read, run, samples, notes, files)
+
+    def _samples_read(self, run: RunView, samples: list[dict], notes: list[str], files: set[str]) -> None:
+        run.samples, run.samples_loaded = samples, True
+        self._seen_files[id(run)] = files
+        for note in notes:
+            self.notify(f"{run.name}: {note}", severity="warning", timeout=8)
+        self.refresh_samples()
 
     # -- curves ---------------------------------------------------------------------------------------
 
@@ -123,17 +146,17 @@ class ViewApp(App):
         grew = sum(run.follow() for run in self.runs)
         if grew:
             self.refresh_metric_list()
+        added = False
         for run in self.runs:
-            count = self._rollout_count(run)
-            if run.kind != "eval" and count != self._rollout_files[id(run)]:
-                self._rollout_files[id(run)] = count
-                run.samples = load_samples(run.path, [])
-                self.refresh_samples()
-
-    @staticmethod
-    def _rollout_count(run: RunView) -> int:
-        folder = run.path / "rollouts"
-        return sum(1 for _ in folder.glob("step_*.jsonl")) if run.kind != "eval" and folder.is_dir() else 0
+            if run.kind == "eval" or not run.samples_loaded:
+                continue
+            for file in rollout_files(run.path):
+                if str(file) not in self._seen_files[id(run)]:   # a step finished since: only its file is read
+                    self._seen_files[id(run)].add(str(file))
+                    run.samples += read_rollout_file(file, [])
+                    added = True
+        if added:
+            self.refresh_samples()
 
     # -- samples --------------------------------------------------------------------------------------
 
@@ -142,6 +165,8 @@ class ViewApp(App):
         table.clear()
         rows = [(run, s) for run in self.runs for s in run.samples if self._filter(s)]
         total = sum(len(run.samples) for run in self.runs)
+        if not all(run.samples_loaded for run in self.runs):
+            self.query_one("#status", Static).update("reading the samples... (the curves are ready)")
         order = sort_samples([s for _, s in rows], self.sort_key, self.reverse)
         owner = {id(s): run for run, s in rows}
         self.shown = [(owner[id(s)], s) for s in order]
@@ -149,6 +174,8 @@ class ViewApp(App):
             table.add_row(*self._cells(run, s), key=str(k))
         more = f" (first {MAX_ROWS} in the table: filter to narrow)" if len(self.shown) > MAX_ROWS else ""
         arrow = "desc" if self.reverse else "asc"
+        if not all(run.samples_loaded for run in self.runs):
+            return
         self.query_one("#status", Static).update(
             f"{len(self.shown)} of {total} samples  sorted by {self.sort_key} {arrow}{more}"
             if total else "no samples logged (set run.log_rollouts = true, or run.log_samples > 0)")
@@ -160,14 +187,23 @@ class ViewApp(App):
                 " ".join(last.split())[:60])
 
     def on_input_changed(self, event: Input.Changed) -> None:
+        if self._filter_timer is not None:
+            self._filter_timer.stop()
+        self._filter_timer = self.set_timer(FILTER_DELAY_S, lambda: self.apply_filter(event.value))
+
+    def apply_filter(self, text: str) -> None:
+        self._filter_timer = None
         try:
-            self._filter = parse_filter(event.value)
+            self._filter = parse_filter(text)
         except ValueError as e:
-            self.query_one("#status", Static).update(f"[red]{e}[/red]")
+            self.query_one("#status", Static).update(Text(str(e), style="red"))
             return
         self.refresh_samples()
 
-    def on_input_submitted(self, _event: Input.Submitted) -> None:
+    def on_input_submitted(self, event: Input.Submitted) -> None:
+        if self._filter_timer is not None:   # enter applies the filter at once
+            self._filter_timer.stop()
+            self.apply_filter(event.value)
         self.query_one("#table", DataTable).focus()
 
     def on_data_table_row_selected(self, event: DataTable.RowSelected) -> None:

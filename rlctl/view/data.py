@@ -15,12 +15,13 @@ import functools
 import json
 import math
 import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from rlctl.checkpoint.run_folder import METRICS_FILE, ROLLOUTS_DIR, SAMPLES_FILE, is_run_folder, read_run_info
 from rlctl.errors import UsageError
-from rlctl.view.samples import eval_sample, logged_sample, rollout_sample
+from rlctl.view.samples import eval_sample, logged_sample, rollout_sample, segments
 
 
 @dataclass
@@ -35,6 +36,7 @@ class RunView:
     samples: list[dict] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)   # what was skipped and why, shown to the user
     tail: MetricsTail | None = None
+    samples_loaded: bool = True                      # False: load_source(with_samples=False), read them later
 
     @property
     def metric_keys(self) -> list[str]:
@@ -155,25 +157,20 @@ def load_run(path: Path, *, with_samples: bool = True, decode: bool = False) -> 
                           "(a line still being written is read once it is complete)")
     if any("train/loss" in row for row in view.metrics):
         view.kind = "sft"
+    view.samples_loaded = with_samples
     if with_samples:
         view.samples = load_samples(path, view.notes, decode=decode)
-    if not view.metrics and not view.samples:
+    if not view.metrics and with_samples and not view.samples:
         view.notes.append("no metrics yet: the run has not finished a step")
     return view
 
 
 def load_samples(path: Path, notes: list[str], *, decode: bool = False) -> list[dict]:
     """Every sample of run.log_rollouts when the run logged them, else samples.jsonl's few per step."""
-    folder = path / ROLLOUTS_DIR
-    files = sorted(folder.glob("step_*.jsonl"), key=_step_of) if folder.is_dir() else []
-    files = [f for f in files if _step_of(f) >= 0]
+    files = rollout_files(path)
     if files:
         decoder = token_decoder(path) if decode else None
-        samples = []
-        for file in files:
-            step = _step_of(file)
-            samples += [rollout_sample(rec, step, i, str(file), decoder) for i, rec in enumerate(read_jsonl(file, notes))]
-        return samples
+        return [s for file in files for s in read_rollout_file(file, notes, decoder)]
     if (path / SAMPLES_FILE).is_file():
         rows = read_jsonl(path / SAMPLES_FILE, notes)
         counts: dict[int, int] = {}
@@ -184,6 +181,50 @@ def load_samples(path: Path, notes: list[str], *, decode: bool = False) -> list[
             out.append(logged_sample(row, step, counts[step] - 1))
         return out
     return []
+
+
+def rollout_files(path: Path) -> list[Path]:
+    """rollouts/step_<N>.jsonl of a run, by step."""
+    folder = path / ROLLOUTS_DIR
+    files = [f for f in folder.glob("step_*.jsonl") if _step_of(f) >= 0] if folder.is_dir() else []
+    return sorted(files, key=_step_of)
+
+
+# The token arrays of a rollout-log line, cut out as text before json.loads: parsing 5 x ~1000 numbers per
+# sample into Python objects was most of the time to open a 64k-sample run, and the list only needs their
+# length and the mask's runs (the tokens of one sample are read back when it is opened: token_record).
+_ARRAYS = re.compile(r'"(prompt_ids|response_ids|response_mask|log_probs|advantages)": \[([^\]]*)\]')
+_RUNS = re.compile(r"1+|0+")
+
+
+def read_rollout_file(file: Path, notes: list[str], decoder=None) -> list[dict]:
+    """The samples of one rollouts/step_<N>.jsonl; `decoder` given, each response decoded by mask runs."""
+    step, samples, bad = _step_of(file), [], 0
+    with open(file, encoding="utf-8", errors="replace") as f:
+        for line in f:
+            arrays: dict[str, str] = {}
+
+            def cut(match, arrays=arrays):
+                arrays[match.group(1)] = match.group(2)
+                return f'"{match.group(1)}": []'
+            rec = parse_line(_ARRAYS.sub(cut, line))
+            if rec is None:
+                bad += line.strip() != ""
+                continue
+            if "response_ids" not in arrays and isinstance(rec.get("response_ids"), list):   # not cut: other spacing
+                arrays = {k: ", ".join(str(int(v)) for v in rec[k]) for k in ("response_ids", "response_mask",
+                                                                              "log_probs", "advantages")
+                          if isinstance(rec.get(k), list)}
+            ids_text, mask = arrays.get("response_ids", ""), arrays.get("response_mask", "").replace(", ", "")
+            runs = [[int(m.group()[0]), len(m.group())] for m in _RUNS.finditer(mask)]
+            ids = [int(t) for t in ids_text.split(",")] if decoder is not None and ids_text.strip() else None
+            samples.append(rollout_sample(rec, step, len(samples), str(file), length=ids_text.count(",") + 1
+                                          if ids_text.strip() else 0, runs=runs,
+                                          segments=segments(ids, runs, decoder) if ids else None,
+                                          tokens=[k for k in ("log_probs", "advantages") if arrays.get(k)]))
+    if bad:
+        notes.append(f"{file.parent.name}/{file.name}: {bad} lines are not JSON objects; skipped")
+    return samples
 
 
 def load_eval(path: Path) -> RunView:

@@ -26,28 +26,25 @@ _KNOWN = {"step", "uid", "data_source", "score", "acc", "prompt_ids", "response_
           "num_turns", "tool_calls", "prompt", "response", "log_probs", "advantages", "index", "sample", "correct"}
 
 
-def rollout_sample(rec: dict, step: int, i: int, file: str, decode=None) -> dict:
-    """A line of rollouts/step_<N>.jsonl (rlctl.controller.rollout_log). The token arrays stay on disk
-    (`file`, line `i`: rlctl.view.data.token_record reads them back for one sample); `decode` given,
-    the response is decoded into its mask segments now (the HTML page needs every sample's)."""
-    ids, mask = rec.get("response_ids") or [], rec.get("response_mask") or []
+def rollout_sample(rec: dict, step: int, i: int, file: str, *, length: int, runs: list[list[int]],
+                   segments: list | None = None, tokens: list[str] = ()) -> dict:
+    """A line of rollouts/step_<N>.jsonl (rlctl.controller.rollout_log), its token arrays summarised by the
+    reader (rlctl.view.data.read_rollout_file): `length` response tokens, the mask's `runs`, the decoded
+    `segments` (or None), which per-token arrays it has (`tokens`); they stay on disk (`file`, line `i`)."""
     calls = rec.get("tool_calls") or []
     sample = _base(step, i, rec, _messages(rec.get("messages") or []))
-    sample.update(length=len(ids), mask_runs=mask_runs(mask), calls=len(calls), file=file,
-                  errors=sum(bool(c.get("error")) for c in calls if isinstance(c, dict)),
-                  turns=int(rec.get("num_turns") or sum(m["role"] == "assistant" for m in sample["messages"])),
-                  tokens=[k for k in ("log_probs", "advantages") if isinstance(rec.get(k), list)])
+    sample.update(length=length, mask_runs=runs, segments=segments, calls=len(calls), file=file,
+                  errors=sum(bool(c.get("error")) for c in calls if isinstance(c, dict)), tokens=list(tokens),
+                  turns=int(rec.get("num_turns") or sum(m["role"] == "assistant" for m in sample["messages"])))
     if not calls:   # older logs had no tool_calls: count the conversation's tool turns
         sample["calls"] = sum(len(m.get("tool_calls") or []) for m in sample["messages"])
         sample["errors"] = sum(m["role"] == "tool" and str(m["content"]).startswith("error") for m in sample["messages"])
-    if decode is not None:
-        sample["segments"] = segments(ids, sample["mask_runs"], decode)
     return _finish(sample)
 
 
-def segments(ids: list[int], runs: list[list[int]], decode) -> list[list] | None:
+def segments(ids: list[int] | None, runs: list[list[int]], decode) -> list[list] | None:
     """[[mask, text], ...]: the response decoded run by run of equal response_mask."""
-    if not ids:
+    if not ids or decode is None:
         return None
     out, start = [], 0
     for m, n in runs:
@@ -117,18 +114,6 @@ def _call_text(call) -> str:
     fn = call.get("function", call) if isinstance(call, dict) else {}
     args = fn.get("arguments", "")
     return f"{fn.get('name', '?')}({args if isinstance(args, str) else json.dumps(args)})"
-
-
-def mask_runs(mask: list) -> list[list[int]]:
-    """[[mask value, run length], ...] over maximal runs of equal values: [1,1,0,1] -> [[1,2],[0,1],[1,1]]."""
-    runs: list[list[int]] = []
-    for m in mask:
-        m = int(m)
-        if runs and runs[-1][0] == m:
-            runs[-1][1] += 1
-        else:
-            runs.append([m, 1])
-    return runs
 
 
 def _number(value) -> float | None:

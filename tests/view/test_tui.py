@@ -116,14 +116,19 @@ def test_live_follow_reads_new_steps_and_waits_for_a_partial_line(calc_run, tmp_
         seen["partial"] = screen_text(app)
         with open(metrics, "a") as f:
             f.write(', "actor/kl": 0.5}\n{"step": 4, "reward/mean": 9.25}\n')
+        shutil.copy(run / "rollouts" / "step_2.jsonl", run / "rollouts" / "step_3.jsonl")   # step 3's samples
         await pilot.pause(0.3)
         seen["after"] = screen_text(app)
         seen["rows"] = [r["step"] for r in app.runs[0].metrics]
+        await pilot.press("v")
+        await pilot.pause()
+        seen["table"] = screen_text(app)
 
-    run_app(ViewApp([load_source(run)], follow_s=0.05), steps)
+    run_app(ViewApp([load_source(run, with_samples=False)], follow_s=0.05), steps)   # as `rlctl view` opens it
     assert "7.5" not in seen["partial"] and "step 1" in seen["partial"]
     assert seen["rows"] == [1, 2, 3, 4]
     assert re.search(r"step 1 +4", seen["after"]) and "reward/mean 9.25" in seen["after"]
+    assert "24 of 24 samples" in seen["table"]   # read in the background, then step 3's new file
 
 
 def test_several_runs_are_overlaid(calc_run, tmp_path):
