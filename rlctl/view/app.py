@@ -178,7 +178,9 @@ class ViewApp(App):
             return
         self.query_one("#status", Static).update(
             f"{len(self.shown)} of {total} samples  sorted by {self.sort_key} {arrow}{more}"
-            if total else "no samples logged (set run.log_rollouts = true, or run.log_samples > 0)")
+            if total else "an SFT run logs no samples: its curves are in the Curves tab"
+            if all(run.kind == "sft" for run in self.runs)
+            else "no samples logged (set run.log_rollouts = true, or run.log_samples > 0)")
 
     def _cells(self, run: RunView, s: dict) -> tuple:
         last = next((m["content"] for m in reversed(s["messages"]) if m["gen"]), "")

@@ -21,7 +21,7 @@ from pathlib import Path
 
 from rlctl.checkpoint.run_folder import METRICS_FILE, ROLLOUTS_DIR, SAMPLES_FILE, is_run_folder, read_run_info
 from rlctl.errors import UsageError
-from rlctl.view.samples import eval_sample, logged_sample, rollout_sample, segments
+from rlctl.view.samples import eval_sample, logged_sample, rollout_sample, run_slices
 
 
 @dataclass
@@ -150,17 +150,17 @@ def load_run(path: Path, *, with_samples: bool = True, decode: bool = False) -> 
     view = RunView(path=path, name=info.get("name") or path.name, kind="rl", info=info)
     view.tail = MetricsTail(path / METRICS_FILE)
     view.metrics, _ = view.tail.poll()
-    if view.tail.bad_lines or view.tail.pending():
-        cut = " and the last line is cut off" if view.tail.pending() else ""
-        bad = f"{view.tail.bad_lines} lines are not JSON objects" if view.tail.bad_lines else ""
-        view.notes.append(f"{METRICS_FILE}: {(bad + cut).removeprefix(' and ')}; skipped "
+    problems = ([f"{view.tail.bad_lines} lines are not JSON objects"] if view.tail.bad_lines else []) + \
+        (["the last line is cut off"] if view.tail.pending() else [])
+    if problems:
+        view.notes.append(f"{METRICS_FILE}: {' and '.join(problems)}; skipped "
                           "(a line still being written is read once it is complete)")
     if any("train/loss" in row for row in view.metrics):
         view.kind = "sft"
     view.samples_loaded = with_samples
     if with_samples:
         view.samples = load_samples(path, view.notes, decode=decode)
-    if not view.metrics and with_samples and not view.samples:
+    if not view.metrics:
         view.notes.append("no metrics yet: the run has not finished a step")
     return view
 
@@ -198,8 +198,9 @@ _RUNS = re.compile(r"1+|0+")
 
 
 def read_rollout_file(file: Path, notes: list[str], decoder=None) -> list[dict]:
-    """The samples of one rollouts/step_<N>.jsonl; `decoder` given, each response decoded by mask runs."""
-    step, samples, bad = _step_of(file), [], 0
+    """The samples of one rollouts/step_<N>.jsonl; `decoder` given, each response decoded by mask runs
+    (all of the file's runs in one batch: the tokenizers library decodes a batch on all cores)."""
+    step, samples, bad, slices = _step_of(file), [], 0, []
     with open(file, encoding="utf-8", errors="replace") as f:
         for line in f:
             arrays: dict[str, str] = {}
@@ -217,11 +218,15 @@ def read_rollout_file(file: Path, notes: list[str], decoder=None) -> list[dict]:
                           if isinstance(rec.get(k), list)}
             ids_text, mask = arrays.get("response_ids", ""), arrays.get("response_mask", "").replace(", ", "")
             runs = [[int(m.group()[0]), len(m.group())] for m in _RUNS.finditer(mask)]
-            ids = [int(t) for t in ids_text.split(",")] if decoder is not None and ids_text.strip() else None
-            samples.append(rollout_sample(rec, step, len(samples), str(file), length=ids_text.count(",") + 1
-                                          if ids_text.strip() else 0, runs=runs,
-                                          segments=segments(ids, runs, decoder) if ids else None,
+            samples.append(rollout_sample(rec, step, len(samples), str(file), runs=runs,
+                                          length=ids_text.count(",") + 1 if ids_text.strip() else 0,
                                           tokens=[k for k in ("log_probs", "advantages") if arrays.get(k)]))
+            if decoder is not None and ids_text.strip():
+                slices.append((samples[-1], json.loads(f"[{ids_text}]")))
+    if slices:
+        texts = iter(decoder([part for sample, ids in slices for part in run_slices(ids, sample["mask_runs"])]))
+        for sample, _ids in slices:
+            sample["segments"] = [[m, next(texts)] for m, _n in sample["mask_runs"]]
     if bad:
         notes.append(f"{file.parent.name}/{file.name}: {bad} lines are not JSON objects; skipped")
     return samples
@@ -253,8 +258,8 @@ def token_record(sample: dict) -> dict | None:
 
 @functools.lru_cache(maxsize=8)
 def token_decoder(run_dir: Path):
-    """A function ids -> text from the run's tokenizer.json (the `tokenizers` library, no transformers),
-    or None when the run's model folder is not on this machine: masks are then shown per message."""
+    """A function [ids, ...] -> [text, ...] from the run's tokenizer.json (the `tokenizers` library, no
+    transformers), or None when the run's model folder is not on this machine: masks are then counts only."""
     try:
         import tomllib
     except ImportError:   # Python 3.10
@@ -274,7 +279,7 @@ def token_decoder(run_dir: Path):
         tokenizer = Tokenizer.from_file(str(found))
     except Exception:   # an unreadable tokenizer only costs the token-level view
         return None
-    return lambda ids: tokenizer.decode(ids, skip_special_tokens=False)
+    return lambda batch: tokenizer.decode_batch(batch, skip_special_tokens=False)
 
 
 def _step_of(path: Path) -> int:

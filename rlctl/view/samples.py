@@ -27,13 +27,13 @@ _KNOWN = {"step", "uid", "data_source", "score", "acc", "prompt_ids", "response_
 
 
 def rollout_sample(rec: dict, step: int, i: int, file: str, *, length: int, runs: list[list[int]],
-                   segments: list | None = None, tokens: list[str] = ()) -> dict:
+                   tokens: list[str] = ()) -> dict:
     """A line of rollouts/step_<N>.jsonl (rlctl.controller.rollout_log), its token arrays summarised by the
-    reader (rlctl.view.data.read_rollout_file): `length` response tokens, the mask's `runs`, the decoded
-    `segments` (or None), which per-token arrays it has (`tokens`); they stay on disk (`file`, line `i`)."""
+    reader (rlctl.view.data.read_rollout_file): `length` response tokens, the mask's `runs`, which per-token
+    arrays it has (`tokens`); they stay on disk (`file`, line `i`). The reader may add decoded `segments`."""
     calls = rec.get("tool_calls") or []
     sample = _base(step, i, rec, _messages(rec.get("messages") or []))
-    sample.update(length=length, mask_runs=runs, segments=segments, calls=len(calls), file=file,
+    sample.update(length=length, mask_runs=runs, calls=len(calls), file=file,
                   errors=sum(bool(c.get("error")) for c in calls if isinstance(c, dict)), tokens=list(tokens),
                   turns=int(rec.get("num_turns") or sum(m["role"] == "assistant" for m in sample["messages"])))
     if not calls:   # older logs had no tool_calls: count the conversation's tool turns
@@ -42,15 +42,20 @@ def rollout_sample(rec: dict, step: int, i: int, file: str, *, length: int, runs
     return _finish(sample)
 
 
-def segments(ids: list[int] | None, runs: list[list[int]], decode) -> list[list] | None:
-    """[[mask, text], ...]: the response decoded run by run of equal response_mask."""
-    if not ids or decode is None:
-        return None
+def run_slices(ids: list[int], runs: list[list[int]]) -> list[list[int]]:
+    """The response's ids cut at the mask's runs: [[ids of run 1], [ids of run 2], ...]."""
     out, start = [], 0
-    for m, n in runs:
-        out.append([m, decode(ids[start:start + n])])
+    for _m, n in runs:
+        out.append(ids[start:start + n])
         start += n
     return out
+
+
+def segments(ids: list[int] | None, runs: list[list[int]], decode) -> list[list] | None:
+    """[[mask, text], ...]: the response decoded run by run of equal response_mask (`decode`: a batch decoder)."""
+    if not ids or decode is None:
+        return None
+    return [[m, text] for (m, _n), text in zip(runs, decode(run_slices(ids, runs)))]
 
 
 def logged_sample(row: dict, step: int, i: int) -> dict:

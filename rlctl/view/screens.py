@@ -91,8 +91,7 @@ def token_pieces(decode, ids: list[int]) -> list[str]:
     """Each token's text as it reads in context: decode(ids[:k+1]) minus decode(ids[:k]). Decoding tokens one
     by one loses what depends on neighbours (a byte-level BPE's spaces, multi-byte characters)."""
     pieces, before = [], ""
-    for k in range(len(ids)):
-        text = decode(ids[:k + 1])
+    for text in decode([ids[:k + 1] for k in range(len(ids))]):
         pieces.append(text[len(os.path.commonprefix([before, text])):])
         before = text
     return pieces

@@ -46,30 +46,22 @@ def test_navigate_filter_and_open_a_multi_turn_sample(calc_run):
     seen = {}
 
     async def steps(app, pilot):
+        async def after(*keys) -> str:   # press keys, let the app settle, read the screen
+            await pilot.press(*keys)
+            await pilot.pause()
+            return screen_text(app)
+
         seen["curves"] = screen_text(app)
-        await pilot.press("v")
-        await pilot.pause()
-        seen["table"] = screen_text(app)
-        await pilot.press("slash", *"turns>1", "enter")
-        await pilot.pause()
-        seen["filtered"] = screen_text(app)
-        await pilot.press("enter")
-        await pilot.pause()
+        seen["table"] = await after("v")
+        seen["filtered"] = await after("slash", *"turns>1", "enter")
+        seen["sample"] = await after("enter")
         assert isinstance(app.screen, SampleScreen)
-        seen["sample"] = screen_text(app)
         seen["picked"] = app.screen.sample
-        await pilot.press("end")
-        await pilot.pause()
-        seen["sample_end"] = screen_text(app)
-        await pilot.press("p")
-        await pilot.pause()
+        seen["sample_end"] = await after("end")
+        seen["prompt"] = await after("p")
         assert isinstance(app.screen, PromptScreen)
-        seen["prompt"] = screen_text(app)
-        await pilot.press("escape", "escape", "question_mark")
-        await pilot.pause()
-        seen["help"] = screen_text(app)
-        await pilot.press("escape", "q")
-        await pilot.pause()
+        seen["help"] = await after("escape", "escape", "question_mark")
+        await after("escape", "q")
         seen["running"] = app.is_running
 
     run_app(ViewApp([load_source(calc_run)], follow_s=0), steps)
@@ -100,7 +92,7 @@ def test_the_mask_is_shown_per_token_run_with_the_runs_tokenizer(calc_run):
     assert all("<tool_response>" not in t for m, t in sample["segments"] if m == 1)
     decode = token_decoder(calc_run)   # per-token shading: each token's text in context, spaces kept
     pieces = token_pieces(decode, record["response_ids"])
-    assert len(pieces) == len(mask) and "".join(pieces) == decode(record["response_ids"]) == \
+    assert len(pieces) == len(mask) and "".join(pieces) == decode([record["response_ids"]])[0] == \
         "".join(text for _, text in sample["segments"])
 
 
