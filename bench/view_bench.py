@@ -112,6 +112,9 @@ def tui_figures(run: Path) -> None:
         async with app.run_test(size=(120, 40)) as pilot:
             await pilot.pause()
             print(f"{'terminal UI: first screen (curves) drawn':<58} {time.perf_counter() - start:8.2f} s")
+            while not app.runs[0].samples:
+                await pilot.pause(0.05)
+            print(f"{'terminal UI: first samples in the table (reading goes on)':<58} {time.perf_counter() - start:8.2f} s")
             while not app.runs[0].samples_loaded:
                 await pilot.pause(0.05)
             await pilot.pause()

@@ -7,6 +7,8 @@ column). Enter opens a sample (rlctl.view.screens); keys are in the footer; `?` 
 
 from __future__ import annotations
 
+import time
+
 from rich.text import Text
 from textual.app import App, ComposeResult
 from textual.binding import Binding
@@ -55,6 +57,7 @@ class ViewApp(App):
         self.shown: list[tuple[RunView, dict]] = []
         self._filter = parse_filter("")
         self._filter_timer = None
+        self._reading = "reading the samples..." if not all(run.samples_loaded for run in runs) else ""
         self._seen_files: dict[int, set[str]] = {id(run): set() for run in runs}
 
     def compose(self) -> ComposeResult:
@@ -91,17 +94,30 @@ class ViewApp(App):
             self.set_interval(self.follow_s, self.follow)
 
     def _read_samples(self) -> None:
-        """In a worker thread: each run's samples, handed to the app when read."""
+        """In a worker thread: each run's samples, handed to the app about once a second as the step files are
+        read, so a large run's table fills up while the rest is read."""
         for run in self.runs:
-            if not run.samples_loaded:
-                files = {str(f) for f in rollout_files(run.path)}
+            if run.samples_loaded:
+                continue
+            files = rollout_files(run.path)
+            if not files:   # samples.jsonl (few lines) or nothing
                 notes: list[str] = []
-                samples = load_samples(run.path, notes)
-                self.call_from_thread(self._samples_read, run, samples, notes, files)
+                self.call_from_thread(self._samples_read, run, load_samples(run.path, notes), notes, [], "")
+                continue
+            batch, notes, last = [], [], time.monotonic()
+            for k, file in enumerate(files, 1):
+                batch += read_rollout_file(file, notes)
+                if k == len(files) or time.monotonic() - last > 1.0:
+                    done = "" if k == len(files) else f"{k}/{len(files)} steps"
+                    self.call_from_thread(self._samples_read, run, batch, notes, files[:k], done)
+                    batch, notes, last = [], [], time.monotonic()
 
-    def _samples_read(self, run: RunView, samples: list[dict], notes: list[str], files: set[str]) -> None:
-        run.samples, run.samples_loaded = samples, True
-        self._seen_files[id(run)] = files
+    def _samples_read(self, run: RunView, samples: list[dict], notes: list[str], files: list, reading: str) -> None:
+        """`samples` more of `run`'s (read from `files`); `reading`: how far the reading is, "" when done."""
+        run.samples += samples
+        run.samples_loaded = not reading
+        self._reading = f"reading {run.name}'s samples: {reading}" if reading else ""
+        self._seen_files[id(run)].update(str(f) for f in files)
         for note in notes:
             self.notify(f"{run.name}: {note}", severity="warning", timeout=8)
         self.refresh_samples()
@@ -165,8 +181,6 @@ class ViewApp(App):
         table.clear()
         rows = [(run, s) for run in self.runs for s in run.samples if self._filter(s)]
         total = sum(len(run.samples) for run in self.runs)
-        if not all(run.samples_loaded for run in self.runs):
-            self.query_one("#status", Static).update("reading the samples... (the curves are ready)")
         order = sort_samples([s for _, s in rows], self.sort_key, self.reverse)
         owner = {id(s): run for run, s in rows}
         self.shown = [(owner[id(s)], s) for s in order]
@@ -174,11 +188,10 @@ class ViewApp(App):
             table.add_row(*self._cells(run, s), key=str(k))
         more = f" (first {MAX_ROWS} in the table: filter to narrow)" if len(self.shown) > MAX_ROWS else ""
         arrow = "desc" if self.reverse else "asc"
-        if not all(run.samples_loaded for run in self.runs):
-            return
+        reading = f"  ({self._reading})" if self._reading else ""
         self.query_one("#status", Static).update(
-            f"{len(self.shown)} of {total} samples  sorted by {self.sort_key} {arrow}{more}"
-            if total else "an SFT run logs no samples: its curves are in the Curves tab"
+            f"{len(self.shown)} of {total} samples  sorted by {self.sort_key} {arrow}{more}{reading}"
+            if total or self._reading else "an SFT run logs no samples: its curves are in the Curves tab"
             if all(run.kind == "sft" for run in self.runs)
             else "no samples logged (set run.log_rollouts = true, or run.log_samples > 0)")
 
@@ -255,9 +268,13 @@ class ViewApp(App):
         self.push_screen(HelpScreen())
 
     def check_action(self, action: str, parameters: tuple) -> bool | None:
-        """Letter keys go to the filter box while it has the focus (q, s, r... are words too)."""
+        """Letter keys go to the filter box while it has the focus (q, s, r... are words too), and the
+        tabs' keys rest while a sample or the help is open over them."""
         if action in ("quit", "help", "cycle_sort", "reverse_sort", "same_prompt", "show_tab", "focus_filter") \
                 and isinstance(self.focused, Input):
+            return False
+        if action in ("cycle_sort", "reverse_sort", "same_prompt", "show_tab", "focus_filter") \
+                and len(self.screen_stack) > 1:
             return False
         return True
 

@@ -48,7 +48,8 @@ def conversation_text(run: RunView, sample: dict, shade: str = SHADES[0], record
     for m in sample["messages"]:
         text.append(f"\n── {m['role']}" + (" (generated)" if m["gen"] else "") + " ──\n",
                     style=ROLE_STYLE.get(m["role"], "bold"))
-        text.append(m["content"] + "\n")
+        if m["content"] or not m.get("tool_calls"):   # an assistant turn that only calls a tool has no text
+            text.append(m["content"] + "\n")
         for call in m.get("tool_calls", []):
             text.append(f"  tool call: {call}\n", style="yellow")
     if sample["mask_runs"]:
