@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import random
 import sys
 import tempfile
@@ -150,6 +151,7 @@ def main() -> None:
     if not (run / "metrics.jsonl").is_file():
         build_tiny_model(model, layers=1, hidden=32, heads=2, kv_heads=1, seed=0)
         timed(f"synthesise {args.steps} steps x {args.samples} samples", lambda: synthesise(run, model, args.steps, args.samples))
+    print(f"machine: {os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f} at the start")
     disk = sum(f.stat().st_size for f in run.rglob("*") if f.is_file())
     print(f"run folder: {disk / 2**20:.0f} MiB ({args.steps * args.samples} samples in rollouts/)")
     timed("read for the terminal UI (load_source)", lambda: load_source(run))
@@ -159,6 +161,7 @@ def main() -> None:
     print(f"HTML page: {page.stat().st_size / 2**20:.1f} MiB")
     browser_figures(page, len(view.samples))
     tui_figures(run)
+    print(f"machine: load average {os.getloadavg()[0]:.1f} at the end")
 
 
 if __name__ == "__main__":

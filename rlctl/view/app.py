@@ -94,8 +94,9 @@ class ViewApp(App):
             self.set_interval(self.follow_s, self.follow)
 
     def _read_samples(self) -> None:
-        """In a worker thread: each run's samples, handed to the app about once a second as the step files are
-        read, so a large run's table fills up while the rest is read."""
+        """In a worker thread: each run's samples, handed to the app as the step files are read (after 0.5 s,
+        then at doubling intervals up to 8 s: each hand-over re-sorts the table), so a large run's table
+        fills up while the rest is read."""
         for run in self.runs:
             if run.samples_loaded:
                 continue
@@ -104,13 +105,13 @@ class ViewApp(App):
                 notes: list[str] = []
                 self.call_from_thread(self._samples_read, run, load_samples(run.path, notes), notes, [], "")
                 continue
-            batch, notes, last = [], [], time.monotonic()
+            batch, notes, last, wait = [], [], time.monotonic(), 0.5
             for k, file in enumerate(files, 1):
                 batch += read_rollout_file(file, notes)
-                if k == len(files) or time.monotonic() - last > 1.0:
+                if k == len(files) or time.monotonic() - last > wait:
                     done = "" if k == len(files) else f"{k}/{len(files)} steps"
                     self.call_from_thread(self._samples_read, run, batch, notes, files[:k], done)
-                    batch, notes, last = [], [], time.monotonic()
+                    batch, notes, last, wait = [], [], time.monotonic(), min(2 * wait, 8.0)
 
     def _samples_read(self, run: RunView, samples: list[dict], notes: list[str], files: list, reading: str) -> None:
         """`samples` more of `run`'s (read from `files`); `reading`: how far the reading is, "" when done."""

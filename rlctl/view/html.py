@@ -42,7 +42,8 @@ def report_data(run: RunView) -> dict:
         rows.append([row.get(f) for f in FIELDS])
     info = {k: run.info.get(k) for k in ("status", "step", "total_steps", "created_at", "updated_at", "exit_code",
                                          "error", "rlctl_version") if k in run.info}
-    return {"name": run.name, "kind": run.kind, "path": str(run.path), "info": info, "notes": run.notes,
+    # the folder's name, not its path: a page shared in a PR or a paper should not carry the local layout
+    return {"name": run.name, "kind": run.kind, "path": run.path.name, "info": info, "notes": run.notes,
             "steps": len(steps), "metrics": metrics, "fields": list(FIELDS), "prompts": prompt_messages,
             "samples": rows}
 
