@@ -71,3 +71,22 @@ def test_the_page_shows_curves_and_samples_and_filters_and_expands(calc_run, tmp
     same = browser.eval("[...document.querySelectorAll('#samples tbody tr.sample td:first-child')].map(e => +e.textContent)")
     assert browser.eval("document.getElementById('search').value").startswith("prompt=")
     assert sorted(set(same)) == sorted(set(steps)) and count(browser).startswith(f"{len(same)} of")
+
+
+def test_an_eval_file_as_a_page(tmp_path, browser):
+    records = [{"index": i // 2, "sample": i % 2, "data_source": "gsm8k", "prompt": [{"role": "user", "content": f"q{i // 2}"}],
+                "response": f"answer </script><b>{i}</b>", "score": float(i % 2), "correct": bool(i % 2)} for i in range(6)]
+    path = tmp_path / "eval.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    assert main(["view", str(path), "--html", str(tmp_path / "eval.html")]) == 0
+    browser.open((tmp_path / "eval.html").as_uri())
+    assert count(browser) == "6 of 6 samples"
+    assert browser.eval("document.getElementById('charts').textContent") == "an evaluation output has no curves"
+    browser.type("#search", "acc=1")
+    browser.wait_for("document.getElementById('count').textContent.startsWith('3 of')")
+    browser.click("#samples tbody tr.sample")   # markup in an answer is text, not HTML
+    assert browser.eval("document.querySelector('tr.detail pre:last-of-type').textContent") is not None
+    assert browser.eval("[...document.querySelectorAll('tr.detail .message pre')].map(e => e.textContent)")[-1] == \
+        "answer </script><b>1</b>"
+    assert browser.eval("document.querySelectorAll('tr.detail b').length") == \
+        browser.eval("document.querySelectorAll('tr.detail .kv b').length")

@@ -133,3 +133,26 @@ def test_several_runs_are_overlaid(calc_run, tmp_path):
 
     run_app(ViewApp([load_source(calc_run), load_source(other)], follow_s=0), steps)
     assert "grpo-gsm8k: reward/mean" in seen["text"] and "other: reward/mean" in seen["text"]
+
+
+def test_an_sft_run_and_an_eval_file_open_side_by_side(tmp_path):
+    """SFT: curves and no samples; eval output: its answers, scores and `correct`, openable (no rollout log)."""
+    sft = tmp_path / "sft"
+    sft.mkdir()
+    (sft / "metrics.jsonl").write_text("".join(json.dumps({"step": s, "train/loss": 3.0 / s}) + "\n" for s in (1, 2, 3)))
+    evals = tmp_path / "eval.jsonl"
+    evals.write_text("".join(json.dumps({"index": 0, "sample": j, "data_source": "gsm8k", "response": r, "score": float(r == "4"),
+                                         "prompt": [{"role": "user", "content": "What is 2+2?"}], "correct": r == "4",
+                                         "ground_truth": "4"}) + "\n" for j, r in enumerate(["4", "22"])))
+    seen = {}
+
+    async def steps(app, pilot):
+        seen["curves"] = screen_text(app)
+        await pilot.press("v", "s", "enter")   # samples, sorted by score (best first), open the first
+        await pilot.pause()
+        seen["sample"] = screen_text(app)
+
+    run_app(ViewApp([load_source(sft), load_source(evals)], follow_s=0), steps)
+    assert "sft: train/loss" in seen["curves"] and "(sft)" in seen["curves"] and "(eval)" in seen["curves"]
+    assert "score 1" in seen["sample"] and "acc 1" in seen["sample"] and "ground_truth: 4" in seen["sample"]
+    assert "── assistant (generated) ──" in seen["sample"]
