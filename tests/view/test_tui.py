@@ -77,6 +77,7 @@ def test_navigate_filter_and_open_a_multi_turn_sample(calc_run):
     assert "tool call: calculator(" in text
     assert "generated" in text and "tool/template" in text and "response_mask" in text
     assert "<tool_response>" in seen["sample_end"]   # the response decoded by mask runs, the tool's part shown
+    assert "advantages per token" in seen["sample_end"]   # the shading of the logged per-token advantages
     assert "samples of: What is" in seen["prompt"] and re.search(r"\b1\b.*\n(.*\n)*.*\b2\b", seen["prompt"])
     assert "filter words" in seen["help"] and seen["running"] is False
 
