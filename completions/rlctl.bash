@@ -22,6 +22,7 @@
 # rlctl serve
 # rlctl status
 # rlctl train
+# rlctl view
 _rlctl_completion() {
     local IFS=$'
 '

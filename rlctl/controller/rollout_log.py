@@ -2,8 +2,11 @@
 
 One JSON object per line: `prompt_ids` and `response_ids` (no padding), `response_mask` (1 = a
 token the model generated, 0 = tool or interaction text or template glue), `messages` (the whole
-conversation; for a single-turn sample the prompt plus the decoded response), `score`, and the
-row's uid, data_source and acc. A resumed run rewrites the steps it repeats.
+conversation; for a single-turn sample the prompt plus the decoded response), `score`, the row's
+uid, data_source and acc, multi-turn's `num_turns`, `turn_scores`, `tool_rewards`, `finish` and
+`tool_calls` ({name, arguments, error} per call), and per response token `log_probs` (the
+update's old log-probs) and `advantages`, rounded to 4 decimals (`rlctl view` shades tokens by
+them). A resumed run rewrites the steps it repeats.
 """
 
 from __future__ import annotations
@@ -19,6 +22,8 @@ from rlctl.utils.fs import atomic_write_text
 
 def rollout_records(batch) -> list[dict]:
     width = batch["prompts"].shape[1]
+    # the log-probs the update used: recomputed old_log_prob, else the engine's own
+    log_probs = "old_log_prob" if "old_log_prob" in batch else "rollout_log_prob"
     prompt_valid = batch["attention_mask"][:, :width] != 0
     records = []
     for r in range(len(batch)):
@@ -36,7 +41,10 @@ def rollout_records(batch) -> list[dict]:
         if "multi_turn" in batch:
             info = batch["multi_turn"][r]
             record.update(num_turns=info["num_turns"], turn_scores=info["turn_scores"],
-                          tool_rewards=info["tool_rewards"], finish=info["finish"])
+                          tool_rewards=info["tool_rewards"], finish=info["finish"], tool_calls=info["tool_calls"])
+        for key, column in (("log_probs", log_probs), ("advantages", "advantages")):
+            if column in batch:   # per response token, for `rlctl view`'s shading (4 decimals keep the lines short)
+                record[key] = np.round(batch[column][r, :length].astype(np.float64), 4).tolist()
         records.append(record)
     return records
 

@@ -22,6 +22,8 @@ def test_single_turn_rows_are_written_unpadded_with_their_messages(tmp_path):
         "uid": object_array(["a", "b"]), "data_source": object_array(["d", "d"]),
         "messages": object_array([[{"role": "user", "content": "q1"}], [{"role": "user", "content": "q2"}]]),
         "response_text": object_array(["r1", "r2"]), "scores": np.array([0.5, 1.0]), "acc": np.array([0.0, 1.0]),
+        "old_log_prob": np.array([[-0.123456, -1.0, 0, 0], [-2.0, -0.5, -0.25, -0.125]], dtype=np.float32),
+        "advantages": np.array([[0.5, 0.5, 0, 0], [-1.0, -1.0, -1.0, -1.0]], dtype=np.float32),
     })
     path = write_rollouts(tmp_path, 3, batch)
     assert path == tmp_path / "rollouts" / "step_3.jsonl"
@@ -30,6 +32,8 @@ def test_single_turn_rows_are_written_unpadded_with_their_messages(tmp_path):
     assert rows[1]["prompt_ids"] == [7, 8, 9] and rows[1]["response_ids"] == [13, 14, 15, 16]
     assert rows[0]["messages"] == [{"role": "user", "content": "q1"}, {"role": "assistant", "content": "r1"}]
     assert [r["score"] for r in rows] == [0.5, 1.0] and "num_turns" not in rows[0]
+    # per response token, unpadded, for rlctl view's shading
+    assert rows[0]["log_probs"] == [-0.1235, -1.0] and rows[1]["advantages"] == [-1.0] * 4
 
 
 def test_a_nan_turn_score_is_written_as_null_valid_json(tmp_path):
@@ -40,7 +44,8 @@ def test_a_nan_turn_score_is_written_as_null_valid_json(tmp_path):
         "uid": object_array(["a"]), "data_source": object_array(["d"]),
         "conversation": object_array([[{"role": "user", "content": "q"}, {"role": "assistant", "content": "r"}]]),
         "multi_turn": object_array([{"num_turns": 2, "turn_scores": [float("nan"), 1.0], "tool_rewards": [],
-                                     "finish": "done"}]),
+                                     "finish": "done", "tool_calls": [{"name": None, "arguments": None,
+                                                                       "error": True}]}]),
         "scores": np.array([np.nan]), "acc": np.array([0.0]),
     })
     text = write_rollouts(tmp_path, 1, batch).read_text()
@@ -49,4 +54,5 @@ def test_a_nan_turn_score_is_written_as_null_valid_json(tmp_path):
         raise AssertionError(f"invalid JSON: bare {name}")
     row = json.loads(text, parse_constant=no_bare_constants)
     assert row["turn_scores"] == [None, 1.0] and row["score"] is None and row["response_mask"] == [1, 0]
+    assert row["tool_calls"] == [{"name": None, "arguments": None, "error": True}]
     assert not list((tmp_path / "rollouts").glob("*.tmp"))
