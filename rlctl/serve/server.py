@@ -74,6 +74,8 @@ def serve_builtin(folder: Path, *, host: str, port: int, model_name: str, api_ke
 
     previous = {s: signal.signal(s, stop) for s in (signal.SIGINT, signal.SIGTERM)}
     bound_host, bound_port = server.server_address[:2]
+    log.info("limits: request bodies up to %d bytes (--max-body-bytes), each request read within %g s "
+             "(--read-timeout-s)", server.max_body_bytes, server.read_timeout_s)
     log.info("serving %r (%s, %d context, up to %d sequences per batch) on http://%s:%d/v1", model_name,
              model.device, engine.context_length, max_concurrency, _url_host(bound_host), bound_port)
     try:
