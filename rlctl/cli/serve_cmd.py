@@ -27,6 +27,9 @@ def serve(
     dtype: str = typer.Option("auto", help="auto (bfloat16 on GPU, float32 on CPU), float32, bfloat16, float16."),
     tensor_parallel_size: int = typer.Option(1, min=1, help="vllm/sglang: GPUs to shard the model over."),
     step: Optional[int] = typer.Option(None, min=0, help="Run folder: serve this checkpoint step (default latest)."),
+    max_body_bytes: int = typer.Option(4 << 20, min=1, help="hf: larger request bodies get a 413, unread."),
+    read_timeout_s: float = typer.Option(30.0, min=0.1, help="hf: seconds a client has to send a whole request "
+                                         "(slower ones get a 408; idle kept-alive connections are closed)."),
 ) -> None:
     """Serve a model over an OpenAI-compatible HTTP API (/v1/chat/completions, /v1/completions).
 
@@ -51,7 +54,8 @@ def serve(
     with model_folder(model, step) as folder:
         if chosen == "hf":
             code = serve_builtin(folder, host=host, port=port, model_name=name, api_key=api_key,
-                                 max_concurrency=max_concurrency, dtype=dtype)
+                                 max_concurrency=max_concurrency, dtype=dtype,
+                                 limits={"max_body_bytes": max_body_bytes, "read_timeout_s": read_timeout_s})
         else:
             spec = LaunchSpec(str(folder), host, port, name, api_key, tensor_parallel_size, dtype, max_concurrency)
             code = run_child(build_command(chosen, spec, tuple(ctx.args)))

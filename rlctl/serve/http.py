@@ -3,11 +3,15 @@
 Handler threads parse and validate, submit to the engine's scheduler and wait on a queue of
 events; they never touch the model. Anything a client sends wrong is a 4xx with OpenAI's error
 JSON; a client that goes away (mid-stream or while waiting) cancels its rows at the next step.
+A client has `read_timeout_s` to send a whole request (line, headers, body), however it trickles
+the bytes in: a slowloris holds one thread for that long at most, never the others.
 """
 
 from __future__ import annotations
 
+import hashlib
 import hmac
+import io
 import json
 import logging
 import queue
@@ -24,10 +28,42 @@ from rlctl.serve.tools import ToolCallStream
 
 log = logging.getLogger("rlctl.serve")
 POLL_S = 0.2  # how often a waiting handler checks whether its client is still there
+LINGER_S = 2.0  # after refusing a body: read (and drop) it this long so the client sees our answer
+DEFAULT_MAX_BODY_BYTES = 4 << 20
+DEFAULT_READ_TIMEOUT_S = 30.0
 
 
 class _ClientGone(Exception):
     pass
+
+
+class _DeadlineReader(io.RawIOBase):
+    """The connection's reads, each bounded by what is left of the handler's read deadline.
+
+    A per-recv timeout alone never fires for a client sending one byte a second; recomputing it
+    from a deadline before every recv does. Past the deadline the read raises TimeoutError."""
+
+    def __init__(self, handler: "_Handler"):
+        self.handler = handler
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer) -> int:
+        handler = self.handler
+        if handler.deadline is not None:
+            left = handler.deadline - time.monotonic()
+            if left <= 0:
+                handler.expired = True
+                raise TimeoutError("the client did not send its request in time")
+            handler.connection.settimeout(left)
+        try:
+            got = handler.connection.recv_into(buffer)
+        except TimeoutError:
+            handler.expired = handler.deadline is not None
+            raise
+        handler.received += got
+        return got
 
 
 class OpenAIServer(ThreadingHTTPServer):
@@ -36,10 +72,12 @@ class OpenAIServer(ThreadingHTTPServer):
     request_queue_size = 256  # a burst of clients must not overflow the listen backlog
 
     def __init__(self, address, engine: Engine, *, model_name: str, api_key: str | None = None,
-                 max_body_bytes: int = 4 << 20):
+                 max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, read_timeout_s: float = DEFAULT_READ_TIMEOUT_S):
         super().__init__(address, _Handler)
-        self.engine, self.model_name, self.api_key = engine, model_name, api_key
-        self.max_body_bytes = max_body_bytes
+        self.engine, self.model_name = engine, model_name
+        # Compare digests, not keys: equal length whatever was sent, so the time says nothing.
+        self.api_key_digest = None if api_key is None else hashlib.sha256(api_key.encode("utf-8")).digest()
+        self.max_body_bytes, self.read_timeout_s = max_body_bytes, read_timeout_s
         self.created = int(time.time())
         self._active = 0  # handlers with a generation in flight; shutdown waits for them to reply
         self._idle = threading.Condition()
@@ -57,8 +95,53 @@ class OpenAIServer(ThreadingHTTPServer):
 class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     server_version = "rlctl"
-    timeout = 300  # idle keep-alive connections are closed after this many seconds
+    timeout = 300  # per write: a client that stops reading its answer is dropped after this long
     server: OpenAIServer
+    deadline: float | None = None  # monotonic time by which the request must have arrived
+    expired = False  # the deadline passed while reading
+    received = 0  # bytes read from the client for the current request
+    responded = False  # a status line went out for the current request
+
+    def setup(self):
+        super().setup()
+        self.rfile = io.BufferedReader(_DeadlineReader(self))
+
+    def handle_one_request(self):
+        """One request under the read deadline; a client too slow to send it gets a 408 and is closed.
+
+        The deadline starts when the previous answer is done, so an idle kept-alive connection is
+        closed after the same time (silently: it had not started a request)."""
+        self.deadline = time.monotonic() + self.server.read_timeout_s
+        self.expired, self.received, self.responded = False, 0, False
+        super().handle_one_request()
+        if self.expired:
+            self.close_connection = True
+            log.info("%s dropped: no whole request within %gs (%d bytes)", self.client_address[0],
+                     self.server.read_timeout_s, self.received)
+            if self.received and not self.responded:
+                if getattr(self, "request_version", "HTTP/0.9") == "HTTP/0.9":  # cut off in the request line
+                    self.request_version, self.requestline = "HTTP/1.1", ""
+                message = f"the request did not arrive within {self.server.read_timeout_s:g} s (--read-timeout-s)"
+                self._send_json(408, APIError(408, message, code="request_timeout").body(), close=True)
+
+    def _request_read(self) -> None:
+        """The whole request is in: writes get the write timeout, not what was left to read."""
+        if self.deadline is not None:
+            self.deadline = None
+            self.connection.settimeout(self.timeout)
+
+    def send_response(self, code, message=None):
+        self._request_read()
+        self.responded = True
+        super().send_response(code, message)
+
+    def handle_expect_100(self):
+        """`Expect: 100-continue` with a body over the limit: the 413 goes out before any body."""
+        length = self.headers.get("Content-Length", "").strip()
+        if length.isdigit() and int(length) > self.server.max_body_bytes:
+            self._send_json(413, _too_large(int(length), self.server.max_body_bytes).body(), close=True)
+            return False
+        return super().handle_expect_100()
 
     def log_message(self, fmt, *args):
         log.info("%s %s", self.address_string(), fmt % args)
@@ -89,6 +172,8 @@ class _Handler(BaseHTTPRequestHandler):
             unread = not self._body_read and self.headers.get("Content-Length", "0").strip() not in ("", "0")
             chunked = "chunked" in self.headers.get("Transfer-Encoding", "").lower()
             self._send_json(e.status, e.body(), close=unread or chunked or e.status in (411, 413))
+            if unread or chunked:
+                self._linger()
         except (_ClientGone, BrokenPipeError, ConnectionResetError, socket.timeout):
             self.close_connection = True
         except Exception:  # a bug: keep serving, tell the client it was us
@@ -130,11 +215,12 @@ class _Handler(BaseHTTPRequestHandler):
             raise APIError(405, f"use {allowed} for {self.path}", code="method_not_allowed")
 
     def _authorize(self) -> None:
-        key = self.server.api_key
-        if key is None:
+        expected = self.server.api_key_digest
+        if expected is None:
             return
-        given = self.headers.get("Authorization", "")
-        if not hmac.compare_digest(given.encode(), f"Bearer {key}".encode()):
+        given = self.headers.get("Authorization", "")  # http.client decoded the header as latin-1
+        digest = hashlib.sha256(given.removeprefix("Bearer ").encode("latin-1", "replace")).digest()
+        if not (hmac.compare_digest(digest, expected) and given.startswith("Bearer ")):
             raise APIError(401, "Incorrect or missing API key: send 'Authorization: Bearer <key>'",
                            type="authentication_error", code="invalid_api_key")
 
@@ -149,11 +235,12 @@ class _Handler(BaseHTTPRequestHandler):
         if length < 0:
             raise APIError(400, "Content-Length must be a non-negative integer", code="bad_content_length")
         if length > self.server.max_body_bytes:
-            self._discard(length)
-            raise APIError(413, f"request body of {length} bytes exceeds the limit of "
-                                f"{self.server.max_body_bytes} bytes", code="request_too_large")
+            raise _too_large(length, self.server.max_body_bytes)
         raw = self.rfile.read(length)
+        if len(raw) < length:
+            raise _ClientGone()
         self._body_read = True
+        self._request_read()
         try:
             body = json.loads(raw)
         except (UnicodeDecodeError, json.JSONDecodeError) as e:
@@ -162,15 +249,19 @@ class _Handler(BaseHTTPRequestHandler):
             raise APIError(400, "the JSON body must be an object", code="invalid_json")
         return body
 
-    def _discard(self, length: int) -> None:
-        """Drain a moderately oversized body so the client can read our 413 instead of a reset."""
-        if length > 16 * self.server.max_body_bytes:
-            return
-        while length > 0:
-            got = self.rfile.read(min(length, 1 << 16))
-            if not got:
-                return
-            length -= len(got)
+    def _linger(self) -> None:
+        """After refusing a request whose body we did not read: drop what the client still sends,
+        for up to LINGER_S, before closing. Closing with unread bytes makes the kernel answer with
+        a reset, which can destroy our error answer before the client reads it."""
+        try:
+            self.connection.shutdown(socket.SHUT_WR)
+            self.deadline = time.monotonic() + LINGER_S
+            while self.rfile.read1(1 << 16):
+                pass
+        except OSError:  # TimeoutError included: the client kept sending; close anyway
+            pass
+        finally:
+            self.deadline, self.expired = None, False
 
     def _model_card(self) -> dict:
         return {"id": self.server.model_name, "object": "model", "created": self.server.created,
@@ -290,3 +381,8 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _sse(self, obj: dict) -> None:
         self.wfile.write(b"data: " + json.dumps(obj).encode() + b"\n\n")
+
+
+def _too_large(length: int, limit: int) -> APIError:
+    return APIError(413, f"request body of {length} bytes exceeds the limit of {limit} bytes "
+                         "(rlctl serve --max-body-bytes)", code="request_too_large")

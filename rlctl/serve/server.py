@@ -35,27 +35,27 @@ def check_bind(host: str, api_key: str | None, insecure: bool) -> None:
 
 
 def make_server(engine, host: str, port: int, *, model_name: str, api_key: str | None = None,
-                max_body_bytes: int = 4 << 20):
+                limits: dict | None = None):
+    """The HTTP server; `limits` are OpenAIServer's max_body_bytes / read_timeout_s (its defaults otherwise)."""
     from rlctl.serve.http import OpenAIServer
 
     cls = OpenAIServer
     if ":" in host:
         cls = type("OpenAIServer6", (OpenAIServer,), {"address_family": socket.AF_INET6})
     try:
-        return cls((host, port), engine, model_name=model_name, api_key=api_key,
-                   max_body_bytes=max_body_bytes)
+        return cls((host, port), engine, model_name=model_name, api_key=api_key, **(limits or {}))
     except OSError as e:
         raise UsageError(f"cannot listen on {host}:{port}: {e.strerror or e}",
                          hint="pick another --port, or stop what is using it.") from None
 
 
 def serve_builtin(folder: Path, *, host: str, port: int, model_name: str, api_key: str | None,
-                  max_concurrency: int, dtype: str, drain_s: float = 10.0) -> int:
+                  max_concurrency: int, dtype: str, drain_s: float = 10.0, limits: dict | None = None) -> int:
     """Load the model, serve until a signal, let running requests finish (up to drain_s), return 0."""
     from rlctl.serve.engine import Engine
     from rlctl.serve.source import load_model
 
-    server = make_server(None, host, port, model_name=model_name, api_key=api_key)  # fail fast if taken
+    server = make_server(None, host, port, model_name=model_name, api_key=api_key, limits=limits)  # fail fast if taken
     log.info("loading %s", folder)
     try:
         model, tokenizer = load_model(folder, dtype)
@@ -74,6 +74,8 @@ def serve_builtin(folder: Path, *, host: str, port: int, model_name: str, api_ke
 
     previous = {s: signal.signal(s, stop) for s in (signal.SIGINT, signal.SIGTERM)}
     bound_host, bound_port = server.server_address[:2]
+    log.info("limits: request bodies up to %d bytes (--max-body-bytes), each request read within %g s "
+             "(--read-timeout-s)", server.max_body_bytes, server.read_timeout_s)
     log.info("serving %r (%s, %d context, up to %d sequences per batch) on http://%s:%d/v1", model_name,
              model.device, engine.context_length, max_concurrency, _url_host(bound_host), bound_port)
     try:
