@@ -60,7 +60,7 @@ def _where_valid(mask: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
     return torch.where(_valid(mask), x, torch.zeros((), dtype=x.dtype, device=x.device))
 
 
-@register_policy_loss("vanilla", clip_higher=True, bypass_loss=True)
+@register_policy_loss("vanilla", clip_higher=True, bypass_loss=True, trust_region=True)
 def vanilla(*, old_log_prob, log_prob, advantages, response_mask, clip_ratio_low, clip_ratio_high,
             clip_ratio_c, loss_agg_mode, norm, rollout_is_weights=None, **_):
     """PPO clipped surrogate with asymmetric clip (DAPO clip-higher) and dual-clip.
@@ -89,7 +89,7 @@ def vanilla(*, old_log_prob, log_prob, advantages, response_mask, clip_ratio_low
     return loss, metrics
 
 
-@register_policy_loss("gspo", loss_agg_mode="seq-mean-token-mean")
+@register_policy_loss("gspo", loss_agg_mode="seq-mean-token-mean", trust_region=True)
 def gspo(*, old_log_prob, log_prob, advantages, response_mask, clip_ratio_low, clip_ratio_high, norm,
          rollout_is_weights=None, **_):
     """GSPO (Zheng et al. 2025): a sequence-level ratio s_i = exp(mean_t log(pi/pi_old)).
