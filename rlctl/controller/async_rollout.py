@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from rlctl import algorithms
 from rlctl.controller import rollout
 from rlctl.controller.async_schedule import AsyncSchedule
 from rlctl.controller.timing import phase
@@ -60,6 +61,8 @@ class AsyncRollout:
         self.push = None                  # the last weight push (PendingCall)
         self.restored: dict | None = None
         self.last_return = time.perf_counter()
+        self.sampling = setup.config.algorithm.dynamic_sampling   # DAPO: groups filtered as they arrive
+        self.scored: dict = {}   # dynamic sampling: the reward metrics of the generations scored this step
 
     def start(self, first_step: int) -> None:
         """Push the weights the rollout group generates with, take back what a checkpoint saved,
@@ -106,9 +109,11 @@ class AsyncRollout:
         self.push.result()   # a failed push surfaces here
         now = time.perf_counter()
         cycle, self.last_return = max(now - self.last_return, 1e-9), now
-        metrics = rollout.score(batch, self.setup.reward, self.setup.tokenizer,
-                                self.setup.config.algorithm.gdpo_reward_keys)
-        metrics["timing/reward_s"] = time.perf_counter() - now
+        if self.sampling.enable:   # scored as each batch arrived, to filter its groups
+            metrics = dict(self.scored)
+        else:
+            metrics = self.score_batch(batch)
+            metrics["timing/reward_s"] = time.perf_counter() - now
         staleness = self.plan.staleness(step, batch["policy_version"]).astype(np.float64)
         idle = sum(g.meta.get("rollout_idle_s", 0.0) for g in gens)
         busy = sum(g.meta.get("rollout_busy_s", 0.0) for g in gens)
@@ -121,19 +126,22 @@ class AsyncRollout:
                         "async/idle_rollout": idle / (idle + busy) if idle + busy > 0 else 0.0})
         return batch, metrics
 
+    def score_batch(self, batch: Batch) -> dict:
+        setup = self.setup
+        return rollout.score(batch, setup.reward, setup.tokenizer, setup.config.algorithm.gdpo_reward_keys)
+
     def take(self, step: int) -> tuple[Batch, int, list[Batch]]:
         """G groups for `step` from the buffer, in order, dropping those too stale for it (and
-        refilling); returns (batch, groups dropped, the generations that finished meanwhile)."""
+        refilling); returns (batch, groups dropped, the generations that finished meanwhile).
+        With dynamic sampling, fewer when algorithm.dynamic_sampling.max_gen_batches ran out."""
         plan, n, parts, dropped, gens = self.plan, self.n, [], 0, []
-        need = plan.group_size
+        need, self.scored = plan.group_size, {}
         while need:
             if not self.ready:
-                if not self.inflight:
-                    raise RuntimeError(f"async rollout: nothing generating for step {step} "
-                                       f"(schedule {plan.state_dict()}): a bug in the schedule")
-                call = self.inflight.popleft()
-                self.ready.append(call if isinstance(call, Batch) else call.result())
-                gens.append(self.ready[-1])
+                if self.sampling.enable and len(gens) >= self.sampling.max_gen_batches and parts:
+                    break   # train on what is informative so far, as sync's dynamic sampling does
+                self.arrive(step, gens)
+                continue
             head = self.ready.pop(0)
             group_version = head["policy_version"].reshape(-1, n).min(axis=1)
             fresh = ~plan.too_stale(step, group_version)
@@ -141,7 +149,7 @@ class AsyncRollout:
                 dropped += int((~fresh).sum())
                 plan.dropped += int((~fresh).sum())
                 head = head.select(np.flatnonzero(np.repeat(fresh, n))) if fresh.any() else None
-                self.fill()   # "drop": refill right away
+                self.fill()   # refill right away
             if head is None:
                 continue
             groups = len(head) // n
@@ -151,10 +159,53 @@ class AsyncRollout:
             parts.append(head)
             plan.taken += min(groups, need)
             need -= min(groups, need)
-        self.fill()
         batch = parts[0] if len(parts) == 1 else Batch.concat(rollout.align_prompt_width(parts,
                                                                                          self.setup.pad_token_id))
+        batch = self.even_rows(batch)
+        self.fill()
+        if self.sampling.enable:
+            got = len(batch) // n
+            self.scored.update({"dynamic_sampling/rounds": float(len(gens)), "dynamic_sampling/groups": float(got),
+                                "dynamic_sampling/short": float(got < plan.group_size)})
         return batch, dropped, gens
+
+    def arrive(self, step: int, gens: list[Batch]) -> None:
+        """The next finished generation into the buffer (waiting for it); with dynamic sampling
+        scored first, its uninformative groups filtered out (counted, refilled)."""
+        if not self.inflight:
+            raise RuntimeError(f"async rollout: nothing generating for step {step} "
+                               f"(schedule {self.plan.state_dict()}): a bug in the schedule")
+        call = self.inflight.popleft()
+        batch = call if isinstance(call, Batch) else call.result()
+        gens.append(batch)
+        if not self.sampling.enable:
+            self.ready.append(batch)
+            return
+        start = time.perf_counter()
+        new = self.score_batch(batch)
+        rounds = len(gens)   # reward metrics averaged over the generations scored this step
+        self.scored = {k: (self.scored.get(k, v) * (rounds - 1) + v) / rounds for k, v in new.items()}
+        self.scored["timing/reward_s"] = self.scored.get("timing/reward_s", 0.0) + time.perf_counter() - start
+        metric = batch["acc"] if self.sampling.metric == "acc" else batch["scores"]
+        keep = algorithms.filter_groups(batch["uid"].tolist(), metric)
+        self.plan.filtered += keep.num_dropped
+        if keep.num_kept:
+            self.ready.append(batch.select(np.flatnonzero(keep.keep)))
+        self.fill()
+
+    def even_rows(self, batch: Batch) -> Batch:
+        """A short (dynamic-sampling) batch trimmed to whole groups every actor rank can split
+        evenly; the groups trimmed go back to the buffer's head for the next step."""
+        world, n = self.setup.actor.world_size, self.n
+        groups = len(batch) // n
+        keep = groups
+        while keep > 1 and (keep * n) % world:
+            keep -= 1
+        if keep == groups:
+            return batch
+        self.ready.insert(0, batch.slice(keep * n, len(batch)))
+        self.plan.taken -= groups - keep
+        return batch.slice(0, keep * n)
 
     def in_flight_rows(self) -> int:
         """Rows generating or buffered (the property test's in-flight count, from the data itself)."""

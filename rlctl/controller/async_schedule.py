@@ -9,7 +9,8 @@ the one_step_off run), while the trainer still takes each batch as soon as it is
 Counts are in groups (one prompt and its rollout.n samples); a generation call is one batch of
 G = data.batch_size prompts, drawn from the prompt loader in order:
 
-    issued = taken + dropped + pending     (prompts drawn = trained + dropped + in flight or buffered)
+    issued = taken + dropped + filtered + pending
+    (prompts drawn = trained + dropped as stale + filtered by dynamic sampling + in flight or buffered)
 
 A group generated with the weights of update v and trained at step s is (s - 1) - v updates stale:
 step s trains the weights of update s - 1. Staleness above K = rollout.max_staleness drops the
@@ -42,12 +43,13 @@ class AsyncSchedule:
     issued: int = 0        # groups (prompts) drawn from the loader and sent to generate
     taken: int = 0         # groups the trainer took into a training batch
     dropped: int = 0       # groups dropped as too stale
+    filtered: int = 0      # groups dynamic sampling filtered out (no spread in their metric)
     pushed: int = 0        # the version the rollout group holds once its queue has run (last push)
 
     @property
     def pending(self) -> int:
         """Groups issued and neither trained nor dropped: generating, or finished and buffered."""
-        return self.issued - self.taken - self.dropped
+        return self.issued - self.taken - self.dropped - self.filtered
 
     def may_issue(self) -> bool:
         """Whether one more generation call of G prompts goes to the rollout group now."""
@@ -70,8 +72,8 @@ class AsyncSchedule:
         return self.staleness(step, version) > self.max_staleness
 
     def state_dict(self) -> dict:
-        return {k: v for k, v in asdict(self).items() if k in ("issued", "taken", "dropped", "pushed")}
+        return {k: v for k, v in asdict(self).items() if k in ("issued", "taken", "dropped", "filtered", "pushed")}
 
     def load_state_dict(self, state: dict) -> None:
         self.issued, self.taken = int(state["issued"]), int(state["taken"])
-        self.dropped, self.pushed = int(state["dropped"]), int(state["pushed"])
+        self.dropped, self.filtered, self.pushed = int(state["dropped"]), int(state["filtered"]), int(state["pushed"])

@@ -11,6 +11,7 @@ ASYNC = ["rollout.mode=async", "resources.gpus_per_node=0", "resources.workers=1
 
 def test_async_rules(project):  # noqa: F811
     assert check(project, *ASYNC, machine=False)[0] == []
+    assert check(project, *ASYNC, "algorithm.dynamic_sampling.enable=true", machine=False)[0] == []
     assert check(project, *ASYNC, "rollout.max_staleness=3", "actor.policy_loss=decoupled_ppo",
                  "rollout.sync_every=4", "rollout.staleness_strategy=drop", machine=False)[0] == []
     errors = check(project, *ASYNC, "rollout.max_staleness=3", "actor.policy_loss=gpg", machine=False)[0]

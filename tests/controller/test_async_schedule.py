@@ -3,9 +3,11 @@ group double whose one thread runs the calls in submission order, as a Ray actor
 after a random delay, a few ten times longer than the rest; a generation is tagged with the
 version the double actually holds when it runs, not the one the schedule expects).
 
-Properties, for random K, strategy, sync_every, batch size and delays: every trained group's
-staleness is at most K; prompts drawn = trained + dropped + in flight after every step; no prompt
-is trained twice; "wait" drops nothing; and what is trained does not depend on the delays."""
+Properties, for random K, strategy, sync_every, batch size and delays, with and without dynamic
+sampling: every trained group's staleness is at most K; prompts drawn = trained + dropped +
+filtered + in flight after every step; no prompt is trained twice; only informative groups train
+under dynamic sampling; "wait" without it drops nothing; what is trained does not depend on the
+delays."""
 
 from __future__ import annotations
 
@@ -64,11 +66,14 @@ class InOrderGroup:
                      {"rollout_idle_s": 0.0, "rollout_busy_s": delay, "width": width})
 
 
-def source(k: int, strategy: str, sync_every: int, group_size: int, steps: int, delay_seed: int):
+def source(k: int, strategy: str, sync_every: int, group_size: int, steps: int, delay_seed: int,
+           sampling: bool = False):
     config = Config()
+    ds = dataclasses.replace(config.algorithm.dynamic_sampling, enable=sampling, metric="acc", max_gen_batches=3)
     config = dataclasses.replace(config, rollout=dataclasses.replace(
         config.rollout, mode="async", n=N, max_staleness=k, staleness_strategy=strategy, sync_every=sync_every),
-        data=dataclasses.replace(config.data, batch_size=group_size))
+        data=dataclasses.replace(config.data, batch_size=group_size),
+        algorithm=dataclasses.replace(config.algorithm, dynamic_sampling=ds))
     rows = [PromptRow(prompt_ids=[i % 7 + 1] * (1 + i % 3), data_source="t", ground_truth="", extra_info={},
                       messages=[]) for i in range(50)]
     loader = PromptLoader(PromptSet(rows=rows), group_size, seed=0)
@@ -82,28 +87,43 @@ def source(k: int, strategy: str, sync_every: int, group_size: int, steps: int, 
     loader.next_batch = counted
     setup = SimpleNamespace(config=config, total_steps=steps, loader=loader, pad_token_id=0,
                             seed_for=lambda index, round_: index * 1000 + round_,
-                            actor=SimpleNamespace(export_weights=lambda: {"w": np.zeros(1, dtype=np.float32)}),
+                            actor=SimpleNamespace(export_weights=lambda: {"w": np.zeros(1, dtype=np.float32)},
+                                                  world_size=2),
                             session=SimpleNamespace(state=SimpleNamespace(step=0)))
-    return AsyncRollout(setup, SimpleNamespace(rollout=InOrderGroup(delay_seed))), drawn
+    src = AsyncRollout(setup, SimpleNamespace(rollout=InOrderGroup(delay_seed)))
+    src.score_batch = informative_half   # dynamic sampling's scores: no reward, no tokenizer
+    return src, drawn
 
 
-def run(k, strategy, sync_every, group_size, steps, delay_seed):
-    src, drawn = source(k, strategy, sync_every, group_size, steps, delay_seed)
+def informative_half(batch: Batch) -> dict:
+    """Scores as a reward would: a group is informative (its acc varies) when its seed says so."""
+    rng = np.random.default_rng(int(batch["seed"][0]))
+    varies = np.repeat(rng.random(len(batch) // N) < 0.5, N)
+    batch["acc"] = np.where(varies, np.tile([0.0, 1.0], len(batch) // N), 1.0)
+    return {"reward/mean": float(batch["acc"].mean())}
+
+
+def run(k, strategy, sync_every, group_size, steps, delay_seed, sampling=False):
+    src, drawn = source(k, strategy, sync_every, group_size, steps, delay_seed, sampling)
     src.start(1)
     trained, total_dropped = [], 0
     for step in range(1, steps + 1):
         batch, dropped, _ = src.take(step)
         total_dropped += dropped
-        assert len(batch) == group_size * N
+        if sampling:   # only informative groups; fewer (an even number of rows) when 3 rounds ran short
+            assert all(len(set(g)) == 2 for g in batch["acc"].reshape(-1, N).tolist())
+            assert 0 < len(batch) <= group_size * N and len(batch) % 2 == 0
+        else:
+            assert len(batch) == group_size * N
         staleness = (step - 1) - batch["policy_version"]
         assert staleness.min() >= 0 and staleness.max() <= k, (step, batch["policy_version"])
         trained += batch["uid"][::N].tolist()
         src.setup.session.state.step = step
         src.after_update(step)
-        in_flight = src.in_flight_rows() // N
-        assert drawn[0] == len(trained) + total_dropped + in_flight, (step, drawn[0], len(trained), total_dropped)
+        in_flight, filtered = src.in_flight_rows() // N, src.plan.filtered
+        assert drawn[0] == len(trained) + total_dropped + filtered + in_flight, (step, drawn[0], len(trained))
     assert len(set(trained)) == len(trained)            # no prompt trained twice
-    if strategy == "wait":
+    if strategy == "wait" and not sampling:
         assert total_dropped == 0
     return trained, total_dropped
 
@@ -115,8 +135,9 @@ def test_staleness_bound_and_prompt_accounting_under_random_delays(case):
     strategy = rng.choice(["wait", "drop"])
     sync_every = rng.randint(1, k + 1)
     group_size = rng.choice([2, 3])
-    first = run(k, strategy, sync_every, group_size, steps=10, delay_seed=case)
-    assert run(k, strategy, sync_every, group_size, steps=10, delay_seed=case + 100) == first
+    sampling = case % 3 == 2   # dynamic sampling on: groups are also filtered, and refilled
+    first = run(k, strategy, sync_every, group_size, steps=10, delay_seed=case, sampling=sampling)
+    assert run(k, strategy, sync_every, group_size, steps=10, delay_seed=case + 100, sampling=sampling) == first
 
 
 def test_drop_with_sparse_pushes_drops_and_refills():

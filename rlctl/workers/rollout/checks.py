@@ -55,9 +55,10 @@ def check_one_step_off(c: Config, ctx: CheckContext) -> list[Problem]:
         problems.append(Problem("rollout.mode", f"\"{mode}\" splits CPU workers between the actor and the "
                                 "rollout group; GPU placement of the rollout group is not built yet: set "
                                 "resources.gpus_per_node = 0 or rollout.mode = \"sync\""))
-    if c.algorithm.dynamic_sampling.enable:
+    if c.algorithm.dynamic_sampling.enable and mode == "one_step_off":
         problems.append(Problem("algorithm.dynamic_sampling.enable", "dynamic sampling decides how many batches to "
-                                f"generate from their rewards, which {mode} generates ahead: turn one of them off"))
+                                "generate from their rewards, which one_step_off generates a step ahead: turn one "
+                                "of them off, or use rollout.mode = \"async\" (it filters groups as they arrive)"))
     if c.data.batch_size < c.resources.rollout_workers:
         problems.append(Problem("resources.rollout_workers", f"{c.resources.rollout_workers} rollout workers for "
                                 f"data.batch_size = {c.data.batch_size} prompts: every worker needs a prompt; use at "
