@@ -138,9 +138,10 @@ class AsyncRollout:
         need, self.scored = plan.group_size, {}
         while need:
             if not self.ready:
-                if self.sampling.enable and len(gens) >= self.sampling.max_gen_batches and parts:
+                last = self.sampling.enable and len(gens) + 1 >= self.sampling.max_gen_batches
+                if last and len(gens) >= self.sampling.max_gen_batches and parts:
                     break   # train on what is informative so far, as sync's dynamic sampling does
-                self.arrive(step, gens)
+                self.arrive(step, gens, keep_all=last and not parts)   # nothing informative: as sync
                 continue
             head = self.ready.pop(0)
             group_version = head["policy_version"].reshape(-1, n).min(axis=1)
@@ -169,9 +170,10 @@ class AsyncRollout:
                                 "dynamic_sampling/short": float(got < plan.group_size)})
         return batch, dropped, gens
 
-    def arrive(self, step: int, gens: list[Batch]) -> None:
+    def arrive(self, step: int, gens: list[Batch], keep_all: bool = False) -> None:
         """The next finished generation into the buffer (waiting for it); with dynamic sampling
-        scored first, its uninformative groups filtered out (counted, refilled)."""
+        scored first, its uninformative groups filtered out (counted, refilled) unless `keep_all`
+        (the step's last allowed generation, and nothing informative yet: sync trains on it too)."""
         if not self.inflight:
             raise RuntimeError(f"async rollout: nothing generating for step {step} "
                                f"(schedule {self.plan.state_dict()}): a bug in the schedule")
@@ -184,13 +186,16 @@ class AsyncRollout:
         start = time.perf_counter()
         new = self.score_batch(batch)
         rounds = len(gens)   # reward metrics averaged over the generations scored this step
+        reward_s = self.scored.get("timing/reward_s", 0.0) + time.perf_counter() - start
         self.scored = {k: (self.scored.get(k, v) * (rounds - 1) + v) / rounds for k, v in new.items()}
-        self.scored["timing/reward_s"] = self.scored.get("timing/reward_s", 0.0) + time.perf_counter() - start
+        self.scored["timing/reward_s"] = reward_s
         metric = batch["acc"] if self.sampling.metric == "acc" else batch["scores"]
         keep = algorithms.filter_groups(batch["uid"].tolist(), metric)
-        self.plan.filtered += keep.num_dropped
-        if keep.num_kept:
+        if keep_all:
+            self.ready.append(batch)
+        elif keep.num_kept:
             self.ready.append(batch.select(np.flatnonzero(keep.keep)))
+        self.plan.filtered += 0 if keep_all else keep.num_dropped
         self.fill()
 
     def even_rows(self, batch: Batch) -> Batch:
