@@ -19,7 +19,7 @@ from __future__ import annotations
 import torch
 
 from .functional import masked_mean
-from .losses import LOG_RATIO_CLAMP, _valid, _where_valid, weighted_loss
+from .losses import LOG_RATIO_CLAMP, _valid, _where_valid, dual_clip_surrogate, weighted_loss
 from .registry import register_policy_loss
 
 
@@ -43,20 +43,10 @@ def decoupled_ppo(*, old_log_prob, log_prob, advantages, response_mask, clip_rat
             keep = keep & (weight <= behav_imp_weight_cap)
         weight = torch.where(keep, weight, torch.zeros((), dtype=weight.dtype, device=weight.device))
     log_ratio = _where_valid(response_mask, log_prob - prox).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
-    ratio = torch.exp(log_ratio)
-    loss1 = -advantages * ratio
-    loss2 = -advantages * ratio.clamp(1 - clip_ratio_low, 1 + clip_ratio_high)
-    clipped = torch.maximum(loss1, loss2)
-    loss3 = -advantages * clip_ratio_c
-    negative = advantages < 0
-    pg_losses = torch.where(negative, torch.minimum(clipped, loss3), clipped) * weight
-    loss = weighted_loss(pg_losses, response_mask, loss_agg_mode, norm, rollout_is_weights)
+    pg_losses, metrics = dual_clip_surrogate(advantages, log_ratio, response_mask, clip_ratio_low, clip_ratio_high,
+                                             clip_ratio_c)
+    loss = weighted_loss(pg_losses * weight, response_mask, loss_agg_mode, norm, rollout_is_weights)
     with torch.no_grad():
-        metrics = {
-            "pg_clipfrac": masked_mean((loss2 > loss1).to(ratio.dtype), response_mask).item(),
-            "pg_clipfrac_lower": masked_mean(((clipped > loss3) & negative).to(ratio.dtype), response_mask).item(),
-            "ppo_kl": masked_mean(-log_ratio, response_mask).item(),
-            "behav_imp_weight": masked_mean(weight, keep.to(weight.dtype)).item() if bool(keep.any()) else 0.0,
-            "behav_masked": masked_mean((~keep & _valid(response_mask)).to(ratio.dtype), response_mask).item(),
-        }
+        metrics["behav_imp_weight"] = masked_mean(weight, keep.to(weight.dtype)).item() if bool(keep.any()) else 0.0
+        metrics["behav_masked"] = masked_mean((~keep & _valid(response_mask)).to(weight.dtype), response_mask).item()
     return loss, metrics
