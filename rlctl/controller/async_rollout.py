@@ -71,6 +71,7 @@ class AsyncRollout:
         weights = None
         if saved is not None:
             self.plan.load_state_dict(saved["schedule"])
+            self.ready = [Batch(t, m) for t, m in saved["ready"]]   # arrived (scored, filtered): as they were
             self.inflight = deque(Batch(t, m) for t, m in saved["inflight"])
             weights = saved["rollout_weights"]
         else:
@@ -222,10 +223,10 @@ class AsyncRollout:
     def save(self, folder: Path) -> None:
         """Every batch generating or buffered (waiting for them), the counts, and the rollout
         group's weights when they are older than the actor's (between two pushes)."""
-        pending = [b for b in self.ready] + [c if isinstance(c, Batch) else c.result() for c in self.inflight]
-        self.ready, self.inflight = [], deque(pending)
+        self.inflight = deque(c if isinstance(c, Batch) else c.result() for c in self.inflight)
         between = self.plan.pushed < self.setup.session.state.step
-        state = {"schedule": self.plan.state_dict(), "inflight": [(b.tensors, b.meta) for b in pending],
+        state = {"schedule": self.plan.state_dict(), "ready": [(b.tensors, b.meta) for b in self.ready],
+                 "inflight": [(b.tensors, b.meta) for b in self.inflight],
                  "rollout_weights": self.group.export_weights() if between else None}
         with open(folder / STATE_FILE, "wb") as f:
             pickle.dump(state, f, protocol=pickle.HIGHEST_PROTOCOL)
@@ -237,7 +238,7 @@ class AsyncRollout:
             return
         with open(path, "rb") as f:
             saved = pickle.load(f)
-        if not isinstance(saved, dict) or not {"schedule", "inflight", "rollout_weights"} <= set(saved):
+        if not isinstance(saved, dict) or not {"schedule", "ready", "inflight", "rollout_weights"} <= set(saved):
             from rlctl.errors import CheckpointError
 
             raise CheckpointError(f"{path} does not hold an async rollout state",

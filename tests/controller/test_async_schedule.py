@@ -159,3 +159,31 @@ def test_wait_issues_one_step_offs_order():
         if plan.push_due(step):
             plan.pushed = step
     assert issued == [(1, 1, 0), (1, 2, 0), (2, 3, 1), (3, 4, 2), (4, 5, 3)]
+
+
+@pytest.mark.parametrize("strategy,sync_every,sampling", [("drop", 2, False), ("wait", 2, True)])
+def test_save_and_restore_mid_run_continues_as_the_uninterrupted_run(tmp_path, strategy, sync_every, sampling):
+    """What a checkpoint holds (buffered and generating batches, counts, the rollout group's copy
+    between pushes) plus the loader's position give the same trained groups as never stopping."""
+    def steps(src, first, last, out):
+        for step in range(first, last + 1):
+            batch, _, _ = src.take(step)
+            out.append((step, batch["uid"].tolist(), batch["policy_version"].tolist()))
+            src.setup.session.state.step = step
+            src.after_update(step)
+        return out
+
+    full, _ = source(2, strategy, sync_every, 2, 8, 0, sampling)
+    full.start(1)
+    expected = steps(full, 1, 8, [])
+    first, _ = source(2, strategy, sync_every, 2, 8, 1, sampling)
+    first.start(1)
+    got = steps(first, 1, 3, [])
+    first.save(tmp_path)
+    loader_state = first.setup.loader.state_dict()
+    again, _ = source(2, strategy, sync_every, 2, 8, 2, sampling)
+    again.setup.loader.load_state_dict(loader_state)
+    again.setup.session.state.step = 3
+    again.restore(tmp_path)
+    again.start(4)
+    assert steps(again, 4, 8, got) == expected
