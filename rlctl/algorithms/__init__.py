@@ -14,6 +14,7 @@ from .kl import (KL_KINDS, AdaptiveKLController, FixedKLController, apply_kl_in_
                  make_kl_controller)
 from .losses import policy_loss, value_loss
 from . import more_losses  # noqa: F401  (registers sapo, cispo, geo_mean, clip_cov, kl_cov, gpg, dppo_*)
+from . import decoupled  # noqa: F401  (registers decoupled_ppo)
 from .registry import (AlgorithmError, EstimatorSpec, Needs, PolicyLossSpec, RequiredParam, algorithm_needs,
                        estimator_names, get_estimator, get_policy_loss, policy_loss_names, register_estimator,
                        register_policy_loss)

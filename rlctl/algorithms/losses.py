@@ -60,7 +60,7 @@ def _where_valid(mask: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
     return torch.where(_valid(mask), x, torch.zeros((), dtype=x.dtype, device=x.device))
 
 
-@register_policy_loss("vanilla", clip_higher=True, bypass_loss=True)
+@register_policy_loss("vanilla", clip_higher=True, bypass_loss=True, trust_region=True)
 def vanilla(*, old_log_prob, log_prob, advantages, response_mask, clip_ratio_low, clip_ratio_high,
             clip_ratio_c, loss_agg_mode, norm, rollout_is_weights=None, **_):
     """PPO clipped surrogate with asymmetric clip (DAPO clip-higher) and dual-clip.
@@ -72,6 +72,14 @@ def vanilla(*, old_log_prob, log_prob, advantages, response_mask, clip_ratio_low
     """
     advantages = _where_valid(response_mask, advantages)
     log_ratio = _where_valid(response_mask, log_prob - old_log_prob).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+    pg_losses, metrics = dual_clip_surrogate(advantages, log_ratio, response_mask, clip_ratio_low, clip_ratio_high,
+                                             clip_ratio_c)
+    return weighted_loss(pg_losses, response_mask, loss_agg_mode, norm, rollout_is_weights), metrics
+
+
+def dual_clip_surrogate(advantages, log_ratio, response_mask, clip_ratio_low, clip_ratio_high, clip_ratio_c):
+    """Per-token PPO losses [B, T] from log r = log pi - log pi_old (padding zeroed, clamped):
+    max(-A r, -A clip(r, 1 - low, 1 + high)), for A < 0 at most -A c; and vanilla's metrics."""
     ratio = torch.exp(log_ratio)
     loss1 = -advantages * ratio
     loss2 = -advantages * ratio.clamp(1 - clip_ratio_low, 1 + clip_ratio_high)
@@ -79,17 +87,16 @@ def vanilla(*, old_log_prob, log_prob, advantages, response_mask, clip_ratio_low
     loss3 = -advantages * clip_ratio_c
     negative = advantages < 0
     pg_losses = torch.where(negative, torch.minimum(clipped, loss3), clipped)
-    loss = weighted_loss(pg_losses, response_mask, loss_agg_mode, norm, rollout_is_weights)
     with torch.no_grad():
         metrics = {
             "pg_clipfrac": masked_mean((loss2 > loss1).to(ratio.dtype), response_mask).item(),
             "pg_clipfrac_lower": masked_mean(((clipped > loss3) & negative).to(ratio.dtype), response_mask).item(),
             "ppo_kl": masked_mean(-log_ratio, response_mask).item(),
         }
-    return loss, metrics
+    return pg_losses, metrics
 
 
-@register_policy_loss("gspo", loss_agg_mode="seq-mean-token-mean")
+@register_policy_loss("gspo", loss_agg_mode="seq-mean-token-mean", trust_region=True)
 def gspo(*, old_log_prob, log_prob, advantages, response_mask, clip_ratio_low, clip_ratio_high, norm,
          rollout_is_weights=None, **_):
     """GSPO (Zheng et al. 2025): a sequence-level ratio s_i = exp(mean_t log(pi/pi_old)).

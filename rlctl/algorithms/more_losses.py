@@ -27,7 +27,7 @@ def _frac(condition: torch.Tensor, mask: torch.Tensor) -> float:
     return masked_mean(condition.to(torch.float64), mask).item()
 
 
-@register_policy_loss("sapo", loss_agg_mode="seq-mean-token-mean")
+@register_policy_loss("sapo", loss_agg_mode="seq-mean-token-mean", trust_region=True)
 def sapo(*, old_log_prob, log_prob, advantages, response_mask, norm, tau_pos=1.0, tau_neg=1.05,
          rollout_is_weights=None, **_):
     """SAPO (Gao et al. 2025, arXiv 2511.20347): a smooth sigmoid gate instead of a hard clip.
@@ -60,7 +60,7 @@ def cispo(*, old_log_prob, log_prob, advantages, response_mask, clip_ratio_low, 
                   "ppo_kl": masked_mean(-log_ratio.detach(), response_mask).item()}
 
 
-@register_policy_loss("geo_mean")
+@register_policy_loss("geo_mean", trust_region=True)
 def geo_mean(*, old_log_prob, log_prob, advantages, response_mask, clip_ratio_low, clip_ratio_high, norm,
              rollout_is_weights=None, **_):
     """GMPO (Zhao et al. 2025, arXiv 2507.20673): a geometric mean of token ratios per sequence.
@@ -96,7 +96,7 @@ def _centered_cov(adv: torch.Tensor, log_prob: torch.Tensor, mask: torch.Tensor)
     return (adv - masked_mean(adv, mask)) * (log_prob - masked_mean(log_prob, mask))
 
 
-@register_policy_loss("clip_cov")
+@register_policy_loss("clip_cov", trust_region=True)
 def clip_cov(*, old_log_prob, log_prob, advantages, response_mask, clip_ratio_low, clip_ratio_high, loss_agg_mode,
              norm, clip_cov_ratio=0.0002, clip_cov_lb=1.0, clip_cov_ub=5.0, rollout_is_weights=None, **_):
     """Clip-Cov (Cui et al. 2025, "The Entropy Mechanism of RL for Reasoning LMs", arXiv 2505.22617).
@@ -122,7 +122,7 @@ def clip_cov(*, old_log_prob, log_prob, advantages, response_mask, clip_ratio_lo
                   "ppo_kl": masked_mean(-(new - old).detach(), response_mask).item()}
 
 
-@register_policy_loss("kl_cov")
+@register_policy_loss("kl_cov", trust_region=True)
 def kl_cov(*, old_log_prob, log_prob, advantages, response_mask, loss_agg_mode, norm, kl_cov_ratio=0.0002,
            ppo_kl_coef=0.1, rollout_is_weights=None, **_):
     """KL-Cov (same paper as Clip-Cov): an |log r| penalty on the highest-covariance tokens.
@@ -164,7 +164,7 @@ def _dppo(old, new, adv, response_mask, valid_mask, clip_ratio_c, loss_agg_mode,
                   "ppo_kl": masked_mean(-log_ratio.detach(), response_mask).item()}
 
 
-@register_policy_loss("dppo_tv")
+@register_policy_loss("dppo_tv", trust_region=True)
 def dppo_tv(*, old_log_prob, log_prob, advantages, response_mask, clip_ratio_low, clip_ratio_high, clip_ratio_c,
             loss_agg_mode, norm, rollout_is_weights=None, **_):
     """DPPO-Binary-TV (arXiv 2602.04879): a trust region on the sampled token's probability.
@@ -179,7 +179,7 @@ def dppo_tv(*, old_log_prob, log_prob, advantages, response_mask, clip_ratio_low
     return _dppo(old, new, adv, response_mask, inside, clip_ratio_c, loss_agg_mode, norm, rollout_is_weights)
 
 
-@register_policy_loss("dppo_kl")
+@register_policy_loss("dppo_kl", trust_region=True)
 def dppo_kl(*, old_log_prob, log_prob, advantages, response_mask, clip_ratio_low, clip_ratio_high, clip_ratio_c,
             loss_agg_mode, norm, rollout_is_weights=None, **_):
     """DPPO-Binary-KL (arXiv 2602.04879): the trust region is a Bernoulli KL on the sampled token.
@@ -195,7 +195,7 @@ def dppo_kl(*, old_log_prob, log_prob, advantages, response_mask, clip_ratio_low
     return _dppo(old, new, adv, response_mask, inside, clip_ratio_c, loss_agg_mode, norm, rollout_is_weights)
 
 
-@register_policy_loss("dro", 
+@register_policy_loss("dro", trust_region=True,
                       required=(RequiredParam("dro_beta", "weighs its quadratic penalty by dro_beta", 0.1),))
 def dro(*, old_log_prob, log_prob, advantages, response_mask, loss_agg_mode, norm, dro_beta=None,
         rollout_is_weights=None, **_):

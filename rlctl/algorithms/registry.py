@@ -69,6 +69,10 @@ class PolicyLossSpec:
     clip_higher: bool = False           # clips the ratio to [1 - clip_ratio_low, 1 + clip_ratio_high] (DAPO)
     bypass_loss: bool = False           # is the loss bypass_mode's "ppo_clip" uses, so bypass replaces nothing
     required: tuple[RequiredParam, ...] = ()
+    trust_region: bool = False          # bounds how far an update moves from old_log_prob (clip, penalty):
+                                        # what rollout.max_staleness > 1 needs (rlctl.workers.loss_checks)
+    corrects_rollout: bool = False      # weights tokens by pi_old / pi_rollout itself (reads rollout_log_prob):
+                                        # rollout correction's IS weights are not applied on top
 
 
 @dataclass(frozen=True)
@@ -123,8 +127,8 @@ def register_estimator(name: str, *, needs_critic: bool = False, needs_group: bo
 
 
 def register_policy_loss(name: str, *, loss_agg_mode: str | None = None, clip_higher: bool = False,
-                         bypass_loss: bool = False,
-                         required: tuple[RequiredParam, ...] = ()) -> Callable[[Callable], Callable]:
+                         bypass_loss: bool = False, required: tuple[RequiredParam, ...] = (),
+                         trust_region: bool = False, corrects_rollout: bool = False) -> Callable[[Callable], Callable]:
     """Decorator: register a policy loss under `name`; a taken name is an error.
 
     fn is called with keyword arguments only: old_log_prob, log_prob, advantages, response_mask,
@@ -136,7 +140,8 @@ def register_policy_loss(name: str, *, loss_agg_mode: str | None = None, clip_hi
 
     def decorator(fn: Callable) -> Callable:
         _check_new("policy loss", name, _POLICY_LOSSES)
-        _POLICY_LOSSES[name] = PolicyLossSpec(name, fn, loss_agg_mode, clip_higher, bypass_loss, tuple(required))
+        _POLICY_LOSSES[name] = PolicyLossSpec(name, fn, loss_agg_mode, clip_higher, bypass_loss, tuple(required),
+                                              trust_region, corrects_rollout)
         return fn
 
     return decorator

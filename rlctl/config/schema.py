@@ -37,7 +37,8 @@ def opt(default: Any, help: str, *, ge=None, gt=None, le=None, lt=None, choices=
 # Copies of rlctl.algorithms' names (it imports torch, which `--help` and `config validate` must not);
 # tests/config/test_constants.py keeps them equal to the originals.
 LOSS_AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
-POLICY_LOSSES = ("vanilla", "gspo", "sapo", "cispo", "geo_mean", "clip_cov", "kl_cov", "gpg", "dppo_tv", "dppo_kl", "dro")
+POLICY_LOSSES = ("vanilla", "gspo", "sapo", "cispo", "geo_mean", "clip_cov", "kl_cov", "gpg", "dppo_tv", "dppo_kl", "dro",
+                 "decoupled_ppo")
 KL_TYPES = ("k1", "kl", "abs", "k2", "mse", "k3", "low_var_kl", "k1+", "kl+", "abs+", "k2+", "mse+", "k3+",
             "low_var_kl+")   # "+": that value with k2's gradient (straight-through)
 ADV_ESTIMATORS = ("gae", "grpo", "rloo", "remax", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "grpo_passk",
@@ -115,7 +116,7 @@ class DynamicSamplingConfig:
 class RolloutCorrectionConfig:
     rollout_is: str = opt("auto", "Truncated importance sampling of the rollout engine's samples: per \"token\" or "
                                   "\"sequence\" (empty = off; \"auto\" = off, or \"sequence\" (verl's default) "
-                                  "with rollout.mode = \"one_step_off\").", choices=("auto", "", "token", "sequence"))
+                                  "with rollout.mode = \"one_step_off\" or \"async\").", choices=("auto", "", "token", "sequence"))
     rollout_is_threshold: float = opt(2.0, "Upper bound of the IS weights (truncation).", gt=0)
     rollout_is_batch_normalize: bool = opt(False, "Rescale the truncated weights to mean 1 over the batch.")
     rollout_rs: str = opt("", "Rejection (masked IS): comma-separated token_k1/2/3, seq_sum_k1/2/3, seq_mean_k1/2/3, "
@@ -124,7 +125,7 @@ class RolloutCorrectionConfig:
                                         "bounds for k1 options (e.g. \"0.5_2.0\"), an upper bound otherwise.")
     bypass_mode: bool = opt(False, "verl's bypass mode: old_log_prob is the rollout's own log-prob (no recompute "
                                    "pass); correction runs inside the loss against the current policy. Needs rollout "
-                                   "log-probs: rollout.mode = \"one_step_off\", or vLLM/SGLang.")
+                                   "log-probs: rollout.mode = \"one_step_off\" or \"async\", or vLLM/SGLang.")
     loss_type: str = opt("ppo_clip", "bypass_mode's loss (replaces actor.policy_loss): \"ppo_clip\" (PPO ratio "
                                      "pi / pi_rollout, clipped) or \"reinforce\" (-w A log pi with the IS weights).",
                          choices=("ppo_clip", "reinforce"))
@@ -204,6 +205,7 @@ class CriticConfig:
 
 TOOL_FORMATS = ("hermes",)   # rlctl.multiturn.formats.FORMATS, without importing it
 BUILTIN_TOOLS = ("calculator", "python")   # rlctl.multiturn.builtin_tools.BUILTINS (a test keeps them equal)
+SEPARATE_ROLLOUT_MODES = ("one_step_off", "async")   # rollout modes that generate on their own rollout group
 
 
 @dataclass(frozen=True)
@@ -234,7 +236,18 @@ class RolloutConfig:
     engine: str = opt("hf", "Generation engine.", choices=("hf", "vllm", "sglang"))
     mode: str = opt("sync", "\"sync\": generate, then train, on the actor's workers. \"one_step_off\": a separate "
                             "rollout group (resources.rollout_workers) generates batch k+1 with the weights of step "
-                            "k-1 while the actor trains on batch k.", choices=("sync", "one_step_off"))
+                            "k-1 while the actor trains on batch k. \"async\": the rollout group generates "
+                            "ahead continuously, up to rollout.max_staleness updates stale.",
+                    choices=("sync", "one_step_off", "async"))
+    max_staleness: int = opt(1, "rollout.mode = \"async\": the most updates a trained token's weights may be older "
+                                "than the weights it trains (K).", ge=1)
+    staleness_strategy: str = opt("wait", "rollout.mode = \"async\": \"wait\" pauses generation until the trainer "
+                                          "catches up; \"drop\" keeps generating and drops groups that got too "
+                                          "stale.", choices=("drop", "wait"))
+    sync_every: int = opt(1, "rollout.mode = \"async\": push the trained weights to the rollout group every this "
+                             "many updates.", ge=1)
+    partial_rollout: bool = opt(False, "rollout.mode = \"async\": unfinished samples continue on new weights at a "
+                                       "push (needs an engine that can abort and resume requests).")
     n: int = opt(1, "Samples per prompt (group size).", ge=1)
     temperature: float = opt(1.0, "Sampling temperature.", ge=0)
     top_p: float = opt(1.0, "Nucleus sampling mass.", gt=0, le=1)
@@ -317,8 +330,8 @@ class ResourcesConfig:
     workers: int = opt(1, "Data-parallel workers per role.", ge=1)
     cpus_per_worker: int = opt(1, "CPU cores per worker (torch threads).", ge=1)
     colocate: bool = opt(True, "Critic shares the actor's workers (else its own group).")
-    rollout_workers: int = opt(1, "rollout.mode = \"one_step_off\": ranks of the separate rollout group, each "
-                                  "cpus_per_worker CPUs and a full copy of the policy.", ge=1)
+    rollout_workers: int = opt(1, "rollout.mode = \"one_step_off\" or \"async\": ranks of the separate rollout "
+                                  "group, each cpus_per_worker CPUs and a full copy of the policy.", ge=1)
 
 
 @dataclass(frozen=True)
@@ -346,8 +359,8 @@ def iter_keys(cls=Config, prefix: str = ""):
 
 def rollout_is_level(config: Config) -> str:
     """algorithm.rollout_correction.rollout_is with "auto" resolved: off ("") in sync mode, verl's
-    RolloutCorrectionConfig default ("sequence") when a stale policy generates (one_step_off)."""
+    RolloutCorrectionConfig default ("sequence") when a stale policy generates (one_step_off, async)."""
     level = config.algorithm.rollout_correction.rollout_is
     if level != "auto":
         return level
-    return "sequence" if config.rollout.mode == "one_step_off" else ""
+    return "sequence" if config.rollout.mode in SEPARATE_ROLLOUT_MODES else ""

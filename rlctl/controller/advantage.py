@@ -36,8 +36,11 @@ def apply_rollout_correction(batch: Batch, config: Config) -> dict:
     tokens leave `response_mask` only after the advantages (compute_advantages): a rejected row's
     reward still counts in its group's baseline, and no reward moves to an earlier token.
     The hf engine samples with the trainer's own weights and kernels and reports no log-probs:
-    its rollout log-probs are old_log_prob, so the weights are 1 and nothing is rejected."""
+    its rollout log-probs are old_log_prob, so the weights are 1 and nothing is rejected.
+    A loss that declares corrects_rollout (decoupled_ppo) weights its tokens itself: no IS weights."""
     rc, level = config.algorithm.rollout_correction, rollout_is_level(config)
+    if algorithms.get_policy_loss(config.actor.policy_loss).corrects_rollout and not rc.bypass_mode:
+        level = ""
     if not (level or rc.rollout_rs):
         return {}
     old = torch.from_numpy(batch["old_log_prob"].astype(np.float32))

@@ -8,7 +8,8 @@
 "sync" (`SyncRollout`): each step generates on the actor's own workers and scores the batch
 (rlctl.controller.rollout.rollout, with dynamic sampling). "one_step_off"
 (rlctl.controller.offpolicy.OneStepOff): a separate rollout group generates batch k+1 while the
-actor trains on batch k. A source also writes what it has in flight into a checkpoint (`save`) and
+actor trains on batch k. "async" (rlctl.controller.async_rollout.AsyncRollout): the rollout group
+generates ahead continuously, up to rollout.max_staleness updates stale. A source also writes what it has in flight into a checkpoint (`save`) and
 takes it back on resume (`restore`). Adding a mode: one module with a class like these and one
 line in MODES (plus the choice in rlctl.config.schema.RolloutConfig.mode).
 """
@@ -19,6 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
 from rlctl.controller import rollout
+from rlctl.controller.async_rollout import AsyncRollout
 from rlctl.controller.offpolicy import OneStepOff
 
 if TYPE_CHECKING:
@@ -78,7 +80,7 @@ class SyncRollout:
 
 
 # rollout.mode -> its source class, built with (setup, workers)
-MODES = {"sync": SyncRollout, "one_step_off": OneStepOff}
+MODES = {"sync": SyncRollout, "one_step_off": OneStepOff, "async": AsyncRollout}
 
 
 def rollout_source(setup: TrainSetup, workers: Workers) -> RolloutSource:

@@ -10,7 +10,7 @@ import dataclasses
 
 from rlctl.config.checks import CheckContext
 from rlctl.config.loader import LoadedConfig, Problem
-from rlctl.config.schema import Config
+from rlctl.config.schema import SEPARATE_ROLLOUT_MODES, Config
 
 
 def check_cuda(c: Config, ctx: CheckContext) -> list[Problem]:
@@ -23,7 +23,7 @@ def check_cuda(c: Config, ctx: CheckContext) -> list[Problem]:
 def check_cpu_split(c: Config, ctx: CheckContext) -> list[Problem]:
     """Embedded Ray on CPU: the groups' ranks x cpus_per_worker must fit this machine's cores."""
     res = c.resources
-    if res.address or res.gpus_per_node not in (0, "auto") or c.rollout.mode != "one_step_off":
+    if res.address or res.gpus_per_node not in (0, "auto") or c.rollout.mode not in SEPARATE_ROLLOUT_MODES:
         return []
     from rlctl.runtime.ray_env import machine_cpus
 

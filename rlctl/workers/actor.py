@@ -200,7 +200,8 @@ class ActorRolloutRefWorker:
         if "old_log_prob" not in batch and (ac.ppo_epochs > 1 or mini > 1):
             raise ConfigError("update_actor needs old_log_prob when it takes more than one optimizer step",
                               hint="call compute_log_prob first (it may be skipped only when on-policy)")
-        keys = _MODEL_KEYS + ["response_mask", "advantages", "old_log_prob", "ref_log_prob", "rollout_is_weights"]
+        keys = _MODEL_KEYS + ["response_mask", "advantages", "old_log_prob", "ref_log_prob", "rollout_is_weights",
+                                                  "rollout_log_prob"]
         metrics = run_updates(self.actor, batch, epochs=ac.ppo_epochs, mini_batches=mini,
                               micro_batch_size=ac.micro_batch_size, horizon=self.cfg.data.max_response_length,
                               make_loss=self._policy_loss_fn, keys=keys)
@@ -228,7 +229,8 @@ class ActorRolloutRefWorker:
                     clip_ratio_c=ac.clip_ratio_c, loss_agg_mode=ac.loss_agg_mode, norm=norm, tau_pos=ac.tau_pos,
                     tau_neg=ac.tau_neg, clip_cov_ratio=ac.clip_cov_ratio, clip_cov_lb=ac.clip_cov_lb,
                     clip_cov_ub=ac.clip_cov_ub, kl_cov_ratio=ac.kl_cov_ratio, ppo_kl_coef=ac.ppo_kl_coef,
-                    dro_beta=ac.dro_beta, rollout_is_weights=micro.get("rollout_is_weights"))
+                    dro_beta=ac.dro_beta, rollout_is_weights=micro.get("rollout_is_weights"),
+                    rollout_log_prob=micro.get("rollout_log_prob"), behav_imp_weight_cap=rc.rollout_is_threshold)
             entropy = aggregate_loss(out["entropy"], mask, ac.loss_agg_mode, norm=norm)
             loss = pg_loss - ac.entropy_coef * entropy if ac.entropy_coef > 0 else pg_loss
             metrics = {**metrics, "pg_loss": float(pg_loss.detach()), "entropy": float(entropy.detach())}

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from rlctl.config.schema import SEPARATE_ROLLOUT_MODES
 from rlctl.runtime.resource_pool import ResourcePool
 from rlctl.runtime.worker_group import RoleHandle, WorkerGroup
 
@@ -54,7 +55,7 @@ def start_workers(config, *, total_steps: int, needs_reference: bool, needs_crit
         if rm_spec and not config.resources.colocate:
             groups.append(WorkerGroup(ResourcePool(config.resources, name="reward_model"),
                                       {"reward_model": rm_spec}, name="reward_model"))
-        if config.rollout.mode == "one_step_off":
+        if config.rollout.mode in SEPARATE_ROLLOUT_MODES:
             groups.append(_rollout_group(config))
     except BaseException:
         groups[0].shutdown()

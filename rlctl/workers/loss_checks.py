@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from rlctl.config.checks import CheckContext
 from rlctl.config.loader import Problem
-from rlctl.config.schema import Config
+from rlctl.config.schema import SEPARATE_ROLLOUT_MODES, Config
 
 
 def check_policy_loss(c: Config, ctx: CheckContext) -> list[Problem]:
@@ -37,7 +37,7 @@ def _bypass_problems(c: Config, loss) -> list[Problem]:
     from rlctl.workers.rollout.registry import rollout_engine_info
 
     rc, problems = c.algorithm.rollout_correction, []
-    if c.rollout.mode != "one_step_off" and not rollout_engine_info(c.rollout.engine).owns_weights:
+    if c.rollout.mode not in SEPARATE_ROLLOUT_MODES and not rollout_engine_info(c.rollout.engine).owns_weights:
         problems.append(Problem("algorithm.rollout_correction.bypass_mode", "takes the rollout engine's log-probs "
                                 "as old_log_prob, and the hf engine of rollout.mode = \"sync\" reports none: use "
                                 "rollout.mode = \"one_step_off\" or a vLLM/SGLang engine"))
@@ -49,4 +49,24 @@ def _bypass_problems(c: Config, loss) -> list[Problem]:
         problems.append(Problem("algorithm.rollout_correction.bypass_mode", f"replaces actor.policy_loss = "
                                 f"{c.actor.policy_loss!r} by loss_type = {rc.loss_type!r} (as verl does)",
                                 severity="warning"))
+    return problems
+
+
+def check_staleness_loss(c: Config, ctx: CheckContext) -> list[Problem]:
+    """rollout.max_staleness > 1 needs a loss that declares trust_region (an unclipped importance-
+    sampling loss at staleness 3 destabilised in tinker-cookbook's tests); a loss that declares
+    corrects_rollout (decoupled_ppo) must not get rollout correction's IS weights on top."""
+    from rlctl.algorithms import get_policy_loss
+
+    loss, rc, problems = get_policy_loss(c.actor.policy_loss), c.algorithm.rollout_correction, []
+    bounded = rc.loss_type == "ppo_clip" if rc.bypass_mode else loss.trust_region
+    if c.rollout.mode == "async" and c.rollout.max_staleness > 1 and not bounded:
+        used = f"loss_type = {rc.loss_type!r}" if rc.bypass_mode else f"actor.policy_loss = {loss.name!r}"
+        problems.append(Problem("rollout.max_staleness", f"{c.rollout.max_staleness} with {used}, which does not "
+                                "bound how far an update moves from the stale samples: use actor.policy_loss = "
+                                "\"decoupled_ppo\" (or another clipped loss), or rollout.max_staleness = 1"))
+    if loss.corrects_rollout and rc.rollout_is not in ("auto", "") and not rc.bypass_mode:
+        problems.append(Problem("algorithm.rollout_correction.rollout_is", f"{rc.rollout_is!r}: actor.policy_loss = "
+                                f"{loss.name!r} weights each token by pi_old / pi_rollout itself, so these weights "
+                                "would apply twice: set rollout_is = \"\" or \"auto\""))
     return problems

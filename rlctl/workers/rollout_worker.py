@@ -1,4 +1,4 @@
-"""`RolloutWorker`: one rank of the separate rollout group of rollout.mode = "one_step_off".
+"""`RolloutWorker`: one rank of the separate rollout group of rollout.mode = "one_step_off" / "async".
 
 Unlike the actor's own rollout (which runs the module the optimizer updates), this rank owns a
 full copy of the policy and the `hf` engine generating with it. The actor pushes its trained
@@ -15,9 +15,16 @@ policy_version [B*n] int64.
 Multi-turn rollouts (rlctl.multiturn.rollout on the controller) call `generate_turn` once per turn,
 as on the actor group, then `tag_rollout` on the finished batch for the same two columns. The
 controller pushes no weights between the turns of one batch (rlctl.controller.offpolicy).
+
+`generate` also says in its batch's meta how long this rank waited for work before it
+(`rollout_idle_s`: since its previous call ended) and how long it generated (`rollout_busy_s`):
+the async source's async/idle_rollout. `export_weights` returns the copy it holds (an async
+checkpoint taken between pushes saves it, so resume generates with the same weights).
 """
 
 from __future__ import annotations
+
+import time
 
 import numpy as np
 import torch
@@ -51,6 +58,7 @@ class RolloutWorker:
         self.engine = HFRolloutEngine(self.model, pad_token_id=self.pad, eos_token_ids=self.eos_ids, own_weights=True)
         self.temperature = config.rollout.temperature or 1.0   # log-probs of the sampling distribution
         self.version = 0   # the actor's update count whose weights this copy holds
+        self.last_end = time.perf_counter()   # when this rank's previous call ended (idle time)
 
     def _autocast(self):
         import contextlib
@@ -64,18 +72,30 @@ class RolloutWorker:
         """Load the actor's weights (HF name -> numpy array) pushed after update `version`."""
         self.engine.update_weights(weights)
         self.version = int(version)
+        self.last_end = time.perf_counter()
         return self.version
+
+    @register(Dispatch.RANK0)
+    def export_weights(self) -> dict:
+        """The weights this rank generates with (HF name -> numpy), as `update_weights` takes them
+        (every rank holds the same copy)."""
+        from rlctl.workers.rollout.weights import engine_weights
+
+        return {name: t.detach().to("cpu", torch.float32).numpy().copy() for name, t in engine_weights(self.model)}
 
     @register(Dispatch.DP)
     def generate(self, batch: Batch, *, seed: int) -> Batch:
         """rollout.n samples per prompt at rollout.temperature with this rank's weights; each rank
         samples from (seed, rank), as the actor's generate does."""
-        rc = self.cfg.rollout
+        rc, start = self.cfg.rollout, time.perf_counter()
         with self._autocast():
             out = sample(self.engine, batch, rc, n=rc.n, max_new_tokens=self.cfg.data.max_response_length,
                          temperature=rc.temperature, seed=seed, rank=self.rank, device=self.device)
         rows = rollout_batch(batch, out, rc.n, width=self.cfg.data.max_prompt_length, pad=self.pad)
-        return rows.union(self.tag_rollout(rows))
+        rows = rows.union(self.tag_rollout(rows))
+        idle, self.last_end = start - self.last_end, time.perf_counter()
+        rows.meta.update(rollout_idle_s=idle, rollout_busy_s=self.last_end - start)
+        return rows
 
     @register(Dispatch.DP)
     def generate_turn(self, batch: Batch, *, seed: int, mode: str = "train", n: int = 1, width: int = 0) -> Batch:

@@ -1,6 +1,6 @@
 """Config checks of the rollout engine, from what its registry entry declares
 (rlctl.workers.rollout.registry): tensor-parallel size, temperature, GPUs and the pip extra, and
-what rollout.mode = "one_step_off" supports so far.
+what the separate rollout group of rollout.mode = "one_step_off" / "async" supports so far.
 
 Checks keep the contract of rlctl.config.checks: `check(config, ctx) -> list[Problem]`.
 """
@@ -11,8 +11,10 @@ import importlib.util
 
 from rlctl.config.checks import CheckContext
 from rlctl.config.loader import Problem
-from rlctl.config.schema import Config
+from rlctl.config.schema import SEPARATE_ROLLOUT_MODES, Config
 from rlctl.workers.rollout.registry import rollout_engine_info, sharding_engines
+
+ASYNC_KEYS = ("max_staleness", "staleness_strategy", "sync_every", "partial_rollout")
 
 
 def check_rollout_engine(c: Config, ctx: CheckContext) -> list[Problem]:
@@ -36,30 +38,56 @@ def check_rollout_engine(c: Config, ctx: CheckContext) -> list[Problem]:
 
 
 def check_one_step_off(c: Config, ctx: CheckContext) -> list[Problem]:
-    """rollout.mode = "one_step_off": what the separate rollout group supports so far."""
-    if c.rollout.mode != "one_step_off":
+    """rollout.mode = "one_step_off" or "async": what the separate rollout group supports so far."""
+    mode = c.rollout.mode
+    if mode not in SEPARATE_ROLLOUT_MODES:
         if "rollout_workers" in ctx.raw.get("resources", {}):
-            return [Problem("resources.rollout_workers", "is used only with rollout.mode = \"one_step_off\" and is "
-                                                         "ignored", severity="warning")]
-        return []
+            return [Problem("resources.rollout_workers", "is used only with rollout.mode = \"one_step_off\" or "
+                                                         "\"async\" and is ignored", severity="warning")]
+        return _async_problems(c, ctx)
     problems = []
     gpus = c.resources.gpus_per_node
     if c.rollout.engine != "hf":
-        problems.append(Problem("rollout.mode", f"\"one_step_off\" generates with the hf engine in its own group; "
+        problems.append(Problem("rollout.mode", f"\"{mode}\" generates with the hf engine in its own group; "
                                 f"rollout.engine = {c.rollout.engine!r} there is not built yet: use rollout.engine = "
                                 "\"hf\" or rollout.mode = \"sync\""))
     if isinstance(gpus, int) and gpus > 0:
-        problems.append(Problem("rollout.mode", "\"one_step_off\" splits CPU workers between the actor and the "
+        problems.append(Problem("rollout.mode", f"\"{mode}\" splits CPU workers between the actor and the "
                                 "rollout group; GPU placement of the rollout group is not built yet: set "
                                 "resources.gpus_per_node = 0 or rollout.mode = \"sync\""))
-    if c.algorithm.dynamic_sampling.enable:
+    if c.algorithm.dynamic_sampling.enable and mode == "one_step_off":
         problems.append(Problem("algorithm.dynamic_sampling.enable", "dynamic sampling decides how many batches to "
                                 "generate from their rewards, which one_step_off generates a step ahead: turn one "
-                                "of them off"))
+                                "of them off, or use rollout.mode = \"async\" (it filters groups as they arrive)"))
     if c.data.batch_size < c.resources.rollout_workers:
         problems.append(Problem("resources.rollout_workers", f"{c.resources.rollout_workers} rollout workers for "
                                 f"data.batch_size = {c.data.batch_size} prompts: every worker needs a prompt; use at "
                                 "most data.batch_size"))
+    return problems + _async_problems(c, ctx)
+
+
+def _async_problems(c: Config, ctx: CheckContext) -> list[Problem]:
+    """rollout.mode = "async": a schedule that can always make progress, and what is not built yet.
+    The async keys set in another mode are ignored: a warning."""
+    ro = c.rollout
+    if ro.mode != "async":
+        set_keys = [k for k in ASYNC_KEYS if k in ctx.raw.get("rollout", {})]
+        return [Problem(f"rollout.{k}", "is used only with rollout.mode = \"async\" and is ignored",
+                        severity="warning") for k in set_keys]
+    problems = []
+    if ro.sync_every > ro.max_staleness + 1:
+        problems.append(Problem("rollout.sync_every", f"{ro.sync_every} with rollout.max_staleness = "
+                                f"{ro.max_staleness}: a batch generated just before a push would be "
+                                f"{ro.sync_every - 1} updates stale, so no batch could ever be trained; use "
+                                f"sync_every <= max_staleness + 1 = {ro.max_staleness + 1}"))
+    if ro.partial_rollout:
+        problems.append(Problem("rollout.partial_rollout", "needs an engine that can abort a request at a weight "
+                                "push and resume it on the new weights; the hf rollout group cannot yet: set "
+                                "rollout.partial_rollout = false"))
+    if ro.multi_turn.enable:
+        problems.append(Problem("rollout.multi_turn.enable", "multi-turn rollouts in rollout.mode = \"async\" are "
+                                "not built yet: use rollout.mode = \"one_step_off\" (its turn loop runs on the "
+                                "rollout group) or \"sync\""))
     return problems
 
 

@@ -1,0 +1,246 @@
+"""Asynchronous rollouts with bounded staleness (rollout.mode = "async").
+
+A separate rollout group (rlctl.workers.rollout_worker, as in one_step_off) generates batch after
+batch with the weights it was last pushed, without waiting for the trainer; finished batches
+queue in a buffer and the trainer takes data.batch_size groups from its head as soon as they
+are there. When to generate, push and drop is rlctl.controller.async_schedule's (counts only):
+
+    rollout group:  gen 1 (v0) | gen 2 (v0) | gen 3 (v0) | load v1 | gen 4 (v1) | ...   (K = 2)
+    actor group:               | train 1    | train 2    | train 3   ...
+                                 ^ push v1 after update 1 (every rollout.sync_every updates)
+
+Every row carries `policy_version` (the update count of the weights that generated it) and
+`rollout_log_prob` (their log-probs); the trainer recomputes old_log_prob (the proximal policy
+of decoupled_ppo, the reference of rollout correction) and logs rollout/kl between the two.
+A group more than rollout.max_staleness updates stale when its step comes is dropped
+(async/dropped) and refilled with the next prompts.
+
+Resume is exact: a checkpoint holds every batch generated or generating (the save waits for them),
+the schedule's counts, the prompt loader's position (trainer_state.json), and, between two
+pushes, the weights the rollout group holds; seeds are a pure function of (run.seed, batch
+index). Partial rollouts and multi-turn conversations are refused by validate for now
+(rlctl.workers.rollout.checks): a sample's tokens all come from one version.
+"""
+
+from __future__ import annotations
+
+import pickle
+import time
+from collections import deque
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from rlctl import algorithms
+from rlctl.controller import rollout
+from rlctl.controller.async_schedule import AsyncSchedule
+from rlctl.controller.timing import phase
+from rlctl.runtime.batch import Batch
+
+if TYPE_CHECKING:
+    from rlctl.controller.setup import TrainSetup
+    from rlctl.workers.groups import Workers
+
+STATE_FILE = "async_rollout.pkl"
+
+
+class AsyncRollout:
+    """The rollout source of async mode (rlctl.controller.rollout_source.RolloutSource)."""
+
+    on_policy = False   # batches come from weights up to rollout.max_staleness updates old
+
+    def __init__(self, setup: TrainSetup, workers: Workers):
+        ro = setup.config.rollout
+        self.setup, self.group, self.n = setup, workers.rollout, ro.n
+        self.plan = AsyncSchedule(max_staleness=ro.max_staleness, strategy=ro.staleness_strategy,
+                                  sync_every=ro.sync_every, total_steps=setup.total_steps,
+                                  group_size=setup.config.data.batch_size)
+        self.inflight: deque = deque()    # PendingCall or Batch per generation call, in submission order
+        self.ready: list[Batch] = []      # finished, not yet trained groups (at most one part batch)
+        self.push = None                  # the last weight push (PendingCall)
+        self.restored: dict | None = None
+        self.last_return = time.perf_counter()
+        self.sampling = setup.config.algorithm.dynamic_sampling   # DAPO: groups filtered as they arrive
+        self.scored: dict = {}   # dynamic sampling: the reward metrics of the generations scored this step
+
+    def start(self, first_step: int) -> None:
+        """Push the weights the rollout group generates with, take back what a checkpoint saved,
+        and fill the pipeline."""
+        saved, self.restored = self.restored, None
+        weights = None
+        if saved is not None:
+            self.plan.load_state_dict(saved["schedule"])
+            self.ready = [Batch(t, m) for t, m in saved["ready"]]   # arrived (scored, filtered): as they were
+            self.inflight = deque(Batch(t, m) for t, m in saved["inflight"])
+            weights = saved["rollout_weights"]
+        else:
+            done = (first_step - 1) * self.plan.group_size
+            self.plan.issued = self.plan.taken = done
+            self.plan.pushed = first_step - 1
+        if weights is None:   # the rollout group holds the actor's current weights
+            weights = self.setup.actor.export_weights()
+        self.push = self.group.submit("update_weights", weights, version=self.plan.pushed)
+        self.last_return = time.perf_counter()
+        self.fill()
+
+    def fill(self) -> None:
+        """Issue generation calls while the schedule allows (each: the next G prompts)."""
+        setup = self.setup
+        while self.plan.may_issue():
+            index = self.plan.issued // self.plan.group_size + 1   # equals the step when nothing was dropped
+            prompts = rollout.prompt_batch(setup.loader.next_batch(), f"{index}.1", setup.pad_token_id)
+            self.inflight.append(self.group.submit("generate", prompts, seed=setup.seed_for(index, 1)))
+            self.plan.issued += self.plan.group_size
+
+    def after_update(self, step: int) -> dict:
+        timing: dict = {}
+        if self.plan.push_due(step):
+            with phase(timing, "sync_weights"):
+                self.push = self.group.submit("update_weights", self.setup.actor.export_weights(), version=step)
+                self.plan.pushed = step
+            self.fill()
+        return timing
+
+    def next(self, step: int) -> tuple[Batch, dict]:
+        """Batch `step`: data.batch_size groups from the buffer's head, stale ones dropped; scored."""
+        start = time.perf_counter()
+        batch, dropped, gens = self.take(step)
+        waited = time.perf_counter() - start
+        self.push.result()   # a failed push surfaces here
+        now = time.perf_counter()
+        cycle, self.last_return = max(now - self.last_return, 1e-9), now
+        if self.sampling.enable:   # scored as each batch arrived, to filter its groups
+            metrics = dict(self.scored)
+        else:
+            metrics = self.score_batch(batch)
+            metrics["timing/reward_s"] = time.perf_counter() - now
+        staleness = self.plan.staleness(step, batch["policy_version"]).astype(np.float64)
+        idle = sum(g.meta.get("rollout_idle_s", 0.0) for g in gens)
+        busy = sum(g.meta.get("rollout_busy_s", 0.0) for g in gens)
+        metrics.update({"timing/gen_wait_s": waited, "rollout/policy_version": float(batch["policy_version"].min()),
+                        "rollout/staleness": float(staleness.max()),
+                        "async/staleness_mean": float(staleness.mean()), "async/staleness_max": float(staleness.max()),
+                        "async/dropped": float(dropped),
+                        "async/partial_ratio": 0.0,   # no partial rollouts yet: one version per sample
+                        "async/idle_trainer": min(1.0, waited / cycle),
+                        "async/idle_rollout": idle / (idle + busy) if idle + busy > 0 else 0.0})
+        return batch, metrics
+
+    def score_batch(self, batch: Batch) -> dict:
+        setup = self.setup
+        return rollout.score(batch, setup.reward, setup.tokenizer, setup.config.algorithm.gdpo_reward_keys)
+
+    def take(self, step: int) -> tuple[Batch, int, list[Batch]]:
+        """G groups for `step` from the buffer, in order, dropping those too stale for it (and
+        refilling); returns (batch, groups dropped, the generations that finished meanwhile).
+        With dynamic sampling, fewer when algorithm.dynamic_sampling.max_gen_batches ran out."""
+        plan, n, parts, dropped, gens = self.plan, self.n, [], 0, []
+        need, self.scored = plan.group_size, {}
+        while need:
+            if not self.ready:
+                last = self.sampling.enable and len(gens) + 1 >= self.sampling.max_gen_batches
+                if last and len(gens) >= self.sampling.max_gen_batches and parts:
+                    break   # train on what is informative so far, as sync's dynamic sampling does
+                self.arrive(step, gens, keep_all=last and not parts)   # nothing informative: as sync
+                continue
+            head = self.ready.pop(0)
+            group_version = head["policy_version"].reshape(-1, n).min(axis=1)
+            fresh = ~plan.too_stale(step, group_version)
+            if not fresh.all():
+                dropped += int((~fresh).sum())
+                plan.dropped += int((~fresh).sum())
+                head = head.select(np.flatnonzero(np.repeat(fresh, n))) if fresh.any() else None
+                self.fill()   # refill right away
+            if head is None:
+                continue
+            groups = len(head) // n
+            if groups > need:   # the rest stays at the buffer's head for the next step
+                self.ready.insert(0, head.slice(need * n, len(head)))
+                head = head.slice(0, need * n)
+            parts.append(head)
+            plan.taken += min(groups, need)
+            need -= min(groups, need)
+        batch = parts[0] if len(parts) == 1 else Batch.concat(rollout.align_prompt_width(parts,
+                                                                                         self.setup.pad_token_id))
+        batch = self.even_rows(batch)
+        self.fill()
+        if self.sampling.enable:
+            got = len(batch) // n
+            self.scored.update({"dynamic_sampling/rounds": float(len(gens)), "dynamic_sampling/groups": float(got),
+                                "dynamic_sampling/short": float(got < plan.group_size)})
+        return batch, dropped, gens
+
+    def arrive(self, step: int, gens: list[Batch], keep_all: bool = False) -> None:
+        """The next finished generation into the buffer (waiting for it); with dynamic sampling
+        scored first, its uninformative groups filtered out (counted, refilled) unless `keep_all`
+        (the step's last allowed generation, and nothing informative yet: sync trains on it too)."""
+        if not self.inflight:
+            raise RuntimeError(f"async rollout: nothing generating for step {step} "
+                               f"(schedule {self.plan.state_dict()}): a bug in the schedule")
+        call = self.inflight.popleft()
+        batch = call if isinstance(call, Batch) else call.result()
+        gens.append(batch)
+        if not self.sampling.enable:
+            self.ready.append(batch)
+            return
+        start = time.perf_counter()
+        new = self.score_batch(batch)
+        rounds = len(gens)   # reward metrics averaged over the generations scored this step
+        reward_s = self.scored.get("timing/reward_s", 0.0) + time.perf_counter() - start
+        self.scored = {k: (self.scored.get(k, v) * (rounds - 1) + v) / rounds for k, v in new.items()}
+        self.scored["timing/reward_s"] = reward_s
+        metric = batch["acc"] if self.sampling.metric == "acc" else batch["scores"]
+        keep = algorithms.filter_groups(batch["uid"].tolist(), metric)
+        if keep_all:
+            self.ready.append(batch)
+        elif keep.num_kept:
+            self.ready.append(batch.select(np.flatnonzero(keep.keep)))
+        self.plan.filtered += 0 if keep_all else keep.num_dropped
+        self.fill()
+
+    def even_rows(self, batch: Batch) -> Batch:
+        """A short (dynamic-sampling) batch trimmed to whole groups every actor rank can split
+        evenly; the groups trimmed go back to the buffer's head for the next step."""
+        world, n = self.setup.actor.world_size, self.n
+        groups = len(batch) // n
+        keep = groups
+        while keep > 1 and (keep * n) % world:
+            keep -= 1
+        if keep == groups:
+            return batch
+        self.ready.insert(0, batch.slice(keep * n, len(batch)))
+        self.plan.taken -= groups - keep
+        return batch.slice(0, keep * n)
+
+    def in_flight_rows(self) -> int:
+        """Rows generating or buffered (the property test's in-flight count, from the data itself)."""
+        return sum(len(b) for b in self.ready) + len(self.inflight) * self.plan.group_size * self.n
+
+    def close(self) -> None:
+        """Nothing of its own: generations still running end with the rollout group."""
+
+    def save(self, folder: Path) -> None:
+        """Every batch generating or buffered (waiting for them), the counts, and the rollout
+        group's weights when they are older than the actor's (between two pushes)."""
+        self.inflight = deque(c if isinstance(c, Batch) else c.result() for c in self.inflight)
+        between = self.plan.pushed < self.setup.session.state.step
+        state = {"schedule": self.plan.state_dict(), "ready": [(b.tensors, b.meta) for b in self.ready],
+                 "inflight": [(b.tensors, b.meta) for b in self.inflight],
+                 "rollout_weights": self.group.export_weights() if between else None}
+        with open(folder / STATE_FILE, "wb") as f:
+            pickle.dump(state, f, protocol=pickle.HIGHEST_PROTOCOL)
+
+    def restore(self, folder: Path) -> None:
+        """Take back what `save` wrote; `start` continues from it."""
+        path = folder / STATE_FILE
+        if not path.is_file():
+            return
+        with open(path, "rb") as f:
+            saved = pickle.load(f)
+        if not isinstance(saved, dict) or not {"schedule", "ready", "inflight", "rollout_weights"} <= set(saved):
+            from rlctl.errors import CheckpointError
+
+            raise CheckpointError(f"{path} does not hold an async rollout state",
+                                  hint="resume from another checkpoint step")
+        self.restored = saved

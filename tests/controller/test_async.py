@@ -1,0 +1,45 @@
+"""rollout.mode = "async" end to end (CPU, real Ray: one actor rank + one rollout rank).
+
+With max_staleness = 1 (partial rollouts off) the schedule issues batch k + 1 right after the push
+of update k - 1, which is one_step_off's order: the two runs are equal bit for bit, metrics and
+final weights (the kill -9 + resume test through the CLI is tests/cli/test_async_resume.py)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from rlctl.config.loader import load_config
+from rlctl.controller.run import start_training
+from test_one_step_off import COMMON, OFF
+from test_resume import final_weights
+
+SMALL = COMMON + ["data.batch_size=4", "rollout.n=4", "actor.mini_batch_size=4", "actor.micro_batch_size=16", "reward.function=arith",
+                  "actor.lr=1e-3", "run.total_steps=3", "run.save_every=0", "resources.rollout_workers=1"]
+
+
+def rows(run: Path, drop: tuple = ()) -> list[dict]:
+    return [{k: v for k, v in json.loads(line).items() if not k.startswith(("timing/", "perf/", "async/idle_") + drop)}
+            for line in (run / "metrics.jsonl").read_text().splitlines()]
+
+
+def train(proj: Path, extra: list[str]) -> Path:
+    start_training(load_config(proj / "rlctl.toml", SMALL + extra), address=None, force=False)
+    return proj / "runs" / "grpo-gsm8k"
+
+
+@pytest.mark.slow
+def test_async_with_staleness_1_equals_one_step_off(tmp_path, make_project, ray_cluster):
+    off = train(make_project(tmp_path / "off", "grpo-gsm8k"), OFF)
+    run = train(make_project(tmp_path / "async", "grpo-gsm8k"), [
+        "rollout.mode=async", "rollout.max_staleness=1", "rollout.sync_every=1", "rollout.staleness_strategy=wait"])
+    got = rows(run)
+    assert [r["async/staleness_max"] for r in got] == [0.0, 1.0, 1.0]
+    assert all(r["async/dropped"] == 0 and r["async/partial_ratio"] == 0 for r in got)
+    assert all("rollout/kl" in r for r in got)
+    assert rows(run, ("async/",)) == rows(off)
+    a, b = final_weights(off, tmp_path), final_weights(run, tmp_path)
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)

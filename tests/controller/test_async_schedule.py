@@ -1,0 +1,189 @@
+"""The async source's schedule under random generation delays (no Ray: an in-process rollout
+group double whose one thread runs the calls in submission order, as a Ray actor rank does, each
+after a random delay, a few ten times longer than the rest; a generation is tagged with the
+version the double actually holds when it runs, not the one the schedule expects).
+
+Properties, for random K, strategy, sync_every, batch size and delays, with and without dynamic
+sampling: every trained group's staleness is at most K; prompts drawn = trained + dropped +
+filtered + in flight after every step; no prompt is trained twice; only informative groups train
+under dynamic sampling; "wait" without it drops nothing; what is trained does not depend on the
+delays."""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from rlctl.config.schema import Config
+from rlctl.controller.async_rollout import AsyncRollout
+from rlctl.controller.async_schedule import AsyncSchedule
+from rlctl.controller.prompts import PromptLoader, PromptRow, PromptSet
+from rlctl.runtime.batch import Batch
+
+N = 2   # samples per prompt
+
+
+class InOrderGroup:
+    """A rollout group double: calls run one at a time in submission order after a random delay."""
+
+    def __init__(self, seed: int):
+        self.rng, self.lock = random.Random(seed), threading.Lock()
+        self.pool = ThreadPoolExecutor(1)
+        self.version = 0
+
+    def _delay(self) -> float:
+        with self.lock:
+            long_tail = self.rng.random() < 0.1
+            return self.rng.uniform(0, 0.002) * (10 if long_tail else 1)
+
+    def submit(self, method: str, *args, **kwargs):
+        delay = self._delay()
+        future = self.pool.submit(getattr(self, "_" + method), delay, *args, **kwargs)
+        return SimpleNamespace(result=future.result)
+
+    def export_weights(self) -> dict:
+        return {"w": np.zeros(1, dtype=np.float32)}
+
+    def _update_weights(self, delay: float, weights: dict, *, version: int) -> int:
+        time.sleep(delay)
+        self.version = version
+        return version
+
+    def _generate(self, delay: float, prompts: Batch, *, seed: int) -> Batch:
+        time.sleep(delay)
+        rows = prompts.repeat(N)
+        width = prompts["input_ids"].shape[1]
+        return Batch({"uid": rows["uid"], "prompts": rows["input_ids"], "input_ids": rows["input_ids"],
+                      "attention_mask": rows["attention_mask"], "seed": np.full(len(rows), seed),
+                      "policy_version": np.full(len(rows), self.version, dtype=np.int64)},
+                     {"rollout_idle_s": 0.0, "rollout_busy_s": delay, "width": width})
+
+
+def source(k: int, strategy: str, sync_every: int, group_size: int, steps: int, delay_seed: int,
+           sampling: bool = False):
+    config = Config()
+    ds = dataclasses.replace(config.algorithm.dynamic_sampling, enable=sampling, metric="acc", max_gen_batches=3)
+    config = dataclasses.replace(config, rollout=dataclasses.replace(
+        config.rollout, mode="async", n=N, max_staleness=k, staleness_strategy=strategy, sync_every=sync_every),
+        data=dataclasses.replace(config.data, batch_size=group_size),
+        algorithm=dataclasses.replace(config.algorithm, dynamic_sampling=ds))
+    rows = [PromptRow(prompt_ids=[i % 7 + 1] * (1 + i % 3), data_source="t", ground_truth="", extra_info={},
+                      messages=[]) for i in range(50)]
+    loader = PromptLoader(PromptSet(rows=rows), group_size, seed=0)
+    drawn = [0]
+    take = loader.next_batch
+
+    def counted():
+        drawn[0] += group_size
+        return take()
+
+    loader.next_batch = counted
+    setup = SimpleNamespace(config=config, total_steps=steps, loader=loader, pad_token_id=0,
+                            seed_for=lambda index, round_: index * 1000 + round_,
+                            actor=SimpleNamespace(export_weights=lambda: {"w": np.zeros(1, dtype=np.float32)},
+                                                  world_size=2),
+                            session=SimpleNamespace(state=SimpleNamespace(step=0)))
+    src = AsyncRollout(setup, SimpleNamespace(rollout=InOrderGroup(delay_seed)))
+    src.score_batch = informative_half   # dynamic sampling's scores: no reward, no tokenizer
+    return src, drawn
+
+
+def informative_half(batch: Batch) -> dict:
+    """Scores as a reward would: a group is informative (its acc varies) when its seed says so."""
+    rng = np.random.default_rng(int(batch["seed"][0]))
+    varies = np.repeat(rng.random(len(batch) // N) < 0.5, N)
+    batch["acc"] = np.where(varies, np.tile([0.0, 1.0], len(batch) // N), 1.0)
+    return {"reward/mean": float(batch["acc"].mean())}
+
+
+def run(k, strategy, sync_every, group_size, steps, delay_seed, sampling=False):
+    src, drawn = source(k, strategy, sync_every, group_size, steps, delay_seed, sampling)
+    src.start(1)
+    trained, total_dropped = [], 0
+    for step in range(1, steps + 1):
+        batch, dropped, gens = src.take(step)
+        total_dropped += dropped
+        if sampling:   # only informative groups (unless 3 generations found none: then the third, as sync);
+            informative = all(len(set(g)) == 2 for g in batch["acc"].reshape(-1, N).tolist())
+            assert informative or len(gens) >= 3   # fewer groups (an even number of rows) when short
+            assert 0 < len(batch) <= group_size * N and len(batch) % 2 == 0
+        else:
+            assert len(batch) == group_size * N
+        staleness = (step - 1) - batch["policy_version"]
+        assert staleness.min() >= 0 and staleness.max() <= k, (step, batch["policy_version"])
+        trained += batch["uid"][::N].tolist()
+        src.setup.session.state.step = step
+        src.after_update(step)
+        in_flight, filtered = src.in_flight_rows() // N, src.plan.filtered
+        assert drawn[0] == len(trained) + total_dropped + filtered + in_flight, (step, drawn[0], len(trained))
+    assert len(set(trained)) == len(trained)            # no prompt trained twice
+    if strategy == "wait" and not sampling:
+        assert total_dropped == 0
+    return trained, total_dropped
+
+
+@pytest.mark.parametrize("case", range(12))
+def test_staleness_bound_and_prompt_accounting_under_random_delays(case):
+    rng = random.Random(case)
+    k = rng.randint(1, 4)
+    strategy = rng.choice(["wait", "drop"])
+    sync_every = rng.randint(1, k + 1)
+    group_size = rng.choice([2, 3])
+    sampling = case % 3 == 2   # dynamic sampling on: groups are also filtered, and refilled
+    first = run(k, strategy, sync_every, group_size, steps=10, delay_seed=case, sampling=sampling)
+    assert run(k, strategy, sync_every, group_size, steps=10, delay_seed=case + 100, sampling=sampling) == first
+
+
+def test_drop_with_sparse_pushes_drops_and_refills():
+    """K = 1, a push every 2 updates, "drop": the batches generated between pushes get too stale."""
+    trained, dropped = run(1, "drop", 2, 2, steps=8, delay_seed=0)
+    assert dropped > 0 and len(trained) == 16
+
+
+def test_wait_issues_one_step_offs_order():
+    """K = 1, sync_every = 1, "wait": batch k + 1 is issued right after update k - 1's push."""
+    plan = AsyncSchedule(max_staleness=1, strategy="wait", sync_every=1, total_steps=5, group_size=4)
+    issued = []
+    for step in range(1, 6):
+        while plan.may_issue():
+            plan.issued += 4
+            issued.append((step, plan.issued // 4, plan.pushed))
+        plan.taken += 4
+        if plan.push_due(step):
+            plan.pushed = step
+    assert issued == [(1, 1, 0), (1, 2, 0), (2, 3, 1), (3, 4, 2), (4, 5, 3)]
+
+
+@pytest.mark.parametrize("strategy,sync_every,sampling", [("drop", 2, False), ("wait", 2, True)])
+def test_save_and_restore_mid_run_continues_as_the_uninterrupted_run(tmp_path, strategy, sync_every, sampling):
+    """What a checkpoint holds (buffered and generating batches, counts, the rollout group's copy
+    between pushes) plus the loader's position give the same trained groups as never stopping."""
+    def steps(src, first, last, out):
+        for step in range(first, last + 1):
+            batch, _, _ = src.take(step)
+            out.append((step, batch["uid"].tolist(), batch["policy_version"].tolist()))
+            src.setup.session.state.step = step
+            src.after_update(step)
+        return out
+
+    full, _ = source(2, strategy, sync_every, 2, 8, 0, sampling)
+    full.start(1)
+    expected = steps(full, 1, 8, [])
+    first, _ = source(2, strategy, sync_every, 2, 8, 1, sampling)
+    first.start(1)
+    got = steps(first, 1, 3, [])
+    first.save(tmp_path)
+    loader_state = first.setup.loader.state_dict()
+    again, _ = source(2, strategy, sync_every, 2, 8, 2, sampling)
+    again.setup.loader.load_state_dict(loader_state)
+    again.setup.session.state.step = 3
+    again.restore(tmp_path)
+    again.start(4)
+    assert steps(again, 4, 8, got) == expected
