@@ -163,3 +163,9 @@ def test_registry_refuses_duplicates_and_the_forms_are_kept_apart():
         distill_loss("k1", response_mask=x, log_prob=x, teacher_log_prob=x)
     with pytest.raises(AlgorithmError, match="supervised"):
         distill_advantages("k3", log_prob=x, teacher_log_prob=x, response_mask=x)
+
+
+def test_schema_distill_losses_are_the_registered_ones():
+    from rlctl.config.schema import DISTILL_LOSSES
+
+    assert set(DISTILL_LOSSES) == set(distill_loss_names())
