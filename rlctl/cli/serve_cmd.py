@@ -27,6 +27,9 @@ def serve(
     dtype: str = typer.Option("auto", help="auto (bfloat16 on GPU, float32 on CPU), float32, bfloat16, float16."),
     tensor_parallel_size: int = typer.Option(1, min=1, help="vllm/sglang: GPUs to shard the model over."),
     step: Optional[int] = typer.Option(None, min=0, help="Run folder: serve this checkpoint step (default latest)."),
+    prompt_logprobs: int = typer.Option(0, "--prompt-logprobs", min=0,
+                                        help="hf: answer /v1/completions' prompt_logprobs (vLLM's extension) up to this "
+                                             "many top tokens, e.g. for a distillation teacher (0 = refuse)."),
 ) -> None:
     """Serve a model over an OpenAI-compatible HTTP API (/v1/chat/completions, /v1/completions).
 
@@ -51,7 +54,7 @@ def serve(
     with model_folder(model, step) as folder:
         if chosen == "hf":
             code = serve_builtin(folder, host=host, port=port, model_name=name, api_key=api_key,
-                                 max_concurrency=max_concurrency, dtype=dtype)
+                                 max_concurrency=max_concurrency, dtype=dtype, prompt_logprobs=prompt_logprobs)
         else:
             spec = LaunchSpec(str(folder), host, port, name, api_key, tensor_parallel_size, dtype, max_concurrency)
             code = run_child(build_command(chosen, spec, tuple(ctx.args)))

@@ -80,7 +80,8 @@ def _check_teacher(key: str, path: str, c: Config, ctx: CheckContext) -> list[Pr
     try:
         source = resolve_model(path, ctx.base_dir, key=key)
     except DataError as e:
-        return [Problem(key, e.message.removeprefix(f"{key} ") + f"; {e.hint}")]
+        return [Problem(key, e.message.removeprefix(f"{key} ") + "; point it at a merged model folder with the "
+                             "student's tokenizer (`rlctl merge RUN --to-hf models/teacher`) or a cached hub id")]
     if source.folder is None:
         return []   # on the hub: checked when the worker loads it
     if not (source.folder / "config.json").is_file():
