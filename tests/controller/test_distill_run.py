@@ -82,7 +82,13 @@ NONDETERMINISTIC = ("timing/", "perf/")
 
 
 def _rlctl(*args, cwd) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "rlctl", *args], cwd=cwd, capture_output=True, text=True)
+    """The CLI of this checkout (not whichever rlctl the interpreter would find from `cwd`)."""
+    import os
+
+    import rlctl
+
+    env = {**os.environ, "PYTHONPATH": str(Path(rlctl.__file__).resolve().parents[1])}
+    return subprocess.run([sys.executable, "-m", "rlctl", *args], cwd=cwd, capture_output=True, text=True, env=env)
 
 
 @pytest.mark.slow
