@@ -8,6 +8,8 @@ reads `algorithm_needs(...)` instead of branching on names. See docs/algorithms.
 from .aggregation import LOSS_AGG_MODES, LossNorm, aggregate_loss
 from .advantages import compute_advantages
 from . import more_estimators  # noqa: F401  (registers grpo_passk, opo, gpg, gdpo, optimal_token_baseline)
+from .distill import (DistillLossSpec, distill_advantages, distill_loss, distill_loss_names, distill_stats,
+                      get_distill_loss, register_distill_loss)
 from .functional import (entropy_from_logits, group_index, log_probs_from_logits, masked_mean, masked_sum,
                          masked_var, masked_whiten, sum_pi_squared_from_logits)
 from .kl import (KL_KINDS, AdaptiveKLController, FixedKLController, apply_kl_in_reward, kl_penalty,
@@ -23,7 +25,8 @@ from .sampling import GroupFilter, filter_groups
 from .shaping import overlong_penalty, scores_to_token_rewards
 
 __all__ = [
-    "AdaptiveKLController", "AlgorithmError", "EstimatorSpec", "FixedKLController", "GroupFilter", "KL_KINDS",
+    "AdaptiveKLController", "AlgorithmError", "DistillLossSpec", "distill_advantages", "distill_loss",
+    "distill_loss_names", "distill_stats", "get_distill_loss", "register_distill_loss", "EstimatorSpec", "FixedKLController", "GroupFilter", "KL_KINDS",
     "LOSS_AGG_MODES", "LossNorm", "Needs", "PolicyLossSpec", "RequiredParam", "aggregate_loss", "algorithm_needs",
     "apply_kl_in_reward", "compute_advantages", "entropy_from_logits", "estimator_names", "filter_groups",
     "get_estimator", "get_policy_loss", "group_index", "kl_penalty", "log_probs_from_logits",

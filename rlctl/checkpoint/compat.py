@@ -9,7 +9,8 @@ training data, a reward file). At resume, `check_resume(saved, current)` compare
         critic.* (but micro_batch_size; critic keys only when the algorithm has a critic),
         data.* for training, rollout.n / temperature / top_p / top_k, reward.function (and the
         file's content), algorithm.plugins (and the files' contents), reward.format_score /
-        overlong.*, run.seed, the model's and the tokenizer's files, the training files' contents.
+        overlong.*, run.seed, the model's and the tokenizer's files, the training files' contents,
+        the distillation teachers (distill.*, and each teacher's model files: "teachers").
     HARMLESS (a notice): run length, logging, saving and validation cadence, validation
         sampling, rollout engine and its memory settings, reward timeout / workers / on_error,
         resources.* (DCP reshards to any worker count), micro-batch sizes, moved paths whose
@@ -83,7 +84,23 @@ def run_fingerprint(config_dict: dict, config_dir: str | os.PathLike,
         "train_files": _data_fingerprint(config_dict["data"]["train_files"], base),
         "reward_function": _reward_fingerprint(config_dict["reward"]["function"], base),
         "plugins": _plugins_fingerprint(config_dict["algorithm"].get("plugins", []), base),
+        "teachers": teachers_fingerprint(config_dict.get("distill") or {}, base),
     }}
+
+
+def teachers_fingerprint(distill: dict, base: Path) -> str | None:
+    """sha256 over the distillation teachers: each name with its model's fingerprint (a hub id not in
+    the cache, or a teacher_url, by its name alone). None without distillation."""
+    teachers = dict(distill.get("teachers") or {}) or ({"teacher": distill["teacher"]} if distill.get("teacher") else {})
+    if distill.get("teacher_url"):
+        teachers = {"teacher": f"{distill['teacher_url']} {distill.get('teacher_model', '')}"}
+    if not teachers:
+        return None
+    outer = hashlib.sha256()
+    for name, path in sorted(teachers.items()):
+        folder = None if distill.get("teacher_url") else local_model_dir(path, base)
+        outer.update(f"{name} {model_fingerprint(folder) if folder else path}\n".encode())
+    return f"sha256:{outer.hexdigest()}"
 
 
 def _resolve(path: str, base: Path) -> Path:
@@ -206,6 +223,9 @@ def check_resume(saved: dict, current: dict) -> list[str]:
             breaking.append(change)
         else:
             notices.append(f"{change} ({reason}){_schedule_note(key, new)}")
+    if old_fp.get("teachers") != new_fp.get("teachers") and (old_fp.get("teachers") or new_fp.get("teachers")):
+        breaking.append("the distillation teachers changed (another set, or a teacher's weights): the run's "
+                        "advantages would come from other models")
     if old_fp.get("tokenizer") and new_fp.get("tokenizer") and old_fp["tokenizer"] != new_fp["tokenizer"]:
         breaking.append("the tokenizer files changed (token ids would mean other text)")
     if breaking:

@@ -30,6 +30,9 @@ def serve(
     max_body_bytes: int = typer.Option(4 << 20, min=1, help="hf: larger request bodies get a 413, unread."),
     read_timeout_s: float = typer.Option(30.0, min=0.1, help="hf: seconds a client has to send a whole request "
                                          "(slower ones get a 408; idle kept-alive connections are closed)."),
+    prompt_logprobs: int = typer.Option(0, "--prompt-logprobs", min=0,
+                                        help="hf: answer /v1/completions' prompt_logprobs (vLLM's extension) up to this "
+                                             "many top tokens, e.g. for a distillation teacher (0 = refuse)."),
 ) -> None:
     """Serve a model over an OpenAI-compatible HTTP API (/v1/chat/completions, /v1/completions).
 
@@ -54,7 +57,7 @@ def serve(
     with model_folder(model, step) as folder:
         if chosen == "hf":
             code = serve_builtin(folder, host=host, port=port, model_name=name, api_key=api_key,
-                                 max_concurrency=max_concurrency, dtype=dtype,
+                                 max_concurrency=max_concurrency, dtype=dtype, prompt_logprobs=prompt_logprobs,
                                  limits={"max_body_bytes": max_body_bytes, "read_timeout_s": read_timeout_s})
         else:
             spec = LaunchSpec(str(folder), host, port, name, api_key, tensor_parallel_size, dtype, max_concurrency)

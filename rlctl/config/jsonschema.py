@@ -14,6 +14,9 @@ def _field_schema(f) -> dict:
     default = f.default_factory() if f.default is MISSING else f.default
     meta = f.metadata
     out = {"description": meta.get("help", ""), "type": _TYPES[type(default)]}
+    if isinstance(default, dict) and not meta.get("choices"):  # distill.teachers: any name -> a string
+        out.update(default=default, additionalProperties={"type": "string"})
+        return out
     if isinstance(default, dict):  # reward.weights: source name -> number
         out.update(default=default, additionalProperties=False,
                    properties={name: {"type": "number"} for name in meta.get("choices") or ()})

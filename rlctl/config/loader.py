@@ -188,6 +188,11 @@ def check_value(key: str, f: dataclasses.Field, value: Any) -> tuple[Any, list[s
         if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
             return value, [f"expected a list of strings, got {_show(value)}"]
         value = tuple(value)
+    elif kind is dict and not meta.get("choices"):  # distill.teachers: names -> strings
+        if not isinstance(value, dict) or not all(isinstance(v, str) and v for v in value.values()):
+            return value, [f"expected a table of names to non-empty strings, such as {{ math = \"models/t\" }}, "
+                           f"got {_show(value)}"]
+        return dict(value), []
     elif kind is dict:  # reward.weights: names -> finite numbers
         if not isinstance(value, dict):
             return value, [f"expected an inline table such as {{ function = 1.0 }}, got {_show(value)}"]

@@ -321,6 +321,37 @@ class SFTConfig:
                                          "micro-batch. 0 = actor.micro_batch_size rows each.", ge=0)
 
 
+DISTILL_LOSSES = ("k1", "k3", "forward_kl_topk", "jsd")   # rlctl.algorithms.distill (a test keeps them equal)
+
+
+@dataclass(frozen=True)
+class DistillConfig:
+    teacher: str = opt("", "On-policy distillation: the teacher, a model folder, hub id or run folder with the "
+                           "student's tokenizer (empty, with no [distill.teachers] and no teacher_url = off).")
+    teachers: dict = opt({}, "Several teachers, name = \"path\", each scoring the rows whose teacher_key value is "
+                             "its name (instead of teacher).")
+    teacher_key: str = opt("data_source", "The data column (or extra_info key) whose value names a row's teacher "
+                                          "in [distill.teachers].")
+    teacher_url: str = opt("", "A teacher served over HTTP: an OpenAI-compatible base URL whose /completions "
+                               "returns prompt_logprobs (vLLM, `rlctl serve --prompt-logprobs`).")
+    teacher_model: str = opt("", "teacher_url: the model name sent in each request.")
+    loss: str = opt("k1", "\"k1\": the policy-gradient form (per-token advantage -(log p_student - log p_teacher) "
+                          "through actor.policy_loss); supervised losses added to the policy loss: \"k3\" "
+                          "(verl's low_var_kl to the teacher), \"forward_kl_topk\" (KL(teacher || student) over "
+                          "the teacher's top-k), \"jsd\" (generalised JSD, beta).", choices=DISTILL_LOSSES)
+    coef: float = opt(1.0, "Weight of the distillation advantage (k1) or loss (the others).", gt=0)
+    topk: int = opt(8, "Teacher tokens per position for forward_kl_topk / jsd and distill/overlap.", ge=1, le=1024)
+    beta: float = opt(0.5, "jsd: 0 = KL(teacher || student), 1 = KL(student || teacher), between: the mixture.",
+                      ge=0, le=1)
+    use_task_reward: bool = opt(False, "Also train on the task reward: its advantages are added to the "
+                                       "distillation's (k1) or its policy loss to the distillation loss.")
+
+
+def distill_enabled(config) -> bool:
+    d = config.distill
+    return bool(d.teacher or d.teachers or d.teacher_url)
+
+
 @dataclass(frozen=True)
 class ResourcesConfig:
     address: str = opt("", "Ray address: empty = embedded Ray; 'auto' or 'ray://host:port' joins a cluster.")
@@ -346,6 +377,7 @@ class Config:
     reward: RewardConfig = field(default_factory=RewardConfig)
     resources: ResourcesConfig = field(default_factory=ResourcesConfig)
     sft: SFTConfig = field(default_factory=SFTConfig)
+    distill: DistillConfig = field(default_factory=DistillConfig)
 
 
 def iter_keys(cls=Config, prefix: str = ""):

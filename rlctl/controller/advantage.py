@@ -89,6 +89,11 @@ def compute_advantages(batch: Batch, config: Config, kl_ctrl) -> dict:
     batch["token_level_rewards"] = rewards.numpy().astype(np.float32)
     batch["advantages"] = advantages.float().numpy()
     batch["returns"] = returns.float().numpy()
+    if "teacher_log_prob" in batch:   # on-policy distillation: the teacher's per-token advantages
+        from rlctl.controller.distill import distill_advantages
+
+        metrics.update(distill_advantages(batch, config))
+        advantages = torch.from_numpy(batch["advantages"])
     if "rollout_rs_mask" in batch:   # MIS: rejected tokens get no loss (rewards and baselines saw them all)
         batch["response_mask"] = batch["rollout_rs_mask"]
     valid = mask > 0

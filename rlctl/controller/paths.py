@@ -35,8 +35,12 @@ def resolve_paths(config: Config, base: Path) -> Config:
     run = dataclasses.replace(config.run, output_dir=absolute(config.run.output_dir))
     multi_turn = _absolute_specs(config.rollout.multi_turn, absolute)
     algorithm = dataclasses.replace(config.algorithm, plugins=tuple(map(absolute, config.algorithm.plugins)))
+    d = config.distill   # teachers: folders made absolute, hub ids kept
+    local = {name: absolute(p) if looks_local(p, base) else p for name, p in d.teachers.items()}
+    distill = dataclasses.replace(d, teachers=local, teacher=absolute(d.teacher) if d.teacher and
+                                  looks_local(d.teacher, base) else d.teacher)
     return dataclasses.replace(config, model=dataclasses.replace(config.model, path=model_path), data=data,
-                               reward=reward, run=run, algorithm=algorithm,
+                               reward=reward, run=run, algorithm=algorithm, distill=distill,
                                rollout=dataclasses.replace(config.rollout, multi_turn=multi_turn))
 
 

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from rlctl.config.loader import LoadedConfig, config_to_dict
-from rlctl.config.schema import Config, rollout_is_level
+from rlctl.config.schema import Config, distill_enabled, rollout_is_level
 from rlctl.controller.paths import resolve_paths
 from rlctl.controller.prompts import PromptLoader, PromptRow, read_rows, render_prompts
 from rlctl.controller.session import RunSession
@@ -26,6 +26,7 @@ if TYPE_CHECKING:  # heavy (torch, transformers, ray): the annotations only name
     from rlctl.algorithms.kl import AdaptiveKLController, FixedKLController
     from rlctl.algorithms.registry import Needs
     from rlctl.controller.display import LiveDisplay
+    from rlctl.controller.distill import Teachers
     from rlctl.controller.rollout_source import RolloutSource
     from rlctl.rewards.sources import RewardSources
     from rlctl.runtime.policy import PolicyActor
@@ -39,7 +40,8 @@ def recompute_old_log_prob(config: Config, needs: Needs | None = None) -> bool:
     (needs.old_log_prob) or rollout correction needs it, when the rollout mode's source is not
     on-policy (one_step_off: the batch came from older weights), and with an engine that keeps its
     own weights (its kernels and dtype differ from the trainer's: the PPO ratio must start at the
-    trainer's own log-probs, and the drift between the two is a metric). Never with
+    trainer's own log-probs, and the drift between the two is a metric), and with distillation (the
+    student's log-probs against the teacher's make its advantages and metrics). Never with
     rollout_correction.bypass_mode, which takes the rollout's log-probs as old_log_prob."""
     from rlctl.config.plan import batch_plan
     from rlctl.controller.rollout_source import MODES
@@ -49,7 +51,8 @@ def recompute_old_log_prob(config: Config, needs: Needs | None = None) -> bool:
     correction = config.algorithm.rollout_correction
     if correction.bypass_mode:   # old_log_prob is the rollout's own (verl's bypass mode)
         return False
-    return (not one_update or config.algorithm.kl_in_reward or rollout_engine_info(config.rollout.engine).owns_weights
+    return (not one_update or config.algorithm.kl_in_reward or distill_enabled(config)
+            or rollout_engine_info(config.rollout.engine).owns_weights
             or not MODES[config.rollout.mode].on_policy or bool(needs is not None and needs.old_log_prob)
             or bool(rollout_is_level(config) or correction.rollout_rs))
 
@@ -70,6 +73,7 @@ class TrainSetup:
     actor: PolicyActor
     critic: RoleHandle | None             # None: the algorithm's needs have no critic (GRPO, ...)
     reward: RewardSources
+    teachers: Teachers | None = None      # distill: the teachers that score the student's tokens
     rollouts: RolloutSource = field(init=False)   # chosen by rollout.mode once the rest is built
 
     @property
@@ -141,6 +145,7 @@ def build_setup(loaded: LoadedConfig, run_dir: Path, stack: ExitStack, *, addres
     from rlctl import algorithms
     from rlctl.checkpoint.manager import CheckpointManager
     from rlctl.controller.display import LiveDisplay
+    from rlctl.controller.distill import build_teachers
     from rlctl.controller.logging import MetricsLogger
     from rlctl.controller.rollout_source import rollout_source
     from rlctl.multiturn.tools import load_tools
@@ -175,7 +180,7 @@ def build_setup(loaded: LoadedConfig, run_dir: Path, stack: ExitStack, *, addres
                          stateful={"loader": loader, "kl_ctrl": kl_ctrl}, notices=notices)
     setup = TrainSetup(session=session, tokenizer=tokenizer, pad_token_id=pad, loader=loader, val_rows=val_rows,
                        total_steps=total, needs=needs, kl_ctrl=kl_ctrl, actor=actor, critic=workers.critic,
-                       reward=reward)
+                       reward=reward, teachers=build_teachers(config, workers))
     setup.rollouts = rollout_source(setup, workers)
     session.extras.append(setup.rollouts)   # a batch in flight goes into each checkpoint
     return setup

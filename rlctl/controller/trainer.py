@@ -5,7 +5,7 @@ a greedy baseline) comes from its registry declaration (`algorithms.algorithm_ne
 loop never asks which algorithm it is running. Each step is one call per worker method:
 
     rollout (generate + reward) -> [greedy baseline] -> [old log-probs] -> [ref log-probs]
-    -> [values] -> advantages -> [critic update] -> actor update -> log / validate / save
+    -> [teacher log-probs] -> [values] -> advantages -> [critic update] -> actor update -> log / validate / save
 """
 
 from __future__ import annotations
@@ -76,6 +76,9 @@ class Trainer:
             if setup.needs.reference:
                 with phase(timing, "ref"):
                     batch = batch.union(setup.actor.compute_ref_log_prob(batch))
+            if setup.teachers is not None:
+                with phase(timing, "teacher"):
+                    batch = setup.teachers.score(batch, metrics)
             if setup.needs.critic:
                 with phase(timing, "values"):
                     batch = batch.union(setup.critic.compute_values(batch))

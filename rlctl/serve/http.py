@@ -23,6 +23,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from rlctl.serve import protocol
 from rlctl.serve.engine import Engine, Request
+from rlctl.serve.prompt_logprobs import prompt_logprobs, requested_k
 from rlctl.serve.api_error import APIError
 from rlctl.serve.tools import ToolCallStream
 
@@ -70,6 +71,7 @@ class OpenAIServer(ThreadingHTTPServer):
     daemon_threads = True
     allow_reuse_address = True
     request_queue_size = 256  # a burst of clients must not overflow the listen backlog
+    prompt_logprobs = 0       # most prompt_logprobs a request may ask for (`rlctl serve --prompt-logprobs`)
 
     def __init__(self, address, engine: Engine, *, model_name: str, api_key: str | None = None,
                  max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, read_timeout_s: float = DEFAULT_READ_TIMEOUT_S):
@@ -205,6 +207,12 @@ class _Handler(BaseHTTPRequestHandler):
             engine, max_n = self.server.engine, self.server.engine.max_rows
             parsed = (protocol.parse_chat(body, engine, max_n) if path.endswith("chat/completions")
                       else protocol.parse_completion(body, engine, max_n))
+            k = requested_k(body, self.server.prompt_logprobs) if parsed.kind == "completion" else 0
+            if k and parsed.stream:
+                raise APIError(400, "'prompt_logprobs' is answered only without 'stream'", param="prompt_logprobs")
+            if k:
+                parsed.prompt_logprobs = [prompt_logprobs(engine, p, k) for p in parsed.prompts
+                                          for _ in range(parsed.params.n)]
             self._generate(parsed)
             return
         raise APIError(404, f"no route {method} {path}", code="not_found")
@@ -332,7 +340,7 @@ class _Handler(BaseHTTPRequestHandler):
         use = protocol.usage(sum(len(r.prompt_ids) for r in requests), sum(tokens))
         rid = protocol.new_id(parsed.kind)
         self._send_json(200, protocol.response(parsed.kind, rid, self.server.model_name,
-                                               list(zip(texts, finish)), use, parsed.tools))
+                                               list(zip(texts, finish)), use, parsed.tools, parsed.prompt_logprobs))
 
     def _stream(self, parsed, requests, events) -> None:
         kind, model, rid = parsed.kind, self.server.model_name, protocol.new_id(parsed.kind)

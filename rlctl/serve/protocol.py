@@ -32,6 +32,7 @@ class ParsedRequest:
     stream: bool
     include_usage: bool
     tools: ToolSpec | None = None  # chat with tools: render them, maybe parse calls out of the answers
+    prompt_logprobs: list | None = None  # completions: vLLM's prompt_logprobs per prompt (serve/prompt_logprobs.py)
 
 
 def _field(body: dict, key: str, types: tuple, default=None, *, nullable: bool = True):
@@ -216,8 +217,9 @@ def usage(prompt_tokens: int, completion_tokens: int) -> dict:
 
 
 def response(kind: str, rid: str, model: str, choices: list[tuple[str, str]], use: dict,
-             tools: ToolSpec | None = None) -> dict:
-    """A whole (non-streamed) answer; `choices` are (text, finish_reason) by index."""
+             tools: ToolSpec | None = None, prompt_logprobs: list | None = None) -> dict:
+    """A whole (non-streamed) answer; `choices` are (text, finish_reason) by index; prompt_logprobs:
+    one entry per choice (its prompt's), when the request asked for them."""
     if kind == "chat":
         from rlctl.serve.tools import assistant_message
 
@@ -229,6 +231,8 @@ def response(kind: str, rid: str, model: str, choices: list[tuple[str, str]], us
         out = [{"index": i, "text": text, "logprobs": None, "finish_reason": finish}
                for i, (text, finish) in enumerate(choices)]
         obj = "text_completion"
+        for choice, entries in zip(out, prompt_logprobs or ()):
+            choice["prompt_logprobs"] = entries
     return {"id": rid, "object": obj, "created": int(time.time()), "model": model, "choices": out,
             "usage": use, "system_fingerprint": None}
 

@@ -50,7 +50,8 @@ def make_server(engine, host: str, port: int, *, model_name: str, api_key: str |
 
 
 def serve_builtin(folder: Path, *, host: str, port: int, model_name: str, api_key: str | None,
-                  max_concurrency: int, dtype: str, drain_s: float = 10.0, limits: dict | None = None) -> int:
+                  max_concurrency: int, dtype: str, drain_s: float = 10.0, limits: dict | None = None,
+                  prompt_logprobs: int = 0) -> int:
     """Load the model, serve until a signal, let running requests finish (up to drain_s), return 0."""
     from rlctl.serve.engine import Engine
     from rlctl.serve.source import load_model
@@ -63,6 +64,7 @@ def serve_builtin(folder: Path, *, host: str, port: int, model_name: str, api_ke
         server.server_close()
         raise
     engine = server.engine = Engine(model, tokenizer, max_rows=max_concurrency)
+    server.prompt_logprobs = prompt_logprobs
     stopping = threading.Event()
 
     def stop(signum, _frame):

@@ -22,6 +22,7 @@ from rlctl.rewards.checks import check_overlong, check_reward, check_reward_func
 from rlctl.runtime.checks import check_cpu_split, check_cuda, resolve_auto, resolve_auto_problems
 from rlctl.validate.training import (check_algorithm, check_batches, check_best_metric, check_kl, check_loggers,
                                      check_registered, check_sft_best_metric)
+from rlctl.workers.distill_checks import check_distill, check_distill_teachers
 from rlctl.workers.lora_checks import check_lora, check_lora_targets
 from rlctl.workers.loss_checks import check_policy_loss, check_staleness_loss
 from rlctl.workers.rollout.checks import check_engine_installed, check_one_step_off, check_rollout_engine
@@ -31,10 +32,10 @@ __all__ = ["RL_CHECKS", "RL_MACHINE_CHECKS", "SFT_CHECKS", "SFT_MACHINE_CHECKS",
 # The order here is the order problems are reported in (the machine checks run only in the
 # second pass; the data files, which also fill the plan's rows, run just before them).
 RL_CHECKS = (check_algorithm, check_overlong, check_kl, check_policy_loss, check_staleness_loss,
-             check_rollout_engine, check_one_step_off, check_lora, check_reward, check_multi_turn)
+             check_rollout_engine, check_one_step_off, check_lora, check_reward, check_multi_turn, check_distill)
 RL_MACHINE_CHECKS = (check_model, check_lora_targets, check_engine_installed, check_loggers, check_cuda,
-                     check_cpu_split)
-SFT_CHECKS = (check_sft_keys, check_sft_batch, check_lora, check_sft_best_metric)
+                     check_cpu_split, check_distill_teachers)
+SFT_CHECKS = (check_sft_keys, check_sft_batch, check_lora, check_sft_best_metric, check_distill)
 SFT_MACHINE_CHECKS = (check_model, check_lora_targets, check_loggers, check_cuda)
 
 

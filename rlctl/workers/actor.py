@@ -12,7 +12,8 @@ Batch keys (B rows; see rlctl.runtime.batch for shapes):
     compute_log_prob  in:  input_ids, attention_mask, response_mask   out: old_log_prob, entropy
     compute_ref_log_prob   same in                                    out: ref_log_prob
     update_actor      in:  input_ids, attention_mask, response_mask, advantages, old_log_prob
-                           (optional when on-policy), ref_log_prob (when actor.use_kl_loss)
+                           (optional when on-policy), ref_log_prob (when actor.use_kl_loss),
+                           teacher_* (distill.loss's supervised forms: rlctl.workers.teacher)
 """
 
 from __future__ import annotations
@@ -201,7 +202,7 @@ class ActorRolloutRefWorker:
             raise ConfigError("update_actor needs old_log_prob when it takes more than one optimizer step",
                               hint="call compute_log_prob first (it may be skipped only when on-policy)")
         keys = _MODEL_KEYS + ["response_mask", "advantages", "old_log_prob", "ref_log_prob", "rollout_is_weights",
-                                                  "rollout_log_prob"]
+                              "rollout_log_prob", "teacher_log_prob", "teacher_topk_ids", "teacher_topk_log_prob"]
         metrics = run_updates(self.actor, batch, epochs=ac.ppo_epochs, mini_batches=mini,
                               micro_batch_size=ac.micro_batch_size, horizon=self.cfg.data.max_response_length,
                               make_loss=self._policy_loss_fn, keys=keys)
@@ -212,12 +213,13 @@ class ActorRolloutRefWorker:
         from rlctl.algorithms import aggregate_loss, kl_penalty, masked_mean, policy_loss
 
         ac, rc = self.cfg.actor, self.cfg.algorithm.rollout_correction
+        distill_loss = self._distill_loss_fn()
 
         def loss_fn(micro: dict) -> tuple[torch.Tensor, dict]:
             mask = micro["response_mask"]
             out = response_log_probs(self.actor.module, micro["input_ids"], micro["attention_mask"],
                                      mask.shape[1], temperature=self.temperature, with_entropy=True,
-                                     entropy_grad=ac.entropy_coef > 0)
+                                     entropy_grad=ac.entropy_coef > 0, gather_ids=micro.get("teacher_topk_ids"))
             log_prob = out["log_prob"]
             old = micro["old_log_prob"] if "old_log_prob" in micro else log_prob.detach()
             if rc.bypass_mode:
@@ -234,6 +236,9 @@ class ActorRolloutRefWorker:
             entropy = aggregate_loss(out["entropy"], mask, ac.loss_agg_mode, norm=norm)
             loss = pg_loss - ac.entropy_coef * entropy if ac.entropy_coef > 0 else pg_loss
             metrics = {**metrics, "pg_loss": float(pg_loss.detach()), "entropy": float(entropy.detach())}
+            if distill_loss is not None:
+                term, more = distill_loss(micro, out, norm)
+                loss, metrics = loss + self.cfg.distill.coef * term, {**metrics, **more}
             if "ref_log_prob" in micro:   # actor/kl: mean log pi - log pi_ref over response tokens
                 metrics["kl"] = float(masked_mean(log_prob.detach() - micro["ref_log_prob"], mask))
             if ac.use_kl_loss:
@@ -244,6 +249,24 @@ class ActorRolloutRefWorker:
             return loss, metrics
 
         return loss_fn
+
+    def _distill_loss_fn(self):
+        """distill.loss's supervised form (k3, forward_kl_topk, jsd) as fn(micro, out, norm) ->
+        (loss, metrics), or None (no distillation, or the k1 form, which lives in the advantages)."""
+        from rlctl.algorithms import distill_loss, get_distill_loss
+        from rlctl.config.schema import distill_enabled
+
+        d = self.cfg.distill
+        if not distill_enabled(self.cfg) or get_distill_loss(d.loss).policy_gradient:
+            return None
+
+        def fn(micro: dict, out: dict, norm):
+            return distill_loss(d.loss, response_mask=micro["response_mask"], log_prob=out["log_prob"],
+                                teacher_log_prob=micro["teacher_log_prob"], topk_log_prob=out.get("topk_log_prob"),
+                                teacher_topk_log_prob=micro.get("teacher_topk_log_prob"), beta=d.beta,
+                                loss_agg_mode=self.cfg.actor.loss_agg_mode, norm=norm)
+
+        return fn
 
     def _bypass_loss(self, micro: dict, log_prob: torch.Tensor, norm):
         """algorithm.rollout_correction.bypass_mode: old_log_prob is the rollout's log-prob (the

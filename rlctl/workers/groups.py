@@ -1,5 +1,5 @@
-"""Starting a run's workers from its config: the actor group, and the critic and the reward model
-(reward.model) co-located with it or apart.
+"""Starting a run's workers from its config: the actor group, and the critic, the reward model
+(reward.model) and the distillation teachers co-located with it or apart.
 
     workers = start_workers(cfg, total_steps=N, needs_reference=needs.reference,
                             needs_critic=needs.critic)
@@ -25,6 +25,7 @@ class Workers:
     groups: list[WorkerGroup] = field(default_factory=list)
     reward_model: RoleHandle | None = None  # reward.model's workers, placed like the critic
     rollout: RoleHandle | None = None       # rollout.mode = "one_step_off": the separate rollout group
+    teachers: dict[str, RoleHandle] = field(default_factory=dict)   # distill: name -> its teacher's workers
 
     def shutdown(self) -> None:
         for group in self.groups:
@@ -47,8 +48,13 @@ def start_workers(config, *, total_steps: int, needs_reference: bool, needs_crit
     rm_spec = _reward_model_spec(config)
     if rm_spec and config.resources.colocate:
         roles["reward_model"] = rm_spec
+    teachers = teacher_specs(config)
+    if config.resources.colocate:
+        roles.update(teachers)
     groups = [WorkerGroup(ResourcePool(config.resources, name="actor"), roles, name="actor")]
     try:
+        if teachers and not config.resources.colocate:
+            groups.append(WorkerGroup(ResourcePool(config.resources, name="teacher"), teachers, name="teacher"))
         if needs_critic and not config.resources.colocate:
             groups.append(WorkerGroup(ResourcePool(config.resources, name="critic"), {"critic": critic_spec},
                                       name="critic"))
@@ -64,7 +70,23 @@ def start_workers(config, *, total_steps: int, needs_reference: bool, needs_crit
     reward_model = next(g.role("reward_model") for g in groups if "reward_model" in g.role_classes) if rm_spec else None
     rollout = next((g.role("rollout") for g in groups if "rollout" in g.role_classes), None)
     return Workers(actor=groups[0].role("actor"), critic=critic, groups=groups, reward_model=reward_model,
-                   rollout=rollout)
+                   rollout=rollout, teachers={role.removeprefix(TEACHER_ROLE): g.role(role) for g in groups
+                                              for role in g.role_classes if role.startswith(TEACHER_ROLE)})
+
+
+TEACHER_ROLE = "teacher:"   # a teacher's role name is this prefix + its name in [distill.teachers]
+
+
+def teacher_specs(config) -> dict:
+    """One role per teacher of distill.teacher / [distill.teachers] (a single teacher is named
+    "teacher"); none for a teacher_url (the controller calls it) or without distillation."""
+    d = config.distill
+    paths = dict(d.teachers) or ({"teacher": d.teacher} if d.teacher else {})
+    if not paths:
+        return {}
+    from rlctl.workers.teacher import TeacherWorker
+
+    return {TEACHER_ROLE + name: (TeacherWorker, {"config": config, "path": path}) for name, path in paths.items()}
 
 
 def _rollout_group(config) -> WorkerGroup:

@@ -129,29 +129,39 @@ def use_packing(model: torch.nn.Module) -> bool:
     return "flash" in impl
 
 
+def response_logits(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                    response_width: int, *, pack: bool | None = None) -> tuple[torch.Tensor, Layout]:
+    """The logits [M, V] float32 that predict each real response token, and the layout that says
+    where each of the M rows goes back ([b, T], row-major over response_valid)."""
+    layout = make_layout(input_ids, attention_mask, response_width,
+                         layout=choose_layout(model, input_ids.shape[1], pack))
+    if layout.shared is not None:   # the predictors' positions, in target order (prompts never reach the head)
+        return layout.forward(model, logits_to_keep=layout.pred_col).logits[0].float(), layout
+    first, last = int(layout.pred_col.min()), int(layout.pred_col.max())   # only the columns some response
+    out = layout.forward(model, logits_to_keep=torch.arange(first, last + 1, device=input_ids.device))  # token needs
+    return out.logits[layout.pred_row, layout.pred_col - first].float(), layout
+
+
 def response_log_probs(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                        response_width: int, *, temperature: float = 1.0, with_entropy: bool = False,
                        entropy_grad: bool = False, with_sum_pi_squared: bool = False,
-                       pack: bool | None = None) -> dict[str, torch.Tensor]:
+                       pack: bool | None = None, gather_ids: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
     """log pi(response token) and entropy, both [b, T] float32, 0 on padding (+ sum_v pi(v)^2 when
-    with_sum_pi_squared, for the optimal token baseline).
+    with_sum_pi_squared, for the optimal token baseline; + topk_log_prob [b, T, K], the log-probs of
+    the token ids `gather_ids` [b, T, K] at each response position, for top-k distillation).
 
     temperature divides the logits (the sampling distribution of the rollout). The entropy is
     computed without gradient unless `entropy_grad` (an entropy bonus needs it).
     """
     from rlctl.algorithms import entropy_from_logits, log_probs_from_logits
 
-    layout = make_layout(input_ids, attention_mask, response_width,
-                         layout=choose_layout(model, input_ids.shape[1], pack))
-    if layout.shared is not None:   # the predictors' positions, in target order (prompts never reach the head)
-        logits = layout.forward(model, logits_to_keep=layout.pred_col).logits[0].float()   # [M, V]
-    else:   # keep only the output columns some response token needs: a contiguous range
-        first, last = int(layout.pred_col.min()), int(layout.pred_col.max())
-        out = layout.forward(model, logits_to_keep=torch.arange(first, last + 1, device=input_ids.device))
-        logits = out.logits[layout.pred_row, layout.pred_col - first].float()   # [M, V]
+    logits, layout = response_logits(model, input_ids, attention_mask, response_width, pack=pack)
     if temperature and temperature != 1.0:
         logits = logits / temperature
     result = {"log_prob": _scatter(log_probs_from_logits(logits, layout.targets), layout.response_valid)}
+    if gather_ids is not None:
+        picked = torch.log_softmax(logits, -1).gather(-1, gather_ids[layout.response_valid].long())   # [M, K]
+        result["topk_log_prob"] = scatter_rows(picked, layout.response_valid)
     probs = None   # softmax(logits) [M, V]: computed once for the entropy and sum_pi_squared
     if with_entropy:
         with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
@@ -172,6 +182,13 @@ def response_values(model: torch.nn.Module, input_ids: torch.Tensor, attention_m
                          layout=choose_layout(model, input_ids.shape[1], pack))
     values = layout.forward(model).logits[layout.pred_row, layout.pred_col, 0].float()   # [M]
     return _scatter(values, layout.response_valid)
+
+
+def scatter_rows(values: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+    """[M, K] rows back to their [b, T, K] places (0 elsewhere)."""
+    out = torch.zeros((*valid.shape, values.shape[-1]), dtype=values.dtype, device=values.device)
+    out[valid] = values
+    return out
 
 
 def _scatter(values: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:

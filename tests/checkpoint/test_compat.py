@@ -44,7 +44,9 @@ def with_key(cfg: dict, key: str, value) -> dict:
 
 def test_identical_runs_resume_silently(project):
     saved = run_fingerprint(config(), project)
-    assert set(saved["fingerprints"]) == {"model", "tokenizer", "train_files", "reward_function", "plugins"}
+    assert set(saved["fingerprints"]) == {"model", "tokenizer", "train_files", "reward_function", "plugins",
+                                          "teachers"}
+    assert saved["fingerprints"]["teachers"] is None   # no distillation
     assert saved["fingerprints"]["model"].startswith("sha256:") and saved["fingerprints"]["reward_function"] is None
     assert check_resume(saved, run_fingerprint(config(), project)) == []
 
@@ -171,3 +173,18 @@ def test_saved_fingerprint_reads_manifest_meta(project):
     assert saved_fingerprint({"meta": {"fingerprint": fp}}) == fp
     assert saved_fingerprint({"meta": {}}) is None and saved_fingerprint({}) is None
     assert flatten({"a": {"b": {"c": (1, 2)}}}) == {"a.b.c": [1, 2]}
+
+
+def test_another_teacher_set_is_refused(project):
+    """distill: the teachers' names and model files are hashed; other weights at the same path, or a
+    teacher added, stop the resume (the distill.* keys alone would not see new weights)."""
+    shutil.copytree(project / "model", project / "teacher")
+    saved = run_fingerprint(config(distill={"teacher": "teacher"}), project)
+    assert saved["fingerprints"]["teachers"].startswith("sha256:")
+    assert check_resume(saved, run_fingerprint(config(distill={"teacher": "teacher"}), project)) == []
+    weights = project / "teacher" / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:-4] + b"\0\0\0\1")
+    with pytest.raises(CheckpointError, match="distillation teachers changed"):
+        check_resume(saved, run_fingerprint(config(distill={"teacher": "teacher"}), project))
+    with pytest.raises(CheckpointError, match="distill.teachers.b"):
+        check_resume(saved, run_fingerprint(config(distill={"teachers": {"a": "teacher", "b": "model"}}), project))
