@@ -100,8 +100,29 @@ def _already_finished(run_dir: Path, loaded: LoadedConfig, ckpt_step: int, overr
 
 def _run(loaded: LoadedConfig, run_dir: Path, *, address: str | None, command: str, notices: list,
          resume: tuple | None = None) -> None:
+    """Train until done; with run.max_restarts, a lost worker restarts the groups from the newest
+    valid checkpoint (rlctl.controller.recovery) until the budget is spent."""
+    from rlctl.checkpoint.run_folder import finish_run
+    from rlctl.controller.recovery import Restarts, WorkerLost
+
+    restarts = Restarts.of_run(loaded.config, run_dir, command=command)
+    while True:
+        try:
+            return _attempt(loaded, run_dir, address=address, command=command, notices=notices, resume=resume,
+                            restarts=restarts)
+        except WorkerLost as lost:
+            try:
+                resume, notices = restarts.recover(lost.error)
+            except RlctlError as e:   # stopped while waiting, or no checkpoint verifies
+                finish_run(run_dir, status="interrupted" if isinstance(e, Interrupted) else "failed",
+                           exit_code=e.exit_code, error=e.message)
+                raise
+
+
+def _attempt(loaded: LoadedConfig, run_dir: Path, *, address: str | None, command: str, notices: list,
+             resume: tuple | None, restarts) -> None:
     from rlctl.controller import checkpointing
-    from rlctl.checkpoint.run_folder import finish_run, start_run
+    from rlctl.checkpoint.run_folder import finish_run, start_run, write_run_info
     from rlctl.controller.signals import StopFlag, startup_signals
     from rlctl.runtime.ray_env import resolve_address
 
@@ -116,15 +137,22 @@ def _run(loaded: LoadedConfig, run_dir: Path, *, address: str | None, command: s
             with startup_signals():
                 setup = build_setup(loaded, run_dir, stack, start_step=resume[0] if resume else 0,
                                     address=resolve_address(address, loaded.config.resources.address))
+            session = setup.session
+            stop = stack.enter_context(StopFlag())   # from here on: stop at the next safe point
+            if resume:
+                checkpointing.restore(session, resume[1])
         except Interrupted as e:   # nothing trained in this session: the run folder says so
             finish_run(run_dir, status="interrupted", exit_code=e.exit_code, error=e.message)
             raise
-        session = setup.session
-        stop = stack.enter_context(StopFlag())   # from here on: stop at the next safe point
-        if resume:
-            checkpointing.restore(session, resume[1])
-        start_run(run_dir, name=loaded.config.run.name, total_steps=setup.total_steps, command=command,
-                  resumed_from=resume[0] if resume else None)
+        except WorkerDiedError as e:   # a rank lost while starting or loading
+            _lost(run_dir, e, restarts)
+        if restarts.used:
+            write_run_info(run_dir, status="running", step=session.state.step)
+        else:
+            start_run(run_dir, name=loaded.config.run.name, total_steps=setup.total_steps, command=command,
+                      resumed_from=resume[0] if resume else None, restarts=restarts.total)
+        if restarts.max_restarts:
+            session.logger.every_row["run/restarts"] = restarts.total
         for line in notices + session.notices:
             session.display.print(line)
         try:
@@ -135,8 +163,7 @@ def _run(loaded: LoadedConfig, run_dir: Path, *, address: str | None, command: s
             raise
         except WorkerDiedError as e:
             if not stop.signum:
-                finish_run(run_dir, status="failed", exit_code=e.exit_code, error=e.message)
-                raise
+                _lost(run_dir, e, restarts)
             stopped = _signal_killed_the_workers(stop, session)   # the user's stop, not a crash
             finish_run(run_dir, status="interrupted", exit_code=stopped.exit_code, error=stopped.message)
             raise stopped from None
@@ -147,3 +174,17 @@ def _run(loaded: LoadedConfig, run_dir: Path, *, address: str | None, command: s
             finish_run(run_dir, status="failed", exit_code=1, error=f"{type(e).__name__}: {e}")
             raise
         finish_run(run_dir, status="finished", exit_code=0)
+
+
+def _lost(run_dir: Path, error: WorkerDiedError, restarts) -> None:
+    """A lost worker: WorkerLost (restart) while the budget has room, else the run fails with exit 4."""
+    from rlctl.checkpoint.run_folder import finish_run
+    from rlctl.controller.recovery import WorkerLost
+
+    if restarts.left > 0:
+        raise WorkerLost(error) from None
+    if restarts.max_restarts:
+        error.message += f" (after {restarts.used} restart(s), run.max_restarts = {restarts.max_restarts})"
+        error.args = (error.message if error.hint is None else f"{error.message} ({error.hint})",)
+    finish_run(run_dir, status="failed", exit_code=error.exit_code, error=error.message)
+    raise error

@@ -1,0 +1,91 @@
+"""Chaos: a worker rank killed with SIGKILL mid-run, inside `rlctl train` with run.max_restarts.
+
+Real Ray actor processes on the tiny model (in this process, embedded Ray): the run tears its groups
+down, starts new ones, loads the newest checkpoint and finishes with the uninterrupted run's metrics
+rows and final weights, bit for bit; run.json and metrics.jsonl count the restart. Without a budget
+(the default) the same kill ends the run with exit 4, as before.
+The full matrix (roles, phases, signals, disk, corruption, reward service) is bench/chaos.py.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from rlctl.config.loader import load_config
+from rlctl.controller.run import start_training
+from rlctl.errors import WorkerDiedError
+from support.chaos import kill_worker, latest_step, when
+
+CPU = ["resources.gpus_per_node=0", "resources.workers=2", "data.batch_size=4", "actor.mini_batch_size=2",
+       "actor.micro_batch_size=2", "data.max_response_length=8", "data.max_prompt_length=96",
+       "data.val_files=[]", 'data.train_files=["data/arith/train.parquet"]', "reward.function=arith",
+       "reward.workers=1", "reward.overlong.buffer_len=4", "model.dtype=float32",
+       "model.gradient_checkpointing=false", "run.total_steps=4", "run.save_every=2", "run.keep_last=0",
+       "actor.lr=1e-3", "rollout.n=2"]
+VARIES = ("timing/", "perf/", "run/restarts")   # wall clock, and the restart count itself
+
+
+def rows(run: Path) -> list[dict]:
+    return [{k: v for k, v in json.loads(line).items() if not k.startswith(VARIES)}
+            for line in (run / "metrics.jsonl").read_text().splitlines()]
+
+
+def final_weights(run: Path, out: Path) -> dict:
+    from rlctl.checkpoint.merge import export_hf
+
+    return load_file(str(Path(export_hf(run, out)) / "model.safetensors"))
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory, tiny_model_dir, arith_data, ray_cluster):
+    from rlctl.project import write_project
+
+    proj = tmp_path_factory.mktemp("uninterrupted")
+    write_project(proj, "grpo-gsm8k", str(tiny_model_dir))
+    (proj / "data").mkdir()
+    (proj / "data" / "arith").symlink_to(arith_data)
+    start_training(load_config(proj / "rlctl.toml", CPU), address=None, force=False)
+    run = proj / "runs" / "grpo-gsm8k"
+    return rows(run), final_weights(run, proj / "export")
+
+
+def test_killed_rank_restarts_and_matches_uninterrupted_run(tmp_path, make_project, ray_cluster, uninterrupted,
+                                                            capsys):
+    proj = make_project(tmp_path / "p", "grpo-gsm8k")
+    run = proj / "runs" / "grpo-gsm8k"
+    # After step 2's checkpoint, while step 3 runs: kill -9 one rank of the actor group.
+    killer = when(lambda: latest_step(run) == 2, kill_worker)
+    start_training(load_config(proj / "rlctl.toml", CPU + ["run.max_restarts=1", "run.restart_backoff_s=0"]),
+                   address=None, force=False)
+    assert killer.result is not None, "no worker rank was found to kill"
+    out = capsys.readouterr().out
+    restart_lines = [line for line in out.splitlines() if line.startswith("restart 1/1: actor worker rank")]
+    assert len(restart_lines) == 1, out
+    info = json.loads((run / "run.json").read_text())
+    assert info["status"] == "finished" and info["restarts"] == 1 and info["step"] == 4
+    logged = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["run/restarts"] for r in logged] == [0, 0, 1, 1]
+
+    full_rows, full_weights = uninterrupted
+    assert rows(run) == full_rows
+    weights = final_weights(run, tmp_path / "export")
+    assert weights.keys() == full_weights.keys()
+    for name, tensor in full_weights.items():
+        assert torch.equal(tensor, weights[name]), name
+
+
+def test_killed_rank_without_budget_is_exit_4(tmp_path, make_project, ray_cluster):
+    proj = make_project(tmp_path / "p", "grpo-gsm8k")
+    run = proj / "runs" / "grpo-gsm8k"
+    killer = when(lambda: latest_step(run) == 2, kill_worker)
+    with pytest.raises(WorkerDiedError, match="actor worker rank"):
+        start_training(load_config(proj / "rlctl.toml", CPU), address=None, force=False)
+    assert killer.result is not None
+    info = json.loads((run / "run.json").read_text())
+    assert info["status"] == "failed" and info["exit_code"] == 4 and info["restarts"] == 0
+    assert latest_step(run) == 2
