@@ -158,9 +158,7 @@ def _attempt(loaded: LoadedConfig, run_dir: Path, *, address: str | None, comman
         try:
             Trainer(setup).fit(stop)
         except Interrupted as e:
-            checkpointing.save(session, session.state.step, final=True)
-            finish_run(run_dir, status="interrupted", exit_code=e.exit_code, error=e.message)
-            raise
+            _stop(session, e)
         except WorkerDiedError as e:
             if not stop.signum:
                 _lost(run_dir, e, restarts)
@@ -174,6 +172,25 @@ def _attempt(loaded: LoadedConfig, run_dir: Path, *, address: str | None, comman
             finish_run(run_dir, status="failed", exit_code=1, error=f"{type(e).__name__}: {e}")
             raise
         finish_run(run_dir, status="finished", exit_code=0)
+
+
+def _stop(session, signal: Interrupted) -> None:
+    """Ctrl-C / SIGTERM reached the loop's safe point: the final checkpoint, then exit 130 / 143.
+    A second signal (StopNow) skips that save, or abandons it half-way (the save is undone)."""
+    from rlctl.controller import checkpointing
+    from rlctl.checkpoint.run_folder import finish_run
+    from rlctl.controller.signals import StopNow
+
+    try:
+        if not isinstance(signal, StopNow):
+            checkpointing.save(session, session.state.step, final=True)
+    except StopNow as now:
+        signal = now
+    except RlctlError as err:   # the stop's checkpoint could not be written (a full disk)
+        finish_run(session.run_dir, status="failed", exit_code=err.exit_code, error=err.message)
+        raise
+    finish_run(session.run_dir, status="interrupted", exit_code=signal.exit_code, error=signal.message)
+    raise signal from None
 
 
 def _lost(run_dir: Path, error: WorkerDiedError, restarts) -> None:

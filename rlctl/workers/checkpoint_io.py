@@ -74,8 +74,16 @@ def _barrier() -> None:
 
 def save_engine(engine, path: str | Path) -> None:
     """Write the engine's trained params, optimizer and RNG under `path` (call on every rank)."""
+    from rlctl.utils.fs import write_failure
+
     with quiet_single_process():
-        _save_engine(engine, Path(path))
+        try:
+            _save_engine(engine, Path(path))
+        except BaseException as err:   # a full disk, a forbidden folder (DCP raises a BaseException): not a lost worker
+            failed = write_failure(err)
+            if failed is None:
+                raise
+            raise CheckpointError(f"could not write {failed.filename or path}: {failed.strerror}") from None
 
 
 def load_engine(engine, path: str | Path) -> dict:
