@@ -1,6 +1,6 @@
 """The chaos matrix: real faults at random moments in real `rlctl train` runs, and what each one cost.
 
-    python bench/chaos.py [--rows SUBSTRING,...] [--seed N] [--work DIR]
+    python bench/chaos.py [--rows "SUBSTRING;..."] [--seed N] [--work DIR]
 
 Every row trains the tiny model on the CPU arith task (4 steps, a checkpoint every 2) in a
 subprocess (`python -m rlctl train`, embedded Ray, run.max_restarts=2), strikes once, and reads
@@ -305,12 +305,12 @@ def main() -> None:
     from rlctl.tasks.prep import PrepOptions, prepare
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rows", default="", help="comma-separated substrings of row names (default: all)")
+    parser.add_argument("--rows", default="", help="substrings of row names, separated by ; (default: all)")
     parser.add_argument("--seed", type=int, default=int(time.time()))
     parser.add_argument("--work", default="", help="folder for the runs (default: a temporary one)")
     args = parser.parse_args()
     rng = random.Random(args.seed)
-    wanted = [s for s in args.rows.split(",") if s]
+    wanted = [s.strip() for s in args.rows.split(";") if s.strip()]
     rows = [r for r in ROWS if not wanted or any(w in r.name for w in wanted)]
     work = Path(args.work or tempfile.mkdtemp(prefix="rlctl-chaos-"))
     work.mkdir(parents=True, exist_ok=True)
