@@ -18,13 +18,21 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from rlctl.checkpoint.manifest import CONFIG_FILE, MANIFEST
-from rlctl.errors import CheckpointError
+from rlctl.errors import CheckpointError, CorruptCheckpointError
 from rlctl.utils.fs import atomic_write_text, write_failure
 
 if TYPE_CHECKING:
     from rlctl.controller.session import RunSession
 
 STATE_FILE = "trainer_state.json"
+# The roles' folders (session.roles' names): the ranks that load them check their contents, each
+# its share of the files (rlctl.workers.checkpoint_io.verify_share); the controller checks the rest.
+ROLE_FOLDERS = ("actor/", "critic/")
+
+
+def checked_here(path: str) -> bool:
+    """Whether the controller checks this checkpoint file's content before loading (not a role's shard)."""
+    return not path.startswith(ROLE_FOLDERS)
 
 
 def fingerprint(session: RunSession) -> dict:
@@ -131,9 +139,9 @@ def prepare_resume(run_dir: Path, step: int | None, overrides: list[str] | tuple
     loaded = load_config(config_path, list(overrides))
     manager = CheckpointManager.for_run(run_dir, loaded.config.run.keep_last)
     notices = manager.clean_leftovers()
-    # Every file's crc32 against the manifest before anything is loaded (about 3 GB/s a thread,
-    # a few threads): a same-size corrupted shard falls back to the previous valid step.
-    ckpt_step, ckpt_path, warning = manager.latest_valid(step, hashes=True)
+    # Sizes of every file, and the crc32 of those no rank loads, before anything starts; the ranks
+    # check the shards as they load them (a corrupted one: fall_back, the previous valid step).
+    ckpt_step, ckpt_path, warning = manager.latest_valid(step, hashes=True, content_of=checked_here)
     if warning:
         notices.append(warning)
     saved = saved_fingerprint(json.loads((ckpt_path / MANIFEST).read_text()))
@@ -152,6 +160,21 @@ def prepare_resume(run_dir: Path, step: int | None, overrides: list[str] | tuple
     notices.append(f"resuming from checkpoint step {ckpt_step}" + (f" ({dropped} log rows after it dropped)"
                                                                     if dropped else ""))
     return loaded, notices, ckpt_step, ckpt_path
+
+
+def fall_back(run_dir: Path, keep_last: int, step: int, bad: CorruptCheckpointError) -> tuple[tuple, list[str]]:
+    """A rank found a shard of checkpoint `step` corrupted as it loaded it: the newest earlier step that
+    verifies ((step, path)), and the notices: the warning naming the file, the logs trimmed to it."""
+    from rlctl.checkpoint.manager import CheckpointManager
+    from rlctl.controller.logging import truncate_logs
+
+    who, _, detail = bad.message.partition(": checkpoint ")
+    reason = f"{detail.replace(' is broken: ', ' is broken (', 1)}), found by {who} as it loaded it"
+    point = CheckpointManager.for_run(run_dir, keep_last).newest_valid_below(step, reason, hashes=True,
+                                                                            content_of=checked_here)
+    dropped = truncate_logs(run_dir, point.step)
+    return (point.step, point.path), [point.warning, f"resuming from checkpoint step {point.step}" +
+                                      (f" ({dropped} log rows after it dropped)" if dropped else "")]
 
 
 def _current_fingerprint(loaded) -> dict:

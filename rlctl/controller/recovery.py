@@ -67,13 +67,14 @@ class Restarts:
 
     def resume_point(self) -> tuple[tuple[int, Path] | None, list[str]]:
         from rlctl.checkpoint.manager import CheckpointManager
+        from rlctl.controller.checkpointing import checked_here
         from rlctl.controller.logging import truncate_logs
 
         manager = CheckpointManager.for_run(self.run_dir, self.keep_last)
         notices = manager.clean_leftovers()
         point = None
         if manager.steps():
-            step, path, warning = manager.latest_valid(None, hashes=True)
+            step, path, warning = manager.latest_valid(None, hashes=True, content_of=checked_here)
             point = (step, path)
             notices += [warning] if warning else []
         dropped = truncate_logs(self.run_dir, point[0] if point else 0)

@@ -68,9 +68,10 @@ def resume_training(run_dir: Path, *, step: int | None, address: str | None, ove
     loaded, notices, ckpt_step, ckpt_path = prepare_resume(run_dir, step, overrides)
     loaded = _resolve_auto(loaded, address)
     _check(loaded)
-    if _already_finished(run_dir, loaded, ckpt_step, overrides):
+    if _already_finished(run_dir, ckpt_step, ckpt_path, overrides):
         return
-    _run(loaded, run_dir, address=address, command="resume", notices=notices, resume=(ckpt_step, ckpt_path))
+    _run(loaded, run_dir, address=address, command="resume", notices=notices, resume=(ckpt_step, ckpt_path),
+         exact=step is not None)
 
 
 def _signal_killed_the_workers(stop, session) -> Interrupted:
@@ -85,13 +86,17 @@ def _signal_killed_the_workers(stop, session) -> Interrupted:
                                 f"step {session.state.step + 1} could finish or be saved; {where}")
 
 
-def _already_finished(run_dir: Path, loaded: LoadedConfig, ckpt_step: int, overrides) -> bool:
-    """A finished run resumed from its last step with the same length: say so, start nothing."""
+def _already_finished(run_dir: Path, ckpt_step: int, ckpt_path: Path, overrides) -> bool:
+    """A finished run resumed from its last step with the same length: say so, start nothing (when
+    that step's content is intact: a damaged one is loaded, so its ranks find it and resume falls back)."""
+    from rlctl.checkpoint.manifest import verify
     from rlctl.checkpoint.run_folder import read_run_info
 
     info = read_run_info(run_dir)
     longer = any(w.startswith(("run.total_steps=", "run.total_epochs=")) for w in overrides)
     if info.get("status") != "finished" or info.get("total_steps") != ckpt_step or longer:
+        return False
+    if verify(ckpt_path, hashes=True):
         return False
     print(f"{run_dir.name} already finished at step {ckpt_step}/{ckpt_step}; nothing to do "
           f"(to train longer: rlctl resume {run_dir} run.total_steps=N)")
@@ -99,23 +104,32 @@ def _already_finished(run_dir: Path, loaded: LoadedConfig, ckpt_step: int, overr
 
 
 def _run(loaded: LoadedConfig, run_dir: Path, *, address: str | None, command: str, notices: list,
-         resume: tuple | None = None) -> None:
+         resume: tuple | None = None, exact: bool = False) -> None:
     """Train until done; with run.max_restarts, a lost worker restarts the groups from the newest
-    valid checkpoint (rlctl.controller.recovery) until the budget is spent."""
+    valid checkpoint (rlctl.controller.recovery) until the budget is spent. A shard that a rank
+    finds corrupted as it loads it: the previous valid step, unless `exact` (resume --step N)."""
     from rlctl.checkpoint.run_folder import finish_run
+    from rlctl.controller.checkpointing import fall_back
     from rlctl.controller.recovery import Restarts, WorkerLost
+    from rlctl.errors import CorruptCheckpointError
 
     restarts = Restarts.of_run(loaded.config, run_dir, command=command)
     while True:
         try:
             return _attempt(loaded, run_dir, address=address, command=command, notices=notices, resume=resume,
                             restarts=restarts)
-        except WorkerLost as lost:
+        except (CorruptCheckpointError, WorkerLost) as fault:
             try:
-                resume, notices = restarts.recover(lost.error)
-            except RlctlError as e:   # stopped while waiting, or no checkpoint verifies
-                finish_run(run_dir, status="interrupted" if isinstance(e, Interrupted) else "failed",
-                           exit_code=e.exit_code, error=e.message)
+                if isinstance(fault, WorkerLost):
+                    resume, notices = restarts.recover(fault.error)
+                elif exact or resume is None:
+                    raise
+                else:
+                    resume, notices = fall_back(run_dir, loaded.config.run.keep_last, resume[0], fault)
+            except RlctlError as e:   # stopped while waiting, no checkpoint verifies, --step N is broken
+                if restarts.used:     # this command marked the run as running
+                    finish_run(run_dir, status="interrupted" if isinstance(e, Interrupted) else "failed",
+                               exit_code=e.exit_code, error=e.message)
                 raise
 
 

@@ -2,7 +2,8 @@
 
 Real `rlctl train` and `rlctl resume` (the CLI entry, in this process, embedded Ray) on the tiny
 model: one byte flipped in the middle of the newest step's optimizer shard, same size, which the
-size check alone let through. Resume warns naming the file and redoes the steps from the previous
+size check alone let through. The ranks check the shards as they load them (each its share);
+resume warns naming the file and the rank that found it and redoes the steps from the previous
 checkpoint (bit for bit the same rows on CPU); `--step` on the bad step is a one-line error, exit 3.
 """
 
@@ -73,8 +74,15 @@ def test_corrupted_newest_checkpoint_falls_back(tmp_path, make_project, ray_clus
     assert info["resumed_from"] == 2 and info["status"] == "finished" and info["step"] == 4
     assert rows(run) == full_rows                 # steps 3 and 4 redone, the same bits
 
-    # The re-saved step_4 is sound; now its model shard goes bad, the same way.
+    # The re-saved step_4 is sound; now its model shard goes bad, the same way. The controller's
+    # checks before the start pass (sizes; the ranks check the shards as they load them)...
     model = shard(step_4, "model")
     flip_middle_byte(model)
     _, notices, step, _ = prepare_resume(run, None)
-    assert step == 2 and any(model.relative_to(step_4).as_posix() in n for n in notices if "WARNING" in n)
+    assert step == 4 and not any("WARNING" in n for n in notices)
+    # ... and the rank that reads it stops the load, naming the file: one line, exit 3.
+    code, text = rlctl(capsys, "resume", run, "--step", "4")
+    lines = text.strip().splitlines()
+    assert code == 3 and len(lines) == 1, text
+    assert f"step_4 is broken: {model.relative_to(step_4).as_posix()} does not match its crc32" in lines[0]
+    assert lines[0].startswith("error: actor worker rank "), lines[0]
