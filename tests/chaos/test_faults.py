@@ -26,14 +26,10 @@ from rlctl.config.loader import load_config
 from rlctl.controller.run import start_training
 from rlctl.checkpoint.manager import CheckpointManager
 from rlctl.errors import CheckpointError, WorkerDiedError
+from controller.test_resume_corrupted import CPU as RESUME_CPU
 from support.chaos import kill_worker, latest_step, when, worker_pids
 
-CPU = ["resources.gpus_per_node=0", "resources.workers=2", "data.batch_size=4", "actor.mini_batch_size=2",
-       "actor.micro_batch_size=2", "data.max_response_length=8", "data.max_prompt_length=96",
-       "data.val_files=[]", 'data.train_files=["data/arith/train.parquet"]', "reward.function=arith",
-       "reward.workers=1", "reward.overlong.buffer_len=4", "model.dtype=float32",
-       "model.gradient_checkpointing=false", "run.total_steps=3", "run.save_every=2", "run.keep_last=0",
-       "actor.lr=1e-3", "rollout.n=2"]
+CPU = RESUME_CPU + ["run.total_steps=3"]   # the tiny GRPO run of the resume tests, 3 steps, saves at 2 and 3
 VARIES = ("timing/", "perf/", "run/restarts")   # wall clock, and the restart count itself
 
 
