@@ -191,12 +191,12 @@ def strike(row: Row, proc, run: Path, ref_row: dict, rng: random.Random, ctx: di
         for pid in worker_pids(proc.pid):   # no tmpfs: a file-size limit on the ranks
             resource.prlimit(pid, resource.RLIMIT_FSIZE, (ctx["limit"], ctx["limit"]))
     elif row.fault.startswith("sig"):
-        time.sleep(rng.uniform(0, ref_row.get("timing/step_s", 1.0)))
+        time.sleep(rng.uniform(0, 0.3 * ref_row.get("timing/step_s", 1.0)))   # early in step 3
         done = metric_rows(run)
         (os.killpg if row.fault == "sigint" else os.kill)(proc.pid, signal.SIGINT if row.fault == "sigint"
                                                           else signal.SIGTERM)
         if row.fault == "sigterm2":
-            time.sleep(0.1)
+            time.sleep(0.05)
             os.kill(proc.pid, signal.SIGTERM)
     return done
 
@@ -215,11 +215,11 @@ def prepare_disk(proj: Path, ref_run: Path, ctx: dict) -> str:
     step_bytes = sum(f.stat().st_size for f in (ref_run / "checkpoints" / "step_2").rglob("*") if f.is_file())
     runs = proj / "runs"
     runs.mkdir()
-    size = int(step_bytes * 1.5) + (4 << 20)
+    size = int(step_bytes * 1.5) + (512 << 10)   # the logs and run files are a few KB
     if subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(runs)],
                       capture_output=True).returncode == 0:
         ctx["mount"] = runs
-        return f"tmpfs of {size >> 20} MB"
+        return f"tmpfs of {size / 2**20:.1f} MiB"
     largest = max(f.stat().st_size for f in (ref_run / "checkpoints" / "step_2").rglob("*") if f.is_file())
     ctx["limit"] = largest // 2
     return "RLIMIT_FSIZE"
