@@ -254,7 +254,8 @@ def run_row(row: Row, work: Path, refs: dict, model: Path, data: Path, rng: rand
         done = strike(row, proc, run, ref_row, rng, ctx)
         first = proc.wait()
         resumed = None
-        if first != 0:
+        if first != 0:   # steps it finished before stopping (a failed save stops at the end of its step)
+            done = max(done, metric_rows(run))
             fix_cause(row, ctx)
             resumed = rlctl(proj, "resume", run, log=log).wait()
         text = log.read_text()
