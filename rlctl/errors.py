@@ -52,6 +52,11 @@ class CheckpointError(DataError):
     """A checkpoint is missing, broken or does not fit the run (exit 3)."""
 
 
+class CorruptCheckpointError(CheckpointError):
+    """A checkpoint file's content differs from its manifest, found by a rank about to load it
+    (exit 3): resume and recovery fall back to the previous valid step."""
+
+
 class WorkerDiedError(RlctlError):
     """A Ray worker died or raised (exit 4); the message names the role and rank."""
 

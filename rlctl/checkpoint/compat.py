@@ -39,6 +39,8 @@ HARMLESS: dict[str, str] = {
     "run.val_every": "validation cadence", "run.val_before_train": "validation cadence",
     "run.best_metric": "best-checkpoint tracking", "run.best_mode": "best-checkpoint tracking",
     "run.loggers": "metric sinks", "run.log_samples": "logged samples",
+    "run.max_restarts": "automatic restarts after a lost worker",
+    "run.restart_backoff_s": "automatic restarts after a lost worker",
     "model.gradient_checkpointing": "memory only: the same gradients",
     "model.trust_remote_code": "permission to run the model's code",
     "data.val_files": "validation only", "data.val_batch_size": "validation only",

@@ -251,40 +251,50 @@ class CheckpointManager:
     def verify(self, step_dir: str | os.PathLike, *, hashes: bool) -> list[str]:
         return verify(step_dir, hashes=hashes)
 
-    def latest_valid(self, step: int | None = None, *, hashes: bool = False) -> ResumePoint:
+    def latest_valid(self, step: int | None = None, *, hashes: bool = False,
+                     content_of: Callable[[str], bool] | None = None) -> ResumePoint:
         """The checkpoint to resume (or merge) from.
 
         step=None: the step LATEST names when it verifies, else the newest complete step before
         it (or the newest overall when LATEST is unreadable) with a warning. step=N: that step,
-        or CheckpointError. hashes=True also checks every file's checksum (crc32, or sha256 in
-        older manifests: reads everything); resume and merge pass it.
+        or CheckpointError. hashes=True also checks the files' checksums (crc32, or sha256 in
+        older manifests): every file's (merge), or those content_of(path) selects (resume, whose
+        ranks check the shards they load).
         """
         steps = self.steps()
         if not steps:
             raise CheckpointError(f"no checkpoints in {self.dir}",
                                   hint="the run has not saved one yet (run.save_every, or it stopped before a save)")
         if step is not None:
-            return self._exact(step, steps, hashes)
+            return self._exact(step, steps, hashes, content_of)
         named = self.latest_named()
         if named is None:
             reason = f"{self.dir / LATEST} is missing or unreadable"
         else:
-            problems = verify(self.step_dir(named), hashes=hashes) if named in steps else ["the folder is missing"]
+            problems = (verify(self.step_dir(named), hashes=hashes, content_of=content_of) if named in steps
+                        else ["the folder is missing"])
             if not problems:
                 return ResumePoint(named, self.step_dir(named), None)
             reason = f"LATEST names step_{named}, which is broken ({_summary(problems)})"
-        for candidate in reversed(steps):
-            if (named is None or candidate < named) and not verify(self.step_dir(candidate), hashes=hashes):
+        return self.newest_valid_below(named, reason, hashes=hashes, content_of=content_of)
+
+    def newest_valid_below(self, below: int | None, reason: str, *, hashes: bool,
+                           content_of: Callable[[str], bool] | None = None) -> ResumePoint:
+        """The newest step before `below` (any step: None) that verifies, with a warning giving
+        `reason`; CheckpointError when none does."""
+        for candidate in reversed(self.steps()):
+            if (below is None or candidate < below) and not verify(self.step_dir(candidate), hashes=hashes,
+                                                                   content_of=content_of):
                 return ResumePoint(candidate, self.step_dir(candidate),
                                    f"WARNING: {reason}; using step_{candidate}, the newest valid checkpoint")
         raise CheckpointError(f"no valid checkpoint in {self.dir}: {reason}, and no earlier step verifies",
                               hint="the checkpoints are damaged; start a new run (rlctl train with run.name=NEW)")
 
-    def _exact(self, step: int, steps: list[int], hashes: bool) -> ResumePoint:
+    def _exact(self, step: int, steps: list[int], hashes: bool, content_of) -> ResumePoint:
         if step not in steps:
             raise CheckpointError(f"checkpoint step {step} does not exist in {self.dir}",
                                   hint=f"steps there: {', '.join(map(str, steps))}")
-        problems = verify(self.step_dir(step), hashes=hashes)
+        problems = verify(self.step_dir(step), hashes=hashes, content_of=content_of)
         if problems:
             raise CheckpointError(f"checkpoint step_{step} is broken: {_summary(problems)}",
                                   hint="pick another step with --step, or leave it out for the newest valid one")

@@ -17,64 +17,20 @@ manifest also makes the checkpoint durable before it is renamed into place.
 from __future__ import annotations
 
 import datetime as dt
-import hashlib
 import json
 import os
 import platform
-import zlib
-from concurrent.futures import ThreadPoolExecutor
 from importlib import metadata
 from pathlib import Path
+from typing import Callable
 
 from rlctl import __version__
+from rlctl.utils.checksum import (CHECKSUM, CHECKSUMS, MANIFEST, checksum_file, content_problems,  # noqa: F401
+                                  hash_file, hash_many)
 from rlctl.utils.fs import atomic_write_text
 
-MANIFEST = "MANIFEST.json"
 CONFIG_FILE = "config.resolved.toml"   # the run's resolved config: in the run folder and in every checkpoint
 FORMAT = 1
-BLOCK = 1 << 20
-CHECKSUM = "crc32"                   # what write_manifest records per file
-CHECKSUMS = ("crc32", "sha256")      # what verify reads, first found wins (sha256: older manifests)
-
-
-def hash_file(path: Path, *, fsync: bool = False) -> tuple[int, str]:
-    """(size, sha256 hex) of `path`, read in 1 MiB blocks; fsync=True also flushes it to disk."""
-    digest = hashlib.sha256()
-    size = 0
-    with open(path, "rb") as f:
-        buf = bytearray(BLOCK)
-        view = memoryview(buf)
-        while n := f.readinto(buf):
-            digest.update(view[:n])
-            size += n
-        if fsync:
-            os.fsync(f.fileno())
-    return size, digest.hexdigest()
-
-
-def checksum_file(path: Path, algorithm: str = CHECKSUM, *, fsync: bool = False) -> tuple[int, str]:
-    """(size, hex checksum) of `path` with `algorithm` ("crc32" or "sha256"), read in 1 MiB blocks."""
-    if algorithm == "sha256":
-        return hash_file(path, fsync=fsync)
-    if algorithm != "crc32":
-        raise ValueError(f"unknown checksum {algorithm!r}; this rlctl reads {', '.join(CHECKSUMS)}")
-    crc = size = 0
-    with open(path, "rb") as f:
-        buf = bytearray(BLOCK)
-        view = memoryview(buf)
-        while n := f.readinto(buf):
-            crc = zlib.crc32(view[:n], crc)
-            size += n
-        if fsync:
-            os.fsync(f.fileno())
-    return size, f"{crc:08x}"
-
-
-def _hash_many(jobs: list[tuple[Path, str]], *, fsync: bool) -> list[tuple[int, str]]:
-    """checksum_file over (path, algorithm) pairs, a few files at a time."""
-    workers = max(1, min(8, os.cpu_count() or 1, len(jobs)))
-    with ThreadPoolExecutor(workers) as pool:
-        return list(pool.map(lambda job: checksum_file(job[0], job[1], fsync=fsync), jobs))
 
 
 def fsync_dir(path: Path) -> None:
@@ -120,7 +76,7 @@ def write_manifest(root: Path, step: int, meta: dict) -> dict:
     """Hash and fsync every file under `root`, then write root/MANIFEST.json (atomically) and
     fsync the folders, so the whole checkpoint is on disk before anyone renames it."""
     files = _files(root)
-    hashed = _hash_many([(p, CHECKSUM) for p in files], fsync=True)
+    hashed = hash_many([(p, CHECKSUM) for p in files], fsync=True)
     sizes = _world_sizes(root)
     manifest = {
         "format": FORMAT, "step": int(step),
@@ -152,9 +108,11 @@ def read_manifest(step_dir: Path) -> dict:
     return manifest
 
 
-def verify(step_dir: str | os.PathLike, *, hashes: bool) -> list[str]:
+def verify(step_dir: str | os.PathLike, *, hashes: bool, content_of: Callable[[str], bool] | None = None) -> list[str]:
     """Problems with a checkpoint folder: missing manifest, missing or truncated files, and with
-    hashes=True contents that differ from the manifest's checksums. [] means the checkpoint is intact."""
+    hashes=True contents that differ from the manifest's checksums. [] means the checkpoint is intact.
+    content_of(path): which files' contents to check (default all; resume leaves the role folders
+    to the ranks that load them, rlctl.workers.checkpoint_io)."""
     step_dir = Path(step_dir)
     try:
         manifest = read_manifest(step_dir)
@@ -172,22 +130,7 @@ def verify(step_dir: str | os.PathLike, *, hashes: bool) -> list[str]:
             problems.append(f"{entry['path']} is {size} bytes, the manifest says {entry['size']} (truncated or replaced)")
         else:
             present.append(entry)
+    present = [e for e in present if content_of is None or content_of(e["path"])]
     if hashes and present:
-        problems += _content_problems(step_dir, present)
-    return problems
-
-
-def _content_problems(step_dir: Path, entries: list[dict]) -> list[str]:
-    """Files whose checksum differs from their manifest entry's (crc32, or sha256 in older manifests)."""
-    problems, jobs = [], []
-    for entry in entries:
-        algorithm = next((a for a in CHECKSUMS if isinstance(entry.get(a), str)), None)
-        if algorithm is None:
-            problems.append(f"{entry['path']} has no checksum in the manifest ({' or '.join(CHECKSUMS)})")
-        else:
-            jobs.append((entry, algorithm))
-    hashed = _hash_many([(step_dir / e["path"], a) for e, a in jobs], fsync=False)
-    for (entry, algorithm), (_, checksum) in zip(jobs, hashed):
-        if checksum != entry[algorithm]:
-            problems.append(f"{entry['path']} does not match its {algorithm} in the manifest (corrupted)")
+        problems += content_problems(step_dir, present)
     return problems

@@ -73,14 +73,16 @@ def named_run_folder(spec: str, base: Path) -> Path | None:
 
 
 def start_run(run_dir: str | os.PathLike, *, name: str, total_steps: int, command: str = "train",
-              resumed_from: int | None = None) -> dict:
-    """Mark the run as running in this process (a fresh run, or a resume keeping `created_at`)."""
+              resumed_from: int | None = None, restarts: int = 0) -> dict:
+    """Mark the run as running in this process (a fresh run, or a resume keeping `created_at`);
+    `restarts`: the automatic restarts after lost workers so far (run.max_restarts)."""
     old = read_run_info(run_dir)
     now = _now()
     return write_run_info(run_dir, name=name, status="running", step=resumed_from or 0, total_steps=int(total_steps),
                           created_at=old.get("created_at") or now, started_at=now, finished_at=None,
                           exit_code=None, error=None, command=command, resumed_from=resumed_from,
-                          pid=os.getpid(), host=socket.gethostname(), rlctl_version=__version__)
+                          pid=os.getpid(), host=socket.gethostname(), rlctl_version=__version__,
+                          restarts=int(restarts))
 
 
 def finish_run(run_dir: str | os.PathLike, *, status: str, exit_code: int, error: str | None = None) -> dict:

@@ -69,6 +69,11 @@ class RunConfig:
     log_samples: int = opt(4, "Prompt/response pairs written to samples.jsonl per step.", ge=0)
     log_rollouts: bool = opt(False, "Write every sample of every step (prompt_ids, response_ids, response_mask, "
                                     "messages, score) to rollouts/step_<N>.jsonl in the run folder.")
+    max_restarts: int = opt(0, "Times a run restarts its workers by itself after one dies or fails (the exit-4 "
+                               "class), continuing from the newest valid checkpoint in the same command "
+                               "(0 = stop with exit 4).", ge=0)
+    restart_backoff_s: float = opt(10.0, "Seconds to wait after the workers were torn down before they start "
+                                         "again (run.max_restarts).", ge=0)
 
 
 @dataclass(frozen=True)

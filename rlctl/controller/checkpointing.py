@@ -18,12 +18,21 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from rlctl.checkpoint.manifest import CONFIG_FILE, MANIFEST
-from rlctl.utils.fs import atomic_write_text
+from rlctl.errors import CheckpointError, CorruptCheckpointError
+from rlctl.utils.fs import atomic_write_text, write_failure
 
 if TYPE_CHECKING:
     from rlctl.controller.session import RunSession
 
 STATE_FILE = "trainer_state.json"
+# The roles' folders (session.roles' names): the ranks that load them check their contents, each
+# its share of the files (rlctl.workers.checkpoint_io.verify_share); the controller checks the rest.
+ROLE_FOLDERS = ("actor/", "critic/")
+
+
+def checked_here(path: str) -> bool:
+    """Whether the controller checks this checkpoint file's content before loading (not a role's shard)."""
+    return not path.startswith(ROLE_FOLDERS)
 
 
 def fingerprint(session: RunSession) -> dict:
@@ -53,10 +62,65 @@ def save(session: RunSession, step: int, *, final: bool = False) -> Path | None:
 
     with_notice = session.display.print if final else (lambda _msg: None)
     meta = {"run": session.config.run.name, "fingerprint": fingerprint(session)}
-    path = session.checkpoints.save(step, write, meta=meta, best=session.state.best)
+    try:
+        path = session.checkpoints.save(step, write, meta=meta, best=session.state.best)
+    except (CheckpointError, OSError) as err:   # the save was undone: the previous checkpoint stands
+        if isinstance(err, OSError) and write_failure(err) is None:
+            raise
+        raise save_failed(session, step, err) from None
     session.state.saved_step = step
     with_notice(f"checkpoint saved: {path}")
     return path
+
+
+def save_failed(session: RunSession, step: int, err: BaseException) -> CheckpointError:
+    """One line for a save that could not be written (disk full, quota, a size limit, permission):
+    what failed, how much the step needs against what is free, and which checkpoint still loads."""
+    import shutil
+
+    failed = write_failure(err)
+    why = getattr(err, "message", None) or (f"could not write {failed.filename}: {failed.strerror}" if failed
+                                             else str(err))
+    manager = session.checkpoints
+    saved = [c for c in manager.listing() if c["valid"] and c["step"] < step]
+    if saved:
+        need = f"about {_size(saved[-1]['bytes'])} (the size of step_{saved[-1]['step']})"
+    else:
+        need = f"about {_size(_estimate_bytes(session))} (12 bytes per trained parameter)"
+    free = shutil.disk_usage(manager.dir if manager.dir.exists() else session.run_dir).free
+    kept = (f"step_{saved[-1]['step']} is still the newest loadable checkpoint" if saved
+            else "no earlier checkpoint exists")
+    return CheckpointError(f"checkpoint step_{step} could not be saved: {why}; the step needs {need} and "
+                           f"{_size(free)} is free there; {kept}",
+                           hint=f"free space or fix permissions under {manager.dir}, then `rlctl resume "
+                                f"{session.run_dir}`")
+
+
+def _estimate_bytes(session: RunSession) -> int:
+    """No checkpoint to compare with: float32 weights plus Adam's two moments per parameter of the
+    model, once per trained role (actor, critic)."""
+    import numpy as np
+
+    from rlctl.checkpoint.compat import local_model_dir
+
+    folder = local_model_dir(session.config.model.path, session.config_dir)
+    params = 0
+    if folder is not None:
+        from safetensors import safe_open
+
+        for file in folder.glob("*.safetensors"):
+            with safe_open(str(file), "np") as f:
+                for name in f.keys():
+                    params += int(np.prod(f.get_slice(name).get_shape()))
+    return 12 * params * len(session.roles)
+
+
+def _size(n: int) -> str:
+    for unit in ("bytes", "KB", "MB", "GB"):
+        if n < 1024 or unit == "GB":
+            return f"{n:.0f} {unit}" if unit == "bytes" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} TB"
 
 
 def prepare_resume(run_dir: Path, step: int | None, overrides: list[str] | tuple = ()):
@@ -66,7 +130,6 @@ def prepare_resume(run_dir: Path, step: int | None, overrides: list[str] | tuple
     """
     from rlctl.checkpoint.compat import check_resume, saved_fingerprint
     from rlctl.checkpoint.manager import CheckpointManager
-    from rlctl.errors import CheckpointError
     from rlctl.config.loader import load_config
     from rlctl.controller.logging import truncate_logs
 
@@ -76,9 +139,9 @@ def prepare_resume(run_dir: Path, step: int | None, overrides: list[str] | tuple
     loaded = load_config(config_path, list(overrides))
     manager = CheckpointManager.for_run(run_dir, loaded.config.run.keep_last)
     notices = manager.clean_leftovers()
-    # Every file's crc32 against the manifest before anything is loaded (about 3 GB/s a thread,
-    # a few threads): a same-size corrupted shard falls back to the previous valid step.
-    ckpt_step, ckpt_path, warning = manager.latest_valid(step, hashes=True)
+    # Sizes of every file, and the crc32 of those no rank loads, before anything starts; the ranks
+    # check the shards as they load them (a corrupted one: fall_back, the previous valid step).
+    ckpt_step, ckpt_path, warning = manager.latest_valid(step, hashes=True, content_of=checked_here)
     if warning:
         notices.append(warning)
     saved = saved_fingerprint(json.loads((ckpt_path / MANIFEST).read_text()))
@@ -97,6 +160,21 @@ def prepare_resume(run_dir: Path, step: int | None, overrides: list[str] | tuple
     notices.append(f"resuming from checkpoint step {ckpt_step}" + (f" ({dropped} log rows after it dropped)"
                                                                     if dropped else ""))
     return loaded, notices, ckpt_step, ckpt_path
+
+
+def fall_back(run_dir: Path, keep_last: int, step: int, bad: CorruptCheckpointError) -> tuple[tuple, list[str]]:
+    """A rank found a shard of checkpoint `step` corrupted as it loaded it: the newest earlier step that
+    verifies ((step, path)), and the notices: the warning naming the file, the logs trimmed to it."""
+    from rlctl.checkpoint.manager import CheckpointManager
+    from rlctl.controller.logging import truncate_logs
+
+    who, _, detail = bad.message.partition(": checkpoint ")
+    reason = f"{detail.replace(' is broken: ', ' is broken (', 1)}), found by {who} as it loaded it"
+    point = CheckpointManager.for_run(run_dir, keep_last).newest_valid_below(step, reason, hashes=True,
+                                                                            content_of=checked_here)
+    dropped = truncate_logs(run_dir, point.step)
+    return (point.step, point.path), [point.warning, f"resuming from checkpoint step {point.step}" +
+                                      (f" ({dropped} log rows after it dropped)" if dropped else "")]
 
 
 def _current_fingerprint(loaded) -> dict:

@@ -39,6 +39,7 @@ class MetricsLogger:
         _check_sinks(self.loggers)  # before anything is created: a missing package is exit 2
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self._metrics = self._samples = self._tb = self._wandb = None
+        self.every_row: dict[str, float] = {}   # added to each step's row (run/restarts with run.max_restarts)
         if "jsonl" in self.loggers:
             self._metrics = open(self.run_dir / METRICS_FILE, "a", encoding="utf-8")
             self._samples = open(self.run_dir / SAMPLES_FILE, "a", encoding="utf-8")
@@ -56,7 +57,7 @@ class MetricsLogger:
     def log(self, step: int, metrics: dict[str, Any]) -> dict[str, float | int | None]:
         """Write `{"step": step, **metrics}`; returns the row as written (non-finite -> None)."""
         row = {"step": int(step)}
-        row.update({key: _number(key, value) for key, value in metrics.items() if key != "step"})
+        row.update({key: _number(key, value) for key, value in {**metrics, **self.every_row}.items() if key != "step"})
         if self._metrics is not None:
             self._metrics.write(json.dumps(row) + "\n")
             self._metrics.flush()

@@ -68,9 +68,10 @@ def resume_training(run_dir: Path, *, step: int | None, address: str | None, ove
     loaded, notices, ckpt_step, ckpt_path = prepare_resume(run_dir, step, overrides)
     loaded = _resolve_auto(loaded, address)
     _check(loaded)
-    if _already_finished(run_dir, loaded, ckpt_step, overrides):
+    if _already_finished(run_dir, ckpt_step, ckpt_path, overrides):
         return
-    _run(loaded, run_dir, address=address, command="resume", notices=notices, resume=(ckpt_step, ckpt_path))
+    _run(loaded, run_dir, address=address, command="resume", notices=notices, resume=(ckpt_step, ckpt_path),
+         exact=step is not None)
 
 
 def _signal_killed_the_workers(stop, session) -> Interrupted:
@@ -85,13 +86,17 @@ def _signal_killed_the_workers(stop, session) -> Interrupted:
                                 f"step {session.state.step + 1} could finish or be saved; {where}")
 
 
-def _already_finished(run_dir: Path, loaded: LoadedConfig, ckpt_step: int, overrides) -> bool:
-    """A finished run resumed from its last step with the same length: say so, start nothing."""
+def _already_finished(run_dir: Path, ckpt_step: int, ckpt_path: Path, overrides) -> bool:
+    """A finished run resumed from its last step with the same length: say so, start nothing (when
+    that step's content is intact: a damaged one is loaded, so its ranks find it and resume falls back)."""
+    from rlctl.checkpoint.manifest import verify
     from rlctl.checkpoint.run_folder import read_run_info
 
     info = read_run_info(run_dir)
     longer = any(w.startswith(("run.total_steps=", "run.total_epochs=")) for w in overrides)
     if info.get("status") != "finished" or info.get("total_steps") != ckpt_step or longer:
+        return False
+    if verify(ckpt_path, hashes=True):
         return False
     print(f"{run_dir.name} already finished at step {ckpt_step}/{ckpt_step}; nothing to do "
           f"(to train longer: rlctl resume {run_dir} run.total_steps=N)")
@@ -99,9 +104,39 @@ def _already_finished(run_dir: Path, loaded: LoadedConfig, ckpt_step: int, overr
 
 
 def _run(loaded: LoadedConfig, run_dir: Path, *, address: str | None, command: str, notices: list,
-         resume: tuple | None = None) -> None:
+         resume: tuple | None = None, exact: bool = False) -> None:
+    """Train until done; with run.max_restarts, a lost worker restarts the groups from the newest
+    valid checkpoint (rlctl.controller.recovery) until the budget is spent. A shard that a rank
+    finds corrupted as it loads it: the previous valid step, unless `exact` (resume --step N)."""
+    from rlctl.checkpoint.run_folder import finish_run
+    from rlctl.controller.checkpointing import fall_back
+    from rlctl.controller.recovery import Restarts, WorkerLost
+    from rlctl.errors import CorruptCheckpointError
+
+    restarts = Restarts.of_run(loaded.config, run_dir, command=command)
+    while True:
+        try:
+            return _attempt(loaded, run_dir, address=address, command=command, notices=notices, resume=resume,
+                            restarts=restarts)
+        except (CorruptCheckpointError, WorkerLost) as fault:
+            try:
+                if isinstance(fault, WorkerLost):
+                    resume, notices = restarts.recover(fault.error)
+                elif exact or resume is None:
+                    raise
+                else:
+                    resume, notices = fall_back(run_dir, loaded.config.run.keep_last, resume[0], fault)
+            except RlctlError as e:   # stopped while waiting, no checkpoint verifies, --step N is broken
+                if restarts.used:     # this command marked the run as running
+                    finish_run(run_dir, status="interrupted" if isinstance(e, Interrupted) else "failed",
+                               exit_code=e.exit_code, error=e.message)
+                raise
+
+
+def _attempt(loaded: LoadedConfig, run_dir: Path, *, address: str | None, command: str, notices: list,
+             resume: tuple | None, restarts) -> None:
     from rlctl.controller import checkpointing
-    from rlctl.checkpoint.run_folder import finish_run, start_run
+    from rlctl.checkpoint.run_folder import finish_run, start_run, write_run_info
     from rlctl.controller.signals import StopFlag, startup_signals
     from rlctl.runtime.ray_env import resolve_address
 
@@ -116,27 +151,31 @@ def _run(loaded: LoadedConfig, run_dir: Path, *, address: str | None, command: s
             with startup_signals():
                 setup = build_setup(loaded, run_dir, stack, start_step=resume[0] if resume else 0,
                                     address=resolve_address(address, loaded.config.resources.address))
+            session = setup.session
+            stop = stack.enter_context(StopFlag())   # from here on: stop at the next safe point
+            if resume:
+                checkpointing.restore(session, resume[1])
         except Interrupted as e:   # nothing trained in this session: the run folder says so
             finish_run(run_dir, status="interrupted", exit_code=e.exit_code, error=e.message)
             raise
-        session = setup.session
-        stop = stack.enter_context(StopFlag())   # from here on: stop at the next safe point
-        if resume:
-            checkpointing.restore(session, resume[1])
-        start_run(run_dir, name=loaded.config.run.name, total_steps=setup.total_steps, command=command,
-                  resumed_from=resume[0] if resume else None)
+        except WorkerDiedError as e:   # a rank lost while starting or loading
+            _lost(run_dir, e, restarts)
+        if restarts.used:
+            write_run_info(run_dir, status="running", step=session.state.step)
+        else:
+            start_run(run_dir, name=loaded.config.run.name, total_steps=setup.total_steps, command=command,
+                      resumed_from=resume[0] if resume else None, restarts=restarts.total)
+        if restarts.max_restarts:
+            session.logger.every_row["run/restarts"] = restarts.total
         for line in notices + session.notices:
             session.display.print(line)
         try:
             Trainer(setup).fit(stop)
         except Interrupted as e:
-            checkpointing.save(session, session.state.step, final=True)
-            finish_run(run_dir, status="interrupted", exit_code=e.exit_code, error=e.message)
-            raise
+            _stop(session, e)
         except WorkerDiedError as e:
             if not stop.signum:
-                finish_run(run_dir, status="failed", exit_code=e.exit_code, error=e.message)
-                raise
+                _lost(run_dir, e, restarts)
             stopped = _signal_killed_the_workers(stop, session)   # the user's stop, not a crash
             finish_run(run_dir, status="interrupted", exit_code=stopped.exit_code, error=stopped.message)
             raise stopped from None
@@ -147,3 +186,36 @@ def _run(loaded: LoadedConfig, run_dir: Path, *, address: str | None, command: s
             finish_run(run_dir, status="failed", exit_code=1, error=f"{type(e).__name__}: {e}")
             raise
         finish_run(run_dir, status="finished", exit_code=0)
+
+
+def _stop(session, signal: Interrupted) -> None:
+    """Ctrl-C / SIGTERM reached the loop's safe point: the final checkpoint, then exit 130 / 143.
+    A second signal (StopNow) skips that save, or abandons it half-way (the save is undone)."""
+    from rlctl.controller import checkpointing
+    from rlctl.checkpoint.run_folder import finish_run
+    from rlctl.controller.signals import StopNow
+
+    try:
+        if not isinstance(signal, StopNow):
+            checkpointing.save(session, session.state.step, final=True)
+    except StopNow as now:
+        signal = now
+    except RlctlError as err:   # the stop's checkpoint could not be written (a full disk)
+        finish_run(session.run_dir, status="failed", exit_code=err.exit_code, error=err.message)
+        raise
+    finish_run(session.run_dir, status="interrupted", exit_code=signal.exit_code, error=signal.message)
+    raise signal from None
+
+
+def _lost(run_dir: Path, error: WorkerDiedError, restarts) -> None:
+    """A lost worker: WorkerLost (restart) while the budget has room, else the run fails with exit 4."""
+    from rlctl.checkpoint.run_folder import finish_run
+    from rlctl.controller.recovery import WorkerLost
+
+    if restarts.left > 0:
+        raise WorkerLost(error) from None
+    if restarts.max_restarts:
+        error.message += f" (after {restarts.used} restart(s), run.max_restarts = {restarts.max_restarts})"
+        error.args = (error.message if error.hint is None else f"{error.message} ({error.hint})",)
+    finish_run(run_dir, status="failed", exit_code=error.exit_code, error=error.message)
+    raise error

@@ -2,8 +2,10 @@
 
 While Ray and the workers start, a signal stops right away (`startup_signals`: nothing to save
 yet). Once training runs, it only raises a flag (`StopFlag`) that the loop checks at its safe
-point after each step, where the final checkpoint is written; a second Ctrl-C aborts at once.
-Either way the run ends with exit 143 (SIGTERM) or 130 (Ctrl-C).
+point after each step, where the final checkpoint is written; a second signal of either kind
+(`StopNow`) abandons the step, or the final save, at once: a save in progress is removed, and the
+newest complete checkpoint stays the one resume picks. Either way the run ends with exit 143
+(SIGTERM) or 130 (Ctrl-C).
 """
 
 from __future__ import annotations
@@ -23,8 +25,12 @@ def stopped(signum: int, how: str) -> Interrupted:
     return Interrupted(f"stopped by {name}{how}", exit_code=code)
 
 
+class StopNow(Interrupted):
+    """A second Ctrl-C / SIGTERM: stop where the run is, without the final checkpoint."""
+
+
 class StopFlag:
-    """Ctrl-C / SIGTERM ask the loop to stop at the next safe point; a second Ctrl-C aborts now."""
+    """Ctrl-C / SIGTERM ask the loop to stop at the next safe point; a second one stops now."""
 
     def __init__(self):
         self.signum = 0
@@ -38,8 +44,10 @@ class StopFlag:
             signal.signal(signum, handler)
 
     def _handle(self, signum, _frame):
-        if self.signum and signum == signal.SIGINT:
-            raise KeyboardInterrupt
+        if self.signum:
+            first = stopped(signum, " twice: the step in progress was abandoned without a checkpoint; "
+                                    "rlctl resume continues from the newest one")
+            raise StopNow(first.message, exit_code=first.exit_code)
         self.signum = signum
 
     def check(self):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import os
 import stat
 import tempfile
@@ -59,3 +60,26 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
 
 def atomic_write_text(path: str | os.PathLike, text: str) -> None:
     atomic_write_bytes(path, text.encode("utf-8"))
+
+
+# A write that failed for lack of room or permission: disk full, quota, a file-size limit
+# (RLIMIT_FSIZE), a read-only or forbidden folder.
+WRITE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EACCES, errno.EPERM, errno.EROFS})
+
+
+def write_failure(err: BaseException) -> OSError | None:
+    """The OSError of a failed write behind `err`, or None: `err` itself, its causes, and the
+    per-rank failures torch.distributed.checkpoint gathers into a CheckpointException."""
+    todo, seen = [err], set()
+    while todo:
+        e = todo.pop()
+        if not isinstance(e, BaseException) or id(e) in seen:
+            continue
+        seen.add(id(e))
+        if isinstance(e, OSError) and e.errno in WRITE_ERRNOS:
+            return e
+        todo += [e.__cause__, e.__context__]
+        failures = getattr(e, "failures", None)   # {rank: exception or (exception, traceback)}
+        for failure in failures.values() if isinstance(failures, dict) else ():
+            todo += list(failure) if isinstance(failure, tuple) else [failure]
+    return None

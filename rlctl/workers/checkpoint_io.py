@@ -24,7 +24,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from rlctl.errors import CheckpointError
+from rlctl.errors import CheckpointError, CorruptCheckpointError
 from rlctl.workers import fsdp
 
 FORMAT = 1
@@ -74,14 +74,48 @@ def _barrier() -> None:
 
 def save_engine(engine, path: str | Path) -> None:
     """Write the engine's trained params, optimizer and RNG under `path` (call on every rank)."""
+    from rlctl.utils.fs import write_failure
+
     with quiet_single_process():
-        _save_engine(engine, Path(path))
+        try:
+            _save_engine(engine, Path(path))
+        except BaseException as err:   # a full disk, a forbidden folder (DCP raises a BaseException): not a lost worker
+            failed = write_failure(err)
+            if failed is None:
+                raise
+            raise CheckpointError(f"could not write {failed.filename or path}: {failed.strerror}") from None
 
 
 def load_engine(engine, path: str | Path) -> dict:
-    """Restore what save_engine wrote into a freshly built engine; returns engine.json."""
+    """Restore what save_engine wrote into a freshly built engine (after checking this rank's share
+    of the files, `verify_share`); returns engine.json."""
+    verify_share(Path(path))
     with quiet_single_process():
         return _load_engine(engine, Path(path))
+
+
+def verify_share(path: Path) -> None:
+    """Before a load (call on every rank): file i of the role folder `path` is checked against the
+    step's MANIFEST.json by rank i % world, so a checkpoint of N bytes costs each rank N / world of
+    reading (crc32, bench/checksum_bench.py). The ranks then sum which files failed, so every rank
+    raises the same CorruptCheckpointError naming them, before any rank enters the collective load."""
+    from rlctl.utils.checksum import CHECKSUMS, MANIFEST, content_problems
+
+    manifest = path.parent / MANIFEST
+    if not manifest.is_file():   # not a checkpoint step folder: nothing to check against
+        return
+    entries = [e for e in json.loads(manifest.read_text())["files"] if e["path"].startswith(f"{path.name}/")]
+    rank, world = fsdp.rank_and_world()
+    mine = entries[rank::world]
+    problems = content_problems(path.parent, mine)
+    bad = [1.0 if any(p.startswith(f"{e['path']} ") for p in problems) else 0.0 for e in entries]   # own share only
+    found = [e for e, flag in zip(entries, fsdp.all_reduce_sum(bad) if world > 1 else bad) if flag > 0]
+    if found:
+        first = found[0]
+        checksum = next((a for a in CHECKSUMS if isinstance(first.get(a), str)), "checksum")
+        more = f" (+{len(found) - 1} more)" if len(found) > 1 else ""
+        raise CorruptCheckpointError(f"checkpoint {path.parent.name} is broken: {first['path']} does not match its "
+                                     f"{checksum} in the manifest (corrupted){more}")
 
 
 def _save_engine(engine, path: Path) -> None:

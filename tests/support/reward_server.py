@@ -20,7 +20,7 @@ def lowercase_share(text: str) -> float:
 
 
 class RewardService:
-    def __init__(self, *, fail_after: int | None = None, delay_s: float = 0.0):
+    def __init__(self, *, fail_after: int | None = None, delay_s: float = 0.0, port: int = 0):
         self.requests: list[dict] = []
         self.fail_after, self.delay_s = fail_after, delay_s
         service = self
@@ -39,7 +39,7 @@ class RewardService:
             def log_message(self, *args):
                 pass
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server = ThreadingHTTPServer(("127.0.0.1", port), Handler)
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}/get_reward"
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
 
