@@ -11,42 +11,10 @@ Batch-size units follow verl: `data.batch_size` and `actor.mini_batch_size` coun
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields, is_dataclass
-from typing import Any
 
-
-def opt(default: Any, help: str, *, ge=None, gt=None, le=None, lt=None, choices=None,
-        required: bool = False, path: bool = False, extensible: bool = False, items: type = str,
-        int_or_auto: bool = False) -> Any:
-    """A config field with its help text, bounds and allowed values in `metadata`.
-
-    extensible: `choices` are the built-in names; algorithm.plugins may register more, so the
-    value is checked against the registry by validate, not against `choices` by the loader.
-    items: the element type of a list field (str or float).
-    int_or_auto: an integer (within the bounds) or the string "auto", which is resolved against
-    the machine once at start-up (rlctl.runtime.checks.resolve_auto)."""
-    meta = {"help": help, "ge": ge, "gt": gt, "le": le, "lt": lt, "choices": choices,
-            "required": required, "path": path, "extensible": extensible, "items": items,
-            "int_or_auto": int_or_auto}
-    if isinstance(default, (list, tuple)):
-        return field(default_factory=lambda: tuple(default), metadata=meta)
-    if isinstance(default, dict):  # an inline table (reward.weights): a fresh dict per config
-        return field(default_factory=lambda: dict(default), metadata=meta)
-    return field(default=default, metadata=meta)
-
-
-# Copies of rlctl.algorithms' names (it imports torch, which `--help` and `config validate` must not);
-# tests/config/test_constants.py keeps them equal to the originals.
-LOSS_AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
-POLICY_LOSSES = ("vanilla", "gspo", "sapo", "cispo", "geo_mean", "clip_cov", "kl_cov", "gpg", "dppo_tv", "dppo_kl", "dro",
-                 "decoupled_ppo")
-KL_TYPES = ("k1", "kl", "abs", "k2", "mse", "k3", "low_var_kl", "k1+", "kl+", "abs+", "k2+", "mse+", "k3+",
-            "low_var_kl+")   # "+": that value with k2's gradient (straight-through)
-ADV_ESTIMATORS = ("gae", "grpo", "rloo", "remax", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "grpo_passk",
-                  "opo", "gpg", "gdpo", "optimal_token_baseline")
-LOGGERS = ("console", "jsonl", "tensorboard", "wandb")
-REWARD_SOURCES = ("function", "model", "judge", "remote")   # rlctl.rewards.registry.SOURCES (a test keeps them equal)
-JUDGE_PROMPT = ("Grade the response to the question. Reply with a single number from 0 to 10 on the last line.\n\n"
-                "Question:\n{question}\n\nReference answer:\n{ground_truth}\n\nResponse:\n{response}")
+from rlctl.config.fields import opt
+from rlctl.config.names import (ADV_ESTIMATORS, JUDGE_PROMPT, KL_TYPES, LOGGERS, LOSS_AGG_MODES, POLICY_LOSSES,
+                                REWARD_SOURCES)
 
 
 @dataclass(frozen=True)
