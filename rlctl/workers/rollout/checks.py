@@ -13,6 +13,7 @@ from rlctl.config.checks import CheckContext
 from rlctl.config.loader import Problem
 from rlctl.config.schema import Config
 from rlctl.workers.rollout.registry import rollout_engine_info, sharding_engines
+from rlctl.workers.rollout.vllm_platform import cpu_refusal
 
 
 def check_rollout_engine(c: Config, ctx: CheckContext) -> list[Problem]:
@@ -64,11 +65,33 @@ def check_one_step_off(c: Config, ctx: CheckContext) -> list[Problem]:
 
 
 def check_engine_installed(c: Config, ctx: CheckContext) -> list[Problem]:
-    """The machine pass: a GPU-only engine has GPUs, an engine's pip extra is installed."""
+    """The machine pass: a GPU-only engine has GPUs, an engine's pip extra is installed (the CPU
+    build's extra on a CPU run), and vLLM's CPU attention can run the model's head size."""
     engine = rollout_engine_info(c.rollout.engine)
-    if engine.gpu_only and c.resources.gpus_per_node == 0:
+    cpu = c.resources.gpus_per_node == 0
+    if engine.gpu_only and cpu:
         return [Problem("rollout.engine", f"{engine.name!r} runs on GPUs only; set resources.gpus_per_node "
                                           "or use engine = \"hf\" on CPU")]
     if engine.extra and importlib.util.find_spec(engine.extra) is None:
-        return [Problem("rollout.engine", f"{engine.name!r} is not installed; pip install \"rlctl[{engine.extra}]\"")]
+        extra = engine.cpu_extra if cpu and engine.cpu_extra else engine.extra
+        return [Problem("rollout.engine", f"{engine.name!r} is not installed; pip install \"rlctl[{extra}]\" "
+                                          "(or use engine = \"hf\")")]
+    if cpu and engine.cpu_extra:
+        hf = model_config(c, ctx)
+        why = cpu_refusal(hf) if hf is not None else None
+        if why:
+            return [Problem("rollout.engine", f"{engine.name!r} on CPU: {why}")]
     return []
+
+
+def model_config(c: Config, ctx: CheckContext) -> dict | None:
+    """model.path's config.json when it is a readable local folder (check_model reports the rest)."""
+    import json
+    from pathlib import Path
+
+    path = Path(c.model.path).expanduser()
+    path = path if path.is_absolute() else ctx.base_dir / path
+    try:
+        return json.loads((path / "config.json").read_text())
+    except (OSError, ValueError):
+        return None
