@@ -48,7 +48,9 @@ def main(model_a: str, model_b: str) -> dict:
     from rlctl.workers.rollout.vllm import VLLMRolloutEngine
     from rlctl.workers.rollout.weights import engine_weights
 
-    report: dict = {}
+    from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
+
+    report: dict = {"cpu_head_sizes": list(CPUAttentionBackend.get_supported_head_sizes())}
     torch.set_num_threads(1)
     torch.manual_seed(7), np.random.seed(7), random.seed(7)
     before = (torch.rand(1).item(), np.random.rand(), random.random())

@@ -46,6 +46,12 @@ def platform_engine_args(gpu_memory_utilization: float) -> dict[str, Any]:
             "kv_cache_memory_bytes": int(space) << 30 if space.strip() else CPU_KV_CACHE_BYTES}
 
 
+def server_env() -> dict[str, str]:
+    """The environment of vLLM's own OpenAI server (`rlctl serve --engine vllm`, `rlctl eval`) on CPU:
+    its KV cache as VLLM_CPU_KVCACHE_SPACE (GiB; 1 unless the user set it), not a share of host RAM."""
+    return {"VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "").strip() or "1"}
+
+
 def can_sleep() -> bool:
     """Whether `LLM.sleep` frees anything (GPU) or is refused / a no-op (CPU)."""
     return not on_cpu()
