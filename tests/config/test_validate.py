@@ -258,8 +258,10 @@ def test_one_step_off_rules(project, monkeypatch):
                       "need 5 CPUs, this machine has 4: lower resources.workers, rollout_workers or cpus_per_worker"]
     errors = check(project, *off, "resources.rollout_workers=9", machine=False)[0]
     assert any("every worker needs a prompt" in e for e in errors), errors
-    errors = check(project, *off, "rollout.engine=vllm", machine=False)[0]
+    errors = check(project, *off, "rollout.engine=sglang", machine=False)[0]
     assert any(e.startswith("rollout.mode: ") and "not built yet" in e for e in errors), errors
+    errors = check(project, *off, "rollout.engine=vllm", machine=False)[0]   # a vLLM rollout group: built
+    assert not any(e.startswith("rollout.mode: ") for e in errors), errors
     errors = check(project, "rollout.mode=one_step_off", "resources.gpus_per_node=2", machine=False)[0]
     assert any("GPU placement of the rollout group is not built yet" in e for e in errors), errors
     errors = check(project, *off, "algorithm.dynamic_sampling.enable=true", machine=False)[0]
