@@ -45,10 +45,10 @@ def check_one_step_off(c: Config, ctx: CheckContext) -> list[Problem]:
         return []
     problems = []
     gpus = c.resources.gpus_per_node
-    if c.rollout.engine not in ("hf", "vllm"):
-        problems.append(Problem("rollout.mode", f"\"one_step_off\" generates with the hf or vllm engine in its own "
-                                f"group; rollout.engine = {c.rollout.engine!r} there is not built yet: use "
-                                "rollout.engine = \"hf\" or \"vllm\", or rollout.mode = \"sync\""))
+    if rollout_engine_info(c.rollout.engine).gpu_only:   # the rollout group runs on CPU workers (below)
+        problems.append(Problem("rollout.mode", f"\"one_step_off\" runs its rollout group on CPU workers; "
+                                f"rollout.engine = {c.rollout.engine!r} runs on GPUs only, and GPU placement there is "
+                                "not built yet: use rollout.engine = \"hf\" or \"vllm\", or rollout.mode = \"sync\""))
     if isinstance(gpus, int) and gpus > 0:
         problems.append(Problem("rollout.mode", "\"one_step_off\" splits CPU workers between the actor and the "
                                 "rollout group; GPU placement of the rollout group is not built yet: set "
