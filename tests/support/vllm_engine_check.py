@@ -67,6 +67,9 @@ def main(model_a: str, model_b: str) -> dict:
     report["batch_independent"] = alone == sampled(engine, 11)[:3]
     report["limits"] = engine.generate(PROMPTS, n=1, max_new_tokens=12, greedy=True,
                                        limits=[3, 12, 5])["response_length"].tolist()
+    big = [[3 + (i * 7 + j) % 240 for j in range(40)] for i in range(64)]   # 20 k prefill tokens: over a step's budget
+    report["big_batch_rows"] = len(engine.generate(big, n=8, max_new_tokens=4, temperature=1.0,
+                                                   generator=torch.Generator().manual_seed(1))["responses"])
     model_b_hf = AutoModelForCausalLM.from_pretrained(model_b, dtype=torch.float32)
     for i in range(2):   # every push, not just the first
         engine.update_weights(engine_weights(model_b_hf, dtype=torch.float32))

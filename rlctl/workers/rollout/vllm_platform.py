@@ -13,6 +13,10 @@ What differs, measured with vLLM 0.32 (CPU backend) on this project's CPU machin
     re-pushed only when the trained weights changed.
   - attention: the CPU backend runs head sizes CPU_HEAD_SIZES only (the default `rlctl model
     tiny` has 16; `--layers 4 --hidden 256` has 64); `config validate` refuses others.
+  - chunked prefill: off on CPU. vLLM rewinds the seeded generator of a request whose prefill was
+    split across steps with `Generator.set_offset`, which CPU generators lack: a batch of seeded
+    prompts over the step's token budget (e.g. 16 prompts x 8 samples x ~100 tokens) crashed with
+    "CPU Generator does not use offset".
   - the process: the CPU worker replaces `torch.set_num_threads` with a warning no-op for the
     whole process; `keep_process_state` puts the trainer's thread count and function back.
 """
@@ -42,7 +46,9 @@ def platform_engine_args(gpu_memory_utilization: float) -> dict[str, Any]:
     if not on_cpu():
         return {"enable_sleep_mode": True, "gpu_memory_utilization": gpu_memory_utilization}
     space = os.environ.get("VLLM_CPU_KVCACHE_SPACE", "")
-    return {"enable_sleep_mode": False,
+    # chunked prefill off: a seeded request whose prefill is split is rewound with
+    # Generator.set_offset, which CPU generators do not have ("CPU Generator does not use offset")
+    return {"enable_sleep_mode": False, "enable_chunked_prefill": False,
             "kv_cache_memory_bytes": int(space) << 30 if space.strip() else CPU_KV_CACHE_BYTES}
 
 

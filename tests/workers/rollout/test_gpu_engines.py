@@ -58,6 +58,7 @@ def test_vllm_engine_args(monkeypatch):
     monkeypatch.delenv("VLLM_CPU_KVCACHE_SPACE", raising=False)
     cpu = vllm_engine_args(spec(gpu_memory_utilization=0.35))
     assert cpu["enable_sleep_mode"] is False and "gpu_memory_utilization" not in cpu
+    assert cpu["enable_chunked_prefill"] is False   # CPU generators cannot be rewound (vllm_platform)
     assert cpu["kv_cache_memory_bytes"] == vllm_platform.CPU_KV_CACHE_BYTES
     monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "2")             # vLLM's own variable, GiB, wins
     assert vllm_engine_args(spec())["kv_cache_memory_bytes"] == 2 << 30

@@ -67,6 +67,11 @@ def test_sampling_is_seeded_greedy_repeats_and_limits_cap_each_prompt(report):
     assert report["limits"] == [3, 12, 5]
 
 
+def test_a_seeded_batch_over_one_step_s_token_budget_generates(report):
+    # with chunked prefill on, vLLM rewinds a split request's CPU generator and crashes
+    assert report["big_batch_rows"] == 64 * 8
+
+
 def test_validation_knows_vllm_s_cpu_head_sizes(report):
     from rlctl.workers.rollout.vllm_platform import CPU_HEAD_SIZES
 
