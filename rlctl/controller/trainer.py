@@ -25,7 +25,9 @@ if TYPE_CHECKING:
     from rlctl.controller.signals import StopFlag
 
 MAX_BAD_STEPS = 3  # non-finite loss/grad steps in a row before the run stops (exit 5)
-DRIFT_WARN = 0.1   # mean |engine - trainer| log-prob (nats) above bf16 noise: say so, once
+# rollout.max_logprob_diff = 0: the limit by model.dtype. Measured with vLLM 0.32 on CPU against the
+# trainer (same weights): float32 within 1.5e-6 per token, bf16 engine mean 2e-3 (max 1e-2).
+LOGPROB_DIFF_LIMITS = {"float32": 1e-3, "bfloat16": 0.05, "float16": 0.05}
 
 
 class Trainer:
@@ -33,7 +35,6 @@ class Trainer:
         self.setup = setup
         self.config = setup.config
         self.bad_steps = 0
-        self.drift_warned = False
         self.flops = None   # rlctl.controller.perf.StepFlops, measured when fit starts
 
     def fit(self, stop: StopFlag) -> None:
@@ -71,7 +72,7 @@ class Trainer:
                 if "rollout_log_prob" in batch:
                     metrics.update(rollout_drift(batch))
                     if setup.rollouts.on_policy:   # an off-policy source drifts by design
-                        self.warn_drift(step, metrics)
+                        self.check_drift(step, metrics)
                 metrics.update(apply_rollout_correction(batch, config))
             if setup.needs.reference:
                 with phase(timing, "ref"):
@@ -107,14 +108,20 @@ class Trainer:
                 checkpointing.save(setup.session, step)
             stop.check()
 
-    def warn_drift(self, step: int, metrics: dict) -> None:
+    def check_drift(self, step: int, metrics: dict) -> None:
+        """An engine with its own weights must generate with the trained ones: its log-probs of its own
+        samples may differ from the trainer's by kernel and dtype noise only (rollout.max_logprob_diff)."""
         drift = metrics.get("rollout/logprob_diff_mean", 0.0)
-        if drift > DRIFT_WARN and not self.drift_warned:
-            self.drift_warned = True
+        limit, dtype = logprob_diff_limit(self.config)
+        if drift > limit:
             engine = self.config.rollout.engine
-            self.setup.display.print(f"step {step}: the {engine} engine's log-probs differ from the "
-                                     f"trainer's by {drift:.3f} nats per token on average (bf16 noise is ~0.01): it "
-                                     "may not be generating with the trained weights; watch rollout/logprob_diff_mean")
+            raise NumericalError(f"step {step}: the {engine} engine's log-probs of its samples differ from the "
+                                 f"trainer's by {drift:.3g} nats per token on average (max "
+                                 f"{metrics.get('rollout/logprob_diff_max', drift):.3g}), over "
+                                 f"rollout.max_logprob_diff = {limit:g} ({dtype}): it is not generating with the "
+                                 "trained weights",
+                                 hint="a weight push failed or was incomplete; resume from the last checkpoint, "
+                                      "or raise rollout.max_logprob_diff if the engine's kernels are that noisy")
 
     def add_greedy_baseline(self, batch, step: int) -> None:
         """ReMax: score one greedy response per prompt; its score is each sample's baseline."""
@@ -210,6 +217,20 @@ def rollout_drift(batch) -> dict:
     return {"rollout/logprob_diff_mean": float(diff.mean()), "rollout/logprob_diff_max": float(diff.max()),
             "rollout/prob_diff_mean": float(np.abs(np.exp(old) - np.exp(engine)).mean()),
             "rollout/kl": float((engine - old).mean())}   # k1 estimate of KL(rollout || trainer) per token
+
+
+def logprob_diff_limit(config) -> tuple[float, str]:
+    """rollout.max_logprob_diff, or its default for model.dtype ("auto": float32 on CPU, bfloat16 on
+    GPUs, as rlctl.workers.fsdp.resolve_dtype); and the dtype it was chosen for. With top-p / top-k on
+    there is no default (vLLM's log-probs are then of the filtered distribution, the trainer's not)."""
+    dtype = config.model.dtype
+    if dtype == "auto":
+        dtype = "float32" if config.resources.gpus_per_node == 0 else "bfloat16"
+    if config.rollout.max_logprob_diff > 0:
+        return config.rollout.max_logprob_diff, dtype
+    if config.rollout.top_p < 1 or config.rollout.top_k > 0:   # the engine's log-probs are of the filtered,
+        return float("inf"), dtype                              # renormalised distribution: no default
+    return LOGPROB_DIFF_LIMITS.get(dtype, LOGPROB_DIFF_LIMITS["bfloat16"]), dtype
 
 
 def kl_metric(metrics: dict) -> float:

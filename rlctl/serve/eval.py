@@ -199,7 +199,7 @@ def _reward_label(reward) -> str:
 def _generate(folder: Path, prompt_ids: list[list[int]], opts: EvalOptions, temperature: float,
               max_new: int):
     from rlctl.serve.engine import SamplingParams
-    from rlctl.serve.external import LaunchSpec, build_command, pick_engine
+    from rlctl.serve.external import LaunchSpec, build_command, engine_env, pick_engine
     from rlctl.serve.generate import external_server, generate_local, generate_remote
     from rlctl.serve.source import context_room, load_model
     from rlctl.utils.net import free_port
@@ -216,7 +216,7 @@ def _generate(folder: Path, prompt_ids: list[list[int]], opts: EvalOptions, temp
                               max_concurrency=max(opts.max_concurrency, opts.n), progress=progress)
     port = free_port("127.0.0.1")
     spec = LaunchSpec(str(folder), "127.0.0.1", port, "eval", dtype=opts.dtype)
-    with external_server(build_command(engine, spec), f"http://127.0.0.1:{port}") as url:
+    with external_server(build_command(engine, spec), f"http://127.0.0.1:{port}", env=engine_env(engine, folder)) as url:
         return generate_remote(url, "eval", prompt_ids, params, concurrency=opts.max_concurrency,
                                progress=progress)
 

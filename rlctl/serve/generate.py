@@ -98,9 +98,9 @@ def generate_remote(base_url: str, model_name: str, prompt_ids: list[list[int]],
 
 
 @contextlib.contextmanager
-def external_server(argv: list[str], base_url: str, *, startup_timeout_s: float = 900.0):
+def external_server(argv: list[str], base_url: str, *, startup_timeout_s: float = 900.0, env: dict | None = None):
     """Start an engine's server (its logs go to our stderr), wait for /health, stop it afterwards."""
-    child = subprocess.Popen(argv, stdout=sys.stderr, start_new_session=True)
+    child = subprocess.Popen(argv, stdout=sys.stderr, start_new_session=True, env=env)
     try:
         _wait_healthy(child, base_url, startup_timeout_s)
         yield base_url

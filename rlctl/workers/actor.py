@@ -93,10 +93,12 @@ class ActorRolloutRefWorker:
         return engine
 
     def _release_engine(self, engine) -> None:
-        """GPU engines give their memory back to the trainer between generations (weights dropped)."""
+        """GPU engines give their memory back to the trainer between generations (weights dropped);
+        vLLM on CPU has no sleep mode and keeps its weights (`sleep_drops_weights` False)."""
         if engine.owns_weights:
             engine.sleep()
-            self._engine_version = None
+            if getattr(engine, "sleep_drops_weights", True):
+                self._engine_version = None
 
     @register(Dispatch.DP)
     def generate(self, batch: Batch, *, seed: int, mode: str = "train") -> Batch:

