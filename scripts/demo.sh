@@ -7,7 +7,7 @@
 # Everything lands in demo/ (git-ignored); each run starts from a clean demo/.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/setup.sh
+RLCTL_VLLM=${RLCTL_VLLM:-0} bash scripts/setup.sh   # the demo runs the hf engine: vLLM's CPU build (3.3 GB) is the tests' business
 export PATH="$PWD/.venv/bin:$PATH" HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_HUB_DISABLE_PROGRESS_BARS=1
 rm -rf demo && mkdir demo && cd demo
 rlctl model tiny models/base --layers 2 --hidden 128
