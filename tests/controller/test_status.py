@@ -193,13 +193,19 @@ def test_resuming_a_finished_run_starts_nothing(tmp_path, capsys):
     from rlctl.controller.run import _already_finished
 
     run = make_run(tmp_path / "r", steps=40, total=40, ckpts=(20, 40), broken=())
+    step = lambda n: run / "checkpoints" / f"step_{n}"   # noqa: E731
     finish_run(run, status="finished", exit_code=0)
-    assert _already_finished(run, None, 40, ())
+    assert _already_finished(run, 40, step(40), ())
     assert "r already finished at step 40/40; nothing to do" in capsys.readouterr().out
-    assert not _already_finished(run, None, 40, ["run.total_steps=80"])   # asked to train longer
-    assert not _already_finished(run, None, 20, ())                        # --step 20: redo the rest
+    assert not _already_finished(run, 40, step(40), ["run.total_steps=80"])   # asked to train longer
+    assert not _already_finished(run, 20, step(20), ())                        # --step 20: redo the rest
+    shard = step(40) / "model.safetensors"                                     # same size, other content:
+    intact = shard.read_bytes()
+    shard.write_bytes(b"\1" + intact[1:])                                     # loaded, so resume falls back
+    assert not _already_finished(run, 40, step(40), ())
+    shard.write_bytes(intact)
     finish_run(run, status="interrupted", exit_code=130)
-    assert not _already_finished(run, None, 40, ())
+    assert not _already_finished(run, 40, step(40), ())
 
 
 def test_a_stop_signal_that_also_ended_the_workers_is_an_interruption(tmp_path):
