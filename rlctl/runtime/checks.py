@@ -20,6 +20,18 @@ def check_cuda(c: Config, ctx: CheckContext) -> list[Problem]:
     return []
 
 
+def check_gpu_workers(c: Config, ctx: CheckContext) -> list[Problem]:
+    """On GPUs every GPU is one rank: a CPU recipe's resources.workers = 2 on one GPU is caught here,
+    not when the worker group starts."""
+    from rlctl.runtime.resource_pool import GPU_WORKERS_HINT, gpu_workers_mismatch
+
+    gpus = c.resources.gpus_per_node
+    if not isinstance(gpus, int) or gpus <= 0:
+        return []
+    mismatch = gpu_workers_mismatch(c.resources.workers, c.resources.nodes * gpus)
+    return [Problem("resources.workers", f"{mismatch}; {GPU_WORKERS_HINT}")] if mismatch else []
+
+
 def check_cpu_split(c: Config, ctx: CheckContext) -> list[Problem]:
     """Embedded Ray on CPU: the groups' ranks x cpus_per_worker must fit this machine's cores."""
     res = c.resources

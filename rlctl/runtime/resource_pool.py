@@ -37,6 +37,16 @@ def resolve_gpus_per_node(value: int | str, address: str = "") -> tuple[int, str
     return n, (f"auto: {n} CUDA GPU(s) visible" if n else "auto: no GPU visible, CPU")
 
 
+GPU_WORKERS_HINT = "on GPUs every GPU is one worker; leave resources.workers at 1"
+
+
+def gpu_workers_mismatch(workers: int, gpu_world: int) -> str:
+    """Why resources.workers cannot be used on `gpu_world` GPUs ("" when it can: 1 or every GPU)."""
+    if workers in (1, gpu_world):
+        return ""
+    return f"resources.workers = {workers} does not match nodes x gpus_per_node = {gpu_world}"
+
+
 class ResourcePool:
     """A placement group for one worker group; `ready()` reserves it, `remove()` frees it."""
 
@@ -49,10 +59,9 @@ class ResourcePool:
         self.use_gpu = gpus > 0
         if self.use_gpu:
             self.world_size = resources.nodes * gpus
-            if resources.workers not in (1, self.world_size):
-                raise ConfigError(
-                    f"resources.workers = {resources.workers} does not match nodes x gpus_per_node = "
-                    f"{self.world_size}", hint="on GPUs every GPU is one worker; leave resources.workers at 1")
+            mismatch = gpu_workers_mismatch(resources.workers, self.world_size)
+            if mismatch:
+                raise ConfigError(mismatch, hint=GPU_WORKERS_HINT)
         else:
             self.world_size = resources.workers
             if resources.workers % resources.nodes:

@@ -19,7 +19,8 @@ from rlctl.data.sft_checks import check_sft_batch, check_sft_keys, check_sft_sec
 from rlctl.models.checks import check_model
 from rlctl.multiturn.checks import check_multi_turn
 from rlctl.rewards.checks import check_overlong, check_reward, check_reward_function, check_reward_model
-from rlctl.runtime.checks import check_cpu_split, check_cuda, resolve_auto, resolve_auto_problems
+from rlctl.runtime.checks import (check_cpu_split, check_cuda, check_gpu_workers, resolve_auto,
+                                  resolve_auto_problems)
 from rlctl.validate.training import (check_algorithm, check_batches, check_best_metric, check_kl, check_loggers,
                                      check_registered, check_sft_best_metric)
 from rlctl.workers.distill_checks import check_distill, check_distill_teachers
@@ -34,9 +35,9 @@ __all__ = ["RL_CHECKS", "RL_MACHINE_CHECKS", "SFT_CHECKS", "SFT_MACHINE_CHECKS",
 RL_CHECKS = (check_algorithm, check_overlong, check_kl, check_policy_loss, check_staleness_loss,
              check_rollout_engine, check_one_step_off, check_lora, check_reward, check_multi_turn, check_distill)
 RL_MACHINE_CHECKS = (check_model, check_lora_targets, check_engine_installed, check_loggers, check_cuda,
-                     check_cpu_split, check_distill_teachers)
+                     check_gpu_workers, check_cpu_split, check_distill_teachers)
 SFT_CHECKS = (check_sft_keys, check_sft_batch, check_lora, check_sft_best_metric, check_distill)
-SFT_MACHINE_CHECKS = (check_model, check_lora_targets, check_loggers, check_cuda)
+SFT_MACHINE_CHECKS = (check_model, check_lora_targets, check_loggers, check_cuda, check_gpu_workers)
 
 
 def validate(loaded: LoadedConfig, *, machine: bool = True, reach_services: bool = True

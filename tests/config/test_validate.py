@@ -82,6 +82,9 @@ def test_valid_config_and_batch_plan(project):
      "resources.gpus_per_node = 3 is not a multiple of it"),
     (["rollout.engine=vllm", "rollout.temperature=2.5"], "vLLM samples with temperature <= 2"),
     (["resources.gpus_per_node=1"], "no CUDA GPU is visible"),
+    # a CPU recipe's two ranks on one GPU: caught here, not when the worker group starts (seen on an H100)
+    (["resources.gpus_per_node=1", "resources.workers=2"], "resources.workers = 2 does not match nodes x "
+                                                          "gpus_per_node = 1; on GPUs every GPU is one worker"),
     (["model.path=./no/such/model"], "is not a folder"),
     (["model.path=."], "has no config.json"),
     (["data.batch_size=32", "actor.mini_batch_size=32"], "only 20 training rows"),
