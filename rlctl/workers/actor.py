@@ -34,6 +34,7 @@ from rlctl.workers.logprob import batched_response_outputs, response_log_probs
 from rlctl.workers.models import eos_token_ids, load_causal_lm, policy_engine
 from rlctl.workers.rollout.hf import kept_kv_args
 from rlctl.workers.training import mini_batch_count, run_updates
+from rlctl.workers.vision import PIXEL_VALUES, VISION_KEYS, dummy_vision_loss, is_vision_model
 
 _MODEL_KEYS = ["input_ids", "attention_mask"]
 
@@ -63,6 +64,8 @@ class ActorRolloutRefWorker:
         from rlctl.algorithms import get_estimator   # after the plugins: theirs may declare it too
 
         self.sum_pi_squared = get_estimator(config.algorithm.name).needs_sum_pi_squared
+        # vision model over > 1 rank: a micro-batch without images still runs the vision tower
+        self.vision_sync = self.world > 1 and is_vision_model(self.actor.module)
         self._rollout = None
         # Engines with their own weight copy (vLLM, SGLang) get the trained weights before a
         # generate whenever they changed (an update, a checkpoint load) or were dropped (sleep).
@@ -221,7 +224,8 @@ class ActorRolloutRefWorker:
             mask = micro["response_mask"]
             out = response_log_probs(self.actor.module, micro["input_ids"], micro["attention_mask"],
                                      mask.shape[1], temperature=self.temperature, with_entropy=True,
-                                     entropy_grad=ac.entropy_coef > 0, gather_ids=micro.get("teacher_topk_ids"))
+                                     entropy_grad=ac.entropy_coef > 0, gather_ids=micro.get("teacher_topk_ids"),
+                                     vision=micro.get("vision"))
             log_prob = out["log_prob"]
             old = micro["old_log_prob"] if "old_log_prob" in micro else log_prob.detach()
             if rc.bypass_mode:
@@ -237,6 +241,8 @@ class ActorRolloutRefWorker:
                     rollout_log_prob=micro.get("rollout_log_prob"), behav_imp_weight_cap=rc.rollout_is_threshold)
             entropy = aggregate_loss(out["entropy"], mask, ac.loss_agg_mode, norm=norm)
             loss = pg_loss - ac.entropy_coef * entropy if ac.entropy_coef > 0 else pg_loss
+            if self.vision_sync and PIXEL_VALUES not in micro.get("vision", {}):
+                loss = loss + dummy_vision_loss(self.actor.module)   # no image here: join the tower's collectives
             metrics = {**metrics, "pg_loss": float(pg_loss.detach()), "entropy": float(entropy.detach())}
             if distill_loss is not None:
                 term, more = distill_loss(micro, out, norm)
@@ -316,6 +322,8 @@ def sample(engine, batch: Batch, rollout_cfg, *, n: int, max_new_tokens: int, te
     so a run with the same seeds and ranks generates the same tokens (the actor's and the
     one_step_off rollout rank's generate alike)."""
     prompts = [row[mask != 0].tolist() for row, mask in zip(batch["input_ids"], batch["attention_mask"])]
+    if PIXEL_VALUES in batch:   # a vision-language batch: each prompt's images (rlctl.workers.vision)
+        extra["images"] = {key: list(batch[key]) for key in VISION_KEYS}
     generator = torch.Generator(device=device)
     generator.manual_seed(int(np.random.SeedSequence([seed, rank]).generate_state(1)[0]))
     return engine.generate(prompts, n=n, max_new_tokens=max_new_tokens, temperature=temperature,

@@ -1,0 +1,154 @@
+"""Vision inputs of a vision-language policy (Qwen2.5-VL first) as they travel with the batch.
+
+A row of a VLM batch carries, beside its tokens (image placeholders already expanded by the
+processor: one `<|image_pad|>` per merged patch):
+
+    pixel_values    object [B]  one float32 array [patches, C*t*p*p] per row (its images' patches,
+                                in order), None for a row without an image
+    image_grid_thw  object [B]  one int64 array [images, 3] per row (t, h, w of each image in patches)
+    position_ids    int64 [B, 3, P+T]  the multimodal (M-RoPE) positions: temporal, height, width
+
+The n samples of a prompt share its arrays (np.repeat copies references; pickle sends one copy).
+The positions are computed ONCE, by the rollout worker (`rollout_positions`), from the prompt's
+tokens and grids with the model's own `get_rope_index`; the rollout decodes with them and every
+later forward (old / ref log-probs, the update) reads them from the batch. Two traps make that
+necessary: without `mm_token_type_ids` the model silently falls back to 1-D positions (logits off
+by ~4e-3), and it caches `rope_deltas` between calls, so a training forward after a generation
+could reuse another batch's deltas. Passing position_ids explicitly sidesteps both.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+PIXEL_VALUES, IMAGE_GRID_THW, POSITION_IDS = "pixel_values", "image_grid_thw", "position_ids"
+VISION_KEYS = (PIXEL_VALUES, IMAGE_GRID_THW)
+
+
+def vision_config(model: torch.nn.Module):
+    """The model's vision config (peft passes `.config` through), or None for a text-only model."""
+    return getattr(getattr(model, "config", None), "vision_config", None)
+
+
+def is_vision_model(model: torch.nn.Module) -> bool:
+    return vision_config(model) is not None
+
+
+def _core(model: torch.nn.Module) -> torch.nn.Module:
+    """The multimodal base (Qwen2_5_VLModel: `visual`, `language_model`, `get_rope_index`) under
+    peft's and the ForConditionalGeneration wrappers."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    return base.model if hasattr(base, "model") and hasattr(base.model, "get_rope_index") else base
+
+
+def vision_tower(model: torch.nn.Module) -> torch.nn.Module:
+    return _core(model).visual
+
+
+def freeze_vision_tower(model: torch.nn.Module) -> None:
+    """model.freeze_vision_tower: the tower (patch embedding, blocks, merger) keeps its weights; the
+    optimizer never sees them (TrainEngine trains what requires grad)."""
+    from rlctl.errors import ConfigError
+
+    if not is_vision_model(model):
+        raise ConfigError(f"model.freeze_vision_tower is set but {type(model).__name__} has no vision tower",
+                          hint="remove model.freeze_vision_tower, or point model.path at a vision-language model")
+    vision_tower(model).requires_grad_(False)
+
+
+def language_model_linears(model: torch.nn.Module) -> list[str]:
+    """Full names of the linear layers inside the language model of a vision-language `model`
+    (the output head excluded); [] for a text-only model."""
+    if not is_vision_model(model):
+        return []
+    lm = _core(model).language_model
+    inside = {id(m) for m in lm.modules()}
+    return [name for name, m in model.named_modules() if isinstance(m, torch.nn.Linear) and id(m) in inside]
+
+
+def stack_images(pixel_rows, grid_rows) -> tuple[np.ndarray, np.ndarray] | None:
+    """The rows' images in row order as the model takes them: pixel_values [sum patches, D] and
+    image_grid_thw [images, 3]; None when no row has an image."""
+    pixels = [p for p in pixel_rows if p is not None and len(p)]
+    if not pixels:
+        return None
+    grids = [g for g in grid_rows if g is not None and len(g)]
+    return np.concatenate(pixels).astype(np.float32), np.concatenate(grids).astype(np.int64)
+
+
+def model_inputs(batch, device: torch.device) -> dict:
+    """A micro-batch's vision inputs as forward kwargs: pixel_values and image_grid_thw of its rows
+    (absent when none has an image) and position_ids [3, b, P+T]; {} for a text batch."""
+    if POSITION_IDS not in batch:
+        return {}
+    out = {POSITION_IDS: torch.from_numpy(np.ascontiguousarray(batch[POSITION_IDS])).to(device).transpose(0, 1)}
+    stacked = stack_images(batch[PIXEL_VALUES], batch[IMAGE_GRID_THW]) if PIXEL_VALUES in batch else None
+    if stacked is not None:
+        out[PIXEL_VALUES] = torch.from_numpy(stacked[0]).to(device)
+        out[IMAGE_GRID_THW] = torch.from_numpy(stacked[1]).to(device)
+    return out
+
+
+def token_types(model: torch.nn.Module, input_ids: torch.Tensor) -> torch.Tensor:
+    """mm_token_type_ids as the processor makes them: 1 on image tokens, 2 on video tokens, else 0."""
+    cfg = model.config
+    types = torch.zeros_like(input_ids, dtype=torch.int32)
+    types[input_ids == cfg.image_token_id] = 1
+    if getattr(cfg, "video_token_id", None) is not None:
+        types[input_ids == cfg.video_token_id] = 2
+    return types
+
+
+def prompt_positions(model: torch.nn.Module, input_ids: torch.Tensor, valid: torch.Tensor,
+                     image_grid_thw: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """M-RoPE positions [3, B, P] of left-padded prompts (0 on padding) and each row's delta [B]:
+    a text token at real index i after the images sits at position i + delta, so the response
+    continues at prompt_len + j + delta."""
+    positions, deltas = _core(model).get_rope_index(
+        input_ids, mm_token_type_ids=token_types(model, input_ids), image_grid_thw=image_grid_thw,
+        attention_mask=valid.long())
+    return positions, deltas.reshape(-1)
+
+
+def rollout_positions(prompt_pos: torch.Tensor, deltas: torch.Tensor, prompt_len: torch.Tensor, n: int,
+                      response_width: int) -> np.ndarray:
+    """The rows' whole positions [B*n, 3, P+T] (prompt-major, like the rollout's rows): the prompt's
+    M-RoPE positions, then prompt_len + j + delta on response token j (all three axes: text)."""
+    steps = torch.arange(response_width, device=deltas.device)
+    response = (prompt_len + deltas)[:, None] + steps[None, :]                # [B, T]
+    full = torch.cat([prompt_pos.transpose(0, 1), response[:, None, :].expand(-1, 3, -1)], dim=-1)
+    return full.repeat_interleave(n, dim=0).cpu().numpy().astype(np.int64)
+
+
+def engine_vision(model: torch.nn.Module, input_ids: torch.Tensor, valid: torch.Tensor, rows: dict) -> dict:
+    """What the hf engine's prefill takes for left-padded prompts [B, P] whose images are `rows`
+    ({pixel_values, image_grid_thw}: one entry per prompt, None without an image): the stacked
+    images, the prompts' M-RoPE positions [3, B, P] and deltas [B]."""
+    stacked = stack_images(rows[PIXEL_VALUES], rows[IMAGE_GRID_THW])
+    out: dict = {}
+    if stacked is not None:
+        out[PIXEL_VALUES] = torch.from_numpy(stacked[0]).to(input_ids.device)
+        out[IMAGE_GRID_THW] = torch.from_numpy(stacked[1]).to(input_ids.device)
+    out[POSITION_IDS], out["deltas"] = prompt_positions(model, input_ids, valid, out.get(IMAGE_GRID_THW))
+    return out
+
+
+def dummy_vision_loss(model: torch.nn.Module) -> torch.Tensor:
+    """0 * (the vision tower on one tiny blank image): a rank whose micro-batch has no image still
+    runs the tower's FSDP all-gathers (forward) and reduce-scatters (backward), so the ranks that
+    do see images do not wait for it forever. The value is exactly 0; so are its gradients."""
+    cfg = vision_config(model)
+    merge = cfg.spatial_merge_size
+    grid = torch.tensor([[1, merge, merge]], device=_device_of(model))
+    patch = cfg.in_channels * cfg.temporal_patch_size * cfg.patch_size ** 2
+    pixels = torch.zeros(merge * merge, patch, device=grid.device)
+    out = vision_tower(model)(pixels, grid_thw=grid)
+    embeds = out.pooler_output if hasattr(out, "pooler_output") else out
+    return 0.0 * embeds.float().sum()
+
+
+def _device_of(model: torch.nn.Module) -> torch.device:
+    for p in model.parameters():
+        return p.device
+    return torch.device("cpu")
