@@ -78,6 +78,8 @@ class DataConfig:
                                 choices=("filter", "error", "truncate"))
     shuffle: bool = opt(True, "Shuffle the training data every epoch (seeded).")
     val_batch_size: int = opt(64, "Prompts per validation generation batch.", ge=1)
+    image_key: str = opt("images", "Vision-language data: the column holding each row's images (one `<image>` "
+                                   "marker per image in the prompt), as verl's data.image_key.")
 
 
 @dataclass(frozen=True)

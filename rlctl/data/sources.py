@@ -56,6 +56,7 @@ class Generated:
     generate: Callable[[int, float], dict]
     default_val_fraction: float
     arrow_schema: Callable | None = None  # more columns than rlctl's row schema (calc-tools' transcripts)
+    notes: Callable | None = None         # {split: rows} -> lines for the prep report (a no-image baseline)
 
 
 @dataclass(frozen=True)

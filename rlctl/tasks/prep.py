@@ -185,6 +185,7 @@ def _gather(name: str, opts: PrepOptions) -> tuple[str, FileSource | None, dict,
     if isinstance(rows, Generated):
         fraction = rows.default_val_fraction if opts.val_fraction is None else opts.val_fraction
         generated = rows.generate(opts.seed, fraction)
+        notes += rows.notes(generated) if rows.notes else []
         return f"generated (seed {opts.seed})", None, {s: SplitRows(rows=r) for s, r in generated.items()}, notes
     stem = Path(opts.source).stem if opts.source else name
     system = tool_system_prompt(name, opts.tools) if opts.tools else opts.system
