@@ -25,7 +25,7 @@ import torch
 
 from rlctl.errors import DataError
 from rlctl.workers import shared_prompt
-from rlctl.workers.vision import POSITION_IDS, model_inputs
+from rlctl.workers.vision import POSITION_IDS, ban_placeholders, model_inputs, placeholder_ids
 
 
 @dataclass
@@ -167,7 +167,8 @@ def response_logits(model: torch.nn.Module, input_ids: torch.Tensor, attention_m
         return layout.forward(model, logits_to_keep=layout.pred_col).logits[0].float(), layout
     first, last = int(layout.pred_col.min()), int(layout.pred_col.max())   # only the columns some response
     out = layout.forward(model, logits_to_keep=torch.arange(first, last + 1, device=input_ids.device))  # token needs
-    return out.logits[layout.pred_row, layout.pred_col - first].float(), layout
+    logits = out.logits[layout.pred_row, layout.pred_col - first].float()
+    return ban_placeholders(logits, placeholder_ids(model)), layout   # a VLM's policy never samples them
 
 
 def response_log_probs(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,

@@ -42,7 +42,8 @@ from rlctl.workers.rollout.base import (RESPONSE_LENGTH, RESPONSE_MASK, RESPONSE
 from rlctl.workers.rollout.decoder import (DecoderRunner, HFCacheRunner, causal_lm_parts,
                                            fast_path_supported)
 from rlctl.workers.rollout.sampling import sample_tokens
-from rlctl.workers.vision import POSITION_IDS, engine_vision, rollout_positions
+from rlctl.workers.vision import (POSITION_IDS, ban_placeholders, engine_vision, placeholder_ids,
+                                  rollout_positions)
 
 
 class HFRolloutEngine(RolloutEngine):
@@ -65,6 +66,7 @@ class HFRolloutEngine(RolloutEngine):
         self.reuse_kv = reuse_kv
         self.kept_kv: dict[int, KVEntry] = {}
         self._positions: np.ndarray | None = None   # the last vision call's position_ids [B*n, 3, P+T]
+        self.banned = placeholder_ids(model)   # vision placeholder tokens: never sampled
         self.last_stats: dict[str, float] = {}
 
     per_prompt_limits = True
@@ -132,7 +134,7 @@ class HFRolloutEngine(RolloutEngine):
         cap = None if limits is None else torch.tensor(limits, device=device).repeat_interleave(n)  # [B*n]
         kept: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}   # row -> its generated KV
         for step in range(max_new_tokens):
-            tokens = sample_tokens(logits, **params)
+            tokens = sample_tokens(ban_placeholders(logits, self.banned), **params)
             responses[active, step] = tokens
             lengths[active] = step + 1
             if step + 1 == max_new_tokens:
