@@ -90,10 +90,11 @@ def has_images(messages) -> bool:
 
 
 def placeholder_ids(config) -> list[int]:
-    """A VLM's vision placeholder tokens: the engine never samples them (an `<|image_pad|>` in a
-    response would be taken for an image slot by the next forward)."""
-    names = ("image_token_id", "video_token_id", "vision_start_token_id", "vision_end_token_id")
-    return sorted({int(getattr(config, n)) for n in names if getattr(config, n, None) is not None})
+    """A VLM's vision placeholder tokens: the engine never samples them, as the rollout never does
+    (rlctl.workers.vision: a sampled `<|image_pad|>` would be taken for an image slot)."""
+    from rlctl.workers.vision import config_placeholder_ids
+
+    return config_placeholder_ids(config)
 
 
 def vision_inputs(model, input_ids, mask, visions: list):
