@@ -87,10 +87,12 @@ def decode_image(value, *, base_dir: str | os.PathLike | None = None, where: str
         with Image.open(io.BytesIO(data)) as img:
             img.load()
             return img.convert("RGB")
-    except (UnidentifiedImageError, OSError, ValueError, SyntaxError) as e:
+    except UnidentifiedImageError:
+        reason = "no image format PIL knows"
+    except (OSError, ValueError, SyntaxError) as e:   # a known format, damaged (truncated PNG, bad header)
         reason = (str(e).splitlines() or [type(e).__name__])[0][:120]
-        raise DataError(f"{where}: {len(data)} bytes are not a readable image ({reason})",
-                        hint="re-encode the image as PNG or JPEG, or drop the row.") from None
+    raise DataError(f"{where}: {len(data)} bytes are not a readable image ({reason})",
+                    hint="re-encode the image as PNG or JPEG, or drop the row.")
 
 
 def check_size(image, max_pixels: int | None, where: str) -> None:
@@ -142,7 +144,7 @@ def check_rows(rows: list[dict], *, image_key: str = DEFAULT_IMAGE_KEY, base_dir
             load_vision_row(row, image_key=image_key, base_dir=base_dir, max_pixels=max_pixels, index=i,
                             source=source)
         except DataError as e:
-            problems.append(e.message)
+            problems.append(f"{e.message}; {e.hint}" if e.hint else e.message)
     return problems
 
 
