@@ -50,6 +50,17 @@ def test_merge_writes_a_vlm_folder_with_its_processor_verified_on_an_image(vlm_r
     image = V.vision_prompts(processor)
     assert V.max_abs_diff(V.logits_of(model, image), V.logits_of(base, image)) > 1e-4   # it did train
 
+    # and `rlctl serve OUT` / `rlctl eval OUT` load it as they do (model, tokenizer, processor) and answer an image
+    from rlctl.serve.engine import SamplingParams
+    from rlctl.serve.generate import generate_local
+    from rlctl.serve.source import load_model, load_processor_of
+
+    served, tokenizer = load_model(out, "float32", "cpu")
+    answer = generate_local(served, tokenizer, [image[0]["input_ids"].tolist()],
+                            [SamplingParams(max_tokens=3, temperature=0.0, ignore_eos=True)], visions=image,
+                            processor=load_processor_of(out))
+    assert answer[0][0].tokens == 3 and answer[0][0].finish_reason == "length"
+
 
 def _halve_first_vision_block(model):
     import torch
