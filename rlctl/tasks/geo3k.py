@@ -46,4 +46,5 @@ REWARDS = {"geo3k": compute_score}
 PREP = (PrepSource("geo3k", FileSource("geo3k", DATA_SOURCE, "math", "problem", "answer", _ground_truth, INSTRUCTION,
                                        hub_id=DATA_SOURCE, hub_patterns=("data/*.parquet",), image_col="images"),
                    help="Geometry3K figures and questions (vision; --source a local copy of hiyouga/geometry3k)",
-                   no_sft="has no worked solutions, only final answers"),)
+                   no_sft="has no worked solutions, only final answers (and SFT of vision-language models is not "
+                          "built)"),)

@@ -158,9 +158,10 @@ def compute_score(data_source, solution_str, ground_truth, extra_info=None, *, f
 
 
 REWARDS = {"shapes": compute_score}
+_NO_SFT = "is image data, and SFT of vision-language models is not built (GRPO trains them: docs/vision.md)"
 PREP = (
     PrepSource("shapes", Generated(DATA_SOURCE, generate, DEFAULT_VAL_FRACTION, arrow_schema, baseline),
-               help="synthetic coloured shapes on 56x56 images: colour, then count (vision)"),
+               help="synthetic coloured shapes on 56x56 images: colour, then count (vision)", no_sft=_NO_SFT),
     PrepSource("shapes-colour", Generated(COLOUR_SOURCE, generate_colour, DEFAULT_VAL_FRACTION, arrow_schema,
-                                          baseline), help="the shapes images, colour only (vision)"),
+                                          baseline), help="the shapes images, colour only (vision)", no_sft=_NO_SFT),
 )
