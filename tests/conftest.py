@@ -86,6 +86,27 @@ def tiny_untied_model_dir(tmp_path_factory) -> Path:
     return out
 
 
+@pytest.fixture(scope="session")
+def tiny_vlm_dir(tmp_path_factory) -> Path:
+    """`rlctl model tiny --arch qwen2_5_vl`: a tiny Qwen2.5-VL (2 x 64 text, 2-block vision tower)
+    with its processor, built once per test session."""
+    from rlctl.models.tiny_vlm import build_tiny_vlm
+
+    out = tmp_path_factory.mktemp("tiny_vlm")
+    build_tiny_vlm(out, seed=0)
+    return out
+
+
+@pytest.fixture(scope="session")
+def shapes_dir(tmp_path_factory) -> Path:
+    """`rlctl data prep shapes`: train.parquet and test.parquet with 56x56 PNG images."""
+    from rlctl.tasks.prep import PrepOptions, prepare
+
+    out = tmp_path_factory.mktemp("shapes")
+    prepare("shapes", PrepOptions(out=out))
+    return out
+
+
 @pytest.fixture(scope="module")
 def ray_cluster():
     """Embedded Ray with 2 CPUs for the training runs of one test module (torn down after it)."""

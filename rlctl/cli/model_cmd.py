@@ -8,6 +8,7 @@ import typer
 
 from rlctl.cli.common import emit, format_option, refuse_overwrite
 from rlctl.models.tiny import ARCHS  # names only: tiny.py imports torch/transformers when it builds
+from rlctl.models.tiny_vlm import VLM_ARCHS
 
 model_app = typer.Typer(help="Model utilities.", no_args_is_help=True)
 
@@ -21,7 +22,8 @@ def tiny(
     kv_heads: int = typer.Option(2, min=1, help="Key/value heads (divides --heads)."),
     untied: bool = typer.Option(False, "--untied", help="Separate lm_head instead of tied embeddings."),
     seed: int = typer.Option(0, help="Initialisation seed (same seed, same weights)."),
-    arch: str = typer.Option("qwen2", help=f"Architecture: {', '.join(ARCHS)}."),
+    arch: str = typer.Option("qwen2", help=f"Architecture: {', '.join((*ARCHS, *VLM_ARCHS))} (a vision-language "
+                                           "model with its processor)."),
     reward_model: bool = typer.Option(False, "--reward-model",
                                       help="A sequence-classification reward model (one score) for reward.model."),
     tokenizer: str = typer.Option("byte", help="byte (one token per byte, 260 ids) or qwen (Qwen2.5's real BPE "
@@ -34,11 +36,15 @@ def tiny(
     Example: rlctl model tiny models/tiny --layers 2 --hidden 64
              rlctl model tiny models/tiny-rm --reward-model
              rlctl model tiny models/tiny-qwen --tokenizer qwen --hidden 32
+             rlctl model tiny models/tiny-vl --arch qwen2_5_vl
     """
     from rlctl.errors import UsageError
 
-    if arch not in ARCHS:
-        raise UsageError(f"--arch {arch!r} is not one of {', '.join(ARCHS)}")
+    if arch not in ARCHS and arch not in VLM_ARCHS:
+        raise UsageError(f"--arch {arch!r} is not one of {', '.join((*ARCHS, *VLM_ARCHS))}")
+    if arch in VLM_ARCHS and (reward_model or untied or tokenizer != "byte"):
+        raise UsageError(f"--arch {arch} builds a tied, byte-tokenizer policy model",
+                         hint="drop --reward-model, --untied and --tokenizer.")
     if reward_model and arch != "qwen2":
         raise UsageError(f"--reward-model builds a Qwen2 reward model; --arch {arch} is for policy models",
                          hint="Drop --arch, or drop --reward-model.")
@@ -51,6 +57,8 @@ def tiny(
         raise UsageError(f"--hidden {hidden} / --heads {heads} / --kv-heads {kv_heads} do not divide",
                          hint="hidden must be a multiple of heads, and heads a multiple of kv-heads.")
     refuse_overwrite(out, force)
+    if arch in VLM_ARCHS:
+        return _tiny_vlm(out, arch, fmt, layers=layers, hidden=hidden, heads=heads, kv_heads=kv_heads, seed=seed)
     if reward_model:
         from rlctl.models.tiny import build_tiny_reward_model
 
@@ -62,6 +70,14 @@ def tiny(
     info = build_tiny_model(out, layers=layers, hidden=hidden, heads=heads, kv_heads=kv_heads,
                             tie_embeddings=not untied, seed=seed, arch=arch, tokenizer=tokenizer)
     emit(info, fmt, text=f"wrote a tiny {arch} model ({info['params']:,} parameters) to {out}")
+
+
+def _tiny_vlm(out: Path, arch: str, fmt: str, **shape) -> None:
+    from rlctl.models.tiny_vlm import build_tiny_vlm
+
+    info = build_tiny_vlm(out, **shape)
+    emit(info, fmt, text=f"wrote a tiny {arch} vision-language model ({info['params']:,} parameters, "
+                         f"{info['vision_params']:,} in the vision tower) with its processor to {out}")
 
 
 def register(app: typer.Typer) -> None:

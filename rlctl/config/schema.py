@@ -62,6 +62,8 @@ class ModelConfig:
                      choices=("auto", "float32", "bfloat16", "float16"))
     gradient_checkpointing: bool = opt(False, "Recompute activations in backward to save memory.")
     trust_remote_code: bool = opt(False, "Allow model code from the hub (runs that code).")
+    freeze_vision_tower: bool = opt(False, "Vision-language models: train the language model only; the vision "
+                                           "tower (and its merger) keeps its weights.")
     lora: LoraConfig = field(default_factory=LoraConfig, metadata={"help": "LoRA adapters."})
 
 
@@ -76,6 +78,8 @@ class DataConfig:
                                 choices=("filter", "error", "truncate"))
     shuffle: bool = opt(True, "Shuffle the training data every epoch (seeded).")
     val_batch_size: int = opt(64, "Prompts per validation generation batch.", ge=1)
+    image_key: str = opt("images", "Vision-language data: the column holding each row's images (one `<image>` "
+                                   "marker per image in the prompt), as verl's data.image_key.")
 
 
 @dataclass(frozen=True)

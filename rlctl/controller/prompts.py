@@ -24,6 +24,7 @@ class PromptRow:
     ground_truth: str
     extra_info: dict
     messages: list
+    images: tuple | None = None   # vision-language models: the row's PIL images (maybe none); text models: None
 
 
 @dataclass
@@ -60,11 +61,17 @@ def chat_prompt_ids(messages: list, tokenizer, tools: list[dict] | None = None) 
 
 
 def render_prompts(rows: list[dict], tokenizer, max_prompt_length: int, overlong: str,
-                   tools: list[dict] | None = None) -> PromptSet:
-    """Tokenize every row's chat prompt once; apply the overlong policy; count what happened."""
+                   tools: list[dict] | None = None, vision: "VisionData | None" = None) -> PromptSet:
+    """Tokenize every row's chat prompt once; apply the overlong policy; count what happened.
+    `vision` (a vision-language model): rows are read with their images and their prompts go
+    through the processor, which expands each image's placeholder to its patch count."""
     out = PromptSet(rows=[])
     for i, row in enumerate(rows):
-        ids = chat_prompt_ids(row["prompt"], tokenizer, tools)
+        images = None
+        if vision is None:
+            ids = chat_prompt_ids(row["prompt"], tokenizer, tools)
+        else:
+            ids, images = vision.encode(row, i, tools)
         if len(ids) > max_prompt_length:
             if overlong == "error":
                 raise DataError(f"row {i} ({row['data_source']}) has a {len(ids)}-token prompt, over "
@@ -73,17 +80,41 @@ def render_prompts(rows: list[dict], tokenizer, max_prompt_length: int, overlong
             if overlong == "filter":
                 out.filtered += 1
                 continue
+            if images:
+                raise DataError(f"row {i} ({row['data_source']}) has a {len(ids)}-token prompt with images, over "
+                                f"data.max_prompt_length = {max_prompt_length}: cutting it would cut image tokens",
+                                hint="raise the limit, or set data.overlong_prompts = \"filter\".")
             ids = ids[-max_prompt_length:]
             out.truncated += 1
         reward_model = row.get("reward_model") or {}
         out.rows.append(PromptRow(prompt_ids=ids, data_source=row["data_source"],
                                   ground_truth=str(reward_model.get("ground_truth", "")),
-                                  extra_info=dict(row.get("extra_info") or {}), messages=row["prompt"]))
+                                  extra_info=dict(row.get("extra_info") or {}), messages=row["prompt"],
+                                  images=images))
         out.data_sources[row["data_source"]] = out.data_sources.get(row["data_source"], 0) + 1
     if not out.rows:
         raise DataError(f"every prompt is longer than data.max_prompt_length = {max_prompt_length} "
                         f"({out.filtered} filtered)", hint="raise data.max_prompt_length.")
     return out
+
+
+class VisionData:
+    """How a vision-language model reads a row: its images (rlctl.data.images: checked, one line
+    naming the row) and its chat prompt through the processor (rlctl.models.vision.encode_prompt)."""
+
+    def __init__(self, model_path: str, image_key: str, source: str):
+        from rlctl.models.vision import load_processor, processor_max_pixels
+
+        self.processor, self.image_key, self.source = load_processor(model_path), image_key, source
+        self.max_pixels = processor_max_pixels(self.processor)
+
+    def encode(self, row: dict, index: int, tools: list[dict] | None) -> tuple[list[int], tuple]:
+        from rlctl.data.images import load_vision_row
+        from rlctl.models.vision import encode_prompt
+
+        messages, images = load_vision_row(row, image_key=self.image_key, max_pixels=self.max_pixels,
+                                           index=index, source=self.source)
+        return encode_prompt(self.processor, messages, images, tools)["input_ids"].tolist(), tuple(images)
 
 
 class PromptLoader:

@@ -32,6 +32,8 @@ def prompt_batch(rows: list[PromptRow], tag: str, pad_token_id: int) -> Batch:
         "ground_truth": object_array([r.ground_truth for r in rows]),
         "extra_info": object_array([r.extra_info for r in rows]),
         "messages": object_array([r.messages for r in rows]),  # the chat prompt: judge and reward model read it
+        # vision-language models: each prompt's PIL images (the worker turns them into pixel_values)
+        **({"images": object_array([list(r.images) for r in rows])} if rows[0].images is not None else {}),
     })
 
 
@@ -145,6 +147,8 @@ def align_prompt_width(batches: list[Batch], pad_token_id: int) -> list[Batch]:
             b = Batch(dict(b.tensors), b.meta)
             for key, fill in (("prompts", pad_token_id), ("input_ids", pad_token_id), ("attention_mask", 0)):
                 b[key] = np.pad(b[key], ((0, 0), (extra, 0)), constant_values=fill)
+            if "position_ids" in b:   # vision models: [B, 3, P+T]
+                b["position_ids"] = np.pad(b["position_ids"], ((0, 0), (0, 0), (extra, 0)))
         out.append(b)
     return out
 

@@ -17,7 +17,7 @@ import numpy as np
 from rlctl.config.loader import LoadedConfig, config_to_dict
 from rlctl.config.schema import Config, distill_enabled, rollout_is_level
 from rlctl.controller.paths import resolve_paths
-from rlctl.controller.prompts import PromptLoader, PromptRow, read_rows, render_prompts
+from rlctl.controller.prompts import PromptLoader, PromptRow, VisionData, read_rows, render_prompts
 from rlctl.controller.session import RunSession
 
 if TYPE_CHECKING:  # heavy (torch, transformers, ray): the annotations only name them
@@ -128,7 +128,8 @@ def build_data(config: Config, setup_notices: list, tools: list[dict]):
 
     tokenizer = load_tokenizer(config.model.path, config.model.trust_remote_code)
     train = render_prompts(read_rows([Path(p) for p in config.data.train_files]), tokenizer,
-                           config.data.max_prompt_length, config.data.overlong_prompts, tools=tools)
+                           config.data.max_prompt_length, config.data.overlong_prompts, tools=tools,
+                           vision=vision_data(config, config.data.train_files))
     if train.filtered or train.truncated:
         setup_notices.append(f"{train.filtered} prompt(s) over data.max_prompt_length = "
                              f"{config.data.max_prompt_length} filtered, {train.truncated} truncated")
@@ -136,8 +137,18 @@ def build_data(config: Config, setup_notices: list, tools: list[dict]):
     val_rows = []
     if config.data.val_files:
         val_rows = render_prompts(read_rows([Path(p) for p in config.data.val_files]), tokenizer,
-                                  config.data.max_prompt_length, config.data.overlong_prompts, tools=tools).rows
+                                  config.data.max_prompt_length, config.data.overlong_prompts, tools=tools,
+                                  vision=vision_data(config, config.data.val_files)).rows
     return tokenizer, loader, val_rows, train
+
+
+def vision_data(config: Config, files) -> VisionData | None:
+    """How the rows of `files` are read for a vision-language model.path (None: a text model)."""
+    from rlctl.models.vision import is_vision_model
+
+    if not is_vision_model(config.model.path):
+        return None
+    return VisionData(config.model.path, config.data.image_key, ", ".join(Path(f).name for f in files))
 
 
 def build_setup(loaded: LoadedConfig, run_dir: Path, stack: ExitStack, *, address: str = "",

@@ -64,10 +64,25 @@ def read_table(files):
         raise DataError(f"data files {', '.join(map(str, paths))} do not share a schema ({e})") from None
 
 
-def load_rows(files) -> list[dict]:
+def load_rows(files, image_key: str = "images") -> list[dict]:
     """Rows of `files` as dicts: data_source, prompt (list of {role, content}), ability,
-    reward_model {style, ground_truth}, extra_info {...}."""
-    return read_table(files).to_pylist()
+    reward_model {style, ground_truth}, extra_info {...}; and, in vision-language data, the
+    `image_key` column with its relative image paths made absolute (they are relative to their
+    parquet file, which a row no longer knows: rlctl.data.images)."""
+    import pyarrow.parquet as pq
+
+    from rlctl.data.images import absolute_image_paths
+
+    paths = [files] if isinstance(files, (str, os.PathLike)) else list(files)
+    rows = read_table(paths).to_pylist()
+    if not rows or image_key not in rows[0]:
+        return rows
+    start = 0
+    for path in paths:   # each file's rows, in read_table's order, against that file's folder
+        n = pq.ParquetFile(path).metadata.num_rows
+        absolute_image_paths(rows[start:start + n], image_key, Path(path).parent)
+        start += n
+    return rows
 
 
 def render_prompts(prompts: list[list[dict]], tokenizer) -> list[str]:

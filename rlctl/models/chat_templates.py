@@ -4,6 +4,8 @@ tokenizer, rlctl.models.tiny). Both tokenizer builders read them from here."""
 
 from __future__ import annotations
 
+import re
+
 # ChatML in Qwen2.5's shape: `tools=` renders a system block listing the tools, an assistant's
 # `tool_calls` render as hermes `<tool_call>` JSON blocks, and `tool` messages (consecutive ones
 # together) come back inside one user turn as `<tool_response>` blocks. Without tools it renders
@@ -66,3 +68,20 @@ def _chat_template(tools_block: str) -> str:
 
 QWEN_CHAT_TEMPLATE = _chat_template(_QWEN_TOOLS_BLOCK)  # Qwen's own vocabulary (rlctl.models.qwen_vocab)
 BYTE_CHAT_TEMPLATE = _chat_template(_COMPACT_TOOLS_BLOCK)  # the byte-level tokenizer's
+
+# The tiny vision-language model's template: the byte-level one, with every message's content
+# rendered by one macro. Content is a string (an `<image>` marker, verl's data format, becomes the
+# vision tokens) or a list of parts, as real VLM templates take them ({"type": "image"} or
+# "image_url" -> the vision tokens, {"type": "text"} -> its text).
+VISION_TOKENS = "<|vision_start|><|image_pad|><|vision_end|>"
+_RENDER_CONTENT = (
+    "{%- macro render(content) -%}"
+    "{%- if content is string -%}{{- content | replace('<image>', '" + VISION_TOKENS + "') -}}"
+    "{%- else -%}{%- for part in content -%}"
+    "{%- if part['type'] in ('image', 'image_url') -%}{{- '" + VISION_TOKENS + "' -}}"
+    "{%- elif part['type'] == 'text' -%}{{- part['text'] -}}{%- endif -%}"
+    "{%- endfor -%}{%- endif -%}"
+    "{%- endmacro -%}"
+)
+VISION_CHAT_TEMPLATE = _RENDER_CONTENT + re.sub(r"(messages\[0\]|message)\['content'\]", r"render(\1['content'])",
+                                                BYTE_CHAT_TEMPLATE)

@@ -116,5 +116,9 @@ def rollout_batch(prompts: Batch, out: dict, n: int, *, width: int, pad: int) ->
     }
     if "rollout_log_prob" in out:   # GPU engines: their log-prob of each sampled token
         rows["rollout_log_prob"] = out["rollout_log_prob"].astype(np.float32)
+    if "position_ids" in out:   # vision models: the M-RoPE positions [B*n, 3, P'+T] the engine sampled with
+        positions = out["position_ids"]
+        extra_pos = prompt_ids.shape[1] + responses.shape[1] - positions.shape[2]
+        rows["position_ids"] = np.pad(positions.astype(np.int64), ((0, 0), (0, 0), (extra_pos, 0)))
     carried = {k: np.repeat(v, n, axis=0) for k, v in prompts.tensors.items() if k not in MODEL_KEYS}
     return Batch({**carried, **rows}, prompts.meta)

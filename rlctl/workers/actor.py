@@ -34,6 +34,8 @@ from rlctl.workers.logprob import batched_response_outputs, response_log_probs
 from rlctl.workers.models import eos_token_ids, load_causal_lm, policy_engine
 from rlctl.workers.rollout.hf import kept_kv_args
 from rlctl.workers.training import mini_batch_count, run_updates
+from rlctl.workers.vision import (IMAGES, PIXEL_VALUES, POSITION_IDS, VISION_KEYS, batch_positions,
+                                  has_vision_tower, process_images, tower_always_runs)
 
 _MODEL_KEYS = ["input_ids", "attention_mask"]
 
@@ -63,7 +65,10 @@ class ActorRolloutRefWorker:
         from rlctl.algorithms import get_estimator   # after the plugins: theirs may declare it too
 
         self.sum_pi_squared = get_estimator(config.algorithm.name).needs_sum_pi_squared
+        # vision model over > 1 rank: a micro-batch without images still runs the vision tower
+        self.vision_sync = self.world > 1 and has_vision_tower(self.actor.module)
         self._rollout = None
+        self._processor = None   # vision-language models: model.path's processor
         # Engines with their own weight copy (vLLM, SGLang) get the trained weights before a
         # generate whenever they changed (an update, a checkpoint load) or were dropped (sleep).
         self._weights_version, self._engine_version = 0, 0
@@ -76,7 +81,8 @@ class ActorRolloutRefWorker:
 
             spec = None
             if rollout_engine_info(self.cfg.rollout.engine).owns_weights:
-                spec = GPUEngineSpec.from_config(self.cfg, str(self.actor.compute_dtype).removeprefix("torch."))
+                spec = GPUEngineSpec.from_config(self.cfg, str(self.actor.compute_dtype).removeprefix("torch."),
+                                                 vision=has_vision_tower(self.actor.module))
             self._rollout = make_rollout_engine(self.cfg.rollout.engine, self.actor.module, spec=spec,
                                                 pad_token_id=self._pad_id(), eos_token_ids=self.eos_ids)
         return self._rollout
@@ -109,7 +115,12 @@ class ActorRolloutRefWorker:
         with the same seeds and ranks generates the same tokens.
         """
         n, temperature = self._mode(mode)
+        batch = self._with_pixels(batch)
         out = self._sample(batch, n, self.cfg.data.max_response_length, temperature, seed)
+        if PIXEL_VALUES in batch and POSITION_IDS not in out:   # an engine that keeps its own (vLLM)
+            out[POSITION_IDS] = batch_positions(self.actor.module, batch, n, self.cfg.data.max_response_length)
+        if IMAGES in batch:   # the rows carry pixel_values to the update, not the PIL images
+            batch = Batch({k: v for k, v in batch.tensors.items() if k != IMAGES}, batch.meta)
         return rollout_batch(batch, out, n, width=self.cfg.data.max_prompt_length, pad=self._pad_id())
 
     @register(Dispatch.DP)
@@ -124,6 +135,17 @@ class ActorRolloutRefWorker:
         limits = [int(x) for x in batch["max_new_tokens"]]
         out = self._sample(batch, n, max(width, *limits), temperature, seed, limits=limits, kv=kept_kv_args(batch))
         return Batch(_clip_to_limits(out, np.repeat(limits, n), self.eos_ids, self._pad_id()))
+
+    def _with_pixels(self, batch: Batch) -> Batch:
+        """A vision-language prompt batch: its `images` column (PIL) plus pixel_values and
+        image_grid_thw per row, by model.path's processor (the hf engine takes those, vLLM the images)."""
+        if IMAGES not in batch:
+            return batch
+        if self._processor is None:
+            from rlctl.models.vision import load_processor
+
+            self._processor = load_processor(self.cfg.model.path)
+        return batch.union(Batch(process_images(self._processor, self.actor.module, batch)))
 
     def _mode(self, mode: str) -> tuple[int, float]:
         rc = self.cfg.rollout
@@ -219,9 +241,11 @@ class ActorRolloutRefWorker:
 
         def loss_fn(micro: dict) -> tuple[torch.Tensor, dict]:
             mask = micro["response_mask"]
-            out = response_log_probs(self.actor.module, micro["input_ids"], micro["attention_mask"],
-                                     mask.shape[1], temperature=self.temperature, with_entropy=True,
-                                     entropy_grad=ac.entropy_coef > 0, gather_ids=micro.get("teacher_topk_ids"))
+            with tower_always_runs(self.actor.module, micro, self.vision_sync):
+                out = response_log_probs(self.actor.module, micro["input_ids"], micro["attention_mask"],
+                                         mask.shape[1], temperature=self.temperature, with_entropy=True,
+                                         entropy_grad=ac.entropy_coef > 0, gather_ids=micro.get("teacher_topk_ids"),
+                                         vision=micro.get("vision"))
             log_prob = out["log_prob"]
             old = micro["old_log_prob"] if "old_log_prob" in micro else log_prob.detach()
             if rc.bypass_mode:
@@ -316,6 +340,8 @@ def sample(engine, batch: Batch, rollout_cfg, *, n: int, max_new_tokens: int, te
     so a run with the same seeds and ranks generates the same tokens (the actor's and the
     one_step_off rollout rank's generate alike)."""
     prompts = [row[mask != 0].tolist() for row, mask in zip(batch["input_ids"], batch["attention_mask"])]
+    if PIXEL_VALUES in batch:   # a vision-language batch: each prompt's images (rlctl.workers.vision)
+        extra["images"] = {key: list(batch[key]) for key in (*VISION_KEYS, IMAGES)}
     generator = torch.Generator(device=device)
     generator.manual_seed(int(np.random.SeedSequence([seed, rank]).generate_state(1)[0]))
     return engine.generate(prompts, n=n, max_new_tokens=max_new_tokens, temperature=temperature,

@@ -25,6 +25,7 @@ import torch
 
 from rlctl.errors import DataError
 from rlctl.workers import shared_prompt
+from rlctl.workers.vision import POSITION_IDS, ban_placeholders, model_inputs, placeholder_ids
 
 
 @dataclass
@@ -39,12 +40,13 @@ class Layout:
     targets: torch.Tensor          # [M] the response tokens themselves
     response_valid: torch.Tensor   # [b, T] bool, where the M values go back
     shared: shared_prompt.SharedPrompt | None = None  # the attention plan of the shared layout
+    images: dict | None = None     # vision models: pixel_values and image_grid_thw of the rows' images
 
     def forward(self, model: torch.nn.Module, **kwargs):
         """model(...) on this layout; the shared layout routes attention through its plan."""
         if self.shared is None:
             return model(input_ids=self.input_ids, attention_mask=self.attention_mask,
-                         position_ids=self.position_ids, use_cache=False, **kwargs)
+                         position_ids=self.position_ids, use_cache=False, **(self.images or {}), **kwargs)
         with shared_prompt.attention(model):
             return model(input_ids=self.input_ids, position_ids=self.position_ids, use_cache=False,
                          **{shared_prompt.KWARG: self.shared}, **kwargs)
@@ -73,7 +75,8 @@ def batched_response_outputs(model: torch.nn.Module, device: torch.device, batch
                              forward=None, **kwargs) -> dict[str, np.ndarray]:
     """`forward` (default response_log_probs) over a Batch of [B, P+T] rows in micro-batches of
     `micro_batch_size`, in inference_order; its [b, T] outputs as numpy [B, T] in the batch's row
-    order. `forward(model, input_ids, attention_mask, T, **kwargs)` returns a dict of tensors.
+    order. `forward(model, input_ids, attention_mask, T, **kwargs)` returns a dict of tensors; a
+    vision batch's rows also pass vision=rlctl.workers.vision.model_inputs(rows).
     The caller holds the contexts (no_grad, autocast, adapters). One loop for the actor, the
     critic and the one_step_off rollout rank, so equal weights give equal numbers."""
     forward = forward or response_log_probs
@@ -82,16 +85,24 @@ def batched_response_outputs(model: torch.nn.Module, device: torch.device, batch
     parts: dict[str, list] = {}
     for micro in batch.select(order).split(micro_batch_size):
         t = micro.to_torch(device, keys=["input_ids", "attention_mask"])
-        for key, value in forward(model, t["input_ids"], t["attention_mask"], width, **kwargs).items():
+        vision = model_inputs(micro, device)
+        more = {"vision": vision} if vision else {}
+        for key, value in forward(model, t["input_ids"], t["attention_mask"], width, **more, **kwargs).items():
             parts.setdefault(key, []).append(value.cpu().numpy())
     inverse = np.argsort(order)
     return {key: np.concatenate(values)[inverse] for key, values in parts.items()}
 
 
 def make_layout(input_ids: torch.Tensor, attention_mask: torch.Tensor, response_width: int, *,
-                pack: bool = False, layout: str | None = None) -> Layout:
-    """The unpadded model input of a micro-batch; layout "shared" | "pack" | "trim" (else from `pack`)."""
+                pack: bool = False, layout: str | None = None, vision: dict | None = None) -> Layout:
+    """The unpadded model input of a micro-batch; layout "shared" | "pack" | "trim" (else from `pack`).
+    vision (rlctl.workers.vision.model_inputs): the rows' M-RoPE positions [3, b, P+T] move with
+    their tokens (trim: [3, b, L_max]; pack: [4, 1, N], row 0 the per-sequence text positions that
+    mark the boundaries, as transformers' Qwen2.5-VL reads a packed row) and the images ride along."""
     layout = layout or ("pack" if pack else "trim")
+    if vision:
+        text = make_layout(input_ids, attention_mask, response_width, layout="pack" if layout == "pack" else "trim")
+        return _vision_layout(text, attention_mask, vision)
     b, width = input_ids.shape
     prompt_width = width - response_width
     valid = attention_mask.bool()
@@ -122,6 +133,22 @@ def make_layout(input_ids: torch.Tensor, attention_mask: torch.Tensor, response_
                   targets=targets, response_valid=response_valid)
 
 
+def _vision_layout(text: Layout, attention_mask: torch.Tensor, vision: dict) -> Layout:
+    """A text layout (trim or pack) with the carried M-RoPE positions put where its tokens went."""
+    valid = attention_mask.bool()
+    carried = vision[POSITION_IDS]                           # [3, b, P+T]
+    if text.attention_mask is None:                          # pack: [1, N] in row-major order of valid
+        positions = torch.cat([text.position_ids, carried[:, valid]], dim=0)[:, None, :]
+    else:                                                    # trim: each row's real tokens moved left
+        b, width = text.input_ids.shape
+        positions = carried.new_zeros(3, b, width)
+        row_of = torch.arange(b, device=valid.device)[:, None].expand_as(valid)[valid]
+        positions[:, row_of, valid.long().cumsum(1)[valid] - 1] = carried[:, valid]
+    text.position_ids = positions
+    text.images = {k: v for k, v in vision.items() if k != POSITION_IDS}
+    return text
+
+
 def use_packing(model: torch.nn.Module) -> bool:
     """Pack only where attention is varlen (flash); a packed row under sdpa costs O(N^2) memory."""
     config = getattr(model, "config", None)
@@ -130,32 +157,36 @@ def use_packing(model: torch.nn.Module) -> bool:
 
 
 def response_logits(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                    response_width: int, *, pack: bool | None = None) -> tuple[torch.Tensor, Layout]:
+                    response_width: int, *, pack: bool | None = None,
+                    vision: dict | None = None) -> tuple[torch.Tensor, Layout]:
     """The logits [M, V] float32 that predict each real response token, and the layout that says
     where each of the M rows goes back ([b, T], row-major over response_valid)."""
     layout = make_layout(input_ids, attention_mask, response_width,
-                         layout=choose_layout(model, input_ids.shape[1], pack))
+                         layout=choose_layout(model, input_ids.shape[1], pack), vision=vision)
     if layout.shared is not None:   # the predictors' positions, in target order (prompts never reach the head)
         return layout.forward(model, logits_to_keep=layout.pred_col).logits[0].float(), layout
     first, last = int(layout.pred_col.min()), int(layout.pred_col.max())   # only the columns some response
     out = layout.forward(model, logits_to_keep=torch.arange(first, last + 1, device=input_ids.device))  # token needs
-    return out.logits[layout.pred_row, layout.pred_col - first].float(), layout
+    logits = out.logits[layout.pred_row, layout.pred_col - first].float()
+    return ban_placeholders(logits, placeholder_ids(model)), layout   # a VLM's policy never samples them
 
 
 def response_log_probs(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                        response_width: int, *, temperature: float = 1.0, with_entropy: bool = False,
                        entropy_grad: bool = False, with_sum_pi_squared: bool = False,
-                       pack: bool | None = None, gather_ids: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+                       pack: bool | None = None, gather_ids: torch.Tensor | None = None,
+                       vision: dict | None = None) -> dict[str, torch.Tensor]:
     """log pi(response token) and entropy, both [b, T] float32, 0 on padding (+ sum_v pi(v)^2 when
     with_sum_pi_squared, for the optimal token baseline; + topk_log_prob [b, T, K], the log-probs of
     the token ids `gather_ids` [b, T, K] at each response position, for top-k distillation).
+    vision: a vision-language batch's images and M-RoPE positions (rlctl.workers.vision.model_inputs).
 
     temperature divides the logits (the sampling distribution of the rollout). The entropy is
     computed without gradient unless `entropy_grad` (an entropy bonus needs it).
     """
     from rlctl.algorithms import entropy_from_logits, log_probs_from_logits
 
-    logits, layout = response_logits(model, input_ids, attention_mask, response_width, pack=pack)
+    logits, layout = response_logits(model, input_ids, attention_mask, response_width, pack=pack, vision=vision)
     if temperature and temperature != 1.0:
         logits = logits / temperature
     result = {"log_prob": _scatter(log_probs_from_logits(logits, layout.targets), layout.response_valid)}

@@ -32,9 +32,15 @@ def is_all_linear(targets) -> bool:
     return [str(t).lower() for t in targets] == [ALL_LINEAR]
 
 
-def peft_targets(targets) -> str | list[str]:
-    """target_modules as peft takes it: the "all-linear" string, or the list of names."""
-    return ALL_LINEAR if is_all_linear(targets) else list(targets)
+def peft_targets(targets, model: torch.nn.Module | None = None) -> str | list[str]:
+    """target_modules as peft takes it: the "all-linear" string, or the list of names. On a
+    vision-language `model`, "all-linear" is the language model's linear layers by full name:
+    peft's own "all-linear" would also adapt the vision tower (its MLP shares the LM's names)."""
+    if not is_all_linear(targets):
+        return list(targets)
+    from rlctl.workers.vision import language_model_linears
+
+    return (language_model_linears(model) if model is not None else None) or ALL_LINEAR
 
 
 def _adaptable(model: torch.nn.Module) -> dict[str, str]:
@@ -115,14 +121,15 @@ def quiet_moe_patterns() -> Iterator[None]:
 
 def meta_model(path: str, trust_remote_code: bool = False) -> torch.nn.Module:
     """The architecture at `path` (config.json only) on the meta device: names and shapes, no memory."""
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText
 
     from rlctl.models.loading import quiet_transformers
 
     quiet_transformers()
     config = AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code, local_files_only=True)
+    auto = AutoModelForImageTextToText if getattr(config, "vision_config", None) is not None else AutoModelForCausalLM
     with torch.device("meta"):
-        return AutoModelForCausalLM.from_config(config, trust_remote_code=trust_remote_code)
+        return auto.from_config(config, trust_remote_code=trust_remote_code)
 
 
 def check_targets(model: torch.nn.Module, lora_cfg) -> None:

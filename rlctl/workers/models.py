@@ -17,14 +17,17 @@ def _check_path(path: str, what: str) -> None:
 
 
 def load_causal_lm(model_cfg, dtype: torch.dtype = torch.float32) -> torch.nn.Module:
-    """The HF causal LM at model.path in `dtype` (float32 for trained masters)."""
-    from transformers import AutoModelForCausalLM
+    """The HF causal LM at model.path in `dtype` (float32 for trained masters); a vision-language
+    model (its config has a vision_config: Qwen2.5-VL, Qwen3-VL, Gemma 3) through
+    AutoModelForImageTextToText, the class that holds its vision tower."""
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText
 
     quiet_transformers()
     _check_path(model_cfg.path, "model.path")
     try:
-        return AutoModelForCausalLM.from_pretrained(model_cfg.path, dtype=dtype,
-                                                    trust_remote_code=model_cfg.trust_remote_code)
+        config = AutoConfig.from_pretrained(model_cfg.path, trust_remote_code=model_cfg.trust_remote_code)
+        auto = AutoModelForImageTextToText if getattr(config, "vision_config", None) is not None else AutoModelForCausalLM
+        return auto.from_pretrained(model_cfg.path, dtype=dtype, trust_remote_code=model_cfg.trust_remote_code)
     except OSError as err:
         raise DataError(f"cannot load the model at {model_cfg.path!r}: {str(err).splitlines()[0]}",
                         hint="check model.path (offline runs need a local folder)") from None
@@ -46,23 +49,24 @@ def load_value_model(path: str, model_cfg, dtype: torch.dtype = torch.float32) -
                         hint="the critic needs a model class with a token-classification head") from None
 
 
-def lora_config(lora_cfg):
+def lora_config(lora_cfg, model: torch.nn.Module | None = None):
     from peft import LoraConfig
 
     from rlctl.workers.lora import peft_targets
 
     return LoraConfig(r=lora_cfg.rank, lora_alpha=lora_cfg.alpha, lora_dropout=lora_cfg.dropout,
-                      target_modules=peft_targets(lora_cfg.target_modules), task_type="CAUSAL_LM", bias="none")
+                      target_modules=peft_targets(lora_cfg.target_modules, model), task_type="CAUSAL_LM", bias="none")
 
 
 def apply_lora(model: torch.nn.Module, lora_cfg) -> torch.nn.Module:
-    """Wrap with peft adapters; only the adapters train, the base weights stay frozen."""
+    """Wrap with peft adapters; only the adapters train, the base weights stay frozen (a
+    vision-language model's "all-linear": the language model's projections, rlctl.workers.lora)."""
     from peft import get_peft_model
 
     from rlctl.workers.lora import quiet_moe_patterns
 
     with quiet_moe_patterns():
-        return get_peft_model(model, lora_config(lora_cfg))
+        return get_peft_model(model, lora_config(lora_cfg, model))
 
 
 def policy_engine(config, total_steps: int):
@@ -75,6 +79,10 @@ def policy_engine(config, total_steps: int):
 
     torch.manual_seed(config.run.seed)
     model = load_causal_lm(config.model)
+    if config.model.freeze_vision_tower:
+        from rlctl.workers.vision import freeze_vision_tower
+
+        freeze_vision_tower(model)
     if config.model.lora.rank > 0:
         check_targets(model, config.model.lora)   # validate cannot see a hub model's layers
         model = apply_lora(model, config.model.lora)

@@ -16,6 +16,7 @@ import numpy as np
 from rlctl.errors import ConfigError
 from rlctl.runtime.batch import Batch
 from rlctl.workers import fsdp
+from rlctl.workers.vision import model_inputs
 
 
 def mini_batch_count(shard: Batch, *, world: int, sequences_per_mini: int) -> int:
@@ -53,8 +54,7 @@ def run_updates(engine, shard: Batch, *, epochs: int, mini_batches: int, micro_b
     for _ in range(epochs):
         for mini in shard.chunk(mini_batches, even=True):
             norm = minibatch_norm(mini, horizon=horizon)
-            micros = [m.to_torch(engine.device, keys=[k for k in keys if k in m])
-                      for m in mini.split(micro_batch_size)]
+            micros = [_micro(m, engine.device, keys) for m in mini.split(micro_batch_size)]
             out = engine.train_mini_batch(micros, make_loss(norm))
             steps.append(_step_metrics(out))
     lr = engine.lr()
@@ -62,6 +62,16 @@ def run_updates(engine, shard: Batch, *, epochs: int, mini_batches: int, micro_b
     metrics = _reduce_over_ranks(steps)
     metrics.update(lr=lr, optimizer_steps=float(len(steps)))
     return metrics
+
+
+def _micro(rows: Batch, device, keys: list[str]) -> dict:
+    """A micro-batch's tensors on the device; a vision batch's images and M-RoPE positions under
+    "vision" (rlctl.workers.vision.model_inputs), which the loss passes to the forward."""
+    micro = rows.to_torch(device, keys=[k for k in keys if k in rows])
+    vision = model_inputs(rows, device)
+    if vision:
+        micro["vision"] = vision
+    return micro
 
 
 ADDITIVE = ("loss", "pg_loss", "entropy", "kl_loss", "vf_loss")

@@ -189,21 +189,31 @@ class DecoderRunner:
 
 
 class HFCacheRunner:
-    """Any HF causal LM: its own forward with a DynamicCache (slower, but always right)."""
+    """Any HF causal LM: its own forward with a DynamicCache (slower, but always right).
+
+    A vision-language model gets `vision` at prefill (rlctl.workers.vision.engine_vision: the
+    prompts' pixel_values, image_grid_thw, M-RoPE positions [3, B, P] and deltas [B]); decode then
+    places token t of a row at prompt_len + t + delta on all three M-RoPE axes, as the model does."""
 
     def __init__(self, model: torch.nn.Module):
         self.model = model
         self.cache = None
         self.mask = None
+        self.deltas = None   # [rows] M-RoPE offset of each live row (vision models), else None
 
-    def prefill(self, input_ids: torch.Tensor, valid: torch.Tensor, n: int) -> torch.Tensor:
+    def prefill(self, input_ids: torch.Tensor, valid: torch.Tensor, n: int, vision: dict | None = None) -> torch.Tensor:
         from transformers import DynamicCache
 
         self.cache = DynamicCache()
         mask = valid.long()
         positions = (mask.cumsum(-1) - 1).clamp(min=0)
+        extra = {}
+        if vision is not None:
+            positions = vision["position_ids"]
+            extra = {k: vision[k] for k in ("pixel_values", "image_grid_thw") if k in vision}
+            self.deltas = vision["deltas"].repeat_interleave(n)
         out = self.model(input_ids=input_ids, attention_mask=mask, position_ids=positions,
-                         **with_cache(self.model, self.cache), use_cache=True, logits_to_keep=1)
+                         **with_cache(self.model, self.cache), use_cache=True, logits_to_keep=1, **extra)
         self.cache = cache_of(out)
         self.cache.batch_repeat_interleave(n)
         self.mask = mask.repeat_interleave(n, dim=0)
@@ -211,12 +221,16 @@ class HFCacheRunner:
 
     def decode(self, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         self.mask = torch.cat([self.mask, self.mask.new_ones(self.mask.shape[0], 1)], dim=-1)
+        positions = positions.unsqueeze(-1)
+        if self.deltas is not None:
+            positions = (positions + self.deltas.unsqueeze(-1)).unsqueeze(0).expand(3, -1, -1)
         out = self.model(input_ids=tokens.unsqueeze(-1), attention_mask=self.mask,
-                         position_ids=positions.unsqueeze(-1), **with_cache(self.model, self.cache),
-                         use_cache=True)
+                         position_ids=positions, **with_cache(self.model, self.cache), use_cache=True)
         self.cache = cache_of(out)
         return out.logits[:, -1]
 
     def select(self, keep: torch.Tensor) -> None:
         self.cache.batch_select_indices(keep)
         self.mask = self.mask[keep]
+        if self.deltas is not None:
+            self.deltas = self.deltas[keep]

@@ -42,6 +42,8 @@ from rlctl.workers.rollout.base import (RESPONSE_LENGTH, RESPONSE_MASK, RESPONSE
 from rlctl.workers.rollout.decoder import (DecoderRunner, HFCacheRunner, causal_lm_parts,
                                            fast_path_supported)
 from rlctl.workers.rollout.sampling import sample_tokens
+from rlctl.workers.vision import (POSITION_IDS, ban_placeholders, engine_vision, placeholder_ids,
+                                  rollout_positions)
 
 
 class HFRolloutEngine(RolloutEngine):
@@ -63,6 +65,8 @@ class HFRolloutEngine(RolloutEngine):
         self.owns_weights = own_weights
         self.reuse_kv = reuse_kv
         self.kept_kv: dict[int, KVEntry] = {}
+        self._positions: np.ndarray | None = None   # the last vision call's position_ids [B*n, 3, P+T]
+        self.banned = placeholder_ids(model)   # vision placeholder tokens: never sampled
         self.last_stats: dict[str, float] = {}
 
     per_prompt_limits = True
@@ -71,10 +75,14 @@ class HFRolloutEngine(RolloutEngine):
                  temperature: float = 1.0, top_p: float = 1.0, top_k: int = 0,
                  generator: torch.Generator | None = None,
                  greedy: bool = False, limits: list[int] | None = None,
-                 kv_lookup: list[int] | None = None, kv_store: list[int] | None = None) -> dict[str, np.ndarray]:
+                 kv_lookup: list[int] | None = None, kv_store: list[int] | None = None,
+                 images: dict | None = None) -> dict[str, np.ndarray]:
         """RolloutEngine.generate; `limits` caps each prompt's responses at its own token count.
         kv_lookup (one key per prompt, -1 = none): continue from the KV a previous call kept under
-        that key; kv_store (one key per response row, -1 = none): keep this call's rows' KV."""
+        that key; kv_store (one key per response row, -1 = none): keep this call's rows' KV.
+        images (vision-language models): {pixel_values, image_grid_thw}, one entry per prompt (None
+        without an image, rlctl.workers.vision); the result then also holds position_ids
+        [B*n, 3, P+T], the M-RoPE positions the rows were sampled with."""
         check_sampling_args(prompt_ids, n, max_new_tokens, temperature, top_p, top_k)
         params = dict(temperature=0.0 if greedy else float(temperature), top_p=float(top_p),
                       top_k=int(top_k), generator=generator)
@@ -84,10 +92,12 @@ class HFRolloutEngine(RolloutEngine):
         try:
             with whole_weights(self.model), torch.no_grad():
                 responses, lengths, steps = self._sample(prompt_ids, n, max_new_tokens, params, limits,
-                                                         kv_lookup, kv_store)
+                                                         kv_lookup, kv_store, images)
         finally:
             self.model.train(was_training)
         out = _to_numpy(responses, lengths, self.eos_token_ids)
+        if self._positions is not None:
+            out[POSITION_IDS] = self._positions
         self.last_stats = {"seconds": time.perf_counter() - t0, "tokens": int(lengths.sum()),
                            "rows": len(lengths), "decode_steps": steps, **self._kv_stats}
         return out
@@ -95,16 +105,22 @@ class HFRolloutEngine(RolloutEngine):
     def _sample(self, prompt_ids: list[list[int]], n: int, max_new_tokens: int,
                 params: dict[str, Any], limits: list[int] | None = None,
                 kv_lookup: list[int] | None = None,
-                kv_store: list[int] | None = None) -> tuple[torch.Tensor, torch.Tensor, int]:
+                kv_store: list[int] | None = None, images: dict | None = None) -> tuple[torch.Tensor, torch.Tensor, int]:
         """The decode loop. Returns responses [B*n, T] (pad after EOS), lengths [B*n], steps."""
         device = _device_of(self.model)
         plen_max = max(len(p) for p in prompt_ids)
-        runner = self._runner(max_new_tokens, plen_max + max_new_tokens)
+        runner = self._runner(max_new_tokens, plen_max + max_new_tokens, vision=images is not None)
         keep_kv = self.reuse_kv and isinstance(runner, DecoderRunner) and kv_store is not None
         past, new_ids = self._take_past(prompt_ids, kv_lookup if keep_kv else None, device)
         input_ids, valid = _left_pad(new_ids, self.pad_token_id, device)
         rows = len(prompt_ids) * n
-        if past is None:
+        self._positions = None
+        if images is not None:   # M-RoPE positions computed once, here, and returned with the rows
+            vision = engine_vision(self.model, input_ids, valid, images)
+            logits = runner.prefill(input_ids, valid, n, vision=vision)
+            self._positions = rollout_positions(vision[POSITION_IDS], vision["deltas"], valid.sum(-1), n,
+                                                max_new_tokens)
+        elif past is None:
             logits = runner.prefill(input_ids, valid, n)
         else:
             logits = runner.prefill(input_ids, valid, n, past=past)
@@ -118,7 +134,7 @@ class HFRolloutEngine(RolloutEngine):
         cap = None if limits is None else torch.tensor(limits, device=device).repeat_interleave(n)  # [B*n]
         kept: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}   # row -> its generated KV
         for step in range(max_new_tokens):
-            tokens = sample_tokens(logits, **params)
+            tokens = sample_tokens(ban_placeholders(logits, self.banned), **params)
             responses[active, step] = tokens
             lengths[active] = step + 1
             if step + 1 == max_new_tokens:
@@ -192,9 +208,9 @@ class HFRolloutEngine(RolloutEngine):
                                               keys=torch.cat([pk, gk[:, :, :length - 1]], dim=2),
                                               values=torch.cat([pv, gv[:, :, :length - 1]], dim=2))
 
-    def _runner(self, max_new_tokens: int, max_len: int):
+    def _runner(self, max_new_tokens: int, max_len: int, vision: bool = False):
         lm = causal_lm_parts(self.model)
-        if self.fast and fast_path_supported(lm, max_len):
+        if self.fast and not vision and fast_path_supported(lm, max_len):
             return DecoderRunner(lm, max_new_tokens)
         return HFCacheRunner(self.model)
 

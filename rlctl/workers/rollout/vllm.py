@@ -42,6 +42,7 @@ from rlctl.workers.rollout import vllm_platform as platform
 from rlctl.workers.rollout.base import RolloutEngine, check_sampling_args
 from rlctl.workers.rollout.gpu import (GPUEngineSpec, check_tensor_parallel, pack_responses, request_seeds, require,
                                        share_requests)
+from rlctl.workers.vision import config_placeholder_ids
 
 SLEEP_LEVEL = 2  # drop weights and KV cache: the trainer's weights are pushed after every wake
 
@@ -52,7 +53,8 @@ def vllm_engine_args(spec: GPUEngineSpec) -> dict[str, Any]:
             "tensor_parallel_size": spec.tensor_parallel_size, "max_model_len": spec.max_model_len,
             "seed": spec.seed, "trust_remote_code": spec.trust_remote_code, "enforce_eager": spec.enforce_eager,
             "distributed_executor_backend": "external_launcher",
-            "skip_tokenizer_init": True, "disable_log_stats": True,
+            # a vision-language model needs vLLM's processor (it expands the image placeholders)
+            "skip_tokenizer_init": not spec.vision, "disable_log_stats": True,
             # log-probs after temperature, like the trainer's (the default is the raw logits')
             "logprobs_mode": "processed_logprobs",
             "disable_custom_all_reduce": spec.tensor_parallel_size > 1,
@@ -74,15 +76,18 @@ def launcher_env() -> dict[str, str]:
 
 
 def vllm_sampling_args(*, n: int, max_new_tokens: int, temperature: float, top_p: float, top_k: int,
-                       greedy: bool, seed: int, eos_token_ids: list[int]) -> dict[str, Any]:
+                       greedy: bool, seed: int, eos_token_ids: list[int], banned: list[int] = ()) -> dict[str, Any]:
     """Keyword arguments of `vllm.SamplingParams` for one prompt's n samples. Greedy decoding asks
-    for one sample (vLLM rejects n > 1 with temperature 0); the engine repeats it n times."""
+    for one sample (vLLM rejects n > 1 with temperature 0); the engine repeats it n times. `banned`:
+    token ids never sampled (a VLM's placeholders, rlctl.workers.vision.placeholder_ids), by a logit
+    bias of -100 (their probability e^-100 of the rest; the trainer scores them at -inf)."""
     if not greedy and temperature > 2.0:
         raise UsageError(f"vLLM samples with temperature <= 2, got {temperature}", hint="lower rollout.temperature")
     greedy = greedy or temperature == 0
     return {"n": 1 if greedy else n, "max_tokens": max_new_tokens, "temperature": 0.0 if greedy else float(temperature),
             "top_p": 1.0 if greedy else float(top_p), "top_k": 0 if greedy else int(top_k), "seed": int(seed),
-            "stop_token_ids": list(eos_token_ids), "logprobs": 0, "detokenize": False}
+            "stop_token_ids": list(eos_token_ids), "logprobs": 0, "detokenize": False,
+            **({"logit_bias": {int(t): -100.0 for t in banned}} if banned else {})}
 
 
 def request_completions(outputs, n: int) -> list:
@@ -96,6 +101,24 @@ def sampled_log_probs(completion) -> list[float]:
     if completion.logprobs is None:
         return [0.0] * len(completion.token_ids)
     return [float(step[token].logprob) for step, token in zip(completion.logprobs, completion.token_ids)]
+
+
+def vision_requests(prompt_ids: list[list[int]], images: dict, image_token_id: int) -> list[dict]:
+    """vLLM requests for prompts with images: multi_modal_data {"image": [PIL, ...]} and the prompt
+    with each image's run of placeholder tokens cut back to one, because vLLM expands every
+    placeholder to the image's patch count itself (the processor already did: no doubling)."""
+    requests = []
+    for ids, pictures in zip(prompt_ids, images["images"]):
+        request = {"prompt_token_ids": collapse_runs(ids, image_token_id)}
+        if pictures:
+            request["multi_modal_data"] = {"image": list(pictures)}
+        requests.append(request)
+    return requests
+
+
+def collapse_runs(ids: list[int], token: int) -> list[int]:
+    """`ids` with every run of consecutive `token`s shortened to one."""
+    return [t for i, t in enumerate(ids) if t != token or i == 0 or ids[i - 1] != token]
 
 
 class _Counted:
@@ -129,6 +152,8 @@ class VLLMRolloutEngine(RolloutEngine):
             os.environ.update(launcher_env())
             self.llm = LLM(**vllm_engine_args(spec))
         self.asleep, self.broken = False, ""
+        hf = self.llm.llm_engine.vllm_config.model_config.hf_config
+        self.banned = config_placeholder_ids(hf) if spec.vision else []   # a VLM's placeholders: never sampled
         self.sleep_drops_weights = platform.can_sleep()
 
     def _model(self):
@@ -142,9 +167,11 @@ class VLLMRolloutEngine(RolloutEngine):
 
     def generate(self, prompt_ids: list[list[int]], *, n: int, max_new_tokens: int, temperature: float = 1.0,
                  top_p: float = 1.0, top_k: int = 0, generator=None, greedy: bool = False,
-                 limits: list[int] | None = None, **_kept_kv) -> dict[str, np.ndarray]:
+                 limits: list[int] | None = None, images: dict | None = None, **_kept_kv) -> dict[str, np.ndarray]:
         """RolloutEngine.generate; `limits` caps each prompt's responses at its own token count.
-        The hf engine's kept-KV keys are ignored: vLLM's prefix cache reuses a conversation's KV."""
+        The hf engine's kept-KV keys are ignored: vLLM's prefix cache reuses a conversation's KV.
+        images (vision-language models): its "images" entry, each prompt's PIL images, goes to vLLM
+        as multi_modal_data (vision_requests)."""
         from vllm import SamplingParams
 
         check_sampling_args(prompt_ids, n, max_new_tokens, temperature, top_p, top_k)
@@ -161,8 +188,11 @@ class VLLMRolloutEngine(RolloutEngine):
             prompt_ids, seeds, mine = share_requests(prompt_ids, seeds, group)
         params = [SamplingParams(**vllm_sampling_args(n=n, max_new_tokens=cap, temperature=temperature,
                                                       top_p=top_p, top_k=top_k, greedy=greedy, seed=s,
-                                                      eos_token_ids=self.eos_token_ids)) for s, cap in zip(seeds, caps)]
-        outputs = self.llm.generate([{"prompt_token_ids": list(p)} for p in prompt_ids], params, use_tqdm=False)
+                                                      eos_token_ids=self.eos_token_ids, banned=self.banned))
+                  for s, cap in zip(seeds, caps)]
+        requests = vision_requests(prompt_ids, images, self._image_token_id()) if images else \
+            [{"prompt_token_ids": list(p)} for p in prompt_ids]
+        outputs = self.llm.generate(requests, params, use_tqdm=False)
         completions = request_completions(outputs[mine], n)
         return pack_responses([c.token_ids for c in completions], max_new_tokens=max_new_tokens,
                               pad_token_id=self.pad_token_id, eos_token_ids=self.eos_token_ids,
@@ -194,6 +224,9 @@ class VLLMRolloutEngine(RolloutEngine):
             self.broken = "a weight push sent no tensors"
             raise WorkerDiedError("the vLLM engine was sent an empty weight push",
                                   hint="the trainer's model has no parameters to push; this is a bug in rlctl")
+
+    def _image_token_id(self) -> int:
+        return int(self.llm.llm_engine.vllm_config.model_config.hf_config.image_token_id)
 
     def _tied(self) -> bool:
         return bool(getattr(self.llm.llm_engine.vllm_config.model_config.hf_config, "tie_word_embeddings", False))

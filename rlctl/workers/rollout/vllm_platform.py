@@ -83,6 +83,10 @@ def head_dim(hf_config: dict) -> int | None:
 
 def cpu_refusal(hf_config: dict) -> str | None:
     """Why vLLM's CPU backend cannot run this model (None if it can)."""
+    if hf_config.get("vision_config") is not None:
+        return ("a vision-language model: vLLM's VL model classes import torchvision, whose PyPI build does not "
+                "load its ops beside the +cpu torch, so the vLLM image path runs on GPUs only; use "
+                "rollout.engine = \"hf\" on CPU")
     size = head_dim(hf_config)
     if size is None or size in CPU_HEAD_SIZES:
         return None

@@ -1,0 +1,39 @@
+"""Config checks of training a vision-language model (rlctl.workers.vision): what is built for one
+so far, and model.freeze_vision_tower on a model that has no vision tower.
+
+Machine pass only: whether model.path is a vision-language model is read from its config.json
+(a `vision_config`). Checks keep the contract of rlctl.config.checks.
+"""
+
+from __future__ import annotations
+
+from rlctl.algorithms import get_estimator
+from rlctl.config.checks import CheckContext
+from rlctl.config.loader import Problem
+from rlctl.config.schema import Config
+from rlctl.workers.rollout.checks import model_config
+
+
+def check_vision(c: Config, ctx: CheckContext) -> list[Problem]:
+    hf = model_config(c, ctx)
+    if hf is None:   # not a readable local folder: check_model reports it
+        return []
+    if hf.get("vision_config") is None:
+        if c.model.freeze_vision_tower:
+            return [Problem("model.freeze_vision_tower", f"{c.model.path} is a text-only model "
+                            f"({hf.get('model_type', '?')}): it has no vision tower to freeze; remove the key")]
+        return []
+    problems = []
+    if c.rollout.engine not in ("hf", "vllm"):
+        problems.append(Problem("rollout.engine", f"{c.rollout.engine!r} with a vision-language model is not built "
+                                "yet; use rollout.engine = \"hf\" (CPU and GPU) or \"vllm\" (GPU)"))
+    if c.rollout.mode != "sync":
+        problems.append(Problem("rollout.mode", f"\"{c.rollout.mode}\" with a vision-language model is not built yet "
+                                "(the separate rollout group does not carry images); use rollout.mode = \"sync\""))
+    if c.rollout.multi_turn.enable:
+        problems.append(Problem("rollout.multi_turn.enable", "multi-turn rollouts of a vision-language model are not "
+                                "built yet; set it to false"))
+    if get_estimator(c.algorithm.name).needs_critic:
+        problems.append(Problem("algorithm.name", f"{c.algorithm.name!r} trains a critic, which is not built for "
+                                "vision-language models yet; use a critic-free estimator such as \"grpo\" or \"rloo\""))
+    return problems

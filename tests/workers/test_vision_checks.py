@@ -1,0 +1,41 @@
+"""What validate says about a vision-language model.path (rlctl.workers.vision_checks), vLLM's
+image path (CPU refused; one placeholder per image sent, vLLM expands it) and the exit code."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from rlctl.config.checks import CheckContext
+from rlctl.config.schema import Config, ModelConfig
+from rlctl.workers.rollout.vllm import collapse_runs, vision_requests, vllm_sampling_args
+from rlctl.workers.rollout.vllm_platform import cpu_refusal
+from rlctl.workers.vision_checks import check_vision
+
+
+def _config(path, **changes) -> Config:
+    c = Config(model=ModelConfig(path=str(path)))
+    for section, values in changes.items():
+        c = dataclasses.replace(c, **{section: dataclasses.replace(getattr(c, section), **values)})
+    return c
+
+
+def test_what_is_not_built_for_a_vlm_is_refused_and_freeze_needs_a_tower(tiny_vlm_dir, tiny_model_dir, tmp_path):
+    ctx = CheckContext(base_dir=tmp_path, raw={})
+    assert check_vision(_config(tiny_vlm_dir), ctx) == []
+    problems = check_vision(_config(tiny_vlm_dir, algorithm={"name": "gae"}, rollout={"engine": "sglang"}), ctx)
+    assert [p.key for p in problems] == ["rollout.engine", "algorithm.name"]
+    assert "critic" in problems[1].message
+    text = check_vision(_config(tiny_model_dir, model={"freeze_vision_tower": True}), ctx)
+    assert [p.key for p in text] == ["model.freeze_vision_tower"] and "no vision tower" in text[0].message
+
+
+def test_vllm_gets_one_placeholder_per_image_and_never_samples_placeholders():
+    image = 262
+    assert collapse_runs([5, 260, image, image, image, 261, 7, image, image], image) == [5, 260, image, 261, 7, image]
+    requests = vision_requests([[1, image, image, 2], [3, 4]], {"images": [["pil"], []]}, image)
+    assert requests == [{"prompt_token_ids": [1, image, 2], "multi_modal_data": {"image": ["pil"]}},
+                        {"prompt_token_ids": [3, 4]}]
+    args = vllm_sampling_args(n=2, max_new_tokens=4, temperature=1.0, top_p=1.0, top_k=0, greedy=False, seed=0,
+                              eos_token_ids=[1], banned=[260, 262])
+    assert args["logit_bias"] == {260: -100.0, 262: -100.0}
+    assert "torchvision" in cpu_refusal({"vision_config": {"depth": 2}})
