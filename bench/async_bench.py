@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """Step time and trainer idle share under a long generation tail: sync, one_step_off, async.
 
-  .venv/bin/python bench/async_bench.py [--steps 60] [--batch-size 16 --n 8] [--sample-ms 2]
-        [--tail-prob 0.01 --tail-factor 10] [--train-ms 40] [--seed 0] [--json out.json]
+  .venv/bin/python bench/async_bench.py [--steps 60] [--batch-size 16 --n 8] [--sample-ms 20]
+        [--tail-prob 0.001 --tail-factor 10] [--train-ms 40] [--sample-tokens 20 --chunk-tokens 20]
+        [--seed 0] [--json out.json]
 
 A simulation, not a training run: generation and training are sleeps, so the figures are the
 schedule's, free of this shared machine's noise. What is rlctl's real code: the async source
@@ -19,10 +20,15 @@ long sample holds the whole batch. Training a batch takes --train-ms.
   one_step_off  async with max_staleness 1, sync_every 1, "wait" (proven equal to one_step_off
                 bit for bit in tests/controller/test_async.py)
   async K=2/4   max_staleness 2 / 4, "wait"; async K=4 drop: the "drop" strategy
+  ... partial   rollout.partial_rollout = true: generation in rounds of --chunk-tokens tokens on
+                rlctl's real PartialPool (rlctl.workers.partial_rollout); a sample is
+                --sample-tokens tokens long (a long one --tail-factor times that) and a round
+                lasts as long as its longest decode, so a long sample no longer holds its batch
 
 Per mode: median and mean step time (wall between two steps' ends), the trainer's idle share
 (time waiting for a batch / total), the rollout group's idle share (time with no call to run),
-mean staleness and groups dropped.
+mean staleness (of each row's oldest token), groups dropped, and the share of trained rows whose
+tokens span more than one version (async/partial_ratio).
 """
 
 from __future__ import annotations
@@ -50,7 +56,8 @@ MODES = {"sync": None,
          "async K=4": dict(max_staleness=4, staleness_strategy="wait", sync_every=1),
          "async K=4 drop": dict(max_staleness=4, staleness_strategy="drop", sync_every=1),
          "async K=2 partial": dict(max_staleness=2, staleness_strategy="wait", sync_every=1, partial_rollout=True),
-         "async K=4 partial": dict(max_staleness=4, staleness_strategy="wait", sync_every=1, partial_rollout=True)}
+         "async K=4 partial": dict(max_staleness=4, staleness_strategy="wait", sync_every=1, partial_rollout=True),
+         "async K=4 part. drop": dict(max_staleness=4, staleness_strategy="drop", sync_every=1, partial_rollout=True)}
 
 
 class TimedGroup:
@@ -115,7 +122,7 @@ class TimedGroup:
         idle, self.last_end = start - self.last_end, time.perf_counter()
         with self.lock:
             self.busy += self.last_end - start
-        rows.meta.update(rollout_idle_s=idle, rollout_busy_s=self.last_end - start, pool_rows=len(self.partial.samples))
+        rows.meta.update(rollout_idle_s=idle, rollout_busy_s=self.last_end - start, **self.partial.meta())
         return rows
 
 
@@ -137,7 +144,8 @@ def run_async(a, settings: dict) -> dict:
     config = Config()
     config = dataclasses.replace(config, rollout=dataclasses.replace(config.rollout, mode="async", n=a.n,
                                                                       partial_chunk=a.chunk_tokens, **settings),
-                                 data=dataclasses.replace(config.data, batch_size=a.batch_size))
+                                 data=dataclasses.replace(config.data, batch_size=a.batch_size,
+                                                          max_response_length=int(a.sample_tokens * a.tail_factor)))
     rows = [PromptRow(prompt_ids=[1, 2, 3], data_source="t", ground_truth="", extra_info={}, messages=[])
             for _ in range(a.batch_size * 8)]
     setup = SimpleNamespace(config=config, total_steps=a.steps, pad_token_id=0,
@@ -207,10 +215,10 @@ def main() -> None:
           f"train {a.train_ms:g} ms a step")
     results = {name: run_sync(a) if settings is None else run_async(a, settings) for name, settings in MODES.items()}
     base = results["sync"]["step_s_mean"]
-    print(f"{'mode':<16}{'step ms (median)':>17}{'step ms (mean)':>15}{'speed-up':>9}{'trainer idle':>13}"
+    print(f"{'mode':<20}{'step ms (median)':>17}{'step ms (mean)':>15}{'speed-up':>9}{'trainer idle':>13}"
           f"{'rollout idle':>13}{'staleness':>10}{'dropped':>8}{'partial':>8}")
     for name, r in results.items():
-        print(f"{name:<16}{r['step_s_median'] * 1000:>17.1f}{r['step_s_mean'] * 1000:>15.1f}"
+        print(f"{name:<20}{r['step_s_median'] * 1000:>17.1f}{r['step_s_mean'] * 1000:>15.1f}"
               f"{base / r['step_s_mean']:>8.2f}x{r['trainer_idle']:>12.0%}{r['rollout_idle']:>13.0%}"
               f"{r['staleness_mean']:>10.2f}{r['dropped_groups']:>8d}{r['partial_ratio']:>8.1%}")
     if a.json:

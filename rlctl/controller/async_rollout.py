@@ -71,7 +71,12 @@ class AsyncRollout:
         self.partial = ro.partial_rollout   # generation in rounds; unfinished samples stay on the rollout rank
         self.rounds = 0                     # partial: rounds issued (each one's seed)
         self.pool_rows = 0                  # partial: unfinished samples on the rank after the last arrived round
+        self.pool_oldest = None             # partial: their oldest token's version (None: none)
         self.admitted: deque = deque()      # partial: rows each round in flight admits
+        # partial: rounds after each push beyond fill's, so that a sample of data.max_response_length
+        # tokens needs at most K versions: ceil(ceil(T / chunk) / K) rounds a push in all
+        rounds = -(-setup.config.data.max_response_length // ro.partial_chunk)
+        self.extra_rounds = -(-rounds // ro.max_staleness) - 1 if self.partial else 0
 
     def start(self, first_step: int) -> None:
         """Push the weights the rollout group generates with, take back what a checkpoint saved,
@@ -87,6 +92,7 @@ class AsyncRollout:
                 part = saved["partial"]
                 self.group.submit("load_pool", part["pool"])
                 self.rounds, self.pool_rows, self.admitted = part["rounds"], part["pool_rows"], deque(part["admitted"])
+                self.pool_oldest = part["pool_oldest"]
         else:
             done = (first_step - 1) * self.plan.group_size
             self.plan.issued = self.plan.taken = done
@@ -123,6 +129,8 @@ class AsyncRollout:
                 self.push = self.group.submit("update_weights", self.setup.actor.export_weights(), version=step)
                 self.plan.pushed = step
             self.fill()
+            for _ in range(self.extra_rounds if self.pool_rows else 0):
+                self.generate(None, 0)   # partial: continue the long samples while the trainer trains
         return timing
 
     def next(self, step: int) -> tuple[Batch, dict]:
@@ -160,6 +168,9 @@ class AsyncRollout:
         With dynamic sampling, fewer when algorithm.dynamic_sampling.max_gen_batches ran out."""
         plan, n, parts, dropped, gens = self.plan, self.n, [], 0, []
         need, self.scored = plan.group_size, {}
+        while self.partial and plan.strategy == "wait" and self.pool_oldest is not None \
+                and plan.too_stale(step + 1, self.pool_oldest):
+            self.arrive(step, gens)   # "wait": a sample that would be too stale after this step finishes now
         while need:
             if not self.ready:
                 last = self.sampling.enable and len(gens) + 1 >= self.sampling.max_gen_batches
@@ -208,7 +219,7 @@ class AsyncRollout:
         gens.append(batch)
         if self.partial:
             self.admitted.popleft()
-            self.pool_rows = int(batch.meta["pool_rows"])
+            self.pool_rows, self.pool_oldest = int(batch.meta["pool_rows"]), batch.meta["pool_oldest"]
             if len(batch):   # oldest first: a long sample that finished late trains before it gets too stale
                 self.ready = [oldest_first(self.ready + [batch], self.n, self.setup.pad_token_id)]
             return
@@ -263,6 +274,7 @@ class AsyncRollout:
                  "rollout_weights": self.group.export_weights() if between else None,
                  "partial": None if not self.partial else {
                      "pool": self.group.export_pool(), "rounds": self.rounds, "pool_rows": self.pool_rows,
+                     "pool_oldest": self.pool_oldest,
                      "admitted": list(self.admitted)}}
         with open(folder / STATE_FILE, "wb") as f:
             pickle.dump(state, f, protocol=pickle.HIGHEST_PROTOCOL)

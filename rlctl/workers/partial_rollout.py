@@ -113,6 +113,12 @@ class PartialPool:
                       "policy_version": np.where(versions >= 0, versions, np.iinfo(np.int64).max).min(axis=1)},
                      groups[0]["meta"])
 
+    def meta(self) -> dict:
+        """What the controller learns of the pool with each round: pool_rows (samples of groups not
+        returned yet) and pool_oldest (the oldest token's version among them; None when empty)."""
+        firsts = [s["versions"][0] for s in self.samples if s["versions"]]
+        return {"pool_rows": len(self.samples), "pool_oldest": min(firsts) if firsts else None}
+
     def state_dict(self) -> dict:
         return {"samples": self.samples, "groups": self.groups, "next_group": self.next_group}
 

@@ -138,7 +138,7 @@ class RolloutWorker:
                               self.version)
         rows = self.pool.pop_finished()
         idle, self.last_end = start - self.last_end, time.perf_counter()
-        rows.meta.update(rollout_idle_s=idle, rollout_busy_s=self.last_end - start, pool_rows=len(self.pool.samples))
+        rows.meta.update(rollout_idle_s=idle, rollout_busy_s=self.last_end - start, **self.pool.meta())
         return rows
 
     def _round_log_probs(self, contexts: list[list[int]], out: dict) -> np.ndarray:

@@ -80,7 +80,7 @@ class InOrderGroup:
                 tokens[r, eos[0]] = 0
         self.partial.advance(tokens, lengths, np.zeros(tokens.shape, dtype=np.float32), self.version)
         rows = self.partial.pop_finished()
-        rows.meta.update(rollout_idle_s=0.0, rollout_busy_s=delay, pool_rows=len(self.partial.samples))
+        rows.meta.update(rollout_idle_s=0.0, rollout_busy_s=delay, **self.partial.meta())
         if len(rows):
             rows["seed"] = np.full(len(rows), seed)
         return rows

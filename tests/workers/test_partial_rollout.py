@@ -1,7 +1,8 @@
 """Partial rollouts on the async rollout rank (rlctl.workers.partial_rollout), real Ray actors: a
 sample cut by a weight push keeps its tokens and continues on the new weights, every token carries
 the version that sampled it, and its rollout_log_prob is that version's log-prob of it (checked
-against the actor at v1 and the rollout rank put back on v0)."""
+against the actor at v1 and the rollout rank put back on v0); the pool a checkpoint saves continues
+to the same tokens."""
 
 from __future__ import annotations
 
@@ -55,8 +56,13 @@ def test_a_sample_cut_by_a_push_continues_on_the_new_weights_with_per_token_vers
         mask = whole["response_mask"]
         train["advantages"] = np.where(mask > 0, np.random.default_rng(0).normal(size=mask.shape), 0.0).astype(np.float32)
         actor.update_actor(train)
-        rollout.update_weights(actor.export_weights(), version=1)
+        v1 = actor.export_weights()
+        rollout.update_weights(v1, version=1)
+        saved = rollout.export_pool()   # what an async checkpoint holds of the unfinished samples
         done = Batch.concat(_rounds(rollout, first, seed=1))
+        rollout.load_pool(saved)        # resume: the same rounds continue them to the same tokens
+        again = Batch.concat(_rounds(rollout, first, seed=1))
+        assert all(np.array_equal(done[k], again[k]) for k in ("responses", "token_version", "rollout_log_prob"))
 
         assert sorted(done["uid"].tolist()) == ["p0", "p0", "p1", "p1", "p2", "p2"]
         assert set(done.keys()) == set(whole.keys()) | {"token_version"}
