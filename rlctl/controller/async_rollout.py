@@ -169,7 +169,7 @@ class AsyncRollout:
         plan, n, parts, dropped, gens = self.plan, self.n, [], 0, []
         need, self.scored = plan.group_size, {}
         while self.partial and plan.strategy == "wait" and self.pool_oldest is not None \
-                and plan.too_stale(step + 1, self.pool_oldest):
+                and step < plan.total_steps and plan.too_stale(step + 1, self.pool_oldest):
             self.arrive(step, gens)   # "wait": a sample that would be too stale after this step finishes now
         while need:
             if not self.ready:
