@@ -223,8 +223,11 @@ class RolloutConfig:
                                           "stale.", choices=("drop", "wait"))
     sync_every: int = opt(1, "rollout.mode = \"async\": push the trained weights to the rollout group every this "
                              "many updates.", ge=1)
-    partial_rollout: bool = opt(False, "rollout.mode = \"async\": unfinished samples continue on new weights at a "
-                                       "push (needs an engine that can abort and resume requests).")
+    partial_rollout: bool = opt(False, "rollout.mode = \"async\": generate in rounds of rollout.partial_chunk "
+                                       "tokens; at a push, unfinished samples keep their tokens and continue on the "
+                                       "new weights (every token carries its version).")
+    partial_chunk: int = opt(256, "rollout.partial_rollout: tokens a sample decodes per round; a longer one "
+                                  "continues in the next round, after any weight push.", ge=1)
     n: int = opt(1, "Samples per prompt (group size).", ge=1)
     temperature: float = opt(1.0, "Sampling temperature.", ge=0)
     top_p: float = opt(1.0, "Nucleus sampling mass.", gt=0, le=1)

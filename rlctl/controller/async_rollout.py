@@ -18,8 +18,13 @@ A group more than rollout.max_staleness updates stale when its step comes is dro
 Resume is exact: a checkpoint holds every batch generated or generating (the save waits for them),
 the schedule's counts, the prompt loader's position (trainer_state.json), and, between two
 pushes, the weights the rollout group holds; seeds are a pure function of (run.seed, batch
-index). Partial rollouts and multi-turn conversations are refused by validate for now
-(rlctl.workers.rollout.checks): a sample's tokens all come from one version.
+index). Multi-turn conversations are refused by validate for now (rlctl.workers.rollout.checks).
+
+With rollout.partial_rollout each generation call is one round (rlctl.workers.partial_rollout):
+it admits a batch of prompts (or none: a round that only continues the unfinished samples, sent
+when the trainer needs groups and nothing else is generating) and returns the groups that
+finished; unfinished samples stay on the rollout rank across pushes, with per-token versions, and
+the buffer hands out the groups with the oldest tokens first. The checkpoint also holds that pool.
 """
 
 from __future__ import annotations
@@ -63,6 +68,15 @@ class AsyncRollout:
         self.last_return = time.perf_counter()
         self.sampling = setup.config.algorithm.dynamic_sampling   # DAPO: groups filtered as they arrive
         self.scored: dict = {}   # dynamic sampling: the reward metrics of the generations scored this step
+        self.partial = ro.partial_rollout   # generation in rounds; unfinished samples stay on the rollout rank
+        self.rounds = 0                     # partial: rounds issued (each one's seed)
+        self.pool_rows = 0                  # partial: unfinished samples on the rank after the last arrived round
+        self.pool_oldest = None             # partial: their oldest token's version (None: none)
+        self.admitted: deque = deque()      # partial: rows each round in flight admits
+        # partial: rounds after each push beyond fill's, so that a sample of data.max_response_length
+        # tokens needs at most K versions: ceil(ceil(T / chunk) / K) rounds a push in all
+        rounds = -(-setup.config.data.max_response_length // ro.partial_chunk)
+        self.extra_rounds = -(-rounds // ro.max_staleness) - 1 if self.partial else 0
 
     def start(self, first_step: int) -> None:
         """Push the weights the rollout group generates with, take back what a checkpoint saved,
@@ -74,6 +88,11 @@ class AsyncRollout:
             self.ready = [Batch(t, m) for t, m in saved["ready"]]   # arrived (scored, filtered): as they were
             self.inflight = deque(Batch(t, m) for t, m in saved["inflight"])
             weights = saved["rollout_weights"]
+            if saved.get("partial"):   # the unfinished samples go back to the rollout rank first
+                part = saved["partial"]
+                self.group.submit("load_pool", part["pool"])
+                self.rounds, self.pool_rows, self.admitted = part["rounds"], part["pool_rows"], deque(part["admitted"])
+                self.pool_oldest = part["pool_oldest"]
         else:
             done = (first_step - 1) * self.plan.group_size
             self.plan.issued = self.plan.taken = done
@@ -90,8 +109,18 @@ class AsyncRollout:
         while self.plan.may_issue():
             index = self.plan.issued // self.plan.group_size + 1   # equals the step when nothing was dropped
             prompts = rollout.prompt_batch(setup.loader.next_batch(), f"{index}.1", setup.pad_token_id)
-            self.inflight.append(self.group.submit("generate", prompts, seed=setup.seed_for(index, 1)))
+            self.generate(prompts, index)
             self.plan.issued += self.plan.group_size
+
+    def generate(self, prompts: Batch | None, index: int) -> None:
+        """Send one generation call: the whole batch, or with partial rollouts one round that admits
+        `prompts` (None: only continues the unfinished samples)."""
+        if not self.partial:
+            self.inflight.append(self.group.submit("generate", prompts, seed=self.setup.seed_for(index, 1)))
+            return
+        self.rounds += 1
+        self.inflight.append(self.group.submit("generate_round", prompts, seed=self.setup.seed_for(self.rounds, 2)))
+        self.admitted.append(0 if prompts is None else len(prompts) * self.n)
 
     def after_update(self, step: int) -> dict:
         timing: dict = {}
@@ -100,6 +129,8 @@ class AsyncRollout:
                 self.push = self.group.submit("update_weights", self.setup.actor.export_weights(), version=step)
                 self.plan.pushed = step
             self.fill()
+            for _ in range(self.extra_rounds if self.pool_rows else 0):
+                self.generate(None, 0)   # partial: continue the long samples while the trainer trains
         return timing
 
     def next(self, step: int) -> tuple[Batch, dict]:
@@ -122,7 +153,7 @@ class AsyncRollout:
                         "rollout/staleness": float(staleness.max()),
                         "async/staleness_mean": float(staleness.mean()), "async/staleness_max": float(staleness.max()),
                         "async/dropped": float(dropped),
-                        "async/partial_ratio": 0.0,   # no partial rollouts yet: one version per sample
+                        "async/partial_ratio": partial_ratio(batch),
                         "async/idle_trainer": min(1.0, waited / cycle),
                         "async/idle_rollout": idle / (idle + busy) if idle + busy > 0 else 0.0})
         return batch, metrics
@@ -137,6 +168,9 @@ class AsyncRollout:
         With dynamic sampling, fewer when algorithm.dynamic_sampling.max_gen_batches ran out."""
         plan, n, parts, dropped, gens = self.plan, self.n, [], 0, []
         need, self.scored = plan.group_size, {}
+        while self.partial and plan.strategy == "wait" and self.pool_oldest is not None \
+                and step < plan.total_steps and plan.too_stale(step + 1, self.pool_oldest):
+            self.arrive(step, gens)   # "wait": a sample that would be too stale after this step finishes now
         while need:
             if not self.ready:
                 last = self.sampling.enable and len(gens) + 1 >= self.sampling.max_gen_batches
@@ -175,12 +209,20 @@ class AsyncRollout:
         """The next finished generation into the buffer (waiting for it); with dynamic sampling
         scored first, its uninformative groups filtered out (counted, refilled) unless `keep_all`
         (the step's last allowed generation, and nothing informative yet: sync trains on it too)."""
+        if not self.inflight and self.partial and self.plan.pending > 0 and self.pool_rows > 0:
+            self.generate(None, 0)   # the groups still due are unfinished samples: one more round for them
         if not self.inflight:
             raise RuntimeError(f"async rollout: nothing generating for step {step} "
                                f"(schedule {self.plan.state_dict()}): a bug in the schedule")
         call = self.inflight.popleft()
         batch = call if isinstance(call, Batch) else call.result()
         gens.append(batch)
+        if self.partial:
+            self.admitted.popleft()
+            self.pool_rows, self.pool_oldest = int(batch.meta["pool_rows"]), batch.meta["pool_oldest"]
+            if len(batch):   # oldest first: a long sample that finished late trains before it gets too stale
+                self.ready = [oldest_first(self.ready + [batch], self.n, self.setup.pad_token_id)]
+            return
         if not self.sampling.enable:
             self.ready.append(batch)
             return
@@ -215,6 +257,8 @@ class AsyncRollout:
 
     def in_flight_rows(self) -> int:
         """Rows generating or buffered (the property test's in-flight count, from the data itself)."""
+        if self.partial:   # buffered + unfinished on the rank + admitted by rounds not arrived yet
+            return sum(len(b) for b in self.ready) + self.pool_rows + sum(self.admitted)
         return sum(len(b) for b in self.ready) + len(self.inflight) * self.plan.group_size * self.n
 
     def close(self) -> None:
@@ -227,7 +271,11 @@ class AsyncRollout:
         between = self.plan.pushed < self.setup.session.state.step
         state = {"schedule": self.plan.state_dict(), "ready": [(b.tensors, b.meta) for b in self.ready],
                  "inflight": [(b.tensors, b.meta) for b in self.inflight],
-                 "rollout_weights": self.group.export_weights() if between else None}
+                 "rollout_weights": self.group.export_weights() if between else None,
+                 "partial": None if not self.partial else {
+                     "pool": self.group.export_pool(), "rounds": self.rounds, "pool_rows": self.pool_rows,
+                     "pool_oldest": self.pool_oldest,
+                     "admitted": list(self.admitted)}}
         with open(folder / STATE_FILE, "wb") as f:
             pickle.dump(state, f, protocol=pickle.HIGHEST_PROTOCOL)
 
@@ -244,3 +292,22 @@ class AsyncRollout:
             raise CheckpointError(f"{path} does not hold an async rollout state",
                                   hint="resume from another checkpoint step")
         self.restored = saved
+
+
+def partial_ratio(batch: Batch) -> float:
+    """Share of rows whose response tokens come from more than one weight version (token_version
+    [B, T], -1 on padding; 0 without partial rollouts)."""
+    if "token_version" not in batch:
+        return 0.0
+    versions = batch["token_version"]
+    newest = versions.max(axis=1)
+    oldest = np.where(versions >= 0, versions, newest[:, None]).min(axis=1)
+    return float((newest > oldest).mean())
+
+
+def oldest_first(batches: list[Batch], n: int, pad_token_id: int) -> Batch:
+    """The buffered groups as one batch, ordered by their oldest token's version (stable: in
+    arrival order among equals)."""
+    batch = batches[0] if len(batches) == 1 else Batch.concat(rollout.align_prompt_width(batches, pad_token_id))
+    order = np.argsort(batch["policy_version"].reshape(-1, n).min(axis=1), kind="stable")
+    return batch.select((order[:, None] * n + np.arange(n)).reshape(-1))

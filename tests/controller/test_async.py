@@ -43,3 +43,24 @@ def test_async_with_staleness_1_equals_one_step_off(tmp_path, make_project, ray_
     assert rows(run, ("async/",)) == rows(off)
     a, b = final_weights(off, tmp_path), final_weights(run, tmp_path)
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+@pytest.mark.slow
+def test_partial_rollouts_with_staleness_1_still_train(tmp_path, make_project, ray_cluster):
+    """Partial rollouts on, K = 1, rounds of 3 tokens for 8-token responses: samples continue across
+    pushes, every trained token is at most 1 update stale, and the policy moves."""
+    proj = make_project(tmp_path / "partial", "grpo-gsm8k")
+    run = train(proj, ["rollout.mode=async", "rollout.max_staleness=1", "rollout.partial_rollout=true",
+                       "rollout.partial_chunk=3"])
+    got = rows(run)
+    assert [r["step"] for r in got] == [1, 2, 3]
+    assert all(r["async/staleness_max"] <= 1 for r in got) and any(r["async/partial_ratio"] > 0 for r in got), got
+    assert all(torch.isfinite(torch.tensor(r["actor/pg_loss"])) for r in got)
+    samples = [json.loads(line) for line in (run / "samples.jsonl").read_text().splitlines()]
+    assert samples and all(s["policy_version"] <= s["step"] - 1 for s in samples if "policy_version" in s)
+    from safetensors.torch import load_file
+
+    loaded = load_config(proj / "rlctl.toml")
+    initial = load_file(str(loaded.base_dir / loaded.config.model.path / "model.safetensors"))
+    trained = final_weights(run, tmp_path)
+    assert any(not torch.equal(initial[k], trained[k]) for k in trained if k in initial)

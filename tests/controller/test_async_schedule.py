@@ -12,6 +12,7 @@ delays."""
 from __future__ import annotations
 
 import dataclasses
+import pickle
 import random
 import threading
 import time
@@ -22,12 +23,14 @@ import numpy as np
 import pytest
 
 from rlctl.config.schema import Config
-from rlctl.controller.async_rollout import AsyncRollout
+from rlctl.controller.async_rollout import AsyncRollout, partial_ratio
 from rlctl.controller.async_schedule import AsyncSchedule
 from rlctl.controller.prompts import PromptLoader, PromptRow, PromptSet
 from rlctl.runtime.batch import Batch
+from rlctl.workers.partial_rollout import PartialPool
 
-N = 2   # samples per prompt
+N = 2       # samples per prompt
+CHUNK = 3   # partial rollouts: tokens a sample decodes per round
 
 
 class InOrderGroup:
@@ -37,6 +40,7 @@ class InOrderGroup:
         self.rng, self.lock = random.Random(seed), threading.Lock()
         self.pool = ThreadPoolExecutor(1)
         self.version = 0
+        self.partial = None   # partial rollouts: the rank's PartialPool
 
     def _delay(self) -> float:
         with self.lock:
@@ -56,6 +60,39 @@ class InOrderGroup:
         self.version = version
         return version
 
+    def _generate_round(self, delay: float, prompts: Batch | None, *, seed: int) -> Batch:
+        """A partial-rollout round on the real PartialPool: up to CHUNK tokens a sample, EOS (0)
+        with probability 1/3 a token, one sample in five a long one (EOS 1/30)."""
+        time.sleep(delay)
+        if self.partial is None:
+            self.partial = PartialPool(n=N, chunk=CHUNK, width=4, length=12, pad=0, eos_ids=[0])
+        if prompts is not None:
+            self.partial.admit(prompts)
+        contexts, budgets = self.partial.inputs()
+        rng = np.random.default_rng(seed)
+        tokens = np.ones((len(contexts), CHUNK), dtype=np.int64)
+        lengths = np.array(budgets, dtype=np.int64)
+        for r, (context, budget) in enumerate(zip(contexts, budgets)):
+            stop = 1 / 30 if context[0] % 5 == 0 else 1 / 3   # a long sample: decided by its prompt
+            eos = np.flatnonzero(rng.random(budget) < stop)
+            if eos.size:
+                lengths[r] = eos[0] + 1
+                tokens[r, eos[0]] = 0
+        self.partial.advance(tokens, lengths, np.zeros(tokens.shape, dtype=np.float32), self.version)
+        rows = self.partial.pop_finished()
+        rows.meta.update(rollout_idle_s=0.0, rollout_busy_s=delay, **self.partial.meta())
+        if len(rows):
+            rows["seed"] = np.full(len(rows), seed)
+        return rows
+
+    def export_pool(self) -> dict | None:
+        return None if self.partial is None else pickle.loads(pickle.dumps(self.partial.state_dict()))
+
+    def _load_pool(self, delay: float, state: dict | None) -> None:
+        if state is not None:
+            self.partial = PartialPool(n=N, chunk=CHUNK, width=4, length=12, pad=0, eos_ids=[0])
+            self.partial.load_state_dict(state)
+
     def _generate(self, delay: float, prompts: Batch, *, seed: int) -> Batch:
         time.sleep(delay)
         rows = prompts.repeat(N)
@@ -67,11 +104,12 @@ class InOrderGroup:
 
 
 def source(k: int, strategy: str, sync_every: int, group_size: int, steps: int, delay_seed: int,
-           sampling: bool = False):
+           sampling: bool = False, partial: bool = False):
     config = Config()
     ds = dataclasses.replace(config.algorithm.dynamic_sampling, enable=sampling, metric="acc", max_gen_batches=3)
     config = dataclasses.replace(config, rollout=dataclasses.replace(
-        config.rollout, mode="async", n=N, max_staleness=k, staleness_strategy=strategy, sync_every=sync_every),
+        config.rollout, mode="async", n=N, max_staleness=k, staleness_strategy=strategy, sync_every=sync_every,
+        partial_rollout=partial, partial_chunk=CHUNK),
         data=dataclasses.replace(config.data, batch_size=group_size),
         algorithm=dataclasses.replace(config.algorithm, dynamic_sampling=ds))
     rows = [PromptRow(prompt_ids=[i % 7 + 1] * (1 + i % 3), data_source="t", ground_truth="", extra_info={},
@@ -103,10 +141,10 @@ def informative_half(batch: Batch) -> dict:
     return {"reward/mean": float(batch["acc"].mean())}
 
 
-def run(k, strategy, sync_every, group_size, steps, delay_seed, sampling=False):
-    src, drawn = source(k, strategy, sync_every, group_size, steps, delay_seed, sampling)
+def run(k, strategy, sync_every, group_size, steps, delay_seed, sampling=False, partial=False):
+    src, drawn = source(k, strategy, sync_every, group_size, steps, delay_seed, sampling, partial)
     src.start(1)
-    trained, total_dropped = [], 0
+    trained, total_dropped, versions = [], 0, []
     for step in range(1, steps + 1):
         batch, dropped, gens = src.take(step)
         total_dropped += dropped
@@ -118,15 +156,19 @@ def run(k, strategy, sync_every, group_size, steps, delay_seed, sampling=False):
             assert len(batch) == group_size * N
         staleness = (step - 1) - batch["policy_version"]
         assert staleness.min() >= 0 and staleness.max() <= k, (step, batch["policy_version"])
+        if partial:   # every trained token, not only each sample's oldest one
+            tokens = batch["token_version"][batch["response_mask"] > 0]
+            assert ((step - 1) - tokens).max() <= k and tokens.min() >= 0
+            versions += [tuple(v[v >= 0].tolist()) for v in batch["token_version"]]
         trained += batch["uid"][::N].tolist()
         src.setup.session.state.step = step
         src.after_update(step)
         in_flight, filtered = src.in_flight_rows() // N, src.plan.filtered
         assert drawn[0] == len(trained) + total_dropped + filtered + in_flight, (step, drawn[0], len(trained))
     assert len(set(trained)) == len(trained)            # no prompt trained twice
-    if strategy == "wait" and not sampling:
-        assert total_dropped == 0
-    return trained, total_dropped
+    if strategy == "wait" and not sampling and not partial:
+        assert total_dropped == 0   # (a sample continued over many rounds can outlive K under "wait" too)
+    return (trained, total_dropped, versions) if partial else (trained, total_dropped)
 
 
 @pytest.mark.parametrize("case", range(12))
@@ -161,29 +203,55 @@ def test_wait_issues_one_step_offs_order():
     assert issued == [(1, 1, 0), (1, 2, 0), (2, 3, 1), (3, 4, 2), (4, 5, 3)]
 
 
-@pytest.mark.parametrize("strategy,sync_every,sampling", [("drop", 2, False), ("wait", 2, True)])
-def test_save_and_restore_mid_run_continues_as_the_uninterrupted_run(tmp_path, strategy, sync_every, sampling):
+@pytest.mark.parametrize("strategy,sync_every,sampling,partial", [("drop", 2, False, False), ("wait", 2, True, False),
+                                                                  ("wait", 1, False, True), ("drop", 2, False, True)])
+def test_save_and_restore_mid_run_continues_as_the_uninterrupted_run(tmp_path, strategy, sync_every, sampling,
+                                                                     partial):
     """What a checkpoint holds (buffered and generating batches, counts, the rollout group's copy
     between pushes) plus the loader's position give the same trained groups as never stopping."""
     def steps(src, first, last, out):
         for step in range(first, last + 1):
             batch, _, _ = src.take(step)
-            out.append((step, batch["uid"].tolist(), batch["policy_version"].tolist()))
+            out.append((step, batch["uid"].tolist(), batch["policy_version"].tolist(),
+                        batch["token_version"].tolist() if partial else None))
             src.setup.session.state.step = step
             src.after_update(step)
         return out
 
-    full, _ = source(2, strategy, sync_every, 2, 8, 0, sampling)
+    full, _ = source(2, strategy, sync_every, 2, 8, 0, sampling, partial)
     full.start(1)
     expected = steps(full, 1, 8, [])
-    first, _ = source(2, strategy, sync_every, 2, 8, 1, sampling)
+    first, _ = source(2, strategy, sync_every, 2, 8, 1, sampling, partial)
     first.start(1)
     got = steps(first, 1, 3, [])
     first.save(tmp_path)
     loader_state = first.setup.loader.state_dict()
-    again, _ = source(2, strategy, sync_every, 2, 8, 2, sampling)
+    again, _ = source(2, strategy, sync_every, 2, 8, 2, sampling, partial)
     again.setup.loader.load_state_dict(loader_state)
     again.setup.session.state.step = 3
     again.restore(tmp_path)
     again.start(4)
     assert steps(again, 4, 8, got) == expected
+
+
+@pytest.mark.parametrize("case", range(8))
+def test_partial_rollouts_keep_every_trained_token_within_the_bound(case):
+    """Partial rollouts: samples continue over rounds and pushes; the bound holds per token, the
+    accounting includes the unfinished samples on the rank, and the delays change nothing."""
+    rng = random.Random(1000 + case)
+    k = rng.randint(1, 4)
+    strategy = rng.choice(["wait", "drop"])
+    sync_every = rng.randint(1, k + 1)
+    group_size = rng.choice([2, 3])
+    first = run(k, strategy, sync_every, group_size, steps=10, delay_seed=case, partial=True)
+    assert run(k, strategy, sync_every, group_size, steps=10, delay_seed=case + 100, partial=True) == first
+
+
+def test_partial_rollouts_train_samples_that_straddle_a_push():
+    """K = 2, a push every update: samples cut by a push are trained, tokens of both versions."""
+    trained, dropped, versions = run(2, "wait", 1, 2, steps=10, delay_seed=0, partial=True)
+    spanning = [v for v in versions if len(set(v)) > 1]
+    assert len(spanning) >= 3 and len(trained) == 20, versions
+    assert all(list(v) == sorted(v) for v in versions)   # a sample's versions only grow along its tokens
+    batch = Batch({"token_version": np.array([[0, 0, 1, -1], [1, 1, -1, -1]])})
+    assert partial_ratio(batch) == 0.5 and partial_ratio(Batch({"x": np.zeros(2)})) == 0.0

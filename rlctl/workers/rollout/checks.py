@@ -15,7 +15,7 @@ from rlctl.config.schema import SEPARATE_ROLLOUT_MODES, Config
 from rlctl.workers.rollout.registry import rollout_engine_info, sharding_engines
 from rlctl.workers.rollout.vllm_platform import cpu_refusal
 
-ASYNC_KEYS = ("max_staleness", "staleness_strategy", "sync_every", "partial_rollout")
+ASYNC_KEYS = ("max_staleness", "staleness_strategy", "sync_every", "partial_rollout", "partial_chunk")
 
 
 def check_rollout_engine(c: Config, ctx: CheckContext) -> list[Problem]:
@@ -87,13 +87,29 @@ def _async_problems(c: Config, ctx: CheckContext) -> list[Problem]:
                                 f"{ro.sync_every - 1} updates stale, so no batch could ever be trained; use "
                                 f"sync_every <= max_staleness + 1 = {ro.max_staleness + 1}"))
     if ro.partial_rollout:
-        problems.append(Problem("rollout.partial_rollout", "needs an engine that can abort a request at a weight "
-                                "push and resume it on the new weights; the hf rollout group cannot yet: set "
-                                "rollout.partial_rollout = false"))
+        problems += _partial_problems(c)
     if ro.multi_turn.enable:
         problems.append(Problem("rollout.multi_turn.enable", "multi-turn rollouts in rollout.mode = \"async\" are "
                                 "not built yet: use rollout.mode = \"one_step_off\" (its turn loop runs on the "
                                 "rollout group) or \"sync\""))
+    return problems
+
+
+def _partial_problems(c: Config) -> list[Problem]:
+    """rollout.partial_rollout: what generation in rounds supports so far."""
+    ro, problems = c.rollout, []
+    if c.resources.rollout_workers > 1:
+        problems.append(Problem("rollout.partial_rollout", f"keeps the unfinished samples on one rollout rank; "
+                                f"resources.rollout_workers = {c.resources.rollout_workers} is not built yet: set "
+                                "resources.rollout_workers = 1 or rollout.partial_rollout = false"))
+    if c.algorithm.dynamic_sampling.enable:
+        problems.append(Problem("rollout.partial_rollout", "with dynamic sampling is not built yet (its "
+                                "max_gen_batches counts whole generations, a round is not one): turn one of them off"))
+    if ro.partial_chunk >= c.data.max_response_length:
+        problems.append(Problem("rollout.partial_chunk", f"{ro.partial_chunk} >= data.max_response_length = "
+                                f"{c.data.max_response_length}: every sample finishes in its first round, so none "
+                                "is ever continued on newer weights; lower it to make partial rollouts matter",
+                                severity="warning"))
     return problems
 
 
