@@ -56,7 +56,7 @@ def placeholder_ids(model: torch.nn.Module) -> list[int]:
     """The vision placeholder tokens (image, video, vision start / end) of a vision-language model;
     [] for a text model. The policy never samples them: a sampled `<|image_pad|>` in a response
     would be taken for an image slot by every later forward (features and tokens would not match).
-    The hf engine samples from the logits with them at -inf and the trainer scores the same
+    The hf engine samples from the logits with them at BANNED_LOGIT and the trainer scores the same
     distribution (ban_placeholders), so rollout and training log-probs stay equal."""
     return config_placeholder_ids(model.config) if has_vision_tower(model) else []
 
@@ -67,11 +67,14 @@ def config_placeholder_ids(config) -> list[int]:
     return sorted({int(getattr(config, n)) for n in names if getattr(config, n, None) is not None})
 
 
+BANNED_LOGIT = -1e9   # softmax gives exactly 0; finite, so an entropy bonus's gradient stays finite (-inf: NaN)
+
+
 def ban_placeholders(logits: torch.Tensor, banned: list[int]) -> torch.Tensor:
-    """logits [..., V] with the `banned` token ids at -inf (the same tensor when there are none)."""
+    """logits [..., V] with the `banned` token ids at BANNED_LOGIT (the same tensor when there are none)."""
     if not banned:
         return logits
-    return logits.index_fill(-1, torch.tensor(banned, device=logits.device), float("-inf"))
+    return logits.index_fill(-1, torch.tensor(banned, device=logits.device), BANNED_LOGIT)
 
 
 def freeze_vision_tower(model: torch.nn.Module) -> None:

@@ -72,14 +72,18 @@ def _sampled_log_probs(monkeypatch, model, prompts, pixels, grids):
     return out, rollout
 
 
-def _batch(prompts, pixels, grids, out) -> Batch:
+def _prompt_rows(prompts, pixels, grids) -> Batch:
     width = max(map(len, prompts))
     ids, mask = np.zeros((len(prompts), width), np.int64), np.zeros((len(prompts), width), np.int64)
     for i, p in enumerate(prompts):
         ids[i, width - len(p):], mask[i, width - len(p):] = p, 1
-    prompt_rows = Batch({"input_ids": ids, "attention_mask": mask, "pixel_values": object_array(pixels),
-                         "image_grid_thw": object_array(grids)})
-    return rollout_batch(prompt_rows, out, N, width=width + 3, pad=0)
+    return Batch({"input_ids": ids, "attention_mask": mask, "pixel_values": object_array(pixels),
+                  "image_grid_thw": object_array(grids)})
+
+
+def _batch(prompts, pixels, grids, out) -> Batch:
+    rows = _prompt_rows(prompts, pixels, grids)
+    return rollout_batch(rows, out, N, width=rows["input_ids"].shape[1] + 3, pad=0)
 
 
 def _log_probs(model, batch: Batch, pack: bool | None = None) -> np.ndarray:
@@ -109,6 +113,27 @@ def test_training_log_probs_equal_the_rollouts_and_dropping_vision_inputs_is_cau
         assert diff > 1e-4
     text_only = np.abs(_log_probs(tiny_vlm, flat) - rollout)[mask & ~image_rows[:, None]].max()
     assert text_only < 1e-5   # a row without images has 1-D positions anyway
+
+
+def test_an_entropy_bonus_on_a_vlm_has_finite_gradients(tiny_vlm):
+    """The placeholders the policy may not sample are masked with a finite logit: -inf made the
+    entropy bonus's gradient NaN (0 * -inf in backward), and every step was skipped."""
+    from rlctl.workers.logprob import response_log_probs
+
+    prompts, pixels, grids = _rows(tiny_vlm)
+    out = hf_engine.HFRolloutEngine(tiny_vlm, pad_token_id=0, eos_token_ids=[1]).generate(
+        prompts, n=1, max_new_tokens=3, generator=torch.Generator().manual_seed(0),
+        images={"pixel_values": pixels, "image_grid_thw": grids})
+    rows = _prompt_rows(prompts, pixels, grids)
+    batch = rollout_batch(rows, out, 1, width=rows["input_ids"].shape[1], pad=0)
+    from rlctl.workers.vision import model_inputs
+
+    t = batch.to_torch(keys=["input_ids", "attention_mask"])
+    lp = response_log_probs(tiny_vlm, t["input_ids"], t["attention_mask"], 3, with_entropy=True, entropy_grad=True,
+                            vision=model_inputs(batch, torch.device("cpu")))
+    (lp["entropy"].sum() - lp["log_prob"].sum()).backward()
+    grads = [p.grad for p in tiny_vlm.parameters() if p.grad is not None]
+    assert grads and all(bool(torch.isfinite(g).all()) for g in grads)
 
 
 def test_lora_default_adapts_the_language_model_and_freeze_keeps_the_tower(tiny_vlm_dir):

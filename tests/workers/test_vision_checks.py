@@ -39,3 +39,15 @@ def test_vllm_gets_one_placeholder_per_image_and_never_samples_placeholders():
                               eos_token_ids=[1], banned=[260, 262])
     assert args["logit_bias"] == {260: -100.0, 262: -100.0}
     assert "torchvision" in cpu_refusal({"vision_config": {"depth": 2}})
+
+
+def test_the_cpu_vision_recipe_validates():
+    from pathlib import Path
+
+    from rlctl.config.loader import load_config
+    from rlctl.validate import validate
+
+    recipe = Path(__file__).resolve().parents[2] / "recipes" / "grpo-shapes-cpu.toml"
+    problems, plan = validate(load_config(recipe), machine=False)
+    assert [f"{p.key}: {p.message}" for p in problems if p.severity == "error"] == []
+    assert plan.sequences_per_step == 128
