@@ -70,10 +70,16 @@ def build_processor(tok):
 
     from rlctl.models.vision import image_only, needs_image_only
 
-    cls = image_only(Qwen2_5_VLProcessor) if needs_image_only(Qwen2_5_VLProcessor) else Qwen2_5_VLProcessor
-    images = Qwen2VLImageProcessorPil(min_pixels=MIN_PIXELS, max_pixels=MAX_PIXELS, patch_size=PATCH,
-                                      merge_size=MERGE)
-    return cls(image_processor=images, tokenizer=tok, chat_template=tok.chat_template)
+    sizes = dict(min_pixels=MIN_PIXELS, max_pixels=MAX_PIXELS, patch_size=PATCH, merge_size=MERGE)
+    images = Qwen2VLImageProcessorPil(**sizes)
+    if needs_image_only(Qwen2_5_VLProcessor):
+        return image_only(Qwen2_5_VLProcessor)(image_processor=images, tokenizer=tok, chat_template=tok.chat_template)
+    # torchvision is there: the stock processor, whose video processor some transformers versions require
+    # (5.17 raises on None); it needs torchvision, so it is imported only here
+    from transformers.models.qwen2_vl.video_processing_qwen2_vl import Qwen2VLVideoProcessor
+
+    return Qwen2_5_VLProcessor(image_processor=images, video_processor=Qwen2VLVideoProcessor(**sizes),
+                               tokenizer=tok, chat_template=tok.chat_template)
 
 
 def build_tiny_vlm(out: str | os.PathLike, *, layers: int = 2, hidden: int = 64, heads: int = 4, kv_heads: int = 2,

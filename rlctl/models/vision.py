@@ -70,11 +70,16 @@ def image_only(processor_class: type) -> type:
                 {"__init__": __init__, "to_dict": to_dict, "__module__": __name__})
 
 
-def needs_image_only(processor_class: type) -> bool:
+def needs_image_only(processor_class: type, folder: str | os.PathLike | None = None) -> bool:
+    """Drop the video processor when torchvision (which it needs) is missing, or when `folder` has
+    no video processor files (a folder written where torchvision was missing, loaded where it is)."""
     import inspect
 
+    from transformers.utils import VIDEO_PROCESSOR_NAME
+
     has_video = "video_processor" in inspect.signature(processor_class.__init__).parameters
-    return has_video and importlib.util.find_spec("torchvision") is None
+    no_files = folder is not None and not (Path(folder) / VIDEO_PROCESSOR_NAME).exists()
+    return has_video and (importlib.util.find_spec("torchvision") is None or no_files)
 
 
 def load_processor(path: str | os.PathLike):
@@ -89,7 +94,7 @@ def load_processor(path: str | os.PathLike):
     if processor_class is None:
         raise DataError(f"{path} names processor_class {name!r}, which transformers "
                         f"{transformers.__version__} does not have", hint="upgrade transformers, or fix the name")
-    if needs_image_only(processor_class):
+    if needs_image_only(processor_class, path):
         processor_class = image_only(processor_class)
     try:
         return processor_class.from_pretrained(str(path))
