@@ -179,10 +179,12 @@ def _export_quiet(step_dir: Path, config, tmp: Path, *, dtype: str, lora: str, m
     from rlctl.checkpoint import verify_export as V
     from rlctl.checkpoint.trained import load_trained_model
     from rlctl.models.loading import load_tokenizer
+    from rlctl.models.vision import is_vision_model, load_processor
 
     model = load_trained_model(step_dir, config)
     tokenizer = load_tokenizer(config.model.path, config.model.trust_remote_code)
-    prompts = V.prompt_ids(tokenizer)
+    processor = load_processor(config.model.path) if is_vision_model(config.model.path) else None
+    prompts = V.prompt_ids(tokenizer) + (V.vision_prompts(processor) if processor is not None else [])
     trained = V.logits_of(model, prompts)
     tolerance = V.TOLERANCE * V.scale_of(trained)
     adapter = config.model.lora.rank > 0 and lora == "adapter"
@@ -194,7 +196,7 @@ def _export_quiet(step_dir: Path, config, tmp: Path, *, dtype: str, lora: str, m
     torch_dtype = _export_dtype(dtype, config.model)
     tmp.mkdir(parents=True)
     _save_rounded(model, tmp, torch_dtype, adapter=adapter, max_shard_size=max_shard_size)
-    tokenizer.save_pretrained(tmp)
+    (processor or tokenizer).save_pretrained(tmp)   # a VLM's processor: image processor, tokenizer, template
     expected = V.logits_of(model, prompts)  # the weights exactly as written, computed in float32
     written_model = V.load_written(tmp, adapter=adapter, base_path=config.model.path,
                                    trust_remote_code=config.model.trust_remote_code)

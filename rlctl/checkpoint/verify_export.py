@@ -1,6 +1,7 @@
 """Logits checks that make `rlctl merge` trustworthy: the written folder must compute what was trained.
 
-Three sets of float32 logits on a few fixed prompts (CPU, one prompt at a time, no padding):
+Three sets of float32 logits on a few fixed prompts (CPU, one prompt at a time, no padding; a
+vision-language model also gets a chat prompt with a fixed image, so the vision tower is checked):
     trained   the model rebuilt from the checkpoint (LoRA adapters unmerged)
     expected  the model about to be written, with its weights rounded to the export dtype
     written   the folder loaded back with from_pretrained (+ PeftModel for an adapter folder)
@@ -38,11 +39,36 @@ def prompt_ids(tokenizer) -> list[list[int]]:
     return [p for p in prompts if p]
 
 
+def vision_prompts(processor) -> list[dict]:
+    """One chat prompt with a fixed 56x84 image (colour gradients: every patch differs), as the
+    model's forward takes it (rlctl.models.vision.encode_prompt)."""
+    import numpy as np
+    from PIL import Image
+
+    from rlctl.models.vision import encode_prompt
+
+    y, x = np.mgrid[0:56, 0:84]
+    pixels = np.stack([x * 3, y * 4, (x + y) * 2], axis=-1).astype(np.uint8)
+    messages = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "What is in the picture?"}]}]
+    return [encode_prompt(processor, messages, [Image.fromarray(pixels, "RGB")])]
+
+
+def _forward(model: torch.nn.Module, prompt) -> torch.Tensor:
+    if not isinstance(prompt, dict):
+        return model(input_ids=torch.tensor([prompt])).logits[0]
+    # the image prompt: with mm_token_type_ids (else silently 1-D positions) and no cached rope deltas
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    base.model.rope_deltas = None
+    inputs = {k: torch.as_tensor(v)[None] if k in ("input_ids", "mm_token_type_ids") else torch.as_tensor(v)
+              for k, v in prompt.items()}
+    return model(**inputs).logits[0]
+
+
 @torch.no_grad()
-def logits_of(model: torch.nn.Module, prompts: list[list[int]]) -> list[torch.Tensor]:
-    """float32 logits [len(prompt), vocab] per prompt."""
+def logits_of(model: torch.nn.Module, prompts: list) -> list[torch.Tensor]:
+    """float32 logits [len(prompt), vocab] per prompt (token ids, or vision_prompts' dicts)."""
     model.eval()
-    return [model(input_ids=torch.tensor([ids])).logits[0].float() for ids in prompts]
+    return [_forward(model, prompt).float() for prompt in prompts]
 
 
 def max_abs_diff(a: list[torch.Tensor], b: list[torch.Tensor]) -> float:
@@ -75,19 +101,23 @@ def check(what: str, diff: float, tolerance: float) -> None:
 
 
 def load_written(folder: Path, *, adapter: bool, base_path: str, trust_remote_code: bool) -> torch.nn.Module:
-    """The written folder as a user would load it, in float32 on CPU."""
-    from transformers import AutoModelForCausalLM
+    """The written folder as a user would load it, in float32 on CPU (a vision-language model
+    through AutoModelForImageTextToText, the class that holds its vision tower)."""
+    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
+
+    from rlctl.models.vision import is_vision_model
+
+    vision = is_vision_model(folder) or is_vision_model(base_path)
+    auto = AutoModelForImageTextToText if vision else AutoModelForCausalLM
 
     try:
         if not adapter:
-            return AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32,
-                                                        trust_remote_code=trust_remote_code)
+            return auto.from_pretrained(folder, dtype=torch.float32, trust_remote_code=trust_remote_code)
         from peft import PeftModel
 
         from rlctl.workers.lora import quiet_moe_patterns
 
-        base = AutoModelForCausalLM.from_pretrained(base_path, dtype=torch.float32,
-                                                    trust_remote_code=trust_remote_code)
+        base = auto.from_pretrained(base_path, dtype=torch.float32, trust_remote_code=trust_remote_code)
         with quiet_moe_patterns():
             return PeftModel.from_pretrained(base, folder)
     except Exception as err:  # noqa: BLE001 - a folder that does not load is a failed export

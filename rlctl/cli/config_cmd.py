@@ -44,10 +44,11 @@ def validate_cmd(
                                       help="Check the config alone: not files, model, GPUs or packages."),
     fmt: str = format_option("text", "json", help="text or json."),
 ) -> None:
-    """Report every problem in the config at once, then the batch plan. Exit 2 on any error.
+    """Report every problem in the config at once, then the batch plan. Exit 2 on any error (3 on bad data rows).
 
     Example: rlctl config validate rlctl.toml actor.lr=1e-6 rollout.n=8
     """
+    from rlctl.data.image_checks import DATA_PROBLEM
     from rlctl.validate import validate
 
     loaded, from_run = run_as_model(load_checked(file, overrides, strict=False))
@@ -66,8 +67,8 @@ def validate_cmd(
     else:
         _print_report(source, errors, warnings, plan.rows() + [("GPUs per node", f"{gpus} ({auto})" if auto else gpus)],
                       lines)
-    if errors:
-        raise typer.Exit(2)
+    if errors:   # 3 when every error is in the data itself (a bad image row), as `rlctl train` exits
+        raise typer.Exit(3 if all(p.kind == DATA_PROBLEM for p in errors) else 2)
 
 
 def run_as_model(loaded):

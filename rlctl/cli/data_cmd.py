@@ -104,18 +104,21 @@ def inspect(
     max_prompt_length: int = typer.Option(None, "--max-prompt-length", min=1,
                                           help="Count prompts longer than this many tokens (needs --model)."),
     samples: int = typer.Option(3, "--samples", min=0, help="Rows to show."),
+    image_key: str = typer.Option("images", "--image-key", help="Vision data: the images column (data.image_key)."),
     fmt: str = format_option("text", "json", help="text or json."),
 ) -> None:
-    """Check a data file's schema and show its rows, sources and prompt lengths.
+    """Check a data file's schema (and images) and show its rows, sources, image sizes and prompt lengths.
 
     Example: rlctl data inspect data/gsm8k/train.parquet --model models/tiny --max-prompt-length 512
+             rlctl data inspect data/shapes/train.parquet --model models/tiny-vl
     """
     from rlctl.data.inspect import inspect_file
     from rlctl.errors import UsageError
 
     if max_prompt_length is not None and model is None:
         raise UsageError("--max-prompt-length needs --model", hint="lengths are counted in the model's tokens.")
-    report = inspect_file(file, model=model, max_prompt_length=max_prompt_length, samples=samples)
+    report = inspect_file(file, model=model, max_prompt_length=max_prompt_length, samples=samples,
+                          image_key=image_key)
     emit(report, fmt)
     if fmt == "text":
         _print_inspect(report)
@@ -136,8 +139,19 @@ def _print_inspect(report: dict) -> None:
     for i, sample in enumerate(report["samples"]):
         console.print(f"  [{i}] {'+'.join(sample['roles'])}: {sample['prompt']!r} -> {sample['ground_truth']!r}",
                       markup=False)
+    if "images" in report:
+        _print_images(console, report["images"])
     if "prompt_tokens" in report:
         _print_lengths(console, report["prompt_tokens"])
+
+
+def _print_images(console, images: dict) -> None:
+    line = (f"  images ({images['column']}): {images['images']:,} in {images['rows_with_images']:,} row(s), "
+            f"{images['per_row']['min']}-{images['per_row']['max']} per row")
+    if "width" in images:
+        w, h = images["width"], images["height"]
+        line += f"; width {w['min']}-{w['max']} (mean {w['mean']}), height {h['min']}-{h['max']} (mean {h['mean']})"
+    console.print(line, markup=False, highlight=False)
 
 
 def _print_lengths(console, tokens: dict) -> None:

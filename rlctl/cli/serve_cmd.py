@@ -33,6 +33,8 @@ def serve(
     prompt_logprobs: int = typer.Option(0, "--prompt-logprobs", min=0,
                                         help="hf: answer /v1/completions' prompt_logprobs (vLLM's extension) up to this "
                                              "many top tokens, e.g. for a distillation teacher (0 = refuse)."),
+    allow_remote_images: bool = typer.Option(False, "--allow-remote-images",
+                                             help="hf: fetch http(s) image_url parts (default: data: URLs only)."),
 ) -> None:
     """Serve a model over an OpenAI-compatible HTTP API (/v1/chat/completions, /v1/completions).
 
@@ -58,7 +60,8 @@ def serve(
         if chosen == "hf":
             code = serve_builtin(folder, host=host, port=port, model_name=name, api_key=api_key,
                                  max_concurrency=max_concurrency, dtype=dtype, prompt_logprobs=prompt_logprobs,
-                                 limits={"max_body_bytes": max_body_bytes, "read_timeout_s": read_timeout_s})
+                                 limits={"max_body_bytes": max_body_bytes, "read_timeout_s": read_timeout_s},
+                                 allow_remote_images=allow_remote_images)
         else:
             spec = LaunchSpec(str(folder), host, port, name, api_key, tensor_parallel_size, dtype, max_concurrency)
             code = run_child(build_command(chosen, spec, tuple(ctx.args)), env=engine_env(chosen, folder))

@@ -6,7 +6,8 @@ from contextlib import ExitStack
 from pathlib import Path
 
 from rlctl.config.loader import LoadedConfig, config_to_dict
-from rlctl.errors import ConfigError, Interrupted, RlctlError, WorkerDiedError
+from rlctl.data.image_checks import DATA_PROBLEM
+from rlctl.errors import ConfigError, DataError, Interrupted, RlctlError, WorkerDiedError
 
 
 def _resolve_auto(loaded: LoadedConfig, address: str | None) -> LoadedConfig:
@@ -39,6 +40,8 @@ def _check(loaded: LoadedConfig) -> None:
 
     problems, _ = validate(loaded, reach_services=False)
     errors = [p for p in problems if p.severity == "error"]
+    if errors and all(p.kind == DATA_PROBLEM for p in errors):   # bad rows or images: a data error (exit 3)
+        raise DataError("; ".join(p.format() for p in errors) + " (nothing was started)")
     if len(errors) == 1:   # one problem, one line
         source = str(loaded.path) if loaded.path else "overrides"
         raise ConfigError(f"{errors[0].format(source)} (nothing was started)")

@@ -87,10 +87,12 @@ def decode_image(value, *, base_dir: str | os.PathLike | None = None, where: str
         with Image.open(io.BytesIO(data)) as img:
             img.load()
             return img.convert("RGB")
-    except (UnidentifiedImageError, OSError, ValueError, SyntaxError) as e:
+    except UnidentifiedImageError:
+        reason = "no image format PIL knows"
+    except (OSError, ValueError, SyntaxError) as e:   # a known format, damaged (truncated PNG, bad header)
         reason = (str(e).splitlines() or [type(e).__name__])[0][:120]
-        raise DataError(f"{where}: {len(data)} bytes are not a readable image ({reason})",
-                        hint="re-encode the image as PNG or JPEG, or drop the row.") from None
+    raise DataError(f"{where}: {len(data)} bytes are not a readable image ({reason})",
+                    hint="re-encode the image as PNG or JPEG, or drop the row.")
 
 
 def check_size(image, max_pixels: int | None, where: str) -> None:
@@ -142,7 +144,7 @@ def check_rows(rows: list[dict], *, image_key: str = DEFAULT_IMAGE_KEY, base_dir
             load_vision_row(row, image_key=image_key, base_dir=base_dir, max_pixels=max_pixels, index=i,
                             source=source)
         except DataError as e:
-            problems.append(e.message)
+            problems.append(f"{e.message}; {e.hint}" if e.hint else e.message)
     return problems
 
 
@@ -160,8 +162,52 @@ def absolute_image_paths(rows: list[dict], image_key: str, base_dir: Path) -> li
     return rows
 
 
+def image_entry(value) -> dict:
+    """One entry of the images column as {bytes, path} with the bytes in (a path's file read)."""
+    data, path = _image_source(value)
+    if data is None:
+        data = Path(path).read_bytes()
+    return {"bytes": data, "path": Path(path).name if path else None}
+
+
+def with_images_column(schema, image_key: str = DEFAULT_IMAGE_KEY):
+    """A pyarrow row schema plus the images column as Hugging Face stores it: list<struct<bytes, path>>."""
+    import pyarrow as pa
+
+    image = pa.struct([("bytes", pa.binary()), ("path", pa.string())])
+    return schema.append(pa.field(image_key, pa.list_(image)))
+
+
 def to_png_struct(image) -> dict:
     """A PIL image as one entry of a Hugging Face image column: {"bytes": PNG, "path": None}."""
     buf = io.BytesIO()
     image.save(buf, format="PNG")
     return {"bytes": buf.getvalue(), "path": None}
+
+
+def _stats(values: list[int]) -> dict:
+    return {"min": min(values), "mean": round(sum(values) / len(values), 1), "max": max(values)}
+
+
+def image_report(rows: list[dict], *, image_key: str = DEFAULT_IMAGE_KEY, max_pixels: int | None = None,
+                 source: str | None = None) -> dict:
+    """`rlctl data inspect`'s image section: rows with images, images per row, widths and heights.
+    Every row is checked (check_rows); the first bad one is a DataError with the count of the others."""
+    per_row, widths, heights, problems = [], [], [], []
+    for i, row in enumerate(rows):
+        try:
+            _, images = load_vision_row(row, image_key=image_key, max_pixels=max_pixels, index=i, source=source)
+        except DataError as e:
+            problems.append(e)
+            continue
+        per_row.append(len(images))
+        widths += [im.size[0] for im in images]
+        heights += [im.size[1] for im in images]
+    if problems:
+        more = f" (and {len(problems) - 1} more bad row(s))" if len(problems) > 1 else ""
+        raise DataError(f"{problems[0].message}{more}", hint=problems[0].hint)
+    report = {"column": image_key, "rows_with_images": sum(n > 0 for n in per_row), "images": sum(per_row),
+              "per_row": _stats(per_row)}
+    if widths:
+        report.update(width=_stats(widths), height=_stats(heights))
+    return report

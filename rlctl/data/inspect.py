@@ -7,8 +7,11 @@ import os
 from collections import Counter
 from pathlib import Path
 
+from rlctl.data.dataset import prompt_token_lengths, read_parquet
+from rlctl.data.images import DEFAULT_IMAGE_KEY, image_report, load_vision_row
 from rlctl.errors import DataError
 from rlctl.models.loading import load_tokenizer
+from rlctl.models.vision import encode_prompt, processor_max_pixels
 
 PERCENTILES = (50, 90, 95, 99)
 HISTOGRAM_BINS = 10
@@ -45,11 +48,8 @@ def histogram(values: list[int], bins: int = HISTOGRAM_BINS) -> list[dict]:
     return [{"lo": e, "hi": min(e + width - 1, hi), "count": c} for e, c in zip(edges, counts)]
 
 
-def length_report(prompts: list, tokenizer, max_prompt_length: int | None) -> dict:
+def length_report(lengths: list[int], tokenizer, max_prompt_length: int | None) -> dict:
     """Prompt lengths in tokens after the chat template: stats, percentiles, histogram, over limit."""
-    from rlctl.data.dataset import prompt_token_lengths
-
-    lengths = prompt_token_lengths(prompts, tokenizer)
     ordered = sorted(lengths)
     report = {
         "chat_template": bool(getattr(tokenizer, "chat_template", None)),
@@ -65,12 +65,13 @@ def length_report(prompts: list, tokenizer, max_prompt_length: int | None) -> di
 
 
 def inspect_file(path: str | os.PathLike, *, model: str | None = None, max_prompt_length: int | None = None,
-                 samples: int = 3) -> dict:
-    """Validate `path` (DataError naming the wrong column) and describe it; token lengths with `model`."""
-    from rlctl.data.dataset import read_parquet
+                 samples: int = 3, image_key: str = DEFAULT_IMAGE_KEY) -> dict:
+    """Validate `path` (DataError naming the wrong column, or the first bad image row) and describe
+    it; token lengths with `model` (a vision-language model's count its image tokens)."""
+    from rlctl.data.dataset import load_rows
 
     table = read_parquet(Path(path))
-    rows = table.to_pylist()
+    rows = load_rows([Path(path)], image_key) if image_key in table.column_names else table.to_pylist()
     if not rows:
         raise DataError(f"{path} has no rows", hint="re-run `rlctl data prep`.")
     splits = [(r.get("extra_info") or {}).get("split") for r in rows]
@@ -84,8 +85,23 @@ def inspect_file(path: str | os.PathLike, *, model: str | None = None, max_promp
         "empty_ground_truth": sum(not str(r["reward_model"]["ground_truth"]).strip() for r in rows),
         "samples": [_sample(r) for r in rows[:samples]],
     }
-    if model is not None:
+    processor = vision_processor(model) if model is not None else None
+    if image_key in table.column_names:
+        report["images"] = image_report(rows, image_key=image_key, source=Path(path).name,
+                                        max_pixels=processor_max_pixels(processor) if processor else None)
+    if processor is not None:
+        lengths = [len(encode_prompt(processor, *load_vision_row(r, image_key=image_key))["input_ids"]) for r in rows]
+        report["prompt_tokens"] = {"model": str(model), **length_report(lengths, processor.tokenizer,
+                                                                         max_prompt_length)}
+    elif model is not None:
         tokenizer = load_tokenizer(model, trust_remote_code=None, key="--model")
-        report["prompt_tokens"] = {"model": str(model),
-                                   **length_report([r["prompt"] for r in rows], tokenizer, max_prompt_length)}
+        lengths = prompt_token_lengths([r["prompt"] for r in rows], tokenizer)
+        report["prompt_tokens"] = {"model": str(model), **length_report(lengths, tokenizer, max_prompt_length)}
     return report
+
+
+def vision_processor(model: str):
+    """The processor of a local vision-language model folder; None for a text model (or a hub id)."""
+    from rlctl.models.vision import is_vision_model, load_processor
+
+    return load_processor(model) if is_vision_model(model) else None

@@ -46,6 +46,7 @@ class FileSource:
     hub_patterns: tuple = ()
     suffixes: tuple = SUFFIXES
     structured_answer: bool = False  # the answer may be a dict/list (code test cases), not only text
+    image_col: str = ""              # vision data: the records' image list, kept as the row's `images`
 
 
 @dataclass(frozen=True)
@@ -109,7 +110,31 @@ def convert(src: FileSource, record: dict, split: str, index: int) -> dict:
     content = f"{question} {src.instruction}" if src.instruction else question
     messages = ([{"role": "system", "content": src.system}] if src.system else [])
     messages.append({"role": "user", "content": content})
-    return rule_row(src.data_source, messages, src.ability, truth, split, index, question=question, answer=answer)
+    row = rule_row(src.data_source, messages, src.ability, truth, split, index, question=question, answer=answer)
+    if src.image_col:
+        row["images"] = _images(record, src.image_col, messages)
+    return row
+
+
+def _images(record: dict, column: str, messages: list[dict]) -> list[dict]:
+    """A record's images as self-contained {bytes, path} entries (a path's file is read in: the
+    prepared file lives elsewhere), each decoded once and matched against the `<image>` markers."""
+    from rlctl.data.images import decode_image, image_entry, marker_count
+
+    entries = record.get(column)
+    if not isinstance(entries, list):
+        entries = [] if entries is None else [entries]
+    if marker_count(messages) != len(entries):
+        raise RowError("image/marker mismatch", f"{marker_count(messages)} <image> marker(s) but {len(entries)} "
+                                                f"image(s) in {column!r}")
+    out = []
+    for i, entry in enumerate(entries):
+        try:
+            decode_image(entry, where=f"image {i}")
+            out.append(image_entry(entry))
+        except DataError as e:
+            raise RowError("bad image", e.message) from None
+    return out
 
 
 def rule_row(data_source: str, prompt: list[dict], ability: str, truth: str, split: str, index: int, *,

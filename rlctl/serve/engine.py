@@ -49,6 +49,7 @@ class Request:
     params: SamplingParams
     events: queue.Queue
     index_base: int = 0  # choice index of this request's first row (batched completion prompts)
+    vision: dict | None = None  # a VLM prompt's image arrays (rlctl.models.vision.encode_prompt)
     cancelled: threading.Event = field(default_factory=threading.Event)
 
     def cancel(self) -> None:
@@ -74,10 +75,16 @@ def _row_seed(seed: int, choice: int) -> int:
 class Engine:
     """Owns model + tokenizer; `submit` is thread-safe, generation happens on the scheduler thread."""
 
-    def __init__(self, model, tokenizer, *, max_rows: int = 32, max_waiting: int = 1024):
+    def __init__(self, model, tokenizer, *, max_rows: int = 32, max_waiting: int = 1024, processor=None,
+                 allow_remote_images: bool = False):
         import torch
 
+        from rlctl.serve.vision import placeholder_ids
+
         self.model, self.tokenizer = model, tokenizer
+        # a vision-language model's processor (None: text only); remote image URLs fetched or refused
+        self.processor, self.allow_remote_images = processor, allow_remote_images
+        self.banned = placeholder_ids(model.config) if processor is not None else []
         self.max_rows, self.max_waiting = max_rows, max_waiting
         self.context_length = int(getattr(model.config, "max_position_embeddings", 0) or 2048)
         self.eos_ids = _eos_ids(model, tokenizer)
@@ -107,6 +114,15 @@ class Engine:
 
         with self.tokenizer_lock:
             return chat_prompt_ids(messages, self.tokenizer, tools)
+
+    def encode_vision_chat(self, messages: list[dict], images: list,
+                           tools: list[dict] | None = None) -> tuple[list[int], dict]:
+        """A VLM chat prompt through the processor: (prompt ids, image arrays for Request.vision)."""
+        from rlctl.models.vision import encode_prompt
+
+        with self.tokenizer_lock:
+            enc = encode_prompt(self.processor, messages, images, tools)
+        return enc["input_ids"].tolist(), enc
 
     def submit(self, request: Request) -> bool:
         """Queue a request; False when the waiting queue is full (the caller answers 429)."""
@@ -182,7 +198,8 @@ class Engine:
             logits = self._batch.decode(self.model, last)
         if admitted:
             # Prefill each prompt once, then copy its KV rows for the request's n choices.
-            new_batch, new_logits = DecodeBatch.prefill(self.model, [r.prompt_ids for r in admitted], self.pad_id)
+            new_batch, new_logits = DecodeBatch.prefill(self.model, [r.prompt_ids for r in admitted], self.pad_id,
+                                                        [r.vision for r in admitted])
             copies = [k for k, req in enumerate(admitted) for _ in range(req.params.n)]
             if len(copies) > len(admitted):
                 new_batch.keep(copies)
@@ -217,6 +234,8 @@ class Engine:
         from rlctl.serve.sampling import sample_next_tokens
 
         rows, device = self._rows, logits.device
+        if self.banned:
+            logits = logits.index_fill(-1, torch.tensor(self.banned, device=device), float("-inf"))
         params = [r.request.params for r in rows]
         tokens = sample_next_tokens(
             logits,

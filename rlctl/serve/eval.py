@@ -127,18 +127,16 @@ def _project_dir(run_dir: Path, config) -> Path:
 
 def run_eval(model_path: str | Path, data_file: str | Path, opts: EvalOptions, out_path: Path) -> dict:
     """Generate, score, write one JSON line per sample to `out_path`; returns the summary."""
-    from rlctl.controller.prompts import chat_prompt_ids
     from rlctl.data.dataset import load_rows
     from rlctl.rewards.sources import build_reward
     from rlctl.serve.source import model_folder
 
-    from transformers import AutoTokenizer
-
     model_path = Path(model_path)
-    rows = load_rows([Path(data_file)])[: opts.limit]
+    config, run_dir = eval_config(opts.config) if opts.config else run_config(model_path)
+    image_key = config.data.image_key if config is not None else "images"
+    rows = load_rows([Path(data_file)], image_key)[: opts.limit]
     if not rows:
         raise DataError(f"{data_file} has no rows to evaluate")
-    config, run_dir = eval_config(opts.config) if opts.config else run_config(model_path)
     reward, config_dir, default_max = reward_settings(model_path, opts.reward, (config, run_dir))
     temperature = opts.temperature if opts.temperature is not None else (0.0 if opts.n == 1 else 1.0)
     if opts.n > 1 and temperature == 0:
@@ -157,10 +155,9 @@ def run_eval(model_path: str | Path, data_file: str | Path, opts: EvalOptions, o
                 samples = evaluate_multi_turn(folder, rows, opts, temperature, opts.max_new_tokens or default_max,
                                               config, run_dir)
             else:
-                tokenizer = AutoTokenizer.from_pretrained(folder)
-                prompt_ids = [chat_prompt_ids(row["prompt"], tokenizer) for row in rows]   # as training renders them
+                tokenizer, prompt_ids, visions = _prompts(folder, rows, image_key)
                 samples = _single_turn_samples(rows, tokenizer.batch_decode(prompt_ids), _generate(
-                    folder, prompt_ids, opts, temperature, opts.max_new_tokens or default_max))
+                    folder, prompt_ids, opts, temperature, opts.max_new_tokens or default_max, visions))
         if reward.model:   # loaded once the policy is done with
             sources.attach_model(_LocalRewardModel(reward))
         scores, correct, records = _score(rows, samples, sources)
@@ -196,12 +193,35 @@ def _reward_label(reward) -> str:
     return " + ".join(entry.label(reward) for entry in configured(reward))
 
 
+def _prompts(folder: Path, rows: list[dict], image_key: str):
+    """(tokenizer, prompt ids as training renders them, per row its image arrays or None: all None
+    for a text model). A vision-language model's prompts go through its processor, images checked
+    and decoded as training reads them (rlctl.data.images)."""
+    from rlctl.controller.prompts import chat_prompt_ids
+    from rlctl.serve.source import load_processor_of
+
+    processor = load_processor_of(folder)
+    if processor is None:
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(folder)
+        return tokenizer, [chat_prompt_ids(row["prompt"], tokenizer) for row in rows], [None] * len(rows)
+    from rlctl.data.images import load_vision_row
+    from rlctl.models.vision import encode_prompt, processor_max_pixels
+
+    limit, visions = processor_max_pixels(processor), []
+    for i, row in enumerate(rows):
+        messages, images = load_vision_row(row, image_key=image_key, max_pixels=limit, index=i)
+        visions.append(encode_prompt(processor, messages, images))
+    return processor.tokenizer, [v["input_ids"].tolist() for v in visions], visions
+
+
 def _generate(folder: Path, prompt_ids: list[list[int]], opts: EvalOptions, temperature: float,
-              max_new: int):
+              max_new: int, visions: list):
     from rlctl.serve.engine import SamplingParams
     from rlctl.serve.external import LaunchSpec, build_command, engine_env, pick_engine
     from rlctl.serve.generate import external_server, generate_local, generate_remote
-    from rlctl.serve.source import context_room, load_model
+    from rlctl.serve.source import context_room, load_model, load_processor_of
     from rlctl.utils.net import free_port
 
     engine = pick_engine(opts.engine)
@@ -212,8 +232,11 @@ def _generate(folder: Path, prompt_ids: list[list[int]], opts: EvalOptions, temp
     log.info("generating %d x %d samples with the %s engine", len(prompt_ids), opts.n, engine)
     if engine == "hf":
         model, tokenizer = load_model(folder, opts.dtype)
-        return generate_local(model, tokenizer, prompt_ids, params,
-                              max_concurrency=max(opts.max_concurrency, opts.n), progress=progress)
+        return generate_local(model, tokenizer, prompt_ids, params, max_concurrency=max(opts.max_concurrency, opts.n),
+                              progress=progress, visions=visions, processor=load_processor_of(folder))
+    if any(v is not None and "pixel_values" in v for v in visions):
+        raise UsageError(f"rlctl eval of image prompts runs on the hf engine, not {engine}",
+                         hint="pass --engine hf (vLLM's image path is not wired into eval yet).")
     port = free_port("127.0.0.1")
     spec = LaunchSpec(str(folder), "127.0.0.1", port, "eval", dtype=opts.dtype)
     with external_server(build_command(engine, spec), f"http://127.0.0.1:{port}", env=engine_env(engine, folder)) as url:

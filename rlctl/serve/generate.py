@@ -34,14 +34,17 @@ class Sample:
 
 
 def generate_local(model, tokenizer, prompt_ids: list[list[int]], params: list[SamplingParams], *,
-                   max_concurrency: int = 32, progress=None) -> list[list[Sample]]:
-    """All prompts through one continuous-batching engine; `progress(done, total)` per prompt."""
-    engine = Engine(model, tokenizer, max_rows=max_concurrency, max_waiting=len(prompt_ids) + 1)
+                   max_concurrency: int = 32, progress=None, visions: list | None = None,
+                   processor=None) -> list[list[Sample]]:
+    """All prompts through one continuous-batching engine; `progress(done, total)` per prompt.
+    `visions`: per prompt None or its image arrays (a vision-language model with its `processor`)."""
+    engine = Engine(model, tokenizer, max_rows=max_concurrency, max_waiting=len(prompt_ids) + 1, processor=processor)
+    visions = visions or [None] * len(prompt_ids)
     events: queue.Queue = queue.Queue()
     n = max(p.n for p in params)
     try:
         for i, (ids, p) in enumerate(zip(prompt_ids, params)):
-            engine.submit(Request(ids, p, events, index_base=i * n))
+            engine.submit(Request(ids, p, events, index_base=i * n, vision=visions[i]))
         texts, results, left = {}, {}, [p.n for p in params]
         while len(results) < sum(p.n for p in params):
             ev = events.get()

@@ -293,7 +293,9 @@ class _Handler(BaseHTTPRequestHandler):
     def _generate(self, parsed: protocol.ParsedRequest) -> None:
         events: queue.Queue = queue.Queue()
         n = parsed.params.n
-        requests = [Request(p, parsed.params, events, index_base=i * n) for i, p in enumerate(parsed.prompts)]
+        visions = parsed.visions or [None] * len(parsed.prompts)
+        requests = [Request(p, parsed.params, events, index_base=i * n, vision=v)
+                    for i, (p, v) in enumerate(zip(parsed.prompts, visions))]
         self.server.track(+1)
         try:
             for request in requests:

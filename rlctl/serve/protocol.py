@@ -33,6 +33,7 @@ class ParsedRequest:
     include_usage: bool
     tools: ToolSpec | None = None  # chat with tools: render them, maybe parse calls out of the answers
     prompt_logprobs: list | None = None  # completions: vLLM's prompt_logprobs per prompt (serve/prompt_logprobs.py)
+    visions: list | None = None  # chat with images: per prompt its image arrays (rlctl.serve.vision)
 
 
 def _field(body: dict, key: str, types: tuple, default=None, *, nullable: bool = True):
@@ -132,6 +133,8 @@ def _message_text(message, i: int) -> dict:
     content = message.get("content")
     if content is None:
         content = ""
+    elif isinstance(content, list) and any(isinstance(p, dict) and p.get("type") == "image" for p in content):
+        pass   # text and image parts (rlctl.serve.vision.content_parts made them): the VLM's template renders them
     elif isinstance(content, list):  # content parts: only text can be rendered by a text model
         if not all(isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str)
                    for p in content):
@@ -152,17 +155,40 @@ def parse_chat(body: dict, engine, max_n: int) -> ParsedRequest:
     from rlctl.serve.tools import check_template, parse_tools
 
     spec = parse_tools(body)
+    messages, images = _images(messages, engine)
     messages = [_message(m, i) for i, m in enumerate(messages)]
     if not getattr(engine.tokenizer, "chat_template", None):
         raise APIError(400, "this model has no chat template; use /v1/completions", param="messages")
     if spec is not None:
         check_template(engine.tokenizer)
+    tools, vision = spec.tools if spec else None, None
     try:
-        prompt = engine.encode_chat(messages, tools=spec.tools if spec else None)
+        if images:
+            prompt, vision = engine.encode_vision_chat(messages, images, tools=tools)
+        else:
+            prompt = engine.encode_chat(messages, tools=tools)
     except Exception as e:  # a template can raise on roles it does not know (jinja raise_exception)
         raise APIError(400, f"the chat template rejected these messages: {e}", param="messages") from e
     params, stream, usage = _sampling(body, [len(prompt)], engine.context_length, max_n, None)
-    return ParsedRequest("chat", [prompt], params, stream, usage, spec)
+    return ParsedRequest("chat", [prompt], params, stream, usage, spec, visions=[vision] if vision else None)
+
+
+def _images(messages: list, engine) -> tuple[list, list]:
+    """(messages with image_url parts turned into template image parts, the PIL images in order)."""
+    from rlctl.serve.vision import content_parts, has_images
+
+    if not has_images(messages):
+        return messages, []
+    if getattr(engine, "processor", None) is None:
+        raise APIError(400, "this model takes no images (image_url parts need a vision-language model)",
+                       param="messages")
+    out, images = [], []
+    for i, m in enumerate(messages):
+        if isinstance(m, dict) and isinstance(m.get("content"), list):
+            parts, found = content_parts(m["content"], i, engine.allow_remote_images)
+            m, images = {**m, "content": parts}, images + found
+        out.append(m)
+    return out, images
 
 
 def parse_completion(body: dict, engine, max_n: int) -> ParsedRequest:

@@ -51,19 +51,21 @@ def make_server(engine, host: str, port: int, *, model_name: str, api_key: str |
 
 def serve_builtin(folder: Path, *, host: str, port: int, model_name: str, api_key: str | None,
                   max_concurrency: int, dtype: str, drain_s: float = 10.0, limits: dict | None = None,
-                  prompt_logprobs: int = 0) -> int:
+                  prompt_logprobs: int = 0, allow_remote_images: bool = False) -> int:
     """Load the model, serve until a signal, let running requests finish (up to drain_s), return 0."""
     from rlctl.serve.engine import Engine
-    from rlctl.serve.source import load_model
+    from rlctl.serve.source import load_model, load_processor_of
 
     server = make_server(None, host, port, model_name=model_name, api_key=api_key, limits=limits)  # fail fast if taken
     log.info("loading %s", folder)
     try:
         model, tokenizer = load_model(folder, dtype)
+        processor = load_processor_of(folder)
     except BaseException:
         server.server_close()
         raise
-    engine = server.engine = Engine(model, tokenizer, max_rows=max_concurrency)
+    engine = server.engine = Engine(model, tokenizer, max_rows=max_concurrency, processor=processor,
+                                    allow_remote_images=allow_remote_images)
     server.prompt_logprobs = prompt_logprobs
     stopping = threading.Event()
 

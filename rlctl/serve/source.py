@@ -65,16 +65,26 @@ def resolve_dtype(name: str, device: str):
 def load_model(folder: Path, dtype: str = "auto", device: str | None = None):
     """(model, tokenizer) in eval mode on `device` (cuda when available, else cpu)."""
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText, AutoTokenizer
+
+    from rlctl.models.vision import is_vision_model
 
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    auto = AutoModelForImageTextToText if is_vision_model(folder) else AutoModelForCausalLM
     try:
         tokenizer = AutoTokenizer.from_pretrained(folder)
-        model = AutoModelForCausalLM.from_pretrained(folder, dtype=resolve_dtype(dtype, device))
+        model = auto.from_pretrained(folder, dtype=resolve_dtype(dtype, device))
     except (OSError, ValueError) as e:
         raise DataError(f"cannot load a model from {folder}: {e}",
                         hint="is it a complete Hugging Face folder (config, weights, tokenizer)?") from None
     return model.to(device).eval(), tokenizer
+
+
+def load_processor_of(folder: Path):
+    """A vision-language model folder's processor (rlctl.models.vision.load_processor); None for a text model."""
+    from rlctl.models.vision import is_vision_model, load_processor
+
+    return load_processor(folder) if is_vision_model(folder) else None
 
 
 def context_room(folder: Path, prompt_ids: list[list[int]]) -> list[int]:

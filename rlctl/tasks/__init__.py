@@ -12,7 +12,7 @@ tests/tasks checks that no two tasks claim one name.
 
 from __future__ import annotations
 
-from rlctl.tasks import arith, calc_tools, code, gsm8k, math, shapes
+from rlctl.tasks import arith, calc_tools, code, geo3k, gsm8k, math, shapes
 
-TASKS = (gsm8k, math, arith, code, calc_tools, shapes)
+TASKS = (gsm8k, math, arith, code, calc_tools, shapes, geo3k)
 

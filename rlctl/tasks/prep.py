@@ -20,11 +20,13 @@ and counted. Each split is written to a temp file and renamed, so a reader never
 
 from __future__ import annotations
 
+import hashlib
 import random
 from collections import Counter
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from rlctl.data.images import absolute_image_paths, with_images_column
 from rlctl.data.readers import read_records, row_problem
 from rlctl.data.sources import (FILE_FORMATS, SPLIT_NAMES, FileSource, Generated, RowError, convert,
                                 file_source, locate)
@@ -148,6 +150,8 @@ def read_split(task: FileSource, split: str, paths: list[Path]) -> SplitRows:
     for raw in raws:
         _check_columns(task, raw)
         out.problems.extend(raw.problems)
+        if task.image_col:   # a path in the images column is relative to its own file
+            absolute_image_paths([record for _, record in raw.records], task.image_col, raw.path.parent)
     records = [record for raw in raws for record in raw.records]
     for index, (where, record) in enumerate(records):  # index: the record's place in its split
         try:
@@ -155,7 +159,9 @@ def read_split(task: FileSource, split: str, paths: list[Path]) -> SplitRows:
         except RowError as e:
             out.problems.append(row_problem(where, e.kind, e.detail))
             continue
-        key = (tuple((m["role"], m["content"]) for m in row["prompt"]), row["reward_model"]["ground_truth"])
+        # images count too: geo3k asks "Find x." of many different figures
+        key = (tuple((m["role"], m["content"]) for m in row["prompt"]), row["reward_model"]["ground_truth"],
+               tuple(hashlib.sha256(image["bytes"]).digest() for image in row.get("images", ())))
         if key in seen:
             out.duplicates.append(row_problem(where, "duplicate", f"duplicate of {seen[key]}"))
         else:
@@ -282,6 +288,8 @@ def prepare(name: str, opts: PrepOptions) -> dict:
     generated = _task_rows(name)
     own_schema = generated.arrow_schema if isinstance(generated, Generated) else None
     schema = (own_schema or arrow_schema)()
+    if isinstance(generated, FileSource) and generated.image_col:
+        schema = with_images_column(schema)
     if opts.sft:   # SFT data = the RL row + the response to imitate (eval and GRPO read the same file)
         schema = schema.append(pa.field("response", pa.string()))
         for rows in splits.values():

@@ -102,15 +102,14 @@ def arrow_schema():
     """rlctl's row schema plus the images column and the image facts in extra_info."""
     import pyarrow as pa
 
+    from rlctl.data.images import with_images_column
     from rlctl.data.schema import arrow_schema as row_schema
 
     schema = row_schema()
     extra = schema.field("extra_info").type
     fields = [extra.field(i) for i in range(extra.num_fields)]
     extra = pa.struct([*fields, ("colour", pa.string()), ("count", pa.int64()), ("shapes", pa.string())])
-    schema = schema.set(schema.get_field_index("extra_info"), pa.field("extra_info", extra))
-    image = pa.struct([("bytes", pa.binary()), ("path", pa.string())])
-    return schema.append(pa.field("images", pa.list_(image)))
+    return with_images_column(schema.set(schema.get_field_index("extra_info"), pa.field("extra_info", extra)))
 
 
 def baseline(splits: dict[str, list[dict]]) -> list[str]:
@@ -159,9 +158,10 @@ def compute_score(data_source, solution_str, ground_truth, extra_info=None, *, f
 
 
 REWARDS = {"shapes": compute_score}
+_NO_SFT = "is image data, and SFT of vision-language models is not built (GRPO trains them: docs/vision.md)"
 PREP = (
     PrepSource("shapes", Generated(DATA_SOURCE, generate, DEFAULT_VAL_FRACTION, arrow_schema, baseline),
-               help="synthetic coloured shapes on 56x56 images: colour, then count (vision)"),
+               help="synthetic coloured shapes on 56x56 images: colour, then count (vision)", no_sft=_NO_SFT),
     PrepSource("shapes-colour", Generated(COLOUR_SOURCE, generate_colour, DEFAULT_VAL_FRACTION, arrow_schema,
-                                          baseline), help="the shapes images, colour only (vision)"),
+                                          baseline), help="the shapes images, colour only (vision)", no_sft=_NO_SFT),
 )

@@ -15,6 +15,7 @@ from rlctl.config.checks import CheckContext
 from rlctl.config.loader import LoadedConfig, Problem
 from rlctl.config.plan import BatchPlan, SFTPlan, sft_plan
 from rlctl.data.checks import check_data_files, plan_with_rows, val_data_sources
+from rlctl.data.image_checks import check_image_data
 from rlctl.data.sft_checks import check_sft_batch, check_sft_keys, check_sft_section_unused
 from rlctl.models.checks import check_model
 from rlctl.multiturn.checks import check_multi_turn
@@ -35,7 +36,7 @@ __all__ = ["RL_CHECKS", "RL_MACHINE_CHECKS", "SFT_CHECKS", "SFT_MACHINE_CHECKS",
 RL_CHECKS = (check_algorithm, check_overlong, check_kl, check_policy_loss, check_staleness_loss,
              check_rollout_engine, check_one_step_off, check_lora, check_reward, check_multi_turn, check_distill)
 RL_MACHINE_CHECKS = (check_model, check_lora_targets, check_engine_installed, check_loggers, check_cuda,
-                     check_cpu_split, check_distill_teachers, check_vision)
+                     check_cpu_split, check_distill_teachers, check_vision, check_image_data)
 SFT_CHECKS = (check_sft_keys, check_sft_batch, check_lora, check_sft_best_metric, check_distill)
 SFT_MACHINE_CHECKS = (check_model, check_lora_targets, check_loggers, check_cuda)
 

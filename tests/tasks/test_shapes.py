@@ -64,3 +64,5 @@ def test_prep_writes_images_and_prints_the_no_image_baseline(tmp_path, capsys):
     assert table.schema.field("images").type.value_type.names == ["bytes", "path"]
     rows = table.to_pylist()
     assert check_rows(rows) == [] and {r["reward_model"]["ground_truth"] for r in rows} == set(shapes.COLOURS)
+    assert main(["data", "prep", "shapes", "--sft", "--out", str(tmp_path / "sft")]) == 2   # no VLM SFT yet
+    assert "SFT of vision-language models is not built" in capsys.readouterr().err
