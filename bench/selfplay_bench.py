@@ -125,11 +125,23 @@ def main() -> None:
     parser.add_argument("--work", type=Path, default=Path("/tmp/selfplay-bench"))
     parser.add_argument("--steps", type=int, default=60)
     parser.add_argument("--seed", type=int, default=42)
+    parser.add_argument("--only", choices=("spin", "sppo"), default="", help="run one of the two")
     args = parser.parse_args()
     args.work.mkdir(parents=True, exist_ok=True)
     sft = args.sft.resolve()
     table = []
 
+    if args.only != "sppo":
+        table += run_spin(args, sft)
+    if args.only != "spin":
+        table += run_sppo(args, sft)
+    print(f"{'model':<22} {'self-play figure':<26} {'held-out (arith reward)':<34} train s")
+    for label, figure, held_out, secs in table:
+        print(f"{label:<22} {figure:<26} {held_out:<34} {secs:7.0f}")
+
+
+def run_spin(args, sft: Path) -> list[tuple]:
+    table = []
     spin = project(args.work, "spin-arith-cpu", sft, "--sft", "--limit", "150", "--val-fraction", "0.25")
     train_file, held_spin = spin / "data/arith-sft/train.parquet", spin / "data/arith-sft/test.parquet"
     own = generations(spin / "models/sft", train_file, args.work / "sft-own.jsonl", n=SAMPLES, temperature=1.0)
@@ -137,7 +149,11 @@ def main() -> None:
     for label, model, secs in (("SFT model", spin / "models/sft", 0.0), (f"SPIN, {args.steps} steps", trained, seconds)):
         acc, _ = accuracy(generations(model, held_spin, args.work / f"{model.name}-spin-greedy.jsonl"))
         table.append((label, f"margin {spin_margin(model, own):+.2f} nats", f"held-out acc {acc:.3f}", secs))
+    return table
 
+
+def run_sppo(args, sft: Path) -> list[tuple]:
+    table = []
     # the recipe's data/arith, less the 100 sums the SFT model's split held out (so they stay unseen)
     sppo = project(args.work, "sppo-arith-cpu", sft, "--sft", "--val-fraction", "0.25")
     held = sppo / "data/arith-sft/test.parquet"
@@ -149,10 +165,7 @@ def main() -> None:
                                    (f"SPPO, {args.steps} steps", after, seconds, win_rate(after, before))):
         acc, reward = accuracy(rows)
         table.append((label, f"win rate vs SFT {win:.3f}", f"held-out acc {acc:.3f} reward {reward:.3f}", secs))
-
-    print(f"{'model':<22} {'self-play figure':<26} {'held-out (arith reward)':<34} train s")
-    for label, figure, held_out, secs in table:
-        print(f"{label:<22} {figure:<26} {held_out:<34} {secs:7.0f}")
+    return table
 
 
 if __name__ == "__main__":
