@@ -17,6 +17,7 @@ from .kl import (KL_KINDS, AdaptiveKLController, FixedKLController, apply_kl_in_
 from .losses import policy_loss, value_loss
 from . import more_losses  # noqa: F401  (registers sapo, cispo, geo_mean, clip_cov, kl_cov, gpg, dppo_*)
 from . import decoupled  # noqa: F401  (registers decoupled_ppo)
+from .selfplay import sppo_loss, spin_loss, win_rates   # (registers spin, sppo)
 from .registry import (AlgorithmError, EstimatorSpec, Needs, PolicyLossSpec, RequiredParam, algorithm_needs,
                        estimator_names, get_estimator, get_policy_loss, policy_loss_names, register_estimator,
                        register_policy_loss)
@@ -32,5 +33,5 @@ __all__ = [
     "get_estimator", "get_policy_loss", "group_index", "kl_penalty", "log_probs_from_logits",
     "make_kl_controller", "masked_mean", "masked_sum", "masked_var", "masked_whiten", "overlong_penalty",
     "policy_loss", "policy_loss_names", "register_estimator", "rollout_correction", "register_policy_loss",
-    "scores_to_token_rewards", "sum_pi_squared_from_logits", "value_loss",
+    "scores_to_token_rewards", "spin_loss", "sppo_loss", "sum_pi_squared_from_logits", "value_loss", "win_rates",
 ]

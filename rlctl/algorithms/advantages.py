@@ -21,12 +21,14 @@ def compute_advantages(name: str, *, token_level_rewards: torch.Tensor, response
                        ref_log_prob: torch.Tensor | None = None, old_log_prob: torch.Tensor | None = None,
                        sum_pi_squared: torch.Tensor | None = None, reward_components: torch.Tensor | None = None,
                        reward_weights: torch.Tensor | None = None,
-                       rollout_is_weights: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                       rollout_is_weights: torch.Tensor | None = None, real_response: torch.Tensor | None = None,
+                       dpo_beta: float = 0.1) -> tuple[torch.Tensor, torch.Tensor]:
     """Run the estimator registered as `name`; returns (advantages, returns), [B, T] each, no grad.
 
     The optional inputs reach only estimators that declare them: old_log_prob and sum_pi_squared
     [B, T] (needs_old_log_prob / needs_sum_pi_squared, with rollout_is_weights [B, T] when rollout
-    correction computed them), reward_components [K, B] and reward_weights [K] (needs_reward_components).
+    correction computed them), reward_components [K, B] and reward_weights [K] (needs_reward_components),
+    real_response [B] bool and dpo_beta (needs_real_response: SPIN's reference answers and its beta).
 
     Checks that what the estimator declares it needs was given, with the right shapes, and
     computes in at least float32 (float64 stays float64).
@@ -60,11 +62,8 @@ def compute_advantages(name: str, *, token_level_rewards: torch.Tensor, response
         extra["sum_pi_squared"] = per_token("sum_pi_squared", sum_pi_squared)
     if needs_old and rollout_is_weights is not None:
         extra["rollout_is_weights"] = per_token("rollout_is_weights", rollout_is_weights)
-    if spec.needs_reward_components and reward_components is not None:
-        extra["reward_components"] = _components(name, reward_components, rewards.shape[0]).to(dtype)
-        if reward_weights is not None:
-            extra["reward_weights"] = _required(name, "reward_weights", torch.as_tensor(reward_weights),
-                                                reward_components.shape[:1]).to(dtype)
+    extra.update(_per_sequence_inputs(spec, rewards.shape[0], dtype, reward_components=reward_components,
+                                      reward_weights=reward_weights, real_response=real_response, dpo_beta=dpo_beta))
     with torch.no_grad():
         advantages, returns = spec.fn(token_level_rewards=rewards, response_mask=mask, group_ids=group_ids,
                                       values=values, reward_baselines=reward_baselines, gamma=gamma, lam=lam,
@@ -74,6 +73,22 @@ def compute_advantages(name: str, *, token_level_rewards: torch.Tensor, response
             raise AlgorithmError(f"estimator {name!r} returned {what} that is not a [B, T] tensor of shape "
                                  f"{tuple(rewards.shape)}; fix the estimator")
     return torch.where(valid, advantages, zero), torch.where(valid, returns, zero)
+
+
+def _per_sequence_inputs(spec, batch: int, dtype, *, reward_components, reward_weights, real_response,
+                         dpo_beta: float) -> dict:
+    """The declared per-sequence inputs: reward_components [K, B] (+ reward_weights [K]); real_response
+    [B] bool with dpo_beta (SPIN)."""
+    name, extra = spec.name, {}
+    if spec.needs_reward_components and reward_components is not None:
+        extra["reward_components"] = _components(name, reward_components, batch).to(dtype)
+        if reward_weights is not None:
+            extra["reward_weights"] = _required(name, "reward_weights", torch.as_tensor(reward_weights),
+                                                reward_components.shape[:1]).to(dtype)
+    if spec.needs_real_response:
+        extra["real_response"] = _required(name, "real_response", real_response, (batch,)).bool()
+        extra["dpo_beta"] = dpo_beta
+    return extra
 
 
 def _components(name: str, x, batch: int) -> torch.Tensor:

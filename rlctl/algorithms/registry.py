@@ -39,6 +39,8 @@ class EstimatorSpec:
     needs_old_log_prob: bool = False     # old_log_prob [B, T] recomputed by the trainer, even when on-policy
     needs_sum_pi_squared: bool = False   # sum_pi_squared [B, T]: sum_v pi(v)^2 at each response position
     needs_reward_components: bool = False  # reward_components [K, B] (+ reward_weights [K]) from the reward
+    needs_real_response: bool = False   # real_response [B]: rows whose response is the data's reference
+                                        # answer, paired by group id with a generation (SPIN)
 
     @property
     def min_group_size(self) -> int:
@@ -86,6 +88,7 @@ class Needs:
     old_log_prob: bool = False       # the trainer must recompute old_log_prob (see EstimatorSpec)
     sum_pi_squared: bool = False     # compute_log_prob must also return sum_pi_squared
     reward_components: bool = False  # the reward's named extras go to the estimator
+    real_response: bool = False      # the data's reference answers join the batch beside the generations
 
 
 _ESTIMATORS: dict[str, EstimatorSpec] = {}
@@ -112,7 +115,8 @@ def register_estimator(name: str, *, needs_critic: bool = False, needs_group: bo
                        needs_greedy_baseline: bool = False,
                        needs_reference: bool = False, needs_old_log_prob: bool = False,
                        needs_sum_pi_squared: bool = False,
-                       needs_reward_components: bool = False) -> Callable[[Callable], Callable]:
+                       needs_reward_components: bool = False,
+                       needs_real_response: bool = False) -> Callable[[Callable], Callable]:
     """Decorator: register an advantage estimator under `name`; a taken name is an error."""
     _check_new("advantage estimator", name, _ESTIMATORS)
 
@@ -120,7 +124,7 @@ def register_estimator(name: str, *, needs_critic: bool = False, needs_group: bo
         _check_new("advantage estimator", name, _ESTIMATORS)
         _ESTIMATORS[name] = EstimatorSpec(name, fn, needs_critic, needs_group, needs_greedy_baseline,
                                           needs_reference, needs_old_log_prob, needs_sum_pi_squared,
-                                          needs_reward_components)
+                                          needs_reward_components, needs_real_response)
         return fn
 
     return decorator
@@ -173,4 +177,5 @@ def algorithm_needs(estimator: str, *, kl_in_reward: bool, use_kl_loss: bool) ->
     return Needs(critic=spec.needs_critic, reference=bool(kl_in_reward or use_kl_loss or spec.needs_reference),
                  greedy_baseline=spec.needs_greedy_baseline, min_group_size=spec.min_group_size,
                  old_log_prob=spec.needs_old_log_prob or spec.needs_sum_pi_squared,
-                 sum_pi_squared=spec.needs_sum_pi_squared, reward_components=spec.needs_reward_components)
+                 sum_pi_squared=spec.needs_sum_pi_squared, reward_components=spec.needs_reward_components,
+                 real_response=spec.needs_real_response)

@@ -123,6 +123,11 @@ class AlgorithmConfig:
     kl_ctrl: str = opt("fixed", "KL-in-reward coefficient controller.", choices=("fixed", "adaptive"))
     kl_target: float = opt(0.1, "Adaptive controller: target KL.", gt=0)
     kl_horizon: int = opt(10000, "Adaptive controller: horizon in samples.", ge=1)
+    dpo_beta: float = opt(0.1, "spin: beta of SPIN's logistic (DPO) loss, how sharply it separates the reference "
+                               "answer from the generation (verl's recipe/spin default).", gt=0)
+    ref_update_every: int = opt(0, "Copy the policy into the reference model every this many steps (0 = never): "
+                                   "SPIN's iterations, the reference being the opponent (verl's ref_update_freq).",
+                                ge=0)
     gdpo_reward_keys: tuple = opt((), "gdpo: names of the reward components your reward function returns in its "
                                       "dict (each normalised within its group before mixing).")
     gdpo_reward_weights: tuple = opt((), "gdpo: one weight per gdpo_reward_keys entry (empty = 1 each).",
@@ -160,6 +165,8 @@ class ActorConfig:
     ppo_kl_coef: float = opt(0.1, "kl_cov: coefficient of the |log ratio| penalty.", ge=0)
     dro_beta: float = opt(0.0, "dro: weight of the quadratic penalty beta/2 (log pi - log pi_old)^2; must be set "
                                "(> 0) with policy_loss = \"dro\" (verl has no default either).", ge=0)
+    sppo_eta: float = opt(1.0, "sppo: eta, the scale of the win-rate target eta (P_hat - 1/2) the log-ratio is "
+                               "regressed onto (verl's recipe/sppo default).", gt=0)
     entropy_coef: float = opt(0.0, "Entropy bonus coefficient.", ge=0)
     use_kl_loss: bool = opt(False, "Add kl_loss_coef x KL(actor || ref) to the loss (GRPO).")
     kl_loss_coef: float = opt(0.001, "KL-loss coefficient.", ge=0)

@@ -83,9 +83,11 @@ def compute_advantages(batch: Batch, config: Config, kl_ctrl) -> dict:
             [batch[f"reward_component/{k}"] for k in algo.gdpo_reward_keys]).astype(np.float32))
         if algo.gdpo_reward_weights:
             optional["reward_weights"] = torch.tensor(algo.gdpo_reward_weights, dtype=torch.float32)
+    if "real_response" in batch:   # spin: which rows hold the data's reference answer
+        optional["real_response"] = torch.from_numpy(batch["real_response"].astype(bool))
     advantages, returns = algorithms.compute_advantages(
         algo.name, token_level_rewards=rewards, response_mask=mask, group_ids=batch["uid"].tolist(),
-        gamma=algo.gamma, lam=algo.lam, norm_adv_by_std=algo.norm_adv_by_std, **optional)
+        gamma=algo.gamma, lam=algo.lam, norm_adv_by_std=algo.norm_adv_by_std, dpo_beta=algo.dpo_beta, **optional)
     batch["token_level_rewards"] = rewards.numpy().astype(np.float32)
     batch["advantages"] = advantages.float().numpy()
     batch["returns"] = returns.float().numpy()

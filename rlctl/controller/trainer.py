@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from rlctl.controller import checkpointing, rollout
+from rlctl.controller import checkpointing, rollout, selfplay
 from rlctl.controller.advantage import apply_rollout_correction, compute_advantages
 from rlctl.controller.setup import TrainSetup
 from rlctl.controller.timing import phase
@@ -44,6 +44,7 @@ class Trainer:
         self.flops = StepFlops.measure(setup)
         if config.run.val_before_train and setup.val_rows and setup.session.state.step == 0:
             setup.session.logger.log(0, self.validate(0))
+        selfplay.check_resume_step(setup.session.state.step, config.algorithm.ref_update_every)
         setup.rollouts.start(setup.session.state.step + 1)
         try:
             self.steps(stop)
@@ -64,22 +65,10 @@ class Trainer:
             if setup.needs.greedy_baseline:
                 with phase(timing, "greedy_baseline"):
                     self.add_greedy_baseline(batch, step)
-            if config.algorithm.rollout_correction.bypass_mode:   # verl's bypass: no recompute pass,
-                batch["old_log_prob"] = batch["rollout_log_prob"]  # correction runs inside the loss
-            elif setup.recompute_old_log_prob:
-                with phase(timing, "old_log_prob"):
-                    batch = batch.union(setup.actor.compute_log_prob(batch))
-                if "rollout_log_prob" in batch:
-                    metrics.update(rollout_drift(batch))
-                    if setup.rollouts.on_policy:   # an off-policy source drifts by design
-                        self.check_drift(step, metrics)
-                metrics.update(apply_rollout_correction(batch, config))
-            if setup.needs.reference:
-                with phase(timing, "ref"):
-                    batch = batch.union(setup.actor.compute_ref_log_prob(batch))
-            if setup.teachers is not None:
-                with phase(timing, "teacher"):
-                    batch = setup.teachers.score(batch, metrics)
+            if setup.needs.real_response:   # SPIN: the reference answers, paired with the generations
+                batch, more = selfplay.add_real_responses(batch, setup)
+                metrics.update(more)
+            batch = self.log_probs(batch, step, metrics, timing)
             if setup.needs.critic:
                 with phase(timing, "values"):
                     batch = batch.union(setup.critic.compute_values(batch))
@@ -107,6 +96,31 @@ class Trainer:
             if step == setup.total_steps or (config.run.save_every and step % config.run.save_every == 0) or new_best:
                 checkpointing.save(setup.session, step)
             stop.check()
+
+    def log_probs(self, batch, step: int, metrics: dict, timing: dict):
+        """old_log_prob (recomputed, or the rollout's in bypass mode), ref_log_prob (the opponent first
+        refreshed when a self-play iteration starts) and the teachers' log-probs, as the run needs."""
+        setup, config = self.setup, self.config
+        if config.algorithm.rollout_correction.bypass_mode:   # verl's bypass: no recompute pass,
+            batch["old_log_prob"] = batch["rollout_log_prob"]  # correction runs inside the loss
+        elif setup.recompute_old_log_prob:
+            with phase(timing, "old_log_prob"):
+                batch = batch.union(setup.actor.compute_log_prob(batch))
+            if "rollout_log_prob" in batch:
+                metrics.update(rollout_drift(batch))
+                if setup.rollouts.on_policy:   # an off-policy source drifts by design
+                    self.check_drift(step, metrics)
+            metrics.update(apply_rollout_correction(batch, config))
+        if setup.needs.reference:
+            with phase(timing, "ref"):
+                if selfplay.refresh_due(step, config.algorithm.ref_update_every):
+                    setup.actor.sync_reference()
+                batch = batch.union(setup.actor.compute_ref_log_prob(batch))
+            metrics.update(selfplay.spin_margin(batch))
+        if setup.teachers is not None:
+            with phase(timing, "teacher"):
+                batch = setup.teachers.score(batch, metrics)
+        return batch
 
     def check_drift(self, step: int, metrics: dict) -> None:
         """An engine with its own weights must generate with the trained ones: its log-probs of its own
@@ -161,6 +175,7 @@ class Trainer:
         return out
 
     def step_metrics(self, batch, step_s: float) -> dict:
+        trained, batch = batch, selfplay.generated_rows(batch)   # the policy's own samples (not SPIN's answers)
         mask = batch["response_mask"]
         lengths = batch["response_length"].astype(np.float64)
         generated = float(mask.sum())
@@ -174,7 +189,7 @@ class Trainer:
             "timing/step_s": step_s, "perf/tokens_per_s": generated / step_s,
             "perf/total_tokens_per_s": float(batch["attention_mask"].sum()) / step_s,
             "data/epoch": float(self.setup.loader.epoch), "data/sequences": float(len(batch)),
-            **(self.flops.metrics(batch, step_s) if self.flops is not None else {}),
+            **(self.flops.metrics(trained, step_s) if self.flops is not None else {}),
         }
 
     def check_numerics(self, metrics: dict, step: int) -> None:
@@ -198,6 +213,8 @@ def with_mini_batches(batch, role: str, config, group):
 
     rows, world = len(batch), group.world_size
     per_mini = batch_plan(config, role).sequences_per_mini_batch
+    if "real_response" in batch:   # SPIN: each generation travels with its reference-answer twin
+        per_mini *= 2
     count = max(1, rows // per_mini)
     while count > 1 and rows % (world * count):
         count -= 1

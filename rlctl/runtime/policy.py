@@ -44,6 +44,8 @@ class PolicyActor(TurnGenerator, Protocol):
 
     def update_actor(self, batch: Batch) -> dict[str, float]: ...
 
+    def sync_reference(self) -> None: ...
+
     def flops_profile(self) -> list[dict]: ...
 
     def save_checkpoint(self, path: str) -> None: ...
@@ -79,6 +81,9 @@ class PolicyHandle:
 
     def update_actor(self, batch: Batch) -> dict[str, float]:
         return self.role.update_actor(batch)
+
+    def sync_reference(self) -> None:
+        self.role.sync_reference()
 
     def flops_profile(self) -> list[dict]:
         return self.role.flops_profile()

@@ -211,6 +211,21 @@ class ActorRolloutRefWorker:
                               hint="start the workers with with_ref=True when a KL term is used")
         return Batch({"ref_log_prob": out["log_prob"]}, batch.meta)
 
+    @register(Dispatch.ALL)
+    def sync_reference(self) -> None:
+        """algorithm.ref_update_every: the frozen reference becomes a copy of the current policy (SPIN's
+        opponent, the previous iterate). Both modules are sharded alike, so each rank copies its shards."""
+        if self.ref is None:
+            raise ConfigError("algorithm.ref_update_every needs a frozen reference copy, and this actor has none",
+                              hint="use full fine-tuning (model.lora.rank = 0) with an algorithm or KL term "
+                                   "that reads the reference")
+        with torch.no_grad():
+            for (name, ref), (other, param) in zip(self.ref.module.named_parameters(),
+                                                   self.actor.module.named_parameters(), strict=True):
+                if name != other:
+                    raise ConfigError(f"reference and policy parameters differ ({name} vs {other})")
+                ref.copy_(param.detach().to(ref.dtype))
+
     # --- training --------------------------------------------------------------------------------
     @register(Dispatch.DP_TRAIN)
     def update_actor(self, batch: Batch) -> dict[str, float]:
@@ -257,7 +272,7 @@ class ActorRolloutRefWorker:
                     clip_ratio_c=ac.clip_ratio_c, loss_agg_mode=ac.loss_agg_mode, norm=norm, tau_pos=ac.tau_pos,
                     tau_neg=ac.tau_neg, clip_cov_ratio=ac.clip_cov_ratio, clip_cov_lb=ac.clip_cov_lb,
                     clip_cov_ub=ac.clip_cov_ub, kl_cov_ratio=ac.kl_cov_ratio, ppo_kl_coef=ac.ppo_kl_coef,
-                    dro_beta=ac.dro_beta, rollout_is_weights=micro.get("rollout_is_weights"),
+                    dro_beta=ac.dro_beta, sppo_eta=ac.sppo_eta, rollout_is_weights=micro.get("rollout_is_weights"),
                     rollout_log_prob=micro.get("rollout_log_prob"), behav_imp_weight_cap=rc.rollout_is_threshold)
             entropy = aggregate_loss(out["entropy"], mask, ac.loss_agg_mode, norm=norm)
             loss = pg_loss - ac.entropy_coef * entropy if ac.entropy_coef > 0 else pg_loss
