@@ -5,9 +5,7 @@ Real everything: `rlctl train` in a child process, Ray actors, vLLM in the actor
 gloo world, the weights pushed after every update. Every step's `rollout/logprob_diff_mean` (the
 engine's log-probs of its samples against the trainer's) stays at float32 noise: an engine that
 missed a push would generate with the previous step's weights, miles from 1e-3 (and
-rollout.max_logprob_diff would stop the run). Then `rlctl resume --step 6` redoes steps 7-8 with a
-fresh engine, pushed the restored weights: the same metrics to the last bit. Skipped without vllm;
-a failure under CI=true.
+rollout.max_logprob_diff would stop the run). Skipped without vllm; a failure under CI=true.
 """
 
 from __future__ import annotations
@@ -32,8 +30,7 @@ def test_grpo_with_vllm_learns_and_the_engine_follows_every_update(tmp_path, vll
     (tmp_path / "data").mkdir()
     (tmp_path / "data" / "arith").symlink_to(arith_data)
     (tmp_path / "dense.py").write_text(DENSE_REWARD)
-    overrides = COMMON + GROUP + [f"run.total_steps={STEPS}", "rollout.engine=vllm", "rollout.enforce_eager=true",
-                                  f"run.save_every={STEPS - 2}", "run.keep_last=0"]
+    overrides = COMMON + GROUP + [f"run.total_steps={STEPS}", "rollout.engine=vllm", "rollout.enforce_eager=true"]
     proc = subprocess.run([sys.executable, "-m", "rlctl", "train", "rlctl.toml", *overrides], cwd=tmp_path,
                           capture_output=True, text=True, timeout=500)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -45,13 +42,3 @@ def test_grpo_with_vllm_learns_and_the_engine_follows_every_update(tmp_path, vll
     rewards = [r["reward/mean"] for r in rows]
     assert sum(rewards[-2:]) / 2 > sum(rewards[:2]) / 2 + 0.2, rewards
     assert json.loads((run / "run.json").read_text())["status"] == "finished"
-
-    proc = subprocess.run([sys.executable, "-m", "rlctl", "resume", str(run), "--step", str(STEPS - 2)], cwd=tmp_path,
-                          capture_output=True, text=True, timeout=500)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    again = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
-    assert [exact(r) for r in again] == [exact(r) for r in rows]
-
-
-def exact(row: dict) -> dict:
-    return {k: v for k, v in row.items() if not k.startswith(("timing/", "perf/"))}
