@@ -2,7 +2,9 @@
 
 Through the real CLI in subprocesses: Ctrl-C (SIGINT) and SIGTERM stop at a safe point with a
 checkpoint (exit 130 / 143); kill -9 at a random moment leaves the previous checkpoint; in every
-case `rlctl resume` finishes the run with exactly the uninterrupted run's metrics.
+case `rlctl resume` finishes the run with exactly the uninterrupted run's metrics. Each test stops a
+run, resumes it, stops the resumed run another way and resumes again (one start fewer per way to
+stop than a run per way: starting a run is most of this module's time).
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ ARGS = ["resources.gpus_per_node=0", "resources.workers=2", "data.batch_size=4",
         "actor.mini_batch_size=4", "actor.micro_batch_size=4", "data.max_response_length=8",
         "data.max_prompt_length=96", "data.val_files=[]", 'data.train_files=["data/arith/train.parquet"]',
         "reward.function=arith", "reward.workers=1", "model.dtype=float32", "model.gradient_checkpointing=false",
-        "run.total_steps=6", "run.save_every=1", "run.keep_last=2", "actor.lr=1e-3"]
+        "run.total_steps=8", "run.save_every=1", "run.keep_last=2", "actor.lr=1e-3"]
 DETERMINISTIC = lambda row: {k: v for k, v in row.items() if not k.startswith(("timing/", "perf/"))}  # noqa: E731
 
 
@@ -69,24 +71,10 @@ def reference(tmp_path_factory, tiny_model_dir):
     return metrics(proj / "runs" / "grpo-gsm8k")
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("signum,exit_code,group", [(signal.SIGINT, 130, True), (signal.SIGTERM, 143, False),
-                                                    (signal.SIGTERM, 143, True)],
-                         ids=["sigint-group", "sigterm", "sigterm-group"])
-def test_signal_stops_with_checkpoint_and_resume_matches(signum, exit_code, group, tmp_path, tiny_model_dir,
-                                                         reference):
-    """A terminal's Ctrl-C reaches the whole process group (Ray's daemons block SIGINT); SIGTERM
-    to the controller (`kill PID`) stops at a safe point. SIGTERM to the whole group (`timeout`, a
-    service manager) also reaches Ray's raylet, which kills the worker ranks at once: the run then
-    stops with 143 either at a safe point (checkpoint) or, when the raylet was faster, saying so and
-    keeping the previous checkpoint. Either way resume reproduces the uninterrupted run."""
-    proj = make_project(tmp_path, tiny_model_dir)
-    run = proj / "runs" / "grpo-gsm8k"
-    racy = signum == signal.SIGTERM and group
-    # no periodic saves: a checkpoint can only come from the stop itself (racy case: keep one per step)
-    proc = rlctl("train", *ARGS, f"run.save_every={1 if racy else 0}", cwd=proj)
-    wait_for_step(proc, run, 2)
-    (os.killpg if group else os.kill)(proc.pid, signum)
+def stopped_at_a_safe_point(proc, run: Path, exit_code: int, racy: bool = False) -> int:
+    """The stopped run's exit code, run.json and LATEST: saved at the safe point it stopped at, or
+    (racy: SIGTERM to the whole group) possibly the checkpoint before, when Ray's raylet ended the
+    worker ranks first and the run said so. The step it stopped at."""
     code, err = finish(proc)
     assert code == exit_code, err[-3000:]
     info = json.loads((run / "run.json").read_text())
@@ -96,18 +84,48 @@ def test_signal_stops_with_checkpoint_and_resume_matches(signum, exit_code, grou
         assert racy and latest in (f"step_{info['step']}", f"step_{info['step'] - 1}"), (latest, info)
     else:
         assert latest == f"step_{info['step']}"             # saved at the safe point it stopped at
+    return info["step"]
+
+
+@pytest.mark.slow
+def test_sigterm_then_ctrl_c_of_the_resumed_run_stop_with_checkpoints_and_resume_matches(tmp_path, tiny_model_dir,
+                                                                                         reference):
+    """SIGTERM to the controller (`kill PID`) stops at a safe point; so does a terminal's Ctrl-C
+    (SIGINT to the whole process group: Ray's daemons block it) on the resumed run. With no periodic
+    saves a checkpoint can only come from the stop itself; resuming again reproduces the
+    uninterrupted run."""
+    proj = make_project(tmp_path, tiny_model_dir)
+    run = proj / "runs" / "grpo-gsm8k"
+    proc = rlctl("train", *ARGS, "run.save_every=0", cwd=proj)
+    wait_for_step(proc, run, 2)
+    os.kill(proc.pid, signal.SIGTERM)
+    step = stopped_at_a_safe_point(proc, run, 143)
+    proc = rlctl("resume", run, cwd=proj)
+    wait_for_step(proc, run, step + 1)
+    os.killpg(proc.pid, signal.SIGINT)
+    assert stopped_at_a_safe_point(proc, run, 130) > step
     code, err = finish(rlctl("resume", run, cwd=proj))
     assert code == 0, err[-3000:]
     assert metrics(run) == reference
 
 
 @pytest.mark.slow
-def test_kill_9_at_a_random_moment_then_resume_matches(tmp_path, tiny_model_dir, reference):
+def test_sigterm_to_the_group_then_kill_9_of_the_resumed_run_then_resume_matches(tmp_path, tiny_model_dir,
+                                                                                reference):
+    """SIGTERM to the whole group (`timeout`, a service manager) also reaches Ray's raylet, which
+    kills the worker ranks at once: the run stops with 143 either at a safe point (checkpoint) or,
+    when the raylet was faster, saying so and keeping the previous checkpoint (one per step here).
+    The resumed run is then killed with kill -9 at a random moment, a save included, which leaves
+    the previous checkpoint; `rlctl resume` still reproduces the uninterrupted run."""
     proj = make_project(tmp_path, tiny_model_dir)
     run = proj / "runs" / "grpo-gsm8k"
     proc = rlctl("train", *ARGS, cwd=proj)
     wait_for_step(proc, run, 2)
-    time.sleep(random.uniform(0.0, 1.5))  # anywhere in a step, a save included (save_every=1)
+    os.killpg(proc.pid, signal.SIGTERM)
+    step = stopped_at_a_safe_point(proc, run, 143, racy=True)
+    proc = rlctl("resume", run, cwd=proj)
+    wait_for_step(proc, run, step + 1)
+    time.sleep(random.uniform(0.0, 1.0))  # anywhere in a step, a save included (save_every=1)
     os.killpg(proc.pid, signal.SIGKILL)
     proc.communicate()
     code, err = finish(rlctl("resume", run, cwd=proj))

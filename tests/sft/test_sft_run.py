@@ -1,6 +1,7 @@
 """SFT end to end on CPU (real Ray actors, 2 gloo ranks, FSDP2): it learns `arith`, a kill -9 plus
-`rlctl resume` reproduces the uninterrupted run bit for bit, and its output trains under GRPO, both
-as a merged folder and as the run folder itself."""
+`rlctl resume` reproduces the uninterrupted run bit for bit, and its output trains under GRPO (the
+run folder itself, whose export equals the merged folder), which then merges and evals: the README
+demo's chain. One SFT run of 200 steps serves the learning test and the chain."""
 
 from __future__ import annotations
 
@@ -132,21 +133,42 @@ def test_kill_9_then_resume_reproduces_the_run(reference, sft_project, tmp_path)
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
+GRPO = ["reward.function=arith_exact", "run.total_steps=2", "run.save_every=2", "run.val_every=2",
+        "data.batch_size=16", "rollout.n=8", "actor.mini_batch_size=16", "actor.micro_batch_size=32", "actor.lr=1e-4"]
+
+
 @pytest.mark.slow
-def test_sft_run_folder_trains_under_grpo(learned, sft_project, tmp_path):
-    """model.path = the SFT run folder: its newest checkpoint is merged into <run>/hf/step_200 (the very
-    weights `rlctl merge` writes, so a merged folder as model.path is the same case) and GRPO trains."""
+def test_sft_run_folder_trains_under_grpo_then_merges_and_evals(learned, sft_project, arith_sft_data, tmp_path):
+    """The README demo's chain on a small budget: SFT -> GRPO with the exact-match reward -> merge ->
+    eval, every hand-off the real one. model.path = the SFT run folder: its newest checkpoint is merged
+    into <run>/hf/step_200, the very weights `rlctl merge` writes (checked), so a merged folder as
+    model.path (what the demo does) is the same case. GRPO trains the SFT weights (not the base
+    model), its merged export is the policy it validated (the final greedy validation accuracy equals
+    `rlctl eval`'s on the same file), and the exact reward scores what eval calls correct."""
+    from rlctl.checkpoint.merge import merge_run
+    from rlctl.serve.eval import EvalOptions, run_eval
+
     _, run, merged = learned
     proj = sft_project(tmp_path / "rl", "grpo-arith-cpu", model=run)
-    start_training(load_config(proj / "rlctl.toml", ["run.total_steps=2", "data.batch_size=8", "rollout.n=4",
-                                                     "actor.mini_batch_size=8", "actor.micro_batch_size=16",
-                                                     "actor.lr=1e-4", "data.val_files=[]"]),
-                   address=None, force=False)
+    start_training(load_config(proj / "rlctl.toml", GRPO), address=None, force=False)
     rl_run = proj / "runs" / "grpo-arith-cpu"
-    metrics = rows(rl_run)
-    assert [r["step"] for r in metrics] == [1, 2] and all(r["reward/mean"] >= 0 for r in metrics)
+    metrics = [json.loads(line) for line in (rl_run / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    assert [r["step"] for r in metrics if "reward/mean" in r] == [1, 2]
+    # the exact reward: every score is 0 or 1 and equals acc, so the batch means agree
+    assert all(r["reward/mean"] == pytest.approx(r["reward/acc"]) for r in metrics if "reward/mean" in r)
     assert metrics[0]["reward/acc"] > 0   # the SFT'd policy already answers some sums: not the base model
     exported = run / "hf" / "step_200"
     assert Path(load_config(rl_run / "config.resolved.toml").config.model.path) == exported.resolve()
     a, b = load_file(str(exported / "model.safetensors")), load_file(str(merged / "model.safetensors"))
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+    grpo_model = merge_run(rl_run, tmp_path / "models" / "grpo").out
+    after = load_file(str(grpo_model / "model.safetensors"))
+    assert after.keys() == b.keys() and any(not torch.equal(b[k], after[k]) for k in b)   # GRPO changed them
+    out = run_eval(grpo_model, arith_sft_data / "test.parquet", EvalOptions(max_new_tokens=8, engine="hf"),
+                   tmp_path / "eval.jsonl")
+    lines = [json.loads(line) for line in (tmp_path / "eval.jsonl").read_text().splitlines()]
+    assert out["all"]["prompts"] == len(lines) == 40
+    assert out["all"]["accuracy"] == pytest.approx(sum(r["correct"] for r in lines) / 40)
+    val_acc = next(r["val/acc"] for r in reversed(metrics) if "val/acc" in r)
+    assert out["all"]["accuracy"] == pytest.approx(val_acc)   # the export is the policy that was validated
