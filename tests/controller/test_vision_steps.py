@@ -3,7 +3,9 @@ shapes-colour rows read with their images by the controller (rlctl.controller.pr
 the worker's processor, generate, old log-probs, the built-in shapes reward, GRPO advantages, the
 update. The reward rises within a few steps (the held-out accuracy figures of longer runs are in
 docs/vision.md); the update reaches the vision tower; a checkpoint resumed in a fresh worker
-continues exactly as the uninterrupted one (same tokens, same log-probs, same weights)."""
+continues exactly as the uninterrupted one (same tokens, same log-probs, same weights). PPO
+steps with GAE through the actor and the critic worker: the critic sees the images (its values
+change with the pixels alone) with the rollout's positions (they equal a plain transformers forward)."""
 
 from __future__ import annotations
 
