@@ -1,9 +1,11 @@
 """`CriticWorker`: the value model V(s) on one rank (PPO / GAE runs only).
 
 The critic is the base model with a Linear(hidden, 1) head (transformers' token-classification
-class, head dropout off), trained in full (LoRA applies to the actor only). Its value for
+class, head dropout off; a vision-language model: its own class with a 1-wide head,
+rlctl.workers.models.vision_value_model), trained in full (LoRA applies to the actor only). Its value for
 response token j is the head's output at the token before it, the state the policy acted in,
-aligned like the actor's log-probs.
+aligned like the actor's log-probs. A vision-language batch's images and M-RoPE positions
+(rlctl.workers.vision) reach its forward exactly as they reach the actor's.
 
 Batch keys:  compute_values  in: input_ids, attention_mask, response_mask   out: values [B, T]
              update_critic   in: input_ids, attention_mask, response_mask, values, returns
@@ -20,6 +22,7 @@ from rlctl.workers.engine import OptimSpec, TrainEngine
 from rlctl.workers.logprob import batched_response_outputs, response_values
 from rlctl.workers.models import load_value_model
 from rlctl.workers.training import mini_batch_count, run_updates
+from rlctl.workers.vision import has_vision_tower, tower_always_runs
 
 _MODEL_KEYS = ["input_ids", "attention_mask"]
 
@@ -35,12 +38,14 @@ class CriticWorker:
         self.critic = TrainEngine(model, OptimSpec.for_critic(config.critic, total_steps),
                                   compute_dtype=fsdp.resolve_dtype(config.model.dtype),
                                   gradient_checkpointing=config.model.gradient_checkpointing)
+        # vision model over > 1 rank: a micro-batch without images still runs the vision tower
+        self.vision_sync = self.world > 1 and has_vision_tower(self.critic.module)
 
     @register(Dispatch.DP)
     def compute_values(self, batch: Batch) -> Batch:
         with self.critic.inference() as module:
             out = batched_response_outputs(module, self.critic.device, batch, self.cfg.critic.micro_batch_size,
-                                           forward=lambda *args: {"values": response_values(*args)})
+                                           forward=lambda *args, **kw: {"values": response_values(*args, **kw)})
         return Batch(out, batch.meta)
 
     @register(Dispatch.DP_TRAIN)
@@ -61,7 +66,9 @@ class CriticWorker:
 
         def loss_fn(micro: dict) -> tuple[torch.Tensor, dict]:
             mask = micro["response_mask"]
-            vpreds = response_values(self.critic.module, micro["input_ids"], micro["attention_mask"], mask.shape[1])
+            with tower_always_runs(self.critic.module, micro, self.vision_sync):
+                vpreds = response_values(self.critic.module, micro["input_ids"], micro["attention_mask"],
+                                         mask.shape[1], vision=micro.get("vision"))
             loss, metrics = value_loss(vpreds=vpreds, returns=micro["returns"], values=micro["values"],
                                        response_mask=mask, value_clip=cc.value_clip,
                                        loss_agg_mode=cc.loss_agg_mode, norm=norm)

@@ -207,10 +207,11 @@ def response_log_probs(model: torch.nn.Module, input_ids: torch.Tensor, attentio
 
 
 def response_values(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                    response_width: int, *, pack: bool | None = None) -> torch.Tensor:
-    """Critic values V(s) [b, T] float32 at the state before each response token, 0 on padding."""
+                    response_width: int, *, pack: bool | None = None, vision: dict | None = None) -> torch.Tensor:
+    """Critic values V(s) [b, T] float32 at the state before each response token, 0 on padding.
+    vision: as response_log_probs (the same images and M-RoPE positions as the actor's forward)."""
     layout = make_layout(input_ids, attention_mask, response_width,
-                         layout=choose_layout(model, input_ids.shape[1], pack))
+                         layout=choose_layout(model, input_ids.shape[1], pack), vision=vision)
     values = layout.forward(model).logits[layout.pred_row, layout.pred_col, 0].float()   # [M]
     return _scatter(values, layout.response_valid)
 

@@ -34,12 +34,15 @@ def load_causal_lm(model_cfg, dtype: torch.dtype = torch.float32) -> torch.nn.Mo
 
 
 def load_value_model(path: str, model_cfg, dtype: torch.dtype = torch.float32) -> torch.nn.Module:
-    """The base model with a Linear(hidden, 1) value head (`score`), no head dropout."""
+    """The base model with a Linear(hidden, 1) value head (`score`), no head dropout; a
+    vision-language model: vision_value_model."""
     from transformers import AutoConfig, AutoModelForTokenClassification
 
     quiet_transformers()
     _check_path(path, "critic.model_path / model.path")
     config = AutoConfig.from_pretrained(path, trust_remote_code=model_cfg.trust_remote_code)
+    if getattr(config, "vision_config", None) is not None:
+        return vision_value_model(path, model_cfg, dtype)
     config.num_labels, config.classifier_dropout = 1, 0.0
     try:
         return AutoModelForTokenClassification.from_pretrained(path, config=config, dtype=dtype,
@@ -47,6 +50,24 @@ def load_value_model(path: str, model_cfg, dtype: torch.dtype = torch.float32) -
     except (OSError, ValueError) as err:
         raise DataError(f"cannot load {path!r} as a critic: {str(err).splitlines()[0]}",
                         hint="the critic needs a model class with a token-classification head") from None
+
+
+def vision_value_model(path: str, model_cfg, dtype: torch.dtype = torch.float32) -> torch.nn.Module:
+    """A vision-language critic: the model as the policy loads it (AutoModelForImageTextToText:
+    vision tower, M-RoPE, the vision inputs its forward takes) with `lm_head` replaced by a
+    Linear(hidden, 1) value head initialised as the token-classification head of a text critic
+    (normal(0, initializer_range), bias 0), untied from the embedding. transformers has no
+    token-classification class for these models; its output `logits` [b, L, 1] are the values."""
+    from transformers import AutoModelForImageTextToText
+
+    model = AutoModelForImageTextToText.from_pretrained(path, dtype=dtype, trust_remote_code=model_cfg.trust_remote_code)
+    text = model.config.get_text_config()
+    model.config.tie_word_embeddings = text.tie_word_embeddings = False   # never re-tied to the embedding
+    head = torch.nn.Linear(text.hidden_size, 1, dtype=dtype)
+    torch.nn.init.normal_(head.weight, std=text.initializer_range)
+    torch.nn.init.zeros_(head.bias)
+    model.lm_head = head
+    return model
 
 
 def lora_config(lora_cfg, model: torch.nn.Module | None = None):

@@ -1,11 +1,14 @@
 """Config checks of training a vision-language model (rlctl.workers.vision): what is built for one
-so far, and model.freeze_vision_tower on a model that has no vision tower.
+so far, model.freeze_vision_tower on a model that has no vision tower, and a text-only critic
+beside a vision-language policy.
 
 Machine pass only: whether model.path is a vision-language model is read from its config.json
 (a `vision_config`). Checks keep the contract of rlctl.config.checks.
 """
 
 from __future__ import annotations
+
+import dataclasses
 
 from rlctl.algorithms import get_estimator
 from rlctl.config.checks import CheckContext
@@ -33,7 +36,11 @@ def check_vision(c: Config, ctx: CheckContext) -> list[Problem]:
     if c.rollout.multi_turn.enable:
         problems.append(Problem("rollout.multi_turn.enable", "multi-turn rollouts of a vision-language model are not "
                                 "built yet; set it to false"))
-    if get_estimator(c.algorithm.name).needs_critic:
-        problems.append(Problem("algorithm.name", f"{c.algorithm.name!r} trains a critic, which is not built for "
-                                "vision-language models yet; use a critic-free estimator such as \"grpo\" or \"rloo\""))
+    if get_estimator(c.algorithm.name).needs_critic and c.critic.model_path:
+        critic = model_config(dataclasses.replace(c, model=dataclasses.replace(c.model, path=c.critic.model_path)), ctx)
+        if critic is not None and critic.get("vision_config") is None:
+            problems.append(Problem("critic.model_path", f"{c.critic.model_path} is a text-only model "
+                                    f"({critic.get('model_type', '?')}) but the policy reads images, which the critic "
+                                    "must see too; point it at a vision-language model or remove it (model.path)"))
     return problems
+

@@ -3,7 +3,9 @@ shapes-colour rows read with their images by the controller (rlctl.controller.pr
 the worker's processor, generate, old log-probs, the built-in shapes reward, GRPO advantages, the
 update. The reward rises within a few steps (the held-out accuracy figures of longer runs are in
 docs/vision.md); the update reaches the vision tower; a checkpoint resumed in a fresh worker
-continues exactly as the uninterrupted one (same tokens, same log-probs, same weights)."""
+continues exactly as the uninterrupted one (same tokens, same log-probs, same weights). PPO
+steps with GAE through the actor and the critic worker: the critic sees the images (its values
+change with the pixels alone) with the rollout's positions (they equal a plain transformers forward)."""
 
 from __future__ import annotations
 
@@ -15,29 +17,32 @@ import torch
 PROMPTS, N, STEPS, SAVE_AFTER = 8, 8, 12, 9
 
 
-def _config(model_dir: Path, train: Path):
-    from rlctl.config.schema import ActorConfig, Config, DataConfig, ModelConfig, RolloutConfig, RunConfig
+def _config(model_dir: Path, train: Path, prompts: int = PROMPTS, n: int = N, algorithm: str = "grpo"):
+    from rlctl.config.schema import (ActorConfig, AlgorithmConfig, Config, CriticConfig, DataConfig, ModelConfig,
+                                     RolloutConfig, RunConfig)
 
     return Config(run=RunConfig(name="vl", seed=0), model=ModelConfig(path=str(model_dir), dtype="float32"),
-                  data=DataConfig(train_files=(str(train),), batch_size=PROMPTS, max_prompt_length=128,
+                  data=DataConfig(train_files=(str(train),), batch_size=prompts, max_prompt_length=128,
                                   max_response_length=6),
-                  actor=ActorConfig(lr=1e-2, mini_batch_size=PROMPTS, micro_batch_size=PROMPTS * N, grad_clip=1.0),
-                  rollout=RolloutConfig(n=N))
+                  actor=ActorConfig(lr=1e-2, mini_batch_size=prompts, micro_batch_size=prompts * n, grad_clip=1.0),
+                  critic=CriticConfig(lr=1e-2, mini_batch_size=prompts, micro_batch_size=prompts * n),
+                  algorithm=AlgorithmConfig(name=algorithm), rollout=RolloutConfig(n=n))
 
 
-def _prompt_batches(config, tokenizer):
+def _prompt_batches(config, tokenizer, steps: int = STEPS):
     from rlctl.controller.prompts import read_rows, render_prompts
     from rlctl.controller.rollout import prompt_batch
     from rlctl.controller.setup import vision_data
 
-    files = config.data.train_files
-    rows = render_prompts(read_rows([Path(f) for f in files])[:PROMPTS * STEPS], tokenizer, 128, "error",
+    files, size = config.data.train_files, config.data.batch_size
+    rows = render_prompts(read_rows([Path(f) for f in files])[:size * steps], tokenizer, 128, "error",
                           vision=vision_data(config, files)).rows
-    return [prompt_batch(rows[PROMPTS * s:PROMPTS * (s + 1)], f"{s}", 0) for s in range(STEPS)]
+    return [prompt_batch(rows[size * s:size * (s + 1)], f"{s}", 0) for s in range(steps)]
 
 
-def _step(worker, prompts, step: int):
-    """One GRPO step (the trainer's calls, in-process); the rollout rows with their scores."""
+def _step(worker, prompts, step: int, critic=None):
+    """One GRPO step (the trainer's calls, in-process), or a PPO step with GAE when a `critic`
+    worker is given; the rollout rows with their scores (and values)."""
     from rlctl.algorithms import compute_advantages
     from rlctl.controller.rollout import decode_responses
     from rlctl.tasks.shapes import compute_score
@@ -49,9 +54,15 @@ def _step(worker, prompts, step: int):
                        zip(batch["data_source"], texts, batch["ground_truth"])], np.float32)
     rewards = np.zeros(batch["response_mask"].shape, np.float32)
     rewards[np.arange(len(scores)), batch["response_length"] - 1] = scores
-    advantages, _ = compute_advantages("grpo", token_level_rewards=torch.from_numpy(rewards),
-                                       response_mask=torch.from_numpy(batch["response_mask"]), group_ids=batch["uid"])
-    batch["advantages"], batch["scores"] = advantages.numpy(), scores
+    if critic is not None:
+        batch = batch.union(critic.compute_values(batch))
+    advantages, returns = compute_advantages(
+        "gae" if critic else "grpo", token_level_rewards=torch.from_numpy(rewards),
+        response_mask=torch.from_numpy(batch["response_mask"]), group_ids=batch["uid"],
+        values=torch.from_numpy(batch["values"]) if critic else None)
+    batch["advantages"], batch["scores"], batch["returns"] = advantages.numpy(), scores, returns.numpy()
+    if critic is not None:
+        batch.meta["critic_metrics"] = critic.update_critic(batch)
     worker.update_actor(batch)
     return batch
 
@@ -81,3 +92,43 @@ def test_grpo_on_images_raises_the_reward_trains_the_tower_and_resumes_exactly(t
         assert np.array_equal(a["old_log_prob"], b["old_log_prob"])
     for (name, p), q in zip(worker.actor.module.named_parameters(), resumed.actor.module.parameters()):
         assert torch.equal(p, q), name
+
+
+def test_a_vlm_critic_sees_the_images_with_the_rollouts_positions_through_ppo_steps(tiny_vlm_dir, shapes_dir):
+    """PPO with GAE on images through the real actor and critic workers: the critic's values are
+    finite, change when only the pixels change (it sees the image), and equal a plain transformers
+    forward of the same model on the same row (its own processor-style inputs and M-RoPE positions)."""
+    from rlctl.workers.actor import ActorRolloutRefWorker
+    from rlctl.workers.critic import CriticWorker
+    from rlctl.workers.vision import token_types
+
+    config = _config(tiny_vlm_dir, shapes_dir / "train.parquet", prompts=4, n=2, algorithm="gae")
+    actor, critic = ActorRolloutRefWorker(config, total_steps=3), CriticWorker(config, total_steps=3)
+    head = critic.critic.module.lm_head.weight.detach().clone()
+    done = [_step(actor, b, s, critic=critic) for s, b in enumerate(_prompt_batches(config, actor.tokenizer, 3))]
+    for batch in done:
+        mask = batch["response_mask"] > 0
+        assert np.isfinite(batch["values"][mask]).all() and np.abs(batch["values"][mask]).sum() > 0
+        assert all(np.isfinite(v) for v in batch.meta["critic_metrics"].values()), batch.meta["critic_metrics"]
+    assert not torch.equal(head, critic.critic.module.lm_head.weight), "the value head must train"
+
+    batch = done[-1]
+    other = batch.select(np.arange(len(batch["pixel_values"])))   # the same rows, each with another row's image
+    other["pixel_values"] = batch["pixel_values"][np.roll(np.arange(len(batch["pixel_values"])), 2)]
+    assert not np.array_equal(other["pixel_values"][0], batch["pixel_values"][0])
+    values, moved = critic.compute_values(batch)["values"], critic.compute_values(other)["values"]
+    mask = batch["response_mask"] > 0
+    assert np.abs(values - moved)[mask].max() > 1e-4, "the critic's values must depend on the image"
+
+    model = critic.critic.module
+    for row in (0, 3):
+        real = batch["attention_mask"][row] > 0
+        ids = torch.from_numpy(batch["input_ids"][row][real])[None]
+        p_len = int(real[:batch["input_ids"].shape[1] - mask.shape[1]].sum())
+        model.model.rope_deltas = None   # the model caches them between calls
+        with torch.no_grad():
+            plain = model(input_ids=ids, pixel_values=torch.from_numpy(batch["pixel_values"][row]),
+                          image_grid_thw=torch.from_numpy(batch["image_grid_thw"][row]),
+                          mm_token_type_ids=token_types(model, ids), use_cache=False).logits[0, :, 0]
+        want = plain[p_len - 1:p_len - 1 + int(mask[row].sum())].numpy()
+        np.testing.assert_allclose(values[row][mask[row]], want, atol=1e-5, rtol=1e-4)

@@ -19,12 +19,14 @@ def _config(path, **changes) -> Config:
     return c
 
 
-def test_what_is_not_built_for_a_vlm_is_refused_and_freeze_needs_a_tower(tiny_vlm_dir, tiny_model_dir, tmp_path):
+def test_what_is_not_built_for_a_vlm_is_refused_a_text_critic_too_and_freeze_needs_a_tower(tiny_vlm_dir, tiny_model_dir, tmp_path):
     ctx = CheckContext(base_dir=tmp_path, raw={})
     assert check_vision(_config(tiny_vlm_dir), ctx) == []
-    problems = check_vision(_config(tiny_vlm_dir, algorithm={"name": "gae"}, rollout={"engine": "sglang"}), ctx)
-    assert [p.key for p in problems] == ["rollout.engine", "algorithm.name"]
-    assert "critic" in problems[1].message
+    assert check_vision(_config(tiny_vlm_dir, algorithm={"name": "gae"}), ctx) == []   # a VLM critic is built
+    problems = check_vision(_config(tiny_vlm_dir, algorithm={"name": "gae"}, rollout={"engine": "sglang"},
+                                    critic={"model_path": str(tiny_model_dir)}), ctx)
+    assert [p.key for p in problems] == ["rollout.engine", "critic.model_path"]
+    assert "text-only" in problems[1].message and "images" in problems[1].message
     text = check_vision(_config(tiny_model_dir, model={"freeze_vision_tower": True}), ctx)
     assert [p.key for p in text] == ["model.freeze_vision_tower"] and "no vision tower" in text[0].message
 
