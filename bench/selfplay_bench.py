@@ -12,11 +12,13 @@
    y_own are the SFT model's own samples (4 per prompt at temperature 1, drawn once, before
    training: the first opponent's generations) -- for the SFT model and for the SPIN model; plus
    held-out exact accuracy (greedy) of both.
-2. SPPO: recipe sppo-arith-cpu (rollout.n = 8 samples, Bradley-Terry on the exact-match reward) on
-   the 300 sums outside the SFT split's 100 held-out ones, --steps steps, merged. Figure: its win
-   rate against the SFT model under that preference model, on 100 training prompts and on the 100
-   held-out ones: mean over prompts and 4 x 4 sample pairs (temperature 1) of sigmoid(r_new - r_sft)
-   (1/2 = no better; a model always right against one always wrong: 0.73); plus exact accuracy.
+2. SPPO: recipe sppo-arith-cpu (rollout.n = 8 samples, Bradley-Terry on the recipe's reward, or on
+   the reward.function given in --override) on the 300 sums outside the SFT split's 100 held-out
+   ones, --steps steps, merged. Figure: its win rate against the SFT model under that same
+   preference model, on 100 training prompts and on the 100 held-out ones: mean over prompts and
+   4 x 4 sample pairs (temperature 1) of sigmoid(r_new - r_sft), +- its standard error over the
+   prompts (1/2 = no better; with the 0/1 reward it is exactly 1/2 + 0.231 x the accuracy gain);
+   plus exact accuracy and the mean reward at temperature 1.
 
 Prints one table. Wall times are of a shared 2-core machine.
 """
@@ -111,15 +113,17 @@ def spin_margin(model: Path, own: list[dict]) -> float:
     return sum(per) / len(per)
 
 
-def win_rate(new: list[dict], old: list[dict]) -> float:
-    """mean over prompts and sample pairs of sigmoid(r_new - r_old) (Bradley-Terry on the reward)."""
+def win_rate(new: list[dict], old: list[dict]) -> tuple[float, float]:
+    """(mean, standard error over prompts) of the per-prompt mean over sample pairs of
+    sigmoid(r_new - r_old) (Bradley-Terry on the reward)."""
     a, b = defaultdict(list), defaultdict(list)
     for r in new:
         a[r["index"]].append(r["score"])
     for r in old:
         b[r["index"]].append(r["score"])
     per = [sum(1 / (1 + math.exp(-(x - y))) for x in a[i] for y in b[i]) / (len(a[i]) * len(b[i])) for i in a]
-    return sum(per) / len(per)
+    mean = sum(per) / len(per)
+    return mean, math.sqrt(sum((x - mean) ** 2 for x in per) / (len(per) - 1) / len(per))
 
 
 def main() -> None:
@@ -156,9 +160,19 @@ def run_spin(args, sft: Path) -> list[tuple]:
     return table
 
 
+def preference(overrides: list[str]) -> str:
+    """The SPPO run's reward function (its preference model's score): an override, else the recipe's."""
+    import tomllib
+
+    chosen = [o.split("=", 1)[1].strip('"') for o in overrides if o.startswith("reward.function=")]
+    recipe = tomllib.loads((REPO / "recipes" / "sppo-arith-cpu.toml").read_text())
+    return chosen[-1] if chosen else recipe["reward"]["function"]
+
+
 def run_sppo(args, sft: Path) -> list[tuple]:
-    """Win rate against the SFT model on 100 of the training prompts and on the 100 held-out ones."""
-    table = []
+    """Win rate against the SFT model on 100 of the training prompts and on the 100 held-out ones,
+    under the run's own preference model (Bradley-Terry on its reward function)."""
+    table, reward = [], preference(args.override)
     # the recipe's data/arith, less the 100 sums the SFT model's split held out (so they stay unseen)
     sppo = project(args.work, "sppo-arith-cpu", sft, "--sft", "--val-fraction", "0.25")
     sets = {"train": sppo / "data/arith-sft/train.parquet", "held-out": sppo / "data/arith-sft/test.parquet"}
@@ -167,12 +181,13 @@ def run_sppo(args, sft: Path) -> list[tuple]:
                              'data.val_files=["data/arith-sft/test.parquet"]')
     for split, data in sets.items():
         before, after = (generations(model, data, args.work / f"{name}-{split}.jsonl", n=SAMPLES, temperature=1.0,
-                                     reward="arith_exact", limit=100)
+                                     reward=reward, limit=100)
                          for name, model in (("sft", sppo / "models/sft"), ("sppo", trained)))
-        for label, rows, secs, win in ((f"SFT model ({split})", before, 0.0, 0.5),
+        for label, rows, secs, (win, se) in ((f"SFT model ({split})", before, 0.0, (0.5, 0.0)),
                                        (f"SPPO {args.steps} st. ({split})", after, seconds, win_rate(after, before))):
-            acc, _ = accuracy(rows)
-            table.append((label, f"win rate vs SFT {win:.3f}", f"exact acc {acc:.3f} (T=1)", secs))
+            acc, score = accuracy(rows)
+            table.append((label, f"win rate vs SFT {win:.3f} +- {se:.3f}",
+                          f"exact acc {acc:.3f}, {reward} {score:.3f} (T=1)", secs))
     return table
 
 

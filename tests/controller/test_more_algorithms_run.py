@@ -114,7 +114,8 @@ def test_sppo_raises_the_win_rate_of_the_policys_samples(tmp_path, make_project,
     steps = 12
     cfg = SELFPLAY_CPU + [f"run.total_steps={steps}", "run.save_every=0", "data.batch_size=8", "rollout.n=8",
                           "actor.mini_batch_size=8", "actor.micro_batch_size=64", "actor.lr=3e-3",
-                          "actor.sppo_eta=10", "data.max_response_length=8", "reward.function=dense.py:compute_score"]
+                          "actor.sppo_eta=10", "data.max_response_length=8", "reward.function=dense.py:compute_score",
+                          "actor.use_kl_loss=false"]   # the loss alone: no reference worker to start
     start_training(load_config(proj / "rlctl.toml", cfg), address=None, force=False)
     m = rows(proj / "runs" / "sppo-arith-cpu" / "metrics.jsonl")
     reward = [r["reward/mean"] for r in m]
