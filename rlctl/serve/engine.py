@@ -79,12 +79,12 @@ class Engine:
                  allow_remote_images: bool = False):
         import torch
 
-        from rlctl.serve.vision import placeholder_ids
+        from rlctl.workers.vision import config_placeholder_ids
 
         self.model, self.tokenizer = model, tokenizer
         # a vision-language model's processor (None: text only); remote image URLs fetched or refused
         self.processor, self.allow_remote_images = processor, allow_remote_images
-        self.banned = placeholder_ids(model.config) if processor is not None else []
+        self.banned = config_placeholder_ids(model.config) if processor is not None else []
         self.max_rows, self.max_waiting = max_rows, max_waiting
         self.context_length = int(getattr(model.config, "max_position_embeddings", 0) or 2048)
         self.eos_ids = _eos_ids(model, tokenizer)

@@ -89,32 +89,20 @@ def has_images(messages) -> bool:
                and any(isinstance(p, dict) and p.get("type") == "image_url" for p in m["content"]) for m in messages)
 
 
-def placeholder_ids(config) -> list[int]:
-    """A VLM's vision placeholder tokens: the engine never samples them, as the rollout never does
-    (rlctl.workers.vision: a sampled `<|image_pad|>` would be taken for an image slot)."""
-    from rlctl.workers.vision import config_placeholder_ids
-
-    return config_placeholder_ids(config)
-
-
 def vision_inputs(model, input_ids, mask, visions: list):
     """Forward kwargs for a left-padded prefill whose rows may carry images, and the rows' rope
     deltas [B, 1]. `visions[b]`: None (text) or encode_prompt's arrays for row b."""
     import numpy as np
     import torch
 
+    from rlctl.workers.vision import prompt_positions, token_types
+
     device = input_ids.device
-    types = torch.zeros_like(input_ids)
-    for b, v in enumerate(visions):
-        if v is not None:
-            t = torch.as_tensor(np.asarray(v["mm_token_type_ids"]), dtype=torch.long)
-            types[b, input_ids.shape[1] - len(t):] = t
     rows = [v for v in visions if v is not None and "pixel_values" in v]
     pixels = torch.as_tensor(np.concatenate([v["pixel_values"] for v in rows]), device=device)
     grids = torch.as_tensor(np.concatenate([v["image_grid_thw"] for v in rows]), dtype=torch.long, device=device)
-    core = model.model
-    positions, deltas = core.get_rope_index(input_ids, mm_token_type_ids=types, image_grid_thw=grids,
-                                            attention_mask=mask)
+    # the rollout's own M-RoPE code: token types from the ids (pads are never image tokens)
+    positions, deltas = prompt_positions(model, input_ids, mask, grids)
     kwargs = {"position_ids": positions, "pixel_values": pixels.to(model.dtype), "image_grid_thw": grids,
-              "mm_token_type_ids": types}
+              "mm_token_type_ids": token_types(model, input_ids)}
     return kwargs, deltas.to(device=device, dtype=torch.long).view(-1, 1)
