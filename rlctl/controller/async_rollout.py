@@ -155,7 +155,8 @@ class AsyncRollout:
                         "async/dropped": float(dropped),
                         "async/partial_ratio": partial_ratio(batch),
                         "async/idle_trainer": min(1.0, waited / cycle),
-                        "async/idle_rollout": idle / (idle + busy) if idle + busy > 0 else 0.0})
+                        "async/idle_rollout": idle / (idle + busy) if idle + busy > 0 else 0.0,
+                        **rollout.engine_drift(gens)})
         return batch, metrics
 
     def score_batch(self, batch: Batch) -> dict:

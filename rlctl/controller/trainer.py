@@ -111,6 +111,8 @@ class Trainer:
                 if setup.rollouts.on_policy:   # an off-policy source drifts by design
                     self.check_drift(step, metrics)
             metrics.update(apply_rollout_correction(batch, config))
+        if "rollout/engine_diff_mean" in metrics:   # an off-policy source's engine against its rank's copy
+            self.check_drift(step, metrics, "rollout/engine_diff_mean")
         if setup.needs.reference:
             with phase(timing, "ref"):
                 if selfplay.refresh_due(step, config.algorithm.ref_update_every):
@@ -122,18 +124,20 @@ class Trainer:
                 batch = setup.teachers.score(batch, metrics)
         return batch
 
-    def check_drift(self, step: int, metrics: dict) -> None:
-        """An engine with its own weights must generate with the trained ones: its log-probs of its own
-        samples may differ from the trainer's by kernel and dtype noise only (rollout.max_logprob_diff)."""
-        drift = metrics.get("rollout/logprob_diff_mean", 0.0)
+    def check_drift(self, step: int, metrics: dict, key: str = "rollout/logprob_diff_mean") -> None:
+        """An engine with its own weights must generate with the pushed ones: its log-probs of its own
+        samples may differ by kernel and dtype noise only (rollout.max_logprob_diff) from the trainer's
+        (key rollout/logprob_diff_mean, on-policy) or, in a separate rollout group, from its rank's
+        float32 copy's, which holds the same push (rollout/engine_diff_mean)."""
+        drift = metrics.get(key, 0.0)
         limit, dtype = logprob_diff_limit(self.config)
         if drift > limit:
-            engine = self.config.rollout.engine
+            engine, other = self.config.rollout.engine, "trainer's" if "logprob" in key else "rollout rank's copy's"
             raise NumericalError(f"step {step}: the {engine} engine's log-probs of its samples differ from the "
-                                 f"trainer's by {drift:.3g} nats per token on average (max "
-                                 f"{metrics.get('rollout/logprob_diff_max', drift):.3g}), over "
+                                 f"{other} by {drift:.3g} nats per token on average (max "
+                                 f"{metrics.get(key.replace('_mean', '_max'), drift):.3g}), over "
                                  f"rollout.max_logprob_diff = {limit:g} ({dtype}): it is not generating with the "
-                                 "trained weights",
+                                 "pushed weights",
                                  hint="a weight push failed or was incomplete; resume from the last checkpoint, "
                                       "or raise rollout.max_logprob_diff if the engine's kernels are that noisy")
 

@@ -39,6 +39,20 @@ from rlctl.workers.logprob import batched_response_outputs
 from rlctl.workers.models import eos_token_ids, load_causal_lm
 
 
+def engine_drift(engine_log_prob: np.ndarray | None, copy_log_prob: np.ndarray, mask: np.ndarray) -> dict:
+    """How far an engine of its own (vLLM) is from this rank's float32 copy on the tokens it just
+    sampled [R, T], both holding the same pushed weights: kernel and dtype noise only, unless the
+    engine missed a push (rollout.max_logprob_diff stops the run, rlctl.controller.trainer). Meta
+    entries: engine_diff_sum / engine_diff_max over engine_diff_tokens tokens; none for the hf
+    engine, which is the copy itself."""
+    keep = np.asarray(mask) > 0
+    if engine_log_prob is None or not keep.any():
+        return {}
+    diff = np.abs(np.asarray(engine_log_prob, np.float64)[keep] - np.asarray(copy_log_prob, np.float64)[keep])
+    return {"engine_diff_sum": float(diff.sum()), "engine_diff_max": float(diff.max()),
+            "engine_diff_tokens": int(keep.sum())}
+
+
 class RolloutWorker:
     """The policy's generator on one rollout rank. `config`: rlctl.config.schema.Config, paths resolved."""
 
@@ -110,9 +124,11 @@ class RolloutWorker:
             out = sample(self.engine, batch, rc, n=rc.n, max_new_tokens=self.cfg.data.max_response_length,
                          temperature=rc.temperature, seed=seed, rank=self.rank, device=self.device)
         rows = rollout_batch(batch, out, rc.n, width=self.cfg.data.max_prompt_length, pad=self.pad)
+        engine_log_prob = rows.tensors.get("rollout_log_prob")   # an engine of its own reports them
         rows = rows.union(self.tag_rollout(rows))
         idle, self.last_end = start - self.last_end, time.perf_counter()
-        rows.meta.update(rollout_idle_s=idle, rollout_busy_s=self.last_end - start)
+        rows.meta.update(rollout_idle_s=idle, rollout_busy_s=self.last_end - start,
+                         **engine_drift(engine_log_prob, rows["rollout_log_prob"], rows["response_mask"]))
         return rows
 
     @register(Dispatch.RANK0)
@@ -127,6 +143,7 @@ class RolloutWorker:
         if prompts is not None:
             self.pool.admit(prompts)
         contexts, budgets = self.pool.inputs()
+        drift: dict = {}
         if contexts:
             generator = torch.Generator(device=self.device)
             generator.manual_seed(int(np.random.SeedSequence([seed, self.rank]).generate_state(1)[0]))
@@ -134,11 +151,12 @@ class RolloutWorker:
                 out = self.engine.generate(contexts, n=1, max_new_tokens=max(budgets), temperature=rc.temperature,
                                            top_p=rc.top_p, top_k=rc.top_k, generator=generator,
                                            greedy=rc.temperature == 0, limits=budgets)
-            self.pool.advance(out["responses"], out["response_length"], self._round_log_probs(contexts, out),
-                              self.version)
+            log_probs = self._round_log_probs(contexts, out)
+            self.pool.advance(out["responses"], out["response_length"], log_probs, self.version)
+            drift = engine_drift(out.get("rollout_log_prob"), log_probs, out["response_mask"])
         rows = self.pool.pop_finished()
         idle, self.last_end = start - self.last_end, time.perf_counter()
-        rows.meta.update(rollout_idle_s=idle, rollout_busy_s=self.last_end - start, **self.pool.meta())
+        rows.meta.update(rollout_idle_s=idle, rollout_busy_s=self.last_end - start, **self.pool.meta(), **drift)
         return rows
 
     def _round_log_probs(self, contexts: list[list[int]], out: dict) -> np.ndarray:

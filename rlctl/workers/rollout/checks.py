@@ -52,11 +52,6 @@ def check_one_step_off(c: Config, ctx: CheckContext) -> list[Problem]:
         problems.append(Problem("rollout.mode", f"\"{mode}\" runs its rollout group on CPU workers; "
                                 f"rollout.engine = {c.rollout.engine!r} runs on GPUs only, and GPU placement there is "
                                 "not built yet: use rollout.engine = \"hf\" or \"vllm\", or rollout.mode = \"sync\""))
-    elif mode == "async" and c.rollout.engine != "hf":
-        problems.append(Problem("rollout.mode", f"\"async\" generates with the hf engine in its own group; "
-                                f"rollout.engine = {c.rollout.engine!r} there is not built yet (it needs aborting and "
-                                "resuming requests at a push): use rollout.engine = \"hf\", or rollout.mode = "
-                                "\"one_step_off\" with vLLM"))
     if isinstance(gpus, int) and gpus > 0:
         problems.append(Problem("rollout.mode", f"\"{mode}\" splits CPU workers between the actor and the "
                                 "rollout group; GPU placement of the rollout group is not built yet: set "
