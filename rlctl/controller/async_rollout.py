@@ -269,6 +269,7 @@ class AsyncRollout:
         """Every batch generating or buffered (waiting for them), the counts, and the rollout
         group's weights when they are older than the actor's (between two pushes)."""
         self.inflight = deque(c if isinstance(c, Batch) else c.result() for c in self.inflight)
+        self.group.forget_cache()   # what generates next starts cold, as after a resume
         between = self.plan.pushed < self.setup.session.state.step
         state = {"schedule": self.plan.state_dict(), "ready": [(b.tensors, b.meta) for b in self.ready],
                  "inflight": [(b.tensors, b.meta) for b in self.inflight],

@@ -171,6 +171,16 @@ class RolloutWorker:
                                       "attention_mask": np.concatenate([mask, response_mask], axis=1),
                                       "response_mask": response_mask.astype(np.float32)}))
 
+    @register(Dispatch.ALL)
+    def forget_cache(self) -> None:
+        """Empty the engine's prefix cache (vLLM; the hf engine keeps none between calls). An async
+        checkpoint calls it once the generations it saves are done: a resumed run's fresh engine
+        starts cold, and so does the run that goes on, so both generate the same tokens (a prefix
+        hit computes the same logits as a re-prefill only up to rounding)."""
+        forget = getattr(self.engine, "forget_cache", None)
+        if forget is not None:
+            forget()
+
     @register(Dispatch.RANK0)
     def export_pool(self) -> dict | None:
         """The unfinished samples of partial rollouts (an async checkpoint saves them)."""

@@ -35,5 +35,9 @@ def test_async_rules(project):  # noqa: F811
     assert any(e.startswith("rollout.multi_turn.enable: ") and "not built yet" in e for e in errors), errors
     errors = check(project, *ASYNC, "actor.policy_loss=decoupled_ppo", f"{rc}.rollout_is=token", machine=False)[0]
     assert any(e.startswith(f"{rc}.rollout_is: ") and "twice" in e for e in errors), errors
+    vllm = ["rollout.engine=vllm", "rollout.partial_rollout=true", "rollout.partial_chunk=4"]
+    assert check(project, *ASYNC, *vllm, machine=False)[0] == []   # vLLM rollout group, partial rollouts too
+    errors = check(project, *ASYNC, "rollout.engine=sglang", machine=False)[0]
+    assert any(e.startswith("rollout.mode: \"async\" runs its rollout group on CPU workers") for e in errors), errors
     warnings = check(project, "rollout.max_staleness=2", machine=False)[1]
     assert any(w.startswith("rollout.max_staleness: ") and "ignored" in w for w in warnings), warnings

@@ -55,6 +55,9 @@ class InOrderGroup:
     def export_weights(self) -> dict:
         return {"w": np.zeros(1, dtype=np.float32)}
 
+    def forget_cache(self) -> None:
+        """No engine cache in the double."""
+
     def _update_weights(self, delay: float, weights: dict, *, version: int) -> int:
         time.sleep(delay)
         self.version = version

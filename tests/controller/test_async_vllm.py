@@ -18,6 +18,7 @@ vllm; a failure under CI=true.
 from __future__ import annotations
 
 import json
+import pickle
 from pathlib import Path
 
 import pytest
@@ -82,14 +83,16 @@ def test_whole_batch_async_with_vllm_keeps_the_bound_and_the_engine_follows_ever
 def test_partial_rollouts_with_vllm_continue_across_pushes_and_resume_exactly(
         tmp_path, vllm_small_model_dir, arith_data, ray_cluster):
     run = train(tmp_path / "partial", vllm_small_model_dir, arith_data, [
-        "rollout.partial_rollout=true", "rollout.partial_chunk=3", "run.total_steps=4", "run.save_every=2"])
+        "rollout.partial_rollout=true", "rollout.partial_chunk=3", "rollout.sync_every=2", "run.total_steps=4",
+        "run.save_every=3"])
     got = check_bound_and_pushes(run)
     assert any(r["async/partial_ratio"] > 0 for r in got), got   # rows with tokens of two versions
-    pool = (run / "checkpoints" / "step_2" / "async_rollout.pkl").read_bytes()
-    assert b"pool" in pool
+    saved = pickle.loads((run / "checkpoints" / "step_3" / "async_rollout.pkl").read_bytes())
+    assert saved["partial"]["pool"]["samples"], "unfinished samples on the rank at the save"
+    assert saved["rollout_weights"] is not None   # between two pushes: the rank's older weights
     full, weights = rows(run), final_weights(run, tmp_path)
 
-    resume_training(run, step=2, address=None)   # a fresh vLLM engine, the pool back on the rank
+    resume_training(run, step=3, address=None)   # a fresh vLLM engine, its weights and pool restored
     assert rows(run) == full
     again = final_weights(run, tmp_path)
     assert again.keys() == weights.keys() and all(torch.equal(again[k], weights[k]) for k in weights)

@@ -213,7 +213,7 @@ class VLLMRolloutEngine(RolloutEngine):
             head = getattr(model, "lm_head", None)
             if self._tied() and getattr(head, "quant_method", None) is not None:
                 head.quant_method.process_weights_after_loading(head)   # its own copy of the new embedding
-            self.llm.reset_prefix_cache()
+            self.forget_cache()
         except Exception as e:
             self.broken = (f"a weight push failed after {stream.taken} tensors (last: {stream.last or 'none'}): "
                            f"{type(e).__name__}: {e}")
@@ -224,6 +224,11 @@ class VLLMRolloutEngine(RolloutEngine):
             self.broken = "a weight push sent no tensors"
             raise WorkerDiedError("the vLLM engine was sent an empty weight push",
                                   hint="the trainer's model has no parameters to push; this is a bug in rlctl")
+
+    def forget_cache(self) -> None:
+        """Empty the prefix cache: after a push (no KV of the old weights is reused) and at an async
+        checkpoint (the run goes on from the cold cache a resumed run starts with)."""
+        self.llm.reset_prefix_cache()
 
     def _image_token_id(self) -> int:
         return int(self.llm.llm_engine.vllm_config.model_config.hf_config.image_token_id)

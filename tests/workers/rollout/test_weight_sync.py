@@ -175,6 +175,13 @@ def test_drift_beyond_rollout_max_logprob_diff_stops_the_run_naming_the_step(tin
     assert err.value.message.startswith("step 2: the vllm engine's log-probs of its samples differ from the "
                                         "trainer's by 0.8 nats per token on average (max 3)")
     assert "rollout.max_logprob_diff = 0.05 (bfloat16)" in err.value.message
+    # a separate rollout group (one_step_off, async): its engine against its rank's copy, same push
+    engine = "rollout/engine_diff_mean"
+    trainer.check_drift(3, {engine: 0.004, "rollout/logprob_diff_mean": 0.8}, engine)   # stale, engine follows
+    with pytest.raises(NumericalError) as err:
+        trainer.check_drift(4, {engine: 0.3, "rollout/engine_diff_max": 2.0}, engine)
+    assert err.value.message.startswith("step 4: the vllm engine's log-probs of its samples differ from the "
+                                        "rollout rank's copy's by 0.3 nats per token on average (max 2)")
 
 
 def test_validation_line_names_each_source():
