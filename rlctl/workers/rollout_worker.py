@@ -7,7 +7,9 @@ weights after each update (`ActorRolloutRefWorker.export_weights` -> object stor
 `update_weights`: HF names, LoRA merged, numpy arrays, no disk), the same stream the vLLM and
 SGLang engines load. Every batch it returns is tagged with the version of the weights that
 generated it, and carries those weights' log-probs of the sampled tokens (`rollout_log_prob`),
-which rollout correction and the drift metrics compare with the trainer's.
+which rollout correction and the drift metrics compare with the trainer's. With an engine of its
+own, each generation's meta also says how far that engine's log-probs of its samples are from the
+copy's (`engine_drift`): the check that the engine got the push, at any staleness.
 
 Batch keys: generate  in: input_ids, attention_mask [B, P] left-padded prompts (+ per-prompt
 columns)  out: as ActorRolloutRefWorker.generate, plus rollout_log_prob [B*n, T] float32 and
