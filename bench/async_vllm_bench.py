@@ -68,8 +68,9 @@ def run(project: Path, engine: str, mode: str, a) -> dict:
     measured = rows[a.warmup:]
     span = sum(r["timing/step_s"] for r in measured)
 
-    def mean(key: str) -> float:
-        return statistics.mean([r.get(key, 0.0) for r in measured])
+    def mean(key: str) -> float | None:   # None: not logged in this mode (one_step_off has no async/*)
+        values = [r[key] for r in measured if key in r]
+        return statistics.mean(values) if values else None
 
     return {"engine": engine, "mode": mode, "step_s": statistics.median(r["timing/step_s"] for r in measured),
             "idle_trainer": mean("async/idle_trainer"), "idle_rollout": mean("async/idle_rollout"),
@@ -108,10 +109,12 @@ def main() -> None:
     print("| engine | mode | step s | trainer idle | rollout idle | staleness | partial rows | engine diff max | "
           "gen tokens/step | run wall s | foreign cores |")
     print("|---|---|---|---|---|---|---|---|---|---|---|")
+    share = lambda x: "—" if x is None else f"{x:.0%}"   # noqa: E731
     for r in results:
-        print(f"| {r['engine']} | {r['mode']} | {r['step_s']:.2f} | {r['idle_trainer']:.0%} | {r['idle_rollout']:.0%} | "
-              f"{r['staleness']:.2f} | {r['partial_ratio']:.0%} | {r['engine_diff_max']:.1e} | {r['gen_tokens']:.0f} | "
-              f"{r['wall_s']:.0f} | {r['foreign_cores']:.2f} |")
+        diff = f"{r['engine_diff_max']:.1e}" if r["engine"] != "hf" else "—"
+        print(f"| {r['engine']} | {r['mode']} | {r['step_s']:.2f} | {share(r['idle_trainer'])} | "
+              f"{share(r['idle_rollout'])} | {r['staleness']:.2f} | {share(r['partial_ratio'])} | {diff} | "
+              f"{r['gen_tokens']:.0f} | {r['wall_s']:.0f} | {r['foreign_cores']:.2f} |")
     if a.json:
         Path(a.json).write_text(json.dumps({"args": vars(a), "results": results}, indent=1) + "\n")
 
