@@ -247,8 +247,10 @@ class RolloutConfig:
     enforce_eager: bool = opt(False, "vLLM: no torch.compile / CUDA graphs (starts in seconds instead of ~20 s, "
                                      "generates slower); verl's rollout.enforce_eager.")
     max_logprob_diff: float = opt(0.0, "vLLM/SGLang: stop the run (exit 5) when the engine's log-probs of its own "
-                                       "samples differ from the trainer's by more than this, mean nats per token "
-                                       "(rollout/logprob_diff_mean): the weights did not reach the engine. 0 = by "
+                                       "samples differ by more than this, mean nats per token, from the trainer's "
+                                       "(rollout/logprob_diff_mean) or, in a separate rollout group, from its rank's "
+                                       "float32 copy's (rollout/engine_diff_mean): the weights did not reach the "
+                                       "engine. 0 = by "
                                        "model.dtype: 0.001 for float32, 0.05 for bfloat16 / float16 (off with top_p < 1 "
                                        "or top_k > 0).", ge=0)
     multi_turn: MultiTurnConfig = field(default_factory=MultiTurnConfig,
