@@ -28,6 +28,8 @@ MAX_BAD_STEPS = 3  # non-finite loss/grad steps in a row before the run stops (e
 # rollout.max_logprob_diff = 0: the limit by model.dtype. Measured with vLLM 0.32 on CPU against the
 # trainer (same weights): float32 within 1.5e-6 per token, bf16 engine mean 2e-3 (max 1e-2).
 LOGPROB_DIFF_LIMITS = {"float32": 1e-3, "bfloat16": 0.05, "float16": 0.05}
+# what the engine's log-probs of its samples are compared with, by drift metric (check_drift)
+DRIFT_AGAINST = {"rollout/logprob_diff_mean": "trainer's", "rollout/engine_diff_mean": "rollout rank's copy's"}
 
 
 class Trainer:
@@ -132,7 +134,7 @@ class Trainer:
         drift = metrics.get(key, 0.0)
         limit, dtype = logprob_diff_limit(self.config)
         if drift > limit:
-            engine, other = self.config.rollout.engine, "trainer's" if "logprob" in key else "rollout rank's copy's"
+            engine, other = self.config.rollout.engine, DRIFT_AGAINST[key]
             raise NumericalError(f"step {step}: the {engine} engine's log-probs of its samples differ from the "
                                  f"{other} by {drift:.3g} nats per token on average (max "
                                  f"{metrics.get(key.replace('_mean', '_max'), drift):.3g}), over "

@@ -175,13 +175,11 @@ class RolloutWorker:
 
     @register(Dispatch.ALL)
     def forget_cache(self) -> None:
-        """Empty the engine's prefix cache (vLLM; the hf engine keeps none between calls). An async
+        """Empty the engine's prefix cache (vLLM; the hf engine has none). An async
         checkpoint calls it once the generations it saves are done: a resumed run's fresh engine
         starts cold, and so does the run that goes on, so both generate the same tokens (a prefix
         hit computes the same logits as a re-prefill only up to rounding)."""
-        forget = getattr(self.engine, "forget_cache", None)
-        if forget is not None:
-            forget()
+        self.engine.forget_cache()
 
     @register(Dispatch.RANK0)
     def export_pool(self) -> dict | None:

@@ -63,6 +63,10 @@ class RolloutEngine(ABC):
     def wake(self) -> None:
         """Re-acquire what `sleep` released, before the next `generate`."""
 
+    def forget_cache(self) -> None:
+        """Drop KV that the engine caches across calls by content (vLLM's prefix cache), so the next
+        call computes as a freshly started engine would (an async checkpoint, a weight push)."""
+
     def close(self) -> None:
         """Free everything for good; the engine is unusable afterwards."""
 
