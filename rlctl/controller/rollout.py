@@ -163,12 +163,17 @@ def _merge_round(acc: dict, new: dict, rounds: int) -> dict:
 def engine_drift(generations: list[Batch]) -> dict:
     """rollout/engine_diff_mean and _max over the generations that arrived from a rollout group
     whose engine keeps its own weights (vLLM): its log-probs of the tokens it sampled against its
-    rank's float32 copy's, both after the same push (rlctl.workers.rollout_worker.engine_drift).
-    Unlike rollout/logprob_diff_*, this stays at kernel noise however stale the batch is, so
-    rollout.max_logprob_diff applies in one_step_off and async too. {} for the hf engine."""
-    parts = [g.meta for g in generations if g.meta.get("engine_diff_tokens")]
-    if not parts:
-        return {}
-    tokens = sum(m["engine_diff_tokens"] for m in parts)
-    return {"rollout/engine_diff_mean": sum(m["engine_diff_sum"] for m in parts) / tokens,
-            "rollout/engine_diff_max": max(m["engine_diff_max"] for m in parts)}
+    rank's float32 copy's, both after the same push (rlctl.workers.rollout_worker.engine_drift:
+    per-row columns of a whole batch, a partial round's meta). Unlike rollout/logprob_diff_*, this
+    stays at kernel noise however stale the batch is, so rollout.max_logprob_diff applies in
+    one_step_off and async too. {} for the hf engine."""
+    total, tokens, most = 0.0, 0, 0.0
+    for g in generations:
+        if "engine_diff_sum" in g:
+            total += float(g["engine_diff_sum"].sum())
+            tokens += int(g["response_length"].sum())
+            most = max(most, float(g["engine_diff_max"].max()))
+        elif g.meta.get("engine_diff_tokens"):
+            total, tokens = total + g.meta["engine_diff_sum"], tokens + g.meta["engine_diff_tokens"]
+            most = max(most, g.meta["engine_diff_max"])
+    return {"rollout/engine_diff_mean": total / tokens, "rollout/engine_diff_max": most} if tokens else {}

@@ -8,8 +8,9 @@ weights after each update (`ActorRolloutRefWorker.export_weights` -> object stor
 SGLang engines load. Every batch it returns is tagged with the version of the weights that
 generated it, and carries those weights' log-probs of the sampled tokens (`rollout_log_prob`),
 which rollout correction and the drift metrics compare with the trainer's. With an engine of its
-own, each generation's meta also says how far that engine's log-probs of its samples are from the
-copy's (`engine_drift`): the check that the engine got the push, at any staleness.
+own, each generation also says how far that engine's log-probs of its samples are from the
+copy's (`engine_drift`: engine_diff_sum / engine_diff_max [B*n] columns, or a partial round's meta):
+the check that the engine got the push, at any staleness.
 
 Batch keys: generate  in: input_ids, attention_mask [B, P] left-padded prompts (+ per-prompt
 columns)  out: as ActorRolloutRefWorker.generate, plus rollout_log_prob [B*n, T] float32 and
@@ -44,15 +45,14 @@ from rlctl.workers.models import eos_token_ids, load_causal_lm
 def engine_drift(engine_log_prob: np.ndarray | None, copy_log_prob: np.ndarray, mask: np.ndarray) -> dict:
     """How far an engine of its own (vLLM) is from this rank's float32 copy on the tokens it just
     sampled [R, T], both holding the same pushed weights: kernel and dtype noise only, unless the
-    engine missed a push (rollout.max_logprob_diff stops the run, rlctl.controller.trainer). Meta
-    entries: engine_diff_sum / engine_diff_max over engine_diff_tokens tokens; none for the hf
-    engine, which is the copy itself."""
-    keep = np.asarray(mask) > 0
-    if engine_log_prob is None or not keep.any():
+    engine missed a push (rollout.max_logprob_diff stops the run, rlctl.controller.trainer). Per row
+    [R]: engine_diff_sum and engine_diff_max over its tokens (0 without any); {} for the hf engine,
+    which is the copy itself."""
+    if engine_log_prob is None:
         return {}
-    diff = np.abs(np.asarray(engine_log_prob, np.float64)[keep] - np.asarray(copy_log_prob, np.float64)[keep])
-    return {"engine_diff_sum": float(diff.sum()), "engine_diff_max": float(diff.max()),
-            "engine_diff_tokens": int(keep.sum())}
+    keep = np.asarray(mask) > 0
+    diff = np.where(keep, np.abs(np.asarray(engine_log_prob, np.float64) - np.asarray(copy_log_prob, np.float64)), 0.0)
+    return {"engine_diff_sum": diff.sum(axis=1), "engine_diff_max": diff.max(axis=1, initial=0.0)}
 
 
 class RolloutWorker:
@@ -128,9 +128,10 @@ class RolloutWorker:
         rows = rollout_batch(batch, out, rc.n, width=self.cfg.data.max_prompt_length, pad=self.pad)
         engine_log_prob = rows.tensors.get("rollout_log_prob")   # an engine of its own reports them
         rows = rows.union(self.tag_rollout(rows))
+        # columns, not meta: a generation split over several ranks keeps rank 0's meta only
+        rows = rows.union(Batch(engine_drift(engine_log_prob, rows["rollout_log_prob"], rows["response_mask"])))
         idle, self.last_end = start - self.last_end, time.perf_counter()
-        rows.meta.update(rollout_idle_s=idle, rollout_busy_s=self.last_end - start,
-                         **engine_drift(engine_log_prob, rows["rollout_log_prob"], rows["response_mask"]))
+        rows.meta.update(rollout_idle_s=idle, rollout_busy_s=self.last_end - start)
         return rows
 
     @register(Dispatch.RANK0)
@@ -155,7 +156,11 @@ class RolloutWorker:
                                            greedy=rc.temperature == 0, limits=budgets)
             log_probs = self._round_log_probs(contexts, out)
             self.pool.advance(out["responses"], out["response_length"], log_probs, self.version)
-            drift = engine_drift(out.get("rollout_log_prob"), log_probs, out["response_mask"])
+            rows_drift = engine_drift(out.get("rollout_log_prob"), log_probs, out["response_mask"])
+            if rows_drift:   # the round's, in meta: its tokens belong to unfinished samples too (one rank)
+                drift = {"engine_diff_sum": float(rows_drift["engine_diff_sum"].sum()),
+                         "engine_diff_max": float(rows_drift["engine_diff_max"].max()),
+                         "engine_diff_tokens": int(out["response_length"].sum())}
         rows = self.pool.pop_finished()
         idle, self.last_end = start - self.last_end, time.perf_counter()
         rows.meta.update(rollout_idle_s=idle, rollout_busy_s=self.last_end - start, **self.pool.meta(), **drift)
