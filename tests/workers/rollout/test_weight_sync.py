@@ -194,3 +194,25 @@ def test_validation_line_names_each_source():
                                        "(openai/gsm8k acc 0.500, rlctl/arith acc 0.000)")
     one = {k: v for k, v in val.items() if "arith" not in k}
     assert validation_line(3, one) == "validation at step 3: reward 0.500  acc 0.250  len 12.0"
+
+
+def test_engine_drift_covers_every_rank_of_a_generation_and_every_round():
+    """The separate rollout group's check: per-row columns survive the concatenation of several
+    ranks' rows (meta would keep rank 0's only), partial rounds report in meta, hf reports nothing."""
+    from rlctl.controller.rollout import engine_drift
+    from rlctl.runtime import Batch
+    from rlctl.workers.rollout_worker import engine_drift as rows_drift
+
+    copy = np.zeros((2, 3))
+    mask = np.array([[1, 1, 0], [1, 0, 0]])
+    good = rows_drift(np.full((2, 3), 1e-6), copy, mask)
+    bad = rows_drift(np.array([[0.0, 0.5, 9.0], [0.1, 9.0, 9.0]]), copy, mask)   # padding never counts
+    assert rows_drift(None, copy, mask) == {}
+    ranks = Batch.concat([Batch({**good, "response_length": np.array([2, 1])}, {"rank": 0}),
+                          Batch({**bad, "response_length": np.array([2, 1])}, {"rank": 1})])
+    got = engine_drift([ranks])
+    assert got["rollout/engine_diff_max"] == 0.5
+    assert got["rollout/engine_diff_mean"] == pytest.approx((3e-6 + 0.6) / 6)
+    round_ = Batch(meta={"engine_diff_sum": 0.2, "engine_diff_max": 0.2, "engine_diff_tokens": 4})
+    assert engine_drift([round_, Batch()]) == {"rollout/engine_diff_mean": 0.05, "rollout/engine_diff_max": 0.2}
+    assert engine_drift([Batch({"response_length": np.array([3])})]) == {}
