@@ -1,6 +1,6 @@
 """Config checks of training a vision-language model (rlctl.workers.vision): what is built for one
-so far (rollout.mode one_step_off / async with the hf engine, whole batches), model.freeze_vision_tower on a model that has no vision tower, and a text-only critic
-beside a vision-language policy.
+so far (rollout.mode one_step_off / async: the hf engine, whole batches), model.freeze_vision_tower
+on a model that has no vision tower, and a text-only critic beside a vision-language policy.
 
 Machine pass only: whether model.path is a vision-language model is read from its config.json
 (a `vision_config`). Checks keep the contract of rlctl.config.checks.
