@@ -5,8 +5,9 @@ update: losses, grad norm, entropy after the resumed update) equal the uninterru
 timing and throughput aside. Then the recipe with rollout.mode = "one_step_off" / "async" (the
 separate rollout group generates from the images): the first batch comes from the weights it
 trains (no drift at all: the rollout rank's log-probs equal the trainer's), later ones are stale
-by the mode's bound and drift once an update has moved the policy. The CLI's entry (rlctl.cli.main.main, what the console script runs)
-is called in-process on one embedded Ray session, so Ray and the imports start once."""
+by the mode's bound and drift once an update has moved the policy. The CLI's entry
+(rlctl.cli.main.main, what the console script runs) is called in-process on one embedded Ray
+session, so Ray and the imports start once."""
 
 from __future__ import annotations
 
