@@ -53,8 +53,8 @@ def _plain_log_probs(model, rows: Batch) -> np.ndarray:
         t_len = int(rows["response_mask"][r].sum())
         model.model.rope_deltas = None   # the model caches them between calls
         with torch.no_grad():
-            logits = model(input_ids=ids, pixel_values=torch.from_numpy(rows["pixel_values"][r]),
-                           image_grid_thw=torch.from_numpy(rows["image_grid_thw"][r]),
+            logits = model(input_ids=ids, pixel_values=torch.tensor(rows["pixel_values"][r]),
+                           image_grid_thw=torch.tensor(rows["image_grid_thw"][r]),
                            mm_token_type_ids=token_types(model, ids), use_cache=False).logits[0]
         logits = ban_placeholders(logits[p_len - 1:p_len - 1 + t_len].float(), placeholder_ids(model))
         out[r, :t_len] = torch.log_softmax(logits, -1).gather(-1, ids[0, p_len:p_len + t_len, None])[:, 0].numpy()
