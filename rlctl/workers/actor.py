@@ -35,7 +35,7 @@ from rlctl.workers.models import eos_token_ids, load_causal_lm, policy_engine
 from rlctl.workers.rollout.hf import kept_kv_args
 from rlctl.workers.training import mini_batch_count, run_updates
 from rlctl.workers.vision import (IMAGES, PIXEL_VALUES, POSITION_IDS, VISION_KEYS, batch_positions,
-                                  has_vision_tower, process_images, tower_always_runs)
+                                  has_vision_tower, tower_always_runs, with_pixels, without_images)
 
 _MODEL_KEYS = ["input_ids", "attention_mask"]
 
@@ -68,7 +68,6 @@ class ActorRolloutRefWorker:
         # vision model over > 1 rank: a micro-batch without images still runs the vision tower
         self.vision_sync = self.world > 1 and has_vision_tower(self.actor.module)
         self._rollout = None
-        self._processor = None   # vision-language models: model.path's processor
         # Engines with their own weight copy (vLLM, SGLang) get the trained weights before a
         # generate whenever they changed (an update, a checkpoint load) or were dropped (sleep).
         self._weights_version, self._engine_version = 0, 0
@@ -115,13 +114,11 @@ class ActorRolloutRefWorker:
         with the same seeds and ranks generates the same tokens.
         """
         n, temperature = self._mode(mode)
-        batch = self._with_pixels(batch)
+        batch = with_pixels(batch, self.actor.module, self.cfg.model.path)
         out = self._sample(batch, n, self.cfg.data.max_response_length, temperature, seed)
         if PIXEL_VALUES in batch and POSITION_IDS not in out:   # an engine that keeps its own (vLLM)
             out[POSITION_IDS] = batch_positions(self.actor.module, batch, n, self.cfg.data.max_response_length)
-        if IMAGES in batch:   # the rows carry pixel_values to the update, not the PIL images
-            batch = Batch({k: v for k, v in batch.tensors.items() if k != IMAGES}, batch.meta)
-        return rollout_batch(batch, out, n, width=self.cfg.data.max_prompt_length, pad=self._pad_id())
+        return rollout_batch(without_images(batch), out, n, width=self.cfg.data.max_prompt_length, pad=self._pad_id())
 
     @register(Dispatch.DP)
     def generate_turn(self, batch: Batch, *, seed: int, mode: str = "train", n: int = 1, width: int = 0) -> Batch:
@@ -135,17 +132,6 @@ class ActorRolloutRefWorker:
         limits = [int(x) for x in batch["max_new_tokens"]]
         out = self._sample(batch, n, max(width, *limits), temperature, seed, limits=limits, kv=kept_kv_args(batch))
         return Batch(_clip_to_limits(out, np.repeat(limits, n), self.eos_ids, self._pad_id()))
-
-    def _with_pixels(self, batch: Batch) -> Batch:
-        """A vision-language prompt batch: its `images` column (PIL) plus pixel_values and
-        image_grid_thw per row, by model.path's processor (the hf engine takes those, vLLM the images)."""
-        if IMAGES not in batch:
-            return batch
-        if self._processor is None:
-            from rlctl.models.vision import load_processor
-
-            self._processor = load_processor(self.cfg.model.path)
-        return batch.union(Batch(process_images(self._processor, self.actor.module, batch)))
 
     def _mode(self, mode: str) -> tuple[int, float]:
         rc = self.cfg.rollout

@@ -14,7 +14,9 @@ the check that the engine got the push, at any staleness.
 
 Batch keys: generate  in: input_ids, attention_mask [B, P] left-padded prompts (+ per-prompt
 columns)  out: as ActorRolloutRefWorker.generate, plus rollout_log_prob [B*n, T] float32 and
-policy_version [B*n] int64.
+policy_version [B*n] int64. A vision-language model's prompts carry their PIL `images`; the
+rows come back with pixel_values, image_grid_thw and the M-RoPE position_ids the hf engine
+sampled with (rlctl.workers.vision), which rollout_log_prob and every later forward read.
 
 Multi-turn rollouts (rlctl.multiturn.rollout on the controller) call `generate_turn` once per turn,
 as on the actor group, then `tag_rollout` on the finished batch for the same two columns. The
@@ -40,6 +42,7 @@ from rlctl.workers import fsdp
 from rlctl.workers.actor import _clip_to_limits, pad_token_id, sample
 from rlctl.workers.logprob import batched_response_outputs
 from rlctl.workers.models import eos_token_ids, load_causal_lm
+from rlctl.workers.vision import with_pixels, without_images
 
 
 def engine_drift(engine_log_prob: np.ndarray | None, copy_log_prob: np.ndarray, mask: np.ndarray) -> dict:
@@ -122,10 +125,11 @@ class RolloutWorker:
         """rollout.n samples per prompt at rollout.temperature with this rank's weights; each rank
         samples from (seed, rank), as the actor's generate does."""
         rc, start = self.cfg.rollout, time.perf_counter()
+        batch = with_pixels(batch, self.model, self.cfg.model.path)   # a vision-language model's images
         with self._autocast(generating=True):
             out = sample(self.engine, batch, rc, n=rc.n, max_new_tokens=self.cfg.data.max_response_length,
                          temperature=rc.temperature, seed=seed, rank=self.rank, device=self.device)
-        rows = rollout_batch(batch, out, rc.n, width=self.cfg.data.max_prompt_length, pad=self.pad)
+        rows = rollout_batch(without_images(batch), out, rc.n, width=self.cfg.data.max_prompt_length, pad=self.pad)
         engine_log_prob = rows.tensors.get("rollout_log_prob")   # an engine of its own reports them
         rows = rows.union(self.tag_rollout(rows))
         # columns, not meta: a generation split over several ranks keeps rank 0's meta only

@@ -20,12 +20,13 @@ could reuse another batch's deltas. Passing position_ids explicitly sidesteps bo
 from __future__ import annotations
 
 import contextlib
+import functools
 from typing import Iterator
 
 import numpy as np
 import torch
 
-from rlctl.runtime.batch import object_array
+from rlctl.runtime.batch import Batch, object_array
 
 PIXEL_VALUES, IMAGE_GRID_THW, POSITION_IDS = "pixel_values", "image_grid_thw", "position_ids"
 IMAGES = "images"   # the prompt batch's column: each row's PIL images (the controller's, rlctl.controller.prompts)
@@ -121,6 +122,30 @@ def process_images(processor, model: torch.nn.Module, batch) -> dict[str, np.nda
                             f"make {int(grids[-1].prod(-1).sum()) // merge ** 2}",
                             hint="the prompts and the images must go through the processor of model.path")
     return {PIXEL_VALUES: object_array(pixels), IMAGE_GRID_THW: object_array(grids)}
+
+
+def with_pixels(batch: Batch, model: torch.nn.Module, model_path: str) -> Batch:
+    """A vision-language prompt batch plus pixel_values and image_grid_thw per row from its `images`
+    column (PIL), by model_path's processor (the hf engine takes those, vLLM the images); a batch
+    without the column as it is. The actor's rollout and the separate rollout group both call it."""
+    if IMAGES not in batch:
+        return batch
+    return batch.union(Batch(process_images(_processor(str(model_path)), model, batch)))
+
+
+def without_images(batch: Batch) -> Batch:
+    """The batch less its PIL `images` column: rollout rows carry pixel_values to the update."""
+    if IMAGES not in batch:
+        return batch
+    return Batch({k: v for k, v in batch.tensors.items() if k != IMAGES}, batch.meta)
+
+
+@functools.lru_cache(maxsize=2)
+def _processor(model_path: str):
+    """model_path's processor, loaded once per process."""
+    from rlctl.models.vision import load_processor
+
+    return load_processor(model_path)
 
 
 def stack_images(pixel_rows, grid_rows) -> tuple[np.ndarray, np.ndarray] | None:

@@ -1,6 +1,6 @@
 """Config checks of training a vision-language model (rlctl.workers.vision): what is built for one
-so far, model.freeze_vision_tower on a model that has no vision tower, and a text-only critic
-beside a vision-language policy.
+so far (rollout.mode one_step_off / async: the hf engine, whole batches), model.freeze_vision_tower
+on a model that has no vision tower, and a text-only critic beside a vision-language policy.
 
 Machine pass only: whether model.path is a vision-language model is read from its config.json
 (a `vision_config`). Checks keep the contract of rlctl.config.checks.
@@ -30,9 +30,14 @@ def check_vision(c: Config, ctx: CheckContext) -> list[Problem]:
     if c.rollout.engine not in ("hf", "vllm"):
         problems.append(Problem("rollout.engine", f"{c.rollout.engine!r} with a vision-language model is not built "
                                 "yet; use rollout.engine = \"hf\" (CPU and GPU) or \"vllm\" (GPU)"))
-    if c.rollout.mode != "sync":
-        problems.append(Problem("rollout.mode", f"\"{c.rollout.mode}\" with a vision-language model is not built yet "
-                                "(the separate rollout group does not carry images); use rollout.mode = \"sync\""))
+    if c.rollout.mode != "sync" and c.rollout.engine != "hf":
+        problems.append(Problem("rollout.mode", f"\"{c.rollout.mode}\" with a vision-language model is built for "
+                                f"rollout.engine = \"hf\" only, not {c.rollout.engine!r} (the separate rollout group's "
+                                "vLLM engine does not take images yet); use rollout.engine = \"hf\" or rollout.mode = "
+                                "\"sync\""))
+    if c.rollout.mode == "async" and c.rollout.partial_rollout:
+        problems.append(Problem("rollout.partial_rollout", "partial rollouts of a vision-language model are not built "
+                                "yet (the unfinished samples do not keep their images); set it to false"))
     if c.rollout.multi_turn.enable:
         problems.append(Problem("rollout.multi_turn.enable", "multi-turn rollouts of a vision-language model are not "
                                 "built yet; set it to false"))

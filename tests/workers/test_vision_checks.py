@@ -27,6 +27,12 @@ def test_what_is_not_built_for_a_vlm_is_refused_a_text_critic_too_and_freeze_nee
                                     critic={"model_path": str(tiny_model_dir)}), ctx)
     assert [p.key for p in problems] == ["rollout.engine", "critic.model_path"]
     assert "text-only" in problems[1].message and "images" in problems[1].message
+    for mode in ("one_step_off", "async"):   # the separate rollout group carries images with the hf engine
+        assert check_vision(_config(tiny_vlm_dir, rollout={"mode": mode}), ctx) == []
+    off = check_vision(_config(tiny_vlm_dir, rollout={"mode": "async", "engine": "vllm", "partial_rollout": True}), ctx)
+    assert [p.key for p in off] == ["rollout.mode", "rollout.partial_rollout"]
+    assert "\"hf\" only" in off[0].message and "not built" in off[1].message
+    assert check_vision(_config(tiny_vlm_dir, rollout={"engine": "vllm"}), ctx) == []   # sync vLLM: the GPU path
     text = check_vision(_config(tiny_model_dir, model={"freeze_vision_tower": True}), ctx)
     assert [p.key for p in text] == ["model.freeze_vision_tower"] and "no vision tower" in text[0].message
 
