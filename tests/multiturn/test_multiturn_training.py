@@ -3,7 +3,8 @@
 Checks what the trainer consumed, from run.log_rollouts: tools ran (their answers are in the
 conversation), the response mask is 1 exactly on the model's turns, every sample decodes to its
 messages, the reward saw verl's multi-turn extra_info; and a resumed run reproduces the
-uninterrupted one (metrics and logged rollouts). A PPO run shows the critic on the same samples.
+uninterrupted one (metrics and logged rollouts). The same holds on the separate rollout group of
+one_step_off and async (K = 2; K = 1 equals one_step_off). A PPO run shows the critic on the same samples.
 """
 
 from __future__ import annotations
