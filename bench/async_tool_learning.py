@@ -9,7 +9,9 @@ tests/fixtures/calc-tools-sft (the SFT stage's model), eight fixed training prom
 calculator, real Ray actors on CPU. Every mode runs one actor worker (async and one_step_off add
 one rollout worker); `async2` is rollout.mode = "async", max_staleness = 2, "wait", decoupled_ppo;
 `async2_ppo` the same with the recipe's loss (vanilla PPO, rollout correction's sequence-level TIS);
-`async1` max_staleness = 1 (one_step_off's run, bit for bit).
+`async1` max_staleness = 1 (one_step_off's run, bit for bit); `async2_ppo_token_is` /
+`async2_ppo_no_is` the recipe's loss with token-level or no rollout correction; `async2_uncapped`
+decoupled_ppo without its behaviour-weight cap (rollout_is_threshold = 1e9).
 Prints tool use (multi_turn/tool_use_frac) and sampled accuracy (reward/acc), means of the first
 and last 4 steps, the mean staleness and the wall time.
 """
@@ -35,10 +37,17 @@ MODES = {
     "one_step_off": ["rollout.mode=one_step_off", "resources.rollout_workers=1"],
     "async2": ["rollout.mode=async", "resources.rollout_workers=1", "rollout.max_staleness=2",
                "rollout.staleness_strategy=wait", "actor.policy_loss=decoupled_ppo"],
+    "async2_uncapped": ["rollout.mode=async", "resources.rollout_workers=1", "rollout.max_staleness=2",
+                        "rollout.staleness_strategy=wait", "actor.policy_loss=decoupled_ppo",
+                        "algorithm.rollout_correction.rollout_is_threshold=1e9"],
     "async1": ["rollout.mode=async", "resources.rollout_workers=1", "rollout.max_staleness=1",
                "rollout.staleness_strategy=wait"],
     "async2_ppo": ["rollout.mode=async", "resources.rollout_workers=1", "rollout.max_staleness=2",
                    "rollout.staleness_strategy=wait"],
+    "async2_ppo_no_is": ["rollout.mode=async", "resources.rollout_workers=1", "rollout.max_staleness=2",
+                         "rollout.staleness_strategy=wait", "algorithm.rollout_correction.rollout_is="],
+    "async2_ppo_token_is": ["rollout.mode=async", "resources.rollout_workers=1", "rollout.max_staleness=2",
+                            "rollout.staleness_strategy=wait", "algorithm.rollout_correction.rollout_is=token"],
 }
 
 
