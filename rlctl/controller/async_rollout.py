@@ -58,6 +58,11 @@ class AsyncRollout:
     def __init__(self, setup: TrainSetup, workers: Workers):
         ro = setup.config.rollout
         self.setup, self.group, self.n = setup, workers.rollout, ro.n
+        self.multi_turn = ro.multi_turn.enable
+        if self.multi_turn:   # a batch is many calls: they queue on one thread (rlctl.controller.async_turns)
+            from rlctl.controller.async_turns import TurnQueue
+
+            self.group = TurnQueue(setup, workers.rollout)
         self.plan = AsyncSchedule(max_staleness=ro.max_staleness, strategy=ro.staleness_strategy,
                                   sync_every=ro.sync_every, total_steps=setup.total_steps,
                                   group_size=setup.config.data.batch_size)
@@ -263,7 +268,9 @@ class AsyncRollout:
         return sum(len(b) for b in self.ready) + len(self.inflight) * self.plan.group_size * self.n
 
     def close(self) -> None:
-        """Nothing of its own: generations still running end with the rollout group."""
+        """Generations still running end with the rollout group; a multi-turn queue stops its thread."""
+        if self.multi_turn:
+            self.group.close()
 
     def save(self, folder: Path) -> None:
         """Every batch generating or buffered (waiting for them), the counts, and the rollout

@@ -30,9 +30,13 @@ def test_async_rules(project):  # noqa: F811
     assert any(e.startswith("rollout.partial_rollout: ") and "dynamic sampling" in e for e in errors), errors
     warnings = check(project, *ASYNC, "rollout.partial_rollout=true", "rollout.partial_chunk=100000", machine=False)[1]
     assert any(w.startswith("rollout.partial_chunk: 100000 >= data.max_response_length") for w in warnings), warnings
-    errors = check(project, *ASYNC, "rollout.multi_turn.enable=true", "rollout.multi_turn.tools=[\"calculator\"]",
+    multi_turn = ["rollout.multi_turn.enable=true", "rollout.multi_turn.tools=[\"calculator\"]"]
+    assert check(project, *ASYNC, *multi_turn, "rollout.max_staleness=2", "actor.policy_loss=decoupled_ppo",
+                 machine=False)[0] == []
+    errors = check(project, *ASYNC, *multi_turn, "rollout.partial_rollout=true", "rollout.partial_chunk=4",
                    machine=False)[0]
-    assert any(e.startswith("rollout.multi_turn.enable: ") and "not built yet" in e for e in errors), errors
+    assert any(e.startswith("rollout.partial_rollout: with multi-turn") and "not built yet" in e
+               for e in errors), errors
     errors = check(project, *ASYNC, "actor.policy_loss=decoupled_ppo", f"{rc}.rollout_is=token", machine=False)[0]
     assert any(e.startswith(f"{rc}.rollout_is: ") and "twice" in e for e in errors), errors
     vllm = ["rollout.engine=vllm", "rollout.partial_rollout=true", "rollout.partial_chunk=4"]

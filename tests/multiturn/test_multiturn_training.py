@@ -3,7 +3,8 @@
 Checks what the trainer consumed, from run.log_rollouts: tools ran (their answers are in the
 conversation), the response mask is 1 exactly on the model's turns, every sample decodes to its
 messages, the reward saw verl's multi-turn extra_info; and a resumed run reproduces the
-uninterrupted one (metrics and logged rollouts). A PPO run shows the critic on the same samples.
+uninterrupted one (metrics and logged rollouts). The same holds on the separate rollout group of
+one_step_off and async (K = 2; K = 1 equals one_step_off). A PPO run shows the critic on the same samples.
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ def records(run: Path, step: int) -> list[dict]:
 
 
 def metric_rows(run: Path) -> list[dict]:
-    return [{k: v for k, v in json.loads(line).items() if not k.startswith(("timing/", "perf/"))}
+    return [{k: v for k, v in json.loads(line).items() if not k.startswith(("timing/", "perf/", "async/idle_"))}
             for line in (run / "metrics.jsonl").read_text().splitlines()]
 
 
@@ -114,14 +115,64 @@ def test_one_step_off_runs_the_turn_loop_on_the_rollout_group_and_resumes_exactl
     proj = project(tmp_path / "p", tool_model_dir, "grpo-gsm8k")
     start_training(load_config(proj / "rlctl.toml", COMMON + [
         "resources.workers=1", "rollout.mode=one_step_off", "resources.rollout_workers=1", "run.total_steps=4",
-        "run.save_every=2", "run.keep_last=0"]), address=None, force=False)
+        "run.save_every=2", "run.keep_last=0", "rollout.temperature=1.0"]), address=None, force=False)
     run = proj / "runs" / "grpo-gsm8k"
     full = metric_rows(run)
     assert [r["rollout/staleness"] for r in full] == [0.0, 1.0, 1.0, 1.0]
     assert [r["rollout/policy_version"] for r in full] == [0.0, 0.0, 1.0, 2.0]
     assert full[0]["rollout/logprob_diff_mean"] == pytest.approx(0.0, abs=1e-6)   # the rollout rank's v0 = the actor's
-    assert full[0]["multi_turn/tool_calls/mean"] > 0.5
+    assert full[0]["multi_turn/tool_calls/mean"] > 0.5 and full[0]["actor/grad_norm"] > 0
     assert (run / "checkpoints" / "step_2" / "pending_rollout.pkl").is_file()      # batch 3, its turns done with v1
+    renderer, eos_ids = calculator_renderer(tool_model_dir)
+    logged = {step: records(run, step) for step in (1, 2, 3, 4)}
+    for recs in logged.values():
+        for rec in recs:
+            check_record(rec, renderer, eos_ids)
+    assert sum(m["role"] == "tool" and m["content"] == "4" for recs in logged.values() for rec in recs
+               for m in rec["messages"]) >= 8, "the calculator ran for the rollout group's conversations"
+
+    resume_training(run, step=2, address=None)
+    assert metric_rows(run) == full
+    for step in (3, 4):
+        assert records(run, step) == logged[step]
+
+    # rollout.mode = "async" with K = 1 issues batch k + 1 behind the push of update k - 1: one_step_off's run
+    same = project(tmp_path / "async", tool_model_dir, "grpo-gsm8k")
+    start_training(load_config(same / "rlctl.toml", COMMON + [
+        "resources.workers=1", "rollout.mode=async", "rollout.max_staleness=1", "rollout.sync_every=1",
+        "rollout.staleness_strategy=wait", "resources.rollout_workers=1", "run.total_steps=4", "run.save_every=0",
+        "rollout.temperature=1.0"]),
+        address=None, force=False)
+    same_run = same / "runs" / "grpo-gsm8k"
+    # data/epoch is the loader's position when the step is logged: async draws batch k + 2's prompts at
+    # the push after update k, one_step_off at step k + 1 (both generate it after that push)
+    assert [{k: v for k, v in r.items() if not k.startswith(("async/", "data/epoch"))} for r in metric_rows(same_run)] \
+        == [{k: v for k, v in r.items() if k != "data/epoch"} for r in full]
+    for step in (1, 2, 3, 4):
+        assert records(same_run, step) == logged[step]
+
+
+@pytest.mark.slow
+def test_async_multi_turn_keeps_each_batch_on_one_push_and_resumes_exactly(tmp_path, tool_model_dir, ray_cluster):
+    """rollout.mode = "async", K = 2: batches 1-3 run their conversations on v0 while the actor trains,
+    a push queues behind them (rlctl.controller.async_turns), so every trained row is at most 2 updates
+    stale, all its turns from one version; transcripts stay exact and resume reproduces the run."""
+    proj = project(tmp_path / "p", tool_model_dir, "grpo-gsm8k")
+    start_training(load_config(proj / "rlctl.toml", COMMON + [
+        "resources.workers=1", "rollout.mode=async", "rollout.max_staleness=2", "rollout.sync_every=1",
+        "rollout.staleness_strategy=wait", "actor.policy_loss=decoupled_ppo", "resources.rollout_workers=1",
+        "run.total_steps=4", "run.save_every=2", "run.keep_last=0",
+        "run.log_samples=8", "rollout.temperature=1.0"]), address=None, force=False)
+    run = proj / "runs" / "grpo-gsm8k"
+    full = metric_rows(run)
+    assert [r["async/staleness_max"] for r in full] == [0.0, 1.0, 2.0, 2.0]
+    assert [r["rollout/policy_version"] for r in full] == [0.0, 0.0, 0.0, 1.0]
+    assert all(r["async/dropped"] == 0 for r in full) and full[0]["actor/grad_norm"] > 0   # the weights move
+    raw = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert all(0 <= r["async/idle_rollout"] < 1 for r in raw) and any(r["async/idle_rollout"] > 0 for r in raw)
+    assert full[0]["multi_turn/tool_calls/mean"] > 0.5
+    samples = [json.loads(line) for line in (run / "samples.jsonl").read_text().splitlines()]
+    assert len(samples) == 4 * 8 and all(0 <= (s["step"] - 1) - s["policy_version"] <= 2 for s in samples)
     renderer, eos_ids = calculator_renderer(tool_model_dir)
     logged = {step: records(run, step) for step in (1, 2, 3, 4)}
     for recs in logged.values():

@@ -83,10 +83,6 @@ def _async_problems(c: Config, ctx: CheckContext) -> list[Problem]:
                                 f"sync_every <= max_staleness + 1 = {ro.max_staleness + 1}"))
     if ro.partial_rollout:
         problems += _partial_problems(c)
-    if ro.multi_turn.enable:
-        problems.append(Problem("rollout.multi_turn.enable", "multi-turn rollouts in rollout.mode = \"async\" are "
-                                "not built yet: use rollout.mode = \"one_step_off\" (its turn loop runs on the "
-                                "rollout group) or \"sync\""))
     return problems
 
 
@@ -100,6 +96,10 @@ def _partial_problems(c: Config) -> list[Problem]:
     if c.algorithm.dynamic_sampling.enable:
         problems.append(Problem("rollout.partial_rollout", "with dynamic sampling is not built yet (its "
                                 "max_gen_batches counts whole generations, a round is not one): turn one of them off"))
+    if ro.multi_turn.enable:
+        problems.append(Problem("rollout.partial_rollout", "with multi-turn rollouts is not built yet (a "
+                                "conversation's turns would straddle a push): set rollout.partial_rollout = false; "
+                                "async multi-turn runs each batch's conversations on one push's weights"))
     if ro.partial_chunk >= c.data.max_response_length:
         problems.append(Problem("rollout.partial_chunk", f"{ro.partial_chunk} >= data.max_response_length = "
                                 f"{c.data.max_response_length}: every sample finishes in its first round, so none "
