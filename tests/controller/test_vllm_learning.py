@@ -26,7 +26,7 @@ from test_learning import COMMON, GROUP
 from support.dense_reward import DENSE_REWARD
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.usefixtures("vllm_installed")]
-STEPS = 8
+STEPS = 6
 # the dense score; `acc` repeats it for odd answers and is flat (0) for even ones, whose groups
 # dynamic sampling (metric = "acc") therefore filters out
 REWARD = DENSE_REWARD + '''
