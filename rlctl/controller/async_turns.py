@@ -136,6 +136,8 @@ class TurnPool:
         self.next_group = 0
 
     def round(self, prompts: Batch | None, *, seed: int, version: int) -> Batch:
+        """Admit `prompts` (None: none), run one turn of every live conversation on the group's
+        weights (`version`), then its tools or interaction; return the groups that ended."""
         turns, budget = self.turns, self.config.data.max_response_length
         if prompts is not None:
             self._admit(prompts)
@@ -196,10 +198,10 @@ class TurnPool:
         by_group: dict[int, list[dict]] = {}
         for e in self.entries:
             by_group.setdefault(e["group"], []).append(e)
-        done = [g for g, es in by_group.items() if all(e["conv"].done for e in es)]
+        done = {g: None for g, es in by_group.items() if all(e["conv"].done for e in es)}   # in admission order
         if not done:
             return Batch()
-        self.entries = [e for e in self.entries if e["group"] not in set(done)]
+        self.entries = [e for e in self.entries if e["group"] not in done]
         turns, width = self.turns, self.config.data.max_response_length
         turns.events.run(turns._gather([turns._finish(e["conv"]) for g in done for e in by_group[g]]))
         parts = []
@@ -244,6 +246,13 @@ class TurnPool:
     def load_state_dict(self, blob: bytes | None) -> None:
         if blob is None:
             return
-        state = pickle.loads(blob)
+        try:   # the tools' and interaction's classes come from their files, imported by now
+            state = pickle.loads(blob)
+        except Exception as e:
+            from rlctl.errors import CheckpointError
+
+            raise CheckpointError(f"partial multi-turn rollouts: the saved conversations do not load "
+                                  f"({type(e).__name__}: {e})", hint="keep the tool and interaction files where "
+                                  "they were when the checkpoint was saved, or resume from another step") from e
         self.entries, self.groups, self.next_group = state["entries"], state["groups"], int(state["next_group"])
         self.turns.runner.tools, self.turns.interaction = state["tools"], state["interaction"]
