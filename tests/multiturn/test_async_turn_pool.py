@@ -8,8 +8,10 @@ state) continues to exactly the rows of the run that was not interrupted."""
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from rlctl.config.schema import Config, DataConfig, ModelConfig, MultiTurnConfig, RolloutConfig
+from rlctl.errors import CheckpointError
 from rlctl.runtime.batch import Batch
 
 # verl's BaseInteraction shape: the state of each conversation lives in the object, by instance id
@@ -120,3 +122,8 @@ def test_pushes_land_between_turns_with_per_token_versions_and_the_pool_resumes_
                 assert list(a[key]) == list(b[key]), key
             else:
                 np.testing.assert_array_equal(a[key], b[key], err_msg=key)
+
+    # state that does not pickle stops the save with one line, not a half-written checkpoint
+    resumed.turns.interaction.obj.hook = lambda: None
+    with pytest.raises(CheckpointError, match="does not pickle"):
+        resumed.state_dict()
