@@ -11,9 +11,11 @@ one rollout worker); `async2` is rollout.mode = "async", max_staleness = 2, "wai
 `async2_ppo` the same with the recipe's loss (vanilla PPO, rollout correction's sequence-level TIS);
 `async1` max_staleness = 1 (one_step_off's run, bit for bit); `async2_ppo_token_is` /
 `async2_ppo_no_is` the recipe's loss with token-level or no rollout correction; `async2_uncapped`
-decoupled_ppo without its behaviour-weight cap (rollout_is_threshold = 1e9).
+decoupled_ppo without its behaviour-weight cap (rollout_is_threshold = 1e9); `async2_ppo_partial`
+async2_ppo with partial rollouts (a push may land between two turns of a conversation).
 Prints tool use (multi_turn/tool_use_frac) and sampled accuracy (reward/acc), means of the first
-and last 4 steps, the mean staleness and the wall time.
+and last 4 steps, the mean staleness, the mean share of rows with tokens of two versions
+(async/partial_ratio) and the wall time.
 """
 
 from __future__ import annotations
@@ -46,6 +48,8 @@ MODES = {
                    "rollout.staleness_strategy=wait"],
     "async2_ppo_no_is": ["rollout.mode=async", "resources.rollout_workers=1", "rollout.max_staleness=2",
                          "rollout.staleness_strategy=wait", "algorithm.rollout_correction.rollout_is="],
+    "async2_ppo_partial": ["rollout.mode=async", "resources.rollout_workers=1", "rollout.max_staleness=2",
+                           "rollout.staleness_strategy=wait", "rollout.partial_rollout=true"],
     "async2_ppo_token_is": ["rollout.mode=async", "resources.rollout_workers=1", "rollout.max_staleness=2",
                             "rollout.staleness_strategy=wait", "algorithm.rollout_correction.rollout_is=token"],
 }
@@ -78,6 +82,7 @@ def run(mode: str, steps: int, folder: Path, seed: int) -> dict:
     return {"tool use": (mean("multi_turn/tool_use_frac", metrics[:4]), mean("multi_turn/tool_use_frac", metrics[-4:])),
             "accuracy": (mean("reward/acc", metrics[:4]), mean("reward/acc", metrics[-4:])),
             "staleness": mean("rollout/staleness", metrics) if "rollout/staleness" in metrics[0] else 0.0,
+            "partial": mean("async/partial_ratio", metrics) if "async/partial_ratio" in metrics[0] else 0.0,
             "wall": wall}
 
 
@@ -90,14 +95,14 @@ def main() -> None:
     args = parser.parse_args()
     print(f"{args.steps} steps, 8 fixed prompts x 8 samples, grpo-calc-tools-cpu from tests/fixtures/calc-tools-sft, "
           f"run.seed {args.seed}")
-    print(f"{'mode':<14}{'tool use first->last 4':>24}{'accuracy first->last 4':>24}{'staleness':>11}{'wall s':>8}")
+    print(f"{'mode':<14}{'tool use first->last 4':>24}{'accuracy first->last 4':>24}{'staleness':>11}{'partial':>9}{'wall s':>8}")
     with tempfile.TemporaryDirectory() as tmp:
         tmp = args.out or tmp
         for mode in args.modes.split(","):
             r = run(mode, args.steps, Path(tmp) / mode, args.seed)
             tool, acc = r["tool use"], r["accuracy"]
             print(f"{mode:<14}{f'{tool[0]:.2f} -> {tool[1]:.2f}':>24}{f'{acc[0]:.2f} -> {acc[1]:.2f}':>24}"
-                  f"{r['staleness']:>11.2f}{r['wall']:>8.0f}", flush=True)
+                  f"{r['staleness']:>11.2f}{r['partial']:>9.2f}{r['wall']:>8.0f}", flush=True)
 
 
 if __name__ == "__main__":

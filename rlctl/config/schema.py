@@ -232,9 +232,11 @@ class RolloutConfig:
                              "many updates.", ge=1)
     partial_rollout: bool = opt(False, "rollout.mode = \"async\": generate in rounds of rollout.partial_chunk "
                                        "tokens; at a push, unfinished samples keep their tokens and continue on the "
-                                       "new weights (every token carries its version).")
+                                       "new weights (every token carries its version). With multi-turn rollouts a "
+                                       "round is one turn of each conversation.")
     partial_chunk: int = opt(256, "rollout.partial_rollout: tokens a sample decodes per round; a longer one "
-                                  "continues in the next round, after any weight push.", ge=1)
+                                  "continues in the next round, after any weight push (not used by multi-turn "
+                                  "rollouts, whose rounds are turns).", ge=1)
     n: int = opt(1, "Samples per prompt (group size).", ge=1)
     temperature: float = opt(1.0, "Sampling temperature.", ge=0)
     top_p: float = opt(1.0, "Nucleus sampling mass.", gt=0, le=1)

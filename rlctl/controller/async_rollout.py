@@ -18,7 +18,7 @@ A group more than rollout.max_staleness updates stale when its step comes is dro
 Resume is exact: a checkpoint holds every batch generated or generating (the save waits for them),
 the schedule's counts, the prompt loader's position (trainer_state.json), and, between two
 pushes, the weights the rollout group holds; seeds are a pure function of (run.seed, batch
-index). Multi-turn conversations are refused by validate for now (rlctl.workers.rollout.checks).
+index). Multi-turn batches run through rlctl.controller.async_turns.
 
 With rollout.partial_rollout each generation call is one round (rlctl.workers.partial_rollout):
 it admits a batch of prompts (or none: a round that only continues the unfinished samples, sent
@@ -81,6 +81,8 @@ class AsyncRollout:
         # partial: rounds after each push beyond fill's, so that a sample of data.max_response_length
         # tokens needs at most K versions: ceil(ceil(T / chunk) / K) rounds a push in all
         rounds = -(-setup.config.data.max_response_length // ro.partial_chunk)
+        if self.multi_turn:   # a round is one turn of each conversation (rlctl.controller.async_turns)
+            rounds = ro.multi_turn.max_turns
         self.extra_rounds = -(-rounds // ro.max_staleness) - 1 if self.partial else 0
 
     def start(self, first_step: int) -> None:

@@ -20,7 +20,9 @@ sampled with (rlctl.workers.vision), which rollout_log_prob and every later forw
 
 Multi-turn rollouts (rlctl.multiturn.rollout on the controller) call `generate_turn` once per turn,
 as on the actor group, then `tag_rollout` on the finished batch for the same two columns. The
-controller pushes no weights between the turns of one batch (rlctl.controller.offpolicy).
+controller pushes no weights between the turns of one batch (rlctl.controller.offpolicy), except
+with async partial rollouts, where `tag_rollout` tags each turn right after it
+(rlctl.controller.async_turns.TurnPool).
 
 `generate` also says in its batch's meta how long this rank waited for work before it
 (`rollout_idle_s`: since its previous call ended) and how long it generated (`rollout_busy_s`):

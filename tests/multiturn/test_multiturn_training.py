@@ -198,3 +198,43 @@ def test_ppo_critic_trains_on_multi_turn_samples(tmp_path, tool_model_dir, ray_c
     for row in rows:
         assert row["multi_turn/tool_calls/mean"] > 0
         assert all(row[k] == row[k] for k in ("critic/vf_loss", "actor/pg_loss"))   # finite, not NaN
+
+
+@pytest.mark.slow
+def test_async_partial_multi_turn_lets_a_push_land_between_turns_and_resumes_exactly(tmp_path, tool_model_dir,
+                                                                                     ray_cluster):
+    """rollout.partial_rollout with multi-turn, K = 2: a round is one turn of every live conversation
+    (rlctl.controller.async_turns.TurnPool), so pushes land between turns and conversations carry
+    tokens of two versions; the oldest token stays within the bound, each turn's log-probs are its
+    sampler's (step 1 matches the trainer), transcripts stay exact, and a checkpoint taken with
+    conversations in flight resumes the run exactly."""
+    import pickle
+
+    proj = project(tmp_path / "p", tool_model_dir, "grpo-gsm8k")
+    start_training(load_config(proj / "rlctl.toml", COMMON + [
+        "resources.workers=1", "rollout.mode=async", "rollout.max_staleness=2", "rollout.sync_every=1",
+        "rollout.staleness_strategy=wait", "rollout.partial_rollout=true", "actor.policy_loss=decoupled_ppo",
+        "resources.rollout_workers=1", "run.total_steps=4", "run.save_every=2", "run.keep_last=0",
+        "run.log_samples=8", "rollout.temperature=1.0", "rollout.multi_turn.max_turns=2"]), address=None, force=False)
+    run = proj / "runs" / "grpo-gsm8k"
+    full = metric_rows(run)
+    assert [r["step"] for r in full] == [1, 2, 3, 4]
+    assert full[0]["rollout/logprob_diff_mean"] == pytest.approx(0.0, abs=1e-5)   # per-turn tags = v0's log-probs
+    assert max(r["async/partial_ratio"] for r in full) > 0, "some conversation's turns straddle a push"
+    assert all(r["async/staleness_max"] <= 2 for r in full) and full[0]["multi_turn/tool_calls/mean"] > 0.5
+    samples = [json.loads(line) for line in (run / "samples.jsonl").read_text().splitlines()]
+    assert len(samples) == 4 * 8 and all(0 <= (s["step"] - 1) - s["policy_version"] <= 2 for s in samples)
+    renderer, eos_ids = calculator_renderer(tool_model_dir)
+    logged = {step: records(run, step) for step in (1, 2, 3, 4)}
+    for recs in logged.values():
+        for rec in recs:
+            check_record(rec, renderer, eos_ids)
+    with open(run / "checkpoints" / "step_2" / "async_rollout.pkl", "rb") as f:
+        pool = pickle.loads(pickle.load(f)["partial"]["pool"])
+    assert pool["entries"], "conversations were in flight at the checkpoint"
+    assert any(-1 in e["versions"] for e in pool["entries"]), "a conversation mid-way, tool tokens untagged"
+
+    resume_training(run, step=2, address=None)
+    assert metric_rows(run) == full
+    for step in (3, 4):
+        assert records(run, step) == logged[step]

@@ -96,11 +96,7 @@ def _partial_problems(c: Config) -> list[Problem]:
     if c.algorithm.dynamic_sampling.enable:
         problems.append(Problem("rollout.partial_rollout", "with dynamic sampling is not built yet (its "
                                 "max_gen_batches counts whole generations, a round is not one): turn one of them off"))
-    if ro.multi_turn.enable:
-        problems.append(Problem("rollout.partial_rollout", "with multi-turn rollouts is not built yet (a "
-                                "conversation's turns would straddle a push): set rollout.partial_rollout = false; "
-                                "async multi-turn runs each batch's conversations on one push's weights"))
-    if ro.partial_chunk >= c.data.max_response_length:
+    if ro.partial_chunk >= c.data.max_response_length and not ro.multi_turn.enable:   # multi-turn: a round is a turn
         problems.append(Problem("rollout.partial_chunk", f"{ro.partial_chunk} >= data.max_response_length = "
                                 f"{c.data.max_response_length}: every sample finishes in its first round, so none "
                                 "is ever continued on newer weights; lower it to make partial rollouts matter",
