@@ -2,10 +2,13 @@
 
 Real processes: the `rlctl` console entry in subprocesses, embedded Ray, the reward process pool,
 parquet from the in-repo GSM8K sample (tests/fixtures/gsm8k). PPO (actor + critic) and GRPO train on
-two gloo ranks; the other recipes on one (tests/controller/test_resume.py trains and resumes every
-recipe on two). `rlctl config validate` runs as a command for PPO and GRPO and, for the others, as the
-same function in this process (both passes, the machine's included); `rlctl train` refusing to start
-a run folder over is recipe-independent and checked once, on GRPO.
+two gloo ranks through the console entry, each in its own process with its own embedded Ray; the other
+recipes on one rank through the same CLI entry (`rlctl.cli.main.main`, what the console script calls)
+in this process, sharing the module's Ray session: what differs between recipes is the training, not
+the process start-up, which PPO and GRPO prove (tests/controller/test_resume.py trains and resumes
+every recipe on two ranks). `rlctl config validate` runs as a command for PPO and GRPO and, for the
+others, as the same function in this process (both passes, the machine's included); `rlctl train`
+refusing to start a run folder over is recipe-independent and checked once, on GRPO.
 """
 
 from __future__ import annotations
@@ -35,7 +38,7 @@ def rlctl(*args, cwd):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("recipe", RECIPES)
-def test_recipe_end_to_end(recipe, tmp_path, tiny_model_dir, gsm8k_dir):
+def test_recipe_end_to_end(recipe, tmp_path, tiny_model_dir, gsm8k_dir, request, monkeypatch, capsys):
     proj = tmp_path / "proj"
     assert rlctl("init", proj, "--recipe", recipe, "--model", tiny_model_dir, cwd=tmp_path).returncode == 0
     prep = rlctl("data", "prep", "gsm8k", "--source", gsm8k_dir, "--limit", "24", cwd=proj)
@@ -48,8 +51,16 @@ def test_recipe_end_to_end(recipe, tmp_path, tiny_model_dir, gsm8k_dir):
     else:
         cpu = cpu + ["resources.workers=1"]
         assert validated(proj, cpu + n) == []
-    train = rlctl("train", *cpu, *n, cwd=proj)
-    assert train.returncode == 0, train.stderr[-3000:]
+    if recipe in TWO_RANKS:
+        train = rlctl("train", *cpu, *n, cwd=proj)
+        assert train.returncode == 0, train.stderr[-3000:]
+    else:
+        from rlctl.cli.main import main
+
+        request.getfixturevalue("ray_cluster")   # started once, for the one-rank recipes
+        monkeypatch.chdir(proj)
+        code = main(["train", *cpu, *n])
+        assert code == 0, capsys.readouterr().err[-3000:]
     run = proj / "runs" / recipe
     names = sorted(p.name for p in run.iterdir())
     assert {"config.resolved.toml", "metrics.jsonl", "samples.jsonl", "run.json", "checkpoints"} <= set(names)

@@ -19,6 +19,7 @@ from rlctl.config.loader import load_config
 from rlctl.controller.checkpointing import prepare_resume
 from rlctl.controller.run import resume_training, start_training
 from rlctl.errors import CheckpointError, UsageError
+from test_resume_corrupted import check_corrupted_newest_checkpoint_falls_back
 
 CPU = ["resources.gpus_per_node=0", "resources.workers=2", "data.batch_size=4", "actor.mini_batch_size=2",
        "actor.micro_batch_size=2", "critic.mini_batch_size=2", "critic.micro_batch_size=2", "actor.ppo_epochs=2",
@@ -71,11 +72,15 @@ def test_resume_reproduces_uninterrupted_run(recipe, tmp_path, make_project, ray
 
 @pytest.mark.slow
 def test_grpo_resume_reproduces_the_run_then_refuses_changed_config_and_falls_back(tmp_path, make_project,
-                                                                                   ray_cluster):
+                                                                                   ray_cluster, capsys,
+                                                                                   monkeypatch):
     """GRPO's exact resume, then, on that finished run (one run fewer to start), the ways resume
-    must refuse or fall back."""
+    must refuse or fall back: a corrupted newest checkpoint through `rlctl resume` (the CLI entry,
+    tests/controller/test_resume_corrupted.py), then the config changes."""
     proj = make_project(tmp_path / "p", "grpo-gsm8k")
     run = resumes_exactly(proj, "grpo-gsm8k", tmp_path)
+    monkeypatch.chdir(proj)
+    check_corrupted_newest_checkpoint_falls_back(run, capsys)
     with pytest.raises(UsageError, match="already has checkpoints"):
         start_training(load_config(proj / "rlctl.toml", CPU + GROUPED), address=None, force=True)
 

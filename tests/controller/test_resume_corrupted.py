@@ -1,10 +1,15 @@
 """A checkpoint whose content does not match its manifest is never loaded (issue 30, "nothing lost").
 
-Real `rlctl train` and `rlctl resume` (the CLI entry, in this process, embedded Ray) on the tiny
-model: one byte flipped in the middle of the newest step's optimizer shard, same size, which the
-size check alone let through. The ranks check the shards as they load them (each its share);
-resume warns naming the file and the rank that found it and redoes the steps from the previous
-checkpoint (bit for bit the same rows on CPU); `--step` on the bad step is a one-line error, exit 3.
+Real `rlctl resume` (the CLI entry, in this process, embedded Ray) on the tiny model: one byte flipped
+in the middle of the newest step's optimizer shard, same size, which the size check alone let through.
+The ranks check the shards as they load them (each its share); resume warns naming the file and the
+rank that found it and redoes the steps from the previous checkpoint (bit for bit the same rows on
+CPU); `--step` on the bad step is a one-line error, exit 3.
+
+The run checked is the finished 4-step GRPO run of tests/controller/test_resume.py (2 ranks, saves at
+steps 2 and 4), which calls `check_corrupted_newest_checkpoint_falls_back` right after its own exact
+resume: one 4-step run and one Ray start fewer than training a run of its own. CPU below is the tiny
+GRPO run tests/chaos/test_faults.py trains.
 """
 
 from __future__ import annotations
@@ -47,13 +52,13 @@ def shard(step_dir: Path, part: str) -> Path:
     return max(files, key=lambda p: p.stat().st_size)
 
 
-def test_corrupted_newest_checkpoint_falls_back(tmp_path, make_project, ray_cluster, capsys, monkeypatch):
-    proj = make_project(tmp_path / "p", "grpo-gsm8k")
-    monkeypatch.chdir(proj)
-    code, text = rlctl(capsys, "train", "rlctl.toml", *CPU)
-    assert code == 0, text
-    run = proj / "runs" / "grpo-gsm8k"
+def check_corrupted_newest_checkpoint_falls_back(run: Path, capsys) -> None:
+    """On `run`, a finished 4-step run with checkpoints at steps 2 and 4 (run.keep_last=0): the
+    corrupted step_4 is refused by `--step 4` and skipped by a plain resume, which redoes steps 3
+    and 4 from step_2 with the same rows. Leaves the run finished at step 4, every shard sound."""
+    capsys.readouterr()   # the training's own output, before the lines checked below
     full_rows = rows(run)
+    assert [r["step"] for r in full_rows] == [1, 2, 3, 4]
     step_4 = run / "checkpoints" / "step_4"
     optim = shard(step_4, "optim")
     name = optim.relative_to(step_4).as_posix()
@@ -81,3 +86,4 @@ def test_corrupted_newest_checkpoint_falls_back(tmp_path, make_project, ray_clus
     flip_middle_byte(model)
     _, notices, step, _ = prepare_resume(run, None)
     assert step == 4 and not any("WARNING" in n for n in notices)
+    flip_middle_byte(model)   # the same byte back: the caller goes on with a sound run
