@@ -25,6 +25,8 @@ it admits a batch of prompts (or none: a round that only continues the unfinishe
 when the trainer needs groups and nothing else is generating) and returns the groups that
 finished; unfinished samples stay on the rollout rank across pushes, with per-token versions, and
 the buffer hands out the groups with the oldest tokens first. The checkpoint also holds that pool.
+With dynamic sampling each round's finished groups are scored and filtered as they arrive, and
+algorithm.dynamic_sampling.max_gen_batches counts the rounds that admitted a batch.
 """
 
 from __future__ import annotations
@@ -73,6 +75,7 @@ class AsyncRollout:
         self.last_return = time.perf_counter()
         self.sampling = setup.config.algorithm.dynamic_sampling   # DAPO: groups filtered as they arrive
         self.scored: dict = {}   # dynamic sampling: the reward metrics of the generations scored this step
+        self.scored_count = 0    # dynamic sampling: arrivals scored this step (each non-empty one)
         self.partial = ro.partial_rollout   # generation in rounds; unfinished samples stay on the rollout rank
         self.rounds = 0                     # partial: rounds issued (each one's seed)
         self.pool_rows = 0                  # partial: unfinished samples on the rank after the last arrived round
@@ -112,12 +115,16 @@ class AsyncRollout:
 
     def fill(self) -> None:
         """Issue generation calls while the schedule allows (each: the next G prompts)."""
-        setup = self.setup
         while self.plan.may_issue():
-            index = self.plan.issued // self.plan.group_size + 1   # equals the step when nothing was dropped
-            prompts = rollout.prompt_batch(setup.loader.next_batch(), f"{index}.1", setup.pad_token_id)
-            self.generate(prompts, index)
-            self.plan.issued += self.plan.group_size
+            self.issue()
+
+    def issue(self) -> None:
+        """One generation call of the next G prompts."""
+        setup = self.setup
+        index = self.plan.issued // self.plan.group_size + 1   # equals the step when nothing was dropped
+        prompts = rollout.prompt_batch(setup.loader.next_batch(), f"{index}.1", setup.pad_token_id)
+        self.generate(prompts, index)
+        self.plan.issued += self.plan.group_size
 
     def generate(self, prompts: Batch | None, index: int) -> None:
         """Send one generation call: the whole batch, or with partial rollouts one round that admits
@@ -175,16 +182,18 @@ class AsyncRollout:
         refilling); returns (batch, groups dropped, the generations that finished meanwhile).
         With dynamic sampling, fewer when algorithm.dynamic_sampling.max_gen_batches ran out."""
         plan, n, parts, dropped, gens = self.plan, self.n, [], 0, []
-        need, self.scored = plan.group_size, {}
+        need, self.scored, self.scored_count = plan.group_size, {}, 0
         while self.partial and plan.strategy == "wait" and self.pool_oldest is not None \
                 and step < plan.total_steps and plan.too_stale(step + 1, self.pool_oldest):
             self.arrive(step, gens)   # "wait": a sample that would be too stale after this step finishes now
         while need:
             if not self.ready:
-                last = self.sampling.enable and len(gens) + 1 >= self.sampling.max_gen_batches
-                if last and len(gens) >= self.sampling.max_gen_batches and parts:
+                done = self.generations(gens)
+                if self.sampling.enable and done >= self.sampling.max_gen_batches and parts:
                     break   # train on what is informative so far, as sync's dynamic sampling does
-                self.arrive(step, gens, keep_all=last and not parts)   # nothing informative: as sync
+                admits = not self.partial or bool(self.inflight and self.admitted[0])
+                last = self.sampling.enable and done + 1 >= self.sampling.max_gen_batches and admits
+                self.arrive(step, gens, keep=need if last and not parts else 0)   # nothing informative: as sync
                 continue
             head = self.ready.pop(0)
             group_version = head["policy_version"].reshape(-1, n).min(axis=1)
@@ -209,45 +218,68 @@ class AsyncRollout:
         self.fill()
         if self.sampling.enable:
             got = len(batch) // n
-            self.scored.update({"dynamic_sampling/rounds": float(len(gens)), "dynamic_sampling/groups": float(got),
+            self.scored.update({"dynamic_sampling/rounds": float(self.generations(gens)),
+                                "dynamic_sampling/groups": float(got),
                                 "dynamic_sampling/short": float(got < plan.group_size)})
         return batch, dropped, gens
 
-    def arrive(self, step: int, gens: list[Batch], keep_all: bool = False) -> None:
+    def generations(self, gens: list[Batch]) -> int:
+        """What algorithm.dynamic_sampling.max_gen_batches counts of the step's arrivals: each
+        generation, or with partial rollouts each round that admitted a batch of prompts."""
+        return sum(bool(g.meta.get("admitted")) for g in gens) if self.partial else len(gens)
+
+    def arrive(self, step: int, gens: list[Batch], keep: int = 0) -> None:
         """The next finished generation into the buffer (waiting for it); with dynamic sampling
-        scored first, its uninformative groups filtered out (counted, refilled) unless `keep_all`
-        (the step's last allowed generation, and nothing informative yet: sync trains on it too)."""
+        scored first, its uninformative groups filtered out (counted, refilled) except up to `keep`
+        groups (the step's last allowed generation, and nothing informative yet: sync trains on it
+        too; `keep` is the groups the step still needs, so none is left over for the next step)."""
         if not self.inflight and self.partial and self.plan.pending > 0 and self.pool_rows > 0:
             self.generate(None, 0)   # the groups still due are unfinished samples: one more round for them
+        if not self.inflight and self.sampling.enable and self.plan.pending == 0:
+            # "wait" holds a batch whose last group would be too stale at its step, counting G groups a
+            # step; dynamic sampling filtered this step short, so it needs one now (a group left for a
+            # step too late for it is dropped as stale, as in "drop")
+            self.issue()
         if not self.inflight:
             raise RuntimeError(f"async rollout: nothing generating for step {step} "
                                f"(schedule {self.plan.state_dict()}): a bug in the schedule")
         call = self.inflight.popleft()
         batch = call if isinstance(call, Batch) else call.result()
         gens.append(batch)
-        if self.partial:
-            self.admitted.popleft()
+        if self.partial:   # a round: the groups that finished in it, however many
+            batch.meta["admitted"] = self.admitted.popleft()
             self.pool_rows, self.pool_oldest = int(batch.meta["pool_rows"]), batch.meta["pool_oldest"]
-            if len(batch):   # oldest first: a long sample that finished late trains before it gets too stale
+            batch = self.informative(batch, keep) if self.sampling.enable and len(batch) else batch
+            if batch is not None and len(batch):   # oldest first: a long sample that finished late trains
                 self.ready = [oldest_first(self.ready + [batch], self.n, self.setup.pad_token_id)]
+            if self.sampling.enable:
+                self.fill()   # the filtered groups refilled
             return
         if not self.sampling.enable:
             self.ready.append(batch)
             return
+        batch = self.informative(batch, keep)
+        if batch is not None:
+            self.ready.append(batch)
+        self.fill()
+
+    def informative(self, batch: Batch, keep: int) -> Batch | None:
+        """Dynamic sampling: `batch` scored and its uninformative groups filtered out (counted in
+        plan.filtered), but the first uninformative ones kept while fewer than `keep` groups are;
+        None when no group is left."""
         start = time.perf_counter()
         new = self.score_batch(batch)
-        rounds = len(gens)   # reward metrics averaged over the generations scored this step
+        self.scored_count += 1   # reward metrics averaged over the arrivals scored this step
+        scored = self.scored_count
         reward_s = self.scored.get("timing/reward_s", 0.0) + time.perf_counter() - start
-        self.scored = {k: (self.scored.get(k, v) * (rounds - 1) + v) / rounds for k, v in new.items()}
+        self.scored = {k: (self.scored.get(k, v) * (scored - 1) + v) / scored for k, v in new.items()}
         self.scored["timing/reward_s"] = reward_s
         metric = batch["acc"] if self.sampling.metric == "acc" else batch["scores"]
-        keep = algorithms.filter_groups(batch["uid"].tolist(), metric)
-        if keep_all:
-            self.ready.append(batch)
-        elif keep.num_kept:
-            self.ready.append(batch.select(np.flatnonzero(keep.keep)))
-        self.plan.filtered += 0 if keep_all else keep.num_dropped
-        self.fill()
+        informative = algorithms.filter_groups(batch["uid"].tolist(), metric).keep.reshape(-1, self.n)[:, 0]
+        extra = np.flatnonzero(~informative)[:max(0, keep - int(informative.sum()))]
+        informative[extra] = True   # the last allowed generation: topped up to what the step needs
+        self.plan.filtered += int((~informative).sum())
+        return batch.select(np.flatnonzero(np.repeat(informative, self.n))) if informative.any() else None
 
     def even_rows(self, batch: Batch) -> Batch:
         """A short (dynamic-sampling) batch trimmed to whole groups every actor rank can split

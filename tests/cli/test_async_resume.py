@@ -15,12 +15,14 @@ import pytest
 import torch
 
 from rlctl.config.loader import load_config
+from rlctl.controller.async_rollout import STATE_FILE as STATE
 from rlctl.controller.run import start_training
 from test_interrupt import ARGS, finish, make_project, metrics, rlctl, wait_for_step
 
 ASYNC = ARGS[:] + ["resources.workers=1", "resources.rollout_workers=1", "rollout.mode=async",
                    "rollout.max_staleness=2", "rollout.sync_every=2", "rollout.staleness_strategy=drop",
-                   "actor.policy_loss=decoupled_ppo", "run.total_steps=5", "run.save_every=1"]
+                   "actor.policy_loss=decoupled_ppo", "run.total_steps=5", "run.save_every=1",
+                   "rollout.partial_rollout=true", "rollout.partial_chunk=3", "run.keep_last=5"]
 NOISY = ("async/idle_",)   # timing shares
 
 
@@ -44,6 +46,7 @@ def test_kill_9_then_resume_matches_the_uninterrupted_async_run(tmp_path, tiny_m
     expected = steady(ref_run)
     assert all(r["async/staleness_max"] <= 2 for r in expected)
     assert sum(r["async/dropped"] for r in expected) > 0   # drop + sync_every 2: some groups got too stale
+    assert any(r["async/partial_ratio"] > 0 for r in expected)   # some samples straddled a push
 
     proj = make_project(tmp_path / "killed", tiny_model_dir)
     run = proj / "runs" / "grpo-gsm8k"
@@ -54,6 +57,8 @@ def test_kill_9_then_resume_matches_the_uninterrupted_async_run(tmp_path, tiny_m
     proc.communicate()
     saved = sorted(run.glob("checkpoints/step_*/async_rollout.pkl"))
     assert saved
+    states = [pickle.loads(p.read_bytes()) for p in saved + sorted(ref_run.glob("checkpoints/step_*/" + STATE))]
+    assert any(s["partial"]["pool"] and s["partial"]["pool"]["samples"] for s in states)   # unfinished samples saved
     odd = run / "checkpoints" / "step_3" / "async_rollout.pkl"
     if odd.is_file():   # between two pushes: the rollout group's older copy is in the checkpoint
         assert pickle.loads(odd.read_bytes())["rollout_weights"] is not None

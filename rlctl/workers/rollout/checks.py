@@ -93,9 +93,6 @@ def _partial_problems(c: Config) -> list[Problem]:
         problems.append(Problem("rollout.partial_rollout", f"keeps the unfinished samples on one rollout rank; "
                                 f"resources.rollout_workers = {c.resources.rollout_workers} is not built yet: set "
                                 "resources.rollout_workers = 1 or rollout.partial_rollout = false"))
-    if c.algorithm.dynamic_sampling.enable:
-        problems.append(Problem("rollout.partial_rollout", "with dynamic sampling is not built yet (its "
-                                "max_gen_batches counts whole generations, a round is not one): turn one of them off"))
     if ro.partial_chunk >= c.data.max_response_length and not ro.multi_turn.enable:   # multi-turn: a round is a turn
         problems.append(Problem("rollout.partial_chunk", f"{ro.partial_chunk} >= data.max_response_length = "
                                 f"{c.data.max_response_length}: every sample finishes in its first round, so none "
