@@ -80,6 +80,30 @@ def check_record(record: dict, renderer, eos_ids) -> None:
 
 
 @pytest.mark.slow
+def checked_records(run: Path, model_dir: Path) -> dict[int, list[dict]]:
+    """The logged rollouts of steps 1-4, every one passing check_record."""
+    renderer, eos_ids = calculator_renderer(model_dir)
+    logged = {step: records(run, step) for step in (1, 2, 3, 4)}
+    for recs in logged.values():
+        for rec in recs:
+            check_record(rec, renderer, eos_ids)
+    return logged
+
+
+def calculator_answers(logged: dict[int, list[dict]]) -> int:
+    """How many tool messages carry the calculator's answer "4" (2 + 2) across the logged steps."""
+    return sum(m["role"] == "tool" and m["content"] == "4" for recs in logged.values() for rec in recs
+               for m in rec["messages"])
+
+
+def resume_repeats_steps_3_and_4(run: Path, full: list[dict], logged: dict[int, list[dict]]) -> None:
+    """Resume the finished 4-step run from its step-2 checkpoint: metrics and rollouts repeat exactly."""
+    resume_training(run, step=2, address=None)
+    assert metric_rows(run) == full
+    for step in (3, 4):
+        assert records(run, step) == logged[step]
+
+
 def test_grpo_with_the_calculator_tool_logs_exact_rollouts_and_resumes_exactly(tmp_path, tool_model_dir,
                                                                                 ray_cluster):
     proj = project(tmp_path / "p", tool_model_dir, "grpo-gsm8k")
@@ -89,21 +113,12 @@ def test_grpo_with_the_calculator_tool_logs_exact_rollouts_and_resumes_exactly(t
     full = metric_rows(run)
     assert [r["step"] for r in full] == [1, 2, 3, 4]
     assert full[0]["multi_turn/tool_calls/mean"] > 0.5 and full[0]["reward/mean"] > 0
-    renderer, eos_ids = calculator_renderer(tool_model_dir)
-    logged = {step: records(run, step) for step in (1, 2, 3, 4)}
-    tool_answers = 0
-    for step, recs in logged.items():
-        assert len(recs) == 8
-        for rec in recs:
-            check_record(rec, renderer, eos_ids)
-            tool_answers += sum(m["role"] == "tool" and m["content"] == "4" for m in rec["messages"])
-            assert rec["score"] in (0.0, 1.0)
-    assert tool_answers >= 8, "the calculator ran and its answers reached the conversations"
+    logged = checked_records(run, tool_model_dir)
+    assert all(len(recs) == 8 for recs in logged.values())
+    assert all(rec["score"] in (0.0, 1.0) for recs in logged.values() for rec in recs)
+    assert calculator_answers(logged) >= 8, "the calculator ran and its answers reached the conversations"
 
-    resume_training(run, step=2, address=None)
-    assert metric_rows(run) == full
-    for step in (3, 4):
-        assert records(run, step) == logged[step]
+    resume_repeats_steps_3_and_4(run, full, logged)
 
 
 @pytest.mark.slow
@@ -123,18 +138,10 @@ def test_one_step_off_runs_the_turn_loop_on_the_rollout_group_and_resumes_exactl
     assert full[0]["rollout/logprob_diff_mean"] == pytest.approx(0.0, abs=1e-6)   # the rollout rank's v0 = the actor's
     assert full[0]["multi_turn/tool_calls/mean"] > 0.5 and full[0]["actor/grad_norm"] > 0
     assert (run / "checkpoints" / "step_2" / "pending_rollout.pkl").is_file()      # batch 3, its turns done with v1
-    renderer, eos_ids = calculator_renderer(tool_model_dir)
-    logged = {step: records(run, step) for step in (1, 2, 3, 4)}
-    for recs in logged.values():
-        for rec in recs:
-            check_record(rec, renderer, eos_ids)
-    assert sum(m["role"] == "tool" and m["content"] == "4" for recs in logged.values() for rec in recs
-               for m in rec["messages"]) >= 8, "the calculator ran for the rollout group's conversations"
+    logged = checked_records(run, tool_model_dir)
+    assert calculator_answers(logged) >= 8, "the calculator ran for the rollout group's conversations"
 
-    resume_training(run, step=2, address=None)
-    assert metric_rows(run) == full
-    for step in (3, 4):
-        assert records(run, step) == logged[step]
+    resume_repeats_steps_3_and_4(run, full, logged)
 
     # rollout.mode = "async" with K = 1 issues batch k + 1 behind the push of update k - 1: one_step_off's run
     same = project(tmp_path / "async", tool_model_dir, "grpo-gsm8k")
@@ -173,18 +180,10 @@ def test_async_multi_turn_keeps_each_batch_on_one_push_and_resumes_exactly(tmp_p
     assert full[0]["multi_turn/tool_calls/mean"] > 0.5
     samples = [json.loads(line) for line in (run / "samples.jsonl").read_text().splitlines()]
     assert len(samples) == 4 * 8 and all(0 <= (s["step"] - 1) - s["policy_version"] <= 2 for s in samples)
-    renderer, eos_ids = calculator_renderer(tool_model_dir)
-    logged = {step: records(run, step) for step in (1, 2, 3, 4)}
-    for recs in logged.values():
-        for rec in recs:
-            check_record(rec, renderer, eos_ids)
-    assert sum(m["role"] == "tool" and m["content"] == "4" for recs in logged.values() for rec in recs
-               for m in rec["messages"]) >= 8, "the calculator ran for the rollout group's conversations"
+    logged = checked_records(run, tool_model_dir)
+    assert calculator_answers(logged) >= 8, "the calculator ran for the rollout group's conversations"
 
-    resume_training(run, step=2, address=None)
-    assert metric_rows(run) == full
-    for step in (3, 4):
-        assert records(run, step) == logged[step]
+    resume_repeats_steps_3_and_4(run, full, logged)
 
 
 @pytest.mark.slow
@@ -224,17 +223,10 @@ def test_async_partial_multi_turn_lets_a_push_land_between_turns_and_resumes_exa
     assert all(r["async/staleness_max"] <= 2 for r in full) and full[0]["multi_turn/tool_calls/mean"] > 0.5
     samples = [json.loads(line) for line in (run / "samples.jsonl").read_text().splitlines()]
     assert len(samples) == 4 * 8 and all(0 <= (s["step"] - 1) - s["policy_version"] <= 2 for s in samples)
-    renderer, eos_ids = calculator_renderer(tool_model_dir)
-    logged = {step: records(run, step) for step in (1, 2, 3, 4)}
-    for recs in logged.values():
-        for rec in recs:
-            check_record(rec, renderer, eos_ids)
+    logged = checked_records(run, tool_model_dir)
     with open(run / "checkpoints" / "step_2" / "async_rollout.pkl", "rb") as f:
         pool = pickle.loads(pickle.load(f)["partial"]["pool"])
     assert pool["entries"], "conversations were in flight at the checkpoint"
     assert any(-1 in e["versions"] for e in pool["entries"]), "a conversation mid-way, tool tokens untagged"
 
-    resume_training(run, step=2, address=None)
-    assert metric_rows(run) == full
-    for step in (3, 4):
-        assert records(run, step) == logged[step]
+    resume_repeats_steps_3_and_4(run, full, logged)
