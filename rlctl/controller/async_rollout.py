@@ -270,9 +270,8 @@ class AsyncRollout:
         start = time.perf_counter()
         new = self.score_batch(batch)
         self.scored_count += 1   # reward metrics averaged over the arrivals scored this step
-        scored = self.scored_count
         reward_s = self.scored.get("timing/reward_s", 0.0) + time.perf_counter() - start
-        self.scored = {k: (self.scored.get(k, v) * (scored - 1) + v) / scored for k, v in new.items()}
+        self.scored = rollout.merge_round(self.scored, new, self.scored_count)
         self.scored["timing/reward_s"] = reward_s
         metric = batch["acc"] if self.sampling.metric == "acc" else batch["scores"]
         informative = algorithms.filter_groups(batch["uid"].tolist(), metric).keep.reshape(-1, self.n)[:, 0]

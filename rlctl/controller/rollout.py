@@ -110,7 +110,7 @@ def rollout(setup, step: int) -> tuple[Batch, dict]:
         batch = generate(setup.actor, setup.loader.next_batch(), seed=setup.seed_for(step, rounds),
                          tag=f"{step}.{rounds}", pad_token_id=setup.pad_token_id)
         start = time.perf_counter()
-        metrics = _merge_round(metrics, score(batch, setup.reward, setup.tokenizer, config.algorithm.gdpo_reward_keys),
+        metrics = merge_round(metrics, score(batch, setup.reward, setup.tokenizer, config.algorithm.gdpo_reward_keys),
                                rounds)
         reward_s += time.perf_counter() - start
         metrics["timing/reward_s"] = reward_s  # part of timing/gen_s (the rollout phase)
@@ -153,7 +153,7 @@ def align_prompt_width(batches: list[Batch], pad_token_id: int) -> list[Batch]:
     return out
 
 
-def _merge_round(acc: dict, new: dict, rounds: int) -> dict:
+def merge_round(acc: dict, new: dict, rounds: int) -> dict:
     """Average reward metrics over generation rounds (one round when sampling is static)."""
     if rounds == 1:
         return dict(new)
