@@ -72,11 +72,13 @@ class LocalTurns:
         import torch
 
         from rlctl.workers.rollout.hf import kept_kv_args
+        from rlctl.workers.vision import VISION_KEYS, pad_turn_positions
 
         prompts = [row[m != 0].tolist() for row, m in zip(batch["input_ids"], batch["attention_mask"])]
+        images = {"images": {k: list(batch[k]) for k in VISION_KEYS}} if VISION_KEYS[0] in batch else {}
         limits = [int(x) for x in batch["max_new_tokens"]]
         generator = torch.Generator(device=next(self.engine.model.parameters()).device).manual_seed(seed)
         out = self.engine.generate(prompts, n=n, max_new_tokens=max(limits), temperature=self.temperature,
                                    top_p=self.top_p, generator=generator, greedy=self.temperature == 0,
-                                   limits=limits, **kept_kv_args(batch))
-        return Batch(out)
+                                   limits=limits, **kept_kv_args(batch), **images)
+        return Batch(pad_turn_positions(out, batch["input_ids"].shape[1]))
