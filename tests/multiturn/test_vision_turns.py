@@ -1,9 +1,9 @@
 """A tool that answers with an image, in a multi-turn rollout of a tiny Qwen2.5-VL (rlctl.multiturn.vision_turns).
 
-The real turn loop (MultiTurnActor) on the hf engine in this process: turn 1 is the model writing a
+The real turn loop (MultiTurnActor) on the actor worker's hf engine in this process: turn 1 is the model writing a
 zoom call (its tokens chosen, its log-probs the engine's own), the shipped example tool
 (examples/vision-zoom/zoom.py) answers with a crop of the prompt's picture, turn 2 is sampled.
-The proofs: the trainer's log-probs of the finished batch equal the ones the engine sampled with,
+The proofs: the trainer's log-probs (the worker's compute_log_prob) of the finished batch equal the ones the engine sampled with,
 on every model token of both turns, and the same check fails when the tool image's pixels change
 or the positions lose their M-RoPE axes; tool and image tokens carry response_mask 0 and each
 image has grid.prod() // merge**2 pads.
@@ -20,20 +20,21 @@ import pytest
 import torch
 
 from rlctl.runtime.batch import Batch, object_array
-from rlctl.serve.eval_turns import LocalTurns
 from rlctl.workers.rollout import hf as hf_engine
 
 ROOT = Path(__file__).resolve().parents[2]
 CALL = '<tool_call>\n{"name": "zoom", "arguments": {"cell": 0}}\n</tool_call>'
 
 
-class ScriptedFirstTurn(LocalTurns):
-    """LocalTurns whose first call takes `script`'s tokens (instead of sampling) and which returns
+class ScriptedFirstTurn:
+    """The actor worker's generate_turn (rlctl.workers.actor, in this process: the sync rollout's
+    path) whose first call takes `script`'s tokens instead of sampling, and which returns
     rollout_log_prob: log softmax of the engine's logits at each token it returned."""
 
-    def __init__(self, model, script: list[int], **kwargs):
-        super().__init__(model, **kwargs)
-        self.script, self.seen, self.calls = script, [], 0
+    world_size = 1
+
+    def __init__(self, worker, script: list[int]):
+        self.worker, self.script, self.seen, self.calls = worker, script, [], 0
 
     def choose(self, real, logits, **kwargs):
         step = len(self.seen)
@@ -44,7 +45,7 @@ class ScriptedFirstTurn(LocalTurns):
 
     def generate_turn(self, batch: Batch, **kwargs) -> Batch:
         self.calls, self.seen = self.calls + 1, []
-        out = super().generate_turn(batch, **kwargs)
+        out = self.worker.generate_turn(batch, **kwargs)
         lengths = out["response_length"]
         log_probs = np.zeros(out["responses"].shape, np.float32)
         for step, values in enumerate(self.seen):   # the engine drops finished rows: alive = longer than step
@@ -55,25 +56,25 @@ class ScriptedFirstTurn(LocalTurns):
 
 @pytest.fixture(scope="module")
 def zoom_rollout(tiny_vlm_dir):
-    from transformers import AutoModelForImageTextToText
-
     from rlctl.config.schema import Config, ModelConfig
     from rlctl.models.vision import encode_prompt, load_processor
     from rlctl.multiturn.rollout import MultiTurnActor
     from rlctl.tasks.shapes import _draw
+    from rlctl.workers.actor import ActorRolloutRefWorker
     from rlctl.workers.models import eos_token_ids
 
-    model = AutoModelForImageTextToText.from_pretrained(tiny_vlm_dir, dtype=torch.float32).eval()
     processor = load_processor(tiny_vlm_dir)
     tokenizer = processor.tokenizer
-    c = Config(model=ModelConfig(path=str(tiny_vlm_dir)))
+    c = Config(model=ModelConfig(path=str(tiny_vlm_dir), dtype="float32"))
     turns = dataclasses.replace(c.rollout.multi_turn, enable=True, max_turns=2,
                                 tools=(str(ROOT / "examples/vision-zoom/zoom.py") + ":zoom",))
     c = dataclasses.replace(c, rollout=dataclasses.replace(c.rollout, n=2, multi_turn=turns),
-                            data=dataclasses.replace(c.data, max_prompt_length=512, max_response_length=160))
+                            data=dataclasses.replace(c.data, max_prompt_length=512, max_response_length=160),
+                            actor=dataclasses.replace(c.actor, micro_batch_size=4, mini_batch_size=2))
+    worker = ActorRolloutRefWorker(c)
     eos = eos_token_ids(str(tiny_vlm_dir), tokenizer)
     script = tokenizer(CALL + "<|im_end|>", add_special_tokens=False)["input_ids"]
-    gen = ScriptedFirstTurn(model, script, pad_token_id=tokenizer.pad_token_id, eos_token_ids=eos, temperature=1.0)
+    gen = ScriptedFirstTurn(worker, script)
     actor = MultiTurnActor(gen, c, tokenizer, ROOT, eos, engine_log_probs=True)
     messages = [[{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "Colour?"}]}]] * 2
     pictures = [[_draw(random.Random(i), colour, 2)[0]] for i, colour in enumerate(("red", "blue"))]
@@ -92,20 +93,19 @@ def zoom_rollout(tiny_vlm_dir):
     finally:
         hf_engine.sample_tokens = real
         actor.close()
-    return model, batch, actor.vision, script
+    return worker, batch, actor.vision, script
 
 
-def _log_probs(model, batch: Batch) -> np.ndarray:
-    from rlctl.workers.logprob import batched_response_outputs
-
-    with torch.no_grad():
-        return batched_response_outputs(model, torch.device("cpu"), batch, 4)["log_prob"]
+def _log_probs(worker, batch: Batch) -> np.ndarray:
+    """The trainer's old_log_prob of the batch (the worker's compute_log_prob)."""
+    return worker.compute_log_prob(batch)["old_log_prob"]
 
 
 def test_tool_images_reach_the_row_with_masked_pads(zoom_rollout):
     from rlctl.workers.vision import token_types
 
-    model, batch, vision, script = zoom_rollout
+    worker, batch, vision, script = zoom_rollout
+    model = worker.actor.module
     image = model.config.image_token_id
     assert "images" not in batch and batch["position_ids"].shape == (4, 3, batch["input_ids"].shape[1])
     for r in range(4):
@@ -126,10 +126,11 @@ def test_tool_images_reach_the_row_with_masked_pads(zoom_rollout):
 
 
 def test_trainer_log_probs_equal_the_rollouts_and_losing_the_tool_image_is_caught(zoom_rollout):
-    model, batch, _, _ = zoom_rollout
+    worker, batch, _, _ = zoom_rollout
+    model = worker.actor.module
     mask = batch["response_mask"] != 0
     rollout = batch["rollout_log_prob"]
-    assert np.abs(_log_probs(model, batch) - rollout)[mask].max() < 1e-5
+    assert np.abs(_log_probs(worker, batch) - rollout)[mask].max() < 1e-5
 
     after = np.zeros_like(mask)   # model tokens after the tool image: the ones it can change
     for r in range(len(mask)):
@@ -139,7 +140,7 @@ def test_trainer_log_probs_equal_the_rollouts_and_losing_the_tool_image_is_caugh
     flat = Batch(dict(batch.tensors))    # 1-D positions: the images' M-RoPE axes lost
     flat["position_ids"] = np.repeat(np.maximum(np.cumsum(batch["attention_mask"], 1) - 1, 0)[:, None], 3, 1)
     for broken in (other, flat):
-        assert np.abs(_log_probs(model, broken) - rollout)[mask & after].max() > 1e-4
+        assert np.abs(_log_probs(worker, broken) - rollout)[mask & after].max() > 1e-4
 
 
 def test_a_tool_image_that_does_not_fit_is_left_out_whole(tiny_vlm_dir):
