@@ -256,7 +256,7 @@ class MultiTurnActor(PolicyHandle):
             pairs = [stacked(c.images) for c in convs]
             batch["pixel_values"] = object_array([p for p, _ in pairs])
             batch["image_grid_thw"] = object_array([g for _, g in pairs])
-            batch["position_ids"] = batch_positions(convs, self.config.data.max_prompt_length, width)
+            batch["position_ids"] = batch_positions(convs, batch["prompts"].shape[1], width)
         return batch
 
 

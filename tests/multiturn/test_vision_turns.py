@@ -169,3 +169,24 @@ def test_a_tool_image_that_does_not_fit_is_left_out_whole(tiny_vlm_dir):
     assert not tight.extend(renderer, [tool_message("crop", [object()])], needed, images=image, vision=vision)
     assert tight.finish == "length" and tight.response_ids == [] and tight.images == []
     assert tight.text == roomy.text[:len(tight.text)] and "<|image_pad|><|vision_end|>" in roomy.text
+
+
+def test_a_rank_with_narrower_inputs_returns_positions_at_the_calls_width(zoom_rollout):
+    """generate_turn pads position_ids to the call's input width: ranks whose inputs are narrower
+    than the call's (DP shares) return rows that line up with the others' and concatenate."""
+    worker, batch, _, _ = zoom_rollout
+    real = batch["attention_mask"][0, :batch["prompts"].shape[1]] > 0
+    prompt = batch["prompts"][0][real]
+    grid = batch["image_grid_thw"][0][:1]
+
+    def turn(extra: int) -> Batch:
+        ids = np.concatenate([np.zeros(extra, np.int64), prompt])[None]
+        return worker.generate_turn(Batch({
+            "input_ids": ids, "attention_mask": (np.arange(ids.shape[1]) >= extra).astype(np.int64)[None],
+            "max_new_tokens": np.array([3]), "pixel_values": object_array([batch["pixel_values"][0][:int(grid.prod())]]),
+            "image_grid_thw": object_array([grid])}), seed=0, mode="greedy", width=3)
+
+    narrow, wide = turn(0), turn(5)
+    assert wide["position_ids"].shape == (1, 3, len(prompt) + 5 + 3)
+    assert np.array_equal(wide["position_ids"][:, :, 5:], narrow["position_ids"])
+    assert np.array_equal(wide["responses"], narrow["responses"])
