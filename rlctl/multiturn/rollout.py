@@ -198,7 +198,9 @@ class MultiTurnActor(PolicyHandle):
         if reply.done:
             conv.finish = "interaction"
             return
-        conv.extend(self.renderer, [{"role": "user", "content": self._cap(clean_text(reply.content))}], budget)
+        shown = reply.images if self.vision is not None else []
+        conv.extend(self.renderer, [tool_message(self._cap(clean_text(reply.content)), shown, role="user")], budget,
+                    images=self.vision.encode(shown) if shown else None, vision=self.vision)
 
     async def _call(self, conv: Conversation, item) -> ToolResult:
         if isinstance(item, str):   # a block that was not a readable call: the model hears why

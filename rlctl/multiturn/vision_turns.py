@@ -69,11 +69,12 @@ def _pil(image):
     return image.convert("RGB")
 
 
-def tool_message(text: str, images: list) -> dict:
-    """The tool's chat message: its images as content parts before its text (plain text without)."""
+def tool_message(text: str, images: list, role: str = "tool") -> dict:
+    """A tool's (or the interaction's user) chat message: its images as content parts before its
+    text (plain text without)."""
     if not images:
-        return {"role": "tool", "content": text}
-    return {"role": "tool", "content": [{"type": "image"} for _ in images] + [{"type": "text", "text": text}]}
+        return {"role": role, "content": text}
+    return {"role": role, "content": [{"type": "image"} for _ in images] + [{"type": "text", "text": text}]}
 
 
 def stacked(parts: list) -> tuple[np.ndarray, np.ndarray] | tuple[None, None]:

@@ -57,14 +57,8 @@ class ScriptedFirstTurn:
 @pytest.fixture(scope="module")
 def zoom_rollout(tiny_vlm_dir):
     from rlctl.config.schema import Config, ModelConfig
-    from rlctl.models.vision import encode_prompt, load_processor
-    from rlctl.multiturn.rollout import MultiTurnActor
-    from rlctl.tasks.shapes import _draw
     from rlctl.workers.actor import ActorRolloutRefWorker
-    from rlctl.workers.models import eos_token_ids
 
-    processor = load_processor(tiny_vlm_dir)
-    tokenizer = processor.tokenizer
     c = Config(model=ModelConfig(path=str(tiny_vlm_dir), dtype="float32"))
     turns = dataclasses.replace(c.rollout.multi_turn, enable=True, max_turns=2,
                                 tools=(str(ROOT / "examples/vision-zoom/zoom.py") + ":zoom",))
@@ -72,10 +66,22 @@ def zoom_rollout(tiny_vlm_dir):
                             data=dataclasses.replace(c.data, max_prompt_length=512, max_response_length=160),
                             actor=dataclasses.replace(c.actor, micro_batch_size=4, mini_batch_size=2))
     worker = ActorRolloutRefWorker(c)
-    eos = eos_token_ids(str(tiny_vlm_dir), tokenizer)
-    script = tokenizer(CALL + "<|im_end|>", add_special_tokens=False)["input_ids"]
+    batch, vision, script = _rollout(worker, c, CALL + "<|im_end|>", ROOT)
+    return worker, batch, vision, script
+
+
+def _rollout(worker, c, first_turn: str, base: Path):
+    """MultiTurnActor.generate over two shapes prompts (a picture each), n = 2, turn 1 scripted."""
+    from rlctl.models.vision import encode_prompt, load_processor
+    from rlctl.multiturn.rollout import MultiTurnActor
+    from rlctl.tasks.shapes import _draw
+    from rlctl.workers.models import eos_token_ids
+
+    processor = load_processor(c.model.path)
+    tokenizer = processor.tokenizer
+    script = tokenizer(first_turn, add_special_tokens=False)["input_ids"]
     gen = ScriptedFirstTurn(worker, script)
-    actor = MultiTurnActor(gen, c, tokenizer, ROOT, eos, engine_log_probs=True)
+    actor = MultiTurnActor(gen, c, tokenizer, base, eos_token_ids(c.model.path, tokenizer), engine_log_probs=True)
     messages = [[{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "Colour?"}]}]] * 2
     pictures = [[_draw(random.Random(i), colour, 2)[0]] for i, colour in enumerate(("red", "blue"))]
     ids = [encode_prompt(processor, m, p, actor.runner.schemas)["input_ids"].tolist()
@@ -89,11 +95,10 @@ def zoom_rollout(tiny_vlm_dir):
     real = hf_engine.sample_tokens
     hf_engine.sample_tokens = lambda logits, **kw: gen.choose(real, logits, **kw)
     try:
-        batch = actor.generate(prompts, seed=0)
+        return actor.generate(prompts, seed=0), actor.vision, script
     finally:
         hf_engine.sample_tokens = real
         actor.close()
-    return worker, batch, actor.vision, script
 
 
 def _log_probs(worker, batch: Batch) -> np.ndarray:
@@ -190,3 +195,24 @@ def test_a_rank_with_narrower_inputs_returns_positions_at_the_calls_width(zoom_r
     assert wide["position_ids"].shape == (1, 3, len(prompt) + 5 + 3)
     assert np.array_equal(wide["position_ids"][:, :, 5:], narrow["position_ids"])
     assert np.array_equal(wide["responses"], narrow["responses"])
+
+
+def test_an_interaction_may_answer_with_an_image(zoom_rollout, tmp_path):
+    """A function interaction's "images" reach the next user turn the same way (pads, arrays, mask 0)."""
+    worker, _, vision, _ = zoom_rollout
+    (tmp_path / "user.py").write_text(
+        "from PIL import Image\n\n\ndef look(messages, extra_info):\n"
+        "    return {'content': 'look again', 'done': False, 'images': [Image.new('RGB', (56, 28), (0, 0, 200))]}\n")
+    c = worker.cfg
+    turns = dataclasses.replace(c.rollout.multi_turn, tools=(), interaction="user.py:look")
+    c = dataclasses.replace(c, rollout=dataclasses.replace(c.rollout, multi_turn=turns))
+    batch, _, script = _rollout(worker, c, "red<|im_end|>", tmp_path)
+    image = worker.actor.module.config.image_token_id
+    for r in range(len(batch)):
+        grid, model_mask = batch["image_grid_thw"][r], batch["response_mask"][r]
+        assert grid[1].tolist() == [1, 2, 4] and batch["conversation"][r][2]["role"] == "user"
+        pads = batch["responses"][r] == image
+        assert pads.sum() == vision.pads(grid[1:])[0] == 2 and not model_mask[pads].any()
+        assert model_mask[:len(script)].all()
+    mask = batch["response_mask"] != 0
+    assert np.abs(_log_probs(worker, batch) - batch["rollout_log_prob"])[mask].max() < 1e-5
