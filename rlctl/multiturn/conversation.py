@@ -71,6 +71,8 @@ class Conversation:
     interaction_state: Any = None
     next: str = ""                                     # "tools" | "interact" | "" (done)
     finish: str = ""                                   # why it ended: stop, length, max_turns, interaction, template
+    images: list = field(default_factory=list)         # VLM: [(pixel_values, image_grid_thw)] prompt's, then tools'
+    positions: Any = None                              # VLM: M-RoPE positions [3, len(ids)] of the last turn
 
     @property
     def done(self) -> bool:
@@ -116,16 +118,26 @@ class Conversation:
         else:
             self.finish = "stop"
 
-    def extend(self, renderer: ChatRenderer, new_messages: list[dict], budget: int) -> bool:
+    def extend(self, renderer: ChatRenderer, new_messages: list[dict], budget: int,
+               images=None, vision=None) -> bool:
         """Add non-model messages (tool answers, a user turn) + the next generation prompt, as the
         template renders them, with mask 0. False (and the conversation ends, without them) when
-        they would leave no room for one more model token within `budget` response tokens."""
+        they would leave no room for one more model token within `budget` response tokens: a
+        tool image is never cut, its whole answer is left out. `images` (pixel_values,
+        image_grid_thw) of the messages' images in order, and `vision` (TurnImages) to expand
+        their placeholders (rlctl.multiturn.vision_turns)."""
         messages = self.messages + new_messages
         rendered = renderer.render(messages, generation_prompt=True)
         if not rendered.startswith(self.text):
             self.finish = "template"
             return False
         delta = renderer.encode(rendered[len(self.text):])
+        text = renderer.decode(delta)   # `text` keeps the template's one placeholder per image
+        if images is not None:
+            delta = vision.expand(delta, images[1])
+            if delta is None:   # the template wrote no placeholder for a tool image
+                self.finish = "template"
+                return False
         if len(self.response_ids) + len(delta) >= budget:
             self.finish = "length"
             return False
@@ -133,7 +145,9 @@ class Conversation:
         self.response_ids += delta
         self.response_mask += [0] * len(delta)
         self.log_probs += [0.0] * len(delta)
-        self.text += renderer.decode(delta)
+        self.text += text
+        if images is not None:
+            self.images.append(images)
         self.next = ""
         return True
 

@@ -2,7 +2,8 @@
 
 `[rollout.multi_turn] interaction = "file.py:name"` names either
   * a function `(messages, extra_info) -> {"content": str, "done": bool, "score": float}` (sync or
-    async; "score" optional): "content" becomes the next user message unless "done"; or
+    async; "score" optional; "images" optional, for a vision-language policy): "content" becomes
+    the next user message unless "done"; or
   * a verl BaseInteraction-style class or object, used unchanged: per sample
     `start_interaction(instance_id, **interaction_kwargs)`, then after each such turn
     `generate_response(instance_id, messages, **interaction_kwargs)` -> (should_terminate, content,
@@ -18,7 +19,7 @@ from __future__ import annotations
 import copy
 import inspect
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +34,7 @@ class Reply:
     content: str
     done: bool
     score: float | None = None
+    images: list = field(default_factory=list)   # a function's "images": shown to a vision-language policy
 
 
 class FunctionInteraction:
@@ -52,8 +54,10 @@ class FunctionInteraction:
         if not isinstance(out, dict):
             raise TypeError(f"the interaction returned {type(out).__name__}, not a dict with \"content\" and \"done\"")
         score = out.get("score")
+        images = out.get("images") or []
         return Reply(str(out.get("content") or ""), bool(out.get("done", False)),
-                     None if score is None else float(score))
+                     None if score is None else float(score), list(images) if isinstance(images, (list, tuple))
+                     else [images])
 
     async def finish(self, state) -> None:
         return None

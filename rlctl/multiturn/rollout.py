@@ -13,6 +13,11 @@ token bookkeeping and docs/multi-turn.md for the user's side.
 Extra rollout columns (besides the single-turn ones): `conversation` (the whole chat, OpenAI
 shape) and `multi_turn` (per sample: num_turns, tool_calls, turn_scores, tool_rewards, finish).
 `response_mask` is 1 on model tokens only; `attention_mask` covers every real token.
+
+A vision-language policy (rollout.mode = "sync", hf engine): each conversation carries its images
+(the prompt's, then those its tools returned: rlctl.multiturn.vision_turns) into every turn and
+into its training row (pixel_values, image_grid_thw, position_ids). Its turns re-prefill the whole
+conversation (no kept KV), so each prefill computes the M-RoPE positions of every image so far.
 """
 
 from __future__ import annotations
@@ -24,7 +29,8 @@ from pathlib import Path
 import numpy as np
 
 from rlctl.multiturn.conversation import ChatRenderer, Conversation
-from rlctl.multiturn.tools import EventLoop, SampleTools, ToolRunner, clean_text, load_tools
+from rlctl.multiturn.tools import EventLoop, SampleTools, ToolResult, ToolRunner, clean_text, load_tools
+from rlctl.multiturn.vision_turns import TurnImages, batch_positions, row_positions, stacked, tool_message
 from rlctl.runtime.batch import Batch, chunk_bounds, object_array
 from rlctl.runtime.policy import PolicyActor, PolicyHandle, rollout_batch
 
@@ -51,6 +57,9 @@ class MultiTurnActor(PolicyHandle):
         self.eos_ids = set(int(e) for e in eos_ids)
         self.pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else int(eos_ids[0])
         self.engine_log_probs = engine_log_probs
+        from rlctl.models.vision import is_vision_model
+
+        self.vision = TurnImages(config.model.path) if is_vision_model(config.model.path) else None
         self.events = EventLoop()
 
     def close(self) -> None:
@@ -67,8 +76,11 @@ class MultiTurnActor(PolicyHandle):
         n = {"train": rc.n, "val": rc.val_n, "greedy": 1}[mode]
         budget = self.config.data.max_response_length
         prompts = [row[m != 0].tolist() for row, m in zip(batch["input_ids"], batch["attention_mask"])]
-        convs = [self._start(prompt_ids, messages, extra_info)
-                 for prompt_ids, messages, extra_info in zip(prompts, batch["messages"], batch["extra_info"])
+        images = self._prompt_images(batch)
+        pil = list(batch["images"]) if self.vision is not None and "images" in batch else [None] * len(prompts)
+        convs = [self._start(prompt_ids, messages, extra_info, image, shown)
+                 for prompt_ids, messages, extra_info, image, shown in zip(prompts, batch["messages"],
+                                                                           batch["extra_info"], images, pil)
                  for _ in range(n)]
         self.events.run(self._gather([self._start_interaction(c) for c in convs]))
         live, turn = list(range(len(convs))), 0
@@ -79,15 +91,21 @@ class MultiTurnActor(PolicyHandle):
         while live:
             turn += 1
             if turn == 1:   # n samples per prompt: the engine shares each prompt's prefill
-                inputs, reps = prompts, n
+                inputs, reps, turn_images = prompts, n, images
             else:
                 inputs, reps = [convs[i].prompt_ids + convs[i].response_ids for i in live], 1
+                turn_images = [stacked(convs[i].images) for i in live]
             limits = [min(budget - len(convs[i].response_ids), self.mt.max_turn_length or budget)
                       for i in live[::reps]]
+            keys = [base + i for i in live] if self.vision is None else [-1] * len(live)   # VLM: re-prefill
             out = self._generate_turn(inputs, limits, reps, seed=_turn_seed(seed, turn), mode=mode,
-                                      keys=[base + i for i in live], reuse=turn > 1, homes=homes)
+                                      keys=keys, reuse=turn > 1 and self.vision is None, homes=homes,
+                                      images=turn_images if self.vision is not None else None)
             for j, i in enumerate(live):
                 length = int(out["response_length"][j])
+                if self.vision is not None:   # the whole sequence's positions so far (the batch's at the end)
+                    convs[i].positions = row_positions(out["position_ids"][j], out.meta["input_width"],
+                                                       len(inputs[j // reps]), length)
                 log_probs = out["rollout_log_prob"][j, :length].tolist() if "rollout_log_prob" in out else None
                 convs[i].add_turn(self.renderer, out["responses"][j, :length].tolist(), log_probs,
                                   truncated=bool(out["truncated"][j]), eos_ids=self.eos_ids,
@@ -99,20 +117,33 @@ class MultiTurnActor(PolicyHandle):
         self.events.run(self._gather([self._finish(c) for c in convs]))
         return self._batch(batch, convs, n)
 
-    def _start(self, prompt_ids: list, messages, extra_info) -> Conversation:
+    def _start(self, prompt_ids: list, messages, extra_info, images=None, pil=None) -> Conversation:
         messages = [dict(m) for m in (messages if messages is not None else [])]
         extra_info = dict(extra_info or {})
         return Conversation(messages=messages, prompt_ids=list(prompt_ids),
                             text=self.renderer.render(messages, generation_prompt=True), extra_info=extra_info,
-                            tools=SampleTools(tools_kwargs=dict(extra_info.get("tools_kwargs") or {})))
+                            tools=SampleTools(tools_kwargs=dict(extra_info.get("tools_kwargs") or {}),
+                                              images=list(pil or [])),
+                            images=[images] if images is not None and images[0] is not None else [])
+
+    def _prompt_images(self, batch: Batch) -> list:
+        """Each prompt's (pixel_values, image_grid_thw) from the batch's PIL `images` column, or
+        (None, None); all (None, None) for a text policy."""
+        from rlctl.workers.vision import IMAGES
+
+        if self.vision is None or IMAGES not in batch:
+            return [(None, None)] * len(batch["input_ids"])
+        return [self.vision.encode(row) or (None, None) for row in batch[IMAGES]]
 
     def _generate_turn(self, inputs: list[list[int]], limits: list[int], n: int, *, seed: int, mode: str,
-                       keys: list[int], reuse: bool, homes: dict[int, int]) -> Batch:
+                       keys: list[int], reuse: bool, homes: dict[int, int], images: list | None = None) -> Batch:
         """One generate_turn call on the group: `inputs` (one per prompt, n samples each; or one per
         conversation, n = 1), every rank taking part (FSDP gathers weights in it). keys: each
         response row's kept-KV key; reuse: continue each input from its key's kept KV. A
         conversation goes back to the rank that holds its KV (`homes`, updated here) where the
-        split allows; dummy rows (one token, dropped again) even the ranks out."""
+        split allows; dummy rows (one token, dropped again) even the ranks out. images: each input's
+        (pixel_values, image_grid_thw) for a vision-language policy; the result's meta then holds
+        `input_width`, the width its position_ids' input part is padded to."""
         world = self.group.world_size
         if n > 1:   # prompts in order, each rank its consecutive share (Batch.chunk)
             order = list(range(len(inputs))) + [None] * max(0, world - len(inputs))
@@ -132,14 +163,17 @@ class MultiTurnActor(PolicyHandle):
             ids[r, width - len(x):], mask[r, width - len(x):] = x, 1
         lookup = [keys[j] if j is not None and reuse else -1 for j in order]
         store = [[keys[j * n + s] if j is not None else -1 for s in range(n)] for j in order]
-        out = self.group.generate_turn(Batch({"input_ids": ids, "attention_mask": mask,
-                                              "max_new_tokens": np.asarray([limits[j] if j is not None else 1
-                                                                            for j in order], dtype=np.int64),
-                                              "kv_lookup": np.asarray(lookup, dtype=np.int64),
-                                              "kv_store": np.asarray(store, dtype=np.int64)}),
-                                       seed=seed, mode=mode, n=n, width=max(limits))
+        columns = {"input_ids": ids, "attention_mask": mask,
+                   "max_new_tokens": np.asarray([limits[j] if j is not None else 1 for j in order], dtype=np.int64),
+                   "kv_lookup": np.asarray(lookup, dtype=np.int64), "kv_store": np.asarray(store, dtype=np.int64)}
+        if images is not None:   # each row's images, in token order (a dummy row has none)
+            for k, key in enumerate(("pixel_values", "image_grid_thw")):
+                columns[key] = object_array([images[j][k] if j is not None else None for j in order])
+        out = self.group.generate_turn(Batch(columns), seed=seed, mode=mode, n=n, width=max(limits))
         at = {j: k for k, j in enumerate(order) if j is not None}
-        return out.select([at[j] * n + s for j in range(len(inputs)) for s in range(n)])
+        picked = out.select([at[j] * n + s for j in range(len(inputs)) for s in range(n)])
+        picked.meta["input_width"] = width
+        return picked
 
     # --- tools and interactions, concurrently for all conversations of a turn --------------------
     async def _gather(self, coros):
@@ -152,7 +186,11 @@ class MultiTurnActor(PolicyHandle):
         if conv.next == "tools":
             results = await asyncio.gather(*(self._call(conv, item) for item in conv.pending))
             conv.pending = []
-            conv.extend(self.renderer, [{"role": "tool", "content": self._cap(text)} for text in results], budget)
+            shown = [r.images if self.vision is not None else [] for r in results]
+            messages = [tool_message(self._cap(r.text + _unseen(r, self.vision)), images)
+                        for r, images in zip(results, shown)]
+            encoded = self.vision.encode([im for images in shown for im in images]) if self.vision else None
+            conv.extend(self.renderer, messages, budget, images=encoded, vision=self.vision)
             return
         reply = await self.interaction.respond(conv.interaction_state, conv.messages, conv.extra_info)
         if reply.score is not None:
@@ -160,15 +198,17 @@ class MultiTurnActor(PolicyHandle):
         if reply.done:
             conv.finish = "interaction"
             return
-        conv.extend(self.renderer, [{"role": "user", "content": self._cap(clean_text(reply.content))}], budget)
+        shown = reply.images if self.vision is not None else []
+        conv.extend(self.renderer, [tool_message(self._cap(clean_text(reply.content)), shown, role="user")], budget,
+                    images=self.vision.encode(shown) if shown else None, vision=self.vision)
 
-    async def _call(self, conv: Conversation, item) -> str:
+    async def _call(self, conv: Conversation, item) -> ToolResult:
         if isinstance(item, str):   # a block that was not a readable call: the model hears why
             conv.calls.append({"name": None, "arguments": None, "error": True})
-            return f"error: {item}"
+            return ToolResult(f"error: {item}", error=True)
         result = await self.runner.call(item.name, dict(item.arguments), conv.tools)
         conv.calls.append({"name": item.name, "arguments": item.arguments, "error": result.error})
-        return result.text
+        return result
 
     def _cap(self, text: str) -> str:
         """At most max_tool_response_length tokens of a tool or interaction answer."""
@@ -211,7 +251,22 @@ class MultiTurnActor(PolicyHandle):
         batch["response_mask"] = model_mask
         batch["conversation"] = object_array([copy.deepcopy(c.messages) for c in convs])
         batch["multi_turn"] = object_array([c.summary() for c in convs])
+        if self.vision is not None:   # each row's own images (prompt's + tools') and whole-sequence positions
+            from rlctl.workers.vision import IMAGES, without_images
+
+            batch = without_images(batch) if IMAGES in batch else batch
+            pairs = [stacked(c.images) for c in convs]
+            batch["pixel_values"] = object_array([p for p, _ in pairs])
+            batch["image_grid_thw"] = object_array([g for _, g in pairs])
+            batch["position_ids"] = batch_positions(convs, batch["prompts"].shape[1], width)
         return batch
+
+
+def _unseen(result: ToolResult, vision) -> str:
+    """What a text-only policy reads in place of a tool's images."""
+    if vision is not None or not result.images:
+        return ""
+    return f"\n({len(result.images)} image(s) left out: the policy reads no images)"
 
 
 def _arrange(keys: list[int], homes: dict[int, int], world: int) -> list[int | None]:

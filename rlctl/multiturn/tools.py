@@ -3,7 +3,7 @@
 Two kinds, both named in `[rollout.multi_turn] tools`:
   * a plain function with type hints and a Google-style docstring: its OpenAI function schema is
     derived from it (transformers' `get_json_schema`, the same derivation `rlctl data prep` uses),
-    and it returns a string or a dict {"text": ..., "reward": ...};
+    and it returns a string, a dict {"text": ..., "reward": ..., "images": [...]} or a ToolResult;
   * a verl BaseTool-style object (`tool_schema`, async or sync `create` / `execute` / `calc_reward`
     / `release`), used unchanged: per sample it is created on its first call with
     `extra_info.tools_kwargs[name]["create_kwargs"]`, executed per call, asked `calc_reward` and
@@ -32,9 +32,14 @@ from rlctl.plugins import import_file
 
 @dataclass
 class ToolResult:
+    """A tool call's answer. `images` (PIL images or encoded image bytes, in order) reach a
+    vision-language policy inside the tool message, after its text's placeholders
+    (rlctl.multiturn.vision_turns); a text-only policy is told they were left out."""
+
     text: str
     reward: float | None = None
     error: bool = False
+    images: list = field(default_factory=list)
 
 
 # --- loading ---------------------------------------------------------------------------------------
@@ -108,8 +113,9 @@ class VerlTool:
     async def call(self, arguments: dict, session: "SampleTools") -> ToolResult:
         instance = session.instances.get(self.name)
         kwargs = session.tools_kwargs.get(self.name) or {}
-        if instance is None:
-            created = await maybe_await(self.obj.create(create_kwargs=kwargs.get("create_kwargs") or {}))
+        if instance is None:   # a vision prompt's first image is create_kwargs["image"] unless the row names one
+            first = {"image": session.images[0]} if session.images else {}
+            created = await maybe_await(self.obj.create(create_kwargs={**first, **(kwargs.get("create_kwargs") or {})}))
             instance = created[0] if isinstance(created, tuple) else created   # verl >= 0.5: (id, ToolResponse)
             session.instances[self.name] = instance
         out = await maybe_await(self.obj.execute(instance, arguments, **(kwargs.get("execute_kwargs") or {})))
@@ -136,17 +142,25 @@ async def maybe_await(value):
 
 
 def as_result(out: Any) -> ToolResult:
-    """A tool's return value -> ToolResult: a string, a dict with "text" (or "content") and "reward",
-    or an object with `.text` (verl's ToolResponse)."""
+    """A tool's return value -> ToolResult: a string, a dict with "text" (or "content"), "reward"
+    and "images" (or verl's "image"), or an object with `.text` and `.image` (verl's ToolResponse)."""
     if isinstance(out, ToolResult):
         return out
     if isinstance(out, dict):
         text = out.get("text", out.get("content", ""))
         reward = out.get("reward")
-        return ToolResult(str(text if text is not None else ""), None if reward is None else float(reward))
+        return ToolResult(str(text if text is not None else ""), None if reward is None else float(reward),
+                          images=_image_list(out.get("images", out.get("image"))))
     if hasattr(out, "text") and not isinstance(out, str):
-        return ToolResult(str(out.text or ""))
+        return ToolResult(str(out.text or ""), images=_image_list(getattr(out, "image", None)))
     return ToolResult("" if out is None else str(out))
+
+
+def _image_list(images: Any) -> list:
+    """None, one image or a list of them -> a list (verl's ToolResponse.image is a list or None)."""
+    if images is None:
+        return []
+    return list(images) if isinstance(images, (list, tuple)) else [images]
 
 
 def make_tool(spec: str, base: Path):
@@ -183,11 +197,13 @@ def load_tools(specs, base: Path) -> list:
 
 @dataclass
 class SampleTools:
-    """One conversation's tool state: verl instances, its tools_kwargs, rewards so far."""
+    """One conversation's tool state: verl instances, its tools_kwargs, rewards so far, and its
+    prompt's PIL images (a vision-language policy; verl's image tools read create_kwargs["image"])."""
 
     tools_kwargs: dict
     instances: dict = field(default_factory=dict)
     rewards: list = field(default_factory=list)
+    images: list = field(default_factory=list)
 
 
 class EventLoop:

@@ -24,8 +24,15 @@ def evaluate_multi_turn(folder: Path, rows: list[dict], opts, temperature: float
     from rlctl.controller.rollout import decode_prompts, decode_responses, prompt_batch
     from rlctl.multiturn.rollout import MultiTurnActor, reward_extra_info
     from rlctl.serve.source import context_room, load_model
+    from rlctl.errors import UsageError
+    from rlctl.models.vision import is_vision_model
     from rlctl.workers.models import eos_token_ids
 
+    if is_vision_model(folder):   # training is built (sync, hf); eval's prompts do not carry their images yet
+        raise UsageError("rlctl eval of a multi-turn run of a vision-language model is not built yet (its prompts "
+                         "would reach the model without their images)",
+                         hint="use the run's validation metrics (run.val_every, data.val_files): validation "
+                              "runs the multi-turn loop with the images")
     model, tokenizer = load_model(folder, opts.dtype)
     eos = eos_token_ids(str(folder), tokenizer)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos[0]
@@ -72,11 +79,13 @@ class LocalTurns:
         import torch
 
         from rlctl.workers.rollout.hf import kept_kv_args
+        from rlctl.workers.vision import VISION_KEYS, pad_turn_positions
 
         prompts = [row[m != 0].tolist() for row, m in zip(batch["input_ids"], batch["attention_mask"])]
+        images = {"images": {k: list(batch[k]) for k in VISION_KEYS}} if VISION_KEYS[0] in batch else {}
         limits = [int(x) for x in batch["max_new_tokens"]]
         generator = torch.Generator(device=next(self.engine.model.parameters()).device).manual_seed(seed)
         out = self.engine.generate(prompts, n=n, max_new_tokens=max(limits), temperature=self.temperature,
                                    top_p=self.top_p, generator=generator, greedy=self.temperature == 0,
-                                   limits=limits, **kept_kv_args(batch))
-        return Batch(out)
+                                   limits=limits, **kept_kv_args(batch), **images)
+        return Batch(pad_turn_positions(out, batch["input_ids"].shape[1]))

@@ -35,7 +35,8 @@ from rlctl.workers.models import eos_token_ids, load_causal_lm, policy_engine
 from rlctl.workers.rollout.hf import kept_kv_args
 from rlctl.workers.training import mini_batch_count, run_updates
 from rlctl.workers.vision import (IMAGES, PIXEL_VALUES, POSITION_IDS, VISION_KEYS, batch_positions,
-                                  has_vision_tower, tower_always_runs, with_pixels, without_images)
+                                  has_vision_tower, pad_turn_positions, tower_always_runs, with_pixels,
+                                  without_images)
 
 _MODEL_KEYS = ["input_ids", "attention_mask"]
 
@@ -131,6 +132,7 @@ class ActorRolloutRefWorker:
         _, temperature = self._mode(mode)
         limits = [int(x) for x in batch["max_new_tokens"]]
         out = self._sample(batch, n, max(width, *limits), temperature, seed, limits=limits, kv=kept_kv_args(batch))
+        out = pad_turn_positions(out, batch["input_ids"].shape[1])   # a VLM's rows: every rank's the same width
         return Batch(_clip_to_limits(out, np.repeat(limits, n), self.eos_ids, self._pad_id()))
 
     def _mode(self, mode: str) -> tuple[int, float]:
@@ -341,8 +343,9 @@ def sample(engine, batch: Batch, rollout_cfg, *, n: int, max_new_tokens: int, te
     so a run with the same seeds and ranks generates the same tokens (the actor's and the
     one_step_off rollout rank's generate alike)."""
     prompts = [row[mask != 0].tolist() for row, mask in zip(batch["input_ids"], batch["attention_mask"])]
-    if PIXEL_VALUES in batch:   # a vision-language batch: each prompt's images (rlctl.workers.vision)
-        extra["images"] = {key: list(batch[key]) for key in (*VISION_KEYS, IMAGES)}
+    if PIXEL_VALUES in batch:   # a vision-language batch: each prompt's images (rlctl.workers.vision;
+        # a multi-turn turn carries its arrays only, no PIL column)
+        extra["images"] = {key: list(batch[key]) for key in (*VISION_KEYS, IMAGES) if key in batch}
     generator = torch.Generator(device=device)
     generator.manual_seed(int(np.random.SeedSequence([seed, rank]).generate_state(1)[0]))
     return engine.generate(prompts, n=n, max_new_tokens=max_new_tokens, temperature=temperature,

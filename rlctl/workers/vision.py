@@ -171,6 +171,17 @@ def model_inputs(batch, device: torch.device) -> dict:
     return out
 
 
+def pad_turn_positions(out: dict, input_width: int) -> dict:
+    """A generate_turn result's position_ids [rows, 3, P'+T] (input part: this rank's widest input P')
+    padded on the left to the call's input width W, so every rank's rows line up (and concatenate):
+    column W-1 is each row's last input token, as in the call's left-padded input_ids."""
+    if POSITION_IDS not in out:
+        return out
+    positions = out[POSITION_IDS]
+    extra = input_width + out["responses"].shape[1] - positions.shape[2]
+    return {**out, POSITION_IDS: np.pad(positions, ((0, 0), (0, 0), (extra, 0)))}
+
+
 def token_types(model: torch.nn.Module, input_ids: torch.Tensor) -> torch.Tensor:
     """mm_token_type_ids as the processor makes them: 1 on image tokens, 2 on video tokens, else 0."""
     cfg = model.config

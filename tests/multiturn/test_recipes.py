@@ -13,7 +13,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.parametrize("path", ["recipes/sft-calc-tools-cpu.toml", "recipes/grpo-calc-tools-cpu.toml",
-                                  "examples/multiturn-feedback/rlctl.toml"])
+                                  "examples/multiturn-feedback/rlctl.toml", "examples/vision-zoom/rlctl.toml"])
 def test_ships_valid(path):
     loaded = load_config(ROOT / path)
     problems, plan = validate(loaded, machine=False)
