@@ -23,8 +23,10 @@ index). Multi-turn batches run through rlctl.controller.async_turns.
 With rollout.partial_rollout each generation call is one round (rlctl.workers.partial_rollout):
 it admits a batch of prompts (or none: a round that only continues the unfinished samples, sent
 when the trainer needs groups and nothing else is generating) and returns the groups that
-finished; unfinished samples stay on the rollout rank across pushes, with per-token versions, and
-the buffer hands out the groups with the oldest tokens first. The checkpoint also holds that pool.
+finished; unfinished samples stay on their rollout rank across pushes, with per-token versions,
+and the buffer hands out the groups with the oldest tokens first. With several rollout ranks a
+round is data-parallel (the prompts split over them, a pool per rank) and `merge_rounds` joins
+the ranks' parts. The checkpoint also holds every rank's pool.
 With dynamic sampling each round's finished groups are scored and filtered as they arrive, and
 algorithm.dynamic_sampling.max_gen_batches counts the rounds that admitted a batch.
 """
@@ -76,9 +78,9 @@ class AsyncRollout:
         self.sampling = setup.config.algorithm.dynamic_sampling   # DAPO: groups filtered as they arrive
         self.scored: dict = {}   # dynamic sampling: the reward metrics of the generations scored this step
         self.scored_count = 0    # dynamic sampling: arrivals scored this step (each non-empty one)
-        self.partial = ro.partial_rollout   # generation in rounds; unfinished samples stay on the rollout rank
+        self.partial = ro.partial_rollout   # generation in rounds; unfinished samples stay on the rollout ranks
         self.rounds = 0                     # partial: rounds issued (each one's seed)
-        self.pool_rows = 0                  # partial: unfinished samples on the rank after the last arrived round
+        self.pool_rows = 0                  # partial: unfinished samples on the ranks after the last arrived round
         self.pool_oldest = None             # partial: their oldest token's version (None: none)
         self.admitted: deque = deque()      # partial: rows each round in flight admits
         # partial: rounds after each push beyond fill's, so that a sample of data.max_response_length
