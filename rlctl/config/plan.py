@@ -18,6 +18,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from rlctl.config.schema import SEPARATE_ROLLOUT_MODES
+
 
 @dataclass(frozen=True)
 class RolePlan:
@@ -29,17 +31,23 @@ class RolePlan:
     micro_batches_per_optimizer_step: int  # per worker: gradient-accumulation steps (at least 1)
 
 
-def world_size(resources) -> int:
+def world_size(resources, separate_rollout: bool = False) -> int:
     """Ranks of a worker group: nodes x gpus_per_node on GPUs, else resources.workers (also while
-    gpus_per_node is still "auto", before start-up resolves it)."""
+    gpus_per_node is still "auto", before start-up resolves it). `separate_rollout` (rollout.mode
+    "one_step_off" / "async"): the actor's ranks, on GPUs those left beside the rollout group's
+    resources.rollout_workers GPUs (rlctl.workers.groups.pool_resources)."""
     gpus = resources.gpus_per_node
-    return resources.nodes * gpus if isinstance(gpus, int) and gpus > 0 else resources.workers
+    if not isinstance(gpus, int) or gpus <= 0:
+        return resources.workers
+    left = resources.nodes * gpus - (resources.rollout_workers if separate_rollout else 0)
+    return max(left, 1)   # none left: refused at validate (rlctl.workers.rollout.checks), not a division by 0
 
 
 def batch_plan(config, role: str = "actor") -> RolePlan:
     """The plan of `role` ("actor" or "critic") for a full step's batch. No checks: validate
     reports the sizes that do not divide (rlctl.validate.training.check_batches)."""
-    section, n, workers = getattr(config, role), config.rollout.n, world_size(config.resources)
+    separate = config.rollout.mode in SEPARATE_ROLLOUT_MODES
+    section, n, workers = getattr(config, role), config.rollout.n, world_size(config.resources, separate)
     prompts = section.mini_batch_size or config.data.batch_size
     mini_batches = max(1, config.data.batch_size // prompts)
     per_worker = max(1, prompts * n // workers)

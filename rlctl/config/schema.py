@@ -360,7 +360,9 @@ class ResourcesConfig:
     cpus_per_worker: int = opt(1, "CPU cores per worker (torch threads).", ge=1)
     colocate: bool = opt(True, "Critic shares the actor's workers (else its own group).")
     rollout_workers: int = opt(1, "rollout.mode = \"one_step_off\" or \"async\": ranks of the separate rollout "
-                                  "group, each cpus_per_worker CPUs and a full copy of the policy.", ge=1)
+                                  "group, each cpus_per_worker CPUs (on GPUs also one GPU of the node, the actor "
+                                  "getting the other gpus_per_node - rollout_workers) and a full copy of the policy.",
+                               ge=1)
 
 
 @dataclass(frozen=True)

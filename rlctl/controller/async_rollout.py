@@ -23,8 +23,10 @@ index). Multi-turn batches run through rlctl.controller.async_turns.
 With rollout.partial_rollout each generation call is one round (rlctl.workers.partial_rollout):
 it admits a batch of prompts (or none: a round that only continues the unfinished samples, sent
 when the trainer needs groups and nothing else is generating) and returns the groups that
-finished; unfinished samples stay on the rollout rank across pushes, with per-token versions, and
-the buffer hands out the groups with the oldest tokens first. The checkpoint also holds that pool.
+finished; unfinished samples stay on their rollout rank across pushes, with per-token versions,
+and the buffer hands out the groups with the oldest tokens first. With several rollout ranks a
+round is data-parallel (the prompts split over them, a pool per rank) and `merge_rounds` joins
+the ranks' parts. The checkpoint also holds every rank's pool.
 With dynamic sampling each round's finished groups are scored and filtered as they arrive, and
 algorithm.dynamic_sampling.max_gen_batches counts the rounds that admitted a batch.
 """
@@ -76,9 +78,9 @@ class AsyncRollout:
         self.sampling = setup.config.algorithm.dynamic_sampling   # DAPO: groups filtered as they arrive
         self.scored: dict = {}   # dynamic sampling: the reward metrics of the generations scored this step
         self.scored_count = 0    # dynamic sampling: arrivals scored this step (each non-empty one)
-        self.partial = ro.partial_rollout   # generation in rounds; unfinished samples stay on the rollout rank
+        self.partial = ro.partial_rollout   # generation in rounds; unfinished samples stay on the rollout ranks
         self.rounds = 0                     # partial: rounds issued (each one's seed)
-        self.pool_rows = 0                  # partial: unfinished samples on the rank after the last arrived round
+        self.pool_rows = 0                  # partial: unfinished samples on the ranks after the last arrived round
         self.pool_oldest = None             # partial: their oldest token's version (None: none)
         self.admitted: deque = deque()      # partial: rows each round in flight admits
         # partial: rounds after each push beyond fill's, so that a sample of data.max_response_length
@@ -98,9 +100,9 @@ class AsyncRollout:
             self.ready = [Batch(t, m) for t, m in saved["ready"]]   # arrived (scored, filtered): as they were
             self.inflight = deque(Batch(t, m) for t, m in saved["inflight"])
             weights = saved["rollout_weights"]
-            if saved.get("partial"):   # the unfinished samples go back to the rollout rank first
+            if saved.get("partial"):   # the unfinished samples go back to the rollout ranks first
                 part = saved["partial"]
-                self.group.submit("load_pool", part["pool"])
+                self.group.submit("load_pool", self.rank_pools(part["pool"]))
                 self.rounds, self.pool_rows, self.admitted = part["rounds"], part["pool_rows"], deque(part["admitted"])
                 self.pool_oldest = part["pool_oldest"]
         else:
@@ -112,6 +114,20 @@ class AsyncRollout:
         self.push = self.group.submit("update_weights", weights, version=self.plan.pushed)
         self.last_return = time.perf_counter()
         self.fill()
+
+    def rank_pools(self, pools):
+        """The saved unfinished samples, one part per rollout rank as `load_pool` takes them (a
+        checkpoint of one rank before pools were per rank holds one dict; multi-turn: one blob)."""
+        if self.multi_turn:
+            return pools
+        pools = [pools] if not isinstance(pools, list) else pools
+        if len(pools) != self.group.world_size:
+            from rlctl.errors import CheckpointError
+
+            raise CheckpointError(f"the checkpoint holds the unfinished samples of {len(pools)} rollout rank(s), this "
+                                  f"run has {self.group.world_size}", hint="resume with the checkpoint's "
+                                  f"resources.rollout_workers = {len(pools)}")
+        return pools
 
     def fill(self) -> None:
         """Issue generation calls while the schedule allows (each: the next G prompts)."""
@@ -243,8 +259,7 @@ class AsyncRollout:
         if not self.inflight:
             raise RuntimeError(f"async rollout: nothing generating for step {step} "
                                f"(schedule {self.plan.state_dict()}): a bug in the schedule")
-        call = self.inflight.popleft()
-        batch = call if isinstance(call, Batch) else call.result()
+        batch = self.arrived(self.inflight.popleft())
         gens.append(batch)
         if self.partial:   # a round: the groups that finished in it, however many
             batch.meta["admitted"] = self.admitted.popleft()
@@ -262,6 +277,12 @@ class AsyncRollout:
         if batch is not None:
             self.ready.append(batch)
         self.fill()
+
+    def arrived(self, call) -> Batch:
+        """A generation call's batch (waiting for it); a partial round's (rows, meta) parts from
+        the rollout ranks merged into one."""
+        batch = call if isinstance(call, Batch) else call.result()
+        return merge_rounds(batch, self.setup.pad_token_id) if isinstance(batch, list) else batch
 
     def informative(self, batch: Batch, keep: int) -> Batch | None:
         """Dynamic sampling: `batch` scored and its uninformative groups filtered out (counted in
@@ -308,7 +329,7 @@ class AsyncRollout:
     def save(self, folder: Path) -> None:
         """Every batch generating or buffered (waiting for them), the counts, and the rollout
         group's weights when they are older than the actor's (between two pushes)."""
-        self.inflight = deque(c if isinstance(c, Batch) else c.result() for c in self.inflight)
+        self.inflight = deque(self.arrived(c) for c in self.inflight)
         self.group.forget_cache()   # what generates next starts cold, as after a resume
         between = self.plan.pushed < self.setup.session.state.step
         state = {"schedule": self.plan.state_dict(), "ready": [(b.tensors, b.meta) for b in self.ready],
@@ -353,3 +374,20 @@ def oldest_first(batches: list[Batch], n: int, pad_token_id: int) -> Batch:
     batch = batches[0] if len(batches) == 1 else Batch.concat(rollout.align_prompt_width(batches, pad_token_id))
     order = np.argsort(batch["policy_version"].reshape(-1, n).min(axis=1), kind="stable")
     return batch.select((order[:, None] * n + np.arange(n)).reshape(-1))
+
+
+def merge_rounds(parts: list[tuple[Batch, dict]], pad_token_id: int) -> Batch:
+    """One round over several rollout ranks (RolloutWorker.generate_round, Dispatch.DP: the new
+    prompts split over the ranks, each rank with a pool of its own) as one arrival: the finished
+    groups in rank order, meta summed over the ranks (pool_rows, idle/busy seconds, the engine
+    drift's sums), pool_oldest and engine_diff_max their min / max."""
+    full = [rows for rows, _ in parts if len(rows)]
+    batch = full[0] if len(full) == 1 else Batch.concat(rollout.align_prompt_width(full, pad_token_id)) if full else Batch()
+    metas = [meta for _, meta in parts]
+    meta = {key: sum(m.get(key, 0) for m in metas)
+            for key in ("pool_rows", "rollout_idle_s", "rollout_busy_s", "engine_diff_sum", "engine_diff_tokens")}
+    oldest = [m["pool_oldest"] for m in metas if m["pool_oldest"] is not None]
+    meta["pool_oldest"] = min(oldest) if oldest else None
+    meta["engine_diff_max"] = max(m.get("engine_diff_max", 0.0) for m in metas)
+    batch.meta = {**batch.meta, **meta}
+    return batch

@@ -26,8 +26,8 @@ def check_gpu_workers(c: Config, ctx: CheckContext) -> list[Problem]:
     from rlctl.runtime.resource_pool import GPU_WORKERS_HINT, gpu_workers_mismatch
 
     gpus = c.resources.gpus_per_node
-    if not isinstance(gpus, int) or gpus <= 0:
-        return []
+    if not isinstance(gpus, int) or gpus <= 0 or c.rollout.mode in SEPARATE_ROLLOUT_MODES:
+        return []   # a separate rollout group: rlctl.workers.rollout.checks counts the actor's GPUs
     mismatch = gpu_workers_mismatch(c.resources.workers, c.resources.nodes * gpus)
     return [Problem("resources.workers", f"{mismatch}; {GPU_WORKERS_HINT}")] if mismatch else []
 

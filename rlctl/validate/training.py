@@ -17,7 +17,7 @@ from rlctl.config.checks import CheckContext
 from rlctl.config.loader import Problem, suggest
 from rlctl.config.metrics import SFT_VAL_METRICS, validation_metric_names
 from rlctl.config.plan import BatchPlan, batch_plan, step_plan, world_size
-from rlctl.config.schema import Config
+from rlctl.config.schema import SEPARATE_ROLLOUT_MODES, Config
 
 
 def estimator_needs(name: str):
@@ -54,9 +54,11 @@ def check_registered(config: Config, ctx: CheckContext) -> tuple[list[Problem], 
 def check_batches(c: Config) -> tuple[list[Problem], BatchPlan]:
     """Each training role's mini- and micro-batches divide the step's batch over its workers."""
     problems = []
-    n, workers = c.rollout.n, world_size(c.resources)
+    separate = c.rollout.mode in SEPARATE_ROLLOUT_MODES
+    n, workers = c.rollout.n, world_size(c.resources, separate)
     over = (f"resources.workers = {workers}" if workers == c.resources.workers
-            else f"the {workers} GPU workers (resources.nodes x gpus_per_node)")
+            else f"the {workers} GPU workers (" + ("gpus_per_node - rollout_workers)" if separate
+                                                  else "resources.nodes x gpus_per_node)"))
     roles = ("actor", "critic") if estimator_needs(c.algorithm.name).needs_critic else ("actor",)
     for role in roles:
         sect, role_plan = getattr(c, role), batch_plan(c, role)

@@ -51,7 +51,8 @@ def start_workers(config, *, total_steps: int, needs_reference: bool, needs_crit
     teachers = teacher_specs(config)
     if config.resources.colocate:
         roles.update(teachers)
-    groups = [WorkerGroup(ResourcePool(config.resources, name="actor"), roles, name="actor")]
+    actor_resources, rollout_resources = pool_resources(config)
+    groups = [WorkerGroup(ResourcePool(actor_resources, name="actor"), roles, name="actor")]
     try:
         if teachers and not config.resources.colocate:
             groups.append(WorkerGroup(ResourcePool(config.resources, name="teacher"), teachers, name="teacher"))
@@ -61,8 +62,8 @@ def start_workers(config, *, total_steps: int, needs_reference: bool, needs_crit
         if rm_spec and not config.resources.colocate:
             groups.append(WorkerGroup(ResourcePool(config.resources, name="reward_model"),
                                       {"reward_model": rm_spec}, name="reward_model"))
-        if config.rollout.mode in SEPARATE_ROLLOUT_MODES:
-            groups.append(_rollout_group(config))
+        if rollout_resources is not None:
+            groups.append(_rollout_group(config, rollout_resources))
     except BaseException:
         groups[0].shutdown()
         raise
@@ -89,14 +90,38 @@ def teacher_specs(config) -> dict:
     return {TEACHER_ROLE + name: (TeacherWorker, {"config": config, "path": path}) for name, path in paths.items()}
 
 
-def _rollout_group(config) -> WorkerGroup:
-    """The separate rollout group: resources.rollout_workers ranks of cpus_per_worker CPUs each,
-    one RolloutWorker (its own copy of the policy) per rank."""
+def pool_resources(config):
+    """The [resources] the actor's pool and the separate rollout group's pool are made of (None
+    for the rollout: no separate group). On CPU the rollout group is resources.rollout_workers
+    ranks of cpus_per_worker CPUs beside the actor's resources.workers. On GPUs (one node) it is
+    resources.rollout_workers ranks of one GPU each, and the actor group gets the node's other
+    gpus_per_node - rollout_workers GPUs (rlctl.workers.rollout.checks.check_one_step_off checks
+    the counts)."""
     import dataclasses
 
+    from rlctl.runtime.resource_pool import resolve_gpus_per_node
+
+    res = config.resources
+    if config.rollout.mode not in SEPARATE_ROLLOUT_MODES:
+        return res, None
+    gpus, _ = resolve_gpus_per_node(res.gpus_per_node, res.address)
+    if gpus == 0:
+        return res, dataclasses.replace(res, workers=res.rollout_workers)
+    if res.nodes != 1 or res.rollout_workers >= gpus:
+        from rlctl.errors import ConfigError
+
+        raise ConfigError(f"the rollout group's {res.rollout_workers} GPU(s) and the actor's need one node with more "
+                          f"than {res.rollout_workers} GPUs, not {res.nodes} node(s) x {gpus}",
+                          hint="set resources.nodes = 1 and resources.rollout_workers < gpus_per_node")
+    actor = dataclasses.replace(res, gpus_per_node=gpus - res.rollout_workers)
+    return actor, dataclasses.replace(res, gpus_per_node=res.rollout_workers, workers=res.rollout_workers)
+
+
+def _rollout_group(config, resources) -> WorkerGroup:
+    """The separate rollout group on `resources` (pool_resources), one RolloutWorker (its own copy
+    of the policy, and its engine) per rank."""
     from rlctl.workers.rollout_worker import RolloutWorker
 
-    resources = dataclasses.replace(config.resources, workers=config.resources.rollout_workers)
     return WorkerGroup(ResourcePool(resources, name="rollout"), {"rollout": (RolloutWorker, {"config": config})},
                        name="rollout")
 

@@ -1,4 +1,4 @@
-"""Partial rollouts on the async rollout rank (rollout.partial_rollout = true): generation in rounds.
+"""Partial rollouts on the async rollout ranks (rollout.partial_rollout = true): generation in rounds.
 
 Without partial rollouts a generation call decodes its batch to the end, so one long sample holds
 its whole batch (and every call queued behind it, weight pushes included). With them the rollout
@@ -15,8 +15,11 @@ version of the weights that sampled each response token (-1 on padding), `rollou
 their log-prob of it, computed right after the round with those same weights, and
 `policy_version [B]` the oldest token's version, which is what the staleness bound checks.
 
-The pool is plain data (`state_dict`): an async checkpoint saves it, so resume continues every
-unfinished sample exactly where it was.
+Each rollout rank keeps a pool of its own: a round is data-parallel over the rank (Dispatch.DP),
+the new prompts split over them in consecutive shares (rank r samples from (seed, r)), and the
+controller merges the ranks' parts (rlctl.controller.async_rollout.merge_rounds: pool_rows summed,
+pool_oldest their min). The pool is plain data (`state_dict`): an async checkpoint saves every
+rank's, so resume continues every unfinished sample exactly where it was, on the same rank.
 """
 
 from __future__ import annotations

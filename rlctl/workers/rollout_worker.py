@@ -140,12 +140,13 @@ class RolloutWorker:
         rows.meta.update(rollout_idle_s=idle, rollout_busy_s=self.last_end - start)
         return rows
 
-    @register(Dispatch.RANK0)
-    def generate_round(self, prompts: Batch | None, *, seed: int) -> Batch:
-        """One round of partial rollouts (rlctl.workers.partial_rollout; one rollout rank): admit
-        `prompts` (None: continue the pool only), decode every unfinished sample for up to
-        rollout.partial_chunk tokens with this rank's weights, return the groups that finished
-        (possibly none: an empty Batch), meta: pool_rows (samples of groups not returned yet), idle/busy."""
+    @register(Dispatch.DP)
+    def generate_round(self, prompts: Batch | None, *, seed: int) -> tuple[Batch, dict]:
+        """One round of partial rollouts (rlctl.workers.partial_rollout) on this rank's own pool:
+        admit its share of `prompts` (None: continue the pool only), decode every unfinished sample
+        for up to rollout.partial_chunk tokens with this rank's weights, return the groups that
+        finished (possibly none: an empty Batch) and the rank's meta: pool_rows, pool_oldest,
+        idle/busy, engine drift. The controller merges the ranks' parts (`merge_rounds`)."""
         rc, start = self.cfg.rollout, time.perf_counter()
         if self.pool is None:
             self.pool = self._new_pool()
@@ -163,14 +164,13 @@ class RolloutWorker:
             log_probs = self._round_log_probs(contexts, out)
             self.pool.advance(out["responses"], out["response_length"], log_probs, self.version)
             rows_drift = engine_drift(out.get("rollout_log_prob"), log_probs, out["response_mask"])
-            if rows_drift:   # the round's, in meta: its tokens belong to unfinished samples too (one rank)
+            if rows_drift:   # the round's, in meta: its tokens belong to unfinished samples too
                 drift = {"engine_diff_sum": float(rows_drift["engine_diff_sum"].sum()),
                          "engine_diff_max": float(rows_drift["engine_diff_max"].max()),
                          "engine_diff_tokens": int(out["response_length"].sum())}
         rows = self.pool.pop_finished()
         idle, self.last_end = start - self.last_end, time.perf_counter()
-        rows.meta.update(rollout_idle_s=idle, rollout_busy_s=self.last_end - start, **self.pool.meta(), **drift)
-        return rows
+        return rows, {"rollout_idle_s": idle, "rollout_busy_s": self.last_end - start, **self.pool.meta(), **drift}
 
     def _round_log_probs(self, contexts: list[list[int]], out: dict) -> np.ndarray:
         """This rank's log-probs [R, C] of the tokens it just sampled after each context."""
@@ -192,14 +192,15 @@ class RolloutWorker:
         hit computes the same logits as a re-prefill only up to rounding)."""
         self.engine.forget_cache()
 
-    @register(Dispatch.RANK0)
+    @register(Dispatch.ALL)
     def export_pool(self) -> dict | None:
-        """The unfinished samples of partial rollouts (an async checkpoint saves them)."""
+        """This rank's unfinished samples of partial rollouts (an async checkpoint saves every rank's)."""
         return None if self.pool is None else self.pool.state_dict()
 
     @register(Dispatch.ALL)
-    def load_pool(self, state: dict | None) -> None:
-        """Take back what `export_pool` returned (resume)."""
+    def load_pool(self, states: list[dict | None]) -> None:
+        """Take back this rank's part of what `export_pool` returned, in rank order (resume)."""
+        state = states[self.rank]
         if state is not None:
             self.pool = self._new_pool()
             self.pool.load_state_dict(state)

@@ -265,8 +265,22 @@ def test_one_step_off_rules(project, monkeypatch):
     assert any(e.startswith("rollout.mode: ") and "not built yet" in e for e in errors), errors
     errors = check(project, *off, "rollout.engine=vllm", machine=False)[0]   # a vLLM rollout group: built
     assert not any(e.startswith("rollout.mode: ") for e in errors), errors
-    errors = check(project, "rollout.mode=one_step_off", "resources.gpus_per_node=2", machine=False)[0]
-    assert any("GPU placement of the rollout group is not built yet" in e for e in errors), errors
+    # on GPUs: rollout_workers GPUs for the rollout group, the node's others for the actor
+    gpu = ["rollout.mode=one_step_off", "resources.gpus_per_node=4", "resources.workers=1", "data.batch_size=6", "rollout.n=2",
+           "actor.mini_batch_size=6", "actor.micro_batch_size=2"]
+    assert check(project, *gpu, "resources.rollout_workers=1", machine=False)[0] == []   # actor: 3 GPUs
+    errors = check(project, *gpu, "resources.rollout_workers=4", machine=False)[0]
+    assert errors == ["resources.rollout_workers: 4 rollout GPUs + at least 1 actor GPU > resources.gpus_per_node "
+                      "= 4: \"one_step_off\" gives each rollout rank a GPU and the actor the rest; use at most 3 "
+                      "rollout workers"], errors
+    errors = check(project, *gpu, "resources.nodes=2", machine=False)[0]
+    assert any(e.startswith("resources.nodes: 2: \"one_step_off\" on GPUs") for e in errors), errors
+    errors = check(project, *gpu, "resources.rollout_workers=2", "resources.workers=4", machine=False)[0]
+    assert any(e.startswith("resources.workers: 4: with \"one_step_off\" on GPUs") for e in errors), errors
+    errors = check(project, *gpu, "rollout.engine=vllm", "rollout.tensor_parallel_size=2", machine=False)[0]
+    assert any(e.startswith("rollout.tensor_parallel_size: 2: \"one_step_off\" on GPUs") for e in errors), errors
+    errors = check(project, *gpu, "resources.rollout_workers=2", machine=False)[0]   # 12 rows over 2 actor GPUs: ok
+    assert errors == [], errors
     errors = check(project, *off, "algorithm.dynamic_sampling.enable=true", machine=False)[0]
     assert any(e.startswith("algorithm.dynamic_sampling.enable: ") for e in errors), errors
     # multi-turn runs go one step off too (the turn loop drives the rollout group)

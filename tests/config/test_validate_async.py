@@ -23,8 +23,8 @@ def test_async_rules(project):  # noqa: F811
     errors = check(project, *ASYNC, "rollout.max_staleness=1", "rollout.sync_every=3", machine=False)[0]
     assert any(e.startswith("rollout.sync_every: 3") and "<= max_staleness + 1 = 2" in e for e in errors), errors
     assert check(project, *ASYNC, "rollout.partial_rollout=true", "rollout.partial_chunk=4", machine=False)[0] == []
-    errors = check(project, *ASYNC, "rollout.partial_rollout=true", "resources.rollout_workers=2", machine=False)[0]
-    assert any(e.startswith("rollout.partial_rollout: ") and "rollout_workers = 2" in e for e in errors), errors
+    assert check(project, *ASYNC, "rollout.partial_rollout=true", "rollout.partial_chunk=4",   # a pool per rank
+                 "resources.rollout_workers=2", machine=False)[0] == []
     assert check(project, *ASYNC, "rollout.partial_rollout=true", "rollout.partial_chunk=4",   # rounds filtered
                  "algorithm.dynamic_sampling.enable=true", machine=False)[0] == []
     warnings = check(project, *ASYNC, "rollout.partial_rollout=true", "rollout.partial_chunk=100000", machine=False)[1]
@@ -37,11 +37,14 @@ def test_async_rules(project):  # noqa: F811
                                 "rollout.max_staleness=2", "actor.policy_loss=decoupled_ppo",
                                 "rollout.partial_chunk=100000", machine=False)
     assert errors == [] and not any(w.startswith("rollout.partial_chunk") for w in warnings), (errors, warnings)
+    errors = check(project, *ASYNC, *multi_turn, "rollout.partial_rollout=true", "rollout.max_staleness=2",
+                   "actor.policy_loss=decoupled_ppo", "resources.rollout_workers=2", machine=False)[0]
+    assert any(e.startswith("rollout.partial_rollout: multi-turn") and "rollout_workers = 2" in e for e in errors), errors
     errors = check(project, *ASYNC, "actor.policy_loss=decoupled_ppo", f"{rc}.rollout_is=token", machine=False)[0]
     assert any(e.startswith(f"{rc}.rollout_is: ") and "twice" in e for e in errors), errors
     vllm = ["rollout.engine=vllm", "rollout.partial_rollout=true", "rollout.partial_chunk=4"]
     assert check(project, *ASYNC, *vllm, machine=False)[0] == []   # vLLM rollout group, partial rollouts too
     errors = check(project, *ASYNC, "rollout.engine=sglang", machine=False)[0]
-    assert any(e.startswith("rollout.mode: \"async\" runs its rollout group on CPU workers") for e in errors), errors
+    assert any(e.startswith("rollout.mode: \"async\": rollout.engine = 'sglang'") for e in errors), errors
     warnings = check(project, "rollout.max_staleness=2", machine=False)[1]
     assert any(w.startswith("rollout.max_staleness: ") and "ignored" in w for w in warnings), warnings

@@ -27,6 +27,7 @@ from rlctl.controller.async_rollout import AsyncRollout, partial_ratio
 from rlctl.controller.async_schedule import AsyncSchedule
 from rlctl.controller.prompts import PromptLoader, PromptRow, PromptSet
 from rlctl.runtime.batch import Batch
+from rlctl.runtime.dispatch import Dispatch, split_arguments
 from rlctl.workers.partial_rollout import PartialPool
 
 N = 2       # samples per prompt
@@ -36,11 +37,12 @@ CHUNK = 3   # partial rollouts: tokens a sample decodes per round
 class InOrderGroup:
     """A rollout group double: calls run one at a time in submission order after a random delay."""
 
-    def __init__(self, seed: int):
+    def __init__(self, seed: int, ranks: int = 1):
         self.rng, self.lock = random.Random(seed), threading.Lock()
         self.pool = ThreadPoolExecutor(1)
         self.version = 0
-        self.partial = None   # partial rollouts: the rank's PartialPool
+        self.world_size = ranks
+        self.partial = [None] * ranks   # partial rollouts: each rank's PartialPool
 
     def _delay(self) -> float:
         with self.lock:
@@ -63,16 +65,22 @@ class InOrderGroup:
         self.version = version
         return version
 
-    def _generate_round(self, delay: float, prompts: Batch | None, *, seed: int) -> Batch:
-        """A partial-rollout round on the real PartialPool: up to CHUNK tokens a sample, EOS (0)
-        with probability 1/3 a token, one sample in five a long one (EOS 1/30)."""
+    def _generate_round(self, delay: float, prompts: Batch | None, *, seed: int) -> list[tuple[Batch, dict]]:
+        """A partial-rollout round on real PartialPools, one a rank, the prompts split over the ranks
+        by the real Dispatch.DP split: up to CHUNK tokens a sample, EOS (0) with probability 1/3 a
+        token, one sample in five a long one (EOS 1/30)."""
         time.sleep(delay)
-        if self.partial is None:
-            self.partial = PartialPool(n=N, chunk=CHUNK, width=4, length=12, pad=0, eos_ids=[0])
+        split = split_arguments(Dispatch.DP, self.world_size, (prompts,), {}, "generate_round")
+        return [self._rank_round(rank, args[0], seed, delay) for rank, (args, _) in enumerate(split)]
+
+    def _rank_round(self, rank: int, prompts: Batch | None, seed: int, delay: float) -> tuple[Batch, dict]:
+        if self.partial[rank] is None:
+            self.partial[rank] = PartialPool(n=N, chunk=CHUNK, width=4, length=12, pad=0, eos_ids=[0])
+        pool = self.partial[rank]
         if prompts is not None:
-            self.partial.admit(prompts)
-        contexts, budgets = self.partial.inputs()
-        rng = np.random.default_rng(seed)
+            pool.admit(prompts)
+        contexts, budgets = pool.inputs()
+        rng = np.random.default_rng([seed, rank])
         tokens = np.ones((len(contexts), CHUNK), dtype=np.int64)
         lengths = np.array(budgets, dtype=np.int64)
         for r, (context, budget) in enumerate(zip(contexts, budgets)):
@@ -81,20 +89,20 @@ class InOrderGroup:
             if eos.size:
                 lengths[r] = eos[0] + 1
                 tokens[r, eos[0]] = 0
-        self.partial.advance(tokens, lengths, np.zeros(tokens.shape, dtype=np.float32), self.version)
-        rows = self.partial.pop_finished()
-        rows.meta.update(rollout_idle_s=0.0, rollout_busy_s=delay, **self.partial.meta())
+        pool.advance(tokens, lengths, np.zeros(tokens.shape, dtype=np.float32), self.version)
+        rows = pool.pop_finished()
         if len(rows):
             rows["seed"] = np.full(len(rows), seed)
-        return rows
+        return rows, {"rollout_idle_s": 0.0, "rollout_busy_s": delay, **pool.meta()}
 
-    def export_pool(self) -> dict | None:
-        return None if self.partial is None else pickle.loads(pickle.dumps(self.partial.state_dict()))
+    def export_pool(self) -> list[dict | None]:
+        return [None if p is None else pickle.loads(pickle.dumps(p.state_dict())) for p in self.partial]
 
-    def _load_pool(self, delay: float, state: dict | None) -> None:
-        if state is not None:
-            self.partial = PartialPool(n=N, chunk=CHUNK, width=4, length=12, pad=0, eos_ids=[0])
-            self.partial.load_state_dict(state)
+    def _load_pool(self, delay: float, states: list[dict | None]) -> None:
+        for rank, state in enumerate(states):
+            if state is not None:
+                self.partial[rank] = PartialPool(n=N, chunk=CHUNK, width=4, length=12, pad=0, eos_ids=[0])
+                self.partial[rank].load_state_dict(state)
 
     def _generate(self, delay: float, prompts: Batch, *, seed: int) -> Batch:
         time.sleep(delay)
@@ -107,7 +115,7 @@ class InOrderGroup:
 
 
 def source(k: int, strategy: str, sync_every: int, group_size: int, steps: int, delay_seed: int,
-           sampling: bool = False, partial: bool = False):
+           sampling: bool = False, partial: bool = False, ranks: int = 1):
     config = Config()
     ds = dataclasses.replace(config.algorithm.dynamic_sampling, enable=sampling, metric="acc", max_gen_batches=3)
     config = dataclasses.replace(config, rollout=dataclasses.replace(
@@ -131,7 +139,7 @@ def source(k: int, strategy: str, sync_every: int, group_size: int, steps: int, 
                             actor=SimpleNamespace(export_weights=lambda: {"w": np.zeros(1, dtype=np.float32)},
                                                   world_size=2),
                             session=SimpleNamespace(state=SimpleNamespace(step=0)))
-    src = AsyncRollout(setup, SimpleNamespace(rollout=InOrderGroup(delay_seed)))
+    src = AsyncRollout(setup, SimpleNamespace(rollout=InOrderGroup(delay_seed, ranks)))
     src.score_batch = informative_half   # dynamic sampling's scores: no reward, no tokenizer
     return src, drawn
 
@@ -147,8 +155,8 @@ def informative_half(batch: Batch) -> dict:
     return {"reward/mean": float(batch["acc"].mean())}
 
 
-def run(k, strategy, sync_every, group_size, steps, delay_seed, sampling=False, partial=False):
-    src, drawn = source(k, strategy, sync_every, group_size, steps, delay_seed, sampling, partial)
+def run(k, strategy, sync_every, group_size, steps, delay_seed, sampling=False, partial=False, ranks=1):
+    src, drawn = source(k, strategy, sync_every, group_size, steps, delay_seed, sampling, partial, ranks)
     src.start(1)
     trained, total_dropped, versions = [], 0, []
     for step in range(1, steps + 1):
@@ -217,13 +225,14 @@ def test_wait_issues_one_step_offs_order():
     assert issued == [(1, 1, 0), (1, 2, 0), (2, 3, 1), (3, 4, 2), (4, 5, 3)]
 
 
-@pytest.mark.parametrize("strategy,sync_every,sampling,partial", [("drop", 2, False, False), ("wait", 2, True, False),
-                                                                  ("wait", 1, False, True), ("drop", 2, False, True),
-                                                                  ("drop", 2, True, True)])
+@pytest.mark.parametrize("strategy,sync_every,sampling,partial,ranks", [
+    ("drop", 2, False, False, 1), ("wait", 2, True, False, 1), ("wait", 1, False, True, 1), ("drop", 2, False, True, 1),
+    ("drop", 2, True, True, 1), ("wait", 1, False, True, 2), ("drop", 2, True, True, 2)])
 def test_save_and_restore_mid_run_continues_as_the_uninterrupted_run(tmp_path, strategy, sync_every, sampling,
-                                                                     partial):
+                                                                     partial, ranks):
     """What a checkpoint holds (buffered and generating batches, counts, the rollout group's copy
-    between pushes) plus the loader's position give the same trained groups as never stopping."""
+    between pushes, each rollout rank's unfinished samples) plus the loader's position give the
+    same trained groups as never stopping."""
     def steps(src, first, last, out):
         for step in range(first, last + 1):
             batch, _, _ = src.take(step)
@@ -233,15 +242,18 @@ def test_save_and_restore_mid_run_continues_as_the_uninterrupted_run(tmp_path, s
             src.after_update(step)
         return out
 
-    full, _ = source(2, strategy, sync_every, 2, 8, 0, sampling, partial)
+    full, _ = source(2, strategy, sync_every, 2, 8, 0, sampling, partial, ranks)
     full.start(1)
     expected = steps(full, 1, 8, [])
-    first, _ = source(2, strategy, sync_every, 2, 8, 1, sampling, partial)
+    first, _ = source(2, strategy, sync_every, 2, 8, 1, sampling, partial, ranks)
     first.start(1)
     got = steps(first, 1, 3, [])
     first.save(tmp_path)
+    if ranks > 1 and not sampling:   # this save catches both ranks with unfinished samples
+        pools = pickle.loads((tmp_path / "async_rollout.pkl").read_bytes())["partial"]["pool"]
+        assert len(pools) == ranks and all(p["samples"] for p in pools), pools
     loader_state = first.setup.loader.state_dict()
-    again, _ = source(2, strategy, sync_every, 2, 8, 2, sampling, partial)
+    again, _ = source(2, strategy, sync_every, 2, 8, 2, sampling, partial, ranks)
     again.setup.loader.load_state_dict(loader_state)
     again.setup.session.state.step = 3
     again.restore(tmp_path)
@@ -252,7 +264,7 @@ def test_save_and_restore_mid_run_continues_as_the_uninterrupted_run(tmp_path, s
 @pytest.mark.parametrize("case", range(8))
 def test_partial_rollouts_keep_every_trained_token_within_the_bound(case):
     """Partial rollouts: samples continue over rounds and pushes; the bound holds per token, the
-    accounting includes the unfinished samples on the rank, and the delays change nothing; with
+    accounting includes the unfinished samples on the rank(s), and the delays change nothing; with
     dynamic sampling (odd cases) only informative groups train and filtered ones are counted."""
     rng = random.Random(1000 + case)
     k = rng.randint(1, 4)
@@ -260,9 +272,11 @@ def test_partial_rollouts_keep_every_trained_token_within_the_bound(case):
     sync_every = rng.randint(1, k + 1)
     group_size = rng.choice([2, 3])
     sampling = case % 2 == 1   # dynamic sampling too: each round's finished groups filtered, and refilled
-    first = run(k, strategy, sync_every, group_size, steps=10, delay_seed=case, sampling=sampling, partial=True)
+    ranks = 1 + case // 4      # cases 4-7: two rollout ranks, each with a pool of its own
+    first = run(k, strategy, sync_every, group_size, steps=10, delay_seed=case, sampling=sampling, partial=True,
+                ranks=ranks)
     assert run(k, strategy, sync_every, group_size, steps=10, delay_seed=case + 100, sampling=sampling,
-               partial=True) == first
+               partial=True, ranks=ranks) == first
 
 
 def test_partial_rollouts_train_samples_that_straddle_a_push():

@@ -1,8 +1,8 @@
-"""Partial rollouts on the async rollout rank (rlctl.workers.partial_rollout), real Ray actors: a
+"""Partial rollouts on two async rollout ranks (rlctl.workers.partial_rollout), real Ray actors: a
 sample cut by a weight push keeps its tokens and continues on the new weights, every token carries
 the version that sampled it, and its rollout_log_prob is that version's log-prob of it (checked
-against the actor at v1 and the rollout rank put back on v0); the pool a checkpoint saves continues
-to the same tokens."""
+against the actor at v1 and the rollout rank put back on v0); each rank's pool a checkpoint saves
+continues to the same tokens."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 from worker_fixtures import PAD, run_config
 
+from rlctl.controller.async_rollout import merge_rounds
 from rlctl.runtime import Batch
 from rlctl.runtime.batch import object_array
 
@@ -29,12 +30,17 @@ def _prompts(count: int = 3, width: int = 6) -> Batch:
     return Batch({"input_ids": ids, "attention_mask": mask, "uid": object_array([f"p{r}" for r in range(count)])})
 
 
+def _round(rollout, prompts: Batch | None, seed: int) -> Batch:
+    """One round over both rollout ranks, merged as the async source merges it."""
+    return merge_rounds(rollout.generate_round(prompts, seed=seed), PAD)
+
+
 def _rounds(rollout, first: Batch, seed: int) -> list[Batch]:
-    """Rounds without new prompts until the pool is empty."""
+    """Rounds without new prompts until every rank's pool is empty."""
     out = [first]
     while out[-1].meta["pool_rows"]:
         seed += 1
-        out.append(rollout.generate_round(None, seed=seed))
+        out.append(_round(rollout, None, seed))
     return [b for b in out if len(b)]
 
 
@@ -42,14 +48,14 @@ def test_a_sample_cut_by_a_push_continues_on_the_new_weights_with_per_token_vers
     cfg = run_config(tiny_model_dir, actor={"lr": 5e-2, "micro_batch_size": 4, "grad_clip": 0.0},
                      rollout={"n": 2, "mode": "async", "partial_rollout": True, "partial_chunk": 3},
                      data={"batch_size": 3, "max_response_length": 8, "max_prompt_length": 8},
-                     resources={"gpus_per_node": 0, "workers": 1, "rollout_workers": 1})
-    with ray_session(num_cpus=2):
+                     resources={"gpus_per_node": 0, "workers": 1, "rollout_workers": 2})
+    with ray_session(num_cpus=3):   # one actor rank and two rollout ranks, one CPU each
         workers = start_workers(cfg, total_steps=2, needs_reference=False, needs_critic=False)
         actor, rollout = workers.actor, workers.rollout
         v0 = actor.export_weights()
         rollout.update_weights(v0, version=0)
         whole = rollout.generate(_prompts(), seed=5)   # the non-partial call: same columns expected
-        first = rollout.generate_round(_prompts(), seed=1)   # round 1 on v0: 3 tokens each at most
+        first = _round(rollout, _prompts(), seed=1)   # round 1 on v0: 3 tokens each at most, prompts split 2 / 1
         assert first.meta["pool_rows"] > 0
 
         train = Batch(dict(whole.tensors), {"mini_batches": 1})
@@ -58,7 +64,8 @@ def test_a_sample_cut_by_a_push_continues_on_the_new_weights_with_per_token_vers
         actor.update_actor(train)
         v1 = actor.export_weights()
         rollout.update_weights(v1, version=1)
-        saved = rollout.export_pool()   # what an async checkpoint holds of the unfinished samples
+        saved = rollout.export_pool()   # what an async checkpoint holds of the unfinished samples, per rank
+        assert len(saved) == 2 and all(state["samples"] for state in saved)   # both ranks hold some
         done = Batch.concat(_rounds(rollout, first, seed=1))
         rollout.load_pool(saved)        # resume: the same rounds continue them to the same tokens
         again = Batch.concat(_rounds(rollout, first, seed=1))

@@ -48,14 +48,12 @@ def check_one_step_off(c: Config, ctx: CheckContext) -> list[Problem]:
         return _async_problems(c, ctx)
     problems = []
     gpus = c.resources.gpus_per_node
-    if rollout_engine_info(c.rollout.engine).gpu_only:   # the rollout group runs on CPU workers (below)
-        problems.append(Problem("rollout.mode", f"\"{mode}\" runs its rollout group on CPU workers; "
-                                f"rollout.engine = {c.rollout.engine!r} runs on GPUs only, and GPU placement there is "
-                                "not built yet: use rollout.engine = \"hf\" or \"vllm\", or rollout.mode = \"sync\""))
+    if rollout_engine_info(c.rollout.engine).gpu_only:   # its rollout worker is not built (hf and vllm are)
+        problems.append(Problem("rollout.mode", f"\"{mode}\": rollout.engine = {c.rollout.engine!r} in the separate "
+                                "rollout group is not built yet: use rollout.engine = \"hf\" or \"vllm\", or "
+                                "rollout.mode = \"sync\""))
     if isinstance(gpus, int) and gpus > 0:
-        problems.append(Problem("rollout.mode", f"\"{mode}\" splits CPU workers between the actor and the "
-                                "rollout group; GPU placement of the rollout group is not built yet: set "
-                                "resources.gpus_per_node = 0 or rollout.mode = \"sync\""))
+        problems += _gpu_split_problems(c, mode, gpus)
     if c.algorithm.dynamic_sampling.enable and mode == "one_step_off":
         problems.append(Problem("algorithm.dynamic_sampling.enable", "dynamic sampling decides how many batches to "
                                 "generate from their rewards, which one_step_off generates a step ahead: turn one "
@@ -65,6 +63,31 @@ def check_one_step_off(c: Config, ctx: CheckContext) -> list[Problem]:
                                 f"data.batch_size = {c.data.batch_size} prompts: every worker needs a prompt; use at "
                                 "most data.batch_size"))
     return problems + _async_problems(c, ctx)
+
+
+def _gpu_split_problems(c: Config, mode: str, gpus: int) -> list[Problem]:
+    """On GPUs the rollout group takes resources.rollout_workers GPUs of the one node, one a rank,
+    and the actor the other gpus_per_node - rollout_workers (rlctl.workers.groups.pool_resources)."""
+    res = c.resources
+    if res.nodes > 1:
+        return [Problem("resources.nodes", f"{res.nodes}: \"{mode}\" on GPUs splits one node's GPUs between the "
+                                           "actor and the rollout group; several nodes are not built yet: set "
+                                           "resources.nodes = 1")]
+    actor = gpus - res.rollout_workers
+    if actor < 1:
+        return [Problem("resources.rollout_workers", f"{res.rollout_workers} rollout GPUs + at least 1 actor GPU > "
+                                                     f"resources.gpus_per_node = {gpus}: \"{mode}\" gives each "
+                                                     "rollout rank a GPU and the actor the rest; use at most "
+                                                     f"{gpus - 1} rollout workers")]
+    if c.rollout.tensor_parallel_size > 1:
+        return [Problem("rollout.tensor_parallel_size", f"{c.rollout.tensor_parallel_size}: \"{mode}\" on GPUs gives "
+                                                        "each rollout rank one GPU; an engine over several is not "
+                                                        "built yet: set it to 1")]
+    if res.workers not in (1, actor):
+        return [Problem("resources.workers", f"{res.workers}: with \"{mode}\" on GPUs the actor group is the "
+                                             f"{actor} GPUs left beside the {res.rollout_workers} rollout GPUs "
+                                             "(gpus_per_node - rollout_workers); leave resources.workers at 1")]
+    return []
 
 
 def _async_problems(c: Config, ctx: CheckContext) -> list[Problem]:
@@ -89,10 +112,11 @@ def _async_problems(c: Config, ctx: CheckContext) -> list[Problem]:
 def _partial_problems(c: Config) -> list[Problem]:
     """rollout.partial_rollout: what generation in rounds supports so far."""
     ro, problems = c.rollout, []
-    if c.resources.rollout_workers > 1:
-        problems.append(Problem("rollout.partial_rollout", f"keeps the unfinished samples on one rollout rank; "
-                                f"resources.rollout_workers = {c.resources.rollout_workers} is not built yet: set "
-                                "resources.rollout_workers = 1 or rollout.partial_rollout = false"))
+    if c.resources.rollout_workers > 1 and ro.multi_turn.enable:
+        problems.append(Problem("rollout.partial_rollout", f"multi-turn partial rollouts keep their conversations "
+                                f"for one rollout rank; resources.rollout_workers = {c.resources.rollout_workers} is "
+                                "not built yet for them: set resources.rollout_workers = 1 or "
+                                "rollout.partial_rollout = false"))
     if ro.partial_chunk >= c.data.max_response_length and not ro.multi_turn.enable:   # multi-turn: a round is a turn
         problems.append(Problem("rollout.partial_chunk", f"{ro.partial_chunk} >= data.max_response_length = "
                                 f"{c.data.max_response_length}: every sample finishes in its first round, so none "
