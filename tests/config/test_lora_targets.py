@@ -6,9 +6,6 @@ again at start for models validate could not see (a hub id)."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
-
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
@@ -16,6 +13,7 @@ import pytest
 from rlctl.config.schema import LoraConfig
 from rlctl.errors import ConfigError
 from rlctl.models.tiny import build_tiny_model
+from support.cli import rlctl_here
 
 LLAMA_NAMES = '["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]'
 TOML = """
@@ -48,8 +46,7 @@ def _project(tmp_path, model):
 
 
 def _validate(project, *overrides):
-    return subprocess.run([sys.executable, "-m", "rlctl", "config", "validate", *overrides, "--format", "json"],
-                          cwd=project, capture_output=True, text=True)
+    return rlctl_here("config", "validate", *overrides, "--format", "json", cwd=project)
 
 
 def test_validate_refuses_names_phi3_does_not_have(tmp_path, phi3_dir):

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -12,6 +10,7 @@ import pytest
 
 from rlctl.config.loader import load_config
 from rlctl.validate import validate
+from support.cli import rlctl_here
 
 BASE = """
 [model]
@@ -161,26 +160,24 @@ def test_vllm_on_cpu_needs_its_extra_and_a_head_size_its_attention_runs(project,
     build_tiny_model(tmp_path / "m64", layers=1, hidden=128, heads=2, kv_heads=1)
     assert check(project, "rollout.engine=vllm", "resources.gpus_per_node=0", f"model.path={tmp_path / 'm64'}")[0] == []
     monkeypatch.undo()
-    cli = subprocess.run([sys.executable, "-m", "rlctl", "config", "validate", "rollout.engine=vllm",
-                          "resources.gpus_per_node=0"], cwd=project, capture_output=True, text=True)
+    cli = rlctl_here("config", "validate", "rollout.engine=vllm",
+                          "resources.gpus_per_node=0", cwd=project)
     lines = [line for line in cli.stderr.splitlines() if line.startswith("error")]
     assert cli.returncode == 2 and len(lines) == 1 and "rollout.engine: 'vllm'" in lines[0], cli.stderr
 
 
 def test_cli_reports_all_and_json(project):
-    cmd = [sys.executable, "-m", "rlctl", "config", "validate"]
-    ok = subprocess.run(cmd, cwd=project, capture_output=True, text=True)
+    cmd = ["config", "validate"]
+    ok = rlctl_here(*cmd, cwd=project)
     assert ok.returncode == 0, ok.stderr
     assert "steps per epoch" in ok.stdout and "ok:" in ok.stdout
-    bad = subprocess.run(cmd + ["rollout.n=1", "actor.micro_batch_size=3", "actor.lr=-1"], cwd=project,
-                         capture_output=True, text=True)
+    bad = rlctl_here(*cmd, "rollout.n=1", "actor.micro_batch_size=3", "actor.lr=-1", cwd=project)
     assert bad.returncode == 2
     lines = [l for l in bad.stderr.splitlines() if l.startswith("error")]
     assert len(lines) == 3 and "actor.lr: must be > 0" in lines[0]  # key and cross-field errors together
     assert lines[0] == "error: rlctl.toml: actor.lr: must be > 0, got -1.0"   # the override's, no file line
     assert "batch plan" in bad.stdout and "sequences per step" in bad.stdout   # printed with errors too
-    bad2 = subprocess.run(cmd + ["rollout.n=1", "actor.micro_batch_size=3", "--format", "json"], cwd=project,
-                          capture_output=True, text=True)
+    bad2 = rlctl_here(*cmd, "rollout.n=1", "actor.micro_batch_size=3", "--format", "json", cwd=project)
     report = json.loads(bad2.stdout)
     assert bad2.returncode == 2 and not report["ok"] and len(report["errors"]) == 2
     assert all(e.startswith("rlctl.toml:") for e in report["errors"])
@@ -240,8 +237,8 @@ def test_gpus_auto_resolves_once_to_this_machines_gpus(project):
     errors, _, _ = check(project, "resources.gpus_per_node=auto", "resources.address=ray://head:10001")
     assert any("\"auto\" counts this machine's GPUs" in e for e in errors), errors
     assert check(project, "resources.gpus_per_node=auto", machine=False)[0] == []
-    proc = subprocess.run([sys.executable, "-m", "rlctl", "config", "validate", "resources.gpus_per_node=auto",
-                           "--format", "json"], cwd=project, capture_output=True, text=True)
+    proc = rlctl_here("config", "validate", "resources.gpus_per_node=auto",
+                           "--format", "json", cwd=project)
     report = json.loads(proc.stdout)
     assert report["gpus_per_node"] == visible_gpus() and report["gpus_per_node_resolved"].startswith("auto: ")
 

@@ -7,11 +7,18 @@ import subprocess
 import sys
 
 import pytest
+from support.cli import rlctl_here
 
 
 def tiny(*args):
+    """`rlctl model tiny ARGS` in a bare environment (a fresh process: ~5 s of imports)."""
     return subprocess.run([sys.executable, "-m", "rlctl", "model", "tiny", *map(str, args)], capture_output=True,
                           text=True, env={"PATH": "/usr/bin:/bin", "HF_HUB_OFFLINE": "1"})
+
+
+def tiny_here(*args):
+    """The same command in this process (what it prints and returns, without the imports)."""
+    return rlctl_here("model", "tiny", *args)
 
 
 def test_same_seed_same_bytes_other_seed_differs(tmp_path):
@@ -24,16 +31,16 @@ def test_same_seed_same_bytes_other_seed_differs(tmp_path):
     build_tiny_model(tmp_path / "c", seed=4)
     weights = {n: (tmp_path / n / "model.safetensors").read_bytes() for n in "abc"}
     assert weights["a"] == weights["b"] and weights["a"] != weights["c"]
-    info = json.loads(tiny(tmp_path / "d", "--layers", 3, "--hidden", 32, "--format", "json").stdout)
+    info = json.loads(tiny_here(tmp_path / "d", "--layers", 3, "--hidden", 32, "--format", "json").stdout)
     assert info["layers"] == 3 and info["hidden"] == 32 and info["vocab"] == 260
 
 
 def test_refuses_non_empty_and_bad_shapes(tmp_path):
     (tmp_path / "x").mkdir()
     (tmp_path / "x" / "keep.txt").write_text("mine")
-    out = tiny(tmp_path / "x")
+    out = tiny_here(tmp_path / "x")
     assert out.returncode == 2 and "--force" in out.stderr and (tmp_path / "x" / "keep.txt").exists()
-    bad = tiny(tmp_path / "y", "--hidden", 30, "--heads", 4)
+    bad = tiny_here(tmp_path / "y", "--hidden", 30, "--heads", 4)
     assert bad.returncode == 2 and "do not divide" in bad.stderr
 
 
@@ -102,9 +109,9 @@ def test_doctor_reports(fmt):
 
 
 def test_other_architectures(tmp_path):
-    out = tiny(tmp_path / "phi3", "--arch", "phi3", "--hidden", 32, "--format", "json")
+    out = tiny_here(tmp_path / "phi3", "--arch", "phi3", "--hidden", 32, "--format", "json")
     assert out.returncode == 0, out.stderr
     config = json.loads((tmp_path / "phi3" / "config.json").read_text())
     assert config["architectures"] == ["Phi3ForCausalLM"] and json.loads(out.stdout)["arch"] == "phi3"
-    bad = tiny(tmp_path / "x", "--arch", "gpt9")
+    bad = tiny_here(tmp_path / "x", "--arch", "gpt9")
     assert bad.returncode == 2 and "--arch 'gpt9' is not one of qwen2, llama" in bad.stderr

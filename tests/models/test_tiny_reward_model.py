@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
+
+from support.cli import rlctl_here
 
 
 def test_cli_writes_a_reward_model_transformers_loads(tmp_path):
@@ -12,8 +12,7 @@ def test_cli_writes_a_reward_model_transformers_loads(tmp_path):
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
     out = tmp_path / "rm"
-    proc = subprocess.run([sys.executable, "-m", "rlctl", "model", "tiny", "--reward-model", str(out), "--format",
-                           "json"], capture_output=True, text=True, timeout=180)
+    proc = rlctl_here("model", "tiny", "--reward-model", out, "--format", "json")
     assert proc.returncode == 0, proc.stderr
     info = json.loads(proc.stdout)
     assert info["reward_model"] is True and info["num_labels"] == 1

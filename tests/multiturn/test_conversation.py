@@ -17,6 +17,7 @@ from rlctl.models.tiny import build_tokenizer
 from rlctl.multiturn.conversation import ChatRenderer, check_transcript
 from rlctl.multiturn.rollout import MultiTurnActor
 from rlctl.multiturn.tools import ToolRunner, load_tools
+from support.cli import rlctl_here
 
 CALL = '<tool_call>\n{"name": "calculator", "arguments": {"expression": "17 * 3"}}\n</tool_call>'
 
@@ -299,9 +300,6 @@ def test_a_dict_of_interactions_lets_each_row_pick_one_by_name(tmp_path, tok):
 
 
 def test_config_validate_checks_every_row_picks_one_of_several_interactions(tmp_path, tiny_model_dir):
-    import subprocess
-    import sys
-
     from support.parquet_rows import write_rows
 
     (tmp_path / "several.py").write_text(SEVERAL)
@@ -319,8 +317,7 @@ val_files = []
 enable = true
 interaction = "several.py:interactions"
 """)
-    out = subprocess.run([sys.executable, "-m", "rlctl", "config", "validate", "rlctl.toml"], cwd=tmp_path,
-                         capture_output=True, text=True)
+    out = rlctl_here("config", "validate", "rlctl.toml", cwd=tmp_path)
     text = out.stdout + out.stderr
     assert out.returncode == 2, text
     assert ("data.train_files: train.parquet: 2 row(s) pick no interaction of rollout.multi_turn.interaction "
@@ -420,8 +417,6 @@ def test_a_turn_cut_at_max_turn_length_is_closed_by_the_template_with_mask_0(tmp
 
 
 def test_config_validate_reports_bad_tools_in_one_line_exit_2(tmp_path, tiny_model_dir):
-    import subprocess
-    import sys
 
     (tmp_path / "t.py").write_text("def untyped(x):\n    return x\n")
     (tmp_path / "rlctl.toml").write_text(f"""
@@ -434,16 +429,14 @@ enable = true
 tools = ["calculator", "t.py:untyped"]
 interaction = "nofile.py:user"
 """)
-    out = subprocess.run([sys.executable, "-m", "rlctl", "config", "validate", "rlctl.toml"], cwd=tmp_path,
-                         capture_output=True, text=True)
+    out = rlctl_here("config", "validate", "rlctl.toml", cwd=tmp_path)
     text = out.stdout + out.stderr
     assert out.returncode == 2, text
     assert "rollout.multi_turn.tools: tool 'untyped' has no usable schema" in text, text
     assert "rollout.multi_turn.interaction: nofile.py does not exist" in text and "Traceback" not in text
     (tmp_path / "rlctl.toml").write_text((tmp_path / "rlctl.toml").read_text().replace(
         '"calculator", "t.py:untyped"', '"weather"'))
-    out = subprocess.run([sys.executable, "-m", "rlctl", "config", "validate", "rlctl.toml"], cwd=tmp_path,
-                         capture_output=True, text=True)
+    out = rlctl_here("config", "validate", "rlctl.toml", cwd=tmp_path)
     assert out.returncode == 2 and "unknown tool 'weather'" in out.stdout + out.stderr
 
 

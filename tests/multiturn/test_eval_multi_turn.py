@@ -6,6 +6,7 @@ import json
 import shutil
 from pathlib import Path
 
+from support.cli import rlctl_here
 from support.parquet_rows import write_rows
 from tool_model import REWARD
 
@@ -45,9 +46,6 @@ max_turns = 3
 def test_eval_config_gives_a_model_without_a_run_the_tools_of_an_rl_config(tmp_path, tool_model_dir):
     """`rlctl eval MODEL --config rl.toml`: a plain model folder (an SFT stage, a base model) evaluated
     with that config's tools, multi-turn loop and reward; the summary adds tool_use."""
-    import subprocess
-    import sys
-
     (tmp_path / "reward.py").write_text(REWARD)
     (tmp_path / "rl.toml").write_text("""
 [model]
@@ -65,9 +63,8 @@ max_turns = 3
     write_rows(tmp_path / "data.parquet", [
         {"data_source": "calc", "prompt": [{"role": "user", "content": "What is 2 + 2?"}],
          "reward_model": {"style": "rule", "ground_truth": "4"}, "extra_info": {"index": 0}}])
-    out = subprocess.run([sys.executable, "-m", "rlctl", "eval", str(tool_model_dir), "--data", "data.parquet",
-                          "--config", "rl.toml", "--engine", "hf", "--out", "out.jsonl", "--format", "json"],
-                         cwd=tmp_path, capture_output=True, text=True)
+    out = rlctl_here("eval", str(tool_model_dir), "--data", "data.parquet",
+                          "--config", "rl.toml", "--engine", "hf", "--out", "out.jsonl", "--format", "json", cwd=tmp_path)
     assert out.returncode == 0, out.stderr
     summary = json.loads(out.stdout)
     assert summary["config"] == "rl.toml"
@@ -76,12 +73,11 @@ max_turns = 3
     assert [m["role"] for m in record["messages"]] == ["user", "assistant", "tool", "assistant"]
     (tmp_path / "plain.py").write_text("def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n"
                                        "    return float(solution_str.strip() == ground_truth)\n")
-    plain = subprocess.run([sys.executable, "-m", "rlctl", "eval", str(tool_model_dir), "--data", "data.parquet",
+    plain = rlctl_here("eval", str(tool_model_dir), "--data", "data.parquet",
                             "--reward", "plain.py:compute_score", "--engine", "hf", "--out", "plain.jsonl",
-                            "--format", "json"],
-                           cwd=tmp_path, capture_output=True, text=True)
+                            "--format", "json", cwd=tmp_path)
     assert plain.returncode == 0 and "tool_use" not in json.loads(plain.stdout)["all"]   # no run, no tools
-    missing = subprocess.run([sys.executable, "-m", "rlctl", "eval", str(tool_model_dir), "--data", "data.parquet",
-                              "--config", "nope.toml"], cwd=tmp_path, capture_output=True, text=True)
+    missing = rlctl_here("eval", str(tool_model_dir), "--data", "data.parquet",
+                              "--config", "nope.toml", cwd=tmp_path)
     assert missing.returncode == 2 and "--config nope.toml does not exist" in missing.stderr
 

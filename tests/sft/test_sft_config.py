@@ -3,9 +3,6 @@ data stops `rlctl train` with one line and exit 3 before any worker starts."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pyarrow as pa
@@ -15,6 +12,7 @@ from rlctl.config.loader import load_config
 from rlctl.validate import validate
 from rlctl.project import write_project
 from rlctl.recipes import get_recipe
+from support.cli import rlctl_here
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -67,8 +65,7 @@ def test_bad_sft_data_is_one_line_exit_3(tmp_path, tiny_model_dir):
     rl_rows = [{"data_source": "x", "prompt": [{"role": "user", "content": "1+1?"}]}] * 40   # RL data: no response
     for split in ("train", "test"):
         pq.write_table(pa.Table.from_pylist(rl_rows), data / f"{split}.parquet")
-    proc = subprocess.run([sys.executable, "-m", "rlctl", "train"], cwd=tmp_path, capture_output=True, text=True,
-                          env={**os.environ, "HF_HUB_OFFLINE": "1"}, timeout=300)
+    proc = rlctl_here("train", cwd=tmp_path)
     assert proc.returncode == 3, proc.stderr[-2000:]
     lines = [line for line in proc.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and "no 'response' column" in lines[0] and "--sft" in lines[0], proc.stderr
