@@ -104,6 +104,25 @@ def load_processor(path: str | os.PathLike):
                         hint="check its preprocessor / processor / tokenizer files") from None
 
 
+@functools.lru_cache(maxsize=2)
+def cached_processor(path: str):
+    """`load_processor(path)` once per process (the rollout ranks and the controller's turn loop
+    ask for it with every batch)."""
+    return load_processor(path)
+
+
+IMAGES = "images"   # a prompt batch's column: each row's PIL images (rlctl.controller.prompts)
+
+
+def without_images(batch):
+    """The rlctl.runtime Batch less its PIL `images` column: rollout rows carry pixel_values instead."""
+    from rlctl.runtime.batch import Batch
+
+    if IMAGES not in batch:
+        return batch
+    return Batch({k: v for k, v in batch.tensors.items() if k != IMAGES}, batch.meta)
+
+
 def processor_max_pixels(processor) -> int | None:
     """The most pixels the processor's image processor keeps (it scales larger images down)."""
     images = getattr(processor, "image_processor", None)

@@ -129,7 +129,7 @@ class MultiTurnActor(PolicyHandle):
     def _prompt_images(self, batch: Batch) -> list:
         """Each prompt's (pixel_values, image_grid_thw) from the batch's PIL `images` column, or
         (None, None); all (None, None) for a text policy."""
-        from rlctl.workers.vision import IMAGES
+        from rlctl.models.vision import IMAGES
 
         if self.vision is None or IMAGES not in batch:
             return [(None, None)] * len(batch["input_ids"])
@@ -252,7 +252,7 @@ class MultiTurnActor(PolicyHandle):
         batch["conversation"] = object_array([copy.deepcopy(c.messages) for c in convs])
         batch["multi_turn"] = object_array([c.summary() for c in convs])
         if self.vision is not None:   # each row's own images (prompt's + tools') and whole-sequence positions
-            from rlctl.workers.vision import IMAGES, without_images
+            from rlctl.models.vision import IMAGES, without_images
 
             batch = without_images(batch) if IMAGES in batch else batch
             pairs = [stacked(c.images) for c in convs]

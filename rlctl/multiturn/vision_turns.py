@@ -22,9 +22,9 @@ class TurnImages:
     """model_path's image processor and placeholder token, on the controller."""
 
     def __init__(self, model_path: str):
-        from rlctl.workers.vision import _processor
+        from rlctl.models.vision import cached_processor
 
-        processor = _processor(str(model_path))
+        processor = cached_processor(str(model_path))
         self.image_processor = processor.image_processor
         self.merge = int(self.image_processor.merge_size)
         token = getattr(processor, "image_token_id", None)

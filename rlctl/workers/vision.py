@@ -20,16 +20,15 @@ could reuse another batch's deltas. Passing position_ids explicitly sidesteps bo
 from __future__ import annotations
 
 import contextlib
-import functools
 from typing import Iterator
 
 import numpy as np
 import torch
 
+from rlctl.models.vision import IMAGES, cached_processor, without_images  # noqa: F401 (re-exported)
 from rlctl.runtime.batch import Batch, object_array
 
 PIXEL_VALUES, IMAGE_GRID_THW, POSITION_IDS = "pixel_values", "image_grid_thw", "position_ids"
-IMAGES = "images"   # the prompt batch's column: each row's PIL images (the controller's, rlctl.controller.prompts)
 VISION_KEYS = (PIXEL_VALUES, IMAGE_GRID_THW)
 
 
@@ -130,22 +129,7 @@ def with_pixels(batch: Batch, model: torch.nn.Module, model_path: str) -> Batch:
     without the column as it is. The actor's rollout and the separate rollout group both call it."""
     if IMAGES not in batch:
         return batch
-    return batch.union(Batch(process_images(_processor(str(model_path)), model, batch)))
-
-
-def without_images(batch: Batch) -> Batch:
-    """The batch less its PIL `images` column: rollout rows carry pixel_values to the update."""
-    if IMAGES not in batch:
-        return batch
-    return Batch({k: v for k, v in batch.tensors.items() if k != IMAGES}, batch.meta)
-
-
-@functools.lru_cache(maxsize=2)
-def _processor(model_path: str):
-    """model_path's processor, loaded once per process."""
-    from rlctl.models.vision import load_processor
-
-    return load_processor(model_path)
+    return batch.union(Batch(process_images(cached_processor(str(model_path)), model, batch)))
 
 
 def stack_images(pixel_rows, grid_rows) -> tuple[np.ndarray, np.ndarray] | None:
