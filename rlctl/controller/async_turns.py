@@ -25,6 +25,8 @@ Each model token carries the version that sampled it (`token_version`; tool, int
 template tokens -1, mask 0) and its log-prob under those weights, computed right after its turn.
 The pool (every live conversation, with the tool and interaction objects that hold their state)
 pickles into the async checkpoint, so resume continues each conversation at its next turn.
+The pool lives here, not on a rank, so several rollout ranks share it; a turn's tagging call is
+padded to the rank count (`fill_ranks`) when fewer conversations are live than ranks.
 """
 
 from __future__ import annotations
@@ -190,7 +192,8 @@ class TurnPool:
         batch = Batch({"input_ids": np.concatenate([ids, responses], axis=1),
                        "attention_mask": np.concatenate([mask, response_mask], axis=1),
                        "response_mask": response_mask.astype(np.float32)})
-        return self.turns.group.tag_rollout(batch)["rollout_log_prob"]
+        tags = self.turns.group.tag_rollout(fill_ranks(batch, self.turns.group.world_size))
+        return tags["rollout_log_prob"][:len(batch)]
 
     def _pop_finished(self) -> Batch:
         """The groups whose n conversations have all ended, in admission order, as the whole-batch
@@ -256,3 +259,13 @@ class TurnPool:
                                   "they were when the checkpoint was saved, or resume from another step") from e
         self.entries, self.groups, self.next_group = state["entries"], state["groups"], int(state["next_group"])
         self.turns.runner.tools, self.turns.interaction = state["tools"], state["interaction"]
+
+
+def fill_ranks(batch: Batch, world: int) -> Batch:
+    """`batch` with its last row repeated until every one of `world` ranks gets a row: a Dispatch.DP
+    call cannot split fewer rows than ranks, and late in a round few conversations may be live. Each
+    rank computes its rows alone, so the copies leave the real rows' results unchanged; the caller
+    keeps the first len(batch) rows of the result."""
+    if len(batch) >= world:
+        return batch
+    return batch.select(list(range(len(batch))) + [len(batch) - 1] * (world - len(batch)))

@@ -33,10 +33,11 @@ class Asker:
 '''
 
 
-def _setup(model_dir, tmp_path):
+def _setup(model_dir, tmp_path, ranks: int = 1):
     from rlctl.controller.prompts import render_prompts
     from rlctl.controller.rollout import prompt_batch
     from rlctl.multiturn.rollout import MultiTurnActor
+    from rlctl.runtime.dispatch import collect_results, dispatch_mode, split_arguments
     from rlctl.workers.rollout_worker import RolloutWorker
 
     (tmp_path / "asker.py").write_text(ASKER)
@@ -46,13 +47,19 @@ def _setup(model_dir, tmp_path):
                     rollout=RolloutConfig(n=2, temperature=0.3, mode="async", partial_rollout=True, multi_turn=mt))
     worker = RolloutWorker(config)
 
-    class OneRank:   # what the Ray group does with one rank: call the method
-        world_size = 1
-        generate_turn = staticmethod(worker.generate_turn)
-        tag_rollout = staticmethod(worker.tag_rollout)
+    class Ranks:   # what the Ray group does: split each call over `ranks` ranks (here all one worker's weights)
+        world_size = ranks
+
+        def __getattr__(self, method):
+            mode = dispatch_mode(RolloutWorker, method)
+
+            def call(*args, **kwargs):
+                parts = split_arguments(mode, ranks, args, kwargs, method)
+                return collect_results(mode, [getattr(worker, method)(*a, **k) for a, k in parts])
+            return call
 
     def turns():
-        return MultiTurnActor(OneRank(), config, worker.tokenizer, tmp_path, worker.eos_ids)
+        return MultiTurnActor(Ranks(), config, worker.tokenizer, tmp_path, worker.eos_ids)
 
     rows = [{"prompt": [{"role": "user", "content": q}], "data_source": "calc", "reward_model": {"ground_truth": ""},
              "extra_info": {}} for q in ("What is 2 + 2?", "What is 2 + 2?")]
@@ -114,8 +121,17 @@ def test_pushes_land_between_turns_with_per_token_versions_and_the_pool_resumes_
     resumed.load_state_dict(saved)
     assert resumed.turns.interaction.obj.asked == asked and len(asked) == 4
     again = _until_empty(resumed, 1, version=1)
-    assert len(again) == len(rows)
-    for a, b in zip(again, rows):
+    _assert_same_rows(again, rows)
+
+    # state that does not pickle stops the save with one line, not a half-written checkpoint
+    resumed.turns.interaction.obj.hook = lambda: None
+    with pytest.raises(CheckpointError, match="does not pickle"):
+        resumed.state_dict()
+
+
+def _assert_same_rows(got: list, want: list) -> None:
+    assert len(got) == len(want)
+    for a, b in zip(got, want):
         assert a.tensors.keys() == b.tensors.keys()
         for key in a.tensors:
             if a[key].dtype == object:
@@ -123,7 +139,24 @@ def test_pushes_land_between_turns_with_per_token_versions_and_the_pool_resumes_
             else:
                 np.testing.assert_array_equal(a[key], b[key], err_msg=key)
 
-    # state that does not pickle stops the save with one line, not a half-written checkpoint
-    resumed.turns.interaction.obj.hook = lambda: None
-    with pytest.raises(CheckpointError, match="does not pickle"):
-        resumed.state_dict()
+
+def test_fewer_live_conversations_than_rollout_ranks_are_tagged_and_resume_exactly(tool_model_dir, tmp_path):
+    """resources.rollout_workers > 1: every round has 4 conversations live on 5 ranks, fewer than
+    the data-parallel tag_rollout call splits (async_turns.fill_ranks pads it); each token still
+    carries its own row's log-prob, and the saved pool continues to the same rows."""
+    from rlctl.controller.async_turns import TurnPool
+
+    config, worker, turns, actor, prompts = _setup(tool_model_dir, tmp_path, ranks=5)
+    pool = TurnPool(config, actor)
+    assert len(pool.round(prompts, seed=1, version=0)) == 0 and pool.meta()["pool_rows"] == 4
+    saved = pool.state_dict()
+    rows = _until_empty(pool, 1, version=0)
+    batch = rows[0] if len(rows) == 1 else Batch.concat(rows)
+    assert len(batch) == 4 and all(s["num_turns"] == 3 for s in batch["multi_turn"])
+    at = batch["token_version"] == 0
+    model = Batch({k: batch[k] for k in ("input_ids", "attention_mask", "response_mask")})
+    np.testing.assert_allclose(batch["rollout_log_prob"][at], worker.tag_rollout(model)["rollout_log_prob"][at],
+                               atol=2e-5)
+    resumed = TurnPool(config, turns())
+    resumed.load_state_dict(saved)
+    _assert_same_rows(_until_empty(resumed, 1, version=0), rows)

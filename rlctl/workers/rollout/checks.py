@@ -112,11 +112,6 @@ def _async_problems(c: Config, ctx: CheckContext) -> list[Problem]:
 def _partial_problems(c: Config) -> list[Problem]:
     """rollout.partial_rollout: what generation in rounds supports so far."""
     ro, problems = c.rollout, []
-    if c.resources.rollout_workers > 1 and ro.multi_turn.enable:
-        problems.append(Problem("rollout.partial_rollout", f"multi-turn partial rollouts keep their conversations "
-                                f"for one rollout rank; resources.rollout_workers = {c.resources.rollout_workers} is "
-                                "not built yet for them: set resources.rollout_workers = 1 or "
-                                "rollout.partial_rollout = false"))
     if ro.partial_chunk >= c.data.max_response_length and not ro.multi_turn.enable:   # multi-turn: a round is a turn
         problems.append(Problem("rollout.partial_chunk", f"{ro.partial_chunk} >= data.max_response_length = "
                                 f"{c.data.max_response_length}: every sample finishes in its first round, so none "
