@@ -1,5 +1,9 @@
-"""Exact resume, for every recipe: a run resumed from checkpoint k reproduces the uninterrupted run's
-metrics rows and final weights bit for bit (CPU). Plus the ways resume must refuse or fall back.
+"""Exact resume: a run resumed from checkpoint k reproduces the uninterrupted run's metrics rows and
+final weights bit for bit (CPU). Plus the ways resume must refuse or fall back.
+
+GRPO's is checked here (2 ranks, then the refusals and fallbacks on that run); every other recipe's
+is folded into its learning run (tests/controller/test_learning.py: resumed from step 22 of 24, with
+DAPO's dynamic sampling and PPO's adaptive KL-in-reward across 2 ranks), one run fewer per recipe.
 
 `rlctl resume --step 2` on a finished 4-step run is the same as resuming a run killed right after
 its step-2 checkpoint: logs past the checkpoint are dropped and everything after it is recomputed.
@@ -28,10 +32,6 @@ CPU = ["resources.gpus_per_node=0", "resources.workers=2", "data.batch_size=4", 
        "reward.overlong.buffer_len=4", "model.dtype=float32", "model.gradient_checkpointing=false",
        "run.total_steps=4", "run.save_every=2", "run.keep_last=0", "actor.lr=1e-3"]
 GROUPED = ["rollout.n=2"]
-RECIPES = {"grpo-gsm8k": GROUPED, "dapo-gsm8k": GROUPED + ["algorithm.dynamic_sampling.metric=score"],
-           "rloo-gsm8k": GROUPED, "remax-gsm8k": GROUPED, "reinforce-pp-gsm8k": GROUPED,
-           "ppo-gsm8k": ["rollout.n=1", "algorithm.kl_ctrl=adaptive", "algorithm.kl_in_reward=true",
-                         "actor.micro_batch_size=1", "critic.micro_batch_size=1"]}
 NONDETERMINISTIC = ("timing/", "perf/")
 
 
@@ -47,27 +47,26 @@ def final_weights(run: Path, tmp_path: Path) -> dict:
     return load_file(str(Path(out) / "model.safetensors"))
 
 
-def resumes_exactly(proj: Path, recipe: str, tmp_path: Path) -> Path:
-    """Train `recipe` 4 steps, then resume it from its step-2 checkpoint: the same metrics rows and
-    final weights, bit for bit. The run folder (a finished 4-step run again)."""
-    start_training(load_config(proj / "rlctl.toml", CPU + RECIPES[recipe]), address=None, force=False)
-    run = proj / "runs" / recipe
+def check_resume_reproduces(run: Path, step: int, tmp_path: Path) -> None:
+    """Resume the finished `run` from its step-`step` checkpoint: the same metrics rows and final
+    weights as the uninterrupted run, bit for bit."""
     full_rows, full_weights = rows(run), final_weights(run, tmp_path)
-    assert [r["step"] for r in full_rows] == [1, 2, 3, 4]
-
-    resume_training(run, step=2, address=None)
+    resume_training(run, step=step, address=None)
     resumed_rows, resumed_weights = rows(run), final_weights(run, tmp_path)
     assert resumed_rows == full_rows
     assert resumed_weights.keys() == full_weights.keys()
     for name, tensor in full_weights.items():
         assert torch.equal(tensor, resumed_weights[name]), name
+
+
+def resumes_exactly(proj: Path, recipe: str, tmp_path: Path) -> Path:
+    """Train `recipe` (grouped) 4 steps, then resume it from its step-2 checkpoint: the same metrics rows and
+    final weights, bit for bit. The run folder (a finished 4-step run again)."""
+    start_training(load_config(proj / "rlctl.toml", CPU + GROUPED), address=None, force=False)
+    run = proj / "runs" / recipe
+    assert [r["step"] for r in rows(run)] == [1, 2, 3, 4]
+    check_resume_reproduces(run, 2, tmp_path)
     return run
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("recipe", sorted(set(RECIPES) - {"grpo-gsm8k"}))   # GRPO: the test below
-def test_resume_reproduces_uninterrupted_run(recipe, tmp_path, make_project, ray_cluster):
-    resumes_exactly(make_project(tmp_path / "p", recipe), recipe, tmp_path)
 
 
 @pytest.mark.slow
