@@ -7,8 +7,8 @@ recipes on one rank through the same CLI entry (`rlctl.cli.main.main`, what the 
 in this process, sharing the module's Ray session: what differs between recipes is the training, not
 the process start-up, which PPO and GRPO prove (every recipe also trains and resumes exactly in
 tests/controller: GRPO, DAPO and PPO on two ranks). `rlctl config validate` runs as a command for
-PPO and GRPO and, for the others, as the same function in this process (both passes, the machine's included); `rlctl train`
-refusing to start a run folder over is recipe-independent and checked once, on GRPO.
+PPO and GRPO and, for the others, as the same function in this process (both passes, the machine's
+included); `rlctl train` refusing to start a run folder over is recipe-independent and checked once, on GRPO.
 """
 
 from __future__ import annotations
