@@ -88,7 +88,8 @@ def test_partial_rollouts_with_vllm_continue_across_pushes_and_resume_exactly(
     got = check_bound_and_pushes(run)
     assert any(r["async/partial_ratio"] > 0 for r in got), got   # rows with tokens of two versions
     saved = pickle.loads((run / "checkpoints" / "step_3" / "async_rollout.pkl").read_bytes())
-    assert saved["partial"]["pool"]["samples"], "unfinished samples on the rank at the save"
+    [pool] = saved["partial"]["pool"]   # one pool per rollout rank
+    assert pool and pool["samples"], "unfinished samples on the rank at the save"
     assert saved["rollout_weights"] is not None   # between two pushes: the rank's older weights
     full, weights = rows(run), final_weights(run, tmp_path)
 
