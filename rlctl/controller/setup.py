@@ -38,21 +38,21 @@ def recompute_old_log_prob(config: Config, needs: Needs | None = None) -> bool:
     """old_log_prob equals the policy's own log-prob (detached) when the rollout is used for exactly
     one optimizer step; it is recomputed otherwise, whenever KL in the reward, the estimator
     (needs.old_log_prob) or rollout correction needs it, when the rollout mode's source is not
-    on-policy (one_step_off: the batch came from older weights), and with an engine that keeps its
-    own weights (its kernels and dtype differ from the trainer's: the PPO ratio must start at the
-    trainer's own log-probs, and the drift between the two is a metric), and with distillation (the
+    on-policy (one_step_off: the batch came from older weights), and with distillation (the
     student's log-probs against the teacher's make its advantages and metrics). Never with
-    rollout_correction.bypass_mode, which takes the rollout's log-probs as old_log_prob."""
+    rollout_correction.bypass_mode, which takes the rollout's log-probs as old_log_prob.
+    An engine that keeps its own weights (vLLM, SGLang) needs no pass of its own either: its
+    kernels differ from the trainer's, but with one optimizer step the PPO ratio starts at the
+    update's own log-probs all the same, and the update reports the drift between the engine's
+    log-probs and those (actor/drift_*, checked before the step is saved: Trainer.steps)."""
     from rlctl.config.plan import batch_plan
     from rlctl.controller.rollout_source import MODES
-    from rlctl.workers.rollout.registry import rollout_engine_info
 
     one_update = batch_plan(config, "actor").optimizer_steps_per_rollout == 1
     correction = config.algorithm.rollout_correction
     if correction.bypass_mode:   # old_log_prob is the rollout's own (verl's bypass mode)
         return False
     return (not one_update or config.algorithm.kl_in_reward or distill_enabled(config)
-            or rollout_engine_info(config.rollout.engine).owns_weights
             or not MODES[config.rollout.mode].on_policy or bool(needs is not None and needs.old_log_prob)
             or bool(rollout_is_level(config) or correction.rollout_rs))
 

@@ -82,6 +82,10 @@ class Trainer:
                                                                                 setup.critic)))
             with phase(timing, "update_actor"):
                 metrics.update(setup.actor.update_actor(with_mini_batches(batch, "actor", config, setup.actor)))
+            if "actor/drift_tokens" in metrics:   # no old_log_prob pass: the update measured the engine's drift
+                metrics.update(update_drift(metrics))
+                if setup.rollouts.on_policy:   # before anything of this step is saved
+                    self.check_drift(step, metrics)
             timing.update(setup.rollouts.after_update(step))
             setup.session.state.step = step
             metrics.update(self.step_metrics(batch, time.perf_counter() - start))
@@ -240,6 +244,18 @@ def rollout_drift(batch) -> dict:
     return {"rollout/logprob_diff_mean": float(diff.mean()), "rollout/logprob_diff_max": float(diff.max()),
             "rollout/prob_diff_mean": float(np.abs(np.exp(old) - np.exp(engine)).mean()),
             "rollout/kl": float((engine - old).mean())}   # k1 estimate of KL(rollout || trainer) per token
+
+
+def update_drift(metrics: dict) -> dict:
+    """rollout_drift's metrics from the sums the actor's update reported (actor/drift_*, popped from
+    `metrics`): on-policy with one optimizer step the trainer's log-probs come from the update's own
+    forward, before its optimizer step, instead of a separate old_log_prob pass."""
+    sums = {k: metrics.pop(f"actor/drift_{k}") for k in ("abs_sum", "prob_sum", "kl_sum", "tokens", "abs_max")}
+    if sums["tokens"] <= 0:
+        return {}
+    tokens = sums["tokens"]
+    return {"rollout/logprob_diff_mean": sums["abs_sum"] / tokens, "rollout/logprob_diff_max": sums["abs_max"],
+            "rollout/prob_diff_mean": sums["prob_sum"] / tokens, "rollout/kl": sums["kl_sum"] / tokens}
 
 
 def logprob_diff_limit(config) -> tuple[float, str]:

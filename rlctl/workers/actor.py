@@ -251,6 +251,8 @@ class ActorRolloutRefWorker:
                                          vision=micro.get("vision"))
             log_prob = out["log_prob"]
             old = micro["old_log_prob"] if "old_log_prob" in micro else log_prob.detach()
+            drift = engine_drift(old, micro["rollout_log_prob"], mask) \
+                if "old_log_prob" not in micro and "rollout_log_prob" in micro else {}
             if rc.bypass_mode:
                 pg_loss, metrics = self._bypass_loss(micro, log_prob, norm)
             else:
@@ -264,7 +266,7 @@ class ActorRolloutRefWorker:
                     rollout_log_prob=micro.get("rollout_log_prob"), behav_imp_weight_cap=rc.rollout_is_threshold)
             entropy = aggregate_loss(out["entropy"], mask, ac.loss_agg_mode, norm=norm)
             loss = pg_loss - ac.entropy_coef * entropy if ac.entropy_coef > 0 else pg_loss
-            metrics = {**metrics, "pg_loss": float(pg_loss.detach()), "entropy": float(entropy.detach())}
+            metrics = {**metrics, **drift, "pg_loss": float(pg_loss.detach()), "entropy": float(entropy.detach())}
             if distill_loss is not None:
                 term, more = distill_loss(micro, out, norm)
                 loss, metrics = loss + self.cfg.distill.coef * term, {**metrics, **more}
@@ -366,3 +368,16 @@ def _clip_to_limits(out: dict, limits: np.ndarray, eos_ids: list[int], pad: int)
         out["response_length"] = lengths
         out["response_mask"] = keep.astype(np.int64)
     return out
+
+
+def engine_drift(log_prob: torch.Tensor, engine_log_prob: torch.Tensor, mask: torch.Tensor) -> dict[str, float]:
+    """A micro-batch's share of the drift between a rollout engine's log-probs of its samples and
+    the trainer's, both before the update (on-policy, one optimizer step: the update's own forward
+    gives the trainer's, so no separate old_log_prob pass). Sums over response tokens and the
+    largest difference; rlctl.controller.trainer.update_drift turns them into rollout/* metrics."""
+    on = mask > 0
+    own, engine = log_prob.detach()[on].double(), engine_log_prob[on].double()
+    diff = (own - engine).abs()
+    return {"drift_abs_sum": float(diff.sum()), "drift_prob_sum": float((own.exp() - engine.exp()).abs().sum()),
+            "drift_kl_sum": float((engine - own).sum()), "drift_tokens": float(on.sum()),
+            "drift_abs_max": float(diff.max()) if diff.numel() else 0.0}

@@ -74,7 +74,10 @@ def _micro(rows: Batch, device, keys: list[str]) -> dict:
     return micro
 
 
-ADDITIVE = ("loss", "pg_loss", "entropy", "kl_loss", "vf_loss")
+ADDITIVE = ("loss", "pg_loss", "entropy", "kl_loss", "vf_loss",
+            # the rollout engine's log-probs against the update's own (rlctl.controller.trainer.update_drift)
+            "drift_abs_sum", "drift_prob_sum", "drift_kl_sum", "drift_tokens")
+LARGEST = ("drift_abs_max",)   # the largest over micro-batches and ranks
 
 
 def _step_metrics(out: dict) -> dict[str, float]:
@@ -85,6 +88,7 @@ def _step_metrics(out: dict) -> dict[str, float]:
             sums[key] += float(value)
     count = max(1, len(out["micro"]))
     step = {k: v if k in ADDITIVE else v / count for k, v in sums.items()}
+    step.update({k: max(float(m[k]) for m in out["micro"] if k in m) for k in LARGEST if k in sums})
     step.update(loss=out["loss"], grad_norm=out["grad_norm"], skipped=out["skipped"])
     return step
 
@@ -98,6 +102,7 @@ def _reduce_over_ranks(steps: list[dict[str, float]]) -> dict[str, float]:
     world = fsdp.rank_and_world()[1]
     summed = fsdp.all_reduce_sum(list(local))
     out = {k: float(v) / world for k, v in zip(keys, summed)}
+    out.update({k: fsdp.all_reduce_max(max(s[k] for s in steps)) for k in LARGEST if k in out})
     if "skipped" in out:
         out["skipped_steps"] = out.pop("skipped") * len(steps)   # mean -> count of skipped steps
     return out

@@ -126,6 +126,39 @@ def test_engine_generates_with_the_trained_weights(tiny_model_dir, tiny_untied_m
     assert rollout_drift(batch)["rollout/logprob_diff_mean"] > 1e-2
 
 
+def test_without_an_old_log_prob_pass_the_update_measures_the_engine_s_drift(tiny_model_dir):
+    # on-policy with one optimizer step no old_log_prob pass runs (recompute_old_log_prob): the
+    # update's own forward, before its optimizer step, gives the drift a separate pass would
+    from rlctl.controller.trainer import rollout_drift, update_drift
+    from rlctl.workers.actor import ActorRolloutRefWorker
+
+    worker = ActorRolloutRefWorker(config(tiny_model_dir, lora=False), total_steps=4)
+    worker._rollout = CopyEngine(tiny_model_dir, worker.eos_ids)
+
+    def update(batch: Batch) -> dict:
+        advantages = np.where(batch["response_mask"] > 0, np.linspace(-1, 1, 4)[:, None], 0).astype(np.float32)
+        metrics = worker.update_actor(Batch({**batch.tensors, "advantages": advantages}))
+        return update_drift(metrics)
+
+    batch = worker.generate(prompts(), seed=7)
+    expected = rollout_drift(batch.union(worker.compute_log_prob(batch)))
+    got = update(batch)
+    assert set(got) == set(expected)
+    for key, value in expected.items():
+        assert got[key] == pytest.approx(value, abs=1e-6), key
+    # the engine that missed that update: its samples' log-probs are now the old weights'
+    stale = worker.generate(prompts(), seed=8)   # re-synced, then the engine is overwritten below
+    engine = CopyEngine(tiny_model_dir, worker.eos_ids)
+    redo = engine.generate([row[m != 0].tolist() for row, m in zip(prompts()["input_ids"], prompts()["attention_mask"])],
+                           n=2, max_new_tokens=T, generator=torch.Generator().manual_seed(0))
+    width = stale["prompts"].shape[1]
+    stale = Batch({**stale.tensors, "responses": redo["responses"], ROLLOUT_LOG_PROB: redo[ROLLOUT_LOG_PROB],
+                   "response_mask": redo["response_mask"].astype(np.float32),
+                   "input_ids": np.concatenate([stale["prompts"], redo["responses"]], 1),
+                   "attention_mask": np.concatenate([stale["attention_mask"][:, :width], redo["response_mask"]], 1)})
+    assert update(stale)["rollout/logprob_diff_mean"] > 1e-2
+
+
 def test_drift_metric_by_hand():
     from rlctl.controller.trainer import rollout_drift
 
@@ -139,15 +172,17 @@ def test_drift_metric_by_hand():
     assert got["rollout/prob_diff_mean"] == pytest.approx(probs / 3)
 
 
-def test_gpu_engines_make_the_trainer_recompute_old_log_probs(tiny_model_dir):
+def test_old_log_probs_are_recomputed_only_for_more_than_one_optimizer_step(tiny_model_dir):
     import dataclasses
 
     from rlctl.controller.setup import recompute_old_log_prob
 
     base = config(tiny_model_dir, lora=False)
     hf = dataclasses.replace(base, rollout=dataclasses.replace(base.rollout, engine="hf"))
-    assert not recompute_old_log_prob(hf)        # on-policy: log-probs reused
-    assert recompute_old_log_prob(base)          # vllm: the trainer's own
+    assert not recompute_old_log_prob(hf)        # on-policy, one optimizer step: the update's own log-probs
+    assert not recompute_old_log_prob(base)      # vllm too: the update measures the engine's drift
+    two_epochs = dataclasses.replace(base, actor=dataclasses.replace(base.actor, ppo_epochs=2))
+    assert recompute_old_log_prob(two_epochs)    # a second optimizer step needs the first's log-probs
 
 
 def test_drift_beyond_rollout_max_logprob_diff_stops_the_run_naming_the_step(tiny_model_dir):
