@@ -55,13 +55,24 @@ class StopFlag:
             raise stopped(self.signum, " at a safe point")
 
 
+class _StopStarting(BaseException):
+    """What the start-up handler raises: a BaseException, like KeyboardInterrupt, because it can land
+    anywhere inside Ray's start-up, where `except Exception` code would take it for an ordinary
+    error and carry on starting (a signalled `rlctl train` was found hung inside ray.init in the
+    suite). startup_signals turns it into the Interrupted on the way out."""
+
+    def __init__(self, interrupted: Interrupted):
+        super().__init__(interrupted.message)
+        self.interrupted = interrupted
+
+
 @contextmanager
 def startup_signals():
     """Ctrl-C / SIGTERM while Ray and the workers start: stop right away (nothing to save yet)
     with exit 130 / 143, unwinding through every cleanup, instead of Ray's own SIGTERM handler
     (a native stack dump, exit 1). ray_session restores these handlers after ray.init."""
     def handle(signum, _frame):
-        raise stopped(signum, " while starting; no step was run in this session")
+        raise _StopStarting(stopped(signum, " while starting; no step was run in this session"))
 
     if threading.current_thread() is not threading.main_thread():   # only it may set handlers
         yield
@@ -69,6 +80,8 @@ def startup_signals():
     old = {signum: signal.signal(signum, handle) for signum in STOP_SIGNALS}
     try:
         yield
+    except _StopStarting as e:
+        raise e.interrupted from None
     finally:
         for signum, handler in old.items():
             signal.signal(signum, handler)

@@ -146,10 +146,19 @@ def _stop_partial_start(before: set[int], since: float, grace_s: float = 3.0) ->
     yet, so end what it had started: Ray's processes in our process group created since `since`
     (the raylet's agents may have been reparented already: a killed raylet does not take them
     along). Processes that were our children before (the reward pool) are spared."""
+    import atexit
+
     import psutil
     import ray
 
-    ray.shutdown()
+    # ray.shutdown() may block on a half-started session (its GCS client waits on a dead GCS; a
+    # signalled `rlctl train` was found blocked that way inside ray.init). Give it a few seconds,
+    # then end the processes regardless, and keep Ray's atexit shutdown from blocking the exit.
+    done = threading.Thread(target=ray.shutdown, daemon=True, name="rlctl-ray-shutdown")
+    done.start()
+    done.join(timeout=10.0)
+    if done.is_alive():
+        atexit.unregister(ray.shutdown)
     me, group = os.getpid(), os.getpgid(0)
     for _ in range(2):   # a second pass for what a dying raylet spawned meanwhile
         procs = []

@@ -33,3 +33,26 @@ def test_first_signal_waits_for_the_safe_point_second_stops_now(first, second, c
             deliver(second)
         assert now.value.exit_code == code
     assert {s: signal.getsignal(s) for s in before} == before
+
+
+@pytest.mark.parametrize("signum,code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_a_signal_while_starting_is_not_swallowed_by_code_that_retries_on_exception(signum, code):
+    # Ray's start-up retries on `except Exception`; the stop must get through such a loop (an
+    # Exception there was swallowed, and `rlctl train` then hung on a lock the signal left held)
+    from rlctl.controller.signals import startup_signals
+
+    before = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    deadline = time.monotonic() + 10
+    with pytest.raises(Interrupted, match="while starting") as stopped:
+        with startup_signals():
+            sent = False
+            while time.monotonic() < deadline:   # a retry loop like Ray's
+                try:
+                    if not sent:
+                        sent = True
+                        os.kill(os.getpid(), signum)
+                    time.sleep(0.01)
+                except Exception:
+                    continue
+    assert stopped.value.exit_code == code and time.monotonic() < deadline
+    assert {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)} == before
