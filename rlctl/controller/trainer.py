@@ -241,9 +241,16 @@ def rollout_drift(batch) -> dict:
         return {}
     old, engine = batch["old_log_prob"][mask].astype(np.float64), batch["rollout_log_prob"][mask].astype(np.float64)
     diff = np.abs(old - engine)
-    return {"rollout/logprob_diff_mean": float(diff.mean()), "rollout/logprob_diff_max": float(diff.max()),
-            "rollout/prob_diff_mean": float(np.abs(np.exp(old) - np.exp(engine)).mean()),
-            "rollout/kl": float((engine - old).mean())}   # k1 estimate of KL(rollout || trainer) per token
+    return drift_metrics(abs_sum=float(diff.sum()), abs_max=float(diff.max()),
+                         prob_sum=float(np.abs(np.exp(old) - np.exp(engine)).sum()),
+                         kl_sum=float((engine - old).sum()), tokens=float(diff.size))
+
+
+def drift_metrics(*, abs_sum: float, abs_max: float, prob_sum: float, kl_sum: float, tokens: float) -> dict:
+    """The rollout/* drift metrics from sums over `tokens` response tokens (rollout_drift's, or the
+    actor update's: update_drift); `rollout/kl` is the k1 estimate of KL(rollout || trainer)."""
+    return {"rollout/logprob_diff_mean": abs_sum / tokens, "rollout/logprob_diff_max": abs_max,
+            "rollout/prob_diff_mean": prob_sum / tokens, "rollout/kl": kl_sum / tokens}
 
 
 def update_drift(metrics: dict) -> dict:
@@ -251,11 +258,7 @@ def update_drift(metrics: dict) -> dict:
     `metrics`): on-policy with one optimizer step the trainer's log-probs come from the update's own
     forward, before its optimizer step, instead of a separate old_log_prob pass."""
     sums = {k: metrics.pop(f"actor/drift_{k}") for k in ("abs_sum", "prob_sum", "kl_sum", "tokens", "abs_max")}
-    if sums["tokens"] <= 0:
-        return {}
-    tokens = sums["tokens"]
-    return {"rollout/logprob_diff_mean": sums["abs_sum"] / tokens, "rollout/logprob_diff_max": sums["abs_max"],
-            "rollout/prob_diff_mean": sums["prob_sum"] / tokens, "rollout/kl": sums["kl_sum"] / tokens}
+    return drift_metrics(**sums) if sums["tokens"] > 0 else {}
 
 
 def logprob_diff_limit(config) -> tuple[float, str]:

@@ -37,8 +37,8 @@ def test_first_signal_waits_for_the_safe_point_second_stops_now(first, second, c
 
 @pytest.mark.parametrize("signum,code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
 def test_a_signal_while_starting_is_not_swallowed_by_code_that_retries_on_exception(signum, code):
-    # Ray's start-up retries on `except Exception`; the stop must get through such a loop (an
-    # Exception there was swallowed, and `rlctl train` then hung on a lock the signal left held)
+    # code in Ray's start-up catches `except Exception`; the stop must get through such a loop
+    # instead of being taken for an ordinary error
     from rlctl.controller.signals import startup_signals
 
     before = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
