@@ -19,8 +19,8 @@ from . import more_losses  # noqa: F401  (registers sapo, cispo, geo_mean, clip_
 from . import decoupled  # noqa: F401  (registers decoupled_ppo)
 from .selfplay import sppo_loss, spin_loss, win_rates   # (registers spin, sppo)
 from .registry import (AlgorithmError, EstimatorSpec, Needs, PolicyLossSpec, RequiredParam, algorithm_needs,
-                       estimator_names, get_estimator, get_policy_loss, policy_loss_names, register_estimator,
-                       register_policy_loss)
+                       estimator_names, estimator_params, get_estimator, get_policy_loss, loss_params,
+                       policy_loss_names, register_estimator, register_policy_loss)
 from .rollout_correction import rollout_correction
 from .sampling import GroupFilter, filter_groups
 from .shaping import overlong_penalty, scores_to_token_rewards
@@ -29,7 +29,8 @@ __all__ = [
     "AdaptiveKLController", "AlgorithmError", "DistillLossSpec", "distill_advantages", "distill_loss",
     "distill_loss_names", "distill_stats", "get_distill_loss", "register_distill_loss", "EstimatorSpec", "FixedKLController", "GroupFilter", "KL_KINDS",
     "LOSS_AGG_MODES", "LossNorm", "Needs", "PolicyLossSpec", "RequiredParam", "aggregate_loss", "algorithm_needs",
-    "apply_kl_in_reward", "compute_advantages", "entropy_from_logits", "estimator_names", "filter_groups",
+    "apply_kl_in_reward", "compute_advantages", "entropy_from_logits", "estimator_names", "estimator_params",
+    "filter_groups", "loss_params",
     "get_estimator", "get_policy_loss", "group_index", "kl_penalty", "log_probs_from_logits",
     "make_kl_controller", "masked_mean", "masked_sum", "masked_var", "masked_whiten", "overlong_penalty",
     "policy_loss", "policy_loss_names", "register_estimator", "rollout_correction", "register_policy_loss",

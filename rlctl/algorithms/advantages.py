@@ -8,9 +8,12 @@ tokens only; group_ids and reward_baselines are per sequence [B]. Each estimator
 
 from __future__ import annotations
 
+from typing import Mapping
+
 import torch
 
 from .functional import group_index, group_sum, masked_sum, masked_whiten
+from .params import make_params, params_kwargs
 from .registry import AlgorithmError, get_estimator, register_estimator
 
 
@@ -19,21 +22,20 @@ def compute_advantages(name: str, *, token_level_rewards: torch.Tensor, response
                        reward_baselines: torch.Tensor | None = None, gamma: float = 1.0, lam: float = 1.0,
                        norm_adv_by_std: bool = True, epsilon: float = 1e-6,
                        ref_log_prob: torch.Tensor | None = None, old_log_prob: torch.Tensor | None = None,
-                       sum_pi_squared: torch.Tensor | None = None, reward_components: torch.Tensor | None = None,
-                       reward_weights: torch.Tensor | None = None,
+                       sum_pi_squared: torch.Tensor | None = None, reward_components: dict | None = None,
                        rollout_is_weights: torch.Tensor | None = None, real_response: torch.Tensor | None = None,
-                       dpo_beta: float = 0.1) -> tuple[torch.Tensor, torch.Tensor]:
+                       params: Mapping | None = None, columns: Mapping | None = None
+                       ) -> tuple[torch.Tensor, torch.Tensor]:
     """Run the estimator registered as `name`; returns (advantages, returns), [B, T] each, no grad.
 
-    The optional inputs reach only estimators that declare them: old_log_prob and sum_pi_squared
-    [B, T] (needs_old_log_prob / needs_sum_pi_squared, with rollout_is_weights [B, T] when rollout
-    correction computed them), reward_components [K, B] and reward_weights [K] (needs_reward_components),
-    real_response [B] bool and dpo_beta (needs_real_response: SPIN's reference answers and its beta).
-
-    Checks that what the estimator declares it needs was given, with the right shapes, and
-    computes in at least float32 (float64 stays float64).
+    Optional inputs reach only estimators that declare them: old_log_prob, sum_pi_squared and
+    rollout_is_weights [B, T]; reward_components {name: [B]} (those its params' reward_keys name, as
+    [K, B] with its reward_weights [K]); real_response [B] bool (SPIN). params: its own parameters
+    ([algorithm.params], checked against its dataclass); columns: the batch columns it `reads`.
+    Checks what it declares was given, with the right shapes; computes in at least float32.
     """
     spec = get_estimator(name)
+    own = params_kwargs(make_params(f"advantage estimator {name!r}", spec.params, params))
     rewards = _as_matrix("token_level_rewards", token_level_rewards)
     dtype = torch.promote_types(rewards.dtype, torch.float32)
     valid = _mask_of(response_mask, rewards.shape)
@@ -62,12 +64,13 @@ def compute_advantages(name: str, *, token_level_rewards: torch.Tensor, response
         extra["sum_pi_squared"] = per_token("sum_pi_squared", sum_pi_squared)
     if needs_old and rollout_is_weights is not None:
         extra["rollout_is_weights"] = per_token("rollout_is_weights", rollout_is_weights)
-    extra.update(_per_sequence_inputs(spec, rewards.shape[0], dtype, reward_components=reward_components,
-                                      reward_weights=reward_weights, real_response=real_response, dpo_beta=dpo_beta))
+    extra.update(_per_sequence_inputs(spec, rewards.shape[0], dtype, own, reward_components=reward_components,
+                                      real_response=real_response))
+    extra.update(_read_columns(spec, columns or {}, rewards.shape[0]))
     with torch.no_grad():
         advantages, returns = spec.fn(token_level_rewards=rewards, response_mask=mask, group_ids=group_ids,
                                       values=values, reward_baselines=reward_baselines, gamma=gamma, lam=lam,
-                                      norm_adv_by_std=norm_adv_by_std, epsilon=epsilon, **extra)
+                                      norm_adv_by_std=norm_adv_by_std, epsilon=epsilon, **{**own, **extra})
     for what, out in (("advantages", advantages), ("returns", returns)):
         if not isinstance(out, torch.Tensor) or out.shape != rewards.shape:
             raise AlgorithmError(f"estimator {name!r} returned {what} that is not a [B, T] tensor of shape "
@@ -75,20 +78,39 @@ def compute_advantages(name: str, *, token_level_rewards: torch.Tensor, response
     return torch.where(valid, advantages, zero), torch.where(valid, returns, zero)
 
 
-def _per_sequence_inputs(spec, batch: int, dtype, *, reward_components, reward_weights, real_response,
-                         dpo_beta: float) -> dict:
-    """The declared per-sequence inputs: reward_components [K, B] (+ reward_weights [K]); real_response
-    [B] bool with dpo_beta (SPIN)."""
+def _per_sequence_inputs(spec, batch: int, dtype, own: dict, *, reward_components, real_response) -> dict:
+    """The declared per-sequence inputs: reward_components [K, B] of the params' reward_keys (and
+    reward_weights [K] when given); real_response [B] bool (SPIN)."""
     name, extra = spec.name, {}
-    if spec.needs_reward_components and reward_components is not None:
-        extra["reward_components"] = _components(name, reward_components, batch).to(dtype)
-        if reward_weights is not None:
-            extra["reward_weights"] = _required(name, "reward_weights", torch.as_tensor(reward_weights),
-                                                reward_components.shape[:1]).to(dtype)
+    keys = own["reward_keys"] if spec.needs_reward_components else ()
+    if keys:
+        missing = [k for k in keys if k not in (reward_components or {})]
+        if missing:
+            raise AlgorithmError(f"estimator {name!r} needs the reward components {missing} (its reward_keys); "
+                                 "the reward function must return them in its dict")
+        stacked = torch.stack([torch.as_tensor(reward_components[k]) for k in keys])
+        extra["reward_components"] = _components(name, stacked, batch).to(dtype)
+        if own["reward_weights"]:
+            extra["reward_weights"] = _required(name, "reward_weights", torch.as_tensor(own["reward_weights"]),
+                                                stacked.shape[:1]).to(dtype)
     if spec.needs_real_response:
         extra["real_response"] = _required(name, "real_response", real_response, (batch,)).bool()
-        extra["dpo_beta"] = dpo_beta
     return extra
+
+
+def _read_columns(spec, columns: Mapping, batch: int) -> dict:
+    """The batch columns the estimator declares it `reads`, as tensors whose first dimension is B."""
+    out = {}
+    for column in spec.reads:
+        x = columns.get(column)
+        if x is None:
+            raise AlgorithmError(f"estimator {spec.name!r} reads the batch column {column!r}, which was not given")
+        x = torch.as_tensor(x)
+        if x.dim() == 0 or x.shape[0] != batch:
+            raise AlgorithmError(f"column {column!r} for estimator {spec.name!r} must have first dimension "
+                                 f"{batch}, got shape {tuple(x.shape)}")
+        out[column] = x
+    return out
 
 
 def _components(name: str, x, batch: int) -> torch.Tensor:

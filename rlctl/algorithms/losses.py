@@ -9,8 +9,11 @@ from __future__ import annotations
 
 import torch
 
+from typing import Mapping
+
 from .aggregation import LossNorm, aggregate_loss
 from .functional import masked_mean
+from .params import make_params, params_kwargs
 from .registry import AlgorithmError, get_policy_loss, register_policy_loss
 
 LOG_RATIO_CLAMP = 20.0  # |log pi/pi_old| cap before exp: ratio stays in [2e-9, 4.9e8], never inf
@@ -19,16 +22,22 @@ LOG_RATIO_CLAMP = 20.0  # |log pi/pi_old| cap before exp: ratio stays in [2e-9, 
 def policy_loss(name: str = "vanilla", *, old_log_prob: torch.Tensor, log_prob: torch.Tensor,
                 advantages: torch.Tensor, response_mask: torch.Tensor, clip_ratio_low: float = 0.2,
                 clip_ratio_high: float = 0.2, clip_ratio_c: float = 3.0, loss_agg_mode: str = "token-mean",
-                norm: LossNorm | None = None, **knobs) -> tuple[torch.Tensor, dict]:
+                norm: LossNorm | None = None, params: Mapping | None = None, **inputs) -> tuple[torch.Tensor, dict]:
     """The policy loss registered as `name`: returns (loss, {pg_clipfrac, pg_clipfrac_lower, ppo_kl}).
 
-    knobs: loss-specific settings passed through by name (tau_pos, tau_neg, clip_cov_ratio, ...:
-    see more_losses.py); a loss ignores those it does not read. rollout_is_weights [B, T] (rollout
-    correction) multiplies every loss's per-token terms.
+    params: the loss's own parameters ([actor.loss_params]), checked against the dataclass it
+    registered (AlgorithmError naming every bad key); a keyword in `inputs` that names one of its
+    fields overrides the table. Other inputs pass through by name (rollout_is_weights [B, T],
+    which multiplies every loss's per-token terms; the batch columns a loss `reads`); a loss
+    ignores those it does not read.
     `norm` carries mini-batch counts for micro-batch accumulation (see aggregate_loss). A loss
     registered with a fixed loss_agg_mode (GSPO: seq-mean-token-mean) ignores `loss_agg_mode`.
     """
     spec = get_policy_loss(name)
+    own = set(spec.params.__dataclass_fields__) if spec.params is not None else set()
+    values = {**(params or {}), **{k: v for k, v in inputs.items() if k in own}}
+    knobs = params_kwargs(make_params(f"policy loss {name!r}", spec.params, values))
+    knobs.update({k: v for k, v in inputs.items() if k not in own})
     for what, x in (("old_log_prob", old_log_prob), ("log_prob", log_prob), ("advantages", advantages)):
         if not isinstance(x, torch.Tensor) or x.shape != response_mask.shape:
             raise AlgorithmError(f"{what} must be a tensor shaped like response_mask {tuple(response_mask.shape)}, "

@@ -8,6 +8,8 @@ padding of every [B, T] input and zeroes it again in the outputs. R_i is a seque
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from .advantages import _group_stats, grpo_scores
@@ -62,13 +64,24 @@ def gpg(*, token_level_rewards, response_mask, group_ids, **_):
     return adv, adv
 
 
-@register_estimator("gdpo", needs_group=True, needs_reward_components=True)
+@dataclass(frozen=True)
+class GdpoParams:
+    reward_keys: tuple[str, ...] = ()       # the reward components (keys of the reward function's dict) to mix
+    reward_weights: tuple[float, ...] = ()  # one weight per reward_keys entry (empty = 1 each)
+
+    def __post_init__(self):
+        if self.reward_weights and len(self.reward_weights) != len(self.reward_keys):
+            raise ValueError(f"reward_weights has {len(self.reward_weights)} weights for {len(self.reward_keys)} "
+                             "reward_keys: give one per key, or none (1 each)")
+
+
+@register_estimator("gdpo", needs_group=True, needs_reward_components=True, params=GdpoParams)
 def gdpo(*, token_level_rewards, response_mask, group_ids, norm_adv_by_std, epsilon, reward_components=None,
          reward_weights=None, **_):
     """GDPO (arXiv 2601.05242): normalise each reward component within its group before mixing.
 
     A = whiten(sum_k w_k GRPO_k), GRPO_k = (r_k - mean_g r_k) / (std_g r_k + eps) for component k
-    [K, B] (the reward's extras named by algorithm.gdpo_reward_keys), w = gdpo_reward_weights
+    [K, B] (the reward's extras named by algorithm.params.reward_keys), w = reward_weights
     (default 1 each); whiten over all valid tokens of the batch. Without components, the one
     component is the score itself (verl's fallback).
     """
@@ -76,7 +89,7 @@ def gdpo(*, token_level_rewards, response_mask, group_ids, norm_adv_by_std, epsi
         components = [masked_sum(token_level_rewards, response_mask, dim=-1)]
     else:
         components = list(reward_components)
-    weights = reward_weights if reward_weights is not None else torch.ones(len(components))
+    weights = reward_weights if reward_weights is not None and len(reward_weights) else torch.ones(len(components))
     mixed = torch.zeros_like(token_level_rewards)
     has_tokens = response_mask.sum(-1) > 0   # a row without tokens scores 0 in its group, as in verl
     for w, component in zip(weights, components):

@@ -3,11 +3,13 @@ clip_cov, kl_cov, gpg, dppo_tv, dppo_kl, dro.
 
 Same shapes and conventions as losses.py: [B, T] tensors over response tokens; padding is
 zeroed before any arithmetic so junk there changes neither the loss nor its gradient. Knobs
-beyond the PPO clip ranges arrive as keyword arguments (tau_pos, tau_neg, clip_cov_ratio,
-clip_cov_lb, clip_cov_ub, kl_cov_ratio, ppo_kl_coef, dro_beta) with verl's defaults.
+beyond the PPO clip ranges are each loss's params dataclass (set in [actor.loss_params]), with
+verl's defaults, and arrive as keyword arguments.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 
@@ -27,9 +29,18 @@ def _frac(condition: torch.Tensor, mask: torch.Tensor) -> float:
     return masked_mean(condition.to(torch.float64), mask).item()
 
 
-@register_policy_loss("sapo", loss_agg_mode="seq-mean-token-mean", trust_region=True)
-def sapo(*, old_log_prob, log_prob, advantages, response_mask, norm, tau_pos=1.0, tau_neg=1.05,
-         rollout_is_weights=None, **_):
+@dataclass(frozen=True)
+class SapoParams:
+    tau_pos: float = 1.0    # gate temperature for tokens with positive advantage
+    tau_neg: float = 1.05   # gate temperature for tokens with non-positive advantage
+
+    def __post_init__(self):
+        if not (self.tau_pos > 0 and self.tau_neg > 0):
+            raise ValueError(f"tau_pos and tau_neg must be > 0, got {self.tau_pos} and {self.tau_neg}")
+
+
+@register_policy_loss("sapo", loss_agg_mode="seq-mean-token-mean", trust_region=True, params=SapoParams)
+def sapo(*, old_log_prob, log_prob, advantages, response_mask, norm, tau_pos, tau_neg, rollout_is_weights=None, **_):
     """SAPO (Gao et al. 2025, arXiv 2511.20347): a smooth sigmoid gate instead of a hard clip.
 
     r = exp(clamp(log pi - log pi_old, +-20)); tau = tau_pos if A > 0 else tau_neg;
@@ -96,9 +107,24 @@ def _centered_cov(adv: torch.Tensor, log_prob: torch.Tensor, mask: torch.Tensor)
     return (adv - masked_mean(adv, mask)) * (log_prob - masked_mean(log_prob, mask))
 
 
-@register_policy_loss("clip_cov", trust_region=True)
+def _share(name: str, value: float) -> None:
+    if not 0 < value <= 1:
+        raise ValueError(f"{name} is a share of tokens: it must be in (0, 1], got {value}")
+
+
+@dataclass(frozen=True)
+class ClipCovParams:
+    clip_cov_ratio: float = 0.0002   # share of tokens whose gradient is detached
+    clip_cov_lb: float = 1.0         # lower bound of the covariance of detachable tokens
+    clip_cov_ub: float = 5.0         # upper bound of the covariance of detachable tokens
+
+    def __post_init__(self):
+        _share("clip_cov_ratio", self.clip_cov_ratio)
+
+
+@register_policy_loss("clip_cov", trust_region=True, params=ClipCovParams)
 def clip_cov(*, old_log_prob, log_prob, advantages, response_mask, clip_ratio_low, clip_ratio_high, loss_agg_mode,
-             norm, clip_cov_ratio=0.0002, clip_cov_lb=1.0, clip_cov_ub=5.0, rollout_is_weights=None, **_):
+             norm, clip_cov_ratio, clip_cov_lb, clip_cov_ub, rollout_is_weights=None, **_):
     """Clip-Cov (Cui et al. 2025, "The Entropy Mechanism of RL for Reasoning LMs", arXiv 2505.22617).
 
     PPO clipped loss, plus: among valid, not-already-clipped tokens whose centred covariance
@@ -122,9 +148,20 @@ def clip_cov(*, old_log_prob, log_prob, advantages, response_mask, clip_ratio_lo
                   "ppo_kl": masked_mean(-(new - old).detach(), response_mask).item()}
 
 
-@register_policy_loss("kl_cov", trust_region=True)
-def kl_cov(*, old_log_prob, log_prob, advantages, response_mask, loss_agg_mode, norm, kl_cov_ratio=0.0002,
-           ppo_kl_coef=0.1, rollout_is_weights=None, **_):
+@dataclass(frozen=True)
+class KlCovParams:
+    kl_cov_ratio: float = 0.0002   # share of tokens (highest covariance) given the KL penalty
+    ppo_kl_coef: float = 0.1       # coefficient of the |log ratio| penalty
+
+    def __post_init__(self):
+        _share("kl_cov_ratio", self.kl_cov_ratio)
+        if self.ppo_kl_coef < 0:
+            raise ValueError(f"ppo_kl_coef must be >= 0, got {self.ppo_kl_coef}")
+
+
+@register_policy_loss("kl_cov", trust_region=True, params=KlCovParams)
+def kl_cov(*, old_log_prob, log_prob, advantages, response_mask, loss_agg_mode, norm, kl_cov_ratio, ppo_kl_coef,
+           rollout_is_weights=None, **_):
     """KL-Cov (same paper as Clip-Cov): an |log r| penalty on the highest-covariance tokens.
 
     L = -A r everywhere (no clip); on the top max(1, int(ratio * N_valid)) valid tokens by centred
@@ -195,10 +232,19 @@ def dppo_kl(*, old_log_prob, log_prob, advantages, response_mask, clip_ratio_low
     return _dppo(old, new, adv, response_mask, inside, clip_ratio_c, loss_agg_mode, norm, rollout_is_weights)
 
 
-@register_policy_loss("dro", trust_region=True,
+@dataclass(frozen=True)
+class DroParams:
+    dro_beta: float = 0.0   # weight of the quadratic penalty; 0 = unset (verl has no default): must be set > 0
+
+    def __post_init__(self):
+        if self.dro_beta < 0:
+            raise ValueError(f"dro_beta must be > 0, got {self.dro_beta}")
+
+
+@register_policy_loss("dro", trust_region=True, params=DroParams,
                       required=(RequiredParam("dro_beta", "weighs its quadratic penalty by dro_beta", 0.1),))
-def dro(*, old_log_prob, log_prob, advantages, response_mask, loss_agg_mode, norm, dro_beta=None,
-        rollout_is_weights=None, **_):
+def dro(*, old_log_prob, log_prob, advantages, response_mask, loss_agg_mode, norm, dro_beta, rollout_is_weights=None,
+        **_):
     """DRO (verl docs/algo/dro.md, Direct Reward Optimization): a quadratic proximal penalty
     instead of a clip. L = -(A log pi - beta/2 (log pi - log pi_old)^2), aggregated by
     loss_agg_mode; d/dlog pi = -A + beta (log pi - log pi_old). No ratio, so no clamp: the

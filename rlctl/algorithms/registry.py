@@ -12,13 +12,8 @@ import difflib
 from dataclasses import dataclass
 from typing import Callable
 
-
-class AlgorithmError(ValueError):
-    """Bad input to rlctl.algorithms (unknown name, duplicate name, missing or misshaped tensor).
-
-    A plain ValueError subclass so this package stays a leaf; callers map it to the project's
-    own error classes (ConfigError for names, NumericalError for tensors).
-    """
+from .errors import AlgorithmError
+from .params import check_params_class, make_params
 
 
 @dataclass(frozen=True)
@@ -26,8 +21,9 @@ class EstimatorSpec:
     """An advantage estimator and what it needs from the rollout.
 
     fn is called with keyword arguments only: token_level_rewards, response_mask, group_ids,
-    values, reward_baselines, gamma, lam, norm_adv_by_std, epsilon; it returns
-    (advantages, returns), both [B, T]. Accept **kwargs to ignore what you do not use.
+    values, reward_baselines, gamma, lam, norm_adv_by_std, epsilon, the fields of its `params`
+    dataclass (from [algorithm.params]) and the batch columns it `reads` (tensors, first dimension
+    B); it returns (advantages, returns), both [B, T]. Accept **kwargs to ignore what you do not use.
     """
 
     name: str
@@ -41,6 +37,9 @@ class EstimatorSpec:
     needs_reward_components: bool = False  # reward_components [K, B] (+ reward_weights [K]) from the reward
     needs_real_response: bool = False   # real_response [B]: rows whose response is the data's reference
                                         # answer, paired by group id with a generation (SPIN)
+    params: type | None = None          # frozen dataclass of its parameters ([algorithm.params]); with
+                                        # needs_reward_components it has reward_keys (and reward_weights)
+    reads: tuple[str, ...] = ()         # further batch columns it reads, passed by name (e.g. "scores")
 
     @property
     def min_group_size(self) -> int:
@@ -49,8 +48,8 @@ class EstimatorSpec:
 
 @dataclass(frozen=True)
 class RequiredParam:
-    """An actor setting a policy loss reads that has no usable default: it must be set > 0.
-    `why` completes "policy_loss = "<name>" <why>, which has no default"; `example` is a value."""
+    """A parameter of a policy loss (a field of its params) with no usable default: it must be set > 0
+    in [actor.loss_params]. `why` completes "policy_loss = "<name>" <why>, which has no default"; `example` is a value."""
 
     key: str
     why: str
@@ -75,6 +74,8 @@ class PolicyLossSpec:
                                         # what rollout.max_staleness > 1 needs (rlctl.workers.loss_checks)
     corrects_rollout: bool = False      # weights tokens by pi_old / pi_rollout itself (reads rollout_log_prob):
                                         # rollout correction's IS weights are not applied on top
+    params: type | None = None          # frozen dataclass of its parameters ([actor.loss_params])
+    reads: tuple[str, ...] = ()         # further batch columns [B, T] it reads, passed by name per micro-batch
 
 
 @dataclass(frozen=True)
@@ -116,15 +117,21 @@ def register_estimator(name: str, *, needs_critic: bool = False, needs_group: bo
                        needs_reference: bool = False, needs_old_log_prob: bool = False,
                        needs_sum_pi_squared: bool = False,
                        needs_reward_components: bool = False,
-                       needs_real_response: bool = False) -> Callable[[Callable], Callable]:
-    """Decorator: register an advantage estimator under `name`; a taken name is an error."""
+                       needs_real_response: bool = False, params: type | None = None,
+                       reads: tuple[str, ...] = ()) -> Callable[[Callable], Callable]:
+    """Decorator: register an advantage estimator under `name`; a taken name is an error.
+    params: a frozen dataclass of its parameters (every field with a default); reads: batch columns."""
     _check_new("advantage estimator", name, _ESTIMATORS)
+    check_params_class(f"advantage estimator {name!r}", params)
+    if needs_reward_components and not {"reward_keys", "reward_weights"} <= set(getattr(params, "__dataclass_fields__", ())):
+        raise AlgorithmError(f"advantage estimator {name!r} declares needs_reward_components: its params need the "
+                             "fields reward_keys (tuple[str, ...]) and reward_weights (tuple[float, ...])")
 
     def decorator(fn: Callable) -> Callable:
         _check_new("advantage estimator", name, _ESTIMATORS)
         _ESTIMATORS[name] = EstimatorSpec(name, fn, needs_critic, needs_group, needs_greedy_baseline,
                                           needs_reference, needs_old_log_prob, needs_sum_pi_squared,
-                                          needs_reward_components, needs_real_response)
+                                          needs_reward_components, needs_real_response, params, tuple(reads))
         return fn
 
     return decorator
@@ -132,20 +139,26 @@ def register_estimator(name: str, *, needs_critic: bool = False, needs_group: bo
 
 def register_policy_loss(name: str, *, loss_agg_mode: str | None = None, clip_higher: bool = False,
                          bypass_loss: bool = False, required: tuple[RequiredParam, ...] = (),
-                         trust_region: bool = False, corrects_rollout: bool = False) -> Callable[[Callable], Callable]:
+                         trust_region: bool = False, corrects_rollout: bool = False, params: type | None = None,
+                         reads: tuple[str, ...] = ()) -> Callable[[Callable], Callable]:
     """Decorator: register a policy loss under `name`; a taken name is an error.
 
     fn is called with keyword arguments only: old_log_prob, log_prob, advantages, response_mask,
-    clip_ratio_low, clip_ratio_high, clip_ratio_c, loss_agg_mode, norm; it returns
+    clip_ratio_low, clip_ratio_high, clip_ratio_c, loss_agg_mode, norm, the fields of its `params`
+    dataclass (from [actor.loss_params]) and the batch columns it `reads`; it returns
     (loss: scalar tensor, metrics: dict[str, float]). The keywords after loss_agg_mode declare
     what `rlctl config validate` checks for it (see PolicyLossSpec).
     """
     _check_new("policy loss", name, _POLICY_LOSSES)
+    check_params_class(f"policy loss {name!r}", params)
+    for param in required:
+        if params is None or param.key not in {f for f in params.__dataclass_fields__}:
+            raise AlgorithmError(f"policy loss {name!r}: required parameter {param.key!r} is not a field of its params")
 
     def decorator(fn: Callable) -> Callable:
         _check_new("policy loss", name, _POLICY_LOSSES)
         _POLICY_LOSSES[name] = PolicyLossSpec(name, fn, loss_agg_mode, clip_higher, bypass_loss, tuple(required),
-                                              trust_region, corrects_rollout)
+                                              trust_region, corrects_rollout, params, tuple(reads))
         return fn
 
     return decorator
@@ -179,3 +192,14 @@ def algorithm_needs(estimator: str, *, kl_in_reward: bool, use_kl_loss: bool) ->
                  old_log_prob=spec.needs_old_log_prob or spec.needs_sum_pi_squared,
                  sum_pi_squared=spec.needs_sum_pi_squared, reward_components=spec.needs_reward_components,
                  real_response=spec.needs_real_response)
+
+
+def estimator_params(name: str, values=None):
+    """The estimator's params dataclass instance for the [algorithm.params] table `values` (None when it
+    declares none); AlgorithmError listing every problem."""
+    return make_params(f"advantage estimator {name!r}", get_estimator(name).params, values)
+
+
+def loss_params(name: str, values=None):
+    """The policy loss's params dataclass instance for the [actor.loss_params] table `values`."""
+    return make_params(f"policy loss {name!r}", get_policy_loss(name).params, values)

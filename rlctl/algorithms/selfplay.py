@@ -21,6 +21,8 @@ sequence; a SPIN batch holds pairs (one reference row and one generated row per 
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import torch.nn.functional as F
 
@@ -63,9 +65,18 @@ def _pairs(group_ids, real_response: torch.Tensor) -> tuple[torch.Tensor, torch.
     return chosen, rejected
 
 
-@register_estimator("spin", needs_reference=True, needs_old_log_prob=True,
-                    needs_real_response=True)
-def spin_advantages(*, response_mask, group_ids, old_log_prob, ref_log_prob, real_response, dpo_beta=0.1, **_):
+@dataclass(frozen=True)
+class SpinParams:
+    dpo_beta: float = 0.1   # beta of SPIN's logistic (DPO) loss (verl's recipe/spin default)
+
+    def __post_init__(self):
+        if not self.dpo_beta > 0:
+            raise ValueError(f"dpo_beta must be > 0, got {self.dpo_beta}")
+
+
+@register_estimator("spin", needs_reference=True, needs_old_log_prob=True, needs_real_response=True,
+                    params=SpinParams)
+def spin_advantages(*, response_mask, group_ids, old_log_prob, ref_log_prob, real_response, dpo_beta, **_):
     """SPIN as per-sequence advantages: A_i = -2 d loss_pair / d log pi(y_i), from the policy's log-probs
     before the update (old_log_prob) and the opponent's (ref_log_prob), on every response token.
 
@@ -94,7 +105,7 @@ def win_rates(scores: torch.Tensor, group_ids) -> torch.Tensor:
 @register_estimator("sppo", needs_group=True)
 def sppo_advantages(*, token_level_rewards, response_mask, group_ids, **_):
     """SPPO's target without eta: P_hat(y > pi_t) - 1/2 on every response token (the sppo policy loss
-    multiplies by actor.sppo_eta). Groups of one have win rate 1/2 against themselves: target 0."""
+    multiplies by its sppo_eta). Groups of one have win rate 1/2 against themselves: target 0."""
     scores = masked_sum(token_level_rewards, response_mask, dim=-1)
     index, n_groups = group_index(group_ids, scores.device)
     if bool((group_size(index, n_groups) < 2).any()):
@@ -103,8 +114,17 @@ def sppo_advantages(*, token_level_rewards, response_mask, group_ids, **_):
     return adv, adv
 
 
-@register_policy_loss("sppo", loss_agg_mode="seq-mean-token-sum", trust_region=True)
-def sppo_policy_loss(*, old_log_prob, log_prob, advantages, response_mask, norm=None, sppo_eta=1.0,
+@dataclass(frozen=True)
+class SppoParams:
+    sppo_eta: float = 1.0   # eta, the scale of the win-rate target (verl's recipe/sppo default)
+
+    def __post_init__(self):
+        if not self.sppo_eta > 0:
+            raise ValueError(f"sppo_eta must be > 0, got {self.sppo_eta}")
+
+
+@register_policy_loss("sppo", loss_agg_mode="seq-mean-token-sum", trust_region=True, params=SppoParams)
+def sppo_policy_loss(*, old_log_prob, log_prob, advantages, response_mask, sppo_eta, norm=None,
                      rollout_is_weights=None, **_):
     """SPPO's squared loss with pi_t = the policy that generated the batch (old_log_prob, as verl's
     recipe): log_ratio is the sequence sum of log_prob - old_log_prob, the win rate is read from the

@@ -14,6 +14,9 @@ def _field_schema(f) -> dict:
     default = f.default_factory() if f.default is MISSING else f.default
     meta = f.metadata
     out = {"description": meta.get("help", ""), "type": _TYPES[type(default)]}
+    if isinstance(default, dict) and meta.get("table"):  # an algorithm's parameters: checked by validate
+        out.update(default=default, additionalProperties=True)
+        return out
     if isinstance(default, dict) and not meta.get("choices"):  # distill.teachers: any name -> a string
         out.update(default=default, additionalProperties={"type": "string"})
         return out

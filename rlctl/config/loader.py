@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import json
 import math
 import re
 from dataclasses import dataclass, fields, is_dataclass
 from pathlib import Path
 from typing import Any
 
+from rlctl.config.names import MOVED_KEYS
 from rlctl.config.schema import Config, iter_keys
 from rlctl.errors import ConfigError, UsageError
 
@@ -188,23 +190,40 @@ def check_value(key: str, f: dataclasses.Field, value: Any) -> tuple[Any, list[s
         if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
             return value, [f"expected a list of strings, got {_show(value)}"]
         value = tuple(value)
-    elif kind is dict and not meta.get("choices"):  # distill.teachers: names -> strings
+    elif kind is dict:
+        return _check_table(meta, value)
+    return value, _bounds(meta, value)
+
+
+def _check_table(meta, value) -> tuple[Any, list[str]]:
+    """A dict field: an algorithm's free parameter table, distill.teachers or reward.weights."""
+    if meta.get("table"):  # an algorithm's parameters: checked by validate against its dataclass
+        bad = [k for k, v in value.items() if not _plain(v)] if isinstance(value, dict) else None
+        if bad is None or bad:
+            return value, [f"expected a table of numbers, booleans, strings or lists of them, got "
+                           f"{_show(value if bad is None else value[bad[0]])}"]
+        return dict(value), []
+    if not meta.get("choices"):  # distill.teachers: names -> strings
         if not isinstance(value, dict) or not all(isinstance(v, str) and v for v in value.values()):
             return value, [f"expected a table of names to non-empty strings, such as {{ math = \"models/t\" }}, "
                            f"got {_show(value)}"]
         return dict(value), []
-    elif kind is dict:  # reward.weights: names -> finite numbers
-        if not isinstance(value, dict):
-            return value, [f"expected an inline table such as {{ function = 1.0 }}, got {_show(value)}"]
-        problems = []
-        for name, weight in value.items():
-            if name not in meta.get("choices", ()):
-                problems.append(f"{name!r} is not one of {', '.join(map(repr, meta['choices']))}"
-                                f"{suggest(str(name), meta['choices'])}")
-            elif isinstance(weight, bool) or not isinstance(weight, (int, float)) or not math.isfinite(weight):
-                problems.append(f"{name} = {_show(weight)} is not a finite number")
-        return {k: float(v) for k, v in value.items() if not problems}, problems
-    return value, _bounds(meta, value)
+    # reward.weights: names -> finite numbers
+    if not isinstance(value, dict):
+        return value, [f"expected an inline table such as {{ function = 1.0 }}, got {_show(value)}"]
+    problems = []
+    for name, weight in value.items():
+        if name not in meta.get("choices", ()):
+            problems.append(f"{name!r} is not one of {', '.join(map(repr, meta['choices']))}"
+                            f"{suggest(str(name), meta['choices'])}")
+        elif isinstance(weight, bool) or not isinstance(weight, (int, float)) or not math.isfinite(weight):
+            problems.append(f"{name} = {_show(weight)} is not a finite number")
+    return {k: float(v) for k, v in value.items() if not problems}, problems
+
+
+def _plain(value) -> bool:
+    scalar = (bool, int, float, str)
+    return isinstance(value, scalar) or (isinstance(value, list) and all(isinstance(v, scalar) for v in value))
 
 
 def _bounds(meta, value) -> list[str]:
@@ -240,6 +259,12 @@ def build_section(cls, raw: dict, prefix: str, problems: list[Problem], lines: d
     kwargs = {}
     for name, value in raw.items():
         key = prefix + name
+        if name not in known and key in MOVED_KEYS:
+            table, leaf = MOVED_KEYS[key].rsplit(".", 1)
+            problems.append(Problem(key, f"moved to [{table}] {leaf}: write `{leaf} = {json.dumps(value)}` under "
+                                         f"[{table}] (each algorithm's parameters live in its own table)",
+                                    lines.get(key)))
+            continue
         if name not in known:
             options = [k for k in LEAF_KEYS if k.startswith(prefix)] + [prefix + n for n in known]
             if isinstance(value, dict) and value:   # a misspelt section: name its keys (acter.lr -> actor.lr)

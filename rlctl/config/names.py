@@ -16,3 +16,10 @@ LOGGERS = ("console", "jsonl", "tensorboard", "wandb")
 REWARD_SOURCES = ("function", "model", "judge", "remote")   # rlctl.rewards.registry.SOURCES (a test keeps them equal)
 JUDGE_PROMPT = ("Grade the response to the question. Reply with a single number from 0 to 10 on the last line.\n\n"
                 "Question:\n{question}\n\nReference answer:\n{ground_truth}\n\nResponse:\n{response}")
+
+# Keys that moved into an algorithm's own parameter table: the loader refuses each with its new place.
+MOVED_KEYS = {**{f"actor.{k}": f"actor.loss_params.{k}" for k in (
+    "tau_pos", "tau_neg", "clip_cov_ratio", "clip_cov_lb", "clip_cov_ub", "kl_cov_ratio", "ppo_kl_coef", "dro_beta",
+    "sppo_eta")},
+    "algorithm.dpo_beta": "algorithm.params.dpo_beta", "algorithm.gdpo_reward_keys": "algorithm.params.reward_keys",
+    "algorithm.gdpo_reward_weights": "algorithm.params.reward_weights"}

@@ -123,15 +123,12 @@ class AlgorithmConfig:
     kl_ctrl: str = opt("fixed", "KL-in-reward coefficient controller.", choices=("fixed", "adaptive"))
     kl_target: float = opt(0.1, "Adaptive controller: target KL.", gt=0)
     kl_horizon: int = opt(10000, "Adaptive controller: horizon in samples.", ge=1)
-    dpo_beta: float = opt(0.1, "spin: beta of SPIN's logistic (DPO) loss, how sharply it separates the reference "
-                               "answer from the generation (verl's recipe/spin default).", gt=0)
     ref_update_every: int = opt(0, "Copy the policy into the reference model every this many steps (0 = never): "
                                    "SPIN's iterations, the reference being the opponent (verl's ref_update_freq).",
                                 ge=0)
-    gdpo_reward_keys: tuple = opt((), "gdpo: names of the reward components your reward function returns in its "
-                                      "dict (each normalised within its group before mixing).")
-    gdpo_reward_weights: tuple = opt((), "gdpo: one weight per gdpo_reward_keys entry (empty = 1 each).",
-                                     items=float)
+    params: dict = opt({}, "The estimator's own parameters, e.g. [algorithm.params] dpo_beta = 0.1 (spin) or "
+                           "reward_keys = [\"format\", \"accuracy\"] (gdpo): checked by validate against what the "
+                           "estimator declares (docs/algorithms.md lists each one's).", table=True)
     dynamic_sampling: DynamicSamplingConfig = field(default_factory=DynamicSamplingConfig,
                                                     metadata={"help": "DAPO dynamic sampling."})
     rollout_correction: RolloutCorrectionConfig = field(
@@ -156,17 +153,9 @@ class ActorConfig:
     clip_ratio_high: float = opt(0.2, "PPO clip above 1 (ratio <= 1 + high); DAPO clip-higher uses 0.28.", ge=0)
     clip_ratio_c: float = opt(3.0, "Dual-clip bound for negative advantages (> 1).", gt=1)
     loss_agg_mode: str = opt("token-mean", "How token losses are aggregated.", choices=LOSS_AGG_MODES)
-    tau_pos: float = opt(1.0, "sapo: gate temperature for tokens with positive advantage.", gt=0)
-    tau_neg: float = opt(1.05, "sapo: gate temperature for tokens with non-positive advantage.", gt=0)
-    clip_cov_ratio: float = opt(0.0002, "clip_cov: share of tokens whose gradient is detached.", gt=0, le=1)
-    clip_cov_lb: float = opt(1.0, "clip_cov: lower bound of the covariance of detachable tokens.")
-    clip_cov_ub: float = opt(5.0, "clip_cov: upper bound of the covariance of detachable tokens.")
-    kl_cov_ratio: float = opt(0.0002, "kl_cov: share of tokens (highest covariance) given the KL penalty.", gt=0, le=1)
-    ppo_kl_coef: float = opt(0.1, "kl_cov: coefficient of the |log ratio| penalty.", ge=0)
-    dro_beta: float = opt(0.0, "dro: weight of the quadratic penalty beta/2 (log pi - log pi_old)^2; must be set "
-                               "(> 0) with policy_loss = \"dro\" (verl has no default either).", ge=0)
-    sppo_eta: float = opt(1.0, "sppo: eta, the scale of the win-rate target eta (P_hat - 1/2) the log-ratio is "
-                               "regressed onto (verl's recipe/sppo default).", gt=0)
+    loss_params: dict = opt({}, "The policy loss's own parameters, e.g. [actor.loss_params] tau_pos = 1.0 (sapo) "
+                                "or dro_beta = 0.1 (dro): checked by validate against what the loss declares "
+                                "(docs/algorithms.md lists each one's).", table=True)
     entropy_coef: float = opt(0.0, "Entropy bonus coefficient.", ge=0)
     use_kl_loss: bool = opt(False, "Add kl_loss_coef x KL(actor || ref) to the loss (GRPO).")
     kl_loss_coef: float = opt(0.001, "KL-loss coefficient.", ge=0)

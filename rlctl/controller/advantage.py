@@ -78,16 +78,16 @@ def compute_advantages(batch: Batch, config: Config, kl_ctrl) -> dict:
     for key in ("ref_log_prob", "old_log_prob", "sum_pi_squared", "rollout_is_weights"):
         if key in batch:
             optional[key] = torch.from_numpy(batch[key])
-    if algo.gdpo_reward_keys:   # gdpo: the reward's named components [K, B], stored by rollout.score
-        optional["reward_components"] = torch.from_numpy(np.stack(
-            [batch[f"reward_component/{k}"] for k in algo.gdpo_reward_keys]).astype(np.float32))
-        if algo.gdpo_reward_weights:
-            optional["reward_weights"] = torch.tensor(algo.gdpo_reward_weights, dtype=torch.float32)
+    prefix = "reward_component/"   # the reward's named components [B] each, stored by rollout.score
+    optional["reward_components"] = {k[len(prefix):]: torch.from_numpy(batch[k].astype(np.float32))
+                                     for k in batch.keys() if k.startswith(prefix)}
     if "real_response" in batch:   # spin: which rows hold the data's reference answer
         optional["real_response"] = torch.from_numpy(batch["real_response"].astype(bool))
+    columns = {c: batch[c] for c in algorithms.get_estimator(algo.name).reads if c in batch}
     advantages, returns = algorithms.compute_advantages(
         algo.name, token_level_rewards=rewards, response_mask=mask, group_ids=batch["uid"].tolist(),
-        gamma=algo.gamma, lam=algo.lam, norm_adv_by_std=algo.norm_adv_by_std, dpo_beta=algo.dpo_beta, **optional)
+        gamma=algo.gamma, lam=algo.lam, norm_adv_by_std=algo.norm_adv_by_std, params=algo.params,
+        columns=columns, **optional)
     batch["token_level_rewards"] = rewards.numpy().astype(np.float32)
     batch["advantages"] = advantages.float().numpy()
     batch["returns"] = returns.float().numpy()

@@ -191,7 +191,7 @@ class AsyncRollout:
 
     def score_batch(self, batch: Batch) -> dict:
         setup = self.setup
-        return rollout.score(batch, setup.reward, setup.tokenizer, setup.config.algorithm.gdpo_reward_keys)
+        return rollout.score(batch, setup.reward, setup.tokenizer, rollout.reward_component_keys(setup.config))
 
     def take(self, step: int) -> tuple[Batch, int, list[Batch]]:
         """G groups for `step` from the buffer, in order, dropping those too stale for it (and

@@ -104,7 +104,7 @@ class OneStepOff:
         if step < setup.total_steps:
             self._submit(step + 1)
         start = time.perf_counter()
-        metrics = rollout.score(batch, setup.reward, setup.tokenizer, setup.config.algorithm.gdpo_reward_keys)
+        metrics = rollout.score(batch, setup.reward, setup.tokenizer, rollout.reward_component_keys(setup.config))
         versions = batch["policy_version"]
         metrics.update({"timing/reward_s": time.perf_counter() - start, "timing/gen_wait_s": waited,
                         "rollout/policy_version": float(versions.min()),

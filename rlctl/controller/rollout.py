@@ -72,7 +72,7 @@ def score(batch: Batch, reward_runner, tokenizer, components: tuple = ()) -> dic
             from rlctl.errors import RewardError
 
             raise RewardError(f"the reward function returned no numeric {name!r} for {missing} of {len(texts)} "
-                              "samples, and algorithm.gdpo_reward_keys lists it",
+                              "samples, and algorithm.params.reward_keys lists it",
                               hint=f"return a dict with {name!r} for every sample, or remove it from the keys")
         batch[f"reward_component/{name}"] = values.astype(np.float32)
     if "multi_turn" in batch:
@@ -80,6 +80,15 @@ def score(batch: Batch, reward_runner, tokenizer, components: tuple = ()) -> dic
 
         return {**result.metrics, **multi_turn_metrics(batch)}
     return dict(result.metrics)
+
+
+def reward_component_keys(config) -> tuple[str, ...]:
+    """The reward components the estimator mixes (its params' reward_keys when it declares
+    needs_reward_components), which score() stores as reward_component/<name> columns."""
+    spec = algorithms.get_estimator(config.algorithm.name)
+    if not spec.needs_reward_components:
+        return ()
+    return algorithms.estimator_params(spec.name, config.algorithm.params).reward_keys
 
 
 def decode_responses(batch: Batch, tokenizer) -> list[str]:
@@ -110,7 +119,7 @@ def rollout(setup, step: int) -> tuple[Batch, dict]:
         batch = generate(setup.actor, setup.loader.next_batch(), seed=setup.seed_for(step, rounds),
                          tag=f"{step}.{rounds}", pad_token_id=setup.pad_token_id)
         start = time.perf_counter()
-        metrics = merge_round(metrics, score(batch, setup.reward, setup.tokenizer, config.algorithm.gdpo_reward_keys),
+        metrics = merge_round(metrics, score(batch, setup.reward, setup.tokenizer, reward_component_keys(config)),
                                rounds)
         reward_s += time.perf_counter() - start
         metrics["timing/reward_s"] = reward_s  # part of timing/gen_s (the rollout phase)

@@ -27,6 +27,17 @@ def estimator_needs(name: str):
     return get_estimator(name)
 
 
+def problems_at(problems: list[Problem], table: str) -> bool:
+    return any(p.key == table or p.key.startswith(table + ".") for p in problems)
+
+
+def estimator_params_of(c: Config):
+    """The estimator's params instance (None when it declares none); the config must be valid."""
+    from rlctl.algorithms import estimator_params
+
+    return estimator_params(c.algorithm.name, c.algorithm.params)
+
+
 def check_registered(config: Config, ctx: CheckContext) -> tuple[list[Problem], Config]:
     """Import algorithm.plugins, then check algorithm.name and actor.policy_loss against the
     registries. Returns the problems and the config to check further: an unknown name is
@@ -89,14 +100,14 @@ def check_algorithm(c: Config, ctx: CheckContext) -> list[Problem]:
     if spec.needs_group and c.rollout.n < 2:
         problems.append(Problem("rollout.n", f"algorithm {c.algorithm.name!r} compares samples within a group of "
                                              f"the same prompt and needs rollout.n >= 2 (got {c.rollout.n})"))
-    keys, weights = c.algorithm.gdpo_reward_keys, c.algorithm.gdpo_reward_weights
-    if spec.needs_reward_components and not keys:
-        problems.append(Problem("algorithm.gdpo_reward_keys", f"algorithm {c.algorithm.name!r} normalises each reward "
-                                "component on its own: list the keys your reward function returns in its dict, "
-                                "e.g. [\"format\", \"accuracy\"]"))
-    if weights and len(weights) != len(keys):
-        problems.append(Problem("algorithm.gdpo_reward_weights", f"has {len(weights)} weights for {len(keys)} "
-                                "gdpo_reward_keys: give one per key, or none (1 each)"))
+    from rlctl.workers.loss_checks import params_problems_of
+
+    problems += params_problems_of("algorithm.params", f"algorithm {c.algorithm.name!r}", spec, c.algorithm.params)
+    if spec.needs_reward_components and not problems_at(problems, "algorithm.params") and \
+            not estimator_params_of(c).reward_keys:
+        problems.append(Problem("algorithm.params.reward_keys", f"algorithm {c.algorithm.name!r} normalises each "
+                                "reward component on its own: list the keys your reward function returns in its "
+                                "dict, e.g. reward_keys = [\"format\", \"accuracy\"]"))
     rc = c.algorithm.rollout_correction
     if rc.rollout_rs:
         from rlctl.algorithms import AlgorithmError

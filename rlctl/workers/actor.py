@@ -228,8 +228,11 @@ class ActorRolloutRefWorker:
         if "old_log_prob" not in batch and (ac.ppo_epochs > 1 or mini > 1):
             raise ConfigError("update_actor needs old_log_prob when it takes more than one optimizer step",
                               hint="call compute_log_prob first (it may be skipped only when on-policy)")
+        from rlctl.algorithms import get_policy_loss
+
         keys = _MODEL_KEYS + ["response_mask", "advantages", "old_log_prob", "ref_log_prob", "rollout_is_weights",
-                              "rollout_log_prob", "teacher_log_prob", "teacher_topk_ids", "teacher_topk_log_prob"]
+                              "rollout_log_prob", "teacher_log_prob", "teacher_topk_ids", "teacher_topk_log_prob",
+                              *get_policy_loss(ac.policy_loss).reads]
         metrics = run_updates(self.actor, batch, epochs=ac.ppo_epochs, mini_batches=mini,
                               micro_batch_size=ac.micro_batch_size, horizon=self.cfg.data.max_response_length,
                               make_loss=self._policy_loss_fn, keys=keys)
@@ -237,10 +240,11 @@ class ActorRolloutRefWorker:
         return {f"actor/{k}": v for k, v in metrics.items()}
 
     def _policy_loss_fn(self, norm):
-        from rlctl.algorithms import aggregate_loss, kl_penalty, masked_mean, policy_loss
+        from rlctl.algorithms import aggregate_loss, get_policy_loss, kl_penalty, masked_mean, policy_loss
 
         ac, rc = self.cfg.actor, self.cfg.algorithm.rollout_correction
         distill_loss = self._distill_loss_fn()
+        reads = get_policy_loss(ac.policy_loss).reads   # further batch columns the loss reads, by name
 
         def loss_fn(micro: dict) -> tuple[torch.Tensor, dict]:
             mask = micro["response_mask"]
@@ -259,11 +263,9 @@ class ActorRolloutRefWorker:
                 pg_loss, metrics = policy_loss(
                     ac.policy_loss, old_log_prob=old, log_prob=log_prob, advantages=micro["advantages"],
                     response_mask=mask, clip_ratio_low=ac.clip_ratio_low, clip_ratio_high=ac.clip_ratio_high,
-                    clip_ratio_c=ac.clip_ratio_c, loss_agg_mode=ac.loss_agg_mode, norm=norm, tau_pos=ac.tau_pos,
-                    tau_neg=ac.tau_neg, clip_cov_ratio=ac.clip_cov_ratio, clip_cov_lb=ac.clip_cov_lb,
-                    clip_cov_ub=ac.clip_cov_ub, kl_cov_ratio=ac.kl_cov_ratio, ppo_kl_coef=ac.ppo_kl_coef,
-                    dro_beta=ac.dro_beta, sppo_eta=ac.sppo_eta, rollout_is_weights=micro.get("rollout_is_weights"),
-                    rollout_log_prob=micro.get("rollout_log_prob"), behav_imp_weight_cap=rc.rollout_is_threshold)
+                    clip_ratio_c=ac.clip_ratio_c, loss_agg_mode=ac.loss_agg_mode, norm=norm, params=ac.loss_params,
+                    rollout_is_weights=micro.get("rollout_is_weights"), rollout_log_prob=micro.get("rollout_log_prob"),
+                    behav_imp_weight_cap=rc.rollout_is_threshold, **{c: micro[c] for c in reads})
             entropy = aggregate_loss(out["entropy"], mask, ac.loss_agg_mode, norm=norm)
             loss = pg_loss - ac.entropy_coef * entropy if ac.entropy_coef > 0 else pg_loss
             metrics = {**metrics, **drift, "pg_loss": float(pg_loss.detach()), "entropy": float(entropy.detach())}

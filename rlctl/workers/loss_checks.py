@@ -16,7 +16,7 @@ from rlctl.config.schema import SEPARATE_ROLLOUT_MODES, Config
 def check_policy_loss(c: Config, ctx: CheckContext) -> list[Problem]:
     """The loss's declarations (PolicyLossSpec): DAPO clip-higher bounds, what bypass_mode
     replaces, and the settings it needs set > 0."""
-    from rlctl.algorithms import get_policy_loss
+    from rlctl.algorithms import get_policy_loss, loss_params
 
     loss, problems = get_policy_loss(c.actor.policy_loss), []
     if c.actor.clip_ratio_high < c.actor.clip_ratio_low and loss.clip_higher:
@@ -24,11 +24,25 @@ def check_policy_loss(c: Config, ctx: CheckContext) -> list[Problem]:
                                                          "high >= low (e.g. 0.28 vs 0.2)", severity="warning"))
     if c.algorithm.rollout_correction.bypass_mode:
         problems += _bypass_problems(c, loss)
+    bad = params_problems_of("actor.loss_params", f"policy_loss {loss.name!r}", loss, c.actor.loss_params)
+    if bad:
+        return problems + bad
+    values = loss_params(loss.name, c.actor.loss_params)
     for param in loss.required:
-        if not getattr(c.actor, param.key) > 0:
-            problems.append(Problem(f"actor.{param.key}", f"policy_loss = \"{loss.name}\" {param.why}, which has no "
-                                                          f"default: set it > 0 (e.g. {param.example:g})"))
+        if not getattr(values, param.key) > 0:
+            problems.append(Problem(f"actor.loss_params.{param.key}", f"policy_loss = \"{loss.name}\" {param.why}, "
+                                    f"which has no default: set it > 0 (e.g. {param.key} = {param.example:g} under "
+                                    "[actor.loss_params])"))
     return problems
+
+
+def params_problems_of(table: str, owner: str, spec, values) -> list[Problem]:
+    """Problems of an algorithm's parameter table ([algorithm.params], [actor.loss_params]) against the
+    dataclass its registration declares: unknown keys with did-you-mean, wrong types, its bounds."""
+    from rlctl.algorithms.params import params_problems
+
+    return [Problem(f"{table}.{key}" if key else table, message)
+            for key, message in params_problems(owner, spec.params, values)]
 
 
 def _bypass_problems(c: Config, loss) -> list[Problem]:

@@ -47,8 +47,8 @@ def test_gdpo_normalises_each_component_before_mixing(seed):
     components = rng.normal(size=(3, mask.shape[0]))
     components[1] *= 100.0                        # a dominant scale GRPO-on-the-sum would let win
     weights = [1.0, 0.5, 2.0]
-    adv, _ = run("gdpo", mask, junked, gids, reward_components=torch.tensor(components),
-                 reward_weights=torch.tensor(weights))
+    adv, _ = run("gdpo", mask, junked, gids, reward_components={k: torch.tensor(c) for k, c in zip("abc", components)},
+                 params={"reward_keys": ["a", "b", "c"], "reward_weights": weights})
     np.testing.assert_allclose(adv, ref.gdpo(components, weights, mask, gids), rtol=1e-6, atol=1e-6)
     # without components the one component is the score (verl's fallback)
     scores = np.array([sum(r) for r in ref.compact(rewards, mask)])
@@ -84,7 +84,9 @@ def test_needs_are_declared_not_guessed_from_names():
     with pytest.raises(AlgorithmError, match="at least 2 samples per group"):
         run("grpo_passk", mask, junked, list(range(mask.shape[0])))
     with pytest.raises(AlgorithmError, match="reward_components must be a"):
-        run("gdpo", mask, junked, gids, reward_components=torch.zeros(2, 3))
+        run("gdpo", mask, junked, gids, reward_components={"a": torch.zeros(3)}, params={"reward_keys": ["a"]})
+    with pytest.raises(AlgorithmError, match=r"needs the reward components \['b'\]"):
+        run("gdpo", mask, junked, gids, reward_components={"a": torch.zeros(3)}, params={"reward_keys": ["a", "b"]})
     assert get_estimator("gdpo").needs_reward_components
 
 
@@ -94,9 +96,9 @@ def _toy_inputs(name):
             "sum_pi_squared": torch.softmax(logits, -1).square().sum(-1).expand_as(mask)}
     if name == "gdpo":   # two components: the share of hits, and whether the first token hits
         return lambda tokens, mask, logp, logits: {
-            "reward_components": torch.stack([((tokens == 0).float() * mask).sum(-1) / mask.sum(-1),
-                                              (tokens[:, 0] == 0).float()]),
-            "reward_weights": torch.tensor([1.0, 0.5])}
+            "reward_components": {"share": ((tokens == 0).float() * mask).sum(-1) / mask.sum(-1),
+                                  "first": (tokens[:, 0] == 0).float()},
+            "params": {"reward_keys": ["share", "first"], "reward_weights": [1.0, 0.5]}}
     return None
 
 

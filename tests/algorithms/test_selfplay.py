@@ -49,7 +49,7 @@ def test_spin_advantages_give_the_exact_gradient_of_the_spin_loss():
     old, ref, mask, real, ids = _spin_batch(0)
     beta, pairs = 0.5, 3
     adv, _ = compute_advantages("spin", token_level_rewards=torch.zeros_like(old), response_mask=mask, group_ids=ids,
-                                old_log_prob=old, ref_log_prob=ref, real_response=real, dpo_beta=beta)
+                                old_log_prob=old, ref_log_prob=ref, real_response=real, params={"dpo_beta": beta})
     # the trained surrogate: vanilla policy loss, seq-mean-token-sum, at log_prob = old_log_prob
     log_prob = old.clone().requires_grad_(True)
     loss, _ = policy_loss("vanilla", old_log_prob=old, log_prob=log_prob, advantages=adv, response_mask=mask,
@@ -68,7 +68,7 @@ def test_spin_gradient_is_zero_when_the_generation_is_the_reference_answer():
     mask[0] = 1
     old[:3], ref[:3] = old[3:], ref[3:]          # every generation equals its pair's reference answer
     adv, _ = compute_advantages("spin", token_level_rewards=torch.zeros_like(old), response_mask=mask, group_ids=ids,
-                                old_log_prob=old, ref_log_prob=ref, real_response=real, dpo_beta=0.1)
+                                old_log_prob=old, ref_log_prob=ref, real_response=real, params={"dpo_beta": 0.1})
     log_prob = old.clone().requires_grad_(True)
     loss, _ = policy_loss("vanilla", old_log_prob=old, log_prob=log_prob, advantages=adv, response_mask=mask,
                           loss_agg_mode="seq-mean-token-sum")

@@ -16,8 +16,13 @@ def _plain(**_):
     raise NotImplementedError
 
 
-@register_policy_loss("test_decl_needs_beta", required=(RequiredParam("dro_beta", "scales its penalty by dro_beta",
-                                                                       0.5),))
+@dataclasses.dataclass(frozen=True)
+class _BetaParams:
+    dro_beta: float = 0.0
+
+
+@register_policy_loss("test_decl_needs_beta", params=_BetaParams,
+                      required=(RequiredParam("dro_beta", "scales its penalty by dro_beta", 0.5),))
 def _needs_beta(**_):
     raise NotImplementedError
 
@@ -36,10 +41,10 @@ def test_the_builtins_declare_what_their_rules_read():
 
 def test_a_required_setting_left_at_zero_is_an_error_naming_the_loss():
     [(key, message, severity)] = problems(policy_loss="test_decl_needs_beta")
-    assert key == "actor.dro_beta" and severity == "error"
+    assert key == "actor.loss_params.dro_beta" and severity == "error"
     assert message == ('policy_loss = "test_decl_needs_beta" scales its penalty by dro_beta, which has no default: '
-                       "set it > 0 (e.g. 0.5)")
-    assert problems(policy_loss="test_decl_needs_beta", dro_beta=0.1) == []
+                       "set it > 0 (e.g. dro_beta = 0.5 under [actor.loss_params])")
+    assert problems(policy_loss="test_decl_needs_beta", loss_params={"dro_beta": 0.1}) == []
 
 
 def test_a_loss_that_declares_nothing_gets_no_clip_rule():

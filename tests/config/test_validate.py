@@ -89,8 +89,9 @@ def test_valid_config_and_batch_plan(project):
     (["data.batch_size=32", "actor.mini_batch_size=32"], "only 20 training rows"),
     (["model.lora.rank=8", "model.lora.target_modules=[]"], "target_modules: is empty"),
     (["reward.overlong.enable=true", "reward.overlong.buffer_len=65"], "longer than data.max_response_length"),
-    (["algorithm.name=gdpo"], "algorithm.gdpo_reward_keys: algorithm 'gdpo' normalises each reward component"),
-    (['algorithm.gdpo_reward_keys=["a", "b"]', "algorithm.gdpo_reward_weights=[1.0]"], "has 1 weights for 2"),
+    (["algorithm.name=gdpo"], "algorithm.params.reward_keys: algorithm 'gdpo' normalises each reward component"),
+    (["algorithm.name=gdpo", 'algorithm.params.reward_keys=["a", "b"]', "algorithm.params.reward_weights=[1.0]"],
+     "has 1 weights for 2"),
     (["algorithm.name=grpo_passk", "rollout.n=1"], "needs rollout.n >= 2"),
     (['algorithm.rollout_correction.rollout_rs="token_k2"'], "rollout_rs: rollout_rs needs rollout_rs_threshold"),
     (['algorithm.rollout_correction.rollout_rs="tok_k2"', 'algorithm.rollout_correction.rollout_rs_threshold="1"'],
@@ -210,13 +211,13 @@ def test_best_metric_must_be_a_metric_validation_logs(project):
 
 
 def test_gdpo_keys_and_float_weights_load(project):
-    errors, _, _ = check(project, "algorithm.name=gdpo", 'algorithm.gdpo_reward_keys=["fmt", "acc"]',
-                         "algorithm.gdpo_reward_weights=[1, 0.5]")
+    errors, _, _ = check(project, "algorithm.name=gdpo", 'algorithm.params.reward_keys=["fmt", "acc"]',
+                         "algorithm.params.reward_weights=[1, 0.5]")
     assert errors == []
-    loaded = load_config(project / "rlctl.toml", ["algorithm.gdpo_reward_weights=[1, 0.5]"])
-    assert loaded.config.algorithm.gdpo_reward_weights == (1.0, 0.5)
-    loaded = load_config(project / "rlctl.toml", ['algorithm.gdpo_reward_weights=["x"]'], strict=False)
-    assert any("expected a list of finite numbers" in str(p) for p in loaded.problems), loaded.problems
+    errors, _, _ = check(project, "algorithm.name=gdpo", 'algorithm.params.reward_keys=["fmt"]',
+                         'algorithm.params.reward_weights=["x"]')
+    assert any(e.startswith("algorithm.params.reward_weights: ") and "expected a list of finite numbers" in e
+               for e in errors), errors
 
 
 def test_sandbox_url_must_be_http(project):
@@ -245,8 +246,8 @@ def test_gpus_auto_resolves_once_to_this_machines_gpus(project):
 
 def test_dro_needs_a_beta(project):
     errors = check(project, "actor.policy_loss=dro")[0]
-    assert any(e.startswith("actor.dro_beta: ") and "no default" in e for e in errors), errors
-    assert check(project, "actor.policy_loss=dro", "actor.dro_beta=0.1")[0] == []
+    assert any(e.startswith("actor.loss_params.dro_beta: ") and "no default" in e for e in errors), errors
+    assert check(project, "actor.policy_loss=dro", "actor.loss_params.dro_beta=0.1")[0] == []
 
 
 def test_one_step_off_rules(project, monkeypatch):

@@ -48,8 +48,8 @@ def train(make_project, tmp_path, overrides, steps):
 
 @pytest.mark.slow
 def test_gdpo_with_reward_components_and_sapo_learns(tmp_path, make_project, ray_cluster):
-    rows = train(make_project, tmp_path, ["algorithm.name=gdpo", 'algorithm.gdpo_reward_keys=["lower", "short"]',
-                                          "algorithm.gdpo_reward_weights=[1.0, 0.1]", "actor.policy_loss=sapo",
+    rows = train(make_project, tmp_path, ["algorithm.name=gdpo", 'algorithm.params.reward_keys=["lower", "short"]',
+                                          "algorithm.params.reward_weights=[1.0, 0.1]", "actor.policy_loss=sapo",
                                           "actor.use_kl_loss=true", 'actor.kl_loss_type="low_var_kl+"'], 16)
     rewards = [r["reward/mean"] for r in rows]
     first, last = sum(rewards[:4]) / 4, sum(rewards[-4:]) / 4
@@ -89,7 +89,7 @@ def rows(path) -> list[dict]:
 def test_spin_iterations_raise_the_reference_answers_over_the_generations(tmp_path, make_project, ray_cluster):
     proj = make_project(tmp_path / "p", "spin-arith-cpu")
     cfg = SELFPLAY_CPU + ["run.total_steps=4", "run.save_every=3", "run.keep_last=0", "algorithm.ref_update_every=3",
-                          "data.batch_size=8", "actor.mini_batch_size=8", "actor.lr=3e-3", "algorithm.dpo_beta=0.5"]
+                          "data.batch_size=8", "actor.mini_batch_size=8", "actor.lr=3e-3", "algorithm.params.dpo_beta=0.5"]
     start_training(load_config(proj / "rlctl.toml", cfg), address=None, force=False)
     run = proj / "runs" / "spin-arith-cpu"
     m = rows(run / "metrics.jsonl")
@@ -114,7 +114,7 @@ def test_sppo_raises_the_win_rate_of_the_policys_samples(tmp_path, make_project,
     steps = 12
     cfg = SELFPLAY_CPU + [f"run.total_steps={steps}", "run.save_every=0", "data.batch_size=8", "rollout.n=8",
                           "actor.mini_batch_size=8", "actor.micro_batch_size=64", "actor.lr=3e-3",
-                          "actor.sppo_eta=10", "data.max_response_length=8", "reward.function=dense.py:compute_score",
+                          "actor.loss_params.sppo_eta=10", "data.max_response_length=8", "reward.function=dense.py:compute_score",
                           "actor.use_kl_loss=false"]   # the loss alone: no reference worker to start
     start_training(load_config(proj / "rlctl.toml", cfg), address=None, force=False)
     m = rows(proj / "runs" / "sppo-arith-cpu" / "metrics.jsonl")
