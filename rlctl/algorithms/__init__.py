@@ -21,6 +21,7 @@ from .selfplay import sppo_loss, spin_loss, win_rates   # (registers spin, sppo)
 from .registry import (AlgorithmError, EstimatorSpec, Needs, PolicyLossSpec, RequiredParam, algorithm_needs,
                        estimator_names, estimator_params, get_estimator, get_policy_loss, loss_params,
                        policy_loss_names, register_estimator, register_policy_loss)
+from .pf_ppo import REWEIGHT_METHODS, pf_ppo_resample, pf_ppo_weights
 from .rollout_correction import rollout_correction
 from .sampling import GroupFilter, filter_groups
 from .shaping import overlong_penalty, scores_to_token_rewards
@@ -32,7 +33,7 @@ __all__ = [
     "apply_kl_in_reward", "compute_advantages", "entropy_from_logits", "estimator_names", "estimator_params",
     "filter_groups", "loss_params",
     "get_estimator", "get_policy_loss", "group_index", "kl_penalty", "log_probs_from_logits",
-    "make_kl_controller", "masked_mean", "masked_sum", "masked_var", "masked_whiten", "overlong_penalty",
+    "make_kl_controller", "pf_ppo_resample", "pf_ppo_weights", "REWEIGHT_METHODS", "masked_mean", "masked_sum", "masked_var", "masked_whiten", "overlong_penalty",
     "policy_loss", "policy_loss_names", "register_estimator", "rollout_correction", "register_policy_loss",
     "scores_to_token_rewards", "spin_loss", "sppo_loss", "sum_pi_squared_from_logits", "value_loss", "win_rates",
 ]

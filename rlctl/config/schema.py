@@ -13,8 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields, is_dataclass
 
 from rlctl.config.fields import opt
-from rlctl.config.names import (ADV_ESTIMATORS, JUDGE_PROMPT, KL_TYPES, LOGGERS, LOSS_AGG_MODES, POLICY_LOSSES,
-                                REWARD_SOURCES)
+from rlctl.config.names import (ADV_ESTIMATORS, JUDGE_PROMPT, KL_TYPES, LOGGERS, LOSS_AGG_MODES,
+                                PF_PPO_REWEIGHT_METHODS, POLICY_LOSSES, REWARD_SOURCES)
 
 
 @dataclass(frozen=True)
@@ -90,6 +90,14 @@ class DynamicSamplingConfig:
 
 
 @dataclass(frozen=True)
+class PfPpoConfig:
+    reweight_method: str = opt("pow", "PF-PPO weights from each sample's score, within its prompt's group: \"pow\" "
+                                      "(|score|^weight_pow), \"max_min\" (best and worst only), \"max_random\" "
+                                      "(0.4 for the best, 0.1 others).", choices=PF_PPO_REWEIGHT_METHODS)
+    weight_pow: float = opt(2.0, "PF-PPO \"pow\": the power of |score|.", ge=0)
+
+
+@dataclass(frozen=True)
 class RolloutCorrectionConfig:
     rollout_is: str = opt("auto", "Truncated importance sampling of the rollout engine's samples: per \"token\" or "
                                   "\"sequence\" (empty = off; \"auto\" = off, or \"sequence\" (verl's default) "
@@ -129,6 +137,10 @@ class AlgorithmConfig:
     params: dict = opt({}, "The estimator's own parameters, e.g. [algorithm.params] dpo_beta = 0.1 (spin) or "
                            "reward_keys = [\"format\", \"accuracy\"] (gdpo): checked by validate against what the "
                            "estimator declares (docs/algorithms.md lists each one's).", table=True)
+    use_pf_ppo: bool = opt(False, "PF-PPO policy filtration: after the advantages, resample each prompt's samples "
+                                  "(to their number, with replacement) by weights from their scores; critic and "
+                                  "actor train on the resampled batch (docs/algorithms.md).")
+    pf_ppo: PfPpoConfig = field(default_factory=PfPpoConfig, metadata={"help": "PF-PPO (verl's names)."})
     dynamic_sampling: DynamicSamplingConfig = field(default_factory=DynamicSamplingConfig,
                                                     metadata={"help": "DAPO dynamic sampling."})
     rollout_correction: RolloutCorrectionConfig = field(

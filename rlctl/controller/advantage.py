@@ -104,3 +104,15 @@ def compute_advantages(batch: Batch, config: Config, kl_ctrl) -> dict:
                     "critic/advantages/min": float(advantages[valid].min()) if valid.any() else 0.0,
                     "critic/returns/mean": float(returns[valid].mean()) if valid.any() else 0.0})
     return metrics
+
+
+def policy_filtration(batch: Batch, config: Config, seed: int) -> tuple[Batch, dict]:
+    """PF-PPO: each prompt's rows resampled (with replacement, to their number) by weights from their
+    raw scores (reward + overlong shaping, before any KL), every column indexed alike, so the critic
+    and the actor train on the filtered batch. `seed` makes a step's draw reproducible on resume."""
+    pf = config.algorithm.pf_ppo
+    scores, _ = shaped_scores(batch, config)
+    index = algorithms.pf_ppo_resample(scores, batch["uid"].tolist(), pf.reweight_method, pf.weight_pow,
+                                       np.random.default_rng(seed))
+    return batch.select(index), {"pf_ppo/unique_frac": len(set(index.tolist())) / max(len(index), 1),
+                                 "pf_ppo/score_mean": float(scores[index].mean()) if len(index) else 0.0}

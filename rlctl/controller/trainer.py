@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from rlctl.controller import checkpointing, rollout, selfplay
-from rlctl.controller.advantage import apply_rollout_correction, compute_advantages
+from rlctl.controller.advantage import apply_rollout_correction, compute_advantages, policy_filtration
 from rlctl.controller.setup import TrainSetup
 from rlctl.controller.timing import phase
 from rlctl.errors import NumericalError
@@ -76,6 +76,9 @@ class Trainer:
                     batch = batch.union(setup.critic.compute_values(batch))
             with phase(timing, "adv"):
                 metrics.update(compute_advantages(batch, config, setup.kl_ctrl))
+            if config.algorithm.use_pf_ppo:   # PF-PPO: train on each prompt's samples resampled by score
+                batch, more = policy_filtration(batch, config, setup.seed_for(step, -1))
+                metrics.update(more)
             if setup.needs.critic:
                 with phase(timing, "update_critic"):
                     metrics.update(setup.critic.update_critic(with_mini_batches(batch, "critic", config,

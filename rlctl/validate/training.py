@@ -186,3 +186,24 @@ def best_metric_problems(c: Config, data_sources=None, known=None) -> list[Probl
         problems.append(Problem("run.best_metric", "run.val_every = 0 validates only at the last step, so the best "
                                                    "checkpoint is the last one; set run.val_every", severity="warning"))
     return problems
+
+
+def check_pf_ppo(c: Config, ctx: CheckContext) -> list[Problem]:
+    """PF-PPO filters each prompt's samples against each other (rlctl.algorithms.pf_ppo): refuse the
+    settings under which it would change nothing, or break what the estimator pairs up."""
+    algo, n = c.algorithm, c.rollout.n
+    if not algo.use_pf_ppo:
+        written = (ctx.raw.get("algorithm") or {}).get("pf_ppo")
+        return [Problem("algorithm.pf_ppo", "is set but algorithm.use_pf_ppo = false, so it does nothing: set "
+                                            "use_pf_ppo = true or remove it", severity="warning")] if written else []
+    if n < 2:
+        return [Problem("algorithm.use_pf_ppo", f"filters each prompt's samples by their scores, and rollout.n = {n} "
+                                                "gives each prompt one: nothing would be filtered. Set rollout.n >= 2")]
+    if algo.pf_ppo.reweight_method == "max_min" and n == 2:
+        return [Problem("algorithm.pf_ppo.reweight_method", "\"max_min\" keeps each prompt's best and worst sample, "
+                        "which with rollout.n = 2 are both: nothing would be filtered. Use rollout.n >= 3 or "
+                        "reweight_method = \"pow\" / \"max_random\"")]
+    if estimator_needs(algo.name).needs_real_response:
+        return [Problem("algorithm.use_pf_ppo", f"resamples rows, which would break the reference/generation pairs "
+                        f"algorithm {algo.name!r} trains on: turn it off")]
+    return []

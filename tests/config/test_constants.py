@@ -8,6 +8,7 @@ import sys
 
 from rlctl.algorithms.aggregation import LOSS_AGG_MODES
 from rlctl.algorithms.kl import KL_KINDS
+from rlctl.algorithms.pf_ppo import REWEIGHT_METHODS
 from rlctl.config import schema
 
 
@@ -15,6 +16,7 @@ def test_schema_choices_equal_the_algorithms_names():
     # rlctl.algorithms imports torch; `rlctl config validate` and `--help` must not, so the schema keeps copies
     assert schema.LOSS_AGG_MODES == LOSS_AGG_MODES
     assert schema.KL_TYPES == KL_KINDS
+    assert schema.PF_PPO_REWEIGHT_METHODS == REWEIGHT_METHODS
 
 
 def built_in(names: str) -> set[str]:
