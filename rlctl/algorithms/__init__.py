@@ -17,6 +17,7 @@ from .kl import (KL_KINDS, AdaptiveKLController, FixedKLController, apply_kl_in_
 from .losses import policy_loss, value_loss
 from . import more_losses  # noqa: F401  (registers sapo, cispo, geo_mean, clip_cov, kl_cov, gpg, dppo_*)
 from . import decoupled  # noqa: F401  (registers decoupled_ppo)
+from . import vapo  # noqa: F401  (registers the vapo estimator and loss)
 from .selfplay import sppo_loss, spin_loss, win_rates   # (registers spin, sppo)
 from .registry import (AlgorithmError, EstimatorSpec, Needs, PolicyLossSpec, RequiredParam, algorithm_needs,
                        estimator_names, estimator_params, get_estimator, get_policy_loss, loss_params,

@@ -171,18 +171,25 @@ def gae(*, token_level_rewards, values, response_mask, gamma, lam, **_):
     the next value and running advantage pass through unchanged. returns = A + V (the critic's
     target, before whitening); advantages are whitened over all valid tokens of the batch.
     """
-    batch, horizon = token_level_rewards.shape
-    next_value = token_level_rewards.new_zeros(batch)
-    running = token_level_rewards.new_zeros(batch)
-    advantages = torch.zeros_like(token_level_rewards)
+    advantages = gae_advantages(token_level_rewards, values, response_mask, gamma, lam)
+    return masked_whiten(advantages, response_mask), advantages + values
+
+
+def gae_advantages(rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, gamma: float,
+                   lam) -> torch.Tensor:
+    """GAE's A [B, T] before whitening (see gae); `lam` a float or one per row [B] (VAPO's
+    length-adaptive lambda)."""
+    batch, horizon = rewards.shape
+    lam = torch.as_tensor(lam, dtype=rewards.dtype, device=rewards.device).expand(batch)
+    next_value, running = rewards.new_zeros(batch), rewards.new_zeros(batch)
+    advantages = torch.zeros_like(rewards)
     for t in reversed(range(horizon)):
-        valid = response_mask[:, t] > 0
-        delta = token_level_rewards[:, t] + gamma * next_value - values[:, t]
+        valid = mask[:, t] > 0
+        delta = rewards[:, t] + gamma * next_value - values[:, t]
         running = torch.where(valid, delta + gamma * lam * running, running)
         next_value = torch.where(valid, values[:, t], next_value)
         advantages[:, t] = running
-    returns = advantages + values
-    return masked_whiten(advantages, response_mask), returns
+    return advantages
 
 
 @register_estimator("grpo", needs_group=True)

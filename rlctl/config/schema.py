@@ -91,9 +91,8 @@ class DynamicSamplingConfig:
 
 @dataclass(frozen=True)
 class PfPpoConfig:
-    reweight_method: str = opt("pow", "PF-PPO weights from each sample's score, within its prompt's group: \"pow\" "
-                                      "(|score|^weight_pow), \"max_min\" (best and worst only), \"max_random\" "
-                                      "(0.4 for the best, 0.1 others).", choices=PF_PPO_REWEIGHT_METHODS)
+    reweight_method: str = opt("pow", "PF-PPO weights of a prompt's samples: \"pow\" (|score|^weight_pow), \"max_min\" "
+                                      "(best and worst), \"max_random\" (0.4 best, 0.1 others).", choices=PF_PPO_REWEIGHT_METHODS)
     weight_pow: float = opt(2.0, "PF-PPO \"pow\": the power of |score|.", ge=0)
 
 
@@ -137,9 +136,8 @@ class AlgorithmConfig:
     params: dict = opt({}, "The estimator's own parameters, e.g. [algorithm.params] dpo_beta = 0.1 (spin) or "
                            "reward_keys = [\"format\", \"accuracy\"] (gdpo): checked by validate against what the "
                            "estimator declares (docs/algorithms.md lists each one's).", table=True)
-    use_pf_ppo: bool = opt(False, "PF-PPO policy filtration: after the advantages, resample each prompt's samples "
-                                  "(to their number, with replacement) by weights from their scores; critic and "
-                                  "actor train on the resampled batch (docs/algorithms.md).")
+    use_pf_ppo: bool = opt(False, "PF-PPO: after the advantages, resample each prompt's samples by weights from their "
+                                  "scores; critic and actor train on that batch (docs/algorithms.md).")
     pf_ppo: PfPpoConfig = field(default_factory=PfPpoConfig, metadata={"help": "PF-PPO (verl's names)."})
     dynamic_sampling: DynamicSamplingConfig = field(default_factory=DynamicSamplingConfig,
                                                     metadata={"help": "DAPO dynamic sampling."})
@@ -185,6 +183,8 @@ class CriticConfig:
     mini_batch_size: int = opt(0, "Prompts per optimizer step (0 = data.batch_size).", ge=0)
     micro_batch_size: int = opt(4, "Sequences per worker per forward/backward.", ge=1)
     value_clip: float = opt(0.5, "Clip value predictions to values +- value_clip.", gt=0)
+    pretrain_steps: int = opt(0, "Value pretraining (VAPO; verl's trainer.critic_warmup): the first N steps train only "
+                                 "the critic, on the frozen policy's samples; the actor is left as it is.", ge=0)
     loss_agg_mode: str = opt("token-mean", "How token losses are aggregated.", choices=LOSS_AGG_MODES)
 
 

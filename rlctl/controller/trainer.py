@@ -83,8 +83,9 @@ class Trainer:
                 with phase(timing, "update_critic"):
                     metrics.update(setup.critic.update_critic(with_mini_batches(batch, "critic", config,
                                                                                 setup.critic)))
-            with phase(timing, "update_actor"):
-                metrics.update(setup.actor.update_actor(with_mini_batches(batch, "actor", config, setup.actor)))
+            if step > config.critic.pretrain_steps:   # value pretraining: the first steps train the critic only
+                with phase(timing, "update_actor"):
+                    metrics.update(setup.actor.update_actor(with_mini_batches(batch, "actor", config, setup.actor)))
             if "actor/drift_tokens" in metrics:   # no old_log_prob pass: the update measured the engine's drift
                 metrics.update(update_drift(metrics))
                 if setup.rollouts.on_policy:   # before anything of this step is saved

@@ -207,3 +207,16 @@ def check_pf_ppo(c: Config, ctx: CheckContext) -> list[Problem]:
         return [Problem("algorithm.use_pf_ppo", f"resamples rows, which would break the reference/generation pairs "
                         f"algorithm {algo.name!r} trains on: turn it off")]
     return []
+
+
+def check_critic_pretrain(c: Config, ctx: CheckContext) -> list[Problem]:
+    """critic.pretrain_steps needs a critic to pretrain; at total_steps or beyond the actor never trains."""
+    steps = c.critic.pretrain_steps
+    if steps and not estimator_needs(c.algorithm.name).needs_critic:
+        return [Problem("critic.pretrain_steps", f"algorithm {c.algorithm.name!r} trains no critic, so its "
+                                                 f"{steps} value-pretraining steps would only hold the actor still: "
+                                                 "set it to 0, or use a critic's estimator (gae, vapo)")]
+    if steps and c.run.total_steps and steps >= c.run.total_steps:
+        return [Problem("critic.pretrain_steps", f"{steps} >= run.total_steps = {c.run.total_steps}: the actor "
+                                                 "never trains", severity="warning")]
+    return []
