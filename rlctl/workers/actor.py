@@ -230,9 +230,13 @@ class ActorRolloutRefWorker:
                               hint="call compute_log_prob first (it may be skipped only when on-policy)")
         from rlctl.algorithms import get_policy_loss
 
+        reads = get_policy_loss(ac.policy_loss).reads
+        if missing := [c for c in reads if c not in batch]:
+            raise ConfigError(f"actor.policy_loss = {ac.policy_loss!r} reads the batch column(s) {missing}, which the "
+                              "batch does not hold", hint="declare only columns the rollout or reward fills")
         keys = _MODEL_KEYS + ["response_mask", "advantages", "old_log_prob", "ref_log_prob", "rollout_is_weights",
                               "rollout_log_prob", "teacher_log_prob", "teacher_topk_ids", "teacher_topk_log_prob",
-                              *get_policy_loss(ac.policy_loss).reads]
+                              *reads]
         metrics = run_updates(self.actor, batch, epochs=ac.ppo_epochs, mini_batches=mini,
                               micro_batch_size=ac.micro_batch_size, horizon=self.cfg.data.max_response_length,
                               make_loss=self._policy_loss_fn, keys=keys)
