@@ -18,6 +18,8 @@ from pathlib import Path
 from typing import Any
 
 from rlctl.config.names import MOVED_KEYS
+
+RESOLVED_CONFIG = "config.resolved.toml"   # rlctl.checkpoint.manifest.CONFIG_FILE (config imports no checkpoint)
 from rlctl.config.schema import Config, iter_keys
 from rlctl.errors import ConfigError, UsageError
 
@@ -260,7 +262,7 @@ def build_section(cls, raw: dict, prefix: str, problems: list[Problem], lines: d
     for name, value in raw.items():
         key = prefix + name
         if name not in known and key in MOVED_KEYS:
-            table, leaf = MOVED_KEYS[key].rsplit(".", 1)
+            table, leaf = MOVED_KEYS[key][0].rsplit(".", 1)
             problems.append(Problem(key, f"moved to [{table}] {leaf}: write `{leaf} = {json.dumps(value)}` under "
                                          f"[{table}] (each algorithm's parameters live in its own table)",
                                     lines.get(key)))
@@ -311,6 +313,8 @@ def load_config(path: str | Path | None, overrides: list[str] | tuple = (), *, s
         source = str(path)
         raw = parse_toml(text, source)
         lines = key_lines(text)
+        if path.name == RESOLVED_CONFIG:
+            migrate_moved_keys(raw)
     for word in overrides:
         key, value = parse_override(word)
         set_dotted(raw, key, value)
@@ -324,6 +328,20 @@ def load_config(path: str | Path | None, overrides: list[str] | tuple = (), *, s
         raise ConfigError(f"{len(errors)} problem(s) in {source}", [p.format(source) for p in errors])
     return LoadedConfig(config=config, path=path.resolve() if path else None, raw=raw, problems=tuple(problems),
                         lines=lines)
+
+
+def migrate_moved_keys(raw: dict) -> None:
+    """A run's config.resolved.toml written before the algorithms' parameters moved into their tables
+    holds every old flat key: move each into its table when the run's algorithm reads it, else drop it."""
+    for old, (new, owner) in MOVED_KEYS.items():
+        section, key = old.split(".")
+        table = raw.get(section)
+        if not isinstance(table, dict) or key not in table:
+            continue
+        value = table.pop(key)
+        used = raw.get("actor", {}).get("policy_loss") if section == "actor" else table.get("name")
+        if used == owner and value not in ((), [], 0.0):   # an empty / zero old default means "unset"
+            set_dotted(raw, new, value)
 
 
 def find_config(path: str | Path | None) -> Path:

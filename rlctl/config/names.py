@@ -18,9 +18,13 @@ REWARD_SOURCES = ("function", "model", "judge", "remote")   # rlctl.rewards.regi
 JUDGE_PROMPT = ("Grade the response to the question. Reply with a single number from 0 to 10 on the last line.\n\n"
                 "Question:\n{question}\n\nReference answer:\n{ground_truth}\n\nResponse:\n{response}")
 
-# Keys that moved into an algorithm's own parameter table: the loader refuses each with its new place.
-MOVED_KEYS = {**{f"actor.{k}": f"actor.loss_params.{k}" for k in (
-    "tau_pos", "tau_neg", "clip_cov_ratio", "clip_cov_lb", "clip_cov_ub", "kl_cov_ratio", "ppo_kl_coef", "dro_beta",
-    "sppo_eta")},
-    "algorithm.dpo_beta": "algorithm.params.dpo_beta", "algorithm.gdpo_reward_keys": "algorithm.params.reward_keys",
-    "algorithm.gdpo_reward_weights": "algorithm.params.reward_weights"}
+# Keys that moved into an algorithm's own parameter table -> (new key, the algorithm that reads it). The
+# loader refuses each in a user's file with its new place, and moves it in a run's config.resolved.toml
+# written before the move (so older runs still resume and merge).
+_LOSS_KEYS = {"tau_pos": "sapo", "tau_neg": "sapo", "clip_cov_ratio": "clip_cov", "clip_cov_lb": "clip_cov",
+              "clip_cov_ub": "clip_cov", "kl_cov_ratio": "kl_cov", "ppo_kl_coef": "kl_cov", "dro_beta": "dro",
+              "sppo_eta": "sppo"}
+MOVED_KEYS = {**{f"actor.{k}": (f"actor.loss_params.{k}", loss) for k, loss in _LOSS_KEYS.items()},
+              "algorithm.dpo_beta": ("algorithm.params.dpo_beta", "spin"),
+              "algorithm.gdpo_reward_keys": ("algorithm.params.reward_keys", "gdpo"),
+              "algorithm.gdpo_reward_weights": ("algorithm.params.reward_weights", "gdpo")}

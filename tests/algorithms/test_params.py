@@ -87,3 +87,31 @@ def test_a_moved_flat_key_is_refused_naming_its_new_place(key, value, place):
     with pytest.raises(ConfigError) as info:
         load_config(None, [f"{key}={value}"])
     assert any(line.startswith(f"overrides: {key}: {place}") for line in info.value.problems), info.value.problems
+
+
+def test_a_run_folder_written_before_the_move_still_loads(tmp_path):
+    """config.resolved.toml of an older run holds every old flat key: those its algorithm reads move
+    into the tables, the rest (defaults of algorithms it does not use) are dropped."""
+    (tmp_path / "config.resolved.toml").write_text('''
+[model]
+path = "m"
+[data]
+train_files = ["t.parquet"]
+[algorithm]
+name = "spin"
+dpo_beta = 0.3
+gdpo_reward_keys = []
+gdpo_reward_weights = []
+[actor]
+policy_loss = "sapo"
+tau_pos = 1.5
+tau_neg = 1.05
+dro_beta = 0.0
+sppo_eta = 1.0
+''')
+    config = load_config(tmp_path / "config.resolved.toml").config
+    assert config.actor.loss_params == {"tau_pos": 1.5, "tau_neg": 1.05}
+    assert config.algorithm.params == {"dpo_beta": 0.3}
+    (tmp_path / "rlctl.toml").write_text((tmp_path / "config.resolved.toml").read_text())
+    with pytest.raises(ConfigError):   # a user's own file is told where the keys went instead
+        load_config(tmp_path / "rlctl.toml")
