@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from rich.console import Console
 
-from rlctl.controller.logging import MetricsLogger
+from rlctl.controller.metrics_log import MetricsLogger
 from rlctl.checkpoint.manager import CheckpointManager
 from rlctl.checkpoint.run_folder import find_run_dir, finish_run, read_run_info, start_run, write_run_info
 from rlctl.controller.status import curves_figure, plot_curves, render_status, status_summary

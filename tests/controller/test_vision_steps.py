@@ -32,7 +32,7 @@ def _config(model_dir: Path, train: Path, prompts: int = PROMPTS, n: int = N, al
 def _prompt_batches(config, tokenizer, steps: int = STEPS):
     from rlctl.controller.prompts import read_rows, render_prompts
     from rlctl.controller.rollout import prompt_batch
-    from rlctl.controller.setup import vision_data
+    from rlctl.controller.build import vision_data
 
     files, size = config.data.train_files, config.data.batch_size
     rows = render_prompts(read_rows([Path(f) for f in files])[:size * steps], tokenizer, 128, "error",

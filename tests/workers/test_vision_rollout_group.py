@@ -31,7 +31,7 @@ def _prompts(config, tokenizer) -> Batch:
     """The first PROMPTS shapes-colour rows as the controller's prompt batch (PIL `images` column)."""
     from rlctl.controller.prompts import read_rows, render_prompts
     from rlctl.controller.rollout import prompt_batch
-    from rlctl.controller.setup import vision_data
+    from rlctl.controller.build import vision_data
 
     files = config.data.train_files
     rows = render_prompts(read_rows([Path(f) for f in files])[:PROMPTS], tokenizer, 128, "error",
