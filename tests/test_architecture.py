@@ -27,7 +27,7 @@ import rlctl
 ROOT = Path(rlctl.__file__).parent
 MAX_FILE_LINES, MAX_FUNCTION_LINES = 400, 60
 
-# The layer map (issue 25; docs/architecture.md says what each layer holds): a package imports
+# The layer map (docs/architecture.md says what each layer holds): a package imports
 # its own layer or lower.
 LAYERS = {
     "__init__": 0, "errors": 0, "utils": 0,

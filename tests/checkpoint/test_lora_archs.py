@@ -1,4 +1,4 @@
-"""LoRA covers the model it is given, whatever its layer names (issue 14).
+"""LoRA covers the model it is given, whatever its layer names.
 
 Tiny random models of seven architectures (hidden 32, 2 layers, rlctl's byte-level tokenizer):
 Qwen2, Llama, Qwen3, Gemma3 and Phi-3 (fused qkv_proj / gate_up_proj) have nn.Linear

@@ -1,4 +1,4 @@
-"""Offline and on CPU, every error is one line (issue 14), through the real `rlctl` in subprocesses.
+"""Offline and on CPU, every error is one line, through the real `rlctl` in subprocesses.
 
 "Unreachable" is real here: HF_ENDPOINT points at a closed port on 127.0.0.1, HF_HUB_OFFLINE is
 unset, and HF_HOME is an empty folder, so nothing is cached and nothing answers.
