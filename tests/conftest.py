@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 from pathlib import Path
 
@@ -117,3 +118,41 @@ def ray_cluster():
 
     with ray_session(num_cpus=2, log_to_driver=False):
         yield
+
+
+# --- the fast tier: a test not marked slow starts no process (tests/support/tiers.py) ---------------
+def _fast_tier(item):
+    from support import tiers
+
+    if item.get_closest_marker("slow") is not None:
+        return contextlib.nullcontext()
+    return tiers.watch(item.stash.setdefault(tiers.VIOLATIONS, []))
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_setup(item):
+    from support import tiers
+
+    if item.get_closest_marker("slow") is None and (problems := tiers.collection_problems([item])):
+        pytest.fail(problems[0], pytrace=False)
+    with _fast_tier(item):   # session fixtures a fast test is the first to need count as its own
+        return (yield)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item):
+    with _fast_tier(item):
+        return (yield)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_teardown(item, nextitem):
+    """Not watched: a module's last test tears down fixtures that slow tests of the module started
+    (Ray, pools). What setup and call refused, even if something swallowed it, fails here."""
+    from support import tiers
+
+    result = yield
+    if found := item.stash.get(tiers.VIOLATIONS, []):
+        pytest.fail(f"{item.nodeid} started a process without the slow marker ({'; '.join(found)}): {tiers.HINT}",
+                    pytrace=False)
+    return result
