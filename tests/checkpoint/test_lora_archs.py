@@ -181,6 +181,7 @@ def _fsdp_rank(rank, model_dir, init_file, out_dir):
     dist.destroy_process_group()
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(240)
 def test_moe_engine_weights_under_fsdp2(arch_dirs, tmp_path):
     import torch.multiprocessing as mp

@@ -18,6 +18,8 @@ from rlctl.checkpoint import merge
 from rlctl.checkpoint.merge import export_hf, merge_run
 from rlctl.errors import CheckpointError, UsageError
 
+pytestmark = pytest.mark.slow   # starts Ray, trains a run or starts a subprocess
+
 CASES = ["full-tied-1w", "lora-untied-1w", "full-untied-2w", "lora-tied-2w"]
 
 

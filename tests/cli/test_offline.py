@@ -18,6 +18,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.slow   # starts Ray, trains a run or starts a subprocess
+
 HUB_ID = "Qwen/Qwen2.5-0.5B-Instruct"
 NOT_FOUND = "neither a local folder nor in the Hugging Face cache"
 SMALL = ["data.batch_size=4", "actor.mini_batch_size=4", "actor.micro_batch_size=4"]  # 24 rows of data: the recipe's 64 would be an error too
