@@ -24,6 +24,8 @@ from rlctl.runtime import Batch  # noqa: E402
 from rlctl.runtime.ray_env import ray_session  # noqa: E402
 from rlctl.workers.groups import start_workers  # noqa: E402
 
+pytestmark = pytest.mark.slow   # starts Ray, trains a run or starts a subprocess
+
 PROMPTS, N, T = 4, 2, 4
 
 
