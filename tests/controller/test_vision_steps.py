@@ -12,6 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+import pytest
 import torch
 
 PROMPTS, N, STEPS, SAVE_AFTER = 8, 8, 12, 9
@@ -67,6 +68,7 @@ def _step(worker, prompts, step: int, critic=None):
     return batch
 
 
+@pytest.mark.slow   # trains 12 steps and a resumed copy: the fast tier's heaviest test otherwise
 def test_grpo_on_images_raises_the_reward_trains_the_tower_and_resumes_exactly(tiny_vlm_dir, shapes_dir, tmp_path):
     from rlctl.workers.actor import ActorRolloutRefWorker
 
