@@ -21,9 +21,12 @@ then how close the number is, so the mean reward climbs within minutes of CPU RL
 the exact sum, 0.0 otherwise, so GRPO's advantages come from right vs wrong and nothing else.
 
 `score_answer` is for a pretrained instruct model, which knows many sums but not the form: it
-answers "7 + 10 = 17". The exact reward gives such a model no signal (every sample scores 0), so
-the right number in the wrong form earns half:
-    exact (s == t) -> 1.0;  the last integer in s equals t -> 0.5;  otherwise -> 0.0
+answers "7 + 10 = 17" and rarely the digits alone. The exact reward gives such a model no signal
+(every sample scores 0); here the right number in another form earns less the longer the text
+around it, so within a group the shorter right answer always wins and GRPO walks toward the form:
+    exact (s == t)                       -> 1.0
+    the last integer in s equals t       -> 0.5 * len(t) / len(s)      ("7 + 10 = 17": 0.09, "17.": 0.33)
+    otherwise                            -> 0.0
 `number` (the last integer is right, whatever the form) is reported beside `acc` (exact).
 """
 
@@ -90,11 +93,12 @@ def score_exact(solution_str: str, ground_truth: str) -> dict:
 
 
 def score_answer(solution_str: str, ground_truth: str) -> dict:
-    """1.0 for the exact sum, 0.5 when the last integer in the response is the sum, else 0.0."""
-    exact = solution_str.strip() == str(ground_truth).strip()
-    numbers = _INTEGER.findall(solution_str)
-    number = bool(numbers) and numbers[-1] == str(ground_truth).strip()
-    return {"score": 1.0 if exact else 0.5 if number else 0.0, "acc": float(exact), "number": float(number)}
+    """1.0 for the exact sum; 0.5 x len(sum) / len(response) when the response's last integer is the sum."""
+    s, t = solution_str.strip(), str(ground_truth).strip()
+    numbers = _INTEGER.findall(s)
+    number = bool(numbers) and numbers[-1] == t
+    value = 1.0 if s == t else 0.5 * len(t) / len(s) if number else 0.0
+    return {"score": value, "acc": float(s == t), "number": float(number)}
 
 
 def compute_score(data_source, solution_str, ground_truth, extra_info=None, *, format_score=0.0, **_) -> dict:
@@ -110,7 +114,7 @@ def compute_score_exact(data_source, solution_str, ground_truth, extra_info=None
 
 def compute_score_answer(data_source, solution_str, ground_truth, extra_info=None, *, format_score=0.0,
                          **_) -> dict:
-    """The synthetic task's reward for instruct models: 1.0 exact, 0.5 right number in another form."""
+    """The synthetic task's reward for instruct models: 1.0 exact, less for the right number in more text."""
     return score_answer(solution_str, ground_truth)
 
 
