@@ -214,6 +214,18 @@ def whole_experts(model: torch.nn.Module) -> Iterator[None]:
             module.num_experts, module._rlctl_whole = count, False
 
 
+def check_not_partial(modules: dict[str, torch.nn.Module], param_name: str) -> None:
+    """Raise when `param_name` is the local share of a split bank outside whole_experts (a weight
+    push or export would send a partial expert set)."""
+    owner, _, pname = param_name.rpartition(".")
+    module = modules.get(owner)
+    if module is not None and pname in ("gate_up_proj", "down_proj") and is_split(module) \
+            and not getattr(module, "_rlctl_whole", False):
+        _, total = getattr(module, _MARK)
+        raise RuntimeError(f"{param_name} holds {module.num_experts} of {total} experts here: refusing to send a "
+                           "partial expert set (gather inside rlctl.workers.fsdp.whole_weights)")
+
+
 def check_whole_bank(name: str, bank: torch.Tensor, total: int) -> None:
     """A weight push or export must carry every expert: a partial bank is a bug, never a model."""
     if bank.shape[0] != total:
@@ -238,9 +250,9 @@ def sharded_state(model: torch.nn.Module, model_sd: dict, optim_sd: dict) -> Non
                         sd[key] = _as_shard(value, groups)
 
 
-def local_state(model_sd: dict, optim_sd: dict) -> None:
+def local_state(*state_dicts: dict) -> None:
     """Undo sharded_state after a load: the local tensors (DCP loaded into their storage)."""
-    for sd in (model_sd, optim_sd):
+    for sd in state_dicts:
         for key, value in list(sd.items()):
             if getattr(value, "_rlctl_expert_shard", False):
                 sd[key] = value.to_local()

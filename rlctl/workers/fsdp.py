@@ -99,16 +99,25 @@ def fsdp_units(model: torch.nn.Module) -> list[torch.nn.Module]:
 
 @contextlib.contextmanager
 def whole_weights(model: torch.nn.Module) -> Iterator[None]:
-    """Inference with every FSDP unit all-gathered once (same calls, same order on every rank).
+    """Inference with every FSDP unit all-gathered once (same calls, same order on every rank), and
+    expert-parallel banks gathered whole (rlctl.workers.expert_parallel.whole_experts).
 
     With the parameters whole and reshard-after-forward off, forward runs no collective, so ranks
     may run different numbers of micro-batches (uneven splits) without deadlocking. Peak memory
     is one full copy of the weights per rank, as during generation. Plain modules pass through.
     """
+    from rlctl.workers.expert_parallel import whole_experts
+
     units = fsdp_units(model)
     if not units:
         yield
         return
+    with _unsharded(model, units), whole_experts(model):
+        yield
+
+
+@contextlib.contextmanager
+def _unsharded(model: torch.nn.Module, units: list) -> Iterator[None]:
     # FSDP2 has no getter for reshard_after_forward; keep each group's setting to restore it.
     saved = [(g, g.post_forward_mesh_info) for u in units for g in u._get_fsdp_state()._fsdp_param_groups]
     try:
