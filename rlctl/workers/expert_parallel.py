@@ -123,7 +123,9 @@ def is_split(module: torch.nn.Module) -> bool:
 def _dispatching_forward(module: torch.nn.Module, local_forward, groups: ExpertGroups):
     def forward(hidden_states: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor) -> torch.Tensor:
         if getattr(module, "_rlctl_whole", False):   # inside whole_experts: every expert is here
-            return local_forward(hidden_states, top_k_index, top_k_weights)
+            dtype = module.gate_up_proj.dtype             # the banks stay float32 masters (FSDP casts the rest)
+            out = local_forward(hidden_states.to(dtype), top_k_index, top_k_weights.to(dtype))
+            return out.to(hidden_states.dtype)
         return dispatch(hidden_states, top_k_index, top_k_weights, local_forward=local_forward,
                         local_experts=int(module.num_experts), groups=groups,
                         param_dtype=module.gate_up_proj.dtype)

@@ -60,6 +60,21 @@ def test_ep2_run_equals_ep1_and_merges_with_every_expert(runs, tmp_path):
         for f in sorted((tmp_path / f"merged{ep}").glob("*.safetensors")):
             weights[ep].update(load_file(str(f)))
     assert set(weights[2]) == set(weights[1])
-    assert weights[2]["model.layers.0.mlp.experts.gate_up_proj"].shape[0] == 4   # every expert
+    # transformers writes Qwen3-MoE per expert (experts.<e>.gate_proj.weight ...): all 4 in every layer
+    experts = {k.split(".experts.")[1].split(".")[0] for k in weights[2] if ".mlp.experts." in k}
+    assert experts == {"0", "1", "2", "3"}
     worst = max(float(np.abs(weights[2][k].astype(np.float64) - weights[1][k]).max()) for k in weights[2])
     assert worst < 1e-4, worst
+
+
+def test_an_ep2_checkpoint_resumes_at_ep1(runs):
+    """A resume at another expert_parallel_size reshards the experts: step 2 again from step 1's
+    checkpoint of the ep = 2 run, now unsplit, gives the uninterrupted run's metrics (rtol 1e-4)."""
+    from rlctl.controller.run import resume_training
+
+    before = _rows(runs[2])[1]
+    resume_training(runs[2], step=1, address=None, overrides=["actor.expert_parallel_size=1"])
+    after = _rows(runs[2])[-1]
+    assert after["step"] == 2
+    for key in ("reward/mean", "actor/pg_loss", "actor/entropy", "actor/grad_norm", "actor/kl"):
+        assert after[key] == pytest.approx(before[key], rel=1e-4, abs=1e-6), key

@@ -47,7 +47,8 @@ def test_what_expert_parallelism_does_not_cover_yet_is_refused(moe_dir, tmp_path
     lora = dataclasses.replace(Config().model.lora, rank=8)
     cases = {"run.kind": {"run": {"kind": "sft"}}, "rollout.engine": {"rollout": {"engine": "vllm"}},
              "rollout.mode": {"rollout": {"mode": "one_step_off"}}, "model.lora.rank": {"model": {"lora": lora}},
-             "algorithm.ref_update_every": {"algorithm": {"ref_update_every": 2}}}
+             "algorithm.ref_update_every": {"algorithm": {"ref_update_every": 2}},
+             "model.gradient_checkpointing": {"model": {"gradient_checkpointing": True}}}
     for key, change in cases.items():
         problems = check_expert_parallel(_config(moe_dir, actor=ep, resources={"workers": 2}, **change), ctx)
         assert [p.key for p in problems] == [key] and "not supported yet" in problems[0].message, key
