@@ -90,17 +90,17 @@ def _rank_main(rank, model_dir, init_file, out_dir, ep, plant):
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=WORLD,
                             timeout=datetime.timedelta(seconds=60))
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
-    groups, local = None, set()
+    groups, local = None, []
     if ep > 1:
         groups = expert_parallel.new_groups(ep)
-        local = set(expert_parallel.split_experts(model, groups))
+        local = expert_parallel.split_experts(model, groups)
         if plant:
             _plant_misroute()
-    fsdp.shard(model, ignored=local)
+    fsdp.shard(model, ignored=set(local) or None)
     rows = _batch()[rank * ROWS // WORLD:(rank + 1) * ROWS // WORLD]
     out = _forward_backward(model, rows, WORLD)
     if groups is not None:
-        expert_parallel.reduce_expert_grads(sorted(local, key=id), groups)
+        expert_parallel.reduce_expert_grads(local, groups)
     grads = _whole_grads(model, groups)
     if rank == 0:
         ce, aux = fsdp.all_reduce_sum([out["ce"], out["aux"] / WORLD])
