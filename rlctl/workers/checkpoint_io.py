@@ -75,7 +75,7 @@ def _barrier() -> None:
 
 def save_engine(engine, path: str | Path) -> None:
     """Write the engine's trained params, optimizer and RNG under `path` (call on every rank)."""
-    from rlctl.utils.fs import write_failure
+    from rlctl.utils.atomic_files import write_failure
 
     with quiet_single_process():
         try:
