@@ -57,6 +57,24 @@ def active(group: SPGroup | None) -> Iterator[None]:
         _state["group"] = previous
 
 
+def build_group(size: int, model: torch.nn.Module, world: int) -> SPGroup | None:
+    """This rank's group of `size` ranks (None when 1) for `model`, after the checks validate makes
+    (rlctl.workers.ulysses_checks), repeated here for a model that was not on disk then."""
+    from rlctl.errors import ConfigError
+
+    if size == 1:
+        return None
+    if world % size:
+        raise ConfigError(f"{world} training ranks do not split into sequence-parallel groups of {size}",
+                          hint="set actor.ulysses_sequence_parallel_size to a divisor of the ranks")
+    text = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+    heads = text.num_attention_heads
+    problem = head_problem(heads, getattr(text, "num_key_value_heads", None) or heads, size)
+    if problem:
+        raise ConfigError(problem, hint="set actor.ulysses_sequence_parallel_size to a size that divides the heads")
+    return new_groups(size)
+
+
 def new_groups(size: int) -> SPGroup | None:
     """Split the process group's W ranks into W / size consecutive sp groups (every rank creates
     every group, as torch.distributed requires); this rank's group, or None when size is 1."""
@@ -225,3 +243,24 @@ class _GatherRows(torch.autograd.Function):
 def gather_rows(local: torch.Tensor, sp: SPGroup, bounds: list[int]) -> torch.Tensor:
     """[m_r, ...] on each rank r -> [M, ...] (rank 0's rows first) on every rank of the group."""
     return _GatherRows.apply(local, sp, bounds)
+
+
+# --- the rows an sp group works on --------------------------------------------------------------
+def group_rows(batch, sp: SPGroup | None, mini_batches: int = 1):
+    """The rows of the whole sp group, the same on each of its ranks, and where this rank's own
+    rows sit in them (start, stop). The dispatcher gave each rank its own shard; the S ranks then
+    work on the union, and each keeps the outputs of its own rows. Mini-batch k of the union is
+    the union of the shards' mini-batches k (`mini_batches` equal chunks, as the update cuts them)."""
+    from rlctl.runtime.batch import Batch
+
+    if sp is None:
+        return batch, 0, len(batch)
+    shards: list = [None] * sp.size
+    dist.all_gather_object(shards, batch, group=sp.group)
+    if mini_batches > 1:
+        chunks = [shard.chunk(mini_batches, even=True) for shard in shards]
+        rows = Batch.concat([chunks[r][k] for k in range(mini_batches) for r in range(sp.size)])
+    else:
+        rows = Batch.concat(shards)
+    start = sum(len(shard) for shard in shards[:sp.rank])
+    return rows, start, start + len(batch)

@@ -37,7 +37,8 @@ def _model(kv_heads: int, value: bool = False):
 def _loss(out: dict, micro: dict) -> torch.Tensor:
     mask = micro["response_mask"]
     tokens = mask.sum()
-    return -(out["log_prob"] * micro["advantages"] * mask).sum() / tokens - 0.01 * (out["entropy"] * mask).sum() / tokens
+    entropy = (out["entropy"] * mask).sum() / tokens
+    return -(out["log_prob"] * micro["advantages"] * mask).sum() / tokens - 0.01 * entropy
 
 
 def _policy_pass(model, micro: dict, width: int) -> dict:

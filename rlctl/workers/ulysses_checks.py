@@ -1,0 +1,60 @@
+"""Config checks of actor/critic.ulysses_sequence_parallel_size (rlctl.workers.ulysses).
+
+Config pass: the ranks split into sp groups, and what is not built with sequence parallelism yet
+is refused in one line each. Machine pass: the model's attention heads split over the sp ranks
+(read from model.path's config.json; a model not on disk is checked by the workers at start).
+Checks keep the contract of rlctl.config.checks: `check(config, ctx) -> list[Problem]`.
+"""
+
+from __future__ import annotations
+
+from rlctl.config.checks import CheckContext
+from rlctl.config.loader import Problem
+from rlctl.config.plan import world_size
+from rlctl.config.schema import SEPARATE_ROLLOUT_MODES, Config, distill_enabled
+from rlctl.workers.rollout.checks import model_config
+from rlctl.workers.ulysses import head_problem
+
+ACTOR_KEY = "actor.ulysses_sequence_parallel_size"
+CRITIC_KEY = "critic.ulysses_sequence_parallel_size"
+
+
+def _refused(what: str, key: str = ACTOR_KEY) -> str:
+    return f"{what} is not supported with {key} > 1 yet; set {key} = 1"
+
+
+def check_ulysses(c: Config, ctx: CheckContext) -> list[Problem]:
+    sp = c.actor.ulysses_sequence_parallel_size
+    problems = []
+    if c.critic.ulysses_sequence_parallel_size > 1:
+        problems.append(Problem(CRITIC_KEY, _refused("the critic", CRITIC_KEY)))
+    if sp == 1:
+        return problems
+    workers = world_size(c.resources, c.rollout.mode in SEPARATE_ROLLOUT_MODES)
+    if workers % sp:
+        problems.append(Problem(ACTOR_KEY, f"{workers} training ranks do not split into sequence-parallel groups of "
+                                           f"{sp}; use a divisor of {workers}, or a multiple of {sp} ranks "
+                                           "(resources.workers, or GPUs)"))
+    refused = [("run.kind", c.run.kind == "sft", "SFT (run.kind = \"sft\")"),
+               ("model.lora.rank", c.model.lora.rank > 0, "LoRA (model.lora.rank > 0)"),
+               ("model.gradient_checkpointing", c.model.gradient_checkpointing, "gradient checkpointing"),
+               ("model.dtype", c.model.dtype in ("bfloat16", "float16"), f"model.dtype = \"{c.model.dtype}\""),
+               ("distill.loss", distill_enabled(c), "distillation (a teacher)")]
+    problems += [Problem(key, _refused(what)) for key, bad, what in refused if bad]
+    return problems
+
+
+def check_ulysses_model(c: Config, ctx: CheckContext) -> list[Problem]:
+    """The model's heads split over actor.ulysses_sequence_parallel_size ranks; no vision tower."""
+    sp = c.actor.ulysses_sequence_parallel_size
+    hf = model_config(c, ctx) if sp > 1 else None
+    if hf is None:
+        return []
+    if hf.get("vision_config") is not None:
+        return [Problem(ACTOR_KEY, _refused("a vision-language model"))]
+    text = hf.get("text_config") or hf
+    heads = int(text.get("num_attention_heads") or 0)
+    if not heads:
+        return []
+    problem = head_problem(heads, int(text.get("num_key_value_heads") or heads), sp)
+    return [Problem(ACTOR_KEY, f"{problem}; use a size that divides the heads")] if problem else []
