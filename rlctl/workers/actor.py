@@ -68,7 +68,8 @@ class ActorRolloutRefWorker:
         self.sum_pi_squared = get_estimator(config.algorithm.name).needs_sum_pi_squared
         # vision model over > 1 rank: a micro-batch without images still runs the vision tower
         self.vision_sync = self.world > 1 and has_vision_tower(self.actor.module)
-        self.sp = ulysses.build_group(config.actor.ulysses_sequence_parallel_size, self.actor.module, self.world)
+        self.sp = ulysses.build_group(config.actor.ulysses_sequence_parallel_size, self.actor.module, self.world,
+                                      "actor.ulysses_sequence_parallel_size")
         self._rollout = None
         # Engines with their own weight copy (vLLM, SGLang) get the trained weights before a
         # generate whenever they changed (an update, a checkpoint load) or were dropped (sleep).

@@ -57,7 +57,8 @@ def active(group: SPGroup | None) -> Iterator[None]:
         _state["group"] = previous
 
 
-def build_group(size: int, model: torch.nn.Module, world: int) -> SPGroup | None:
+def build_group(size: int, model: torch.nn.Module, world: int, key: str = "ulysses_sequence_parallel_size"
+                ) -> SPGroup | None:
     """This rank's group of `size` ranks (None when 1) for `model`, after the checks validate makes
     (rlctl.workers.ulysses_checks), repeated here for a model that was not on disk then."""
     from rlctl.errors import ConfigError
@@ -66,12 +67,12 @@ def build_group(size: int, model: torch.nn.Module, world: int) -> SPGroup | None
         return None
     if world % size:
         raise ConfigError(f"{world} training ranks do not split into sequence-parallel groups of {size}",
-                          hint="set actor.ulysses_sequence_parallel_size to a divisor of the ranks")
+                          hint=f"set {key} to a divisor of the ranks")
     text = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
     heads = text.num_attention_heads
     problem = head_problem(heads, getattr(text, "num_key_value_heads", None) or heads, size)
     if problem:
-        raise ConfigError(problem, hint="set actor.ulysses_sequence_parallel_size to a size that divides the heads")
+        raise ConfigError(problem, hint=f"set {key} to a size that divides the heads")
     return new_groups(size)
 
 

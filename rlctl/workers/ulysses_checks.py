@@ -8,6 +8,8 @@ Checks keep the contract of rlctl.config.checks: `check(config, ctx) -> list[Pro
 
 from __future__ import annotations
 
+import dataclasses
+
 from rlctl.config.checks import CheckContext
 from rlctl.config.loader import Problem
 from rlctl.config.plan import world_size
@@ -24,37 +26,44 @@ def _refused(what: str, key: str = ACTOR_KEY) -> str:
 
 
 def check_ulysses(c: Config, ctx: CheckContext) -> list[Problem]:
-    sp = c.actor.ulysses_sequence_parallel_size
     problems = []
-    if c.critic.ulysses_sequence_parallel_size > 1:
-        problems.append(Problem(CRITIC_KEY, _refused("the critic", CRITIC_KEY)))
+    workers = world_size(c.resources, c.rollout.mode in SEPARATE_ROLLOUT_MODES)
+    for key, sp in ((ACTOR_KEY, c.actor.ulysses_sequence_parallel_size),
+                    (CRITIC_KEY, c.critic.ulysses_sequence_parallel_size)):
+        if sp > 1 and workers % sp:
+            problems.append(Problem(key, f"{workers} training ranks do not split into sequence-parallel groups of "
+                                         f"{sp}; use a divisor of {workers}, or a multiple of {sp} ranks "
+                                         "(resources.workers, or GPUs)"))
+    sp = max(c.actor.ulysses_sequence_parallel_size, c.critic.ulysses_sequence_parallel_size)
+    key = ACTOR_KEY if c.actor.ulysses_sequence_parallel_size > 1 else CRITIC_KEY
     if sp == 1:
         return problems
-    workers = world_size(c.resources, c.rollout.mode in SEPARATE_ROLLOUT_MODES)
-    if workers % sp:
-        problems.append(Problem(ACTOR_KEY, f"{workers} training ranks do not split into sequence-parallel groups of "
-                                           f"{sp}; use a divisor of {workers}, or a multiple of {sp} ranks "
-                                           "(resources.workers, or GPUs)"))
     refused = [("run.kind", c.run.kind == "sft", "SFT (run.kind = \"sft\")"),
-               ("model.lora.rank", c.model.lora.rank > 0, "LoRA (model.lora.rank > 0)"),
+               ("model.lora.rank", c.model.lora.rank > 0 and key == ACTOR_KEY, "LoRA (model.lora.rank > 0)"),
                ("model.gradient_checkpointing", c.model.gradient_checkpointing, "gradient checkpointing"),
                ("model.dtype", c.model.dtype in ("bfloat16", "float16"), f"model.dtype = \"{c.model.dtype}\""),
-               ("distill.loss", distill_enabled(c), "distillation (a teacher)")]
-    problems += [Problem(key, _refused(what)) for key, bad, what in refused if bad]
+               ("distill.loss", distill_enabled(c) and key == ACTOR_KEY, "distillation (a teacher)")]
+    problems += [Problem(name, _refused(what, key)) for name, bad, what in refused if bad]
     return problems
 
 
 def check_ulysses_model(c: Config, ctx: CheckContext) -> list[Problem]:
-    """The model's heads split over actor.ulysses_sequence_parallel_size ranks; no vision tower."""
-    sp = c.actor.ulysses_sequence_parallel_size
+    """The heads of the model (actor) and the critic's model split over their sp sizes; no vision tower."""
+    problems = _model_problems(c, ctx, ACTOR_KEY, c.actor.ulysses_sequence_parallel_size)
+    if c.critic.model_path:
+        c = dataclasses.replace(c, model=dataclasses.replace(c.model, path=c.critic.model_path))
+    return problems + _model_problems(c, ctx, CRITIC_KEY, c.critic.ulysses_sequence_parallel_size)
+
+
+def _model_problems(c: Config, ctx: CheckContext, key: str, sp: int) -> list[Problem]:
     hf = model_config(c, ctx) if sp > 1 else None
     if hf is None:
         return []
     if hf.get("vision_config") is not None:
-        return [Problem(ACTOR_KEY, _refused("a vision-language model"))]
+        return [Problem(key, _refused("a vision-language model", key))]
     text = hf.get("text_config") or hf
     heads = int(text.get("num_attention_heads") or 0)
     if not heads:
         return []
     problem = head_problem(heads, int(text.get("num_key_value_heads") or heads), sp)
-    return [Problem(ACTOR_KEY, f"{problem}; use a size that divides the heads")] if problem else []
+    return [Problem(key, f"{problem}; use a size that divides the heads")] if problem else []

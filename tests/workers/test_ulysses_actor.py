@@ -2,6 +2,7 @@
 sp group of 2 over gloo) against one rank without sequence parallelism, on the tiny Qwen2 (4 heads,
 2 KV heads): old and reference log-probs, two GRPO updates (two optimizer steps each, KL loss,
 entropy bonus) and the weights after them; then a checkpoint written at sp = 2 continues at sp = 1.
+The critic at critic.ulysses_sequence_parallel_size = 2: its values and a value update likewise.
 
 Tolerances: log-probs 1e-6 and the first update's metrics 1e-5 (float32 summation order: the sp
 ranks run attention on all tokens but half the heads, and FSDP sums gradients over two ranks);
@@ -46,10 +47,13 @@ def test_sp2_grpo_step_equals_one_rank_and_its_checkpoint_continues_at_sp1(tiny_
     cfg = run_config(tiny_model_dir, actor=ACTOR, rollout={"n": 2}, data={"batch_size": 4, "max_response_length": T},
                      algorithm={"name": "grpo"})
     sp_cfg = dataclasses.replace(cfg, resources=dataclasses.replace(cfg.resources, workers=2),
-                                 actor=dataclasses.replace(cfg.actor, ulysses_sequence_parallel_size=2))
+                                 actor=dataclasses.replace(cfg.actor, ulysses_sequence_parallel_size=2),
+                                 critic=dataclasses.replace(cfg.critic, ulysses_sequence_parallel_size=2, lr=1e-2))
     with ray_session(num_cpus=2):
-        two = start_workers(sp_cfg, total_steps=4, needs_reference=True, needs_critic=False).actor
+        workers = start_workers(sp_cfg, total_steps=4, needs_reference=True, needs_critic=True)
+        two = workers.actor
         torch.set_num_threads(1)
+        _critic_equals_one_rank(workers.critic, dataclasses.replace(cfg, critic=sp_cfg.critic))
         one = ActorRolloutRefWorker(cfg, total_steps=4, with_ref=True)
         batch = Batch(ragged_batch(rows=8, response_width=T, seed=3))
         batch = batch.union(one.compute_log_prob(batch))
@@ -78,3 +82,21 @@ def test_sp2_grpo_step_equals_one_rank_and_its_checkpoint_continues_at_sp1(tiny_
         m1, m2 = one.update_actor(batch), two.update_actor(batch)
         for key in ("actor/pg_loss", "actor/kl_loss", "actor/grad_norm", "actor/lr"):
             assert m1[key] == pytest.approx(m2[key], abs=1e-4, rel=1e-4), ("resumed", key)
+
+
+def _critic_equals_one_rank(two, cfg):
+    """critic.ulysses_sequence_parallel_size = 2: values and a value update as one rank's critic."""
+    import dataclasses
+
+    from rlctl.workers.critic import CriticWorker
+
+    one = CriticWorker(dataclasses.replace(cfg, critic=dataclasses.replace(cfg.critic, ulysses_sequence_parallel_size=1)),
+                       total_steps=4)
+    batch = Batch(ragged_batch(rows=8, response_width=T, seed=4))
+    values = one.compute_values(batch)["values"]
+    np.testing.assert_allclose(two.compute_values(batch)["values"], values, atol=1e-6)
+    batch["values"], batch["returns"] = values, values + 1.0
+    m1, m2 = one.update_critic(batch), two.update_critic(batch)
+    for key in ("critic/vf_loss", "critic/grad_norm"):
+        assert m1[key] == pytest.approx(m2[key], abs=1e-5, rel=1e-5), key
+    np.testing.assert_allclose(two.compute_values(batch)["values"], one.compute_values(batch)["values"], atol=1e-4)
