@@ -5,6 +5,7 @@ mask with a hole as multi-turn rollouts make it); with sp = 2
 each runs half of the packed row and the all-to-all attention. Log-probs, entropy, loss, critic
 values and the summed gradients must equal the plain one-rank forward (trim layout, SDPA) within
 float32 rounding, for KV heads that split over the ranks and KV heads repeated (1 KV head, sp = 2).
+LoRA adapters get the same gradients; a bfloat16 model lands as close to float32 as one rank does.
 A planted wrong mask (plain causal over the whole packed row) must break the parity.
 """
 
@@ -49,7 +50,7 @@ def _policy_pass(model, micro: dict, width: int) -> dict:
                              entropy_grad=True, pack=False, temperature=0.7)
     loss = _loss(out, micro)
     loss.backward()
-    grads = torch.cat([p.grad.flatten() for p in model.parameters()])
+    grads = torch.cat([p.grad.flatten().float() for p in model.parameters() if p.grad is not None])
     return {"log_prob": out["log_prob"].detach(), "entropy": out["entropy"].detach(), "loss": loss.detach(),
             "grad": grads}
 
@@ -85,9 +86,40 @@ def _rank_main(rank, init_file, out_dir):
             split = response_values(critic, micro["input_ids"], micro["attention_mask"], width)
     results["values"] = float((plain - split).abs().max())
     results["values_scale"] = float(plain.abs().max())
+    results.update(_lora(sp, micro, width))
+    results.update(_bf16(sp, micro, width))
     results.update(_planted_wrong_mask(sp, micro, width))
     np.savez(os.path.join(out_dir, f"rank{rank}.npz"), **results)
     dist.destroy_process_group()
+
+
+def _lora(sp, micro, width) -> dict:
+    """LoRA adapters on q/v (B not zero, so A gets gradients): only the adapters train."""
+    from peft import LoraConfig, get_peft_model
+
+    model = get_peft_model(_model(2), LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"]))
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if "lora_B" in name:
+                param.normal_(0, 0.1)
+    one = _policy_pass(model, micro, width)
+    with ulysses.active(sp):
+        split = _policy_pass(model, micro, width)
+    torch.distributed.all_reduce(split["grad"])
+    split["grad"] /= SP
+    return {"lora_log_prob": float((one["log_prob"] - split["log_prob"]).abs().max()),
+            "lora_grad": float((one["grad"] - split["grad"]).abs().max()), "lora_grad_scale": float(one["grad"].abs().max())}
+
+
+def _bf16(sp, micro, width) -> dict:
+    """A bfloat16 model: sp = 2 lands as close to the float32 log-probs as one rank in bfloat16 does."""
+    exact = _policy_pass(_model(2), micro, width)["log_prob"]
+    model = _model(2).to(torch.bfloat16)
+    one = _policy_pass(model, micro, width)
+    with ulysses.active(sp):
+        split = _policy_pass(model, micro, width)
+    return {"bf16_one_error": float((one["log_prob"] - exact).abs().max()),
+            "bf16_sp_error": float((split["log_prob"] - exact).abs().max())}
 
 
 def _planted_wrong_mask(sp, micro, width) -> dict:
@@ -116,6 +148,8 @@ def test_sp2_equals_one_rank_in_log_probs_entropy_loss_values_and_gradients(tmp_
                 assert got[f"kv{kv}_{key}"] < TOL, (rank, kv, key, got[f"kv{kv}_{key}"])
             assert got[f"kv{kv}_grad"] < TOL * max(1.0, got[f"kv{kv}_grad_scale"]), (rank, kv, got)
         assert got["values"] < TOL * max(1.0, got["values_scale"]), got
+        assert got["lora_log_prob"] < TOL and got["lora_grad"] < TOL * max(1.0, got["lora_grad_scale"]), got
+        assert got["bf16_sp_error"] < 2 * got["bf16_one_error"] + 1e-3, got   # no error beyond bf16's own
         assert got["wrong_mask_log_prob"] > 1e-2, got   # the parity above can fail
 
 
