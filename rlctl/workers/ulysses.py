@@ -185,6 +185,30 @@ def _routed(config, mask: torch.Tensor) -> Iterator[None]:
         _state["mask"] = None
 
 
+def recompute_with_routing(context_fn, model: torch.nn.Module):
+    """Gradient checkpointing: `context_fn` (torch.utils.checkpoint's, as
+    rlctl.workers.shared_prompt.checkpoint_kwargs makes it) plus, for a layer whose forward ran
+    Ulysses attention, its recompute in backward under the same attention and packed-row mask
+    (backward runs after `sliced_forward` has handed the model its own attention back)."""
+    from rlctl.workers.rollout.decoder import causal_lm_parts
+
+    config = causal_lm_parts(model).config
+
+    def both():
+        forward, recompute = context_fn()
+        if config._attn_implementation != ATTENTION:
+            return forward, recompute
+        return forward, _recompute(recompute, config, _state["mask"])   # entered in backward
+
+    return both
+
+
+@contextlib.contextmanager
+def _recompute(recompute, config, mask: torch.Tensor) -> Iterator[None]:
+    with recompute, _routed(config, mask):
+        yield
+
+
 # --- the sliced forward and the gather of its outputs -------------------------------------------
 @dataclass
 class Slice:

@@ -39,7 +39,6 @@ def check_ulysses(c: Config, ctx: CheckContext) -> list[Problem]:
     if sp == 1:
         return problems
     refused = [("run.kind", c.run.kind == "sft", "SFT (run.kind = \"sft\")"),
-               ("model.gradient_checkpointing", c.model.gradient_checkpointing, "gradient checkpointing"),
                ("model.dtype", c.model.dtype == "float16", "model.dtype = \"float16\" (bfloat16 is tested)"),
                ("distill.loss", distill_enabled(c) and key == ACTOR_KEY, "distillation (a teacher)")]
     problems += [Problem(name, _refused(what, key)) for name, bad, what in refused if bad]

@@ -5,7 +5,7 @@ mask with a hole as multi-turn rollouts make it); with sp = 2
 each runs half of the packed row and the all-to-all attention. Log-probs, entropy, loss, critic
 values and the summed gradients must equal the plain one-rank forward (trim layout, SDPA) within
 float32 rounding, for KV heads that split over the ranks and KV heads repeated (1 KV head, sp = 2).
-LoRA adapters get the same gradients; a bfloat16 model lands as close to float32 as one rank does.
+LoRA adapters and a gradient-checkpointed model get the same gradients; a bfloat16 model lands as close to float32 as one rank does.
 A planted wrong mask (plain causal over the whole packed row) must break the parity.
 """
 
@@ -87,6 +87,7 @@ def _rank_main(rank, init_file, out_dir):
     results["values"] = float((plain - split).abs().max())
     results["values_scale"] = float(plain.abs().max())
     results.update(_lora(sp, micro, width))
+    results.update(_checkpointed(sp, micro, width))
     results.update(_bf16(sp, micro, width))
     results.update(_planted_wrong_mask(sp, micro, width))
     np.savez(os.path.join(out_dir, f"rank{rank}.npz"), **results)
@@ -109,6 +110,22 @@ def _lora(sp, micro, width) -> dict:
     split["grad"] /= SP
     return {"lora_log_prob": float((one["log_prob"] - split["log_prob"]).abs().max()),
             "lora_grad": float((one["grad"] - split["grad"]).abs().max()), "lora_grad_scale": float(one["grad"].abs().max())}
+
+
+def _checkpointed(sp, micro, width) -> dict:
+    """Gradient checkpointing as the engine enables it (TrainEngine; here without FSDP): the
+    recompute in backward runs Ulysses attention too."""
+    from rlctl.workers.engine import checkpointing_kwargs
+
+    one = _policy_pass(_model(2), micro, width)
+    model = _model(2)
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=checkpointing_kwargs(model))
+    with ulysses.active(sp):
+        split = _policy_pass(model, micro, width)
+    torch.distributed.all_reduce(split["grad"])
+    split["grad"] /= SP
+    return {"gc_log_prob": float((one["log_prob"] - split["log_prob"]).abs().max()),
+            "gc_grad": float((one["grad"] - split["grad"]).abs().max()), "gc_grad_scale": float(one["grad"].abs().max())}
 
 
 def _bf16(sp, micro, width) -> dict:
@@ -149,6 +166,7 @@ def test_sp2_equals_one_rank_in_log_probs_entropy_loss_values_and_gradients(tmp_
             assert got[f"kv{kv}_grad"] < TOL * max(1.0, got[f"kv{kv}_grad_scale"]), (rank, kv, got)
         assert got["values"] < TOL * max(1.0, got["values_scale"]), got
         assert got["lora_log_prob"] < TOL and got["lora_grad"] < TOL * max(1.0, got["lora_grad_scale"]), got
+        assert got["gc_log_prob"] < TOL and got["gc_grad"] < TOL * max(1.0, got["gc_grad_scale"]), got
         assert got["bf16_sp_error"] < 2 * got["bf16_one_error"] + 1e-3, got   # no error beyond bf16's own
         assert got["wrong_mask_log_prob"] > 1e-2, got   # the parity above can fail
 
