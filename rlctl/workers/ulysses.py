@@ -5,8 +5,9 @@ The S ranks of an sp group hold the same micro-batch. Its real tokens are packed
 N' = a multiple of S, and rank r runs the model on columns [r N'/S, (r+1) N'/S). Everything but
 attention is per token, so it runs on the slice unchanged (RoPE reads the slice's position_ids).
 Attention needs every token: an all-to-all turns q/k/v [1, h, N'/S, d] into [1, h/S, N', d]
-(all tokens, a slice of the heads), SDPA runs with the block-diagonal causal mask of the packed
-row, and a second all-to-all turns the output back. KV heads fewer than S are repeated first.
+(all tokens, a slice of the heads), SDPA runs causally within each packed sequence (never across
+them, and without an [N', N'] mask), and a second all-to-all turns the output back. KV heads
+fewer than S are repeated first.
 
 Each rank then computes its slice's per-token outputs (log-probs, entropy) and `gather_rows`
 puts the S slices together on every rank, so the loss is the same on all of them. Its backward
@@ -38,7 +39,7 @@ class SPGroup:
     global_ranks: list[int]
 
 
-_state: dict = {"group": None, "mask": None}
+_state: dict = {"group": None, "lengths": None}
 
 
 def current() -> SPGroup | None:
@@ -102,12 +103,10 @@ def head_problem(heads: int, kv_heads: int, size: int) -> str | None:
     return None
 
 
-def packed_causal_mask(position_ids: torch.Tensor) -> torch.Tensor:
-    """[N, N] bool: token q may attend to k when both sit in the same packed sequence (a sequence
-    starts where position_ids is 0) and k <= q."""
-    segment = (position_ids == 0).long().cumsum(0)
-    same = segment[:, None] == segment[None, :]
-    return same & torch.ones_like(same).tril()
+def sequence_lengths(position_ids: torch.Tensor) -> list[int]:
+    """The lengths of the sequences of a packed row [N] (a sequence starts where position_ids is 0)."""
+    starts = torch.nonzero(position_ids == 0).flatten().tolist() + [len(position_ids)]
+    return [b - a for a, b in zip(starts, starts[1:])]
 
 
 # --- the all-to-all around attention ------------------------------------------------------------
@@ -156,7 +155,7 @@ def ulysses_attention(module, query, key, value, attention_mask=None, scaling=No
 
     KV heads fewer than S are repeated to S first, each consecutively, so rank j's query heads
     (a slice inside one KV group) meet their own KV head."""
-    sp, mask = current(), _state["mask"]
+    sp, lengths = current(), _state["lengths"]
     kv_heads = key.shape[1]
     if kv_heads < sp.size:
         key = key.repeat_interleave(sp.size // kv_heads, dim=1)
@@ -165,30 +164,32 @@ def ulysses_attention(module, query, key, value, attention_mask=None, scaling=No
     if k.shape[1] != q.shape[1]:
         k = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1)
         v = v.repeat_interleave(q.shape[1] // v.shape[1], dim=1)
-    out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scaling,
-                                         dropout_p=dropout if module.training else 0.0)
-    return heads_to_seq(out, sp).transpose(1, 2).contiguous(), None
+    # causal attention inside each packed sequence, never across (varlen attention, no [N, N] mask)
+    dropout = dropout if module.training else 0.0
+    parts = [F.scaled_dot_product_attention(qi, ki, vi, is_causal=True, scale=scaling, dropout_p=dropout)
+             for qi, ki, vi in zip(q.split(lengths, 2), k.split(lengths, 2), v.split(lengths, 2))]
+    return heads_to_seq(torch.cat(parts, dim=2), sp).transpose(1, 2).contiguous(), None
 
 
 @contextlib.contextmanager
-def _routed(config, mask: torch.Tensor) -> Iterator[None]:
+def _routed(config, lengths: list[int]) -> Iterator[None]:
     from transformers import AttentionInterface
 
     AttentionInterface.register(ATTENTION, ulysses_attention)
     previous = config._attn_implementation
     config._attn_implementation = ATTENTION
-    _state["mask"] = mask
+    _state["lengths"] = lengths
     try:
         yield
     finally:
         config._attn_implementation = previous
-        _state["mask"] = None
+        _state["lengths"] = None
 
 
 def recompute_with_routing(context_fn, model: torch.nn.Module):
     """Gradient checkpointing: `context_fn` (torch.utils.checkpoint's, as
     rlctl.workers.shared_prompt.checkpoint_kwargs makes it) plus, for a layer whose forward ran
-    Ulysses attention, its recompute in backward under the same attention and packed-row mask
+    Ulysses attention, its recompute in backward under the same attention and packed sequences
     (backward runs after `sliced_forward` has handed the model its own attention back)."""
     from rlctl.workers.rollout.decoder import causal_lm_parts
 
@@ -198,14 +199,14 @@ def recompute_with_routing(context_fn, model: torch.nn.Module):
         forward, recompute = context_fn()
         if config._attn_implementation != ATTENTION:
             return forward, recompute
-        return forward, _recompute(recompute, config, _state["mask"])   # entered in backward
+        return forward, _recompute(recompute, config, _state["lengths"])   # entered in backward
 
     return both
 
 
 @contextlib.contextmanager
-def _recompute(recompute, config, mask: torch.Tensor) -> Iterator[None]:
-    with recompute, _routed(config, mask):
+def _recompute(recompute, config, lengths: list[int]) -> Iterator[None]:
+    with recompute, _routed(config, lengths):
         yield
 
 
@@ -239,7 +240,7 @@ def sliced_forward(model: torch.nn.Module, sp: SPGroup, input_ids: torch.Tensor,
     kwargs = {}
     if head_only_preds:
         kwargs["logits_to_keep"] = pred_col[bounds[sp.rank]:bounds[sp.rank + 1]] - start
-    with _routed(causal_lm_parts(model).config, packed_causal_mask(positions[0])):
+    with _routed(causal_lm_parts(model).config, sequence_lengths(positions[0])):
         out = model(input_ids=ids[:, start:start + width], position_ids=positions[:, start:start + width],
                     use_cache=False, **kwargs)
     return out, Slice(start=start, stop=start + width, bounds=bounds)

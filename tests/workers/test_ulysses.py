@@ -140,16 +140,16 @@ def _bf16(sp, micro, width) -> dict:
 
 
 def _planted_wrong_mask(sp, micro, width) -> dict:
-    """Plain causal attention over the packed row: later sequences see earlier ones' tokens."""
+    """Plain causal attention over the whole packed row: later sequences see earlier ones' tokens."""
     model = _model(2)
     one = _policy_pass(model, micro, width)
-    right = ulysses.packed_causal_mask
-    ulysses.packed_causal_mask = lambda positions: torch.ones(len(positions), len(positions), dtype=torch.bool).tril()
+    right = ulysses.sequence_lengths
+    ulysses.sequence_lengths = lambda positions: [len(positions)]
     try:
         with ulysses.active(sp):
             wrong = _policy_pass(model, micro, width)
     finally:
-        ulysses.packed_causal_mask = right
+        ulysses.sequence_lengths = right
     return {"wrong_mask_log_prob": float((one["log_prob"] - wrong["log_prob"]).abs().max())}
 
 
@@ -171,15 +171,9 @@ def test_sp2_equals_one_rank_in_log_probs_entropy_loss_values_and_gradients(tmp_
         assert got["wrong_mask_log_prob"] > 1e-2, got   # the parity above can fail
 
 
-def test_packed_causal_mask_is_block_diagonal_and_causal():
-    mask = ulysses.packed_causal_mask(torch.tensor([0, 1, 2, 0, 1, 0]))
-    expected = torch.tensor([[1, 0, 0, 0, 0, 0],
-                             [1, 1, 0, 0, 0, 0],
-                             [1, 1, 1, 0, 0, 0],
-                             [0, 0, 0, 1, 0, 0],
-                             [0, 0, 0, 1, 1, 0],
-                             [0, 0, 0, 0, 0, 1]], dtype=torch.bool)
-    assert torch.equal(mask, expected)
+def test_sequence_lengths_of_a_packed_row():
+    assert ulysses.sequence_lengths(torch.tensor([0, 1, 2, 0, 1, 0])) == [3, 2, 1]
+    assert ulysses.sequence_lengths(torch.tensor([0, 1, 2, 3])) == [4]
 
 
 @pytest.mark.parametrize("heads,kv,size,ok", [(4, 2, 2, True), (4, 1, 2, True), (4, 4, 4, True), (6, 3, 2, False),
