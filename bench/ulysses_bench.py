@@ -98,7 +98,7 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     base = {"rows": args.rows, "response": args.response, "hidden": args.hidden, "layers": args.layers,
-            "torch": torch.__version__}
+            "torch": torch.__version__, "transformers": __import__("transformers").__version__}
     print(json.dumps({"sp": 1, **base, **_measure(_model(args), args)}), flush=True)
     with tempfile.TemporaryDirectory() as tmp, mp.Manager() as manager:
         out = manager.dict()
