@@ -15,7 +15,7 @@ from typing import Callable, Iterator
 
 import torch
 
-from rlctl.workers import fsdp, shared_prompt
+from rlctl.workers import fsdp, shared_prompt, ulysses
 from rlctl.workers.checkpoint_io import load_engine, save_engine
 
 
@@ -57,6 +57,14 @@ def lr_factor(step: int, spec: OptimSpec) -> float:
     return spec.min_lr_ratio + (1.0 - spec.min_lr_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
 
 
+def checkpointing_kwargs(model: torch.nn.Module) -> dict:
+    """torch.utils.checkpoint arguments: layers that ran shared-prompt or Ulysses attention
+    recompute with it in backward (rlctl.workers.shared_prompt, rlctl.workers.ulysses)."""
+    kwargs = shared_prompt.checkpoint_kwargs(model)
+    kwargs["context_fn"] = ulysses.recompute_with_routing(kwargs["context_fn"], model)
+    return kwargs
+
+
 # A loss function gets one micro-batch (tensors on the device) and returns the micro-batch's share
 # of the mini-batch loss (already normalised by mini-batch counts) and float metrics.
 LossFn = Callable[[dict], "tuple[torch.Tensor, dict[str, float]]"]
@@ -79,8 +87,7 @@ class TrainEngine:
             model.requires_grad_(False)
             model.to(compute_dtype)
         elif gradient_checkpointing:
-            # context_fn: layers that ran shared-prompt attention recompute with it (workers.shared_prompt)
-            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=shared_prompt.checkpoint_kwargs(model))
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=checkpointing_kwargs(model))
         # expert parallelism (MoE): this rank's share of the expert banks, left out of FSDP
         self.expert_groups, self.expert_params = None, []
         if expert_parallel_size > 1:
