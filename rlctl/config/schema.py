@@ -133,11 +133,9 @@ class AlgorithmConfig:
     ref_update_every: int = opt(0, "Copy the policy into the reference model every this many steps (0 = never): "
                                    "SPIN's iterations, the reference being the opponent (verl's ref_update_freq).",
                                 ge=0)
-    params: dict = opt({}, "The estimator's own parameters, e.g. [algorithm.params] dpo_beta = 0.1 (spin) or "
-                           "reward_keys = [\"format\", \"accuracy\"] (gdpo): checked by validate against what the "
-                           "estimator declares (docs/algorithms.md lists each one's).", table=True)
-    use_pf_ppo: bool = opt(False, "PF-PPO: after the advantages, resample each prompt's samples by weights from their "
-                                  "scores; critic and actor train on that batch (docs/algorithms.md).")
+    params: dict = opt({}, "The estimator's own parameters, e.g. dpo_beta = 0.1 (spin), checked against its "
+                           "declaration (docs/algorithms.md lists each one's).", table=True)
+    use_pf_ppo: bool = opt(False, "PF-PPO: resample each prompt's samples by their scores (docs/algorithms.md).")
     pf_ppo: PfPpoConfig = field(default_factory=PfPpoConfig, metadata={"help": "PF-PPO (verl's names)."})
     dynamic_sampling: DynamicSamplingConfig = field(default_factory=DynamicSamplingConfig,
                                                     metadata={"help": "DAPO dynamic sampling."})
@@ -157,19 +155,21 @@ class ActorConfig:
     ppo_epochs: int = opt(1, "Passes over each rollout batch.", ge=1)
     mini_batch_size: int = opt(0, "Prompts per optimizer step (0 = data.batch_size, one step per rollout).", ge=0)
     micro_batch_size: int = opt(4, "Sequences per worker per forward/backward (gradient accumulation).", ge=1)
+    ulysses_sequence_parallel_size: int = opt(1, "Ranks that split each sequence (1 = off; docs/parallelism.md).", ge=1)
     policy_loss: str = opt("vanilla", "Policy loss (built-ins, or one registered by a plugin).",
                            choices=POLICY_LOSSES, extensible=True)
     clip_ratio_low: float = opt(0.2, "PPO clip below 1 (ratio >= 1 - low).", ge=0, lt=1)
     clip_ratio_high: float = opt(0.2, "PPO clip above 1 (ratio <= 1 + high); DAPO clip-higher uses 0.28.", ge=0)
     clip_ratio_c: float = opt(3.0, "Dual-clip bound for negative advantages (> 1).", gt=1)
     loss_agg_mode: str = opt("token-mean", "How token losses are aggregated.", choices=LOSS_AGG_MODES)
-    loss_params: dict = opt({}, "The policy loss's own parameters, e.g. [actor.loss_params] tau_pos = 1.0 (sapo) "
-                                "or dro_beta = 0.1 (dro): checked by validate against what the loss declares "
-                                "(docs/algorithms.md lists each one's).", table=True)
+    loss_params: dict = opt({}, "The policy loss's own parameters, e.g. tau_pos = 1.0 (sapo), checked against its "
+                                "declaration (docs/algorithms.md lists each one's).", table=True)
     entropy_coef: float = opt(0.0, "Entropy bonus coefficient.", ge=0)
     use_kl_loss: bool = opt(False, "Add kl_loss_coef x KL(actor || ref) to the loss (GRPO).")
     kl_loss_coef: float = opt(0.001, "KL-loss coefficient.", ge=0)
     kl_loss_type: str = opt("low_var_kl", "KL estimator for the KL loss.", choices=KL_TYPES)
+    expert_parallel_size: int = opt(1, "MoE policies: ranks each layer's experts are split over (1 = off).", ge=1)
+    router_replay: bool = opt(False, "MoE policies: the update uses the experts the log-prob pass chose.")
 
 
 @dataclass(frozen=True)
@@ -182,6 +182,7 @@ class CriticConfig:
     ppo_epochs: int = opt(1, "Passes over each rollout batch.", ge=1)
     mini_batch_size: int = opt(0, "Prompts per optimizer step (0 = data.batch_size).", ge=0)
     micro_batch_size: int = opt(4, "Sequences per worker per forward/backward.", ge=1)
+    ulysses_sequence_parallel_size: int = opt(1, "Ranks that split each sequence (1 = off; docs/parallelism.md).", ge=1)
     value_clip: float = opt(0.5, "Clip value predictions to values +- value_clip.", gt=0)
     pretrain_steps: int = opt(0, "Value pretraining (VAPO; verl's trainer.critic_warmup): the first N steps train only "
                                  "the critic, on the frozen policy's samples; the actor is left as it is.", ge=0)
