@@ -59,22 +59,24 @@ def start_training(loaded: LoadedConfig, *, address: str | None, force: bool) ->
     loaded = _model_from_run(loaded)
     _check(loaded)
     run_dir = run_dir_of(loaded.config, loaded.base_dir)
-    moved = claim_new_run_dir(run_dir, force=force)
-    write_resolved_config(run_dir, config_to_dict(resolve_paths(loaded.config, loaded.base_dir)))
-    _run(loaded, run_dir, address=address, command="train",
-         notices=[f"moved the old {run_dir.name} aside to {moved}"] if moved else [])
+    lock, notices = claim_new_run_dir(run_dir, force=force)
+    with lock:   # held by this process to its end: restarts (run.max_restarts) happen inside _run
+        write_resolved_config(run_dir, config_to_dict(resolve_paths(loaded.config, loaded.base_dir)))
+        _run(loaded, run_dir, address=address, command="train", notices=notices)
 
 
 def resume_training(run_dir: Path, *, step: int | None, address: str | None, overrides: list[str] = ()) -> None:
+    from rlctl.checkpoint.run_lock import RunLock
     from rlctl.controller.checkpointing import prepare_resume
 
-    loaded, notices, ckpt_step, ckpt_path = prepare_resume(run_dir, step, overrides)
-    loaded = _resolve_auto(loaded, address)
-    _check(loaded)
-    if _already_finished(run_dir, ckpt_step, ckpt_path, overrides):
-        return
-    _run(loaded, run_dir, address=address, command="resume", notices=notices, resume=(ckpt_step, ckpt_path),
-         exact=step is not None)
+    with RunLock.acquire(run_dir, "resume"):   # before prepare_resume trims the logs
+        loaded, notices, ckpt_step, ckpt_path = prepare_resume(run_dir, step, overrides)
+        loaded = _resolve_auto(loaded, address)
+        _check(loaded)
+        if _already_finished(run_dir, ckpt_step, ckpt_path, overrides):
+            return
+        _run(loaded, run_dir, address=address, command="resume", notices=notices, resume=(ckpt_step, ckpt_path),
+             exact=step is not None)
 
 
 def _signal_killed_the_workers(stop, session) -> Interrupted:
