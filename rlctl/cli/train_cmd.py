@@ -46,7 +46,7 @@ def resume(run_dir: Optional[str] = typer.Argument(None, help="Run folder (defau
     if run_dir is not None and "=" in run_dir and not Path(run_dir).exists():
         words.insert(0, run_dir)
         run_dir = None
-    resume_training(find_run_dir(run_dir), step=step, address=address, overrides=words)
+    resume_training(find_run_dir(run_dir, "resume"), step=step, address=address, overrides=words)
 
 
 def status(run_dir: Optional[Path] = typer.Argument(None, help="Run folder (default: the newest under .)."),
