@@ -90,7 +90,8 @@ class Interrupted(RlctlError):
 # read): no permission, a read-only disk or mount, or a file where a folder was meant.
 UNUSABLE_PATH_ERRNOS = {errno.EACCES: "", errno.EPERM: "", errno.EROFS: "",
                         errno.ENOTDIR: " (a part of the path is a file, not a folder)",
-                        errno.EISDIR: " (it is a folder, not a file)"}
+                        errno.EISDIR: " (it is a folder, not a file)",
+                        errno.EEXIST: " (a file is where a folder is needed)"}   # mkdir(exist_ok) on a file
 
 
 def unusable_path(exc: BaseException) -> UsageError | None:
@@ -101,7 +102,11 @@ def unusable_path(exc: BaseException) -> UsageError | None:
             return None
         if isinstance(exc, OSError) and exc.errno in UNUSABLE_PATH_ERRNOS and exc.filename is not None:
             why = os.strerror(exc.errno).lower() + UNUSABLE_PATH_ERRNOS[exc.errno]
-            return UsageError(f"cannot write {os.fsdecode(exc.filename)}: {why}",
+            where = os.fsdecode(exc.filename)
+            head, name = os.path.split(where)
+            if name.startswith(".") and "tmp" in name:   # an atomic writer's temporary file: name its folder
+                where = f"into {head or '.'}"
+            return UsageError(f"cannot write {where}: {why}",
                               hint="choose a path this user can write (a folder you own, on a writable disk)")
         exc = exc.__cause__ or exc.__context__
     return None
