@@ -1,6 +1,6 @@
 """An output path that cannot be written is a usage error: one line naming the path, exit 2, no
 traceback, for every command that writes where the user says (run.output_dir, merge --to-hf,
-model tiny, status --plot, view --html).
+model tiny, status --plot, view --html; merge's is in tests/checkpoint/test_merge_errors.py).
 
 Tests run as root, where chmod 0555 stops nothing. Two destinations that fail as root too: a path
 below a regular file (ENOTDIR), and /sys, where root may not create files (EPERM / EACCES); the slow
@@ -67,12 +67,6 @@ def test_train_output_dir(tmp_path, below_a_file, tiny_model_dir):
     result = rlctl_here("train", f"run.output_dir={below_a_file}/runs", "data.val_files=[]",
                         'data.train_files=["data/arith/train.parquet"]', "reward.function=arith",
                         "resources.gpus_per_node=0", cwd=tmp_path / "p")
-    assert_refused(result, below_a_file)
-
-
-@pytest.mark.slow
-def test_merge_to_hf(trained_runs, below_a_file):
-    result = rlctl_here("merge", trained_runs["full-tied-1w"].run_dir, "--to-hf", below_a_file / "x")
     assert_refused(result, below_a_file)
 
 
