@@ -59,10 +59,10 @@ def validate_cmd(
     source = os.path.relpath(loaded.path) if loaded.path else "overrides"
     errors = [p for p in problems if p.severity == "error"]
     warnings = [p for p in problems if p.severity != "error"]
-    render = [_with_line(p, lines).format(source) for p in errors]
+    render = [_with_line(p, lines).placed(source, lines) for p in errors]
     if fmt == "json":
         emit({"ok": not errors, "errors": render,
-              "warnings": [_with_line(p, lines).format(source) for p in warnings],
+              "warnings": [_with_line(p, lines).placed(source, lines) for p in warnings],
               "batch_plan": dict(plan.rows()), "gpus_per_node": gpus, "gpus_per_node_resolved": auto}, fmt)
     else:
         _print_report(source, errors, warnings, plan.rows() + [("GPUs per node", f"{gpus} ({auto})" if auto else gpus)],
@@ -120,9 +120,9 @@ def _print_report(source, errors, warnings, rows, lines) -> None:
     # reads "[...]" as markup (drops it, or raises MarkupError on "[/x]").
     out, err = Console(soft_wrap=True), Console(stderr=True, soft_wrap=True)
     for p in errors:
-        err.print(f"[red]error[/red]: {escape(_with_line(p, lines).format(source))}", highlight=False)
+        err.print(f"[red]error[/red]: {escape(_with_line(p, lines).placed(source, lines))}", highlight=False)
     for p in warnings:
-        err.print(f"[yellow]warning[/yellow]: {escape(_with_line(p, lines).format(source))}", highlight=False)
+        err.print(f"[yellow]warning[/yellow]: {escape(_with_line(p, lines).placed(source, lines))}", highlight=False)
     title = "batch plan (keys with errors counted at their defaults)" if errors else "batch plan"
     table = Table(title=title, show_header=False, title_justify="left")
     for name, value in rows:

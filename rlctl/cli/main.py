@@ -93,7 +93,8 @@ def _report(e: RlctlError, debug: bool) -> int:
         import traceback
         traceback.print_exc()
     msg = e.message if e.hint is None else f"{e.message}; {e.hint}"
-    print(f"error: {msg}", file=sys.stderr)
+    # A stop the user asked for is not an error: say how it ended and how to go on (e.hint).
+    print(msg if isinstance(e, Interrupted) else f"error: {msg}", file=sys.stderr)
     for problem in getattr(e, "problems", ()):
         print(f"  {problem}", file=sys.stderr)
     return e.exit_code
