@@ -51,6 +51,7 @@ def _make_room(run_dir: Path, *, force: bool) -> tuple[list[str], bool]:
                          hint=f"continue it with `rlctl resume {run_dir}`, or set run.name=NEW to start another run.")
     if _never_stepped(run_dir):
         status = read_run_info(run_dir).get("status", "no record")
+        status = "its process died" if status == "running" else status   # we hold the lock: nobody runs it
         for name in (RUN_FILE, METRICS_FILE, SAMPLES_FILE, CONFIG_FILE):
             (run_dir / name).unlink(missing_ok=True)
         return [f"starting over in {run_dir}: its last start ended before step 1 ({status})"], False

@@ -67,17 +67,18 @@ def test_claim_creates_and_locks_a_new_folder(tmp_path):
             claim_new_run_dir(run, force=False)
 
 
-def test_a_failed_start_is_reused_without_force_or_litter(tmp_path):
+@pytest.mark.parametrize("status", ["failed", "interrupted", "running"])   # running: its holder was killed
+def test_a_failed_start_is_reused_without_force_or_litter(tmp_path, status):
     run = tmp_path / "r"
     run.mkdir()
     (run / "config.resolved.toml").write_text("x = 1\n")
     (run / "metrics.jsonl").write_text("")
-    (run / "run.json").write_text(json.dumps({"status": "failed", "step": 0, "exit_code": 3}))
+    (run / "run.json").write_text(json.dumps({"status": status, "step": 0, "exit_code": 3}))
     (run / "notes.txt").write_text("mine")   # not rlctl's: kept
     lock, notices = claim_new_run_dir(run, force=False)
     lock.release()
     assert sorted(p.name for p in run.iterdir()) == ["notes.txt"]
-    assert "ended before step 1 (failed)" in notices[0]
+    assert f"ended before step 1 ({'its process died' if status == 'running' else status})" in notices[0]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["r"]
 
 
