@@ -46,6 +46,7 @@ HARMLESS: dict[str, str] = {
     "data.val_files": "validation only", "data.val_batch_size": "validation only",
     "actor.micro_batch_size": "gradient accumulation: the same update up to float rounding",
     "critic.micro_batch_size": "gradient accumulation: the same update up to float rounding",
+    "actor.expert_parallel_size": "the experts are resharded (DCP): the same update up to float rounding",
     "rollout.engine": "the same sampling distribution from another engine (not bitwise the same tokens)",
     "rollout.val_*": "validation only", "rollout.gpu_memory_utilization": "engine memory",
     "rollout.tensor_parallel_size": "engine layout",

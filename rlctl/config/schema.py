@@ -171,6 +171,8 @@ class ActorConfig:
     use_kl_loss: bool = opt(False, "Add kl_loss_coef x KL(actor || ref) to the loss (GRPO).")
     kl_loss_coef: float = opt(0.001, "KL-loss coefficient.", ge=0)
     kl_loss_type: str = opt("low_var_kl", "KL estimator for the KL loss.", choices=KL_TYPES)
+    expert_parallel_size: int = opt(1, "MoE policies: ranks each layer's experts are split over (1 = off).", ge=1)
+    router_replay: bool = opt(False, "MoE policies: the update uses the experts the log-prob pass chose.")
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@ from rlctl.checkpoint.manager import CheckpointManager
 from rlctl.checkpoint.run_folder import CONFIG_FILE, METRICS_FILE, ROLLOUTS_DIR, RUN_FILE, SAMPLES_FILE, read_run_info
 from rlctl.checkpoint.run_lock import RunLock
 from rlctl.errors import UsageError
-from rlctl.utils.fs import atomic_write_text
+from rlctl.utils.atomic_files import atomic_write_text
 
 
 def run_dir_of(config, base_dir: Path) -> Path:

@@ -251,7 +251,7 @@ class ActorRolloutRefWorker:
                                          vision=micro.get("vision"))
             log_prob = out["log_prob"]
             old = micro["old_log_prob"] if "old_log_prob" in micro else log_prob.detach()
-            drift = engine_drift(old, micro["rollout_log_prob"], mask) \
+            drift = trainer_engine_drift_sums(old, micro["rollout_log_prob"], mask) \
                 if "old_log_prob" not in micro and "rollout_log_prob" in micro else {}
             if rc.bypass_mode:
                 pg_loss, metrics = self._bypass_loss(micro, log_prob, norm)
@@ -302,7 +302,7 @@ class ActorRolloutRefWorker:
     def _bypass_loss(self, micro: dict, log_prob: torch.Tensor, norm):
         """algorithm.rollout_correction.bypass_mode: old_log_prob is the rollout's log-prob (the
         trainer did not recompute it); correction and loss_type as verl's bypass mode."""
-        from rlctl.algorithms.more_losses import bypass_policy_loss
+        from rlctl.algorithms.policy_loss_variants import bypass_policy_loss
         from rlctl.config.schema import rollout_is_level
 
         ac, rc = self.cfg.actor, self.cfg.algorithm.rollout_correction
@@ -370,7 +370,7 @@ def _clip_to_limits(out: dict, limits: np.ndarray, eos_ids: list[int], pad: int)
     return out
 
 
-def engine_drift(log_prob: torch.Tensor, engine_log_prob: torch.Tensor, mask: torch.Tensor) -> dict[str, float]:
+def trainer_engine_drift_sums(log_prob: torch.Tensor, engine_log_prob: torch.Tensor, mask: torch.Tensor) -> dict[str, float]:
     """A micro-batch's share of the drift between a rollout engine's log-probs of its samples and
     the trainer's, both before the update (on-policy, one optimizer step: the update's own forward
     gives the trainer's, so no separate old_log_prob pass). Sums over response tokens and the
