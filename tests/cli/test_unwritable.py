@@ -15,7 +15,7 @@ import sys
 import pytest
 
 from rlctl.checkpoint.run_folder import start_run
-from rlctl.controller.logging import MetricsLogger
+from rlctl.controller.metrics_log import MetricsLogger
 from rlctl.project import write_project
 from rlctl.tasks.prep import PrepOptions, prepare
 from support.cli import rlctl_here
