@@ -7,6 +7,9 @@ wrong, why, and how to fix it.
 
 from __future__ import annotations
 
+import errno
+import os
+
 EXIT_OK = 0
 EXIT_INTERNAL = 1
 EXIT_USAGE = 2
@@ -81,3 +84,29 @@ class Interrupted(RlctlError):
     def __init__(self, message: str, exit_code: int = EXIT_INTERRUPTED):
         super().__init__(message)
         self.exit_code = exit_code
+
+
+# An OSError with these errnos on a path means the path the user named cannot be written (or
+# read): no permission, a read-only disk or mount, or a file where a folder was meant.
+UNUSABLE_PATH_ERRNOS = {errno.EACCES: "", errno.EPERM: "", errno.EROFS: "",
+                        errno.ENOTDIR: " (a part of the path is a file, not a folder)",
+                        errno.EISDIR: " (it is a folder, not a file)",
+                        errno.EEXIST: " (a file is where a folder is needed)"}   # mkdir(exist_ok) on a file
+
+
+def unusable_path(exc: BaseException) -> UsageError | None:
+    """The exit-2 error for an OSError (or an error raised from one) about a path that cannot be
+    used: what, why, how to fix; None for any other error."""
+    for _ in range(8):   # the exception, then what it was raised from
+        if exc is None:
+            return None
+        if isinstance(exc, OSError) and exc.errno in UNUSABLE_PATH_ERRNOS and exc.filename is not None:
+            why = os.strerror(exc.errno).lower() + UNUSABLE_PATH_ERRNOS[exc.errno]
+            where = os.fsdecode(exc.filename)
+            head, name = os.path.split(where)
+            if name.startswith(".") and "tmp" in name:   # an atomic writer's temporary file: name its folder
+                where = f"into {head or '.'}"
+            return UsageError(f"cannot write {where}: {why}",
+                              hint="choose a path this user can write (a folder you own, on a writable disk)")
+        exc = exc.__cause__ or exc.__context__
+    return None

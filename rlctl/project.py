@@ -49,10 +49,13 @@ def write_project(directory: Path, recipe_name: str, model: str | None) -> list[
 
 
 def _model_for_project(model: str, directory: Path) -> str:
-    """Paths in rlctl.toml are relative to the file: re-express a local folder given from the cwd."""
+    """Paths in rlctl.toml are relative to the file: re-express a relative local folder given from
+    the cwd; an absolute one stays absolute."""
     p = Path(model).expanduser()
     if not p.exists():
         return model  # a hub id
+    if p.is_absolute():   # kept as written: still right when the project is opened through another path
+        return str(p)
     return os.path.relpath(p.resolve(), directory.resolve())
 
 

@@ -5,4 +5,5 @@
     compat                      run_fingerprint at save time, check_resume at resume time
     trained                     the policy rebuilt in one process from a checkpoint (torch, DCP)
     merge                       merge_run / export_hf / push_to_hub: a verified HF folder
+    run_lock                    RunLock: one writer per run folder (flock on the folder)
 """

@@ -109,13 +109,29 @@ def merge_run(run_dir: str | os.PathLike, out: str | os.PathLike, *, step: int |
               dtype: str = "auto", lora: str = "merge", force: bool = False,
               max_shard_size: str | int = MAX_SHARD_SIZE) -> MergeResult:
     """Write the checkpoint of `run_dir` as a verified HF folder at `out` (atomically).
-    step / best=True: that step / the best one (run.best_metric) instead of the newest."""
+    step / best=True: that step / the best one (run.best_metric) instead of the newest.
+
+    The run folder is locked (rlctl.checkpoint.run_lock) for the merge: a live run's keep_last could
+    delete the checkpoint being read, and <run>/hf/ exports write into it; a `out` that is a run
+    folder is locked too, so --force never replaces a live run."""
     run_dir, out = Path(run_dir), Path(out)
     if dtype not in DTYPES:
         raise UsageError(f"--dtype {dtype!r} is not one of {', '.join(DTYPES)}")
     if lora not in LORA_MODES:
         raise UsageError(f"--lora {lora!r} is not one of {', '.join(LORA_MODES)}")
     check_out(out, force)
+    from contextlib import ExitStack
+
+    from rlctl.checkpoint.run_lock import RunLock
+
+    with ExitStack() as locks:
+        for folder in (run_dir, out):
+            if folder.is_dir():
+                locks.enter_context(RunLock.acquire(folder, "merge"))
+        return _merge(run_dir, out, step=step, best=best, dtype=dtype, lora=lora, max_shard_size=max_shard_size)
+
+
+def _merge(run_dir: Path, out: Path, *, step, best, dtype, lora, max_shard_size) -> MergeResult:
     point, best_record = pick_checkpoint(run_dir, step, best=best)
     from rlctl.checkpoint.trained import load_step_config
 

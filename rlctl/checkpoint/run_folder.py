@@ -110,16 +110,20 @@ def read_run_info(run_dir: str | os.PathLike) -> dict:
     return info if isinstance(info, dict) else {}
 
 
-def find_run_dir(path: str | os.PathLike | None = None) -> Path:
+def find_run_dir(path: str | os.PathLike | None = None, command: str = "status") -> Path:
     """`path` itself when it is a run folder, else the most recently updated run below it
-    (`path/*`, `path/runs/*`); UsageError (exit 2) when there is none."""
+    (`path/*`, `path/runs/*`); UsageError (exit 2) when there is none (`command` names the
+    rlctl command the hint shows)."""
     root = Path(path or ".")
     if is_run_folder(root):
         return root
+    if (root / CONFIG_FILE).is_file():   # a start that failed before run.json: nothing to continue
+        raise UsageError(f"{root} holds a run that failed while starting, before its first step",
+                         hint="fix what its `rlctl train` said and run `rlctl train` again (no --force needed)")
     candidates = [p for pattern in ("*", "runs/*", "*/*") for p in root.glob(pattern) if is_run_folder(p)]
     if not candidates:
         raise UsageError(f"no run folder in {root} (a run folder has run.json or metrics.jsonl)",
-                         hint="pass the run folder: rlctl status runs/<name>.")
+                         hint=f"pass the run folder: rlctl {command} runs/<name>.")
     return max(candidates, key=lambda p: _mtime(p / RUN_FILE) or _mtime(p / METRICS_FILE))
 
 

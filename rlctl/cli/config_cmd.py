@@ -10,12 +10,29 @@ from typing import List, Optional
 import typer
 
 from rlctl.cli.common import emit, format_option
+from rlctl.errors import UsageError
 
 config_app = typer.Typer(help="Check, show and describe rlctl.toml.", no_args_is_help=True)
 
 FILE_ARG = typer.Argument(None, help="Config file or project folder (default ./rlctl.toml).", show_default=False)
 OVERRIDES_ARG = typer.Argument(None, help="Overrides as section.key=value, e.g. actor.lr=1e-6.",
                                show_default=False)
+
+
+CONFIG_OPTION = typer.Option(None, "--config", "-c", help="The config file, as TRL and torchtune users pass it "
+                                                          "(the same as giving it first).", show_default=False)
+
+
+def with_config_option(config: Optional[str], file: Optional[str],
+                       overrides: Optional[List[str]]) -> tuple[Optional[str], list[str]]:
+    """`--config FILE` is the file; a first word given beside it must then be an override."""
+    words = list(overrides or [])
+    if config is None:
+        return file, words
+    if file is not None and "=" not in file:
+        raise UsageError(f"two config files: --config {config} and {file}",
+                         hint="pass one: rlctl train FILE key=value ..., or --config FILE key=value ...")
+    return config, ([file] if file is not None else []) + words
 
 
 def split_file_and_overrides(file: Optional[str], overrides: Optional[List[str]]) -> tuple[Path, list[str]]:
@@ -43,6 +60,7 @@ def validate_cmd(
     skip_machine: bool = typer.Option(False, "--skip-machine",
                                       help="Check the config alone: not files, model, GPUs or packages."),
     fmt: str = format_option("text", "json", help="text or json."),
+    config: Optional[str] = CONFIG_OPTION,
 ) -> None:
     """Report every problem in the config at once, then the batch plan. Exit 2 on any error (3 on bad data rows).
 
@@ -51,7 +69,7 @@ def validate_cmd(
     from rlctl.data.image_checks import DATA_PROBLEM
     from rlctl.validate import validate
 
-    loaded, from_run = run_as_model(load_checked(file, overrides, strict=False))
+    loaded, from_run = run_as_model(load_checked(*with_config_option(config, file, overrides), strict=False))
     problems, plan = validate(loaded, machine=not skip_machine)   # resolves gpus_per_node = "auto"
     problems = list(problems) + from_run
     gpus, auto = plan.gpus_per_node, plan.gpus_per_node_resolved
@@ -59,10 +77,10 @@ def validate_cmd(
     source = os.path.relpath(loaded.path) if loaded.path else "overrides"
     errors = [p for p in problems if p.severity == "error"]
     warnings = [p for p in problems if p.severity != "error"]
-    render = [_with_line(p, lines).format(source) for p in errors]
+    render = [_with_line(p, lines).placed(source, lines) for p in errors]
     if fmt == "json":
         emit({"ok": not errors, "errors": render,
-              "warnings": [_with_line(p, lines).format(source) for p in warnings],
+              "warnings": [_with_line(p, lines).placed(source, lines) for p in warnings],
               "batch_plan": dict(plan.rows()), "gpus_per_node": gpus, "gpus_per_node_resolved": auto}, fmt)
     else:
         _print_report(source, errors, warnings, plan.rows() + [("GPUs per node", f"{gpus} ({auto})" if auto else gpus)],
@@ -120,9 +138,9 @@ def _print_report(source, errors, warnings, rows, lines) -> None:
     # reads "[...]" as markup (drops it, or raises MarkupError on "[/x]").
     out, err = Console(soft_wrap=True), Console(stderr=True, soft_wrap=True)
     for p in errors:
-        err.print(f"[red]error[/red]: {escape(_with_line(p, lines).format(source))}", highlight=False)
+        err.print(f"[red]error[/red]: {escape(_with_line(p, lines).placed(source, lines))}", highlight=False)
     for p in warnings:
-        err.print(f"[yellow]warning[/yellow]: {escape(_with_line(p, lines).format(source))}", highlight=False)
+        err.print(f"[yellow]warning[/yellow]: {escape(_with_line(p, lines).placed(source, lines))}", highlight=False)
     title = "batch plan (keys with errors counted at their defaults)" if errors else "batch plan"
     table = Table(title=title, show_header=False, title_justify="left")
     for name, value in rows:

@@ -13,7 +13,7 @@ import sys
 import typer
 
 from rlctl import __version__
-from rlctl.errors import EXIT_INTERNAL, EXIT_INTERRUPTED, Interrupted, RlctlError
+from rlctl.errors import EXIT_INTERNAL, EXIT_INTERRUPTED, Interrupted, RlctlError, unusable_path
 from rlctl.utils.output import disable_progress_bars, setup_logging
 
 app = typer.Typer(
@@ -71,24 +71,33 @@ def main(argv: list[str] | None = None) -> int:
     except SystemExit as e:
         return e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
     except RlctlError as e:
-        if debug:
-            import traceback
-            traceback.print_exc()
-        msg = e.message if e.hint is None else f"{e.message}; {e.hint}"
-        print(f"error: {msg}", file=sys.stderr)
-        for problem in getattr(e, "problems", ()):
-            print(f"  {problem}", file=sys.stderr)
-        return e.exit_code
+        return _report(e, debug)
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
-    except Exception:  # a bug: show it in full so it can be reported
-        import traceback
+    except Exception as e:
+        known = unusable_path(e)   # a read-only or non-folder destination the user named: exit 2
+        if known is not None:
+            return _report(known, debug)
+        import traceback   # a bug: show it in full so it can be reported
+
         traceback.print_exc()
         print("error: internal error (a bug in rlctl); please report it with the traceback above",
               file=sys.stderr)
         return EXIT_INTERNAL
     return 0
+
+
+def _report(e: RlctlError, debug: bool) -> int:
+    if debug:
+        import traceback
+        traceback.print_exc()
+    msg = e.message if e.hint is None else f"{e.message}; {e.hint}"
+    # A stop the user asked for is not an error: say how it ended and how to go on (e.hint).
+    print(msg if isinstance(e, Interrupted) else f"error: {msg}", file=sys.stderr)
+    for problem in getattr(e, "problems", ()):
+        print(f"  {problem}", file=sys.stderr)
+    return e.exit_code
 
 
 def run() -> None:  # pragma: no cover - exercised through the console script

@@ -57,6 +57,7 @@ def tiny(
         raise UsageError(f"--hidden {hidden} / --heads {heads} / --kv-heads {kv_heads} do not divide",
                          hint="hidden must be a multiple of heads, and heads a multiple of kv-heads.")
     refuse_overwrite(out, force)
+    out.mkdir(parents=True, exist_ok=True)   # an unwritable OUT fails here, before torch is imported
     if arch in VLM_ARCHS:
         return _tiny_vlm(out, arch, fmt, layers=layers, hidden=hidden, heads=heads, kv_heads=kv_heads, seed=seed)
     if reward_model:

@@ -8,7 +8,7 @@ from typing import List, Optional
 import typer
 
 from rlctl.cli.common import emit, format_option
-from rlctl.cli.config_cmd import FILE_ARG, OVERRIDES_ARG
+from rlctl.cli.config_cmd import CONFIG_OPTION, FILE_ARG, OVERRIDES_ARG, with_config_option
 
 ADDRESS = typer.Option(None, "--address", help="Ray cluster: 'auto' or 'ray://host:port' (default: embedded Ray, "
                                                "or resources.address / RAY_ADDRESS).")
@@ -17,7 +17,8 @@ ADDRESS = typer.Option(None, "--address", help="Ray cluster: 'auto' or 'ray://ho
 def train(file: Optional[str] = FILE_ARG, overrides: Optional[List[str]] = OVERRIDES_ARG,
           address: Optional[str] = ADDRESS,
           force: bool = typer.Option(False, "--force", help="Start over in a run folder that has no checkpoints "
-                                                            "(the old folder is moved aside, not deleted).")) -> None:
+                                                            "(the old folder is moved aside, not deleted)."),
+          config: Optional[str] = CONFIG_OPTION) -> None:
     """Train: validate the config, start Ray and the workers, run the RL loop.
 
     Example: rlctl train rlctl.toml actor.lr=2e-6 rollout.n=8
@@ -25,7 +26,7 @@ def train(file: Optional[str] = FILE_ARG, overrides: Optional[List[str]] = OVERR
     from rlctl.cli.config_cmd import load_checked
     from rlctl.controller.run import start_training
 
-    start_training(load_checked(file, overrides), address=address, force=force)
+    start_training(load_checked(*with_config_option(config, file, overrides)), address=address, force=force)
 
 
 def resume(run_dir: Optional[str] = typer.Argument(None, help="Run folder (default: the newest under ./runs)."),
@@ -46,7 +47,7 @@ def resume(run_dir: Optional[str] = typer.Argument(None, help="Run folder (defau
     if run_dir is not None and "=" in run_dir and not Path(run_dir).exists():
         words.insert(0, run_dir)
         run_dir = None
-    resume_training(find_run_dir(run_dir), step=step, address=address, overrides=words)
+    resume_training(find_run_dir(run_dir, "resume"), step=step, address=address, overrides=words)
 
 
 def status(run_dir: Optional[Path] = typer.Argument(None, help="Run folder (default: the newest under .)."),

@@ -21,6 +21,7 @@ from rlctl.config.names import MOVED_KEYS
 
 RESOLVED_CONFIG = "config.resolved.toml"   # rlctl.checkpoint.manifest.CONFIG_FILE (config imports no checkpoint)
 from rlctl.config.schema import Config, iter_keys
+from rlctl.config.verl_names import known_rename
 from rlctl.errors import ConfigError, UsageError
 
 MAX_CONFIG_BYTES = 1 << 20  # a real rlctl.toml is a few KiB; anything this big is a mistake
@@ -46,6 +47,16 @@ class Problem:
     def __str__(self) -> str:
         return self.format()
 
+    def placed(self, source: str, lines: dict) -> str:
+        """format(), naming "overrides" instead of the file when the key (or its table) was set on
+        the command line: `lines` maps such keys to None (LoadedConfig.lines)."""
+        key = self.key
+        while key:
+            if key in lines:
+                return self.format("overrides" if lines[key] is None else source)
+            key = key.rpartition(".")[0]
+        return self.format(source)
+
 
 @dataclass(frozen=True)
 class LoadedConfig:
@@ -62,6 +73,10 @@ class LoadedConfig:
 
 def read_toml_text(path: Path) -> str:
     """The file's text, or a one-line UsageError for a missing, huge, binary or non-file path."""
+    sections = {key.split(".")[0] for key in LEAF_KEYS}
+    if not path.exists() and str(path).split(".")[0] in sections and re.fullmatch(r"\w+(\.\w+)+", str(path)):
+        raise UsageError(f"{path} is neither a config file nor a setting: a setting needs `=`",
+                         hint=f"write {path}=VALUE (no spaces around `=`), e.g. run.total_steps=2.")
     if not path.exists():
         raise UsageError(f"config file {path} not found",
                          hint="run `rlctl init DIR --recipe NAME` to create one, or pass its path.")
@@ -95,7 +110,12 @@ def parse_toml(text: str, source: str) -> dict:
 
 
 def _parse_reason(e) -> str:
-    return re.sub(r"\s+at line \d+ col \d+$", "", str(e))
+    reason = re.sub(r"\s+at line \d+ col \d+$", "", str(e))
+    if reason.endswith("'\\x00'"):   # tomlkit's end-of-text marker: something opened was never closed
+        return "the file ends inside something never closed (a [ list, a { table or a quoted string)"
+    if reason.endswith("'\\n'"):
+        return "the line ends too early (an unclosed [table] header, [ list, { table or quote?)"
+    return reason
 
 
 def key_lines(text: str) -> dict[str, int]:
@@ -150,6 +170,15 @@ def set_dotted(d: dict, key: str, value: Any) -> None:
 def suggest(word: str, options) -> str:
     match = difflib.get_close_matches(word, list(options), n=1, cutoff=0.6)
     return f" (did you mean {match[0]!r}?)" if match else ""
+
+
+def suggest_key(key: str, *options) -> str:
+    """"did you mean" for an unknown dotted key: rlctl's name for a verl name first, then the
+    closest spelling among each of `options` in turn."""
+    rename = known_rename(key, LEAF_KEYS)
+    if rename is not None:
+        return f" (did you mean {rename!r}? rlctl's name for it)"
+    return next((hint for hint in (suggest(key, o) for o in options) if hint), "")
 
 
 def check_value(key: str, f: dataclasses.Field, value: Any) -> tuple[Any, list[str]]:
@@ -271,10 +300,10 @@ def build_section(cls, raw: dict, prefix: str, problems: list[Problem], lines: d
             options = [k for k in LEAF_KEYS if k.startswith(prefix)] + [prefix + n for n in known]
             if isinstance(value, dict) and value:   # a misspelt section: name its keys (acter.lr -> actor.lr)
                 for inner in _leaf_paths(value, key):
-                    problems.append(Problem(inner, f"unknown key{suggest(inner, LEAF_KEYS) or suggest(key, options)}",
+                    problems.append(Problem(inner, f"unknown key{suggest_key(inner, LEAF_KEYS, options)}",
                                             lines.get(inner, lines.get(key))))
                 continue
-            problems.append(Problem(key, f"unknown key{suggest(key, options) or suggest(key, LEAF_KEYS)}",
+            problems.append(Problem(key, f"unknown key{suggest_key(key, options, LEAF_KEYS)}",
                                     lines.get(key)))
             continue
         f = known[name]
@@ -325,7 +354,7 @@ def load_config(path: str | Path | None, overrides: list[str] | tuple = (), *, s
     config = build_section(Config, raw, "", problems, lines)
     errors = [p for p in problems if p.severity == "error"]
     if errors and strict:
-        raise ConfigError(f"{len(errors)} problem(s) in {source}", [p.format(source) for p in errors])
+        raise ConfigError(f"{len(errors)} problem(s) in {source}", [p.placed(source, lines) for p in errors])
     return LoadedConfig(config=config, path=path.resolve() if path else None, raw=raw, problems=tuple(problems),
                         lines=lines)
 

@@ -44,11 +44,11 @@ def _check(loaded: LoadedConfig) -> None:
         raise DataError("; ".join(p.format() for p in errors) + " (nothing was started)")
     if len(errors) == 1:   # one problem, one line
         source = str(loaded.path) if loaded.path else "overrides"
-        raise ConfigError(f"{errors[0].format(source)} (nothing was started)")
+        raise ConfigError(f"{errors[0].placed(source, loaded.lines)} (nothing was started)")
     if errors:
         source = str(loaded.path) if loaded.path else "overrides"
         raise ConfigError(f"{len(errors)} problem(s) in {source}; nothing was started",
-                          [p.format(source) for p in errors])
+                          [p.placed(source, loaded.lines) for p in errors])
 
 
 def start_training(loaded: LoadedConfig, *, address: str | None, force: bool) -> None:
@@ -59,22 +59,24 @@ def start_training(loaded: LoadedConfig, *, address: str | None, force: bool) ->
     loaded = _model_from_run(loaded)
     _check(loaded)
     run_dir = run_dir_of(loaded.config, loaded.base_dir)
-    moved = claim_new_run_dir(run_dir, force=force)
-    write_resolved_config(run_dir, config_to_dict(resolve_paths(loaded.config, loaded.base_dir)))
-    _run(loaded, run_dir, address=address, command="train",
-         notices=[f"moved the old {run_dir.name} aside to {moved}"] if moved else [])
+    lock, notices = claim_new_run_dir(run_dir, force=force)
+    with lock:   # held by this process to its end: restarts (run.max_restarts) happen inside _run
+        write_resolved_config(run_dir, config_to_dict(resolve_paths(loaded.config, loaded.base_dir)))
+        _run(loaded, run_dir, address=address, command="train", notices=notices)
 
 
 def resume_training(run_dir: Path, *, step: int | None, address: str | None, overrides: list[str] = ()) -> None:
+    from rlctl.checkpoint.run_lock import RunLock
     from rlctl.controller.checkpointing import prepare_resume
 
-    loaded, notices, ckpt_step, ckpt_path = prepare_resume(run_dir, step, overrides)
-    loaded = _resolve_auto(loaded, address)
-    _check(loaded)
-    if _already_finished(run_dir, ckpt_step, ckpt_path, overrides):
-        return
-    _run(loaded, run_dir, address=address, command="resume", notices=notices, resume=(ckpt_step, ckpt_path),
-         exact=step is not None)
+    with RunLock.acquire(run_dir, "resume"):   # before prepare_resume trims the logs
+        loaded, notices, ckpt_step, ckpt_path = prepare_resume(run_dir, step, overrides)
+        loaded = _resolve_auto(loaded, address)
+        _check(loaded)
+        if _already_finished(run_dir, ckpt_step, ckpt_path, overrides):
+            return
+        _run(loaded, run_dir, address=address, command="resume", notices=notices, resume=(ckpt_step, ckpt_path),
+             exact=step is not None)
 
 
 def _signal_killed_the_workers(stop, session) -> Interrupted:
@@ -160,6 +162,8 @@ def _attempt(loaded: LoadedConfig, run_dir: Path, *, address: str | None, comman
                 checkpointing.restore(session, resume[1])
         except Interrupted as e:   # nothing trained in this session: the run folder says so
             finish_run(run_dir, status="interrupted", exit_code=e.exit_code, error=e.message)
+            fresh = command == "train" and not resume
+            e.hint = "run the same `rlctl train` again to start over" if fresh else f"continue with: rlctl resume {run_dir}"
             raise
         except WorkerDiedError as e:   # a rank lost while starting or loading
             _lost(run_dir, e, restarts)
@@ -181,6 +185,7 @@ def _attempt(loaded: LoadedConfig, run_dir: Path, *, address: str | None, comman
                 _lost(run_dir, e, restarts)
             stopped = _signal_killed_the_workers(stop, session)   # the user's stop, not a crash
             finish_run(run_dir, status="interrupted", exit_code=stopped.exit_code, error=stopped.message)
+            stopped.hint = f"continue with: rlctl resume {run_dir}"
             raise stopped from None
         except RlctlError as e:
             finish_run(run_dir, status="failed", exit_code=e.exit_code, error=e.message)
@@ -207,6 +212,7 @@ def _stop(session, signal: Interrupted) -> None:
         finish_run(session.run_dir, status="failed", exit_code=err.exit_code, error=err.message)
         raise
     finish_run(session.run_dir, status="interrupted", exit_code=signal.exit_code, error=signal.message)
+    signal.hint = f"continue with: rlctl resume {session.run_dir}"
     raise signal from None
 
 

@@ -69,4 +69,17 @@ def check_reward_function(c: Config, ctx: CheckContext) -> list[Problem]:
                                            f"nor a built-in ({', '.join(builtins)})")]
     if not resolve_path(Path(base), file).is_file():
         return [Problem("reward.function", f"{file} does not exist (relative to {base})")]
+    return _loads(function, Path(base))
+
+
+def _loads(function: str, base: Path) -> list[Problem]:
+    """Import the file and find the function now, as the reward workers will: a syntax error or a
+    missing function is found before Ray starts, not after the workers' start-up."""
+    from rlctl.errors import ConfigError
+    from rlctl.rewards.custom import load_reward_fn, parse_spec
+
+    try:
+        load_reward_fn(parse_spec(function, base))
+    except ConfigError as e:
+        return [Problem("reward.function", e.message if e.hint is None else f"{e.message}; {e.hint}")]
     return []

@@ -134,6 +134,9 @@ def run_eval(model_path: str | Path, data_file: str | Path, opts: EvalOptions, o
     model_path = Path(model_path)
     config, run_dir = eval_config(opts.config) if opts.config else run_config(model_path)
     image_key = config.data.image_key if config is not None else "images"
+    if not Path(data_file).is_file():   # before load_rows, whose hint speaks of data.train_files
+        raise DataError(f"--data {data_file} is not a file",
+                        hint="pass a parquet file of prompts, e.g. data/gsm8k/test.parquet (`rlctl data prep` writes them)")
     rows = load_rows([Path(data_file)], image_key)[: opts.limit]
     if not rows:
         raise DataError(f"{data_file} has no rows to evaluate")

@@ -96,7 +96,11 @@ def _task_rows(name: str) -> FileSource | Generated | None:
 
 def _check_options(name: str, opts: PrepOptions) -> None:
     if name not in SOURCES:
-        raise UsageError(f"unknown source {name!r}", hint=f"choose one of {', '.join(SOURCES)}.")
+        import difflib
+
+        close = difflib.get_close_matches(name, list(SOURCES), n=1)
+        raise UsageError(f"unknown source {name!r}" + (f" (did you mean {close[0]!r}?)" if close else ""),
+                         hint=f"choose one of {', '.join(SOURCES)}.")
     if opts.on_error not in ("fail", "skip"):
         raise UsageError(f"--on-error {opts.on_error!r} is not fail or skip")
     if opts.val_fraction is not None and not 0 <= opts.val_fraction < 1:

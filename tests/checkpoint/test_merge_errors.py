@@ -172,3 +172,11 @@ def test_push_to_hub_offline_is_one_line_exit_3(trained_runs, tmp_path, capsys, 
     assert code == 3 and len(lines) == 1 and lines[0].startswith("error: could not push")
     assert "the merged folder is complete at" in lines[0]
     assert (tmp_path / "out" / "model.safetensors").is_file()   # the merge itself succeeded
+
+
+def test_an_unwritable_destination_is_a_usage_error(trained_runs, tmp_path, capsys):
+    """A --to-hf below a regular file fails as root too (ENOTDIR): one line naming it, exit 2."""
+    (tmp_path / "a-file").write_text("")
+    code, _, err = rlctl(capsys, "merge", trained_runs["full-tied-1w"].run_dir, "--to-hf", tmp_path / "a-file" / "x")
+    assert code == 2 and err.strip().splitlines() == [err.strip()], err
+    assert err.startswith(f"error: cannot write {tmp_path / 'a-file'}") and "Traceback" not in err, err

@@ -90,9 +90,9 @@ def test_overrides_are_typed_by_schema(tmp_path):
     problems = problems_of(path, ["acter.lr=1e-6", "rollout.n=eight"])
     assert any("acter.lr: unknown key (did you mean 'actor.lr'?)" in p for p in problems)
     assert any("rollout.n: expected an integer, got str 'eight'" in p for p in problems)
-    # the file sets actor.lr on a line of its own, but this error is the override's: no file line
+    # the file sets actor.lr on a line of its own, but this error is the override's: named as such
     path = write(tmp_path, GOOD + "\n[actor]\nlr = 1e-6\n")
-    assert problems_of(path, ["actor.lr=-1"]) == [f"{path}: actor.lr: must be > 0, got -1.0"]
+    assert problems_of(path, ["actor.lr=-1"]) == ["overrides: actor.lr: must be > 0, got -1.0"]
 
 
 def test_override_syntax():

@@ -57,7 +57,7 @@ def test_validate_refuses_names_phi3_does_not_have(tmp_path, phi3_dir):
     report = json.loads(bad.stdout)
     assert bad.returncode == 2 and len(report["errors"]) == 1
     error = report["errors"][0]
-    assert error.startswith("rlctl.toml: model.lora.target_modules: q_proj, k_proj, v_proj, gate_proj, up_proj "
+    assert error.startswith("overrides: model.lora.target_modules: q_proj, k_proj, v_proj, gate_proj, up_proj "
                             "match no layer of Phi3ForCausalLM (only o_proj, down_proj would get adapters")
     assert "its linear layers are o_proj, qkv_proj, gate_up_proj, down_proj" in error
     assert "did you mean qkv_proj, gate_up_proj" in error and "\n" not in error

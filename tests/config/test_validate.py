@@ -176,12 +176,12 @@ def test_cli_reports_all_and_json(project):
     assert bad.returncode == 2
     lines = [l for l in bad.stderr.splitlines() if l.startswith("error")]
     assert len(lines) == 3 and "actor.lr: must be > 0" in lines[0]  # key and cross-field errors together
-    assert lines[0] == "error: rlctl.toml: actor.lr: must be > 0, got -1.0"   # the override's, no file line
+    assert lines[0] == "error: overrides: actor.lr: must be > 0, got -1.0"   # the override is named, not the file
     assert "batch plan" in bad.stdout and "sequences per step" in bad.stdout   # printed with errors too
     bad2 = rlctl_here(*cmd, "rollout.n=1", "actor.micro_batch_size=3", "--format", "json", cwd=project)
     report = json.loads(bad2.stdout)
     assert bad2.returncode == 2 and not report["ok"] and len(report["errors"]) == 2
-    assert all(e.startswith("rlctl.toml:") for e in report["errors"])
+    assert all(e.startswith("overrides:") for e in report["errors"])
 
 
 def test_critic_batch_sizes_are_checked_only_when_there_is_a_critic(project):
