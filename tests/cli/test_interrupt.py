@@ -53,7 +53,7 @@ def metrics(run: Path) -> list[dict]:
 def wait_for_step(proc, run: Path, step: int, timeout: float = 600) -> None:
     deadline = time.monotonic() + timeout
     while len(metrics(run)) < step:
-        assert proc.poll() is None, proc.communicate()[1][-3000:]
+        assert proc.poll() is None, (proc.communicate()[1] or "")[-3000:]
         assert time.monotonic() < deadline, "the run made no progress"
         time.sleep(0.2)
 
@@ -196,3 +196,32 @@ def _session_left(sid: int, within: float = 20.0) -> list[int]:
         if not left or time.monotonic() > deadline:
             return left
         time.sleep(0.3)
+
+
+@pytest.mark.slow
+def test_ctrl_c_of_a_run_piped_into_tee_still_stops_at_a_safe_point_with_a_checkpoint(tmp_path, tiny_model_dir):
+    """`rlctl train ... 2>&1 | tee log`, then Ctrl-C: the terminal's SIGINT ends tee as well, so
+    rlctl's stdout and stderr are pipes nobody reads (EPIPE on the next write). The run must still
+    stop at its safe point with the stop's checkpoint (no periodic saves here) and exit 130."""
+    proj = make_project(tmp_path, tiny_model_dir)
+    run = proj / "runs" / "grpo-gsm8k"
+    tee = subprocess.Popen(["cat"], stdin=subprocess.PIPE, stdout=subprocess.DEVNULL)   # the pipe's reader
+    proc = subprocess.Popen([sys.executable, "-m", "rlctl", "train", *ARGS, "run.save_every=0"], cwd=proj,
+                            env={**os.environ, "HF_HUB_OFFLINE": "1"}, stdout=tee.stdin, stderr=subprocess.STDOUT,
+                            start_new_session=True)
+    tee.stdin.close()                        # only rlctl holds the pipe's writing end now
+    try:
+        wait_for_step(proc, run, 1)
+        tee.kill()                           # Ctrl-C reached tee first: the reader is gone
+        tee.wait()
+        wait_for_step(proc, run, 2)          # a step's output went into the dead pipe meanwhile
+        os.killpg(proc.pid, signal.SIGINT)
+        code = proc.wait(timeout=600)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert code == 130
+    info = json.loads((run / "run.json").read_text())
+    assert info["status"] == "interrupted" and info["exit_code"] == 130, info
+    assert (run / "checkpoints" / "LATEST").read_text().strip() == f"step_{info['step']}"
+    assert len(metrics(run)) == info["step"]
