@@ -6,7 +6,8 @@ an exception raised there comes out as `SystemError: ... returned a result with 
 set`, or is lost. So the handler only records the signal; the main thread raises the stop at its
 next safe point (`safe_point()`: between start-up phases and in every polling wait), and a
 watchdog thread ends the process after a grace period if the main thread never gets there (it can
-be blocked in native code, e.g. Ray's GCS client, for good). Ending it runs the `on_forced`
+be blocked in native code, e.g. Ray's GCS client, for good; then no Python handler runs at all,
+so the watchdog hears the signal through `signal.set_wakeup_fd`). Ending it runs the `on_forced`
 clean-ups (run.json, Ray's processes), prints one line and exits 130 / 143. A second signal ends
 the process at once the same way. Standard library only.
 """
@@ -14,7 +15,9 @@ the process at once the same way. Standard library only.
 from __future__ import annotations
 
 import os
+import select
 import signal
+import socket
 import sys
 import threading
 import time
@@ -55,42 +58,78 @@ class StartupStop:
         self.on_forced = list(on_forced or [])
         self.grace_s, self.cleanup_s, self._exit = grace_s, cleanup_s, exit_fn
         self.signum = 0
-        self._lock = threading.Lock()
-        self._wake = threading.Event()
+        self._lock = threading.RLock()   # RLock: the handler may run in the main thread while it holds it
         self._deadline: float | None = None   # monotonic time at which the watchdog ends the process
-        self._done = False
-        self._raised = False
+        self._done = self._raised = self._in_window = False
+        self._deliveries = {"handler": 0, "wakeup": 0}
+        self._seen = 0
+        self._socks: list[socket.socket] = []
         self._watchdog: threading.Thread | None = None
+        self._old: dict = {}
+        self._old_wakeup: int | None = None
 
     # --- the window in which stop signals mean "stop the start-up" -------------------------------
     def __enter__(self) -> "StartupStop":
-        self._old = {}
         if threading.current_thread() is threading.main_thread():   # only it may set handlers
+            # Python runs a handler only when the main thread gets back to Python code, never while it
+            # is blocked in native code; the wakeup fd is written by the C-level handler at once, so
+            # the watchdog thread hears the signal however the main thread is stuck.
+            self._wakeup_r, wakeup_w = socket.socketpair()
+            self._poke_r, self._poke_w = socket.socketpair()
+            self._socks = [self._wakeup_r, wakeup_w, self._poke_r, self._poke_w]
+            for sock in self._socks:
+                sock.setblocking(False)
             self._old = {signum: signal.signal(signum, self._handle) for signum in STOP_SIGNALS}
+            self._old_wakeup = signal.set_wakeup_fd(wakeup_w.fileno(), warn_on_full_buffer=False)
+            self._in_window = True
+            self._watchdog = threading.Thread(target=self._watch, daemon=True, name="rlctl-stop-watchdog")
+            self._watchdog.start()
         _active.append(self)
         return self
 
     def __exit__(self, *exc) -> None:
         _active.remove(self)
+        if self._old_wakeup is not None:
+            signal.set_wakeup_fd(self._old_wakeup)
         for signum, handler in self._old.items():
             signal.signal(signum, handler)
+        with self._lock:
+            self._in_window = False
+            if self._watchdog is not None and not self._watchdog.is_alive():
+                self._close()
+        if not self.signum:   # nothing to watch over any more
+            self.disarm()
 
     def disarm(self) -> None:
         """The unwinding after the stop is over (or the start-up went through): no forced exit."""
         with self._lock:
             self._done = True
-        self._wake.set()
+        self._poke()
 
-    # --- the signal handler and the safe point ----------------------------------------------------
+    # --- the signal, from the handler or the wakeup fd, and the safe point ------------------------
     def _handle(self, signum, _frame) -> None:
+        self._record(signum, "handler")
+
+    def _record(self, signum: int, via: str) -> None:
+        """One delivery of `signum`, heard by the Python handler or the wakeup fd (each hears every
+        delivery, the handler possibly fewer: Python merges repeats): count each delivery once."""
         with self._lock:
+            self._deliveries[via] += 1
+            if self._deliveries[via] <= self._seen:
+                return
+            self._seen += 1
             if self.signum:            # a second signal: the user means now
                 self._deadline = time.monotonic()
             else:
                 self.signum = signum
                 self._deadline = time.monotonic() + self.grace_s
-        self._start_watchdog()
-        self._wake.set()
+        self._poke()
+
+    def _poke(self) -> None:
+        try:
+            self._poke_w.send(b"x")
+        except (AttributeError, OSError):   # no watchdog (not the main thread), closed, or already poked
+            pass
 
     def check(self) -> None:
         """At a safe point: raise the stop (once; the caller then unwinds within cleanup_s)."""
@@ -99,6 +138,7 @@ class StartupStop:
                 return
             self._raised = True
             self._deadline = max(self._deadline, time.monotonic() + self.cleanup_s)
+        self._poke()
         raise stopped(self.signum, self.MESSAGE)
 
     def sleep(self, seconds: float) -> None:
@@ -110,21 +150,29 @@ class StartupStop:
         self.check()
 
     # --- the watchdog -----------------------------------------------------------------------------
-    def _start_watchdog(self) -> None:
-        if self._watchdog is None:
-            self._watchdog = threading.Thread(target=self._watch, daemon=True, name="rlctl-stop-watchdog")
-            self._watchdog.start()
-
     def _watch(self) -> None:
-        while True:
+        try:
+            while True:
+                with self._lock:
+                    if self._done:
+                        return
+                    left = None if self._deadline is None else self._deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    return self._force()
+                readable, _, _ = select.select([self._wakeup_r, self._poke_r], [], [], left)
+                for sock in readable:
+                    data = sock.recv(256)
+                    for signum in data if sock is self._wakeup_r else b"":
+                        if signum in STOP_SIGNALS:
+                            self._record(signum, "wakeup")
+        finally:
             with self._lock:
-                if self._done:
-                    return
-                left = self._deadline - time.monotonic()
-            if left <= 0:
-                return self._force()
-            self._wake.wait(timeout=left)
-            self._wake.clear()
+                if not self._in_window:   # else the wakeup fd still names a socket: __exit__ closes them
+                    self._close()
+
+    def _close(self) -> None:
+        for sock in self._socks:
+            sock.close()
 
     def _force(self) -> None:
         interrupted = stopped(self.signum, self.MESSAGE + " (start-up did not stop in time: ended it)")

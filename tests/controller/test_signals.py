@@ -109,3 +109,43 @@ def test_the_wait_before_a_restart_ends_at_a_stop_signal():
             os.kill(os.getpid(), signal.SIGTERM)
             waiting.sleep(30)
     assert stopped.value.exit_code == 143 and time.monotonic() - start < 5
+
+
+STUCK_IN_NATIVE_CODE = """
+import ctypes, sys
+from rlctl.utils.interrupts import StartupStop
+
+libc = ctypes.CDLL(None)
+mutex, cond = ctypes.create_string_buffer(64), ctypes.create_string_buffer(64)   # zeroed: initialised
+
+def cleanup(stop):
+    print("cleaned up", stop.exit_code, flush=True)
+
+with StartupStop([cleanup], grace_s=0.5):
+    print("ready", flush=True)
+    libc.pthread_mutex_lock(mutex)
+    libc.pthread_cond_wait(cond, mutex)   # blocked for good in native code, like Ray's GCS client in ray.init
+print("never here", flush=True)
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("signum,code", [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
+def test_the_watchdog_hears_a_signal_while_the_main_thread_is_blocked_in_native_code(signum, code):
+    """Python runs no handler while the main thread is stuck in native code; the watchdog hears the
+    signal through the wakeup fd, runs the clean-ups and ends the process with one line."""
+    import subprocess
+    import sys
+
+    proc = subprocess.Popen([sys.executable, "-c", STUCK_IN_NATIVE_CODE], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "ready"
+        time.sleep(0.3)   # into pthread_cond_wait
+        proc.send_signal(signum)
+        out, err = proc.communicate(timeout=30)
+    finally:
+        proc.kill()
+    assert proc.returncode == code, err
+    assert out.split("\n")[0] == f"cleaned up {code}" and "never here" not in out
+    assert err.strip().count("\n") == 0 and "did not stop in time" in err, err
