@@ -16,7 +16,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from rlctl.errors import Interrupted
-from rlctl.utils.interrupts import STOP_SIGNALS, StartupStop, stopped
+from rlctl.utils.interrupts import STOP_SIGNALS, StartupStop, in_native, safe_points, stopped
 
 __all__ = ["STOP_SIGNALS", "StopFlag", "StopNow", "startup_signals", "startup_stop", "stopped"]
 
@@ -30,12 +30,16 @@ class StopFlag:
 
     def __init__(self):
         self.signum = 0
+        self._now: StopNow | None = None
 
     def __enter__(self):
         self._old = {signum: signal.signal(signum, self._handle) for signum in STOP_SIGNALS}
+        self._points = safe_points(self)
+        self._points.__enter__()
         return self
 
     def __exit__(self, *exc):
+        self._points.__exit__(*exc)
         for signum, handler in self._old.items():
             signal.signal(signum, handler)
 
@@ -43,8 +47,18 @@ class StopFlag:
         if self.signum:
             first = stopped(signum, " twice: the step in progress was abandoned without a checkpoint; "
                                     "rlctl resume continues from the newest one")
-            raise StopNow(first.message, exit_code=first.exit_code)
+            now = StopNow(first.message, exit_code=first.exit_code)
+            if in_native():   # inside ray.wait: raising there is a SystemError; the poll's safe point raises it
+                self._now = now
+                return
+            raise now
         self.signum = signum
+
+    def at_safe_point(self):
+        """A second signal that came inside a Ray call: raised here, once."""
+        now, self._now = self._now, None
+        if now is not None:
+            raise now
 
     def check(self):
         if self.signum:

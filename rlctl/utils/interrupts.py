@@ -21,13 +21,15 @@ import socket
 import sys
 import threading
 import time
-from typing import Callable
+from contextlib import contextmanager
+from typing import Callable, Iterator
 
 from rlctl.errors import EXIT_INTERRUPTED, EXIT_TERMINATED, Interrupted
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
-_active: list["StartupStop"] = []   # the stop whose handlers are installed, for safe_point()
+_active: list = []   # what safe_point() asks (its at_safe_point()): the innermost stop handler in force
+_native_depth = [0]   # > 0 while the main thread is inside a Ray call (in_native_call)
 
 
 def stopped(signum: int, how: str) -> Interrupted:
@@ -37,10 +39,36 @@ def stopped(signum: int, how: str) -> Interrupted:
 
 
 def safe_point() -> None:
-    """Raise the pending start-up stop, if any. Call it where raising is safe: plain Python, between
-    phases of the start-up and between polls of a wait. Without a start-up in progress: nothing."""
+    """Raise the pending stop, if any: a start-up's, or a second signal's during training. Call it
+    where raising is safe: plain Python, between phases of the start-up and between polls of a
+    wait. Without a stop pending: nothing."""
     if _active:
-        _active[-1].check()
+        _active[-1].at_safe_point()
+
+
+@contextmanager
+def safe_points(handler) -> Iterator[None]:
+    """While inside: safe_point() asks `handler.at_safe_point()` (which raises what is pending)."""
+    _active.append(handler)
+    try:
+        yield
+    finally:
+        _active.remove(handler)
+
+
+@contextmanager
+def in_native_call() -> Iterator[None]:
+    """Around a call into Ray's compiled code (ray.wait): a signal handler must not raise in there
+    (it comes out as a SystemError); handlers ask `in_native()` and leave the stop to safe_point()."""
+    _native_depth[0] += 1
+    try:
+        yield
+    finally:
+        _native_depth[0] -= 1
+
+
+def in_native() -> bool:
+    return _native_depth[0] > 0
 
 
 class StartupStop:
@@ -140,6 +168,8 @@ class StartupStop:
             self._deadline = max(self._deadline, time.monotonic() + self.cleanup_s)
         self._poke()
         raise stopped(self.signum, self.MESSAGE)
+
+    at_safe_point = check
 
     def sleep(self, seconds: float) -> None:
         """time.sleep that ends at a stop signal (raised here)."""

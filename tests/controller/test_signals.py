@@ -35,6 +35,22 @@ def test_first_signal_waits_for_the_safe_point_second_stops_now(first, second, c
     assert {s: signal.getsignal(s) for s in before} == before
 
 
+def test_a_second_signal_inside_a_ray_call_is_raised_at_the_safe_point_after_it():
+    # a handler raising inside ray.wait comes out as a SystemError: it records, the poll raises
+    from rlctl.utils.interrupts import in_native_call, safe_point
+
+    with StopFlag() as stop:
+        deliver(signal.SIGTERM)
+        with in_native_call():
+            deliver(signal.SIGINT)            # nothing raised inside the "Ray call"
+        assert stop.signum == signal.SIGTERM
+        with pytest.raises(StopNow, match="twice") as now:
+            safe_point()
+        assert now.value.exit_code == 130
+        safe_point()                          # raised once
+    safe_point()                              # no stop handler in force: nothing
+
+
 def _starting(**kw):
     from rlctl.utils.interrupts import StartupStop
 
