@@ -194,12 +194,13 @@ def end_ray_processes(*, since: float | None = None, spare: set[int] = frozenset
     since = me.create_time() if since is None else since
     group = os.getpgid(0)
     for _ in range(2):   # a second pass for what a dying raylet spawned meanwhile
-        procs = []
+        procs, ours = [], {p.pid for p in me.children(recursive=True)}
         for proc in psutil.process_iter(["pid", "cmdline"]):
             try:
                 cmd = " ".join(proc.info["cmdline"] or [])
-                if proc.pid in spare or proc.pid == me.pid or os.getpgid(proc.pid) != group \
-                        or proc.create_time() < since:
+                if proc.pid in spare or proc.pid == me.pid:
+                    continue
+                if proc.pid not in ours and (os.getpgid(proc.pid) != group or proc.create_time() < since):
                     continue
                 if "ray::" in cmd or f"{os.sep}ray{os.sep}" in cmd:
                     proc.terminate()
