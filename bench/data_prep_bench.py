@@ -6,7 +6,7 @@
 Times `rlctl.tasks.prep.prepare("gsm8k", ...)` in-process: read, convert, dedupe, build the
 Arrow tables, write both parquet files atomically. The first rep includes importing pyarrow
 (what a fresh `rlctl data prep` pays after interpreter start); the median is over all reps.
-Target (issue 3): under 2 s wall, excluding interpreter start.
+Target: under 2 s wall, excluding interpreter start.
 """
 
 from __future__ import annotations

@@ -3,6 +3,11 @@
 
   .venv/bin/python bench/rlctl_bench.py [--sizes tiny,small] [--trl-venv /tmp/venv-trl]
         [--splits 1x2,2x1] [--steps 5 --warmup 1] [--json out.json]
+  .venv/bin/python bench/rlctl_bench.py --sizes real --model-dir models/smollm2 [--workload arith]
+
+A real model: `--sizes real --model-dir DIR` (e.g. SmolLM2-135M-Instruct from `rlctl model get`), given
+to TRL too. `--workload arith` is instead 16 prompts of rlctl's arith task x 8 samples, <= 16 new
+tokens, the `arith_answer` reward, KL loss (k3, 0.04): rlctl only (TRL's script runs the shared one).
 
 Same workload for both tools: the bench models built by ../shared/bench/tiny_model.py (seed 0),
 the 64 prompts and the rule reward of ../shared/bench/workload.py, 4 prompts x 8 samples = 32
@@ -62,7 +67,14 @@ def compute_score(data_source, solution_str, ground_truth, extra_info=None):
 '''
 
 
+REAL_MODEL: list[Path] = []   # --model-dir: the folder of size "real"
+
+
 def model_dir(size: str) -> Path:
+    if size == "real":
+        if not REAL_MODEL:
+            raise SystemExit("--sizes real needs --model-dir DIR (rlctl model get smollm2-135m-instruct DIR)")
+        return REAL_MODEL[0]
     out = Path(f"/tmp/bench-models/{size}")
     if not (out / "model.safetensors").exists():
         import tiny_model  # ../shared/bench/tiny_model.py: same seed -> bit-identical weights
@@ -77,14 +89,22 @@ def write_project(root: Path, size: str, a) -> Path:
     import pyarrow.parquet as pq
 
     (root / "data").mkdir(parents=True, exist_ok=True)
-    rows = W.make_rows()
-    table = pa.Table.from_pylist([{
-        "data_source": "bench_math", "prompt": r["prompt"], "ability": "math",
-        "reward_model": {"style": "rule", "ground_truth": r["answer"]},
-        "extra_info": {"split": "train", "index": i}} for i, r in enumerate(rows)])
+    wl = workload(a.workload)
+    if a.workload == "arith":
+        from rlctl.tasks import arith
+
+        table = pa.Table.from_pylist(arith.generate(seed=0)["train"])
+        reward = "arith_answer"
+    else:
+        rows = W.make_rows()
+        table = pa.Table.from_pylist([{
+            "data_source": "bench_math", "prompt": r["prompt"], "ability": "math",
+            "reward_model": {"style": "rule", "ground_truth": r["answer"]},
+            "extra_info": {"split": "train", "index": i}} for i, r in enumerate(rows)])
+        (root / "reward.py").write_text(REWARD_PY.format(bench=str(SHARED_BENCH)))
+        reward = "reward.py:compute_score"
     pq.write_table(table, root / "data" / "train.parquet")
-    (root / "reward.py").write_text(REWARD_PY.format(bench=str(SHARED_BENCH)))
-    rows_per_worker = W.BATCH // a.workers
+    rows_per_worker = wl["batch"] // a.workers
     toml = f"""
 [run]
 name = "bench-{size}"
@@ -102,8 +122,8 @@ gradient_checkpointing = false
 [data]
 train_files = ["data/train.parquet"]
 max_prompt_length = {W.MAX_PROMPT_LENGTH}
-max_response_length = {W.MAX_COMPLETION_LENGTH}
-batch_size = {W.PROMPTS_PER_STEP}
+max_response_length = {wl["max_new"]}
+batch_size = {wl["prompts"]}
 overlong_prompts = "error"
 
 [algorithm]
@@ -131,7 +151,7 @@ top_p = 1.0
 top_k = 0
 
 [reward]
-function = "reward.py:compute_score"
+function = "{reward}"
 workers = {a.reward_workers}
 
 [resources]
@@ -140,6 +160,14 @@ cpus_per_worker = {a.cpus_per_worker}
 """
     (root / "rlctl.toml").write_text(toml)
     return root / "rlctl.toml"
+
+
+def workload(name: str) -> dict:
+    """Prompts per step, samples per prompt, rows and new tokens of --workload."""
+    if name == "arith":
+        return {"prompts": 16, "n": W.NUM_GENERATIONS, "batch": 16 * W.NUM_GENERATIONS, "max_new": 16}
+    return {"prompts": W.PROMPTS_PER_STEP, "n": W.NUM_GENERATIONS, "batch": W.BATCH,
+            "max_new": W.MAX_COMPLETION_LENGTH}
 
 
 def run_rlctl(size: str, a) -> dict:
@@ -206,8 +234,9 @@ def run_trl(size: str, a) -> dict:
     """../shared/bench/trl_grpo_bench.py in --trl-venv, with the process tree sampled from here."""
     with tempfile.TemporaryDirectory(prefix="trl-bench-") as tmp:
         out = Path(tmp) / "trl.json"
-        cmd = [str(Path(a.trl_venv) / "bin" / "python"), str(SHARED_BENCH / "trl_grpo_bench.py"), "--size", size,
-               "--model-dir", str(model_dir(size)), "--threads", str(a.trl_threads), "--steps", str(a.steps),
+        cmd = [str(Path(a.trl_venv) / "bin" / "python"), str(SHARED_BENCH / "trl_grpo_bench.py"),
+               "--size", "small" if size == "real" else size, "--model-dir", str(model_dir(size)),
+               *(["--bf16"] if a.trl_bf16 else []), "--threads", str(a.trl_threads), "--steps", str(a.steps),
                "--warmup", str(a.warmup), "--json", str(out), "--out-dir", str(Path(tmp) / "out")]
         env = {**os.environ, "OMP_NUM_THREADS": str(a.trl_threads), "MKL_NUM_THREADS": str(a.trl_threads)}
         t0 = time.perf_counter()
@@ -218,7 +247,8 @@ def run_trl(size: str, a) -> dict:
             raise SystemExit(f"TRL bench failed (exit {proc.returncode}):\n{log[-3000:]}")
         result = json.loads(out.read_text())
     s = result["summary"]
-    return {"step_s": s["step_s"], "gen_s": s["gen_s"], "reward_s": s["reward_s"], "ref_s": s["ref_logp_s"],
+    return {"dtype": "bfloat16" if a.trl_bf16 else "float32",
+            "step_s": s["step_s"], "gen_s": s["gen_s"], "reward_s": s["reward_s"], "ref_s": s["ref_logp_s"],
             "old_s": 0.0, "train_s": s["train_s"], "gen_tokens": s["gen_tokens"],
             "prompt_tokens": result["workload"]["prompt_tokens_min_mean_max"][1] * W.BATCH,
             "steps": [round(r["step_s"], 3) for r in result["per_step"] if not r["warmup"]],
@@ -234,12 +264,12 @@ def baseline_trl(size: str, threads: int) -> dict:
             "foreign_cores": float("nan"), "measured": False}
 
 
-def matmul_peak(threads: int) -> float:
-    """fp32 FLOP/s of torch.mm at `threads` threads (rlctl.utils.flops.matmul_peak, the measurement
+def matmul_peak(threads: int, dtype: str = "float32") -> float:
+    """FLOP/s of torch.mm in `dtype` at `threads` threads (rlctl.utils.flops.matmul_peak, the measurement
     `rlctl train` makes in each worker for perf/mfu), in a fresh process so this (controller)
     process keeps no extra memory."""
     code = (f"import torch; torch.set_num_threads({threads}); from rlctl.utils.flops import matmul_peak; "
-            "print(matmul_peak('cpu', 'float32'))")
+            f"print(matmul_peak('cpu', {dtype!r}))")
     env = {**os.environ, "OMP_NUM_THREADS": str(threads), "PYTHONPATH": str(REPO)}
     return float(subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
                                 check=True).stdout.strip())
@@ -251,18 +281,15 @@ def _timed(fn) -> float:
     return time.perf_counter() - t0
 
 
-def step_flops(size: str, prompt_tokens: float, gen_tokens: float, rows: int = W.BATCH,
-               n: int = W.NUM_GENERATIONS) -> float:
-    """Model FLOPs one step needs: 5 forward-equivalents (generate, reference, train forward + 2x
-    backward) of rlctl.utils.flops.forward_flops -- the count `rlctl train` logs as perf/mfu: each
-    prompt once (its n samples share it), every generated token, plus causal attention. The same
-    count for both tools whatever they compute (padding, repeated prompts), so MFU compares useful work."""
-    from rlctl.utils.flops import ModelShape, forward_flops, training_forward_equivalents
+def forward_flops_of(size: str, prompt_tokens: float, gen_tokens: float, rows: int, n: int) -> float:
+    """FLOPs of one forward over a step's batch (rlctl.utils.flops.forward_flops, the count `rlctl train`
+    logs as perf/mfu): each prompt once (its n samples share it), every generated token, plus causal
+    attention. The same count for both tools whatever they compute (padding, repeated prompts), so
+    MFU compares useful work. A step is 5 of them: generate, reference, train forward + 2x backward."""
+    from rlctl.utils.flops import ModelShape, forward_flops
 
     shape = ModelShape.from_hf_config(json.loads((model_dir(size) / "config.json").read_text()))
-    passes = 2 + training_forward_equivalents(epochs=1)
-    return passes * forward_flops(shape, prompt_tokens=prompt_tokens, response_tokens=gen_tokens, rows=rows,
-                                  group_size=n)
+    return forward_flops(shape, prompt_tokens=prompt_tokens, response_tokens=gen_tokens, rows=rows, group_size=n)
 
 
 def help_wall(reps: int = 3) -> float:
@@ -277,14 +304,20 @@ def data_prep_wall() -> str:
     return out[-1] if out else "?"
 
 
-def fmt_table(results: dict, peak: float, threads: int) -> str:
+def fmt_table(results: dict, peaks: dict, threads: int, wl: dict) -> str:
     """One markdown table: rows = metrics; per size a column per rlctl split (workers x threads),
-    one for TRL and one for the fastest split / TRL."""
+    one for TRL and one for the fastest split / TRL. MFU and each phase's floor (its FLOPs at the
+    measured matmul peak of the column's dtype) use the same FLOP count for every column."""
     cols = [(size, tool) for size, tools in results.items() for tool in tools]
     for size, tool in cols:
         r = results[size][tool]
+        peak = peaks[r.get("dtype", "float32")]
+        fwd = forward_flops_of(size, r["prompt_tokens"], r["gen_tokens"], wl["batch"], wl["n"])
         r["gen_tok_s"] = r["gen_tokens"] / r["gen_s"] if r["gen_s"] else float("nan")
-        r["mfu"] = step_flops(size, r["prompt_tokens"], r["gen_tokens"]) / r["step_s"] / peak
+        r["mfu"] = 5 * fwd / r["step_s"] / peak
+        r["train_mfu"] = 3 * fwd / r["train_s"] / peak if r["train_s"] else float("nan")
+        for phase, passes in (("gen", 1), ("ref", 1), ("train", 3)):
+            r[f"{phase}_floor"] = r[f"{phase}_s"] / (passes * fwd / peak) if r[f"{phase}_s"] else float("nan")
         r["dispatch_share"] = r.get("dispatch_s", float("nan")) / r["step_s"]
         r["controller_share"] = r.get("controller_s", float("nan")) / r["step_s"]
     best = {size: min((t for t in tools if t != "TRL"), key=lambda t: tools[t]["step_s"], default=None)
@@ -297,7 +330,7 @@ def fmt_table(results: dict, peak: float, threads: int) -> str:
     def row(name, key, scale=1.0, fmt="{:.2f}", ratio=True):
         cells = [fmt.format(results[size][tool].get(key, float("nan")) * scale) for size, tool in cols]
         for size, tools in results.items():
-            b, t = tools.get(best[size], {}).get(key, float("nan")), tools["TRL"].get(key, float("nan"))
+            b, t = tools.get(best[size], {}).get(key, float("nan")), tools.get("TRL", {}).get(key, float("nan"))
             meaningful = ratio and t == t and b == b and abs(t) >= 0.01   # not a ratio of two ~0 timings
             cells.append(f"{b / t:.2f}x" if meaningful else "")
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
@@ -309,7 +342,12 @@ def fmt_table(results: dict, peak: float, threads: int) -> str:
         row(name, key)
     row("generated tokens / step", "gen_tokens", fmt="{:.0f}", ratio=False)
     row("generated tokens/s", "gen_tok_s", fmt="{:.0f}")
-    row(f"MFU (vs {peak / 1e9:.0f} GFLOP/s fp32 mm, {threads} thr)", "mfu", 100, "{:.1f}%")
+    row("generate / its floor", "gen_floor", fmt="{:.1f}x", ratio=False)
+    row("ref log-prob / its floor", "ref_floor", fmt="{:.1f}x", ratio=False)
+    row("train / its floor", "train_floor", fmt="{:.1f}x", ratio=False)
+    peak_text = ", ".join(f"{d} {p / 1e9:.0f}" for d, p in peaks.items())
+    row(f"MFU of the step (vs mm peak GFLOP/s {peak_text}, {threads} thr)", "mfu", 100, "{:.1f}%")
+    row("MFU of the update", "train_mfu", 100, "{:.1f}%")
     row("peak RSS, process tree (MiB)", "peak_rss", 2 ** -20, "{:.0f}")
     for part in ("controller", "worker ranks", "Ray daemons", "reward pool"):   # rlctl's peak RSS, split
         row(f"&nbsp;&nbsp;of which {part} (MiB)", f"rss_{part}", 2 ** -20, "{:.0f}", ratio=False)
@@ -374,9 +412,15 @@ def main(argv=None) -> int:
                     help="measure each tool this many times, alternating (rlctl, TRL, rlctl, ...); figures are "
                          "medians over rounds, memory the worst round: steadier ratios on a VM whose speed drifts")
     ap.add_argument("--skip-extras", action="store_true", help="no --help / data prep timing")
+    ap.add_argument("--model-dir", default="", help="the Hugging Face folder of size 'real' (rlctl and TRL)")
+    ap.add_argument("--workload", default="shared", choices=("shared", "arith"),
+                    help="shared: ../shared/bench's (rlctl and TRL); arith: 16 arith prompts x 8, <= 16 tokens (rlctl)")
+    ap.add_argument("--trl-bf16", action="store_true", help="TRL with bf16 autocast (compare with --dtype bfloat16)")
     ap.add_argument("--json", default="", help="write every figure here")
     a = ap.parse_args(argv)
     a.warmup = max(1, a.warmup)
+    if a.model_dir:
+        REAL_MODEL.append(Path(a.model_dir).resolve())
     splits = [tuple(int(x) for x in split.split("x")) for split in a.splits.split(",") if split]
     dtypes = a.dtype.split(",")   # engines alternate within each round too: --engine hf,vllm --dtype float32,bfloat16
     engines = list(zip(a.engine.split(","), dtypes * len(a.engine.split(",")) if len(dtypes) == 1 else dtypes))
@@ -389,27 +433,29 @@ def main(argv=None) -> int:
         for r in range(a.rounds):   # rounds alternate the tools, so a slow spell of the VM hits both
             for (workers, cpus), (a.engine, a.dtype) in ((s, e) for s in splits for e in engines):
                 a.workers, a.cpus_per_worker = workers, cpus
-                rl = run_rlctl(size, a)
+                rl = {**run_rlctl(size, a), "dtype": a.dtype}
                 label = f"rlctl {workers}x{cpus}" + ("" if (a.engine, a.dtype) == ("hf", "float32")
                                                      else f" {a.engine} {a.dtype}")
                 print(f"{label} {size} (round {r + 1}): step_s={rl['step_s']:.3f} steps={rl['steps']}", flush=True)
                 rounds.setdefault(label, []).append(rl)
+            if a.workload != "shared" or (size == "real" and not a.trl_venv):
+                continue   # TRL's script runs the shared workload; BASELINE.md has no real-model figures
             trl = run_trl(size, a) if a.trl_venv else baseline_trl(size, a.trl_threads)
             if trl["measured"]:
                 print(f"TRL {size} (round {r + 1}): step_s={trl['step_s']:.3f} steps={trl['steps']}", flush=True)
             rounds.setdefault("TRL", []).append(trl)
         results[size] = {name: merge_rounds(runs) for name, runs in rounds.items()}
-    peak = matmul_peak(threads)
+    peaks = {d: matmul_peak(threads, d) for d in ("float32", "bfloat16")}
     print(f"\nrlctl WORKERSxTHREADS as in the column names; TRL {a.trl_threads} thread(s); median of {a.steps} steps "
           f"after {a.warmup} warm-up" + (f", median of {a.rounds} alternating rounds" if a.rounds > 1 else "")
           + f"; {os.cpu_count()} cores\n")
-    print(fmt_table(results, peak, threads))
+    print(fmt_table(results, peaks, threads, workload(a.workload)))
     extras = {}
     if not a.skip_extras:
         extras = {"help_s": help_wall(), "data_prep": data_prep_wall()}
         print(f"\n`rlctl --help`: {extras['help_s']:.2f} s (median of 3)\nGSM8K data prep: {extras['data_prep']}")
     if a.json:
-        Path(a.json).write_text(json.dumps({"results": results, "peak_flops": peak, "extras": extras,
+        Path(a.json).write_text(json.dumps({"results": results, "peak_flops": peaks, "extras": extras,
                                             "args": vars(a)}, indent=1, default=str))
     return 0
 

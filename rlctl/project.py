@@ -6,7 +6,7 @@ import json
 import os
 from pathlib import Path
 
-from rlctl.utils.files import write_files
+from rlctl.utils.atomic_files import write_files
 from rlctl.recipes import bundled_dir, get_recipe
 
 SCHEMA_FILE = "rlctl.schema.json"

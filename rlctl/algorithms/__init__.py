@@ -7,7 +7,7 @@ reads `algorithm_needs(...)` instead of branching on names. See docs/algorithms.
 
 from .aggregation import LOSS_AGG_MODES, LossNorm, aggregate_loss
 from .advantages import compute_advantages
-from . import more_estimators  # noqa: F401  (registers grpo_passk, opo, gpg, gdpo, optimal_token_baseline)
+from . import group_estimators  # noqa: F401  (registers grpo_passk, opo, gpg, gdpo, optimal_token_baseline)
 from .distill import (DistillLossSpec, distill_advantages, distill_loss, distill_loss_names, distill_stats,
                       get_distill_loss, register_distill_loss)
 from .functional import (entropy_from_logits, group_index, log_probs_from_logits, masked_mean, masked_sum,
@@ -15,14 +15,14 @@ from .functional import (entropy_from_logits, group_index, log_probs_from_logits
 from .kl import (KL_KINDS, AdaptiveKLController, FixedKLController, apply_kl_in_reward, kl_penalty,
                  make_kl_controller)
 from .losses import policy_loss, value_loss
-from . import more_losses  # noqa: F401  (registers sapo, cispo, geo_mean, clip_cov, kl_cov, gpg, dppo_*)
+from . import policy_loss_variants  # noqa: F401  (registers sapo, cispo, geo_mean, clip_cov, kl_cov, gpg, dppo_*)
 from . import decoupled  # noqa: F401  (registers decoupled_ppo)
 from .selfplay import sppo_loss, spin_loss, win_rates   # (registers spin, sppo)
 from .registry import (AlgorithmError, EstimatorSpec, Needs, PolicyLossSpec, RequiredParam, algorithm_needs,
                        estimator_names, get_estimator, get_policy_loss, policy_loss_names, register_estimator,
                        register_policy_loss)
 from .rollout_correction import rollout_correction
-from .sampling import GroupFilter, filter_groups
+from .dynamic_sampling import GroupFilter, filter_groups
 from .shaping import overlong_penalty, scores_to_token_rewards
 
 __all__ = [

@@ -23,7 +23,7 @@ def policy_loss(name: str = "vanilla", *, old_log_prob: torch.Tensor, log_prob: 
     """The policy loss registered as `name`: returns (loss, {pg_clipfrac, pg_clipfrac_lower, ppo_kl}).
 
     knobs: loss-specific settings passed through by name (tau_pos, tau_neg, clip_cov_ratio, ...:
-    see more_losses.py); a loss ignores those it does not read. rollout_is_weights [B, T] (rollout
+    see policy_loss_variants.py); a loss ignores those it does not read. rollout_is_weights [B, T] (rollout
     correction) multiplies every loss's per-token terms.
     `norm` carries mini-batch counts for micro-batch accumulation (see aggregate_loss). A loss
     registered with a fixed loss_agg_mode (GSPO: seq-mean-token-mean) ignores `loss_agg_mode`.

@@ -6,15 +6,16 @@ training data, a reward file). At resume, `check_resume(saved, current)` compare
 
     BREAKING (CheckpointError, exit 3): anything that changes what the next step computes --
         model.* (but gradient_checkpointing / trust_remote_code), algorithm.*, actor.* and
-        critic.* (but micro_batch_size; critic keys only when the algorithm has a critic),
+        critic.* (but micro_batch_size and ulysses_sequence_parallel_size; critic keys only when
+        the algorithm has a critic),
         data.* for training, rollout.n / temperature / top_p / top_k, reward.function (and the
         file's content), algorithm.plugins (and the files' contents), reward.format_score /
         overlong.*, run.seed, the model's and the tokenizer's files, the training files' contents,
         the distillation teachers (distill.*, and each teacher's model files: "teachers").
     HARMLESS (a notice): run length, logging, saving and validation cadence, validation
         sampling, rollout engine and its memory settings, reward timeout / workers / on_error,
-        resources.* (DCP reshards to any worker count), micro-batch sizes, moved paths whose
-        contents are unchanged.
+        resources.* (DCP reshards to any worker count), micro-batch sizes, sequence-parallel
+        sizes, moved paths whose contents are unchanged.
 
 docs/checkpoints.md has the table with the reason for each row.
 """
@@ -46,6 +47,9 @@ HARMLESS: dict[str, str] = {
     "data.val_files": "validation only", "data.val_batch_size": "validation only",
     "actor.micro_batch_size": "gradient accumulation: the same update up to float rounding",
     "critic.micro_batch_size": "gradient accumulation: the same update up to float rounding",
+    "actor.expert_parallel_size": "the experts are resharded (DCP): the same update up to float rounding",
+    "actor.ulysses_sequence_parallel_size": "the same update split over ranks, up to float rounding",
+    "critic.ulysses_sequence_parallel_size": "the same update split over ranks, up to float rounding",
     "rollout.engine": "the same sampling distribution from another engine (not bitwise the same tokens)",
     "rollout.val_*": "validation only", "rollout.gpu_memory_utilization": "engine memory",
     "rollout.tensor_parallel_size": "engine layout",

@@ -26,7 +26,7 @@ from typing import Callable, NamedTuple
 
 from rlctl.checkpoint.manifest import MANIFEST, fsync_dir, verify, write_manifest
 from rlctl.errors import CheckpointError
-from rlctl.utils.fs import atomic_write_text
+from rlctl.utils.atomic_files import atomic_write_text
 
 CHECKPOINTS_DIR = "checkpoints"   # <run folder>/checkpoints
 LATEST = "LATEST"

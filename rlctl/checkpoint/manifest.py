@@ -27,7 +27,7 @@ from typing import Callable
 from rlctl import __version__
 from rlctl.utils.checksum import (CHECKSUM, CHECKSUMS, MANIFEST, checksum_file, content_problems,  # noqa: F401
                                   hash_file, hash_many)
-from rlctl.utils.fs import atomic_write_text
+from rlctl.utils.atomic_files import atomic_write_text
 
 CONFIG_FILE = "config.resolved.toml"   # the run's resolved config: in the run folder and in every checkpoint
 FORMAT = 1

@@ -156,7 +156,7 @@ def _write_source(folder: Path, run_dir: Path, point: ResumePoint, best: dict | 
 def _usual_modes(folder: Path) -> None:
     """0666 - umask for every file: some writers (safetensors via save_pretrained) leave 0600,
     which an inference server running as another user cannot read."""
-    from rlctl.utils.fs import FILE_MODE
+    from rlctl.utils.atomic_files import FILE_MODE
 
     for path in folder.rglob("*"):
         if path.is_file():

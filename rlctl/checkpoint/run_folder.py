@@ -94,7 +94,7 @@ def finish_run(run_dir: str | os.PathLike, *, status: str, exit_code: int, error
 
 def write_run_info(run_dir: str | os.PathLike, **fields) -> dict:
     """Merge `fields` into run.json (e.g. `step=12` after each step) and write it atomically."""
-    from rlctl.utils.fs import atomic_write_text
+    from rlctl.utils.atomic_files import atomic_write_text
 
     info = {**read_run_info(run_dir), **fields, "updated_at": _now()}
     atomic_write_text(Path(run_dir) / RUN_FILE, json.dumps(info, indent=2) + "\n")

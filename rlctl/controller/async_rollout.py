@@ -186,7 +186,7 @@ class AsyncRollout:
                         "async/partial_ratio": partial_ratio(batch),
                         "async/idle_trainer": min(1.0, waited / cycle),
                         "async/idle_rollout": idle / (idle + busy) if idle + busy > 0 else 0.0,
-                        **rollout.engine_drift(gens)})
+                        **rollout.engine_copy_drift(gens)})
         return batch, metrics
 
     def score_batch(self, batch: Batch) -> dict:

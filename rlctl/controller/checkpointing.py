@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 
 from rlctl.checkpoint.manifest import CONFIG_FILE, MANIFEST
 from rlctl.errors import CheckpointError, CorruptCheckpointError
-from rlctl.utils.fs import atomic_write_text, write_failure
+from rlctl.utils.atomic_files import atomic_write_text, write_failure
 
 if TYPE_CHECKING:
     from rlctl.controller.session import RunSession
@@ -131,7 +131,7 @@ def prepare_resume(run_dir: Path, step: int | None, overrides: list[str] | tuple
     from rlctl.checkpoint.compat import check_resume, saved_fingerprint
     from rlctl.checkpoint.manager import CheckpointManager
     from rlctl.config.loader import load_config
-    from rlctl.controller.logging import truncate_logs
+    from rlctl.controller.metrics_log import truncate_logs
 
     config_path = run_dir / CONFIG_FILE
     if not config_path.is_file():
@@ -166,7 +166,7 @@ def fall_back(run_dir: Path, keep_last: int, step: int, bad: CorruptCheckpointEr
     """A rank found a shard of checkpoint `step` corrupted as it loaded it: the newest earlier step that
     verifies ((step, path)), and the notices: the warning naming the file, the logs trimmed to it."""
     from rlctl.checkpoint.manager import CheckpointManager
-    from rlctl.controller.logging import truncate_logs
+    from rlctl.controller.metrics_log import truncate_logs
 
     who, _, detail = bad.message.partition(": checkpoint ")
     reason = f"{detail.replace(' is broken: ', ' is broken (', 1)}), found by {who} as it loaded it"

@@ -108,7 +108,7 @@ class OneStepOff:
         versions = batch["policy_version"]
         metrics.update({"timing/reward_s": time.perf_counter() - start, "timing/gen_wait_s": waited,
                         "rollout/policy_version": float(versions.min()),
-                        "rollout/staleness": float((step - 1) - versions.min()), **rollout.engine_drift([batch])})
+                        "rollout/staleness": float((step - 1) - versions.min()), **rollout.engine_copy_drift([batch])})
         return batch, metrics
 
     def _submit(self, step: int) -> None:

@@ -67,7 +67,7 @@ class Restarts:
     def resume_point(self) -> tuple[tuple[int, Path] | None, list[str]]:
         from rlctl.checkpoint.manager import CheckpointManager
         from rlctl.controller.checkpointing import checked_here
-        from rlctl.controller.logging import truncate_logs
+        from rlctl.controller.metrics_log import truncate_logs
 
         manager = CheckpointManager.for_run(self.run_dir, self.keep_last)
         notices = manager.clean_leftovers()

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import numpy as np
 
-from rlctl.controller.logging import _jsonable
-from rlctl.utils.fs import atomic_write_text
+from rlctl.controller.metrics_log import _jsonable
+from rlctl.utils.atomic_files import atomic_write_text
 
 
 def rollout_records(batch) -> list[dict]:

@@ -1,4 +1,5 @@
-"""Where the trainer's batches come from: a `RolloutSource`, chosen once at setup by rollout.mode.
+"""Where the trainer's batches come from: a `RolloutSource` (its contract:
+rlctl.controller.setup.RolloutSource), chosen once at setup by rollout.mode.
 
     source.start(first_step)                  # once, after any restore
     batch, metrics = source.next(step)        # generated (and scored) for step
@@ -17,39 +18,16 @@ line in MODES (plus the choice in rlctl.config.schema.RolloutConfig.mode).
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING
 
 from rlctl.controller import rollout
 from rlctl.controller.async_rollout import AsyncRollout
 from rlctl.controller.offpolicy import OneStepOff
 
 if TYPE_CHECKING:
-    from rlctl.controller.setup import TrainSetup
+    from rlctl.controller.setup import RolloutSource, TrainSetup
     from rlctl.runtime.batch import Batch
     from rlctl.workers.groups import Workers
-
-class RolloutSource(Protocol):
-    """The trainer's supply of scored batches."""
-
-    # False: batches come from older weights, so trainer/engine log-prob drift is expected, not a warning
-    on_policy: bool
-
-    def start(self, first_step: int) -> None:
-        """Get ready to supply batches from `first_step` on (after any restore)."""
-
-    def next(self, step: int) -> tuple[Batch, dict]:
-        """Batch `step`, scored, and its rollout metrics (reward, timing/reward_s, ...)."""
-
-    def after_update(self, step: int) -> dict:
-        """The actor finished update `step`; returns the `timing/*` of what that took here."""
-
-    def save(self, folder: Path) -> None:
-        """Write what is in flight into a checkpoint's step folder."""
-
-    def restore(self, folder: Path) -> None:
-        """Take back what `save` wrote (resume)."""
-
-    def close(self) -> None: ...
 
 
 class SyncRollout:

@@ -146,7 +146,7 @@ def _attempt(loaded: LoadedConfig, run_dir: Path, *, address: str | None, comman
     if loaded.config.run.kind == "sft":   # same run folder, checkpoints and exits; another loop
         from rlctl.controller.sft import SFTTrainer as Trainer, build_sft_setup as build_setup
     else:
-        from rlctl.controller.setup import build_setup
+        from rlctl.controller.build import build_setup
         from rlctl.controller.trainer import Trainer
 
     startup = startup_stop(run_dir)   # a stop while starting: at the next safe point, or a watchdog ends it

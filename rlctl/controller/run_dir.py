@@ -13,7 +13,7 @@ from pathlib import Path
 from rlctl.checkpoint.manager import CheckpointManager
 from rlctl.checkpoint.run_folder import CONFIG_FILE
 from rlctl.errors import UsageError
-from rlctl.utils.fs import atomic_write_text
+from rlctl.utils.atomic_files import atomic_write_text
 
 
 def run_dir_of(config, base_dir: Path) -> Path:

@@ -18,7 +18,7 @@ if TYPE_CHECKING:
     from rlctl.checkpoint.manager import CheckpointManager
     from rlctl.config.schema import Config
     from rlctl.controller.display import LiveDisplay
-    from rlctl.controller.logging import MetricsLogger
+    from rlctl.controller.metrics_log import MetricsLogger
 
 
 class Stateful(Protocol):

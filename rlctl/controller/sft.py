@@ -74,7 +74,7 @@ def build_sft_setup(loaded: LoadedConfig, run_dir: Path, stack: ExitStack, *, ad
                     start_step: int = 0) -> SFTSetup:
     from rlctl.checkpoint.manager import CheckpointManager
     from rlctl.controller.display import LiveDisplay
-    from rlctl.controller.logging import MetricsLogger
+    from rlctl.controller.metrics_log import MetricsLogger
     from rlctl.controller.paths import resolve_paths
     from rlctl.controller.prompts import PromptLoader, PromptSet
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from rlctl.checkpoint.manager import CheckpointManager, pid_alive
 from rlctl.checkpoint.run_folder import METRICS_FILE, STATES, is_run_folder, read_run_info
-from rlctl.controller.logging import read_jsonl
+from rlctl.controller.metrics_log import read_jsonl
 from rlctl.errors import UsageError
 
 

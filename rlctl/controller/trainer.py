@@ -25,8 +25,9 @@ if TYPE_CHECKING:
     from rlctl.controller.signals import StopFlag
 
 MAX_BAD_STEPS = 3  # non-finite loss/grad steps in a row before the run stops (exit 5)
-# rollout.max_logprob_diff = 0: the limit by model.dtype. Measured with vLLM 0.32 on CPU against the
-# trainer (same weights): float32 within 1.5e-6 per token, bf16 engine mean 2e-3 (max 1e-2).
+# rollout.max_logprob_diff = 0: the limit by model.dtype, far above the kernel noise between an engine
+# and the trainer on the same weights (float32 ~1e-6 per token, bf16 ~1e-3: docs/benchmarks.md) and
+# far below what a missed weight push gives (tenths of a nat).
 LOGPROB_DIFF_LIMITS = {"float32": 1e-3, "bfloat16": 0.05, "float16": 0.05}
 # what the engine's log-probs of its samples are compared with, by drift metric (check_drift)
 DRIFT_AGAINST = {"rollout/logprob_diff_mean": "trainer's", "rollout/engine_diff_mean": "rollout rank's copy's"}

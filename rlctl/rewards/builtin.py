@@ -4,7 +4,7 @@
 
 Every built-in returns a dict: `score` (the reward) and `acc` (1.0 when the answer is right),
 plus task-specific metrics. `reward.function = ""` uses `default_compute_score` (dispatch on the
-row's data_source); `reward.function = "gsm8k"` (or "math", "arith", "arith_exact", "code",
+row's data_source); `reward.function = "gsm8k"` (or "math", "arith", "arith_exact", "arith_answer", "code",
 "calc-tools") forces one scorer.
 The scorers live with their tasks (rlctl/tasks/: gsm8k.py, math.py, ...); this module routes to
 them from the task table. The `code` scorer runs the response's program in rlctl.sandbox on

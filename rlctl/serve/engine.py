@@ -231,7 +231,7 @@ class Engine:
     def _sample_and_emit(self, logits) -> None:
         import torch
 
-        from rlctl.serve.sampling import sample_next_tokens
+        from rlctl.serve.request_sampling import sample_next_tokens
 
         rows, device = self._rows, logits.device
         if self.banned:

@@ -298,6 +298,6 @@ class _LocalRewardModel:
 
 
 def _write_jsonl(path: Path, records: list[dict]) -> None:
-    from rlctl.utils.fs import atomic_write_text
+    from rlctl.utils.atomic_files import atomic_write_text
 
     atomic_write_text(path, "".join(json.dumps(record, ensure_ascii=False, default=str) + "\n" for record in records))

@@ -19,6 +19,15 @@ then how close the number is, so the mean reward climbs within minutes of CPU RL
 
 `score_exact` is the 0/1 reward for a model that already answers in form (after SFT): 1.0 for
 the exact sum, 0.0 otherwise, so GRPO's advantages come from right vs wrong and nothing else.
+
+`score_answer` is for a pretrained instruct model, which knows many sums but not the form: it
+answers "7 + 10 = 17" and rarely the digits alone. The exact reward gives such a model no signal
+(every sample scores 0); here the right number in another form earns less the longer the text
+around it, so within a group the shorter right answer always wins and GRPO walks toward the form:
+    exact (s == t)                       -> 1.0
+    the last integer in s equals t       -> 0.5 * len(t) / len(s)      ("7 + 10 = 17": 0.09, "17.": 0.33)
+    otherwise                            -> 0.0
+`number` (the last integer is right, whatever the form) is reported beside `acc` (exact).
 """
 
 from __future__ import annotations
@@ -83,6 +92,15 @@ def score_exact(solution_str: str, ground_truth: str) -> dict:
     return {"score": exact, "acc": exact}
 
 
+def score_answer(solution_str: str, ground_truth: str) -> dict:
+    """1.0 for the exact sum; 0.5 x len(sum) / len(response) when the response's last integer is the sum."""
+    s, t = solution_str.strip(), str(ground_truth).strip()
+    numbers = _INTEGER.findall(s)
+    number = bool(numbers) and numbers[-1] == t
+    value = 1.0 if s == t else 0.5 * len(t) / len(s) if number else 0.0
+    return {"score": value, "acc": float(s == t), "number": float(number)}
+
+
 def compute_score(data_source, solution_str, ground_truth, extra_info=None, *, format_score=0.0, **_) -> dict:
     """The synthetic task's shaped reward (format_score is unused: the shaping is built in)."""
     return score(solution_str, ground_truth)
@@ -94,6 +112,13 @@ def compute_score_exact(data_source, solution_str, ground_truth, extra_info=None
     return score_exact(solution_str, ground_truth)
 
 
-REWARDS = {"arith": compute_score, "arith_exact": compute_score_exact}   # arith_exact: by name only
+def compute_score_answer(data_source, solution_str, ground_truth, extra_info=None, *, format_score=0.0,
+                         **_) -> dict:
+    """The synthetic task's reward for instruct models: 1.0 exact, less for the right number in more text."""
+    return score_answer(solution_str, ground_truth)
+
+
+# arith_exact and arith_answer: by name only (reward.function), the data_source picks `arith`
+REWARDS = {"arith": compute_score, "arith_exact": compute_score_exact, "arith_answer": compute_score_answer}
 PREP = (PrepSource("arith", Generated(DATA_SOURCE, generate, DEFAULT_VAL_FRACTION),
                    help="the synthetic offline task", aliases=("synthetic",)),)

@@ -251,7 +251,7 @@ def _write(out: Path, tables: dict, force: bool) -> dict[str, str]:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from rlctl.utils.files import write_files
+    from rlctl.utils.atomic_files import write_files
 
     targets = {split: out / f"{split}.parquet" for split in tables}
     existing = [str(p) for p in targets.values() if p.is_file()]

@@ -64,7 +64,7 @@ def render_html(run: RunView) -> str:
 
 def write_html(run: RunView, out: str | os.PathLike, *, force: bool = True) -> Path:
     """Write the page to `out` atomically; UsageError when `out` is a folder."""
-    from rlctl.utils.fs import atomic_write_text
+    from rlctl.utils.atomic_files import atomic_write_text
 
     out = Path(out)
     if out.is_dir():

@@ -28,7 +28,7 @@ from rlctl.errors import ConfigError
 from rlctl.runtime import Batch, Dispatch, register
 from rlctl.models.loading import load_tokenizer
 from rlctl.runtime.policy import rollout_batch
-from rlctl.workers import fsdp
+from rlctl.workers import fsdp, ulysses
 from rlctl.workers.engine import TrainEngine
 from rlctl.workers.logprob import batched_response_outputs, response_log_probs
 from rlctl.workers.models import eos_token_ids, load_causal_lm, policy_engine
@@ -68,6 +68,8 @@ class ActorRolloutRefWorker:
         self.sum_pi_squared = get_estimator(config.algorithm.name).needs_sum_pi_squared
         # vision model over > 1 rank: a micro-batch without images still runs the vision tower
         self.vision_sync = self.world > 1 and has_vision_tower(self.actor.module)
+        self.sp = ulysses.build_group(config.actor.ulysses_sequence_parallel_size, self.actor.module, self.world,
+                                      "actor.ulysses_sequence_parallel_size")
         self._rollout = None
         # Engines with their own weight copy (vLLM, SGLang) get the trained weights before a
         # generate whenever they changed (an update, a checkpoint load) or were dropped (sleep).
@@ -174,10 +176,12 @@ class ActorRolloutRefWorker:
     def _log_probs(self, engine: TrainEngine, batch: Batch, *, with_entropy: bool, adapter: bool = True,
                    with_sum_pi_squared: bool = False) -> dict[str, np.ndarray]:
         off = self.actor.module.disable_adapter() if not adapter else contextlib.nullcontext()
-        with engine.inference() as module, off:
-            return batched_response_outputs(module, engine.device, batch, self.cfg.actor.micro_batch_size,
-                                            temperature=self.temperature, with_entropy=with_entropy,
-                                            with_sum_pi_squared=with_sum_pi_squared)
+        rows, start, stop = ulysses.group_rows(batch, self.sp)   # sp > 1: the sp group's rows; ours at start
+        with engine.inference() as module, off, ulysses.active(self.sp):
+            out = batched_response_outputs(module, engine.device, rows, self.cfg.actor.micro_batch_size,
+                                           temperature=self.temperature, with_entropy=with_entropy,
+                                           with_sum_pi_squared=with_sum_pi_squared)
+        return {key: value[start:stop] for key, value in out.items()}
 
     @register(Dispatch.DP)
     def compute_log_prob(self, batch: Batch) -> Batch:
@@ -230,9 +234,11 @@ class ActorRolloutRefWorker:
                               hint="call compute_log_prob first (it may be skipped only when on-policy)")
         keys = _MODEL_KEYS + ["response_mask", "advantages", "old_log_prob", "ref_log_prob", "rollout_is_weights",
                               "rollout_log_prob", "teacher_log_prob", "teacher_topk_ids", "teacher_topk_log_prob"]
-        metrics = run_updates(self.actor, batch, epochs=ac.ppo_epochs, mini_batches=mini,
-                              micro_batch_size=ac.micro_batch_size, horizon=self.cfg.data.max_response_length,
-                              make_loss=self._policy_loss_fn, keys=keys)
+        rows, _, _ = ulysses.group_rows(batch, self.sp, mini)   # sp > 1: the sp group's rows, mini-batch-wise
+        with ulysses.active(self.sp):
+            metrics = run_updates(self.actor, rows, epochs=ac.ppo_epochs, mini_batches=mini,
+                                  micro_batch_size=ac.micro_batch_size, horizon=self.cfg.data.max_response_length,
+                                  make_loss=self._policy_loss_fn, keys=keys, sp=self.sp.size if self.sp else 1)
         self._weights_version += 1
         return {f"actor/{k}": v for k, v in metrics.items()}
 
@@ -251,7 +257,7 @@ class ActorRolloutRefWorker:
                                          vision=micro.get("vision"))
             log_prob = out["log_prob"]
             old = micro["old_log_prob"] if "old_log_prob" in micro else log_prob.detach()
-            drift = engine_drift(old, micro["rollout_log_prob"], mask) \
+            drift = trainer_engine_drift_sums(old, micro["rollout_log_prob"], mask) \
                 if "old_log_prob" not in micro and "rollout_log_prob" in micro else {}
             if rc.bypass_mode:
                 pg_loss, metrics = self._bypass_loss(micro, log_prob, norm)
@@ -302,7 +308,7 @@ class ActorRolloutRefWorker:
     def _bypass_loss(self, micro: dict, log_prob: torch.Tensor, norm):
         """algorithm.rollout_correction.bypass_mode: old_log_prob is the rollout's log-prob (the
         trainer did not recompute it); correction and loss_type as verl's bypass mode."""
-        from rlctl.algorithms.more_losses import bypass_policy_loss
+        from rlctl.algorithms.policy_loss_variants import bypass_policy_loss
         from rlctl.config.schema import rollout_is_level
 
         ac, rc = self.cfg.actor, self.cfg.algorithm.rollout_correction
@@ -370,7 +376,7 @@ def _clip_to_limits(out: dict, limits: np.ndarray, eos_ids: list[int], pad: int)
     return out
 
 
-def engine_drift(log_prob: torch.Tensor, engine_log_prob: torch.Tensor, mask: torch.Tensor) -> dict[str, float]:
+def trainer_engine_drift_sums(log_prob: torch.Tensor, engine_log_prob: torch.Tensor, mask: torch.Tensor) -> dict[str, float]:
     """A micro-batch's share of the drift between a rollout engine's log-probs of its samples and
     the trainer's, both before the update (on-policy, one optimizer step: the update's own forward
     gives the trainer's, so no separate old_log_prob pass). Sums over response tokens and the

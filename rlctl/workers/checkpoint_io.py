@@ -26,6 +26,7 @@ import torch.distributed as dist
 
 from rlctl.errors import CheckpointError, CorruptCheckpointError
 from rlctl.workers import fsdp
+from rlctl.workers.expert_parallel import local_state, sharded_state
 
 FORMAT = 1
 
@@ -74,7 +75,7 @@ def _barrier() -> None:
 
 def save_engine(engine, path: str | Path) -> None:
     """Write the engine's trained params, optimizer and RNG under `path` (call on every rank)."""
-    from rlctl.utils.fs import write_failure
+    from rlctl.utils.atomic_files import write_failure
 
     with quiet_single_process():
         try:
@@ -126,6 +127,7 @@ def _save_engine(engine, path: Path) -> None:
     rank, world = fsdp.rank_and_world()
     optim_empty = not engine.optimizer.state   # nothing trained yet: saving would invent a state
     model_sd, optim_sd = get_state_dict(engine.module, [] if optim_empty else engine.optimizer, options=_options())
+    sharded_state(engine.module, model_sd, optim_sd)   # expert-parallel banks: each rank its experts
     aliases = drop_aliases(model_sd)
     dcp.save(model_sd, storage_writer=HuggingFaceStorageWriter(str(path / "model"), save_distributed=True),
              no_dist=_no_dist())
@@ -149,6 +151,7 @@ def _load_engine(engine, path: Path) -> dict:
     meta = read_engine_meta(path)
     has_optim = meta["optimizer_state"]
     model_sd, optim_sd = get_state_dict(engine.module, engine.optimizer if has_optim else [], options=_options())
+    sharded_state(engine.module, model_sd, optim_sd)
     drop_aliases(model_sd)
     try:
         dcp.load(model_sd, storage_reader=HuggingFaceStorageReader(str(path / "model")), no_dist=_no_dist())
@@ -159,6 +162,7 @@ def _load_engine(engine, path: Path) -> dict:
     except (RuntimeError, ValueError, KeyError, FileNotFoundError) as err:
         raise CheckpointError(f"cannot load {path}: {str(err).splitlines()[0][:300]}",
                               hint="the checkpoint does not match this model/config (model.path, LoRA rank?)") from None
+    local_state(model_sd, optim_sd, tensors if has_optim else {})
     for alias, kept in meta["aliases"].items():
         model_sd[alias] = model_sd[kept]
     # strict=False: frozen params (a LoRA base) are absent on purpose; anything else must load.

@@ -17,7 +17,7 @@ import torch
 
 from rlctl.config.plan import batch_plan
 from rlctl.runtime import Batch, Dispatch, register
-from rlctl.workers import fsdp
+from rlctl.workers import fsdp, ulysses
 from rlctl.workers.engine import OptimSpec, TrainEngine
 from rlctl.workers.logprob import batched_response_outputs, response_values
 from rlctl.workers.models import load_value_model
@@ -40,13 +40,16 @@ class CriticWorker:
                                   gradient_checkpointing=config.model.gradient_checkpointing)
         # vision model over > 1 rank: a micro-batch without images still runs the vision tower
         self.vision_sync = self.world > 1 and has_vision_tower(self.critic.module)
+        self.sp = ulysses.build_group(config.critic.ulysses_sequence_parallel_size, self.critic.module, self.world,
+                                      "critic.ulysses_sequence_parallel_size")
 
     @register(Dispatch.DP)
     def compute_values(self, batch: Batch) -> Batch:
-        with self.critic.inference() as module:
-            out = batched_response_outputs(module, self.critic.device, batch, self.cfg.critic.micro_batch_size,
+        rows, start, stop = ulysses.group_rows(batch, self.sp)   # sp > 1: the sp group's rows; ours at start
+        with self.critic.inference() as module, ulysses.active(self.sp):
+            out = batched_response_outputs(module, self.critic.device, rows, self.cfg.critic.micro_batch_size,
                                            forward=lambda *args, **kw: {"values": response_values(*args, **kw)})
-        return Batch(out, batch.meta)
+        return Batch({key: value[start:stop] for key, value in out.items()}, batch.meta)
 
     @register(Dispatch.DP_TRAIN)
     def update_critic(self, batch: Batch) -> dict[str, float]:
@@ -54,9 +57,11 @@ class CriticWorker:
         mini = mini_batch_count(batch, world=self.world,
                                 sequences_per_mini=batch_plan(self.cfg, "critic").sequences_per_mini_batch)
         keys = _MODEL_KEYS + ["response_mask", "values", "returns"]
-        metrics = run_updates(self.critic, batch, epochs=cc.ppo_epochs, mini_batches=mini,
-                              micro_batch_size=cc.micro_batch_size, horizon=self.cfg.data.max_response_length,
-                              make_loss=self._value_loss_fn, keys=keys)
+        rows, _, _ = ulysses.group_rows(batch, self.sp, mini)   # sp > 1: the sp group's rows, mini-batch-wise
+        with ulysses.active(self.sp):
+            metrics = run_updates(self.critic, rows, epochs=cc.ppo_epochs, mini_batches=mini,
+                                  micro_batch_size=cc.micro_batch_size, horizon=self.cfg.data.max_response_length,
+                                  make_loss=self._value_loss_fn, keys=keys, sp=self.sp.size if self.sp else 1)
         return {f"critic/{k}": v for k, v in metrics.items()}
 
     def _value_loss_fn(self, norm):

@@ -15,7 +15,7 @@ from typing import Callable, Iterator
 
 import torch
 
-from rlctl.workers import fsdp, shared_prompt
+from rlctl.workers import fsdp, shared_prompt, ulysses
 from rlctl.workers.checkpoint_io import load_engine, save_engine
 
 
@@ -57,6 +57,14 @@ def lr_factor(step: int, spec: OptimSpec) -> float:
     return spec.min_lr_ratio + (1.0 - spec.min_lr_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
 
 
+def checkpointing_kwargs(model: torch.nn.Module) -> dict:
+    """torch.utils.checkpoint arguments: layers that ran shared-prompt or Ulysses attention
+    recompute with it in backward (rlctl.workers.shared_prompt, rlctl.workers.ulysses)."""
+    kwargs = shared_prompt.checkpoint_kwargs(model)
+    kwargs["context_fn"] = ulysses.recompute_with_routing(kwargs["context_fn"], model)
+    return kwargs
+
+
 # A loss function gets one micro-batch (tensors on the device) and returns the micro-batch's share
 # of the mini-batch loss (already normalised by mini-batch counts) and float metrics.
 LossFn = Callable[[dict], "tuple[torch.Tensor, dict[str, float]]"]
@@ -71,7 +79,7 @@ class TrainEngine:
     """
 
     def __init__(self, model: torch.nn.Module, optim: OptimSpec | None, *, compute_dtype: torch.dtype,
-                 gradient_checkpointing: bool = False):
+                 gradient_checkpointing: bool = False, expert_parallel_size: int = 1):
         self.rank, self.world_size = fsdp.rank_and_world()
         self.compute_dtype, self.optim_spec = compute_dtype, optim
         self.device = fsdp.device()
@@ -79,20 +87,29 @@ class TrainEngine:
             model.requires_grad_(False)
             model.to(compute_dtype)
         elif gradient_checkpointing:
-            # context_fn: layers that ran shared-prompt attention recompute with it (workers.shared_prompt)
-            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=shared_prompt.checkpoint_kwargs(model))
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=checkpointing_kwargs(model))
+        # expert parallelism (MoE): this rank's share of the expert banks, left out of FSDP
+        self.expert_groups, self.expert_params = None, []
+        if expert_parallel_size > 1:
+            from rlctl.workers import expert_parallel
+
+            self.expert_groups = expert_parallel.new_groups(expert_parallel_size)
+            self.expert_params = expert_parallel.split_experts(model, self.expert_groups)
         if self.world_size > 1:
             trained_in_low_precision = optim is not None and compute_dtype != torch.float32
-            fsdp.shard(model, param_dtype=compute_dtype if trained_in_low_precision else None)
+            fsdp.shard(model, param_dtype=compute_dtype if trained_in_low_precision else None,
+                       ignored=set(self.expert_params) or None)
         self.module = model.to(self.device)
         self.params = [p for p in model.parameters() if p.requires_grad]
+        self.dense_params = [p for p in self.params if not any(p is e for e in self.expert_params)]
         self.optimizer = self.scheduler = None
         self.train_steps = 0   # scheduler steps taken = training steps done
         if optim is not None:
-            # fused: one kernel over all parameters (CPU too): ~6x faster than the default foreach
-            # AdamW step on CPU, same update up to float rounding, same state_dict.
-            self.optimizer = torch.optim.AdamW(self.params, lr=optim.lr, weight_decay=optim.weight_decay,
-                                               fused=True)
+            # fused: one kernel over all parameters (CPU too): faster than the default foreach AdamW
+            # step on CPU, the same update up to float rounding, the same state_dict. It runs per
+            # parameter group and cannot mix DTensors with the plain expert banks: those get their own.
+            groups = [{"params": self.dense_params}] + ([{"params": self.expert_params}] if self.expert_params else [])
+            self.optimizer = torch.optim.AdamW(groups, lr=optim.lr, weight_decay=optim.weight_decay, fused=True)
             self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda s: lr_factor(s, optim))
         model.train(optim is not None)
 
@@ -132,7 +149,7 @@ class TrainEngine:
             loss.backward()
             loss_sum += float(loss.detach())
             micro_metrics.append(metrics)
-        grad_norm = fsdp.total_grad_norm(self.params, self.optim_spec.grad_clip)
+        grad_norm = self._grad_norm()
         skipped = not math.isfinite(grad_norm)
         if skipped:
             self.optimizer.zero_grad(set_to_none=True)
@@ -140,6 +157,16 @@ class TrainEngine:
             self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         return {"loss": loss_sum, "grad_norm": grad_norm, "skipped": float(skipped), "micro": micro_metrics}
+
+    def _grad_norm(self) -> float:
+        """The global gradient norm, clipped; expert banks summed over their replicas first."""
+        if self.expert_groups is None:
+            return fsdp.total_grad_norm(self.params, self.optim_spec.grad_clip)
+        from rlctl.workers import expert_parallel
+
+        expert_parallel.reduce_expert_grads(self.expert_params, self.expert_groups)
+        return fsdp.total_grad_norm(self.dense_params, self.optim_spec.grad_clip, extra=self.expert_params,
+                                    extra_sq=expert_parallel.expert_grad_sq(self.expert_params, self.expert_groups))
 
     def end_train_step(self) -> None:
         """Advance the LR schedule: once per training step, however many optimizer steps it took."""

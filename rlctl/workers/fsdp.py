@@ -9,6 +9,7 @@ here behaves as a single rank.
 from __future__ import annotations
 
 import contextlib
+import math
 from typing import Iterator
 
 import torch
@@ -66,11 +67,13 @@ def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
     return [m for m in model.modules() if type(m).__name__ in names]
 
 
-def shard(model: torch.nn.Module, *, param_dtype: torch.dtype | None = None) -> torch.nn.Module:
+def shard(model: torch.nn.Module, *, param_dtype: torch.dtype | None = None,
+          ignored: set[torch.nn.Parameter] | None = None) -> torch.nn.Module:
     """fully_shard every decoder layer, then the root (embeddings, final norm, heads).
 
     param_dtype (e.g. bf16) is the compute dtype: parameters stay fp32 masters and are all-gathered
-    in param_dtype; gradients are reduced in fp32.
+    in param_dtype; gradients are reduced in fp32. `ignored` parameters stay plain local tensors
+    (expert-parallel banks: rlctl.workers.expert_parallel).
     """
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
@@ -83,8 +86,8 @@ def shard(model: torch.nn.Module, *, param_dtype: torch.dtype | None = None) -> 
         raise ConfigError(f"cannot find the decoder layers of {type(model).__name__} to shard",
                           hint="the model class needs `_no_split_modules` (all transformers LLMs have it)")
     for layer in layers:
-        fully_shard(layer, mesh=mesh, mp_policy=mp)
-    fully_shard(model, mesh=mesh, mp_policy=mp)
+        fully_shard(layer, mesh=mesh, mp_policy=mp, ignored_params=ignored)
+    fully_shard(model, mesh=mesh, mp_policy=mp, ignored_params=ignored)
     return model
 
 
@@ -96,16 +99,25 @@ def fsdp_units(model: torch.nn.Module) -> list[torch.nn.Module]:
 
 @contextlib.contextmanager
 def whole_weights(model: torch.nn.Module) -> Iterator[None]:
-    """Inference with every FSDP unit all-gathered once (same calls, same order on every rank).
+    """Inference with every FSDP unit all-gathered once (same calls, same order on every rank), and
+    expert-parallel banks gathered whole (rlctl.workers.expert_parallel.whole_experts).
 
     With the parameters whole and reshard-after-forward off, forward runs no collective, so ranks
     may run different numbers of micro-batches (uneven splits) without deadlocking. Peak memory
     is one full copy of the weights per rank, as during generation. Plain modules pass through.
     """
+    from rlctl.workers.expert_parallel import whole_experts
+
     units = fsdp_units(model)
     if not units:
         yield
         return
+    with _unsharded(model, units), whole_experts(model):
+        yield
+
+
+@contextlib.contextmanager
+def _unsharded(model: torch.nn.Module, units: list) -> Iterator[None]:
     # FSDP2 has no getter for reshard_after_forward; keep each group's setting to restore it.
     saved = [(g, g.post_forward_mesh_info) for u in units for g in u._get_fsdp_state()._fsdp_param_groups]
     try:
@@ -121,16 +133,37 @@ def whole_weights(model: torch.nn.Module) -> Iterator[None]:
             unit.reshard()
 
 
-def total_grad_norm(params: list[torch.nn.Parameter], max_norm: float) -> float:
+def total_grad_norm(params: list[torch.nn.Parameter], max_norm: float, *, extra: list[torch.nn.Parameter] = (),
+                    extra_sq: float = 0.0) -> float:
     """Global L2 norm of the gradients (over all ranks' shards), clipped to max_norm when > 0.
 
     clip_grad_norm_ works on DTensor shards: the norm it returns is itself a DTensor whose
-    full_tensor() is the norm of the whole model's gradient, the same on every rank.
+    full_tensor() is the norm of the whole model's gradient, the same on every rank. `extra`
+    parameters (plain local tensors: expert-parallel banks) add `extra_sq`, their global sum of
+    squares, to the norm and are clipped by the same factor.
     """
     grads = [p for p in params if p.grad is not None]
+    if extra:
+        return _norm_with_extra(grads, list(extra), max_norm, extra_sq)
     if not grads:
         return 0.0
     norm = torch.nn.utils.clip_grad_norm_(grads, max_norm if max_norm > 0 else float("inf"))
     if hasattr(norm, "full_tensor"):
         norm = norm.full_tensor()
     return float(norm)
+
+
+def _norm_with_extra(params: list[torch.nn.Parameter], extra: list[torch.nn.Parameter], max_norm: float,
+                     extra_sq: float) -> float:
+    """total = sqrt(|dense|^2 + extra_sq); every gradient scaled by min(1, max_norm / (total + 1e-6)),
+    clip_grad_norm_'s factor."""
+    dense = torch.nn.utils.get_total_norm([p.grad for p in params]) if params else torch.tensor(0.0)
+    if hasattr(dense, "full_tensor"):
+        dense = dense.full_tensor()
+    total = math.sqrt(float(dense) ** 2 + extra_sq)
+    coef = max_norm / (total + 1e-6)
+    if max_norm > 0 and coef < 1.0:
+        for p in params + extra:
+            if p.grad is not None:
+                p.grad.mul_(coef)
+    return total

@@ -24,7 +24,7 @@ import numpy as np
 import torch
 
 from rlctl.errors import DataError
-from rlctl.workers import shared_prompt
+from rlctl.workers import shared_prompt, ulysses
 from rlctl.workers.vision import POSITION_IDS, ban_placeholders, model_inputs, placeholder_ids
 
 
@@ -54,7 +54,10 @@ class Layout:
 
 def choose_layout(model: torch.nn.Module, width: int, pack: bool | None = None) -> str:
     """"shared" where the model supports it, else "pack" under flash attention, else "trim";
-    `pack` (tests, tools) forces pack (True) or trim (False)."""
+    `pack` (tests, tools) forces pack (True) or trim (False). Sequence parallelism always packs
+    (rlctl.workers.ulysses slices the packed row)."""
+    if ulysses.current() is not None:
+        return "pack"
     if pack is not None:
         return "pack" if pack else "trim"
     if shared_prompt.supported(model, width):
@@ -186,24 +189,62 @@ def response_log_probs(model: torch.nn.Module, input_ids: torch.Tensor, attentio
     """
     from rlctl.algorithms import entropy_from_logits, log_probs_from_logits
 
-    logits, layout = response_logits(model, input_ids, attention_mask, response_width, pack=pack, vision=vision)
+    logits, layout, rows = _logits_and_rows(model, input_ids, attention_mask, response_width, pack, vision)
     if temperature and temperature != 1.0:
         logits = logits / temperature
-    result = {"log_prob": _scatter(log_probs_from_logits(logits, layout.targets), layout.response_valid)}
+    valid = layout.response_valid
+    result = {"log_prob": _scatter(rows.gather(log_probs_from_logits(logits, rows.local(layout.targets))), valid)}
     if gather_ids is not None:
-        picked = torch.log_softmax(logits, -1).gather(-1, gather_ids[layout.response_valid].long())   # [M, K]
-        result["topk_log_prob"] = scatter_rows(picked, layout.response_valid)
+        picked = torch.log_softmax(logits, -1).gather(-1, rows.local(gather_ids[valid].long()))   # [M, K]
+        result["topk_log_prob"] = scatter_rows(rows.gather(picked), valid)
     probs = None   # softmax(logits) [M, V]: computed once for the entropy and sum_pi_squared
     if with_entropy:
         with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
             probs = torch.softmax(logits, dim=-1)
-            result["entropy"] = _scatter(entropy_from_logits(logits, probs), layout.response_valid)
+            result["entropy"] = _scatter(rows.gather(entropy_from_logits(logits, probs)), valid)
     if with_sum_pi_squared:
         from rlctl.algorithms import sum_pi_squared_from_logits
 
         with torch.no_grad():
-            result["sum_pi_squared"] = _scatter(sum_pi_squared_from_logits(logits, probs), layout.response_valid)
+            result["sum_pi_squared"] = _scatter(rows.gather(sum_pi_squared_from_logits(logits, probs)), valid)
     return result
+
+
+class _AllRows:
+    """Without sequence parallelism a rank computes all M response tokens' outputs itself."""
+
+    def local(self, x: torch.Tensor) -> torch.Tensor:
+        return x
+
+    def gather(self, x: torch.Tensor) -> torch.Tensor:
+        return x
+
+
+@dataclass
+class _SPRows:
+    """Under sequence parallelism: this rank's predictors are rows [bounds[r], bounds[r+1]) of the M."""
+
+    sp: ulysses.SPGroup
+    bounds: list[int]
+
+    def local(self, x: torch.Tensor) -> torch.Tensor:
+        return x[self.bounds[self.sp.rank]:self.bounds[self.sp.rank + 1]]
+
+    def gather(self, x: torch.Tensor) -> torch.Tensor:
+        return ulysses.gather_rows(x, self.sp, self.bounds)
+
+
+def _logits_and_rows(model, input_ids, attention_mask, response_width, pack, vision):
+    """(logits [m, V] float32, layout, rows): m = M, or this rank's predictors under sequence parallelism."""
+    sp = ulysses.current()
+    if sp is None:
+        logits, layout = response_logits(model, input_ids, attention_mask, response_width, pack=pack, vision=vision)
+        return logits, layout, _AllRows()
+    if vision:
+        raise DataError("vision-language batches are not supported with ulysses_sequence_parallel_size > 1 yet")
+    layout = make_layout(input_ids, attention_mask, response_width, layout="pack")
+    out, part = ulysses.sliced_forward(model, sp, layout.input_ids, layout.position_ids, layout.pred_col)
+    return out.logits[0].float(), layout, _SPRows(sp, part.bounds)
 
 
 def response_values(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
@@ -212,8 +253,17 @@ def response_values(model: torch.nn.Module, input_ids: torch.Tensor, attention_m
     vision: as response_log_probs (the same images and M-RoPE positions as the actor's forward)."""
     layout = make_layout(input_ids, attention_mask, response_width,
                          layout=choose_layout(model, input_ids.shape[1], pack), vision=vision)
-    values = layout.forward(model).logits[layout.pred_row, layout.pred_col, 0].float()   # [M]
-    return _scatter(values, layout.response_valid)
+    sp = ulysses.current()
+    if sp is None:
+        values = layout.forward(model).logits[layout.pred_row, layout.pred_col, 0].float()   # [M]
+        return _scatter(values, layout.response_valid)
+    if vision:
+        raise DataError("vision-language batches are not supported with ulysses_sequence_parallel_size > 1 yet")
+    out, part = ulysses.sliced_forward(model, sp, layout.input_ids, layout.position_ids, layout.pred_col,
+                                       head_only_preds=False)
+    rows = _SPRows(sp, part.bounds)
+    values = out.logits[0, rows.local(layout.pred_col) - part.start, 0].float()   # this rank's predictors
+    return _scatter(rows.gather(values), layout.response_valid)
 
 
 def scatter_rows(values: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:

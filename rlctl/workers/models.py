@@ -109,7 +109,8 @@ def policy_engine(config, total_steps: int):
         model = apply_lora(model, config.model.lora)
     return TrainEngine(model, OptimSpec.for_actor(config.actor, total_steps),
                        compute_dtype=fsdp.resolve_dtype(config.model.dtype),
-                       gradient_checkpointing=config.model.gradient_checkpointing)
+                       gradient_checkpointing=config.model.gradient_checkpointing,
+                       expert_parallel_size=config.actor.expert_parallel_size)
 
 
 def eos_token_ids(path: str, tokenizer) -> list[int]:

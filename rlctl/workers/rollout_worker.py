@@ -9,7 +9,7 @@ SGLang engines load. Every batch it returns is tagged with the version of the we
 generated it, and carries those weights' log-probs of the sampled tokens (`rollout_log_prob`),
 which rollout correction and the drift metrics compare with the trainer's. With an engine of its
 own, each generation also says how far that engine's log-probs of its samples are from the
-copy's (`engine_drift`: engine_diff_sum / engine_diff_max [B*n] columns, or a partial round's meta):
+copy's (`engine_copy_drift_rows`: engine_diff_sum / engine_diff_max [B*n] columns, or a partial round's meta):
 the check that the engine got the push, at any staleness.
 
 Batch keys: generate  in: input_ids, attention_mask [B, P] left-padded prompts (+ per-prompt
@@ -47,7 +47,7 @@ from rlctl.workers.models import eos_token_ids, load_causal_lm
 from rlctl.workers.vision import with_pixels, without_images
 
 
-def engine_drift(engine_log_prob: np.ndarray | None, copy_log_prob: np.ndarray, mask: np.ndarray) -> dict:
+def engine_copy_drift_rows(engine_log_prob: np.ndarray | None, copy_log_prob: np.ndarray, mask: np.ndarray) -> dict:
     """How far an engine of its own (vLLM) is from this rank's float32 copy on the tokens it just
     sampled [R, T], both holding the same pushed weights: kernel and dtype noise only, unless the
     engine missed a push (rollout.max_logprob_diff stops the run, rlctl.controller.trainer). Per row
@@ -135,7 +135,7 @@ class RolloutWorker:
         engine_log_prob = rows.tensors.get("rollout_log_prob")   # an engine of its own reports them
         rows = rows.union(self.tag_rollout(rows))
         # columns, not meta: a generation split over several ranks keeps rank 0's meta only
-        rows = rows.union(Batch(engine_drift(engine_log_prob, rows["rollout_log_prob"], rows["response_mask"])))
+        rows = rows.union(Batch(engine_copy_drift_rows(engine_log_prob, rows["rollout_log_prob"], rows["response_mask"])))
         idle, self.last_end = start - self.last_end, time.perf_counter()
         rows.meta.update(rollout_idle_s=idle, rollout_busy_s=self.last_end - start)
         return rows
@@ -163,7 +163,7 @@ class RolloutWorker:
                                            greedy=rc.temperature == 0, limits=budgets)
             log_probs = self._round_log_probs(contexts, out)
             self.pool.advance(out["responses"], out["response_length"], log_probs, self.version)
-            rows_drift = engine_drift(out.get("rollout_log_prob"), log_probs, out["response_mask"])
+            rows_drift = engine_copy_drift_rows(out.get("rollout_log_prob"), log_probs, out["response_mask"])
             if rows_drift:   # the round's, in meta: its tokens belong to unfinished samples too
                 drift = {"engine_diff_sum": float(rows_drift["engine_diff_sum"].sum()),
                          "engine_diff_max": float(rows_drift["engine_diff_max"].max()),

@@ -33,27 +33,34 @@ def mini_batch_count(shard: Batch, *, world: int, sequences_per_mini: int) -> in
     return count
 
 
-def minibatch_norm(mini: Batch, *, horizon: int):
-    """LossNorm of a mini-batch over all ranks: token and sequence counts summed by all-reduce."""
+def minibatch_norm(mini: Batch, *, horizon: int, sp: int = 1):
+    """LossNorm of a mini-batch over all ranks: token and sequence counts summed by all-reduce.
+
+    sp > 1 (rlctl.workers.ulysses): the sp ranks of a group hold the same rows, so the sums count
+    each row sp times, and the data-parallel size is world / sp. The sp ranks' gradients sum to
+    sp x the group's gradient (ulysses.gather_rows), so FSDP's average over the world is still
+    the average over data-parallel groups."""
     from rlctl.algorithms import LossNorm
 
     mask = mini["response_mask"] != 0
-    tokens, seqs = fsdp.all_reduce_sum([float(mask.sum()), float((mask.sum(-1) > 0).sum())])
+    tokens, seqs = (value / sp for value in fsdp.all_reduce_sum([float(mask.sum()), float((mask.sum(-1) > 0).sum())]))
     world = fsdp.rank_and_world()[1]
-    return LossNorm(tokens=max(tokens, 1.0), seqs=max(seqs, 1.0), horizon=float(horizon), dp_size=world)
+    return LossNorm(tokens=max(tokens, 1.0), seqs=max(seqs, 1.0), horizon=float(horizon), dp_size=world // sp)
 
 
 def run_updates(engine, shard: Batch, *, epochs: int, mini_batches: int, micro_batch_size: int,
-                horizon: int, make_loss: Callable, keys: list[str]) -> dict[str, float]:
+                horizon: int, make_loss: Callable, keys: list[str], sp: int = 1) -> dict[str, float]:
     """Train `engine` on `shard`; returns metrics averaged over optimizer steps and ranks.
 
     make_loss(norm) -> loss_fn(micro) -> (loss, metrics). Metrics named in ADDITIVE are shares
     of the mini-batch value (summed over micro-batches and ranks, / W); others are averaged.
+    sp: the sequence-parallel size; the shard is then the sp group's rows (ulysses.group_rows),
+    the same on its sp ranks, whose equal metrics the average over ranks keeps as they are.
     """
     steps: list[dict[str, float]] = []
     for _ in range(epochs):
         for mini in shard.chunk(mini_batches, even=True):
-            norm = minibatch_norm(mini, horizon=horizon)
+            norm = minibatch_norm(mini, horizon=horizon, sp=sp)
             micros = [_micro(m, engine.device, keys) for m in mini.split(micro_batch_size)]
             out = engine.train_mini_batch(micros, make_loss(norm))
             steps.append(_step_metrics(out))

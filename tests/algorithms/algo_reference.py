@@ -248,7 +248,7 @@ def dppo(kind, old, new, adv, mask, low, high, c, mode):
     return agg(rows, mode, mask.shape[1]), {"pg_clipfrac": _mean(masked), "pg_clipfrac_lower": _mean(truncated)}
 
 
-# --- more estimators (verl's grpo_passk, opo, gpg, gdpo, optimal_token_baseline) ------------------
+# --- group estimators (verl's grpo_passk, opo, gpg, gdpo, optimal_token_baseline) ------------------
 
 def _std(values):
     mean = sum(values) / len(values)

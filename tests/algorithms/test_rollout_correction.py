@@ -127,7 +127,7 @@ def test_bypass_mode_losses_match_verl(seed, mode):
     """verl's bypass mode: old_log_prob = the rollout's log-prob. ppo_clip is the vanilla PPO loss
     with ratio pi / pi_rollout (IS weights only logged); reinforce is -min(pi / pi_rollout, thr) A
     log pi. Rejected tokens leave the mask. Junk under padding changes nothing."""
-    from rlctl.algorithms.more_losses import bypass_policy_loss
+    from rlctl.algorithms.policy_loss_variants import bypass_policy_loss
 
     mask, new, rollout, new_j, roll_j = case(seed)
     adv = np.random.default_rng(seed + 100).normal(size=mask.shape)

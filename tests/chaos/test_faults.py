@@ -29,6 +29,8 @@ from rlctl.errors import CheckpointError, WorkerDiedError
 from controller.test_resume_corrupted import CPU as RESUME_CPU
 from support.chaos import kill_worker, latest_step, when, worker_pids
 
+pytestmark = pytest.mark.slow   # starts Ray, trains a run or starts a subprocess
+
 CPU = RESUME_CPU + ["run.total_steps=3"]   # the tiny GRPO run of the resume tests, 3 steps, saves at 2 and 3
 VARIES = ("timing/", "perf/", "run/restarts")   # wall clock, and the restart count itself
 

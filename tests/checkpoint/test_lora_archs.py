@@ -1,4 +1,4 @@
-"""LoRA covers the model it is given, whatever its layer names (issue 14).
+"""LoRA covers the model it is given, whatever its layer names.
 
 Tiny random models of seven architectures (hidden 32, 2 layers, rlctl's byte-level tokenizer):
 Qwen2, Llama, Qwen3, Gemma3 and Phi-3 (fused qkv_proj / gate_up_proj) have nn.Linear
@@ -181,6 +181,7 @@ def _fsdp_rank(rank, model_dir, init_file, out_dir):
     dist.destroy_process_group()
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(240)
 def test_moe_engine_weights_under_fsdp2(arch_dirs, tmp_path):
     import torch.multiprocessing as mp

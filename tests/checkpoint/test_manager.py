@@ -112,6 +112,7 @@ def test_steps_newer_than_latest_after_resume_to_an_earlier_step(tmp_path):
     assert point.step == 3 and "LATEST names step_4" in point.warning
 
 
+@pytest.mark.slow
 def test_leftovers_of_a_killed_save_are_cleaned_with_a_notice(tmp_path):
     manager = saved_steps(tmp_path, steps=(1,))
     dead_pid = _dead_pid()
@@ -125,6 +126,7 @@ def test_leftovers_of_a_killed_save_are_cleaned_with_a_notice(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["LATEST", "step_1"]
 
 
+@pytest.mark.slow
 def test_leftovers_of_a_live_process_are_left_alone(tmp_path):
     manager = saved_steps(tmp_path, steps=(1,))
     live = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
@@ -137,6 +139,7 @@ def test_leftovers_of_a_live_process_are_left_alone(tmp_path):
         live.wait()
 
 
+@pytest.mark.slow
 def test_killed_while_replacing_latest_step_is_recovered(tmp_path):
     """The one window where LATEST names a missing folder: step_2 moved aside, the new copy not yet
     renamed in. The complete new copy (manifest written) is renamed back into place."""
@@ -233,6 +236,7 @@ def test_explicit_step_and_no_checkpoint_errors(tmp_path):
         manager.latest_valid()
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_kill_minus_9_at_random_moments_never_breaks_latest(tmp_path):
     """SIGKILL a process that saves 3 MiB checkpoints in a loop, at random instants, 8 times: after

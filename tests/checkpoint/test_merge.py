@@ -18,6 +18,8 @@ from rlctl.checkpoint import merge
 from rlctl.checkpoint.merge import export_hf, merge_run
 from rlctl.errors import CheckpointError, UsageError
 
+pytestmark = pytest.mark.slow   # starts Ray, trains a run or starts a subprocess
+
 CASES = ["full-tied-1w", "lora-untied-1w", "full-untied-2w", "lora-tied-2w"]
 
 
@@ -82,7 +84,7 @@ def test_merged_folder_reproduces_the_live_workers(trained_runs, tmp_path, name)
     assert "rlctl_training.toml" in result.files
     assert reward_settings(out, None)[2] == run_config(run.model_dir, lora=run.lora, workers=1).data.max_response_length
     # ... and every file is readable by others (an inference server may run as another user)
-    from rlctl.utils.fs import _UMASK
+    from rlctl.utils.atomic_files import _UMASK
 
     assert all(p.stat().st_mode & 0o777 == 0o666 & ~_UMASK for p in out.iterdir() if p.is_file())
 

@@ -51,6 +51,7 @@ def resave(src: Path, dest: Path, *, model_path: Path, fingerprint: bool) -> Pat
     return dest
 
 
+@pytest.mark.slow
 def test_cli_merge_success_as_json(trained_runs, tmp_path, capsys):
     code, out, err = rlctl(capsys, "merge", trained_runs["lora-tied-2w"].run_dir, "--to-hf", tmp_path / "out",
                            "--format", "json")
@@ -69,6 +70,7 @@ def test_run_without_checkpoints(tmp_path, capsys):
     assert_clean_failure(code, err, tmp_path, match="does not exist")
 
 
+@pytest.mark.slow
 def test_step_that_does_not_exist(trained_runs, tmp_path, capsys):
     code, _, err = rlctl(capsys, "merge", trained_runs["full-tied-1w"].run_dir, "--to-hf", tmp_path / "out",
                          "--step", "9")
@@ -76,6 +78,7 @@ def test_step_that_does_not_exist(trained_runs, tmp_path, capsys):
     assert "steps there: 1" in err
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("damage, message", [
     (lambda p: p.unlink(), f"{SHARD} is missing"),
     (lambda p: p.write_bytes(p.read_bytes()[:-1000]), f"{SHARD} is"),
@@ -90,6 +93,7 @@ def test_damaged_shard(trained_runs, tmp_path, capsys, damage, message):
     assert_clean_failure(code, err, tmp_path, match="no valid checkpoint in")
 
 
+@pytest.mark.slow
 def test_a_broken_newest_checkpoint_is_not_silently_replaced(trained_runs, tmp_path, capsys):
     """LATEST names step_2, whose shard is truncated; step_1 is fine. Resume would fall back with a
     warning; merge, meant for the newest weights, stops and names the step to merge instead."""
@@ -111,6 +115,7 @@ def test_a_broken_newest_checkpoint_is_not_silently_replaced(trained_runs, tmp_p
     assert code == 0, err
 
 
+@pytest.mark.slow
 def test_model_folder_overwritten_since_training(trained_runs, tmp_path, tiny_model_dir, tiny_untied_model_dir,
                                                  capsys):
     model = Path(shutil.copytree(tiny_model_dir, tmp_path / "model"))
@@ -122,6 +127,7 @@ def test_model_folder_overwritten_since_training(trained_runs, tmp_path, tiny_mo
     assert_clean_failure(code, err, tmp_path, match="step_1 was trained from a different model than")
 
 
+@pytest.mark.slow
 def test_checkpoint_from_a_model_with_other_tying(trained_runs, tmp_path, tiny_untied_model_dir, capsys):
     run = resave(trained_runs["full-tied-1w"].run_dir, tmp_path / "run", model_path=tiny_untied_model_dir,
                  fingerprint=False)
@@ -133,6 +139,7 @@ def test_checkpoint_from_a_model_with_other_tying(trained_runs, tmp_path, tiny_u
     assert_clean_failure(code, err, tmp_path, match="stores lm_head.weight and model.embed_tokens.weight separately")
 
 
+@pytest.mark.slow
 def test_checkpoint_from_a_model_of_another_size(trained_runs, tmp_path, capsys):
     from rlctl.models.tiny import build_tiny_model
 
@@ -143,6 +150,7 @@ def test_checkpoint_from_a_model_of_another_size(trained_runs, tmp_path, capsys)
     assert_clean_failure(code, err, tmp_path, match="lora_A.default.weight has shape [8, 256] but the model at model.path has [8, 128]")
 
 
+@pytest.mark.slow
 def test_usage_errors_exit_2(trained_runs, tmp_path, capsys):
     run = trained_runs["full-tied-1w"].run_dir
     code, _, err = rlctl(capsys, "merge", run, "--to-hf", tmp_path / "out", "--private")
@@ -155,6 +163,7 @@ def test_usage_errors_exit_2(trained_runs, tmp_path, capsys):
     assert code == 2 and "is not empty" in err and (tmp_path / "out" / "mine.txt").read_text() == "keep"
 
 
+@pytest.mark.slow
 def test_push_to_hub_offline_is_one_line_exit_3(trained_runs, tmp_path, capsys, monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     code, _, err = rlctl(capsys, "merge", trained_runs["full-tied-1w"].run_dir, "--to-hf", tmp_path / "out",

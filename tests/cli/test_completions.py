@@ -2,9 +2,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
+@pytest.mark.slow   # the script asks the CLI for each shell's script in a subprocess
 def test_completions_are_current():
     proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "gen_completions.py"), "--check"],
                           capture_output=True, text=True, timeout=120)

@@ -6,6 +6,9 @@ import json
 import subprocess
 import sys
 
+import pytest
+from support.cli import rlctl_here
+
 HEAVY = ("torch", "ray", "transformers", "peft", "vllm", "sglang")
 
 PROBE = r"""
@@ -33,6 +36,7 @@ print(json.dumps({"results": results, "heavy": heavy}))
 """ % (HEAVY,)
 
 
+@pytest.mark.slow   # a fresh interpreter: what --help imports is the point
 def test_every_help_is_light_and_has_usage():
     proc = subprocess.run([sys.executable, "-c", PROBE], capture_output=True, text=True, timeout=120,
                           env={"COLUMNS": "100", "PATH": "/usr/bin:/bin"})
@@ -50,13 +54,13 @@ def test_every_help_is_light_and_has_usage():
 def test_version_and_no_args():
     from rlctl import __version__
 
-    out = subprocess.run([sys.executable, "-m", "rlctl", "--version"], capture_output=True, text=True)
+    out = rlctl_here("--version")
     assert out.returncode == 0 and out.stdout.strip() == f"rlctl {__version__}"
-    bare = subprocess.run([sys.executable, "-m", "rlctl"], capture_output=True, text=True)
+    bare = rlctl_here()
     assert "Usage" in bare.stdout + bare.stderr
     assert bare.returncode in (0, 2)
 
 
 def test_unknown_command_is_usage_error():
-    out = subprocess.run([sys.executable, "-m", "rlctl", "trian"], capture_output=True, text=True)
+    out = rlctl_here("trian")
     assert out.returncode == 2

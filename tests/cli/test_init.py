@@ -10,14 +10,21 @@ from pathlib import Path
 
 import pytest
 import tomlkit
+from support.cli import rlctl_here
 
 ROOT = Path(__file__).resolve().parents[2]
 RECIPES = sorted(p.stem for p in (ROOT / "recipes").glob("*.toml"))
 
 
-def rlctl(*args, cwd=None, env=None):
+def rlctl(*args, cwd=None):
+    """`rlctl ARGS` in this process: what these tests check is what the command prints and returns."""
+    return rlctl_here(*args, cwd=cwd)
+
+
+def installed_rlctl(*args, cwd, env):
+    """`rlctl ARGS` in a fresh interpreter whose rlctl is the one `env`'s PYTHONPATH points at."""
     return subprocess.run([sys.executable, "-m", "rlctl", *map(str, args)], capture_output=True, text=True,
-                          cwd=cwd, env={**os.environ, **(env or {})}, timeout=300)
+                          cwd=cwd, env={**os.environ, **env}, timeout=300)
 
 
 def test_recipes_cover_the_six_algorithms():
@@ -136,8 +143,8 @@ def test_non_editable_wheel_lists_recipes_and_inits(tmp_path):
     where = subprocess.run([sys.executable, "-c", "import rlctl; print(rlctl.__file__)"], capture_output=True,
                            text=True, env={**os.environ, **env}, cwd=tmp_path)
     assert where.stdout.startswith(str(target)), where.stdout
-    listed = rlctl("recipes", "list", "--format", "json", cwd=tmp_path, env=env)
+    listed = installed_rlctl("recipes", "list", "--format", "json", cwd=tmp_path, env=env)
     assert listed.returncode == 0 and len(json.loads(listed.stdout)) == len(RECIPES)
-    made = rlctl("init", tmp_path / "p", "--recipe", "dapo-gsm8k", cwd=tmp_path, env=env)
+    made = installed_rlctl("init", tmp_path / "p", "--recipe", "dapo-gsm8k", cwd=tmp_path, env=env)
     assert made.returncode == 0, made.stderr
     assert (tmp_path / "p" / "reward.py").is_file()

@@ -1,4 +1,4 @@
-"""Offline and on CPU, every error is one line (issue 14), through the real `rlctl` in subprocesses.
+"""Offline and on CPU, every error is one line, through the real `rlctl` in subprocesses.
 
 "Unreachable" is real here: HF_ENDPOINT points at a closed port on 127.0.0.1, HF_HUB_OFFLINE is
 unset, and HF_HOME is an empty folder, so nothing is cached and nothing answers.
@@ -17,6 +17,8 @@ import tomllib
 from pathlib import Path
 
 import pytest
+
+pytestmark = pytest.mark.slow   # starts Ray, trains a run or starts a subprocess
 
 HUB_ID = "Qwen/Qwen2.5-0.5B-Instruct"
 NOT_FOUND = "neither a local folder nor in the Hugging Face cache"

@@ -12,6 +12,10 @@ import re
 import subprocess
 import sys
 
+import pytest
+
+pytestmark = pytest.mark.slow   # starts Ray, trains a run or starts a subprocess
+
 # tqdm's bar tail ("| 1/1 [00:00<00:00, 93.24it/s]") and the captions of transformers' bars.
 BAR = re.compile(r"Loading weights|Writing model shards|Fetching \d+ files|\d+it/s\]|\d+/\d+ \[\d\d:\d\d")
 LOG_LINE = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d (DEBUG|INFO|WARNING|ERROR|CRITICAL) [\w.]+: \S")

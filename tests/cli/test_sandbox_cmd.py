@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.timeout(300), pytest.mark.slow]   # the sandbox runs programs in subprocesses
 
 
 def rlctl(*args, **env):

@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
-
 import pytest
+from support.cli import rlctl_here
 
 from rlctl.config.loader import load_config, parse_override
 from rlctl.errors import ConfigError, UsageError
@@ -137,18 +135,17 @@ def test_huge_file_and_directory(tmp_path):
 def test_cli_errors_are_one_line_exit_2(tmp_path, content):
     p = tmp_path / "rlctl.toml"
     p.write_bytes(content)
-    out = subprocess.run([sys.executable, "-m", "rlctl", "config", "validate", str(p)],
-                         capture_output=True, text=True, env={"PATH": "/usr/bin:/bin"})
+    out = rlctl_here("config", "validate", p)
     assert out.returncode == 2, out.stderr
     assert "Traceback" not in out.stderr
     assert out.stderr.startswith("error: ")
 
 
-def test_debug_env_shows_traceback(tmp_path):
+def test_debug_env_shows_traceback(tmp_path, monkeypatch):
     p = tmp_path / "rlctl.toml"
     p.write_bytes(b"[model\n")
-    out = subprocess.run([sys.executable, "-m", "rlctl", "config", "validate", str(p)],
-                         capture_output=True, text=True, env={"PATH": "/usr/bin:/bin", "RLCTL_DEBUG": "1"})
+    monkeypatch.setenv("RLCTL_DEBUG", "1")
+    out = rlctl_here("config", "validate", p)
     assert out.returncode == 2 and "Traceback" in out.stderr
 
 

@@ -1,4 +1,4 @@
-"""model.lora.target_modules must fit the model (issue 14): `rlctl config validate` reads the
+"""model.lora.target_modules must fit the model: `rlctl config validate` reads the
 architecture from model.path's config.json (meta device, no weights) and refuses a list with a
 name that matches no layer, saying what the model's layers are called; the actor refuses it
 again at start for models validate could not see (a hub id)."""

@@ -65,6 +65,7 @@ def test_terminal_is_restored_when_the_loop_raises():
     assert "step 1/5" in text and display._progress is None
 
 
+@pytest.mark.slow
 def test_in_a_real_pty_the_bar_runs_and_ctrl_c_restores_the_cursor(tmp_path):
     script = tmp_path / "show.py"
     script.write_text(textwrap.dedent("""

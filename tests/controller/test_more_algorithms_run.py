@@ -1,7 +1,7 @@
 """The newer losses and estimators through a real `rlctl train` (Ray actors, the HF engine, the
 reward pool): what they declare they need reaches them, and their metrics are logged.
 
-Per-algorithm learning is proven in-process on a toy task (tests/algorithms/test_more_*.py);
+Per-algorithm learning is proven in-process on a toy task (tests/algorithms/test_group_estimators.py, test_policy_loss_variants.py);
 these runs prove the wiring, and that the reward still rises on the tiny model's dense task.
 Self-play (SPIN, SPPO; math in tests/algorithms/test_selfplay.py): SPIN's opponent is refreshed every
 algorithm.ref_update_every steps, its likelihood margin of the reference answers over the generations

@@ -1,4 +1,4 @@
-"""A checkpoint whose content does not match its manifest is never loaded (issue 30, "nothing lost").
+"""A checkpoint whose content does not match its manifest is never loaded.
 
 Real `rlctl resume` (the CLI entry, in this process, embedded Ray) on the tiny model: one byte flipped
 in the middle of the newest step's optimizer shard, same size, which the size check alone let through.

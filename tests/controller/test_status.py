@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from rich.console import Console
 
-from rlctl.controller.logging import MetricsLogger
+from rlctl.controller.metrics_log import MetricsLogger
 from rlctl.checkpoint.manager import CheckpointManager
 from rlctl.checkpoint.run_folder import find_run_dir, finish_run, read_run_info, start_run, write_run_info
 from rlctl.controller.status import curves_figure, plot_curves, render_status, status_summary
@@ -66,6 +66,7 @@ def test_running_run_progress_metrics_and_checkpoints(tmp_path):
     json.dumps(s)  # --format json needs plain data
 
 
+@pytest.mark.slow
 def test_finished_failed_and_died_runs(tmp_path):
     run = make_run(tmp_path / "done", steps=10, total=10, ckpts=(10,), broken=())
     finish_run(run, status="finished", exit_code=0)
@@ -175,6 +176,7 @@ def test_plot_of_a_short_run_has_whole_step_ticks_and_no_hidden_curve(tmp_path):
     assert all(line.get_marker() not in (None, "None", "") for ax in curves_figure(one).axes for line in ax.get_lines())
 
 
+@pytest.mark.slow
 def test_plot_without_matplotlib_says_how_to_install(tmp_path):
     run = make_run(tmp_path / "r", steps=2)
     # A real interpreter where `import matplotlib` fails (a None entry in sys.modules blocks it).

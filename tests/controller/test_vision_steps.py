@@ -12,6 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+import pytest
 import torch
 
 PROMPTS, N, STEPS, SAVE_AFTER = 8, 8, 12, 9
@@ -32,7 +33,7 @@ def _config(model_dir: Path, train: Path, prompts: int = PROMPTS, n: int = N, al
 def _prompt_batches(config, tokenizer, steps: int = STEPS):
     from rlctl.controller.prompts import read_rows, render_prompts
     from rlctl.controller.rollout import prompt_batch
-    from rlctl.controller.setup import vision_data
+    from rlctl.controller.build import vision_data
 
     files, size = config.data.train_files, config.data.batch_size
     rows = render_prompts(read_rows([Path(f) for f in files])[:size * steps], tokenizer, 128, "error",
@@ -67,6 +68,7 @@ def _step(worker, prompts, step: int, critic=None):
     return batch
 
 
+@pytest.mark.slow   # trains 12 steps and a resumed copy: the fast tier's heaviest test otherwise
 def test_grpo_on_images_raises_the_reward_trains_the_tower_and_resumes_exactly(tiny_vlm_dir, shapes_dir, tmp_path):
     from rlctl.workers.actor import ActorRolloutRefWorker
 

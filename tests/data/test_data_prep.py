@@ -234,7 +234,7 @@ def test_unwritable_out_is_a_usage_error_and_writes_nothing(tmp_path, capsys):
 
 
 def test_a_failed_write_changes_no_file_and_leaves_no_folder(tmp_path, monkeypatch):
-    import rlctl.utils.files as writing
+    import rlctl.utils.atomic_files as writing
 
     prepare("arith", PrepOptions(out=tmp_path / "a", seed=0))
     before = {p.name: p.read_bytes() for p in (tmp_path / "a").iterdir()}
@@ -268,7 +268,7 @@ def test_written_files_have_the_usual_permissions(tmp_path):
     """Atomic writes go through mkstemp (0600); the result must look like a plain open(): 0666 - umask."""
     import os
 
-    from rlctl.utils.fs import _UMASK, atomic_write_text
+    from rlctl.utils.atomic_files import _UMASK, atomic_write_text
 
     atomic_write_text(tmp_path / "a.txt", "x")
     assert (tmp_path / "a.txt").stat().st_mode & 0o777 == 0o666 & ~_UMASK

@@ -19,6 +19,7 @@ def read(path) -> list[dict]:
     return table.to_pylist()
 
 
+@pytest.mark.slow
 def test_user_problems_keep_verl_ground_truth_and_score(tmp_path):
     src = tmp_path / "problems.jsonl"
     src.write_text(
@@ -50,6 +51,7 @@ def test_bad_tests_are_data_errors_or_skipped(tmp_path):
         prepare("code-synthetic", PrepOptions(source=str(src), out=tmp_path / "x"))
 
 
+@pytest.mark.slow
 def test_synthetic_task_is_seeded_disjoint_and_solvable(tmp_path):
     prepare("code-synthetic", PrepOptions(out=tmp_path / "a", seed=1))
     prepare("code-synthetic", PrepOptions(out=tmp_path / "b", seed=1))

@@ -57,6 +57,7 @@ def test_render_prompts_with_and_without_a_chat_template():
     assert render_prompts(prompts, tok) == ["S\nU"]
 
 
+@pytest.mark.slow
 def test_help_stays_light():
     code = ("import sys; from rlctl.cli.main import main; rc = main(['data', 'prep', '--help']); "
             "heavy = [m for m in ('pyarrow', 'torch', 'transformers', 'ray', 'peft') if m in sys.modules]; "

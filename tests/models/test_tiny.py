@@ -3,17 +3,9 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import pytest
 from support.cli import rlctl_here
-
-
-def tiny(*args):
-    """`rlctl model tiny ARGS` in a bare environment (a fresh process: ~5 s of imports)."""
-    return subprocess.run([sys.executable, "-m", "rlctl", "model", "tiny", *map(str, args)], capture_output=True,
-                          text=True, env={"PATH": "/usr/bin:/bin", "HF_HUB_OFFLINE": "1"})
 
 
 def tiny_here(*args):
@@ -22,10 +14,10 @@ def tiny_here(*args):
 
 
 def test_same_seed_same_bytes_other_seed_differs(tmp_path):
-    """One seed through the command, the others through the function it calls (each command pays ~5 s of imports)."""
+    """One seed through the command, the others through the function it calls."""
     from rlctl.models.tiny import build_tiny_model
 
-    out = tiny(tmp_path / "a", "--seed", 3, "--format", "json")
+    out = tiny_here(tmp_path / "a", "--seed", 3, "--format", "json")
     assert out.returncode == 0, out.stderr
     build_tiny_model(tmp_path / "b", seed=3)
     build_tiny_model(tmp_path / "c", seed=4)
@@ -95,9 +87,10 @@ def test_the_byte_template_lists_tools_compactly(tiny_model_dir):
     assert "<tools>\n{\"type\": \"function\"" in qwen and len(qwen) > 2 * len(text)
 
 
+@pytest.mark.slow   # the doctor asks `uname` (platform.processor) in a subprocess
 @pytest.mark.parametrize("fmt", ["text", "json"])
 def test_doctor_reports(fmt):
-    out = subprocess.run([sys.executable, "-m", "rlctl", "doctor", "--format", fmt], capture_output=True, text=True)
+    out = rlctl_here("doctor", "--format", fmt)
     assert out.returncode == 0, out.stderr
     if fmt == "json":
         report = json.loads(out.stdout)

@@ -440,6 +440,7 @@ interaction = "nofile.py:user"
     assert out.returncode == 2 and "unknown tool 'weather'" in out.stdout + out.stderr
 
 
+@pytest.mark.slow
 def test_python_tool_runs_in_the_sandbox(tmp_path):
     from rlctl.multiturn.tools import EventLoop, SampleTools
 

@@ -6,9 +6,12 @@ import json
 import shutil
 from pathlib import Path
 
+import pytest
 from support.cli import rlctl_here
 from support.parquet_rows import write_rows
 from tool_model import REWARD
+
+pytestmark = pytest.mark.slow   # starts Ray, trains a run or starts a subprocess
 
 
 def test_eval_runs_the_training_tools_and_reward(tmp_path, tool_model_dir):

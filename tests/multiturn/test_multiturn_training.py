@@ -20,6 +20,8 @@ from rlctl.config.loader import load_config
 from rlctl.controller.run import resume_training, start_training
 from rlctl.project import write_project
 
+pytestmark = pytest.mark.slow   # starts Ray, trains a run or starts a subprocess
+
 
 COMMON = ["resources.gpus_per_node=0", "resources.workers=2", "data.batch_size=4", "rollout.n=2",
           "actor.mini_batch_size=4", "actor.micro_batch_size=4", "data.max_prompt_length=1024",

@@ -135,6 +135,21 @@ def test_arith_exact_is_all_or_nothing(response, truth, expected):
     assert result == {"score": expected, "acc": expected}
 
 
+@pytest.mark.parametrize("response, truth, score, number", [
+    ("17", "17", 1.0, 1.0),
+    (" 17\n", "17", 1.0, 1.0),
+    ("7 + 10 = 17", "17", 0.5 * 2 / 11, 1.0),   # the right sum in more text: less the more text
+    ("17.", "17", 0.5 * 2 / 3, 1.0),
+    ("The answer is 17, not 16", "17", 0.0, 0.0),   # the last integer decides
+    ("7 + 10 = 18", "17", 0.0, 0.0),
+    ("170", "17", 0.0, 0.0),
+    ("", "17", 0.0, 0.0),
+])
+def test_arith_answer_pays_the_right_number_less_the_more_text_is_around_it(response, truth, score, number):
+    result = resolve_builtin("arith_answer")(arith.DATA_SOURCE, response, truth)
+    assert result == {"score": pytest.approx(score), "acc": float(score == 1.0), "number": number}
+
+
 def test_arith_rows_keep_the_shaped_reward_by_default():
     """arith_exact is chosen by name only: rlctl/arith rows still get partial credit."""
     assert default_compute_score(arith.DATA_SOURCE, "34", "35")["score"] > 0.0

@@ -23,11 +23,13 @@ def answer(code: str) -> str:
     return f"Here is my solution:\n```python\n{code}\n```\n"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("source", ["codecontests", "apps", "taco", "codeforces", "rlctl/code"])
 def test_routes_verl_code_sources(source):
     assert default_compute_score(source, RIGHT, SUM)["score"] == 1.0
 
 
+@pytest.mark.slow
 def test_right_wrong_syntax_and_no_code():
     right = default_compute_score("rlctl/code", RIGHT, SUM)
     assert right["pass_rate"] == 1.0 and right["acc"] == 1.0 and right["fail_wrong_answer"] == 0.0
@@ -41,6 +43,7 @@ def test_right_wrong_syntax_and_no_code():
     assert default_compute_score("rlctl/code", "", SUM)["fail_no_code"] == 1.0
 
 
+@pytest.mark.slow
 def test_the_last_block_runs_and_whitespace_is_lenient():
     two = "```python\nprint('draft')\n```\nfinal:\n```py\nprint(int(input()) * 2, ' ')\n\n```"
     assert extract_code(two).startswith("print(int")
@@ -69,6 +72,7 @@ HOSTILE = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", list(HOSTILE))
 def test_hostile_programs_score_zero(name):
     truth = json.dumps({"inputs": [""], "outputs": ["3"]})
@@ -77,6 +81,7 @@ def test_hostile_programs_score_zero(name):
     assert result["score"] == 0.0 and os.getpid() == me
 
 
+@pytest.mark.slow
 def test_network_and_environment_and_outside_write_score_zero(tmp_path, monkeypatch):
     monkeypatch.setenv("RLCTL_CODE_SECRET", "s3cr3t")
     server = socket.socket()
@@ -96,6 +101,7 @@ def test_network_and_environment_and_outside_write_score_zero(tmp_path, monkeypa
     assert default_compute_score("rlctl/code", answer(write), truth)["score"] == 0.0 and not target.exists()
 
 
+@pytest.mark.slow
 def test_through_the_reward_runner_pool(tmp_path):
     items = [{"data_source": "rlctl/code", "solution_str": s, "ground_truth": SUM, "extra_info": None}
              for s in (RIGHT, WRONG, answer("while True: pass"), RIGHT)]
@@ -106,6 +112,7 @@ def test_through_the_reward_runner_pool(tmp_path):
     assert result.metrics["reward/pass_rate"] == pytest.approx((1 + 1 / 3 + 0 + 1) / 4)
 
 
+@pytest.mark.slow
 def test_limits_only_mode_is_announced_once_per_run(tmp_path):
     """Without namespaces the run's log says so once (the controller), not once per reward worker."""
     import subprocess

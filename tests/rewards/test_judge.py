@@ -30,6 +30,7 @@ def _cfg(url: str, **kw) -> RewardConfig:
                                judge_api_key_env="RLCTL_TEST_JUDGE_KEY", judge_max_tokens=3, **kw)
 
 
+@pytest.mark.slow
 def test_judge_answers_are_parsed(digit_judge, tmp_path, monkeypatch):
     monkeypatch.setenv("RLCTL_TEST_JUDGE_KEY", KEY)
     with build_reward(_cfg(digit_judge.url, weights={"judge": 0.1}), tmp_path) as reward:
@@ -42,6 +43,7 @@ def test_judge_answers_are_parsed(digit_judge, tmp_path, monkeypatch):
     assert result.metrics["reward/judge/errors"] == 0
 
 
+@pytest.mark.slow
 def test_judge_needs_the_key_from_the_environment(digit_judge, tmp_path, monkeypatch):
     monkeypatch.delenv("RLCTL_TEST_JUDGE_KEY", raising=False)
     with build_reward(_cfg(digit_judge.url, retries=0), tmp_path) as reward:
@@ -49,6 +51,7 @@ def test_judge_needs_the_key_from_the_environment(digit_judge, tmp_path, monkeyp
             reward.score(ITEMS)
 
 
+@pytest.mark.slow
 def test_unparseable_answer_follows_on_error(digit_judge, tmp_path, monkeypatch):
     monkeypatch.setenv("RLCTL_TEST_JUDGE_KEY", KEY)
     no_score = r"Score: (\d+)"  # the judge answers bare digits: nothing to read

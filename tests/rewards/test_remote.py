@@ -44,6 +44,7 @@ def test_scores_come_from_the_service_in_openrlhf_shape(tmp_path):
     assert sum(len(r["query"]) for r in service.requests) == len(ITEMS)
 
 
+@pytest.mark.slow
 def test_weights_combine_with_a_function(tmp_path):
     (tmp_path / "r.py").write_text("def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n"
                                    "    return float(len(solution_str))\n")
@@ -94,6 +95,7 @@ def test_slow_service_times_out(tmp_path):
     assert len(service.requests) == 2  # the retry went out too
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("key", ["remote_url", "sandbox_url"])
 def test_train_with_service_down_is_a_one_line_error(tmp_path, tiny_model_dir, key):
     from rlctl.tasks.prep import PrepOptions, prepare
@@ -109,6 +111,7 @@ def test_train_with_service_down_is_a_one_line_error(tmp_path, tiny_model_dir, k
     assert "Traceback" not in proc.stderr
 
 
+@pytest.mark.slow
 def test_train_start_reaches_the_service_once(tmp_path, tiny_model_dir, monkeypatch):
     """The start-up checks (controller.run._check, the same as `config validate`) and the reward
     sources (build_reward) together connect to the service once, not once each."""

@@ -53,6 +53,7 @@ def runner(project):
         yield rr
 
 
+@pytest.mark.slow
 def test_dict_scores_and_numeric_extras(runner):
     solutions = ["42", "41", " 42 ", "x" * 7, "42"]
     result = runner.score(items_for(solutions))
@@ -66,6 +67,7 @@ def test_dict_scores_and_numeric_extras(runner):
     assert result.metrics["reward/errors"] == 0 and not result.failed.any()
 
 
+@pytest.mark.slow
 def test_junk_returns_score_zero_and_are_counted(runner):
     solutions = ["42", "nan", "none", "str", "inf", "noscore", "raise", "42", "42", "42", "42", "42", "42", "42"]
     result = runner.score(items_for(solutions))
@@ -81,6 +83,7 @@ def test_junk_returns_score_zero_and_are_counted(runner):
     assert np.isnan(result.extras["length"][bad]).all()
 
 
+@pytest.mark.slow
 def test_more_than_half_failing_stops_the_run(runner):
     exactly_half = runner.score(items_for(["raise", "42", "raise", "42"]))
     assert exactly_half.metrics["reward/errors"] == 2
@@ -92,6 +95,7 @@ def test_more_than_half_failing_stops_the_run(runner):
     assert runner.score(items_for(["42"])).scores.tolist() == [1.0]
 
 
+@pytest.mark.slow
 def test_fail_mode_names_the_sample(project):
     with RewardRunner("reward.py:compute_score", project, timeout_s=5, on_error="fail", workers=1) as rr:
         with pytest.raises(RewardError) as info:
@@ -104,6 +108,7 @@ def test_fail_mode_names_the_sample(project):
         assert rr.score(items_for(["42", "0"])).scores.tolist() == [1.0, 0.0]
 
 
+@pytest.mark.slow
 def test_a_hung_sample_is_killed_and_the_rest_scored(project, tmp_path, monkeypatch):
     pid_file = tmp_path / "hung.pid"
     monkeypatch.setenv("PID_FILE", str(pid_file))  # spawned workers inherit the environment
@@ -122,6 +127,7 @@ def test_a_hung_sample_is_killed_and_the_rest_scored(project, tmp_path, monkeypa
         assert rr.score(items_for(["42", "42"])).scores.tolist() == [1.0, 1.0]
 
 
+@pytest.mark.slow
 def test_fail_mode_timeout_and_dead_worker(project, tmp_path, monkeypatch):
     monkeypatch.setenv("PID_FILE", str(tmp_path / "hung.pid"))
     with RewardRunner("reward.py:compute_score", project, timeout_s=0.5, on_error="fail", workers=2) as rr:
@@ -133,6 +139,7 @@ def test_fail_mode_timeout_and_dead_worker(project, tmp_path, monkeypatch):
         assert result.scores.tolist() == [1.0, 0.0, 1.0]
 
 
+@pytest.mark.slow
 def test_a_batch_of_256_trivial_samples_is_fast(tmp_path):
     (tmp_path / "fast.py").write_text("def score(data_source, solution_str, ground_truth, extra_info=None):\n"
                                       "    return float(solution_str == ground_truth)\n")
@@ -146,6 +153,7 @@ def test_a_batch_of_256_trivial_samples_is_fast(tmp_path):
     assert elapsed < 0.5, f"256 trivial samples took {elapsed:.3f} s"
 
 
+@pytest.mark.slow
 def test_positional_signature_and_sibling_imports(tmp_path):
     sub = tmp_path / "rewards"
     sub.mkdir()
@@ -161,6 +169,7 @@ def test_positional_signature_and_sibling_imports(tmp_path):
     assert result.scores.tolist() == [0.5, -0.5]
 
 
+@pytest.mark.slow
 def test_builtins_by_data_source_and_by_name(tmp_path):
     items = [{"data_source": "openai/gsm8k", "solution_str": "so 6 * 7 = 42\n#### 42", "ground_truth": "42"},
              {"data_source": "openai/gsm8k", "solution_str": "#### 41", "ground_truth": "42"},
@@ -204,6 +213,7 @@ def test_broken_reward_functions_are_config_errors_at_startup(tmp_path, case):
         assert spec.split(":")[0] in info.value.message and "compute_score" in info.value.message
 
 
+@pytest.mark.slow
 def test_close_stops_the_workers(project):
     rr = RewardRunner("reward.py:compute_score", project, timeout_s=5, on_error="zero", workers=2)
     rr.score(items_for(["42"]))

@@ -22,6 +22,8 @@ from rlctl.runtime.ray_env import ray_session  # noqa: E402
 from rlctl.runtime.resource_pool import ResourcePool  # noqa: E402
 from rlctl.runtime.worker_group import WorkerGroup  # noqa: E402
 
+pytestmark = pytest.mark.slow   # starts Ray, trains a run or starts a subprocess
+
 
 @pytest.fixture(scope="module")
 def cluster():

@@ -25,6 +25,7 @@ def test_address_precedence(monkeypatch):
     assert resolve_address("ray://head:10001", "auto") == "ray://head:10001"  # --address beats all
 
 
+@pytest.mark.slow
 def test_joining_a_missing_cluster_is_a_usage_error_in_seconds():
     code = ("from rlctl.runtime.ray_env import ray_session\n"
             "with ray_session('127.0.0.1:1'):\n    pass\n")
@@ -85,6 +86,7 @@ def _commands(pids) -> str:
     return "\n".join(out)
 
 
+@pytest.mark.slow
 def test_session_stops_everything_on_success_and_on_error():
     import ray
 
@@ -110,6 +112,7 @@ def test_session_stops_everything_on_success_and_on_error():
     assert not ray.is_initialized() and _wait_gone(pids) == []
 
 
+@pytest.mark.slow
 def test_ctrl_c_while_waiting_on_a_worker_leaves_nothing_running(tmp_path):
     report = tmp_path / "pids.json"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")])}

@@ -54,6 +54,7 @@ def _gone(pids, within=10.0):
     return False
 
 
+@pytest.mark.slow
 def test_ranks_form_one_process_group(pair):
     info = pair.role("echo").whoami()
     assert [i["rank"] for i in info] == [0, 1] and {i["world"] for i in info} == {2}
@@ -61,6 +62,7 @@ def test_ranks_form_one_process_group(pair):
     assert pair.role("echo").rank_sum() == 3.0           # gloo all_reduce of 1 + 2, rank 0's answer
 
 
+@pytest.mark.slow
 def test_workers_start_without_progress_bars_whatever_the_driver_has(session, monkeypatch):
     """transformers' and huggingface_hub's bars in workers would fill Ray's logs (and the terminal under
     RLCTL_DEBUG=1), so workers start with them off even when the driver never switched them off."""
@@ -72,6 +74,7 @@ def test_workers_start_without_progress_bars_whatever_the_driver_has(session, mo
         group.shutdown()
 
 
+@pytest.mark.slow
 def test_dp_splits_and_joins_in_input_order(pair):
     echo = pair.role("echo")
     out = echo.tag_rows(Batch({"x": np.arange(5.0)}, {"step": 3}), scale=2.0)
@@ -82,6 +85,7 @@ def test_dp_splits_and_joins_in_input_order(pair):
     assert timing["calls"] == 1 and timing["wall_s"] >= timing["worker_s"] > 0
 
 
+@pytest.mark.slow
 def test_dp_train_stripes_and_rejects_uneven(pair):
     echo = pair.role("echo")
     out = echo.global_sum(Batch({"x": np.arange(8)}, {"mini_batches": 2}))
@@ -91,6 +95,7 @@ def test_dp_train_stripes_and_rejects_uneven(pair):
     assert echo.rank_sum() == 3.0                        # a rejected call never reached the ranks
 
 
+@pytest.mark.slow
 def test_unregistered_methods_are_refused(pair):
     with pytest.raises(AttributeError, match="not a worker method"):
         pair.role("echo").not_remote
@@ -98,6 +103,7 @@ def test_unregistered_methods_are_refused(pair):
         pair.role("critic")
 
 
+@pytest.mark.slow
 def test_colocated_roles_share_a_process_separate_groups_do_not(pair):
     assert pair.role("other").pid() == pair.pids()
     with WorkerGroup(ResourcePool(ResourcesConfig(workers=1, cpus_per_worker=2)),
@@ -106,6 +112,7 @@ def test_colocated_roles_share_a_process_separate_groups_do_not(pair):
         assert info["pid"] not in pair.pids() and info["threads"] == 2 and info["world"] == 1
 
 
+@pytest.mark.slow
 def test_a_worker_exception_names_role_and_rank(session):
     group = WorkerGroup(ResourcePool(ResourcesConfig(workers=1)), {"echo": (roles.EchoWorker, {})}, name="exc")
     raw = None
@@ -132,6 +139,7 @@ def test_a_worker_exception_names_role_and_rank(session):
     assert _gone(group.pids())
 
 
+@pytest.mark.slow
 def test_killed_worker_stops_the_controller_within_seconds(session):
     group = WorkerGroup(ResourcePool(ResourcesConfig(workers=2)), {"echo": (roles.EchoWorker, {})}, name="kill")
     victim = group.pids()[1]
@@ -146,6 +154,7 @@ def test_killed_worker_stops_the_controller_within_seconds(session):
     assert _gone(group.pids())                           # rank 0, stuck in the barrier, was killed too
 
 
+@pytest.mark.slow
 def test_a_pool_the_cluster_cannot_hold_fails_clearly(session):
     pool = ResourcePool(ResourcesConfig(workers=3, cpus_per_worker=3))
     with pytest.raises(UsageError, match="need 1 node\\(s\\) with 9 CPU each, but Ray has 1 node\\(s\\) with 4 CPU"):

@@ -17,6 +17,8 @@ import pytest
 from rlctl.sandbox import Limits, Session, detect, run
 from rlctl.sandbox.isolation import FORCE_ENV
 
+pytestmark = pytest.mark.slow   # starts Ray, trains a run or starts a subprocess
+
 FAST = Limits(wall_s=3.0, cpu_s=3.0, memory_mb=256, processes=16, output_bytes=1 << 16)
 
 

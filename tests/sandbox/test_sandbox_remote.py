@@ -57,6 +57,7 @@ def service():
     server.server_close()
 
 
+@pytest.mark.slow
 def test_requests_follow_the_documented_api(service):
     result = default_compute_score("codecontests", RIGHT, TRUTH, sandbox_url=service)
     assert result["score"] == 1.0
@@ -66,6 +67,7 @@ def test_requests_follow_the_documented_api(service):
     assert len(StandIn.requests) == 2  # one request per case
 
 
+@pytest.mark.slow
 def test_answers_map_to_statuses(service):
     assert run_remote(service, "print(1)").status == "ok"
     assert run_remote(service, "raise SystemExit(3)").exit_code == 3
@@ -82,6 +84,7 @@ def test_unreachable_service_is_a_sandbox_error_not_a_crash():
     assert r.status == "sandbox_error" and "127.0.0.1:9" in r.stderr
 
 
+@pytest.mark.slow
 def test_through_the_reward_runner(service, tmp_path):
     items = [{"data_source": "rlctl/code", "solution_str": s, "ground_truth": TRUTH}
              for s in (RIGHT, "```python\nprint(0)\n```")]
@@ -92,6 +95,7 @@ def test_through_the_reward_runner(service, tmp_path):
         RewardRunner("", tmp_path, sandbox_url="sandbox-host:8080")
 
 
+@pytest.mark.slow
 def test_a_failed_sandbox_follows_on_error(service, tmp_path):
     """A sandbox_error is the sandbox's fault, not the program's: "fail" stops (exit 5), "zero"
     scores 0 and counts it in reward/errors, like any failed sample."""

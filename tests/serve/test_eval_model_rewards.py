@@ -116,6 +116,7 @@ def test_multi_turn_eval_sends_the_remote_reward_the_prompt_training_sends(tiny_
     assert [body["prompts"] for body in service.requests] == [[expected]]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("multi_turn", [False, True])
 def test_a_prompt_that_fills_the_context_is_refused(tiny_model_dir, tmp_path, multi_turn):
     """Single- and multi-turn eval check the rendered prompts against max_position_embeddings alike."""

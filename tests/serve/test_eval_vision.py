@@ -8,8 +8,11 @@ from __future__ import annotations
 import json
 
 import numpy as np
+import pytest
 
 from rlctl.cli.main import main
+
+pytestmark = pytest.mark.slow   # starts Ray, trains a run or starts a subprocess
 
 
 def test_eval_sends_each_rows_image_to_the_engine_and_scores_it(tmp_path, tiny_vlm_dir, shapes_dir, capsys,

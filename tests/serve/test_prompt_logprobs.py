@@ -14,6 +14,8 @@ import torch
 
 from support.servers import ServerProcess
 
+pytestmark = pytest.mark.slow   # starts Ray, trains a run or starts a subprocess
+
 
 def _post(url: str, body: dict) -> tuple[int, dict]:
     req = urllib.request.Request(url, json.dumps(body).encode(), {"Content-Type": "application/json"})

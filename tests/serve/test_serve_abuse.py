@@ -91,6 +91,7 @@ def _stream_request(body: dict) -> bytes:
             + b"\r\n\r\n" + data)
 
 
+@pytest.mark.slow
 def test_256_concurrent_streams_all_complete_with_their_own_answer(srv):
     openai = pytest.importorskip("openai")
     client = openai.AsyncOpenAI(base_url=srv.base_url + "/v1", api_key=KEY, max_retries=0, timeout=120)
@@ -131,6 +132,7 @@ def test_256_concurrent_streams_all_complete_with_their_own_answer(srv):
     assert health["running"] == 0 and health["waiting"] == 0 and 1 < health["peak_running"] <= ROWS
 
 
+@pytest.mark.slow
 def test_clients_that_disconnect_mid_stream_free_their_slots(srv):
     before = _health(srv)
     body = {"messages": [{"role": "user", "content": "long"}], "max_tokens": 1500, "stream": True,
@@ -153,6 +155,7 @@ def test_clients_that_disconnect_mid_stream_free_their_slots(srv):
     assert reply["choices"][0]["finish_reason"] in ("stop", "length")
 
 
+@pytest.mark.slow
 def test_body_over_the_limit_is_413_before_the_body_is_sent(srv):
     limits = f"up to {bench.MAX_BODY} bytes (--max-body-bytes), each request read within 20 s"
     assert limits in "".join(srv.stderr_lines)  # the flags reached the server
@@ -195,6 +198,7 @@ def _idle_client(server, out: dict) -> None:
         out["idle"] = (sock.recv(4096), time.monotonic() - start)
 
 
+@pytest.mark.slow
 def test_slow_and_idle_clients_are_dropped_while_others_are_served(local):
     openai = pytest.importorskip("openai")
     out: dict = {}
@@ -219,6 +223,7 @@ def test_slow_and_idle_clients_are_dropped_while_others_are_served(local):
     assert out["idle"][0] == b"" and READ_TIMEOUT_S <= out["idle"][1] < 9, out["idle"]  # closed silently
 
 
+@pytest.mark.slow
 def test_max_tokens_beyond_the_context_and_a_wrong_key(srv):
     openai = pytest.importorskip("openai")
     client = openai.OpenAI(base_url=srv.base_url + "/v1", api_key=KEY, max_retries=0, timeout=30)

@@ -34,6 +34,7 @@ def _one_error_line(result, code: int, *needles: str) -> None:
         assert needle in lines[0], lines[0]
 
 
+@pytest.mark.slow
 def test_help_imports_no_heavy_library():
     code = ("import sys; from rlctl.cli.main import main; main(['serve', '--help']); main(['eval', '--help']);"
             "print([m for m in ('torch', 'transformers', 'ray', 'peft') if m in sys.modules])")
@@ -42,6 +43,7 @@ def test_help_imports_no_heavy_library():
     assert "Example: rlctl serve" in out.stdout and "Example: rlctl eval" in out.stdout
 
 
+@pytest.mark.slow
 def test_public_host_without_a_key_is_refused(tiny_model_dir):
     env = {k: v for k, v in os.environ.items() if k != "RLCTL_API_KEY"}
     result = subprocess.run([*RLCTL, "serve", str(tiny_model_dir), "--host", "0.0.0.0"], capture_output=True,
@@ -49,6 +51,7 @@ def test_public_host_without_a_key_is_refused(tiny_model_dir):
     _one_error_line(result, 2, "--api-key", "--insecure")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("engine", ["vllm", "sglang"])
 def test_external_engine_that_cannot_run_here_exits_2(tiny_model_dir, engine):
     if importlib.util.find_spec(engine) is not None:
@@ -56,11 +59,13 @@ def test_external_engine_that_cannot_run_here_exits_2(tiny_model_dir, engine):
     _one_error_line(_rlctl("serve", str(tiny_model_dir), "--engine", engine), 2, engine, "not installed")
 
 
+@pytest.mark.slow
 def test_missing_folder_and_unknown_folder_exit_3(tmp_path):
     _one_error_line(_rlctl("serve", str(tmp_path / "nope"), "--engine", "hf"), 3, "does not exist")
     _one_error_line(_rlctl("serve", str(tmp_path), "--engine", "hf"), 3, "neither")
 
 
+@pytest.mark.slow
 def test_run_folder_goes_through_the_checkpoint_export(tmp_path):
     """A run folder is exported with rlctl.checkpoint.merge.export_hf (a clear exit 3 without it)."""
     (tmp_path / "checkpoints").mkdir()
@@ -71,6 +76,7 @@ def test_run_folder_goes_through_the_checkpoint_export(tmp_path):
         _one_error_line(result, 3, "checkpoint")
 
 
+@pytest.mark.slow
 def test_port_in_use_exits_2_before_loading(tiny_model_dir):
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
@@ -80,6 +86,7 @@ def test_port_in_use_exits_2_before_loading(tiny_model_dir):
                         f"127.0.0.1:{port}")
 
 
+@pytest.mark.slow
 def test_extra_words_need_an_external_engine(tiny_model_dir):
     _one_error_line(_rlctl("serve", str(tiny_model_dir), "--engine", "hf", "--", "--enforce-eager"), 2, "vllm")
 
@@ -123,6 +130,7 @@ CHILD = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 def test_signals_are_forwarded_to_the_engine_process(tmp_path):
     """run_child streams the child's output and hands our SIGTERM to it (a real child process)."""
     marker = tmp_path / "got"
@@ -136,6 +144,7 @@ def test_signals_are_forwarded_to_the_engine_process(tmp_path):
     assert marker.read_text() == "SIGTERM"
 
 
+@pytest.mark.slow
 def test_sigint_lets_a_running_request_finish_then_exits_0(tiny_model_dir, start_server):
     srv = start_server([str(tiny_model_dir), "--engine", "hf", "--port", "0", "--served-model-name", "t"])
     body = json.dumps({"model": "t", "prompt": "drain me", "max_tokens": 150, "ignore_eos": True}).encode()

@@ -8,6 +8,10 @@ import shutil
 import urllib.request
 from pathlib import Path
 
+import pytest
+
+pytestmark = pytest.mark.slow   # starts Ray, trains a run or starts a subprocess
+
 DOC = Path(__file__).resolve().parents[2] / "docs" / "serve.md"
 
 

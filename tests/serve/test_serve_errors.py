@@ -10,6 +10,8 @@ import urllib.parse
 
 import pytest
 
+pytestmark = pytest.mark.slow   # starts Ray, trains a run or starts a subprocess
+
 API_KEY = "test-key-123"  # the key conftest's server was started with
 
 

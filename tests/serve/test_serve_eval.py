@@ -54,6 +54,7 @@ def test_pass_at_k_matches_counting_every_subset():
                 assert pass_at_k(n, c, k) == pytest.approx(brute)
 
 
+@pytest.mark.slow
 def test_eval_cli_scores_with_the_builtins_by_data_source(tiny_model_dir, parquet, tmp_path):
     from rlctl.rewards.builtin import default_compute_score
 
@@ -86,6 +87,7 @@ REWARD = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 def test_eval_n_samples_custom_reward_pass_at_k_and_reproducibility(tiny_model_dir, parquet, tmp_path):
     (tmp_path / "reward.py").write_text(REWARD)
     opts = EvalOptions(n=4, temperature=1.0, max_new_tokens=6, engine="hf", seed=3,
@@ -109,6 +111,7 @@ def test_eval_n_samples_custom_reward_pass_at_k_and_reproducibility(tiny_model_d
     assert _read_jsonl(tmp_path / "b.jsonl") == records
 
 
+@pytest.mark.slow
 def test_bad_reward_is_refused_before_generating(tiny_model_dir, parquet):
     result = subprocess.run([*RLCTL, "eval", str(tiny_model_dir), "--data", str(parquet), "--engine", "hf",
                              "--reward", "nope.py:compute_score"], capture_output=True, text=True, timeout=120)
@@ -138,6 +141,7 @@ def test_run_folder_reward_and_lengths_come_from_its_config(tmp_path):
     assert reward.function == "gsm8k" and reward.format_score == 0.25
 
 
+@pytest.mark.slow
 def test_remote_generation_matches_local_generation(server, tiny_model_dir):
     """The client `eval --engine vllm|sglang` uses, checked against our own server (same engine code)."""
     from rlctl.serve.engine import SamplingParams

@@ -8,6 +8,8 @@ import urllib.request
 
 import pytest
 
+pytestmark = pytest.mark.slow   # starts Ray, trains a run or starts a subprocess
+
 CHAT = [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "What is 2 + 2?"}]
 
 

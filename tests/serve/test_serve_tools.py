@@ -160,6 +160,7 @@ def _prompt_tokens(tool_model_dir, messages, tools) -> int:
 
 
 # ---- non-streamed ---------------------------------------------------------------------------------
+@pytest.mark.slow
 def test_a_call_comes_back_as_tool_calls(tool_client, tool_model_dir):
     r = _ask(tool_client, CALC_Q)
     choice = r.choices[0]
@@ -172,6 +173,7 @@ def test_a_call_comes_back_as_tool_calls(tool_client, tool_model_dir):
     assert r.usage.prompt_tokens == _prompt_tokens(tool_model_dir, [{"role": "user", "content": CALC_Q}], _tools())
 
 
+@pytest.mark.slow
 def test_the_tool_result_goes_back_and_the_model_answers(tool_client, tool_model_dir):
     messages = [{"role": "user", "content": CALC_Q}]
     first = _ask(tool_client, CALC_Q).choices[0].message
@@ -191,12 +193,14 @@ def test_the_tool_result_goes_back_and_the_model_answers(tool_client, tool_model
     assert r.usage.prompt_tokens == _prompt_tokens(tool_model_dir, rendered, _tools())
 
 
+@pytest.mark.slow
 def test_text_before_the_call_is_the_content(tool_client):
     choice = _ask(tool_client, TEXT_Q).choices[0]
     assert choice.finish_reason == "tool_calls" and choice.message.content == "Let me check."
     assert [json.loads(c.function.arguments) for c in choice.message.tool_calls] == [{"expression": "12 + 30"}]
 
 
+@pytest.mark.slow
 def test_tool_choice_none_renders_the_tools_but_parses_nothing(tool_client):
     auto, none = _ask(tool_client, CALC_Q), _ask(tool_client, CALC_Q, tool_choice="none")
     assert none.usage.prompt_tokens == auto.usage.prompt_tokens  # same prompt, tools included
@@ -205,17 +209,20 @@ def test_tool_choice_none_renders_the_tools_but_parses_nothing(tool_client):
     assert choice.message.content == format_tool_call_text(_call("4821 * 37"))
 
 
+@pytest.mark.slow
 def test_a_malformed_call_is_returned_as_plain_content(tool_client):
     choice = _ask(tool_client, BROKEN_Q).choices[0]
     assert choice.finish_reason == "stop" and choice.message.tool_calls is None
     assert choice.message.content == MALFORMED
 
 
+@pytest.mark.slow
 def test_a_reply_without_a_call_is_an_ordinary_answer(tool_client):
     choice = _ask(tool_client, HELLO_Q).choices[0]
     assert (choice.finish_reason, choice.message.content, choice.message.tool_calls) == ("stop", "Hi there.", None)
 
 
+@pytest.mark.slow
 def test_a_call_cut_off_by_max_tokens_stays_content(tool_client):
     choice = _ask(tool_client, CALC_Q, max_tokens=20).choices[0]
     assert choice.finish_reason == "length" and choice.message.tool_calls is None
@@ -231,6 +238,7 @@ def _stream(client, content: str, **kw):
     return text, calls, finish
 
 
+@pytest.mark.slow
 def test_streamed_calls_arrive_as_tool_call_deltas(tool_client):
     text, calls, finish = _stream(tool_client, TEXT_Q)
     assert text == "Let me check." and finish == ["tool_calls"]
@@ -244,6 +252,7 @@ def test_streamed_calls_arrive_as_tool_call_deltas(tool_client):
     assert final.message.tool_calls[0].function.arguments == calls[0].function.arguments
 
 
+@pytest.mark.slow
 def test_streamed_malformed_and_unparsed_calls_are_content(tool_client):
     assert _stream(tool_client, BROKEN_Q) == (MALFORMED, [], ["stop"])
     assert _stream(tool_client, CALC_Q, tool_choice="none") == (format_tool_call_text(_call("4821 * 37")), [], ["stop"])
@@ -254,6 +263,7 @@ def test_streamed_malformed_and_unparsed_calls_are_content(tool_client):
 FN = {"type": "function", "function": {"name": "calculator", "parameters": {"type": "object", "properties": {}}}}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("extra, param, words", [
     ({"tools": {"calculator": {}}}, "tools", "must be a list"),
     ({"tools": [{"type": "retrieval"}]}, "tools[0]", '"type": "function"'),
@@ -278,6 +288,7 @@ def test_bad_tools_are_a_one_line_400(tool_client, extra, param, words):
     assert words in error["message"] and "\n" not in error["message"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("messages, param", [
     ([{"role": "user", "content": "q"}, {"role": "tool", "content": "5"}], "messages[1].tool_call_id"),
     ([{"role": "user", "content": "q"}, {"role": "assistant", "content": None, "tool_calls": [
@@ -292,6 +303,7 @@ def test_bad_tool_messages_are_a_400(tool_client, messages, param):
     assert caught.value.body["param"] == param and "\n" not in caught.value.body["message"]
 
 
+@pytest.mark.slow
 def test_tools_on_the_completions_route_are_refused(tool_client):
     with pytest.raises(openai.BadRequestError, match="belongs to /v1/chat/completions"):
         tool_client.completions.create(model="tiny", prompt="x", max_tokens=1, extra_body={"tools": [FN]})

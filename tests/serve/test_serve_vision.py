@@ -74,6 +74,7 @@ def vlm_server(tiny_vlm_dir):
     assert srv.stop(signal.SIGTERM) == 0, "".join(srv.stderr_lines[-20:])
 
 
+@pytest.mark.slow
 def test_openai_client_sends_an_image_data_url(vlm_server):
     openai = pytest.importorskip("openai")
     client = openai.OpenAI(base_url=vlm_server.base_url + "/v1", api_key="x", max_retries=0, timeout=60)
@@ -93,6 +94,7 @@ def test_openai_client_sends_an_image_data_url(vlm_server):
             client.chat.completions.create(model="tiny-vl", messages=[{"role": "user", "content": bad}], max_tokens=2)
 
 
+@pytest.mark.slow
 def test_a_text_model_refuses_image_parts(client):
     openai = pytest.importorskip("openai")
     content = [{"type": "image_url", "image_url": {"url": _data_url(_image((0, 0, 0)))}}]

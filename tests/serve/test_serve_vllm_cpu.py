@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-pytestmark = [pytest.mark.vllm, pytest.mark.usefixtures("vllm_installed")]
+pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.usefixtures("vllm_installed")]
 RLCTL = [sys.executable, "-m", "rlctl"]
 
 

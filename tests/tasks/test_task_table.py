@@ -8,6 +8,8 @@ import subprocess
 import sys
 from collections import Counter
 
+import pytest
+
 from rlctl.data.sources import FileSource, Generated, PrepSource
 from rlctl.rewards.builtin import BUILTINS, default_compute_score, scorer_for_source
 from rlctl.tasks import TASKS
@@ -53,6 +55,7 @@ def test_a_prepared_row_is_scored_by_its_task():
     assert default_compute_score(row["data_source"], truth, truth)["score"] == 1.0
 
 
+@pytest.mark.slow
 def test_tasks_and_builtin_rewards_import_no_heavy_library():
     probe = ("import json, sys; import rlctl.tasks, rlctl.tasks.prep, rlctl.rewards.builtin; "
              "print(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] in "

@@ -30,6 +30,7 @@ def count(b) -> str:
     return b.eval("document.getElementById('count').textContent")
 
 
+@pytest.mark.slow
 def test_the_page_shows_curves_and_samples_and_filters_and_expands(calc_run, tmp_path, browser, capsys):
     out = tmp_path / "report.html"
     assert main(["view", str(calc_run), "--html", str(out)]) == 0

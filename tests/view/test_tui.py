@@ -10,6 +10,8 @@ import re
 import shutil
 from pathlib import Path
 
+import pytest
+
 from rlctl.view.app import ViewApp
 from rlctl.view.data import load_source, token_decoder
 from rlctl.view.screens import PromptScreen, SampleScreen, token_pieces
@@ -39,6 +41,7 @@ def run_app(app, steps) -> None:
     asyncio.run(drive())
 
 
+@pytest.mark.slow
 def test_navigate_filter_and_open_a_multi_turn_sample(calc_run):
     records = logged(calc_run)
     multi = sum(r["num_turns"] > 1 for r in records)
@@ -82,6 +85,7 @@ def test_navigate_filter_and_open_a_multi_turn_sample(calc_run):
     assert "filter words" in seen["help"] and seen["running"] is False
 
 
+@pytest.mark.slow
 def test_the_mask_is_shown_per_token_run_with_the_runs_tokenizer(calc_run):
     view = load_source(calc_run, decode=True)
     sample = next(s for s in view.samples if s["turns"] > 1)
@@ -97,6 +101,7 @@ def test_the_mask_is_shown_per_token_run_with_the_runs_tokenizer(calc_run):
         "".join(text for _, text in sample["segments"])
 
 
+@pytest.mark.slow
 def test_live_follow_reads_new_steps_and_waits_for_a_partial_line(calc_run, tmp_path):
     run = Path(shutil.copytree(calc_run, tmp_path / "live"))
     seen = {}
@@ -124,6 +129,7 @@ def test_live_follow_reads_new_steps_and_waits_for_a_partial_line(calc_run, tmp_
     assert "24 of 24 samples" in seen["table"]   # read in the background, then step 3's new file
 
 
+@pytest.mark.slow
 def test_several_runs_are_overlaid(calc_run, tmp_path):
     other = Path(shutil.copytree(calc_run, tmp_path / "other"))
     (other / "run.json").write_text(json.dumps({"name": "other"}))

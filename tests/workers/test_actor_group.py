@@ -18,6 +18,8 @@ ray = pytest.importorskip("ray")
 from rlctl.runtime.ray_env import ray_session  # noqa: E402
 from rlctl.workers.groups import start_workers  # noqa: E402
 
+pytestmark = pytest.mark.slow   # starts Ray, trains a run or starts a subprocess
+
 T = 5
 
 

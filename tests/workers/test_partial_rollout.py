@@ -19,6 +19,8 @@ ray = pytest.importorskip("ray")
 from rlctl.runtime.ray_env import ray_session  # noqa: E402
 from rlctl.workers.groups import start_workers  # noqa: E402
 
+pytestmark = pytest.mark.slow   # starts Ray, trains a run or starts a subprocess
+
 
 def _prompts(count: int = 3, width: int = 6) -> Batch:
     rng = np.random.default_rng(0)

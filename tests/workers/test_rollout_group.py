@@ -33,6 +33,7 @@ def _close_on_mask(a, b, mask, atol=1e-5) -> bool:
     return bool(np.allclose(a[mask > 0], b[mask > 0], atol=atol))
 
 
+@pytest.mark.slow
 def test_rollout_rank_generates_with_the_pushed_weights(tiny_model_dir):
     cfg = run_config(tiny_model_dir, actor={"lr": 5e-2, "micro_batch_size": 4, "grad_clip": 0.0},
                      rollout={"n": 2, "mode": "one_step_off"},

@@ -16,6 +16,8 @@ from rlctl.checkpoint.manifest import write_manifest
 from rlctl.utils.net import free_port
 from rlctl.workers.checkpoint_io import verify_share   # imported before the fork: the ranks start at once
 
+pytestmark = pytest.mark.slow   # starts Ray, trains a run or starts a subprocess
+
 
 def _rank(rank: int, port: int, step_dir: str, out) -> None:
     read = []

@@ -12,6 +12,8 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
+pytestmark = pytest.mark.slow   # starts Ray, trains a run or starts a subprocess
+
 WORLD, T = 2, 3
 
 

@@ -24,6 +24,8 @@ from rlctl.runtime import Batch  # noqa: E402
 from rlctl.runtime.ray_env import ray_session  # noqa: E402
 from rlctl.workers.groups import start_workers  # noqa: E402
 
+pytestmark = pytest.mark.slow   # starts Ray, trains a run or starts a subprocess
+
 PROMPTS, N, T = 4, 2, 4
 
 
@@ -31,7 +33,7 @@ def _prompts(config, tokenizer) -> Batch:
     """The first PROMPTS shapes-colour rows as the controller's prompt batch (PIL `images` column)."""
     from rlctl.controller.prompts import read_rows, render_prompts
     from rlctl.controller.rollout import prompt_batch
-    from rlctl.controller.setup import vision_data
+    from rlctl.controller.build import vision_data
 
     files = config.data.train_files
     rows = render_prompts(read_rows([Path(f) for f in files])[:PROMPTS], tokenizer, 128, "error",

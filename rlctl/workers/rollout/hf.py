@@ -41,7 +41,7 @@ from rlctl.workers.rollout.base import (RESPONSE_LENGTH, RESPONSE_MASK, RESPONSE
                                         TRUNCATED, RolloutEngine, check_sampling_args)
 from rlctl.workers.rollout.decoder import (DecoderRunner, HFCacheRunner, causal_lm_parts,
                                            fast_path_supported)
-from rlctl.workers.rollout.sampling import sample_tokens
+from rlctl.workers.rollout.token_sampling import sample_tokens
 from rlctl.workers.vision import (POSITION_IDS, ban_placeholders, engine_vision, placeholder_ids,
                                   rollout_positions)
 

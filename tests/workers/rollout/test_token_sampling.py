@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from rlctl.workers.rollout.sampling import apply_top_k, apply_top_p, sample_tokens
+from rlctl.workers.rollout.token_sampling import apply_top_k, apply_top_p, sample_tokens
 
 
 def test_top_k_keeps_k_largest_per_row():

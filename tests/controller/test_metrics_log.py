@@ -8,7 +8,7 @@ import json
 import numpy as np
 import pytest
 
-from rlctl.controller.logging import MetricsLogger, read_jsonl, truncate_logs
+from rlctl.controller.metrics_log import MetricsLogger, read_jsonl, truncate_logs
 from rlctl.errors import UsageError
 
 CONFIG = {"run": {"name": "demo", "seed": 1}, "actor": {"lr": 1e-6}}

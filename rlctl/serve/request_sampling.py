@@ -1,6 +1,6 @@
 """Next-token sampling for a serving batch whose rows belong to different requests.
 
-The filters and the Gumbel-max draw are the rollout engine's (rlctl.workers.rollout.sampling);
+The filters and the Gumbel-max draw are the rollout engine's (rlctl.workers.rollout.token_sampling);
 what serving adds is one generator per row: a request with a `seed` draws its noise from its
 own generator, so it gets the same tokens whoever else shares the batch. Unseeded rows share
 the server's generator.
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from rlctl.workers.rollout.sampling import apply_top_k, apply_top_p, gumbel_noise
+from rlctl.workers.rollout.token_sampling import apply_top_k, apply_top_p, gumbel_noise
 
 
 def sample_next_tokens(logits: torch.Tensor, temperature: torch.Tensor, top_p: torch.Tensor,

@@ -105,7 +105,7 @@ def truncate_logs(run_dir: str | os.PathLike, step: int) -> int:
         kept = [line for line in lines if _row_step(line) is not None and _row_step(line) <= step]
         dropped += len(lines) - len(kept)
         if len(kept) != len(lines):
-            from rlctl.utils.fs import atomic_write_text
+            from rlctl.utils.atomic_files import atomic_write_text
 
             atomic_write_text(path, "".join(line if line.endswith("\n") else line + "\n" for line in kept))
     return dropped

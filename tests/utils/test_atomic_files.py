@@ -11,8 +11,7 @@ import threading
 import pytest
 
 from rlctl.errors import UsageError
-from rlctl.utils.files import write_files
-from rlctl.utils.fs import atomic_write_text, is_special_file
+from rlctl.utils.atomic_files import atomic_write_text, is_special_file, write_files
 
 
 def _reader(path, got):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from rlctl.serve.sampling import sample_next_tokens
+from rlctl.serve.request_sampling import sample_next_tokens
 from rlctl.serve.textstream import TextStream
 
 

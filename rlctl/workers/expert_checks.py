@@ -1,0 +1,78 @@
+"""Config checks of actor.expert_parallel_size and actor.router_replay (rlctl.workers.expert_parallel).
+
+What expert parallelism does not cover yet is refused here, before anything starts, rather than
+run with experts silently whole or wrong. Checks keep the contract of rlctl.config.checks:
+`check(config, ctx) -> list[Problem]`.
+"""
+
+from __future__ import annotations
+
+from rlctl.config.checks import CheckContext
+from rlctl.config.loader import Problem
+from rlctl.config.schema import SEPARATE_ROLLOUT_MODES, Config
+
+KEY = "actor.expert_parallel_size"
+
+
+def check_expert_parallel(c: Config, ctx: CheckContext) -> list[Problem]:
+    problems = []
+    if c.actor.router_replay:
+        problems.append(Problem("actor.router_replay", "is not implemented yet: the update recomputes its own "
+                                                       "routes; set it to false"))
+    ep = c.actor.expert_parallel_size
+    if ep == 1:
+        return problems
+    if c.resources.workers % ep:
+        problems.append(Problem(KEY, f"{ep} does not divide resources.workers = {c.resources.workers}: each "
+                                     "expert group is ep of the actor's ranks; pick a divisor of the workers"))
+    refusals = (
+        (c.run.kind == "sft", "run.kind", "SFT with expert parallelism is not supported yet; train RL, or set "
+                                          f"{KEY} = 1"),
+        (c.rollout.engine != "hf", "rollout.engine", f"\"{c.rollout.engine}\" with {KEY} > 1 is not supported "
+                                                     "yet (only the hf engine gets the gathered experts); use "
+                                                     f"\"hf\", or {KEY} = 1"),
+        (c.rollout.mode in SEPARATE_ROLLOUT_MODES, "rollout.mode", f"\"{c.rollout.mode}\" with {KEY} > 1 is not "
+                                                                   "supported yet; use \"sync\", or "
+                                                                   f"{KEY} = 1"),
+        (c.algorithm.ref_update_every > 0, "algorithm.ref_update_every", f"copying the policy into the reference "
+                                                                       f"with {KEY} > 1 is not supported yet; set it to "
+                                                                       f"0, or {KEY} = 1"),
+        (c.model.gradient_checkpointing, "model.gradient_checkpointing", f"recomputing the expert exchange with "
+                                                                          f"{KEY} > 1 is not supported yet; set it "
+                                                                          "to false"),
+        (c.model.lora.rank > 0, "model.lora.rank", f"LoRA with {KEY} > 1 is not supported yet; use full "
+                                                   f"fine-tuning, or {KEY} = 1"),
+    )
+    problems += [Problem(key, message) for refused, key, message in refusals if refused]
+    return problems
+
+
+def check_expert_model(c: Config, ctx: CheckContext) -> list[Problem]:
+    """Machine pass: model.path is a mixture-of-experts model whose expert count ep divides (read from
+    its config.json; a hub model not yet downloaded is checked when the workers load it)."""
+    ep = c.actor.expert_parallel_size
+    if ep == 1:
+        return []
+    from rlctl.errors import DataError
+    from rlctl.models.hub import resolve_model
+    from rlctl.workers.expert_parallel import experts_per_layer
+
+    try:
+        folder = resolve_model(c.model.path, ctx.base_dir).folder
+    except DataError:
+        return []   # reported by check_model
+    if folder is None or not (folder / "config.json").is_file():
+        return []
+    from transformers import AutoConfig
+
+    try:
+        config = AutoConfig.from_pretrained(str(folder), trust_remote_code=c.model.trust_remote_code)
+    except (OSError, ValueError):
+        return []   # reported by check_model
+    experts = experts_per_layer(config)
+    if experts == 0:
+        return [Problem(KEY, f"{ep} but {c.model.path} ({config.model_type}) has no experts: expert parallelism is "
+                             "for mixture-of-experts models; set it to 1")]
+    if experts % ep:
+        return [Problem(KEY, f"{ep} does not divide the model's {experts} experts per layer; pick a divisor")]
+    return []

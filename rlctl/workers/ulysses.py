@@ -1,0 +1,292 @@
+"""Ulysses sequence parallelism: one packed micro-batch split along the sequence over S ranks.
+
+The S ranks of an sp group hold the same micro-batch. Its real tokens are packed into one row
+[1, N] (rlctl.workers.logprob's "pack" layout: position_ids restart at 0 per sequence), padded to
+N' = a multiple of S, and rank r runs the model on columns [r N'/S, (r+1) N'/S). Everything but
+attention is per token, so it runs on the slice unchanged (RoPE reads the slice's position_ids).
+Attention needs every token: an all-to-all turns q/k/v [1, h, N'/S, d] into [1, h/S, N', d]
+(all tokens, a slice of the heads), SDPA runs causally within each packed sequence (never across
+them, and without an [N', N'] mask), and a second all-to-all turns the output back. KV heads
+fewer than S are repeated first.
+
+Each rank then computes its slice's per-token outputs (log-probs, entropy) and `gather_rows`
+puts the S slices together on every rank, so the loss is the same on all of them. Its backward
+keeps the rank's own slice of the gradient times S: the S ranks' parameter gradients then sum
+to S x dL/dtheta, which FSDP's average over dp x sp ranks turns into the dp-average it expects
+(the loss is normalised with dp_size = world / S, rlctl.workers.training).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+from typing import Iterator
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+ATTENTION = "rlctl_ulysses"
+
+
+@dataclass
+class SPGroup:
+    """This rank's sequence-parallel group: `size` ranks, this one at `rank` within it."""
+
+    group: object          # torch.distributed ProcessGroup
+    rank: int
+    size: int
+    global_ranks: list[int]
+
+
+_state: dict = {"group": None, "lengths": None}
+
+
+def current() -> SPGroup | None:
+    """The sp group of the passes now running (None: sequence parallelism is off)."""
+    return _state["group"]
+
+
+@contextlib.contextmanager
+def active(group: SPGroup | None) -> Iterator[None]:
+    """Run the log-prob / value forwards inside under `group` (None or size 1: no-op)."""
+    previous = _state["group"]
+    _state["group"] = group if group is not None and group.size > 1 else None
+    try:
+        yield
+    finally:
+        _state["group"] = previous
+
+
+def build_group(size: int, model: torch.nn.Module, world: int, key: str = "ulysses_sequence_parallel_size"
+                ) -> SPGroup | None:
+    """This rank's group of `size` ranks (None when 1) for `model`, after the checks validate makes
+    (rlctl.workers.ulysses_checks), repeated here for a model that was not on disk then."""
+    from rlctl.errors import ConfigError
+
+    if size == 1:
+        return None
+    if world % size:
+        raise ConfigError(f"{world} training ranks do not split into sequence-parallel groups of {size}",
+                          hint=f"set {key} to a divisor of the ranks")
+    text = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+    heads = text.num_attention_heads
+    problem = head_problem(heads, getattr(text, "num_key_value_heads", None) or heads, size)
+    if problem:
+        raise ConfigError(problem, hint=f"set {key} to a size that divides the heads")
+    return new_groups(size)
+
+
+def new_groups(size: int) -> SPGroup | None:
+    """Split the process group's W ranks into W / size consecutive sp groups (every rank creates
+    every group, as torch.distributed requires); this rank's group, or None when size is 1."""
+    if size <= 1:
+        return None
+    rank, world = dist.get_rank(), dist.get_world_size()
+    if world % size:
+        raise ValueError(f"{world} ranks do not split into sp groups of {size}")
+    mine = None
+    for start in range(0, world, size):
+        ranks = list(range(start, start + size))
+        group = dist.new_group(ranks)
+        if rank in ranks:
+            mine = SPGroup(group=group, rank=rank - start, size=size, global_ranks=ranks)
+    return mine
+
+
+def head_problem(heads: int, kv_heads: int, size: int) -> str | None:
+    """Why `size` cannot split attention of `heads` query and `kv_heads` key/value heads, or None."""
+    if heads % size:
+        return f"the model's {heads} attention heads do not split over {size} ranks"
+    if kv_heads % size and size % kv_heads:
+        return f"the model's {kv_heads} KV heads neither split over {size} ranks nor divide {size}"
+    return None
+
+
+def sequence_lengths(position_ids: torch.Tensor) -> list[int]:
+    """The lengths of the sequences of a packed row [N] (a sequence starts where position_ids is 0)."""
+    starts = torch.nonzero(position_ids == 0).flatten().tolist() + [len(position_ids)]
+    return [b - a for a, b in zip(starts, starts[1:])]
+
+
+# --- the all-to-all around attention ------------------------------------------------------------
+class _AllToAll(torch.autograd.Function):
+    """[S, ...] -> [S, ...]: part j goes to rank j; part i of the result came from rank i. The
+    exchange is its own inverse's shape, so backward sends the gradients back the same way."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, group):
+        ctx.group = group
+        x = x.contiguous()   # the output must be contiguous too (empty_like keeps a permuted x's strides)
+        out = torch.empty_like(x)
+        dist.all_to_all_single(out, x, group=group)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        grad = grad.contiguous()
+        out = torch.empty_like(grad)
+        dist.all_to_all_single(out, grad, group=ctx.group)
+        return out, None
+
+
+def _all_to_all(x: torch.Tensor, sp: SPGroup) -> torch.Tensor:
+    return _AllToAll.apply(x, sp.group)
+
+
+def seq_to_heads(x: torch.Tensor, sp: SPGroup) -> torch.Tensor:
+    """[b, h, s/S, d] (all heads, this rank's tokens) -> [b, h/S, s, d] (this rank's heads, all tokens)."""
+    b, h, s_local, d = x.shape
+    parts = x.reshape(b, sp.size, h // sp.size, s_local, d).transpose(0, 1)    # [S, b, h/S, s/S, d]
+    got = _all_to_all(parts, sp)                                                # [S(from), b, h/S, s/S, d]
+    return got.permute(1, 2, 0, 3, 4).reshape(b, h // sp.size, sp.size * s_local, d)
+
+
+def heads_to_seq(x: torch.Tensor, sp: SPGroup) -> torch.Tensor:
+    """The inverse of seq_to_heads: [b, h/S, s, d] -> [b, h, s/S, d]."""
+    b, h_local, s, d = x.shape
+    parts = x.reshape(b, h_local, sp.size, s // sp.size, d).permute(2, 0, 1, 3, 4)   # [S, b, h/S, s/S, d]
+    got = _all_to_all(parts, sp)                                                      # [S(from), b, h/S, s/S, d]
+    return got.transpose(0, 1).reshape(b, sp.size * h_local, s // sp.size, d)
+
+
+def ulysses_attention(module, query, key, value, attention_mask=None, scaling=None, dropout=0.0, **kwargs):
+    """A transformers attention function: q [b, h, s/S, d], k/v [b, hk, s/S, d] -> ([b, s/S, h, d], None).
+
+    KV heads fewer than S are repeated to S first, each consecutively, so rank j's query heads
+    (a slice inside one KV group) meet their own KV head."""
+    sp, lengths = current(), _state["lengths"]
+    kv_heads = key.shape[1]
+    if kv_heads < sp.size:
+        key = key.repeat_interleave(sp.size // kv_heads, dim=1)
+        value = value.repeat_interleave(sp.size // kv_heads, dim=1)
+    q, k, v = (seq_to_heads(t, sp) for t in (query, key, value))
+    if k.shape[1] != q.shape[1]:
+        k = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1)
+        v = v.repeat_interleave(q.shape[1] // v.shape[1], dim=1)
+    # causal attention inside each packed sequence, never across (varlen attention, no [N, N] mask)
+    dropout = dropout if module.training else 0.0
+    parts = [F.scaled_dot_product_attention(qi, ki, vi, is_causal=True, scale=scaling, dropout_p=dropout)
+             for qi, ki, vi in zip(q.split(lengths, 2), k.split(lengths, 2), v.split(lengths, 2))]
+    return heads_to_seq(torch.cat(parts, dim=2), sp).transpose(1, 2).contiguous(), None
+
+
+@contextlib.contextmanager
+def _routed(config, lengths: list[int]) -> Iterator[None]:
+    from transformers import AttentionInterface
+
+    AttentionInterface.register(ATTENTION, ulysses_attention)
+    previous = config._attn_implementation
+    config._attn_implementation = ATTENTION
+    _state["lengths"] = lengths
+    try:
+        yield
+    finally:
+        config._attn_implementation = previous
+        _state["lengths"] = None
+
+
+def recompute_with_routing(context_fn, model: torch.nn.Module):
+    """Gradient checkpointing: `context_fn` (torch.utils.checkpoint's, as
+    rlctl.workers.shared_prompt.checkpoint_kwargs makes it) plus, for a layer whose forward ran
+    Ulysses attention, its recompute in backward under the same attention and packed sequences
+    (backward runs after `sliced_forward` has handed the model its own attention back)."""
+    from rlctl.workers.rollout.decoder import causal_lm_parts
+
+    config = causal_lm_parts(model).config
+
+    def both():
+        forward, recompute = context_fn()
+        if config._attn_implementation != ATTENTION:
+            return forward, recompute
+        return forward, _recompute(recompute, config, _state["lengths"])   # entered in backward
+
+    return both
+
+
+@contextlib.contextmanager
+def _recompute(recompute, config, lengths: list[int]) -> Iterator[None]:
+    with recompute, _routed(config, lengths):
+        yield
+
+
+# --- the sliced forward and the gather of its outputs -------------------------------------------
+@dataclass
+class Slice:
+    """Where this rank's part of a packed row sits: columns [start, stop) of the padded row, and
+    the predictors (indices into the layout's M response tokens) [bounds[r], bounds[r+1]) of rank r."""
+
+    start: int
+    stop: int
+    bounds: list[int]
+
+
+def sliced_forward(model: torch.nn.Module, sp: SPGroup, input_ids: torch.Tensor, position_ids: torch.Tensor,
+                   pred_col: torch.Tensor, *, head_only_preds: bool = True):
+    """Run `model` on this rank's slice of a packed row [1, N] (padded to a multiple of S with a
+    sequence of its own). Returns (model output, Slice); the output's logits are those of this
+    rank's predictor columns (pred_col must be sorted, as the pack layout makes it) when
+    head_only_preds, else of every column of the slice."""
+    from rlctl.workers.rollout.decoder import causal_lm_parts
+
+    n = input_ids.shape[1]
+    padded = -(-n // sp.size) * sp.size
+    extra = torch.arange(padded - n, device=input_ids.device)[None]
+    ids = torch.cat([input_ids, torch.zeros_like(extra)], dim=1)
+    positions = torch.cat([position_ids, extra], dim=1)
+    width = padded // sp.size
+    start = sp.rank * width
+    bounds = torch.searchsorted(pred_col, torch.arange(0, padded + 1, width, device=pred_col.device)).tolist()
+    kwargs = {}
+    if head_only_preds:
+        kwargs["logits_to_keep"] = pred_col[bounds[sp.rank]:bounds[sp.rank + 1]] - start
+    with _routed(causal_lm_parts(model).config, sequence_lengths(positions[0])):
+        out = model(input_ids=ids[:, start:start + width], position_ids=positions[:, start:start + width],
+                    use_cache=False, **kwargs)
+    return out, Slice(start=start, stop=start + width, bounds=bounds)
+
+
+class _GatherRows(torch.autograd.Function):
+    """All-gather of the S ranks' row blocks (sizes `bounds`); backward keeps this rank's rows x S."""
+
+    @staticmethod
+    def forward(ctx, local: torch.Tensor, sp: SPGroup, bounds: list[int]):
+        ctx.sp, ctx.bounds = sp, bounds
+        sizes = [b - a for a, b in zip(bounds, bounds[1:])]
+        longest = max(sizes)
+        padded = local.new_zeros((longest, *local.shape[1:]))
+        padded[:local.shape[0]] = local
+        parts = [torch.empty_like(padded) for _ in range(sp.size)]
+        dist.all_gather(parts, padded.contiguous(), group=sp.group)
+        return torch.cat([part[:size] for part, size in zip(parts, sizes)])
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        sp, bounds = ctx.sp, ctx.bounds
+        return grad[bounds[sp.rank]:bounds[sp.rank + 1]] * sp.size, None, None
+
+
+def gather_rows(local: torch.Tensor, sp: SPGroup, bounds: list[int]) -> torch.Tensor:
+    """[m_r, ...] on each rank r -> [M, ...] (rank 0's rows first) on every rank of the group."""
+    return _GatherRows.apply(local, sp, bounds)
+
+
+# --- the rows an sp group works on --------------------------------------------------------------
+def group_rows(batch, sp: SPGroup | None, mini_batches: int = 1):
+    """The rows of the whole sp group, the same on each of its ranks, and where this rank's own
+    rows sit in them (start, stop). The dispatcher gave each rank its own shard; the S ranks then
+    work on the union, and each keeps the outputs of its own rows. Mini-batch k of the union is
+    the union of the shards' mini-batches k (`mini_batches` equal chunks, as the update cuts them)."""
+    from rlctl.runtime.batch import Batch
+
+    if sp is None:
+        return batch, 0, len(batch)
+    shards: list = [None] * sp.size
+    dist.all_gather_object(shards, batch, group=sp.group)
+    if mini_batches > 1:
+        chunks = [shard.chunk(mini_batches, even=True) for shard in shards]
+        rows = Batch.concat([chunks[r][k] for k in range(mini_batches) for r in range(sp.size)])
+    else:
+        rows = Batch.concat(shards)
+    start = sum(len(shard) for shard in shards[:sp.rank])
+    return rows, start, start + len(batch)

@@ -1,0 +1,56 @@
+"""What validate says about actor.expert_parallel_size / actor.router_replay
+(rlctl.workers.expert_checks): what is built passes, what is not is refused in one line each."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from rlctl.config.checks import CheckContext
+from rlctl.config.schema import Config, ModelConfig
+from rlctl.workers.expert_checks import check_expert_model, check_expert_parallel
+
+
+@pytest.fixture(scope="module")
+def moe_dir(tmp_path_factory):
+    from rlctl.models.tiny import build_tiny_model
+
+    out = tmp_path_factory.mktemp("tiny_moe")
+    build_tiny_model(out, arch="qwen3_moe", layers=1, hidden=32, heads=4, kv_heads=2, intermediate=64)
+    return out
+
+
+def _config(path, **changes) -> Config:
+    c = Config(model=ModelConfig(path=str(path)))
+    for section, values in changes.items():
+        c = dataclasses.replace(c, **{section: dataclasses.replace(getattr(c, section), **values)})
+    return c
+
+
+def test_ep_fits_the_workers_and_the_experts_and_a_dense_model_is_refused(moe_dir, tiny_model_dir, tmp_path):
+    ctx = CheckContext(base_dir=tmp_path, raw={})
+    ok = _config(moe_dir, actor={"expert_parallel_size": 2}, resources={"workers": 2})
+    assert check_expert_parallel(ok, ctx) == [] and check_expert_model(ok, ctx) == []
+    assert check_expert_parallel(_config(tiny_model_dir), ctx) == []   # off: nothing read
+    odd = check_expert_parallel(_config(moe_dir, actor={"expert_parallel_size": 2}, resources={"workers": 3}), ctx)
+    assert [p.key for p in odd] == ["actor.expert_parallel_size"] and "resources.workers = 3" in odd[0].message
+    three = _config(moe_dir, actor={"expert_parallel_size": 3}, resources={"workers": 3})
+    assert "4 experts" in check_expert_model(three, ctx)[0].message    # 4 experts over 3 ranks
+    dense = check_expert_model(_config(tiny_model_dir, actor={"expert_parallel_size": 2}), ctx)
+    assert len(dense) == 1 and "has no experts" in dense[0].message
+
+
+def test_what_expert_parallelism_does_not_cover_yet_is_refused(moe_dir, tmp_path):
+    ctx = CheckContext(base_dir=tmp_path, raw={})
+    ep = {"expert_parallel_size": 2}
+    lora = dataclasses.replace(Config().model.lora, rank=8)
+    cases = {"run.kind": {"run": {"kind": "sft"}}, "rollout.engine": {"rollout": {"engine": "vllm"}},
+             "rollout.mode": {"rollout": {"mode": "one_step_off"}}, "model.lora.rank": {"model": {"lora": lora}},
+             "algorithm.ref_update_every": {"algorithm": {"ref_update_every": 2}},
+             "model.gradient_checkpointing": {"model": {"gradient_checkpointing": True}}}
+    for key, change in cases.items():
+        problems = check_expert_parallel(_config(moe_dir, actor=ep, resources={"workers": 2}, **change), ctx)
+        assert [p.key for p in problems] == [key] and "not supported yet" in problems[0].message, key
+    replay = check_expert_parallel(_config(moe_dir, actor={"router_replay": True}), ctx)
+    assert [p.key for p in replay] == ["actor.router_replay"] and "not implemented yet" in replay[0].message
