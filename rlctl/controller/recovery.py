@@ -12,7 +12,6 @@ never retried: it is not a lost worker and would fail the same way again.
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -61,8 +60,8 @@ class Restarts:
         print(f"restart {self.used}/{self.max_restarts}: {error.message}; restarting the workers in "
               f"{self.backoff_s:g}s from the newest valid checkpoint", flush=True)
         write_run_info(self.run_dir, restarts=self.total, last_restart_error=error.message)
-        with startup_signals():   # Ctrl-C / SIGTERM while waiting: stop now, exit 130 / 143
-            time.sleep(self.backoff_s)
+        with startup_signals() as waiting:   # Ctrl-C / SIGTERM while waiting: stop now, exit 130 / 143
+            waiting.sleep(self.backoff_s)
         return self.resume_point()
 
     def resume_point(self) -> tuple[tuple[int, Path] | None, list[str]]:

@@ -142,7 +142,7 @@ def _attempt(loaded: LoadedConfig, run_dir: Path, *, address: str | None, comman
              resume: tuple | None, restarts) -> None:
     from rlctl.controller import checkpointing
     from rlctl.checkpoint.run_folder import finish_run, start_run, write_run_info
-    from rlctl.controller.signals import StopFlag, startup_signals
+    from rlctl.controller.signals import StopFlag, startup_stop
     from rlctl.runtime.ray_env import resolve_address
 
     if loaded.config.run.kind == "sft":   # same run folder, checkpoints and exits; another loop
@@ -151,11 +151,14 @@ def _attempt(loaded: LoadedConfig, run_dir: Path, *, address: str | None, comman
         from rlctl.controller.build import build_setup
         from rlctl.controller.trainer import Trainer
 
+    startup = startup_stop(run_dir)   # a stop while starting: at the next safe point, or a watchdog ends it
     with ExitStack() as stack:
+        stack.callback(startup.disarm)   # runs last: the watchdog also bounds the unwinding (ray.shutdown)
         try:
-            with startup_signals():
+            with startup:
                 setup = build_setup(loaded, run_dir, stack, start_step=resume[0] if resume else 0,
                                     address=resolve_address(address, loaded.config.resources.address))
+                startup.check()
             session = setup.session
             stop = stack.enter_context(StopFlag())   # from here on: stop at the next safe point
             if resume:

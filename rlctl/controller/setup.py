@@ -130,6 +130,10 @@ class TrainSetup:
             samples = [{"prompt": p, "response": r, "score": float(sc), "ground_truth": gt, "data_source": ds}
                        for p, r, sc, gt, ds in zip(prompts, batch["response_text"][:k], batch["scores"][:k],
                                                    batch["ground_truth"][:k], batch["data_source"][:k])]
+            for r, sample in enumerate(samples):   # rlctl view's acc and len columns
+                sample["response_length"] = int(batch["response_mask"][r].sum())
+                if "acc" in batch:
+                    sample["acc"] = float(batch["acc"][r])
             if "policy_version" in batch:   # one_step_off: the weights (update count) that generated each
                 for sample, version in zip(samples, batch["policy_version"][:k]):
                     sample["policy_version"] = int(version)

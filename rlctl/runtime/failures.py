@@ -13,6 +13,7 @@ import re
 from typing import Any, Sequence
 
 from rlctl.errors import RlctlError, WorkerDiedError
+from rlctl.utils.interrupts import in_native_call, safe_point
 
 
 def _debug() -> bool:
@@ -28,7 +29,9 @@ def wait_all(refs: Sequence[Any], *, role: str, method: str, logs: str = "", pol
     pending = list(refs)
     while pending:
         # A timeout keeps Ctrl-C responsive; num_returns=1 reports a failure the moment it happens.
-        ready, pending = ray.wait(pending, num_returns=1, timeout=poll_s)
+        with in_native_call():   # a stop handler records instead of raising inside Ray's compiled code
+            ready, pending = ray.wait(pending, num_returns=1, timeout=poll_s)
+        safe_point()   # ...and the stop is raised here (rlctl.utils.interrupts); else nothing
         for ref in ready:
             rank = index[ref]
             try:

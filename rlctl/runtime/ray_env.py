@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Iterator
 
 from rlctl.errors import EXIT_TERMINATED, Interrupted, UsageError
+from rlctl.utils.interrupts import safe_point
 
 # Local runs: no usage-stats prompt or upload, no token auth between our own processes, and no
 # idle workers prestarted for the driver (one per CPU, ~80 MB each and CPU time during start-up):
@@ -68,12 +69,13 @@ def _init(address: str, num_cpus: int | None, log_to_driver: bool, namespace: st
         for key, value in LOCAL_RAY_ENV.items():
             os.environ.setdefault(key, value)
         # address="local" starts a fresh instance even when RAY_ADDRESS is set in the shell.
-        with _lean_head_node(log_to_driver):
+        with _lean_head_node(log_to_driver), _keep_signal_handlers():
             return ray.init(address="local", num_cpus=num_cpus or machine_cpus(), include_dashboard=False,
                             **quiet)
     _check_reachable(address)
     try:
-        return ray.init(address=address, **quiet)
+        with _keep_signal_handlers():
+            return ray.init(address=address, **quiet)
     except (ConnectionError, TimeoutError, RuntimeError) as err:
         raise UsageError(f"could not join the Ray cluster at {address!r}: {str(err).splitlines()[0]}",
                          hint="start it with `ray start --head`, or fix --address / resources.address / "
@@ -119,6 +121,27 @@ def _lean_head_node(log_to_driver: bool) -> Iterator[None]:
         ray_node.Node = base
 
 
+@contextmanager
+def _keep_signal_handlers() -> Iterator[None]:
+    """ray.init installs its own SIGTERM handler (sys.exit from inside whatever runs, a native stack
+    dump); rlctl's handlers (rlctl.utils.interrupts) stay in place instead. Ray versions without
+    that internal function keep theirs until ray_session puts ours back after ray.init."""
+    try:
+        from ray._private import utils as ray_utils
+    except ImportError:
+        yield
+        return
+    original = getattr(ray_utils, "set_sigterm_handler", None)
+    if original is None:
+        yield
+        return
+    ray_utils.set_sigterm_handler = lambda handler: None
+    try:
+        yield
+    finally:
+        ray_utils.set_sigterm_handler = original
+
+
 def _check_reachable(address: str, timeout_s: float = 5.0) -> None:
     """Fail in seconds on a host:port nobody listens on (ray.init would retry for minutes)."""
     import socket
@@ -141,14 +164,12 @@ def _descendants() -> set[int]:
     return {p.pid for p in psutil.Process().children(recursive=True)}
 
 
-def _stop_partial_start(before: set[int], since: float, grace_s: float = 3.0) -> None:
+def _stop_partial_start(before: set[int], since: float) -> None:
     """After an embedded ray.init stopped half-way (an error, Ctrl-C): ray.shutdown() knows nothing
-    yet, so end what it had started: Ray's processes in our process group created since `since`
-    (the raylet's agents may have been reparented already: a killed raylet does not take them
-    along). Processes that were our children before (the reward pool) are spared."""
+    yet, so end what it had started. Processes that were our children before (the reward pool)
+    are spared."""
     import atexit
 
-    import psutil
     import ray
 
     # ray.shutdown() may block on a half-started session (its GCS client waits on a dead GCS; a
@@ -159,14 +180,27 @@ def _stop_partial_start(before: set[int], since: float, grace_s: float = 3.0) ->
     done.join(timeout=10.0)
     if done.is_alive():
         atexit.unregister(ray.shutdown)
-    me, group = os.getpid(), os.getpgid(0)
+    end_ray_processes(since=since, spare=before)
+
+
+def end_ray_processes(*, since: float | None = None, spare: set[int] = frozenset(), grace_s: float = 3.0) -> None:
+    """End this machine's Ray processes of this command: Ray's processes among our descendants and
+    in our process group created since `since` (default: since this process started; the raylet's
+    agents may have been reparented already: a killed raylet does not take them along), except the
+    pids in `spare`. What a forced exit and a half-started ray.init leave to clean up."""
+    import psutil
+
+    me = psutil.Process()
+    since = me.create_time() if since is None else since
+    group = os.getpgid(0)
     for _ in range(2):   # a second pass for what a dying raylet spawned meanwhile
-        procs = []
+        procs, ours = [], {p.pid for p in me.children(recursive=True)}
         for proc in psutil.process_iter(["pid", "cmdline"]):
             try:
                 cmd = " ".join(proc.info["cmdline"] or [])
-                if proc.pid in before or proc.pid == me or os.getpgid(proc.pid) != group \
-                        or proc.create_time() < since:
+                if proc.pid in spare or proc.pid == me.pid:
+                    continue
+                if proc.pid not in ours and (os.getpgid(proc.pid) != group or proc.create_time() < since):
                     continue
                 if "ray::" in cmd or f"{os.sep}ray{os.sep}" in cmd:
                     proc.terminate()
@@ -218,6 +252,7 @@ def ray_session(address: str = "", *, num_cpus: int | None = None, log_to_driver
     else:
         gcs, session_dir = address, ""
     try:
+        safe_point()   # a stop signal that came while Ray started (rlctl.utils.interrupts)
         nodes = [n for n in ray.nodes() if n.get("Alive")]
         total = ray.cluster_resources()
         yield RaySession(address=gcs or address, embedded=owned and not address, owned=owned,

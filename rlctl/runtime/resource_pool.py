@@ -14,6 +14,7 @@ from __future__ import annotations
 import time
 
 from rlctl.errors import ConfigError, UsageError
+from rlctl.utils.interrupts import safe_point
 
 
 def visible_gpus() -> int:
@@ -101,6 +102,7 @@ class ResourcePool:
         self.placement_group = placement_group(self.bundles(), strategy=strategy, name="")
         start = time.monotonic()
         while not self._wait(0.5):
+            safe_point()   # a stop signal while the workers wait for their resources
             if time.monotonic() - start > timeout_s:
                 self.remove()
                 raise UsageError(self._shortfall(ray.cluster_resources(), len(ray.nodes())),

@@ -42,3 +42,60 @@ def setup_logging(debug: bool = False) -> None:
     (DEBUG under RLCTL_DEBUG=1). A process that already configured logging keeps its handlers."""
     logging.basicConfig(level=logging.WARNING, format=LOG_FORMAT, datefmt=DATE_FORMAT)
     logging.getLogger("rlctl").setLevel(logging.DEBUG if debug else logging.INFO)
+
+
+class PipeSafeStream:
+    """sys.stdout / sys.stderr that outlive their reader. `rlctl train ... | tee log` and Ctrl-C:
+    the terminal's SIGINT ends `tee` too, and the next write gets EPIPE while the run is on its way
+    to its safe point. Unhandled, that is a BrokenPipeError in the middle of the stop (rich even
+    turns it into SystemExit(1)), and the stop's checkpoint is lost. Here the first EPIPE points the
+    stream's file descriptor at /dev/null: nobody is reading any more, the run finishes its stop."""
+
+    def __init__(self, stream):
+        self._stream = stream
+
+    def write(self, text):
+        try:
+            return self._stream.write(text)
+        except BrokenPipeError:
+            self._reader_gone()
+            return len(text)
+
+    def flush(self) -> None:
+        try:
+            self._stream.flush()
+        except BrokenPipeError:
+            self._reader_gone()
+
+    def _reader_gone(self) -> None:
+        try:
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            try:
+                os.dup2(devnull, self._stream.fileno())
+            finally:
+                os.close(devnull)
+            self._stream.flush()   # what the buffer still holds goes to /dev/null
+        except (OSError, ValueError):
+            pass
+
+    def __getattr__(self, name):
+        return getattr(self._stream, name)
+
+
+def survive_closed_pipes() -> None:
+    """Make this process's stdout and stderr survive a reader that went away (see PipeSafeStream)."""
+    for name in ("stdout", "stderr"):
+        stream = getattr(sys, name)
+        if stream is not None and not isinstance(stream, PipeSafeStream):
+            setattr(sys, name, PipeSafeStream(stream))
+
+
+def flush_streams() -> None:
+    """Flush stdout and stderr now, through PipeSafeStream: a dead pipe costs nothing here, where
+    the interpreter's own flush at exit would print a BrokenPipeError and exit 120."""
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            if stream is not None:
+                stream.flush()
+        except (OSError, ValueError):
+            pass

@@ -47,6 +47,7 @@ class ViewApp(App):
         Binding("s", "cycle_sort", "sort"),
         Binding("r", "reverse_sort", "reverse"),
         Binding("p", "same_prompt", "same prompt"),
+        Binding("escape", "leave_filter", "leave the filter", show=False),
     ]
 
     def __init__(self, runs: list[RunView], *, follow_s: float = 1.0):
@@ -243,13 +244,19 @@ class ViewApp(App):
     # -- actions --------------------------------------------------------------------------------------
 
     def action_show_tab(self, tab: str) -> None:
+        # Focus moves first: a focused widget in the pane being hidden hands the focus on to the next
+        # one, the filter box in the samples pane, and TabbedContent follows the focus back there.
+        self.query_one("#table" if tab == "samples" else "#metrics").focus()
         self.query_one(TabbedContent).active = tab
-        if tab == "samples":
-            self.query_one("#table", DataTable).focus()
 
     def action_focus_filter(self) -> None:
         self.action_show_tab("samples")
         self.query_one("#filter", Input).focus()
+
+    def action_leave_filter(self) -> None:
+        """Escape in the filter box: back to the table, where the letter keys are keys again."""
+        if isinstance(self.focused, Input):
+            self.query_one("#table", DataTable).focus()
 
     def action_cycle_sort(self) -> None:
         self.sort_key = SORT_KEYS[(SORT_KEYS.index(self.sort_key) + 1) % len(SORT_KEYS)]

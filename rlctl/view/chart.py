@@ -45,8 +45,11 @@ def braille_chart(series: list[tuple[str, list[float], list[float]]], width: int
             k = owner[r][c]
             text.append(chr(0x2800 + bits[r][c]), style=COLORS[k % len(COLORS)] if k >= 0 else "")
         text.append("\n")
-    left, right = f"step {x0:g}", f"{x1:g}"
-    text.append(" " * (axis + 1) + left + right.rjust(max(1, cols - len(left))) + "\n", style="dim")
+    if x0 == x1:   # one step: its number, not a made-up range around it
+        text.append(" " * (axis + 1) + f"step {x0:g}".center(cols).rstrip() + "\n", style="dim")
+    else:
+        left, right = f"step {x0:g}", f"{x1:g}"
+        text.append(" " * (axis + 1) + left + right.rjust(max(1, cols - len(left))) + "\n", style="dim")
     for k, (label, xs, ys) in enumerate(series):
         text.append("━━ ", style=COLORS[k % len(COLORS)])
         text.append(f"{label} {_fmt(ys[-1])} ({_fmt(min(ys))}..{_fmt(max(ys))})\n")
@@ -57,7 +60,7 @@ def braille_chart(series: list[tuple[str, list[float], list[float]]], width: int
 def _segment(xa, ya, xb, yb, x0, x1, y0, y1, w, h):
     """The dot cells of the line from (xa, ya) to (xb, yb), in a w x h dot grid (row 0 at the top)."""
     def dot(x, y):
-        px = 0 if x1 == x0 else round((x - x0) / (x1 - x0) * (w - 1))
+        px = (w - 1) // 2 if x1 == x0 else round((x - x0) / (x1 - x0) * (w - 1))
         py = round((y1 - y) / (y1 - y0) * (h - 1))
         return px, py
 

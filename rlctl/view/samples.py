@@ -22,7 +22,7 @@ import math
 import operator
 import re
 
-_KNOWN = {"step", "uid", "data_source", "score", "acc", "prompt_ids", "response_ids", "response_mask", "messages",
+_KNOWN = {"step", "uid", "data_source", "score", "acc", "response_length", "prompt_ids", "response_ids", "response_mask", "messages",
           "num_turns", "tool_calls", "prompt", "response", "log_probs", "advantages", "index", "sample", "correct"}
 
 
@@ -59,10 +59,31 @@ def segments(ids: list[int] | None, runs: list[list[int]], decode) -> list[list]
 
 
 def logged_sample(row: dict, step: int, i: int) -> dict:
-    """A line of samples.jsonl: the decoded prompt (chat template included) and response."""
-    messages = [{"role": "user", "content": str(row.get("prompt", "")), "gen": False},
+    """A line of samples.jsonl: the decoded prompt (chat template included: split back into its
+    messages) and response; `acc` and `response_length` (tokens) where the run logged them."""
+    messages = [*template_messages(str(row.get("prompt", ""))),
                 {"role": "assistant", "content": str(row.get("response", "")), "gen": True}]
-    return _finish(_base(step, i, row, messages))
+    sample = _base(step, i, row, messages)
+    if isinstance(row.get("response_length"), int):
+        sample["length"] = row["response_length"]
+    return _finish(sample)
+
+
+# Chat templates' turn markers: ChatML (Qwen, SmolLM2, rlctl's tiny models) and Llama 3.
+_TURNS = (re.compile(r"<\|im_start\|>(\w+)\n(.*?)(?:<\|im_end\|>\n?|$)", re.S),
+          re.compile(r"<\|start_header_id\|>(\w+)<\|end_header_id\|>\n\n(.*?)(?:<\|eot_id\|>|$)", re.S))
+
+
+def template_messages(text: str) -> list[dict]:
+    """A prompt decoded with its chat template, as the messages it was made of (the generation
+    prompt's empty assistant turn dropped); text in no known template: one user message."""
+    for pattern in _TURNS:
+        turns = pattern.findall(text)
+        if turns:
+            if turns[-1][0] == "assistant" and not turns[-1][1].strip():
+                turns = turns[:-1]
+            return [{"role": role, "content": content.strip("\n"), "gen": False} for role, content in turns]
+    return [{"role": "user", "content": text, "gen": False}]
 
 
 def eval_sample(row: dict, i: int) -> dict:

@@ -53,7 +53,7 @@ def metrics(run: Path) -> list[dict]:
 def wait_for_step(proc, run: Path, step: int, timeout: float = 600) -> None:
     deadline = time.monotonic() + timeout
     while len(metrics(run)) < step:
-        assert proc.poll() is None, proc.communicate()[1][-3000:]
+        assert proc.poll() is None, (proc.communicate()[1] or "")[-3000:]
         assert time.monotonic() < deadline, "the run made no progress"
         time.sleep(0.2)
 
@@ -126,9 +126,10 @@ def test_four_ways_to_stop_a_chain_of_resumes_each_keep_a_checkpoint_and_resume_
     assert not list((run / "checkpoints").glob(".tmp-*"))  # leftovers of the killed save are cleaned
 
 
-def _wait_for_ray(proc, timeout: float = 120) -> None:
-    """Until the run's embedded Ray is up (a raylet among its children): ray.init has installed
-    its own SIGTERM handler by then, and no step has run yet."""
+def _wait_for_ray(proc, timeout: float = 180, marker: str = "raylet") -> None:
+    """Until a process whose command line has `marker` is among the run's: "raylet" while Ray
+    starts (ray.init would have installed its own SIGTERM handler by then), "ray::WorkerHost" while
+    the worker ranks start (load the model, join their process group). No step has run yet."""
     import psutil
 
     deadline = time.monotonic() + timeout
@@ -137,23 +138,29 @@ def _wait_for_ray(proc, timeout: float = 120) -> None:
         assert time.monotonic() < deadline, "Ray never started"
         names = " ".join(" ".join(p.cmdline()) for p in psutil.Process(proc.pid).children(recursive=True)
                          if p.is_running())
-        if "raylet" in names:
+        if marker in names:
             return
         time.sleep(0.1)
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("signum,exit_code,group", [(signal.SIGTERM, 143, True), (signal.SIGINT, 130, False)],
-                         ids=["sigterm-group", "sigint"])
-def test_signal_while_starting_stops_cleanly(signum, exit_code, group, tmp_path, tiny_model_dir):
+@pytest.mark.parametrize("signum,exit_code,group,marker",
+                         [(signal.SIGTERM, 143, True, "raylet"), (signal.SIGINT, 130, False, "raylet"),
+                          (signal.SIGINT, 130, True, "ray::WorkerHost")],
+                         ids=["sigterm-group-ray", "sigint-ray", "ctrl-c-workers"])
+def test_signal_while_starting_stops_cleanly(signum, exit_code, group, marker, tmp_path, tiny_model_dir):
+    """A stop while Ray or the worker ranks start: one line, exit 130 / 143, run.json "interrupted",
+    no process left; either at the start-up's next safe point or, when it is stuck in Ray's native
+    code past the grace period, ended by the watchdog (which says so)."""
     proj = make_project(tmp_path, tiny_model_dir)
     run = proj / "runs" / "grpo-gsm8k"
     proc = rlctl("train", *ARGS, cwd=proj)
-    _wait_for_ray(proc)
+    _wait_for_ray(proc, marker=marker)
     (os.killpg if group else os.kill)(proc.pid, signum)
     code, err = finish(proc, timeout=120)
     assert code == exit_code, err[-3000:]
-    assert "while starting" in err and "Traceback" not in err and "SIGTERM received" not in err
+    assert "while starting" in err, err[-3000:]
+    assert "Traceback" not in err and "SIGTERM received" not in err and "internal error" not in err, err[-3000:]
     info = json.loads((run / "run.json").read_text())
     assert info["status"] == "interrupted" and info["exit_code"] == exit_code
     assert metrics(run) == []
@@ -189,3 +196,32 @@ def _session_left(sid: int, within: float = 20.0) -> list[int]:
         if not left or time.monotonic() > deadline:
             return left
         time.sleep(0.3)
+
+
+@pytest.mark.slow
+def test_ctrl_c_of_a_run_piped_into_tee_still_stops_at_a_safe_point_with_a_checkpoint(tmp_path, tiny_model_dir):
+    """`rlctl train ... 2>&1 | tee log`, then Ctrl-C: the terminal's SIGINT ends tee as well, so
+    rlctl's stdout and stderr are pipes nobody reads (EPIPE on the next write). The run must still
+    stop at its safe point with the stop's checkpoint (no periodic saves here) and exit 130."""
+    proj = make_project(tmp_path, tiny_model_dir)
+    run = proj / "runs" / "grpo-gsm8k"
+    tee = subprocess.Popen(["cat"], stdin=subprocess.PIPE, stdout=subprocess.DEVNULL)   # the pipe's reader
+    proc = subprocess.Popen([sys.executable, "-m", "rlctl", "train", *ARGS, "run.save_every=0"], cwd=proj,
+                            env={**os.environ, "HF_HUB_OFFLINE": "1"}, stdout=tee.stdin, stderr=subprocess.STDOUT,
+                            start_new_session=True)
+    tee.stdin.close()                        # only rlctl holds the pipe's writing end now
+    try:
+        wait_for_step(proc, run, 1)
+        tee.kill()                           # Ctrl-C reached tee first: the reader is gone
+        tee.wait()
+        wait_for_step(proc, run, 2)          # a step's output went into the dead pipe meanwhile
+        os.killpg(proc.pid, signal.SIGINT)
+        code = proc.wait(timeout=600)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert code == 130
+    info = json.loads((run / "run.json").read_text())
+    assert info["status"] == "interrupted" and info["exit_code"] == 130, info
+    assert (run / "checkpoints" / "LATEST").read_text().strip() == f"step_{info['step']}"
+    assert len(metrics(run)) == info["step"]

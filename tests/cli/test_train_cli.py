@@ -68,6 +68,8 @@ def test_recipe_end_to_end(recipe, tmp_path, tiny_model_dir, gsm8k_dir, request,
     assert [r["step"] for r in rows] == [1, 2]
     assert REQUIRED_METRICS <= set(rows[0]), REQUIRED_METRICS - set(rows[0])
     assert "val/acc" in rows[-1]  # validation at the end, on test.parquet
+    logged = [json.loads(line) for line in (run / "samples.jsonl").read_text().splitlines()]
+    assert logged and all(isinstance(s["response_length"], int) and s["acc"] in (0.0, 1.0) for s in logged)
     info = json.loads((run / "run.json").read_text())
     assert info["status"] == "finished" and info["step"] == 2 and info["exit_code"] == 0
     assert (run / "checkpoints" / "LATEST").read_text().strip() == "step_2"

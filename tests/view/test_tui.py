@@ -163,3 +163,65 @@ def test_an_sft_run_and_an_eval_file_open_side_by_side(tmp_path):
     assert "sft: train/loss" in seen["curves"] and "(sft)" in seen["curves"] and "(eval)" in seen["curves"]
     assert "score 1" in seen["sample"] and "acc 1" in seen["sample"] and "ground_truth: 4" in seen["sample"]
     assert "── assistant (generated) ──" in seen["sample"]
+
+
+def _plain_run(tmp_path: Path) -> Path:
+    """A run folder as a plain GRPO run writes it (no rollout log): one metrics row at step 300 and
+    samples.jsonl lines whose prompt is the decoded chat template."""
+    run = tmp_path / "plain"
+    run.mkdir()
+    (run / "metrics.jsonl").write_text(json.dumps({"step": 300, "reward/mean": 0.5}) + "\n")
+    prompt = ("<|im_start|>system\nYou are helpful.<|im_end|>\n<|im_start|>user\nWhat is 2+3?<|im_end|>\n"
+              "<|im_start|>assistant\n")
+    (run / "samples.jsonl").write_text("".join(
+        json.dumps({"step": 300, "prompt": prompt, "response": r, "score": float(r == "5"), "acc": float(r == "5"),
+                    "response_length": n, "ground_truth": "5", "data_source": "arith"}) + "\n"
+        for r, n in (("5", 2), ("6 or so", 4))))
+    return run
+
+
+def test_tab_keys_go_back_and_forth_and_q_quits_from_the_samples_tab(tmp_path):
+    """v, then c, then q: each key does what the footer says (the filter box must not take them)."""
+    seen = {}
+
+    async def steps(app, pilot):
+        await pilot.press("v")
+        await pilot.pause()
+        seen["after_v"] = app.query_one("TabbedContent").active
+        await pilot.press("c")
+        await pilot.pause()
+        seen["after_c"] = app.query_one("TabbedContent").active
+        await pilot.press("v", "slash", "a", "backspace", "escape")   # into the filter and out again
+        await pilot.pause()
+        seen["filter"] = app.query_one("#filter").value
+        await pilot.press("q")
+        await pilot.pause()
+        seen["running"] = app.is_running
+
+    run_app(ViewApp([load_source(_plain_run(tmp_path))], follow_s=0), steps)
+    assert seen["after_v"] == "samples" and seen["after_c"] == "curves"
+    assert seen["filter"] == "" and not seen["running"]
+
+
+def test_a_plain_runs_samples_show_acc_len_and_the_conversation_not_the_template(tmp_path):
+    seen = {}
+
+    async def steps(app, pilot):
+        seen["curves"] = screen_text(app)
+        await pilot.press("v")
+        await pilot.pause()
+        seen["table"] = screen_text(app)
+        await pilot.press("slash", *"acc=0", "enter")
+        await pilot.pause()
+        seen["filtered"] = screen_text(app)
+        await pilot.press("enter")
+        await pilot.pause()
+        seen["sample"] = screen_text(app)
+
+    run_app(ViewApp([load_source(_plain_run(tmp_path))], follow_s=0), steps)
+    assert "step 300" in seen["curves"] and "299" not in seen["curves"] and "301" not in seen["curves"]
+    rows = [line for line in seen["table"].splitlines() if "arith" in line]
+    assert len(rows) == 2 and any(re.search(r"\b1\s+2\b", r) for r in rows), rows   # acc 1, len 2
+    assert "1 of 2 samples" in seen["filtered"]
+    assert "── system ──" in seen["sample"] and "── user ──" in seen["sample"]
+    assert "What is 2+3?" in seen["sample"] and "<|im_start|>" not in seen["sample"]
