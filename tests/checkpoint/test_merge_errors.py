@@ -174,6 +174,7 @@ def test_push_to_hub_offline_is_one_line_exit_3(trained_runs, tmp_path, capsys, 
     assert (tmp_path / "out" / "model.safetensors").is_file()   # the merge itself succeeded
 
 
+@pytest.mark.slow
 def test_an_unwritable_destination_is_a_usage_error(trained_runs, tmp_path, capsys):
     """A --to-hf below a regular file fails as root too (ENOTDIR): one line naming it, exit 2."""
     (tmp_path / "a-file").write_text("")
