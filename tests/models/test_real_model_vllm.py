@@ -26,4 +26,6 @@ def test_vllm_log_probs_match_the_trainer_s_on_real_weights(smollm2_dir):
     report = json.loads(lines[-1].removeprefix("REPORT "))
     assert report["float32"]["tokens"] > 8 and report["bfloat16"]["tokens"] > 8
     assert report["float32"]["max"] < 1e-3, report          # one computation, two kernels: rounding only
-    assert report["bfloat16"]["mean"] < 0.05, report        # bf16 on both sides: rounding of 8-bit mantissas
+    # bf16 on both sides, each rounding to 8-bit mantissas in its own order: a mean over the tokens, with room
+    # for another CPU's kernels; a push of the wrong weights is off by nats, not tenths
+    assert report["bfloat16"]["mean"] < 0.1, report
