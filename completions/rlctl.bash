@@ -12,6 +12,8 @@
 # rlctl init
 # rlctl merge
 # rlctl model
+# rlctl model convert
+# rlctl model get
 # rlctl model tiny
 # rlctl recipes
 # rlctl recipes list
