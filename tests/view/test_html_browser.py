@@ -13,6 +13,8 @@ import pytest
 from rlctl.cli.main import main
 from support.chromium import Chromium, find_chromium
 
+pytestmark = pytest.mark.slow   # it starts a headless Chromium
+
 
 @pytest.fixture(scope="module")
 def browser():
