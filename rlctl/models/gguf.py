@@ -65,7 +65,7 @@ def _check_supported(path: Path) -> str:
     return arch
 
 
-def _check_space(path: Path, out: Path, params_estimate: int) -> None:
+def _check_space(out: Path, params_estimate: int) -> None:
     parent = out.parent if out.parent.exists() else Path.cwd()
     need = params_estimate * BYTES_PER_PARAM
     free = shutil.disk_usage(parent).free
@@ -129,7 +129,7 @@ def convert_gguf(src: Path, out: Path) -> dict:
     """Write the Hugging Face folder of GGUF file `src` to `out`; returns what was written."""
     check_gguf_file(src)
     arch = _check_supported(src)
-    _check_space(src, out, params_estimate=src.stat().st_size * 8)   # Q4 ~ 0.6 bytes a weight: a wide margin
+    _check_space(out, params_estimate=src.stat().st_size * 8)   # Q4 ~ 0.6 bytes a weight: a wide margin
     try:
         model, tokenizer = _load(src.resolve())
     except (ValueError, KeyError, OSError) as e:

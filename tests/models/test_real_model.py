@@ -73,12 +73,10 @@ def test_convert_refuses_when_the_disk_cannot_hold_the_folder(tmp_path, monkeypa
 
     from rlctl.models import gguf
 
-    src = tmp_path / "m.gguf"
-    src.write_bytes(b"GGUF" + b"\0" * 1000)
     usage = namedtuple("usage", "total used free")
     monkeypatch.setattr(shutil, "disk_usage", lambda _: usage(10**6, 10**6 - 100, 100))
     with pytest.raises(DataError, match="not enough disk space"):
-        gguf._check_space(src, tmp_path / "out", params_estimate=8000)
+        gguf._check_space(tmp_path / "out", params_estimate=8000)
 
 
 @pytest.mark.slow
