@@ -1,6 +1,6 @@
 """Measurements live on one page: docs/benchmarks.md, each with its date, machine, versions and command.
 
-The guides (README.md and docs/*.md but the benchmarks page) say what a thing is, how to use it and
+The guides (README.md, bench's and the examples' READMEs, docs/*.md but the benchmarks page) say what a thing is, how to use it and
 why; they hold no dated figure and no run diary ("measured on this 2-core machine", "today"), and
 every link between the pages, anchors included, lands on a file and a heading that exist."""
 
@@ -9,7 +9,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 BENCHMARKS = ROOT / "docs" / "benchmarks.md"
-GUIDES = [ROOT / "README.md"] + sorted(p for p in (ROOT / "docs").glob("*.md") if p != BENCHMARKS)
+GUIDES = ([ROOT / "README.md", ROOT / "bench" / "README.md", ROOT / "bench" / "gpu" / "README.md"]
+          + sorted(ROOT.glob("examples/*/README.md"))
+          + sorted(p for p in (ROOT / "docs").glob("*.md") if p != BENCHMARKS))
 
 DATE = re.compile(r"\b20\d\d-[01]\d-[0-3]\d\b")
 # What a lab notebook says and a guide does not: where and when a figure was taken, or a wall time
@@ -93,6 +95,16 @@ def test_guides_hold_no_run_diary():
 def test_links_between_the_pages_land():
     found = [hit for page in GUIDES + [BENCHMARKS] for hit in broken_links(page)]
     assert not found, "\n".join(found)
+
+
+def test_recipes_and_code_point_at_headings_that_exist():
+    """Recipe headers and comments name figures as docs/PAGE.md#anchor: the anchor must exist."""
+    ref = re.compile(r"docs/([\w-]+\.md)#([\w-]+)")
+    files = [*ROOT.glob("recipes/*.toml"), *ROOT.glob("rlctl/**/*.py"), *ROOT.glob("bench/**/*.py")]
+    bad = [f"{f.relative_to(ROOT)}: docs/{page}#{anchor}" for f in files
+           for page, anchor in ref.findall(f.read_text())
+           if not (ROOT / "docs" / page).exists() or anchor not in anchors(ROOT / "docs" / page)]
+    assert not bad, "\n".join(bad)
 
 
 def test_every_benchmarks_section_says_when_it_was_run():
