@@ -24,6 +24,8 @@ DIARY = {
         r"\b(this|the) (repository's|project's|shared|dev) (shared )?(2[- ]v?(cpu|core)s? )?"
         r"(cpu )?(machine|cores|vm)\b", re.IGNORECASE),
     "a wall time to the second ('3 min 53 s')": re.compile(r"\b\d+ min \d+ s\b"),
+    "the machine's load during a run ('load 13-23', 'the reference machine')": re.compile(
+        r"\bload( average)? \d|\breference machine\b", re.IGNORECASE),
 }
 LINK = re.compile(r"\]\(([^)\s]+)\)")
 FENCE = re.compile(r"^\s*```[^`]*$")     # an info string holds no backtick: "```python block.`" is text
@@ -117,7 +119,7 @@ def test_every_benchmarks_section_says_when_it_was_run():
 def test_the_checks_catch_a_notebook(tmp_path):
     page = tmp_path / "guide.md"
     page.write_text("# Guide\n\n**Measured** (2 shared cores): 300 steps in 3 min 53 s on 2026-11-25.\n"
-                    "Today's run on this repository's 2-core machine.\n[x](#guide) [y](#nowhere)\n"
+                    "Today's run on this repository's 2-core machine (load 8), the reference machine.\n[x](#guide) [y](#nowhere)\n"
                     "```\n2026-01-31 12:00:05 INFO rlctl.serve: a log line keeps its timestamp\n```\n")
     assert len(dated_figures(page)) == 1
     assert {hit.split(": ")[1] for hit in diary_lines(page)} == set(DIARY)
