@@ -38,8 +38,7 @@ def check_ulysses(c: Config, ctx: CheckContext) -> list[Problem]:
     key = ACTOR_KEY if c.actor.ulysses_sequence_parallel_size > 1 else CRITIC_KEY
     if sp == 1:
         return problems
-    refused = [("run.kind", c.run.kind == "sft", "SFT (run.kind = \"sft\")"),
-               ("model.dtype", c.model.dtype == "float16", "model.dtype = \"float16\" (bfloat16 is tested)"),
+    refused = [("model.dtype", c.model.dtype == "float16", "model.dtype = \"float16\" (bfloat16 is tested)"),
                ("distill.loss", distill_enabled(c) and key == ACTOR_KEY, "distillation (a teacher)")]
     problems += [Problem(name, _refused(what, key)) for name, bad, what in refused if bad]
     return problems
