@@ -18,7 +18,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_sft_recipes_validate_and_list_as_sft():
-    for name in ("sft-arith-cpu", "sft-gsm8k"):
+    for name in ("sft-arith-cpu", "sft-arith-sp2-cpu", "sft-gsm8k"):
         problems, plan = validate(load_config(ROOT / "recipes" / f"{name}.toml"), machine=False)
         assert [p.format() for p in problems] == []
         assert dict(plan.rows())["run kind"].startswith("sft") and get_recipe(name).algorithm == "sft"

@@ -1,7 +1,7 @@
 """`rlctl train` of an SFT run with actor.ulysses_sequence_parallel_size = 2 is the run without it,
-only split: a short sft-arith-cpu run (tiny model, 2 Ray workers forming one sp group) logs the
-train and validation losses of the same run at sp = 1, and its step-1 checkpoint resumed at sp = 1
-logs the same later steps.
+only split: a short run of the sft-arith-sp2-cpu recipe (tiny model, 2 Ray workers forming one sp
+group) logs the train and validation losses of the same run at sp = 1, and its step-1 checkpoint
+resumed at sp = 1 logs the same later steps.
 
 Tolerance 1e-5 relative: float32 rounding (the sp ranks run attention on all tokens but half the
 heads; at sp = 1 the two ranks' micro-batches are cut from their own shards, at sp = 2 from the
@@ -38,12 +38,13 @@ def _same(a: dict, b: dict, step: int) -> None:
 
 @pytest.mark.timeout(900)
 def test_sft_sp2_run_equals_sp1_run_and_resumes_at_sp1(tmp_path, sft_project, ray_cluster):
-    project = sft_project(tmp_path)
+    project = sft_project(tmp_path, "sft-arith-sp2-cpu")
     config = project / "rlctl.toml"
-    start_training(load_config(config, [*OVERRIDES, "run.name=sp2", "actor.ulysses_sequence_parallel_size=2"]),
+    start_training(load_config(config, [*OVERRIDES, "run.name=sp2"]), address=None, force=False)
+    start_training(load_config(config, [*OVERRIDES, "run.name=sp1", "actor.ulysses_sequence_parallel_size=1"]),
                    address=None, force=False)
-    start_training(load_config(config, [*OVERRIDES, "run.name=sp1"]), address=None, force=False)
     sp2, sp1 = _rows(project / "runs" / "sp2"), _rows(project / "runs" / "sp1")
+    assert load_config(config).config.actor.ulysses_sequence_parallel_size == 2   # the recipe's own
     assert sorted(sp2) == sorted(sp1) == [1, 2, 3] and "val/loss" in sp2[3]
     assert sp2[3]["train/loss"] < sp2[1]["train/loss"]   # the steps moved the weights
     for step in sp2:
