@@ -42,7 +42,8 @@ def sft_rows(lengths: list[int], prompts: list[int], width: int, seed: int = 0) 
     cols = np.arange(width)[None]
     real = cols < np.asarray(lengths)[:, None]
     loss = real & (cols >= np.asarray(prompts)[:, None])
-    return {"input_ids": torch.as_tensor(np.where(real, ids, 0)), "attention_mask": torch.as_tensor(real.astype(np.int64)),
+    return {"input_ids": torch.as_tensor(np.where(real, ids, 0)),
+            "attention_mask": torch.as_tensor(real.astype(np.int64)),
             "loss_mask": torch.as_tensor(loss.astype(np.float32))}
 
 
