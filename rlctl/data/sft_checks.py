@@ -18,7 +18,8 @@ from rlctl.config.schema import Config
 # not used in training: `rlctl eval` of the merged model generates that many tokens at most.
 SFT_KEYS = ("run.", "model.", "resources.", "sft.", "data.train_files", "data.val_files", "data.batch_size",
             "data.shuffle", "data.max_response_length", "data.val_batch_size", "actor.lr", "actor.warmup_steps", "actor.lr_schedule",
-            "actor.min_lr_ratio", "actor.weight_decay", "actor.grad_clip", "actor.micro_batch_size")
+            "actor.min_lr_ratio", "actor.weight_decay", "actor.grad_clip", "actor.micro_batch_size",
+            "actor.ulysses_sequence_parallel_size")
 
 
 def flatten(raw: dict, prefix: str = "") -> list[str]:

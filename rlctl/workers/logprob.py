@@ -189,7 +189,7 @@ def response_log_probs(model: torch.nn.Module, input_ids: torch.Tensor, attentio
     """
     from rlctl.algorithms import entropy_from_logits, log_probs_from_logits
 
-    logits, layout, rows = _logits_and_rows(model, input_ids, attention_mask, response_width, pack, vision)
+    logits, layout, rows = logits_and_rows(model, input_ids, attention_mask, response_width, pack, vision)
     if temperature and temperature != 1.0:
         logits = logits / temperature
     valid = layout.response_valid
@@ -234,8 +234,10 @@ class _SPRows:
         return ulysses.gather_rows(x, self.sp, self.bounds)
 
 
-def _logits_and_rows(model, input_ids, attention_mask, response_width, pack, vision):
-    """(logits [m, V] float32, layout, rows): m = M, or this rank's predictors under sequence parallelism."""
+def logits_and_rows(model, input_ids, attention_mask, response_width, pack=None, vision=None):
+    """(logits [m, V] float32, layout, rows): m = M, or this rank's predictors under sequence
+    parallelism; rows.local(x) picks those of an [M, ...] tensor, rows.gather(y) puts the ranks'
+    [m, ...] outputs together into [M, ...] on every rank."""
     sp = ulysses.current()
     if sp is None:
         logits, layout = response_logits(model, input_ids, attention_mask, response_width, pack=pack, vision=vision)

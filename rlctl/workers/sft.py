@@ -10,9 +10,14 @@ Batch keys (B rows, right-padded to L):
     loss_mask       float32 [B, L]   1 where the token is a target (rlctl.data.sft)
 
 Loss: the mean negative log-likelihood over every target token of the step's whole batch (all
-ranks): each micro-batch adds sum(nll) / N_global x W, W = ranks (FSDP averages gradients over
-ranks), so W ranks take the step one rank would, and how rows are cut into micro-batches changes
-nothing but float rounding.
+ranks): each micro-batch adds sum(nll) / N_global x D, D = data-parallel ranks (FSDP averages
+gradients over ranks), so W ranks take the step one rank would, and how rows are cut into
+micro-batches changes nothing but float rounding.
+
+Sequence parallelism (actor.ulysses_sequence_parallel_size = S > 1, rlctl.workers.ulysses): the S
+ranks of a group pool their shards and each runs its 1/S of every packed micro-batch; the NLL of
+all the group's targets is gathered on each, and D = W / S (the S ranks' gradients sum to S x the
+group's, ulysses.gather_rows), so the step is the same as without it.
 """
 
 from __future__ import annotations
@@ -21,7 +26,7 @@ import numpy as np
 import torch
 
 from rlctl.runtime import Batch, Dispatch, register
-from rlctl.workers import fsdp
+from rlctl.workers import fsdp, ulysses
 from rlctl.workers.logprob import make_layout, use_packing
 from rlctl.workers.models import policy_engine
 
@@ -58,17 +63,33 @@ def target_nll(module: torch.nn.Module, input_ids: torch.Tensor, attention_mask:
     """-log p(token) of every target token [K] (row-major) and the row each belongs to [K].
 
     Rows are right-padded; token t is predicted by the output at t - 1. pack=True runs the rows as
-    one packed row (flash attention: varlen by position_ids), else trimmed to the longest row."""
+    one packed row (flash attention: varlen by position_ids), else trimmed to the longest row.
+    Under sequence parallelism (ulysses.active) the packed row is split over the sp group's ranks
+    and every rank gets all K values."""
     from rlctl.algorithms import log_probs_from_logits
 
-    layout = make_layout(input_ids, attention_mask, input_ids.shape[1] - 1, layout="pack" if pack else "trim")
+    sp = ulysses.current()
+    layout = make_layout(input_ids, attention_mask, input_ids.shape[1] - 1,
+                         layout="pack" if pack or sp is not None else "trim")
     keep = loss_mask[:, 1:][layout.response_valid] > 0                      # [M] real tokens -> targets
     rows_of = layout.response_valid.nonzero()[:, 0][keep]
     pred_row, pred_col, targets = layout.pred_row[keep], layout.pred_col[keep], layout.targets[keep]
+    if sp is not None:
+        return _split_nll(module, sp, layout, pred_col, targets), rows_of
     first, last = int(pred_col.min()), int(pred_col.max())
     out = layout.forward(module, logits_to_keep=torch.arange(first, last + 1, device=input_ids.device))
     logits = out.logits[pred_row, pred_col - first].float()                  # [K, V]
     return -log_probs_from_logits(logits, targets), rows_of
+
+
+def _split_nll(module, sp: ulysses.SPGroup, layout, pred_col: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """-log p of the K targets [K] on every rank of `sp`, each rank running its slice of the packed
+    row (pred_col: the targets' predictor columns, sorted as the pack layout makes them)."""
+    from rlctl.algorithms import log_probs_from_logits
+
+    out, part = ulysses.sliced_forward(module, sp, layout.input_ids, layout.position_ids, pred_col)
+    mine = targets[part.bounds[sp.rank]:part.bounds[sp.rank + 1]]
+    return ulysses.gather_rows(-log_probs_from_logits(out.logits[0].float(), mine), sp, part.bounds)
 
 
 class SFTWorker:
@@ -79,6 +100,8 @@ class SFTWorker:
         self.rank, self.world = fsdp.rank_and_world()
         self.actor = policy_engine(config, total_steps)   # the actor's: checkpoints are the actor's
         self.pack = use_packing(self.actor.module)
+        self.sp = ulysses.build_group(config.actor.ulysses_sequence_parallel_size, self.actor.module, self.world,
+                                      "actor.ulysses_sequence_parallel_size")
 
     def _micro_batches(self, shard: Batch) -> list[dict]:
         lengths = shard["attention_mask"].sum(1)
@@ -99,15 +122,17 @@ class SFTWorker:
         """One optimizer step on the step's batch. Metrics (the same on every rank): train/loss
         (token-mean NLL of the batch before the step), actor/grad_norm, actor/lr, actor/skipped_steps."""
         targets = float((batch["loss_mask"][:, 1:] > 0).sum())
-        total = fsdp.all_reduce_sum([targets])[0]
-        scale = self.world / max(total, 1.0)
+        total = fsdp.all_reduce_sum([targets])[0]   # each rank's own shard: every target counted once
+        scale = (self.world // (self.sp.size if self.sp else 1)) / max(total, 1.0)
 
         def loss_fn(micro: dict):
             nll, _ = target_nll(self.actor.module, micro["input_ids"], micro["attention_mask"], micro["loss_mask"],
                                 pack=self.pack)
             return nll.sum() * scale, {}
 
-        out = self.actor.train_mini_batch(self._micro_batches(batch), loss_fn)
+        rows, _, _ = ulysses.group_rows(batch, self.sp)   # sp > 1: the sp group's rows, the same on its ranks
+        with ulysses.active(self.sp):
+            out = self.actor.train_mini_batch(self._micro_batches(rows), loss_fn)
         lr = self.actor.lr()
         self.actor.end_train_step()
         loss = fsdp.all_reduce_sum([out["loss"]])[0] / self.world
@@ -117,17 +142,19 @@ class SFTWorker:
     @register(Dispatch.DP)
     def eval_nll(self, batch: Batch) -> Batch:
         """Per-row summed NLL of the target tokens and their count: nll_sum, targets [B] float64. Micro-batches
-        as in training (sft.micro_batch_max_tokens); whole weights, so ranks may run different counts."""
-        sums = np.zeros(len(batch), dtype=np.float64)
-        groups = plan_micro_batches(batch["attention_mask"].sum(1), max_tokens=self.cfg.sft.micro_batch_max_tokens,
+        as in training (sft.micro_batch_max_tokens); whole weights, so ranks may run different counts
+        (the ranks of an sp group run the same ones: they hold the same rows)."""
+        rows, start, stop = ulysses.group_rows(batch, self.sp)   # sp > 1: the group's rows; ours at start
+        sums = np.zeros(len(rows), dtype=np.float64)
+        groups = plan_micro_batches(rows["attention_mask"].sum(1), max_tokens=self.cfg.sft.micro_batch_max_tokens,
                                     max_rows=self.cfg.actor.micro_batch_size)
-        with self.actor.inference() as module:
+        with self.actor.inference() as module, ulysses.active(self.sp):
             for group in groups:
-                t = self._trimmed(batch, group)
-                nll, rows = target_nll(module, t["input_ids"], t["attention_mask"], t["loss_mask"], pack=self.pack)
-                np.add.at(sums, np.asarray(group)[rows.cpu().numpy()], nll.double().cpu().numpy())
+                t = self._trimmed(rows, group)
+                nll, of = target_nll(module, t["input_ids"], t["attention_mask"], t["loss_mask"], pack=self.pack)
+                np.add.at(sums, np.asarray(group)[of.cpu().numpy()], nll.double().cpu().numpy())
         counts = (batch["loss_mask"][:, 1:] > 0).sum(1).astype(np.float64)
-        return Batch({"nll_sum": sums, "targets": counts})
+        return Batch({"nll_sum": sums[start:stop], "targets": counts})
 
     @register(Dispatch.ALL)
     def flops_profile(self) -> dict:

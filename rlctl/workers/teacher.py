@@ -18,8 +18,8 @@ import numpy as np
 import torch
 
 from rlctl.runtime import Batch, Dispatch, register
-from rlctl.workers import fsdp
-from rlctl.workers.logprob import batched_response_outputs, response_logits, scatter_rows
+from rlctl.workers import fsdp, ulysses
+from rlctl.workers.logprob import batched_response_outputs, logits_and_rows, scatter_rows
 from rlctl.workers.models import load_causal_lm
 
 
@@ -33,25 +33,32 @@ class TeacherWorker:
         self.model = self.model.to(self.device).eval().requires_grad_(False)
         self.topk = min(config.distill.topk, self.model.config.vocab_size)
         self.micro_batch_size = config.actor.micro_batch_size
+        # the student's sp size (the teacher pass is the reference pass of another model): each rank
+        # of an sp group runs its slice of the packed rows, as the actor does
+        self.sp = ulysses.build_group(config.actor.ulysses_sequence_parallel_size, self.model, fsdp.rank_and_world()[1],
+                                      "actor.ulysses_sequence_parallel_size")
 
     @register(Dispatch.DP)
     def compute_teacher_log_prob(self, batch: Batch) -> Batch:
-        rows, width = len(batch), batch["response_mask"].shape[1]
-        if rows == 0:   # a rank's share of a teacher routed fewer rows than the group has ranks
+        width = batch["response_mask"].shape[1]
+        rows, start, stop = ulysses.group_rows(batch, self.sp)   # sp > 1: the sp group's rows; ours at start
+        if len(rows) == 0:   # a rank's share of a teacher routed fewer rows than the group has ranks
             return Batch(empty_teacher_outputs(0, width, self.topk), batch.meta)
-        with torch.no_grad():
-            out = batched_response_outputs(self.model, self.device, batch, self.micro_batch_size,
+        with torch.no_grad(), ulysses.active(self.sp):
+            out = batched_response_outputs(self.model, self.device, rows, self.micro_batch_size,
                                            forward=teacher_outputs, k=self.topk)
-        return Batch(out, batch.meta)
+        return Batch({key: value[start:stop] for key, value in out.items()}, batch.meta)
 
 
 def teacher_outputs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, response_width: int, *,
                     k: int) -> dict[str, torch.Tensor]:
-    """The teacher's log-prob of each response token and its top-k next tokens, at temperature 1."""
-    logits, layout = response_logits(model, input_ids, attention_mask, response_width)
-    log_probs = torch.log_softmax(logits, -1)                              # [M, V]
-    sampled = log_probs.gather(-1, layout.targets[:, None].long())         # [M, 1]
-    top, ids = log_probs.topk(k, -1)                                       # [M, K]
+    """The teacher's log-prob of each response token and its top-k next tokens, at temperature 1
+    (under sequence parallelism each rank those of its slice, gathered on every rank)."""
+    logits, layout, rows = logits_and_rows(model, input_ids, attention_mask, response_width)
+    log_probs = torch.log_softmax(logits, -1)                              # [m, V]
+    sampled = log_probs.gather(-1, rows.local(layout.targets)[:, None].long())   # [m, 1]
+    top, ids = log_probs.topk(k, -1)                                       # [m, K]
+    sampled, top, ids = rows.gather(sampled), rows.gather(top), rows.gather(ids)   # [M, ...]
     valid = layout.response_valid
     return {"teacher_log_prob": scatter_rows(sampled, valid)[..., 0],
             "teacher_topk_ids": scatter_rows(ids, valid),

@@ -1,8 +1,9 @@
 """Config checks of actor/critic.ulysses_sequence_parallel_size (rlctl.workers.ulysses).
 
 Config pass: the ranks split into sp groups, and what is not built with sequence parallelism yet
-is refused in one line each. Machine pass: the model's attention heads split over the sp ranks
-(read from model.path's config.json; a model not on disk is checked by the workers at start).
+(float16) is refused in one line. Machine pass: the attention heads of the model, and of the
+distillation teachers, split over the sp ranks (read from their config.json; a model not on disk
+is checked by the workers at start).
 Checks keep the contract of rlctl.config.checks: `check(config, ctx) -> list[Problem]`.
 """
 
@@ -14,6 +15,7 @@ from rlctl.config.checks import CheckContext
 from rlctl.config.loader import Problem
 from rlctl.config.plan import world_size
 from rlctl.config.schema import SEPARATE_ROLLOUT_MODES, Config, distill_enabled
+from rlctl.workers.distill_checks import teacher_paths
 from rlctl.workers.rollout.checks import model_config
 from rlctl.workers.ulysses import head_problem
 
@@ -38,16 +40,20 @@ def check_ulysses(c: Config, ctx: CheckContext) -> list[Problem]:
     key = ACTOR_KEY if c.actor.ulysses_sequence_parallel_size > 1 else CRITIC_KEY
     if sp == 1:
         return problems
-    refused = [("run.kind", c.run.kind == "sft", "SFT (run.kind = \"sft\")"),
-               ("model.dtype", c.model.dtype == "float16", "model.dtype = \"float16\" (bfloat16 is tested)"),
-               ("distill.loss", distill_enabled(c) and key == ACTOR_KEY, "distillation (a teacher)")]
-    problems += [Problem(name, _refused(what, key)) for name, bad, what in refused if bad]
+    if c.model.dtype == "float16":
+        problems.append(Problem("model.dtype", _refused("model.dtype = \"float16\" (bfloat16 is tested)", key)))
     return problems
 
 
 def check_ulysses_model(c: Config, ctx: CheckContext) -> list[Problem]:
-    """The heads of the model (actor) and the critic's model split over their sp sizes; no vision tower."""
-    problems = _model_problems(c, ctx, ACTOR_KEY, c.actor.ulysses_sequence_parallel_size)
+    """The heads of the model (actor), of each distillation teacher (its pass runs at the actor's
+    sp size) and of the critic's model split over their sp sizes; no vision tower."""
+    sp = c.actor.ulysses_sequence_parallel_size
+    problems = _model_problems(c, ctx, ACTOR_KEY, sp)
+    for name, path in (teacher_paths(c).items() if distill_enabled(c) and sp > 1 else ()):
+        teacher = dataclasses.replace(c, model=dataclasses.replace(c.model, path=path))
+        problems += [dataclasses.replace(p, message=f"teacher {name!r}: {p.message}")
+                     for p in _model_problems(teacher, ctx, ACTOR_KEY, sp)]
     if c.critic.model_path:
         c = dataclasses.replace(c, model=dataclasses.replace(c.model, path=c.critic.model_path))
     return problems + _model_problems(c, ctx, CRITIC_KEY, c.critic.ulysses_sequence_parallel_size)

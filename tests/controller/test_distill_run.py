@@ -123,3 +123,23 @@ def test_multi_teacher_routing_resume_and_teacher_set_check(tmp_path, make_proje
     make_teacher(proj / "teacher_b", seed=4, scale=1.0)   # same path, other weights: another teacher set
     with pytest.raises(CheckpointError, match="distillation teachers changed"):
         resume_training(run, step=2, address=None)
+
+
+@pytest.mark.slow
+def test_sp2_distillation_run_equals_sp1(tmp_path, make_project, ray_cluster):
+    """actor.ulysses_sequence_parallel_size = 2 with a colocated teacher (its pass split over the same
+    sp group as the student's) logs the metrics of the same run at sp = 1: float32 rounding, 1e-5."""
+    proj = make_project(tmp_path / "p", "grpo-arith-cpu")
+    make_teacher(proj / "teacher", seed=0)
+    cfg = CPU + ["resources.workers=2", "actor.micro_batch_size=4", "run.total_steps=3", "run.save_every=0",
+                 "distill.teacher=teacher", "distill.loss=forward_kl_topk", "run.seed=3"]
+    for sp in (2, 1):
+        start_training(load_config(proj / "rlctl.toml", cfg + [f"run.name=sp{sp}",
+                                                               f"actor.ulysses_sequence_parallel_size={sp}"]),
+                       address=None, force=False)
+    sp2, sp1 = (rows(proj / "runs" / f"sp{sp}" / "metrics.jsonl") for sp in (2, 1))
+    assert [r["step"] for r in sp2] == [r["step"] for r in sp1] == [1, 2, 3]
+    for a, b in zip(sp2, sp1):
+        for key in ("actor/distill_loss", "distill/rkl", "distill/teacher_mass", "actor/pg_loss", "actor/grad_norm",
+                    "reward/mean"):
+            assert a[key] == pytest.approx(b[key], abs=1e-5, rel=1e-5), (a["step"], key, a[key], b[key])

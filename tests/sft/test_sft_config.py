@@ -18,7 +18,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_sft_recipes_validate_and_list_as_sft():
-    for name in ("sft-arith-cpu", "sft-gsm8k"):
+    for name in ("sft-arith-cpu", "sft-arith-sp2-cpu", "sft-gsm8k"):
         problems, plan = validate(load_config(ROOT / "recipes" / f"{name}.toml"), machine=False)
         assert [p.format() for p in problems] == []
         assert dict(plan.rows())["run kind"].startswith("sft") and get_recipe(name).algorithm == "sft"
@@ -103,3 +103,16 @@ def test_sft_max_length_is_checked_against_the_models_context(tmp_path, tiny_mod
     assert problems("sft.max_length=4096")["sft.max_length"] == "4096 exceeds the model's context of 2048 tokens"
     found = problems("sft.max_length=2048", "data.max_response_length=4000")
     assert "sft.max_length" not in found and "data.max_response_length" not in found, found
+
+
+def test_sft_sequence_parallel_size_is_checked_against_the_models_heads(tmp_path, tiny_model_dir):
+    """The machine pass of an SFT config checks actor.ulysses_sequence_parallel_size as RL's does (tiny: 4 heads)."""
+    write_project(tmp_path, "sft-arith-sp2-cpu", str(tiny_model_dir))
+
+    def problems(*overrides):
+        return {p.key: p.message for p in validate(load_config(tmp_path / "rlctl.toml", list(overrides)))[0]
+                if p.severity == "error"}
+
+    assert "actor.ulysses_sequence_parallel_size" not in problems()
+    found = problems("actor.ulysses_sequence_parallel_size=8", "resources.workers=8")
+    assert "4 attention heads" in found["actor.ulysses_sequence_parallel_size"], found

@@ -56,9 +56,10 @@ def test_what_is_not_built_with_sp_is_refused_in_one_line(tmp_path):
     problems = check_ulysses(_config(model, run={"kind": "sft"}, model={"dtype": "float16",
                                                                         "gradient_checkpointing": True,
                                                                         "lora": {"rank": 8}}), ctx)
-    assert [p.key for p in problems] == ["run.kind", "model.dtype"]
+    assert [p.key for p in problems] == ["model.dtype"]
     tested = {"dtype": "bfloat16", "lora": {"rank": 8}, "gradient_checkpointing": True}
     assert check_ulysses(_config(model, model=tested), ctx) == []
+    assert check_ulysses(_config(model, run={"kind": "sft"}, model=tested), ctx) == []   # SFT is built
     assert all("is not supported with" in p.message and "yet" in p.message for p in problems)
     vlm = _model_dir(tmp_path, 4, 2, vision_config={"depth": 1})
     assert "vision-language" in check_ulysses_model(_config(vlm), ctx)[0].message
@@ -72,3 +73,17 @@ def test_the_critic_is_checked_like_the_actor_with_its_own_model(tmp_path):
     critic = _config(_model_dir(tmp_path, 4, 4), sp=1, workers=4,
                      critic={"ulysses_sequence_parallel_size": 4, "model_path": str(other)})
     assert [p.key for p in check_ulysses_model(critic, ctx)] == ["critic.ulysses_sequence_parallel_size"]
+
+
+def test_distillation_runs_with_sp_and_each_teachers_heads_are_checked(tmp_path):
+    ctx = CheckContext(base_dir=tmp_path, raw={})
+    student, good, bad = _model_dir(tmp_path, 4, 2), _model_dir(tmp_path, 8, 2), _model_dir(tmp_path, 6, 3)
+    one = _config(student, distill={"teacher": str(good)})
+    assert check_ulysses(one, ctx) == [] and check_ulysses_model(one, ctx) == []
+    routed = _config(student)
+    routed = dataclasses.replace(routed, distill=dataclasses.replace(routed.distill,
+                                                                     teachers={"a": str(good), "b": str(bad)}))
+    problems = check_ulysses_model(routed, ctx)
+    assert [p.key for p in problems] == ["actor.ulysses_sequence_parallel_size"]
+    assert "teacher 'b'" in problems[0].message and "3 KV heads" in problems[0].message
+    assert check_ulysses_model(_config(student, sp=1, workers=2, distill={"teacher": str(bad)}), ctx) == []
