@@ -68,3 +68,23 @@ def test_validate_refuses_what_the_prm_is_not_built_for():
     assert keys("prime") == [] and keys("grpo", mode="async") == []
     assert keys("prime", mode="async") == ["rollout.mode"]
     assert keys("prime", mode="one_step_off") == ["rollout.mode"]
+
+
+def test_validate_refuses_a_vision_language_model(tmp_path):
+    import json
+
+    from rlctl.config.checks import CheckContext
+    from rlctl.config.schema import Config, ModelConfig
+    from rlctl.workers.prime_checks import check_prime_model
+
+    for name, extra in (("text", {}), ("vlm", {"vision_config": {"depth": 1}})):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "config.json").write_text(json.dumps({"model_type": "qwen2", **extra}))
+
+    def keys(folder, algo="prime"):
+        c = Config(model=ModelConfig(path=folder))
+        c = dataclasses.replace(c, algorithm=dataclasses.replace(c.algorithm, name=algo))
+        return [p.key for p in check_prime_model(c, CheckContext(base_dir=tmp_path, raw={}, machine=True))]
+
+    assert keys("text") == [] and keys("vlm", "grpo") == []
+    assert keys("vlm") == ["algorithm.name"]
