@@ -36,3 +36,17 @@ def test_prime_runs_resumes_exactly_and_merges_the_policy(tmp_path, make_project
 
     merged = load_file(str(export_hf(run, tmp_path / "merged") / "model.safetensors"))
     assert merged.keys() == load_file(str(tiny_model_dir / "model.safetensors")).keys()
+
+
+@pytest.mark.slow
+def test_the_prm_in_a_pool_of_its_own(tmp_path, make_project, ray_cluster):
+    """resources.colocate = false: the PRM gets its own ranks, as a critic would, and still learns."""
+    from rlctl.controller.run import start_training
+
+    proj = make_project(tmp_path / "apart", "prime-arith-cpu")
+    overrides = [o for o in SMALL if not o.startswith(("resources.workers", "run.total_steps"))]
+    start_training(load_config(proj / "rlctl.toml", overrides + ["resources.workers=1", "resources.colocate=false",
+                                                                 "run.total_steps=2"]), address=None, force=False)
+    rows = [json.loads(line) for line in (proj / "runs" / "prime-arith-cpu" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2]
+    assert rows[0]["prm/loss"] == pytest.approx(math.log(2.0), abs=1e-5) and rows[1]["prm/loss"] != rows[0]["prm/loss"]
