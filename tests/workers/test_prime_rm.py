@@ -88,3 +88,24 @@ def test_validate_refuses_a_vision_language_model(tmp_path):
 
     assert keys("text") == [] and keys("vlm", "grpo") == []
     assert keys("vlm") == ["algorithm.name"]
+
+
+@pytest.mark.parametrize("update", ["before", "after", "none"])
+def test_the_controller_orders_update_and_scoring(tiny_model_dir, update):
+    """rlctl.controller.prime.process_rewards with the worker called in this process: "after" and "none"
+    score with the PRM as it starts (equal to its reference: every process reward 0), "before" with the
+    PRM its update just moved; "none" never trains it."""
+    from rlctl.controller.prime import process_rewards
+    from rlctl.workers.prime_rm import ImplicitPRMWorker
+
+    cfg = run_config(tiny_model_dir, algorithm={"name": "prime"})
+    cfg = dataclasses.replace(cfg, algorithm=dataclasses.replace(cfg.algorithm, params={
+        "prm_lr": 1e-2, "beta_train": 0.5, "prm_update": update}))
+    data = ragged_batch(rows=8)
+    data.update(acc=np.array([1, 0, 0, 1, 0, 1, 1, 0], dtype=np.float32), scores=np.zeros(8, dtype=np.float32))
+    batch, metrics = process_rewards(Batch(data, {"mini_batches": 1}), cfg, ImplicitPRMWorker(cfg, total_steps=4))
+    assert batch["prm_label"].tolist() == data["acc"].tolist()
+    moved = bool(np.abs(batch["rm_scores"]).max() > 0)
+    assert moved == (update == "before")
+    assert ("prm/loss" in metrics) == (update != "none")
+    assert metrics["prm/process_reward_mean"] == pytest.approx(float(batch["rm_scores"].sum(-1).mean()), abs=1e-6)
