@@ -5,7 +5,8 @@ a greedy baseline) comes from its registry declaration (`algorithms.algorithm_ne
 loop never asks which algorithm it is running. Each step is one call per worker method:
 
     rollout (generate + reward) -> [greedy baseline] -> [old log-probs] -> [ref log-probs]
-    -> [teacher log-probs] -> [implicit PRM: update + process rewards] -> [values] -> advantages -> [critic update] -> actor update -> log / validate / save
+    -> [teacher log-probs] -> [implicit PRM: update + process rewards] -> [values]
+    -> advantages -> [critic update] -> actor update -> log / validate / save
 """
 
 from __future__ import annotations
