@@ -111,10 +111,14 @@ def eval_cmd(
 
 
 def _eval_table(summary: dict) -> str:
-    keys = [k for k in summary["all"] if k not in ("prompts", "samples")]
-    rows = [("data_source", "prompts", "samples", *keys)]
+    """One row per data source and `all`; the reward's own metrics (e.g. `number`) as extra columns."""
+    keys = [k for k in summary["all"] if k not in ("prompts", "samples", "metrics")]
+    extra = list(summary["all"].get("metrics", {}))
+    rows = [("data_source", "prompts", "samples", *keys, *extra)]
     for name, m in [*summary["sources"].items(), ("all", summary["all"])]:
-        rows.append((name, str(m["prompts"]), str(m["samples"]), *(f"{m[k]:.4f}" for k in keys)))
+        own = m.get("metrics", {})
+        rows.append((name, str(m["prompts"]), str(m["samples"]), *(f"{m[k]:.4f}" for k in keys),
+                     *(f"{own[k]:.4f}" if k in own else "-" for k in extra)))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     lines = ["  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths)))
              for r in rows]

@@ -53,13 +53,16 @@ def ks_for(n: int) -> list[int]:
 
 
 def summarize(scores: list[list[float]], correct: list[list[bool]], n: int,
-              tool_use: list[list[bool]] | None = None) -> dict:
+              tool_use: list[list[bool]] | None = None, metrics: list[list[dict]] | None = None) -> dict:
     """Metrics over prompts: mean reward, accuracy, and mean@n / pass@k when n > 1; `tool_use`
-    (multi-turn): the fraction of samples that called a tool."""
+    (multi-turn): the fraction of samples that called a tool; `metrics`: per sample, the reward's own
+    metrics (e.g. arith_answer's `number`), each averaged over the samples that have it."""
     flat_scores = [s for row in scores for s in row]
     flat_correct = [c for row in correct for c in row]
     out = {"prompts": len(scores), "samples": len(flat_scores),
            "accuracy": sum(flat_correct) / len(flat_correct), "mean_reward": sum(flat_scores) / len(flat_scores)}
+    if metrics:
+        out["metrics"] = _mean_metrics([m for row in metrics for m in row])
     if tool_use is not None:
         flat_used = [u for row in tool_use for u in row]
         out["tool_use"] = sum(flat_used) / len(flat_used)
@@ -68,6 +71,14 @@ def summarize(scores: list[list[float]], correct: list[list[bool]], n: int,
         for k in ks_for(n):
             out[f"pass@{k}"] = sum(pass_at_k(len(row), sum(row), k) for row in correct) / len(correct)
     return out
+
+
+def _mean_metrics(samples: list[dict]) -> dict:
+    values = defaultdict(list)
+    for sample in samples:
+        for name, value in sample.items():
+            values[name].append(value)
+    return {name: sum(v) / len(v) for name, v in sorted(values.items())}
 
 
 def run_config(model_path: Path):
@@ -164,6 +175,7 @@ def run_eval(model_path: str | Path, data_file: str | Path, opts: EvalOptions, o
         if reward.model:   # loaded once the policy is done with
             sources.attach_model(_LocalRewardModel(reward))
         scores, correct, records = _score(rows, samples, sources)
+    metrics = _per_prompt([record["metrics"] for record in records], [len(row) for row in scores])
     _write_jsonl(out_path, records)
     by_source = defaultdict(list)
     for i, row in enumerate(rows):
@@ -172,9 +184,9 @@ def run_eval(model_path: str | Path, data_file: str | Path, opts: EvalOptions, o
     summary = {"model": str(model_path), "data": str(data_file), "n": opts.n, "temperature": temperature,
                "reward": _reward_label(reward), "out": str(out_path),
                "sources": {src: summarize([scores[i] for i in idx], [correct[i] for i in idx], opts.n,
-                                          [used[i] for i in idx] if used else None)
+                                          [used[i] for i in idx] if used else None, [metrics[i] for i in idx])
                            for src, idx in sorted(by_source.items())},
-               "all": summarize(scores, correct, opts.n, used)}
+               "all": summarize(scores, correct, opts.n, used, metrics)}
     if opts.config:
         summary["config"] = opts.config
     return summary
@@ -267,6 +279,14 @@ def _single_turn_samples(rows, prompts: list[str], generated):
             for row, prompt, row_samples in zip(rows, prompts, generated)]
 
 
+def _per_prompt(flat: list, counts: list[int]) -> list[list]:
+    out, start = [], 0
+    for count in counts:
+        out.append(flat[start:start + count])
+        start += count
+    return out
+
+
 def _score(rows, samples, sources):
     """Scores [prompt][sample], correctness (the reward's `acc` if it gives one, else score > 0), records.
 
@@ -282,9 +302,22 @@ def _score(rows, samples, sources):
             scores[-1].append(score), correct[-1].append(ok)
             records.append({"index": i, "sample": j, "data_source": row["data_source"], "prompt": row["prompt"],
                             "response": item["solution_str"], "ground_truth": item["ground_truth"],
-                            "score": score, "correct": ok, **fields})
+                            "score": score, "correct": ok, "metrics": _sample_metrics(result.extras, k), **fields})
             k += 1
     return scores, correct, records
+
+
+def _sample_metrics(extras: dict, k: int) -> dict:
+    """The reward's numeric metrics of sample k (NaN = the reward gave none for it)."""
+    out = {}
+    for name, values in extras.items():
+        try:
+            value = float(values[k])
+        except (TypeError, ValueError, IndexError):
+            continue
+        if not math.isnan(value):
+            out[name] = value
+    return out
 
 
 class _LocalRewardModel:

@@ -78,16 +78,11 @@ def test_a_run_trains_on_the_filtered_batch(tmp_path, make_project, ray_cluster)
     import json
 
     from rlctl.controller.run import start_training
-    from support.dense_reward import DENSE_REWARD
+    from support.dense_reward import DENSE_REWARD, ONE_DENSE_STEP
 
     proj = make_project(tmp_path, "grpo-gsm8k")
     (proj / "dense.py").write_text(DENSE_REWARD)
-    overrides = ["resources.gpus_per_node=0", "resources.workers=1", "data.max_response_length=8",
-                 "data.max_prompt_length=96", "data.val_files=[]", 'data.train_files=["data/arith/train.parquet"]',
-                 "model.dtype=float32", "model.gradient_checkpointing=false", "run.save_every=0",
-                 "reward.function=dense.py:compute_score", "reward.workers=1", "data.batch_size=4", "rollout.n=4",
-                 "actor.mini_batch_size=4", "actor.micro_batch_size=16", "run.total_steps=1",
-                 "algorithm.use_pf_ppo=true", "algorithm.pf_ppo.reweight_method=max_min"]
+    overrides = [*ONE_DENSE_STEP, "algorithm.use_pf_ppo=true", "algorithm.pf_ppo.reweight_method=max_min"]
     start_training(load_config(proj / "rlctl.toml", overrides), address=None, force=False)
     [row] = [json.loads(line) for line in (proj / "runs" / "grpo-gsm8k" / "metrics.jsonl").read_text().splitlines()]
     assert 0 < row["pf_ppo/unique_frac"] <= 1 and "actor/pg_loss" in row

@@ -136,7 +136,7 @@ def test_the_parameters_change_the_result(plugin_project):
 
 @pytest.mark.slow
 def test_a_run_passes_the_tables_to_the_plugins(tmp_path, make_project, ray_cluster):
-    from support.dense_reward import DENSE_REWARD
+    from support.dense_reward import DENSE_REWARD, ONE_DENSE_STEP
     from rlctl.controller.run import start_training
 
     tag = uuid.uuid4().hex[:8]
@@ -144,11 +144,7 @@ def test_a_run_passes_the_tables_to_the_plugins(tmp_path, make_project, ray_clus
     (proj / "estimator.py").write_text(ESTIMATOR.format(tag=tag))
     (proj / "loss.py").write_text(LOSS.format(tag=tag))
     (proj / "dense.py").write_text(DENSE_REWARD)
-    overrides = ["resources.gpus_per_node=0", "resources.workers=1", "data.max_response_length=8",
-                 "data.max_prompt_length=96", "data.val_files=[]", 'data.train_files=["data/arith/train.parquet"]',
-                 "model.dtype=float32", "model.gradient_checkpointing=false", "run.save_every=0",
-                 "reward.function=dense.py:compute_score", "reward.workers=1", "data.batch_size=4", "rollout.n=4",
-                 "actor.mini_batch_size=4", "actor.micro_batch_size=16", "run.total_steps=1",
+    overrides = [*ONE_DENSE_STEP,
                  'algorithm.plugins=["estimator.py", "loss.py"]', f"algorithm.name=scaled_{tag}",
                  "algorithm.params.centre=false", f"actor.policy_loss=weighted_pg_{tag}", "actor.loss_params.coef=0.25"]
     start_training(load_config(proj / "rlctl.toml", overrides), address=None, force=False)

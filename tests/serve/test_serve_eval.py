@@ -71,12 +71,14 @@ def test_eval_cli_scores_with_the_builtins_by_data_source(tiny_model_dir, parque
         expected = default_compute_score(r["data_source"], r["response"], r["ground_truth"])
         assert r["score"] == pytest.approx(expected["score"])
         assert r["correct"] == (expected["acc"] > 0)
+        assert r["metrics"]["acc"] == pytest.approx(expected["acc"])   # the reward's own metrics, per sample
         assert r["response_tokens"] <= 8
     for source, metrics in summary["sources"].items():
         mine = [r for r in records if r["data_source"] == source]
         assert metrics["prompts"] == len(mine)
         assert metrics["mean_reward"] == pytest.approx(sum(r["score"] for r in mine) / len(mine))
         assert metrics["accuracy"] == pytest.approx(sum(r["correct"] for r in mine) / len(mine))
+        assert metrics["metrics"]["acc"] == pytest.approx(sum(r["metrics"]["acc"] for r in mine) / len(mine))
     assert "pass@1" not in summary["all"]  # n = 1: no pass@k
 
 
@@ -155,3 +157,16 @@ def test_remote_generation_matches_local_generation(server, tiny_model_dir):
     remote = generate_remote(server.base_url, "tiny", prompts, params, api_key="test-key-123", concurrency=3)
     assert [[s.text for s in row] for row in remote] == [[s.text for s in row] for row in local]
     assert all(s.finish_reason in ("stop", "length") for row in remote for s in row)
+
+
+def test_summary_averages_the_rewards_own_metrics_over_the_samples_that_have_them():
+    from rlctl.cli.serve_cmd import _eval_table
+    from rlctl.serve.eval import summarize
+
+    metrics = [[{"acc": 1.0, "number": 1.0}, {"acc": 0.0, "number": 1.0}], [{"acc": 0.0}, {"acc": 0.0, "number": 0.0}]]
+    out = summarize([[1.0, 0.5], [0.0, 0.0]], [[True, False], [False, False]], 2, metrics=metrics)
+    assert out["metrics"] == {"acc": 0.25, "number": pytest.approx(2 / 3)}
+    assert "metrics" not in summarize([[1.0]], [[True]], 1)
+    table = _eval_table({"n": 2, "temperature": 1.0, "reward": "r", "out": "o.jsonl",
+                         "sources": {"s": out}, "all": out})
+    assert table.splitlines()[0].split()[-2:] == ["acc", "number"] and "0.6667" in table.splitlines()[1]
