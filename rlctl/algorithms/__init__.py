@@ -18,6 +18,7 @@ from .losses import policy_loss, value_loss
 from . import policy_loss_variants  # noqa: F401  (registers sapo, cispo, geo_mean, clip_cov, kl_cov, gpg, dppo_*)
 from . import decoupled  # noqa: F401  (registers decoupled_ppo)
 from . import vapo  # noqa: F401  (registers the vapo estimator and loss)
+from .prime import PrimeParams, masked_rloo, prime_process_rewards, prime_prm_loss  # (registers prime)
 from .selfplay import sppo_loss, spin_loss, win_rates   # (registers spin, sppo)
 from .registry import (AlgorithmError, EstimatorSpec, Needs, PolicyLossSpec, RequiredParam, algorithm_needs,
                        estimator_names, estimator_params, get_estimator, get_policy_loss, loss_params,
@@ -35,6 +36,6 @@ __all__ = [
     "filter_groups", "loss_params",
     "get_estimator", "get_policy_loss", "group_index", "kl_penalty", "log_probs_from_logits",
     "make_kl_controller", "pf_ppo_resample", "pf_ppo_weights", "REWEIGHT_METHODS", "masked_mean", "masked_sum", "masked_var", "masked_whiten", "overlong_penalty",
-    "policy_loss", "policy_loss_names", "register_estimator", "rollout_correction", "register_policy_loss",
+    "policy_loss", "policy_loss_names", "PrimeParams", "masked_rloo", "prime_process_rewards", "prime_prm_loss", "register_estimator", "rollout_correction", "register_policy_loss",
     "scores_to_token_rewards", "spin_loss", "sppo_loss", "sum_pi_squared_from_logits", "value_loss", "win_rates",
 ]

@@ -40,6 +40,7 @@ class EstimatorSpec:
     params: type | None = None          # frozen dataclass of its parameters ([algorithm.params]); with
                                         # needs_reward_components it has reward_keys (and reward_weights)
     reads: tuple[str, ...] = ()         # further batch columns it reads, passed by name (e.g. "scores")
+    needs_implicit_prm: bool = False    # rm_scores [B, T] from an implicit PRM trained online (PRIME)
 
     @property
     def min_group_size(self) -> int:
@@ -90,6 +91,7 @@ class Needs:
     sum_pi_squared: bool = False     # compute_log_prob must also return sum_pi_squared
     reward_components: bool = False  # the reward's named extras go to the estimator
     real_response: bool = False      # the data's reference answers join the batch beside the generations
+    implicit_prm: bool = False       # an implicit PRM worker group scores (and learns from) each batch
 
 
 _ESTIMATORS: dict[str, EstimatorSpec] = {}
@@ -118,7 +120,7 @@ def register_estimator(name: str, *, needs_critic: bool = False, needs_group: bo
                        needs_sum_pi_squared: bool = False,
                        needs_reward_components: bool = False,
                        needs_real_response: bool = False, params: type | None = None,
-                       reads: tuple[str, ...] = ()) -> Callable[[Callable], Callable]:
+                       reads: tuple[str, ...] = (), needs_implicit_prm: bool = False) -> Callable[[Callable], Callable]:
     """Decorator: register an advantage estimator under `name`; a taken name is an error.
     params: a frozen dataclass of its parameters (every field with a default); reads: batch columns."""
     _check_new("advantage estimator", name, _ESTIMATORS)
@@ -131,7 +133,8 @@ def register_estimator(name: str, *, needs_critic: bool = False, needs_group: bo
         _check_new("advantage estimator", name, _ESTIMATORS)
         _ESTIMATORS[name] = EstimatorSpec(name, fn, needs_critic, needs_group, needs_greedy_baseline,
                                           needs_reference, needs_old_log_prob, needs_sum_pi_squared,
-                                          needs_reward_components, needs_real_response, params, tuple(reads))
+                                          needs_reward_components, needs_real_response, params, tuple(reads),
+                                          needs_implicit_prm)
         return fn
 
     return decorator
@@ -191,7 +194,7 @@ def algorithm_needs(estimator: str, *, kl_in_reward: bool, use_kl_loss: bool) ->
                  greedy_baseline=spec.needs_greedy_baseline, min_group_size=spec.min_group_size,
                  old_log_prob=spec.needs_old_log_prob or spec.needs_sum_pi_squared,
                  sum_pi_squared=spec.needs_sum_pi_squared, reward_components=spec.needs_reward_components,
-                 real_response=spec.needs_real_response)
+                 real_response=spec.needs_real_response, implicit_prm=spec.needs_implicit_prm)
 
 
 def estimator_params(name: str, values=None):

@@ -11,7 +11,7 @@ POLICY_LOSSES = ("vanilla", "gspo", "sapo", "cispo", "geo_mean", "clip_cov", "kl
 KL_TYPES = ("k1", "kl", "abs", "k2", "mse", "k3", "low_var_kl", "k1+", "kl+", "abs+", "k2+", "mse+", "k3+",
             "low_var_kl+")   # "+": that value with k2's gradient (straight-through)
 ADV_ESTIMATORS = ("gae", "grpo", "rloo", "remax", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "grpo_passk",
-                  "opo", "gpg", "gdpo", "optimal_token_baseline", "spin", "sppo", "vapo")
+                  "opo", "gpg", "gdpo", "optimal_token_baseline", "spin", "sppo", "vapo", "prime")
 PF_PPO_REWEIGHT_METHODS = ("pow", "max_min", "max_random")   # rlctl.algorithms.pf_ppo.REWEIGHT_METHODS
 LOGGERS = ("console", "jsonl", "tensorboard", "wandb")
 REWARD_SOURCES = ("function", "model", "judge", "remote")   # rlctl.rewards.registry.SOURCES (a test keeps them equal)

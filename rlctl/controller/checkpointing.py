@@ -27,7 +27,7 @@ if TYPE_CHECKING:
 STATE_FILE = "trainer_state.json"
 # The roles' folders (session.roles' names): the ranks that load them check their contents, each
 # its share of the files (rlctl.workers.checkpoint_io.verify_share); the controller checks the rest.
-ROLE_FOLDERS = ("actor/", "critic/")
+ROLE_FOLDERS = ("actor/", "critic/", "prm/")
 
 
 def checked_here(path: str) -> bool:
@@ -51,7 +51,7 @@ def save(session: RunSession, step: int, *, final: bool = False) -> Path | None:
     from rlctl.config.loader import config_to_dict
 
     def write(tmp: Path) -> None:
-        for name, role in session.roles.items():   # actor/ (and critic/): each rank its shards
+        for name, role in session.roles.items():   # actor/ (and critic/, prm/): each rank its shards
             role.save_checkpoint(str(tmp / name))
         state = {"step": step, **{name: part.state_dict() for name, part in session.stateful.items()},
                  "world_size": session.config.resources.workers, "best": session.state.best}

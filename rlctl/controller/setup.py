@@ -94,6 +94,7 @@ class TrainSetup:
     critic: RoleHandle | None             # None: the algorithm's needs have no critic (GRPO, ...)
     reward: RewardSources
     teachers: Teachers | None = None      # distill: the teachers that score the student's tokens
+    prm: RoleHandle | None = None         # PRIME: the implicit PRM that scores and learns from each batch
     rollouts: RolloutSource = field(init=False)   # chosen by rollout.mode once the rest is built
 
     @property

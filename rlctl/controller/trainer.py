@@ -5,7 +5,8 @@ a greedy baseline) comes from its registry declaration (`algorithms.algorithm_ne
 loop never asks which algorithm it is running. Each step is one call per worker method:
 
     rollout (generate + reward) -> [greedy baseline] -> [old log-probs] -> [ref log-probs]
-    -> [teacher log-probs] -> [values] -> advantages -> [critic update] -> actor update -> log / validate / save
+    -> [teacher log-probs] -> [implicit PRM: update + process rewards] -> [values]
+    -> advantages -> [critic update] -> actor update -> log / validate / save
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from rlctl.controller import checkpointing, rollout, selfplay
+from rlctl.controller import checkpointing, prime, rollout, selfplay
 from rlctl.controller.advantage import apply_rollout_correction, compute_advantages, policy_filtration
 from rlctl.controller.setup import TrainSetup
 from rlctl.controller.timing import phase
@@ -72,6 +73,11 @@ class Trainer:
                 batch, more = selfplay.add_real_responses(batch, setup)
                 metrics.update(more)
             batch = self.log_probs(batch, step, metrics, timing)
+            if setup.prm is not None:   # PRIME: the implicit PRM learns from the outcomes and scores the tokens
+                with phase(timing, "prm"):
+                    batch, more = prime.process_rewards(with_mini_batches(batch, "actor", config, setup.prm),
+                                                        config, setup.prm)
+                metrics.update(more)
             if setup.needs.critic:
                 with phase(timing, "values"):
                     batch = batch.union(setup.critic.compute_values(batch))

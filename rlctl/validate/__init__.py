@@ -29,6 +29,7 @@ from rlctl.workers.distill_checks import check_distill, check_distill_teachers
 from rlctl.workers.expert_checks import check_expert_model, check_expert_parallel
 from rlctl.workers.lora_checks import check_lora, check_lora_targets
 from rlctl.workers.loss_checks import check_policy_loss, check_staleness_loss
+from rlctl.workers.prime_checks import check_prime, check_prime_model
 from rlctl.workers.rollout.checks import check_engine_installed, check_one_step_off, check_rollout_engine
 from rlctl.workers.ulysses_checks import check_ulysses, check_ulysses_model
 from rlctl.workers.vision_checks import check_vision
@@ -39,10 +40,10 @@ __all__ = ["RL_CHECKS", "RL_MACHINE_CHECKS", "SFT_CHECKS", "SFT_MACHINE_CHECKS",
 # second pass; the data files, which also fill the plan's rows, run just before them).
 RL_CHECKS = (check_algorithm, check_overlong, check_kl, check_policy_loss, check_staleness_loss,
              check_rollout_engine, check_one_step_off, check_lora, check_reward, check_multi_turn, check_distill,
-             check_selfplay, check_expert_parallel, check_ulysses, check_pf_ppo, check_critic_pretrain)
+             check_selfplay, check_expert_parallel, check_ulysses, check_pf_ppo, check_critic_pretrain, check_prime)
 RL_MACHINE_CHECKS = (check_model, check_lora_targets, check_engine_installed, check_loggers, check_cuda,
                      check_gpu_workers, check_cpu_split, check_distill_teachers, check_vision,
-                     check_image_data, check_expert_model, check_ulysses_model)
+                     check_image_data, check_expert_model, check_ulysses_model, check_prime_model)
 SFT_CHECKS = (check_sft_keys, check_sft_batch, check_lora, check_sft_best_metric, check_distill, check_expert_parallel,
               check_ulysses)
 SFT_MACHINE_CHECKS = (check_model, check_lora_targets, check_loggers, check_cuda, check_gpu_workers,

@@ -1,5 +1,5 @@
-"""Starting a run's workers from its config: the actor group, and the critic, the reward model
-(reward.model) and the distillation teachers co-located with it or apart.
+"""Starting a run's workers from its config: the actor group, and the critic, PRIME's implicit PRM,
+the reward model (reward.model) and the distillation teachers co-located with it or apart.
 
     workers = start_workers(cfg, total_steps=N, needs_reference=needs.reference,
                             needs_critic=needs.critic)
@@ -26,18 +26,21 @@ class Workers:
     reward_model: RoleHandle | None = None  # reward.model's workers, placed like the critic
     rollout: RoleHandle | None = None       # rollout.mode = "one_step_off": the separate rollout group
     teachers: dict[str, RoleHandle] = field(default_factory=dict)   # distill: name -> its teacher's workers
+    prm: RoleHandle | None = None           # PRIME's implicit PRM, placed like the critic
 
     def shutdown(self) -> None:
         for group in self.groups:
             group.shutdown()
 
 
-def start_workers(config, *, total_steps: int, needs_reference: bool, needs_critic: bool) -> Workers:
-    """The actor+rollout(+ref) group on resources.workers ranks; the critic in the same ranks when
-    resources.colocate (one process per rank holds both models), else in a pool of its own; with
-    rollout.mode = "one_step_off" a separate rollout group on resources.rollout_workers ranks."""
+def start_workers(config, *, total_steps: int, needs_reference: bool, needs_critic: bool,
+                  needs_prm: bool = False) -> Workers:
+    """The actor+rollout(+ref) group on resources.workers ranks; the critic (and PRIME's implicit PRM)
+    in the same ranks when resources.colocate (one process per rank holds both models), else in a pool
+    of its own; with rollout.mode = "one_step_off" a separate rollout group on resources.rollout_workers ranks."""
     from rlctl.workers.actor import ActorRolloutRefWorker
     from rlctl.workers.critic import CriticWorker
+    from rlctl.workers.prime_rm import ImplicitPRMWorker
 
     actor_spec = (ActorRolloutRefWorker, {"config": config, "total_steps": total_steps,
                                           "with_ref": needs_reference})
@@ -45,6 +48,9 @@ def start_workers(config, *, total_steps: int, needs_reference: bool, needs_crit
     roles = {"actor": actor_spec}
     if needs_critic and config.resources.colocate:
         roles["critic"] = critic_spec
+    prm_spec = (ImplicitPRMWorker, {"config": config, "total_steps": total_steps})
+    if needs_prm and config.resources.colocate:
+        roles["prm"] = prm_spec
     rm_spec = _reward_model_spec(config)
     if rm_spec and config.resources.colocate:
         roles["reward_model"] = rm_spec
@@ -59,6 +65,8 @@ def start_workers(config, *, total_steps: int, needs_reference: bool, needs_crit
         if needs_critic and not config.resources.colocate:
             groups.append(WorkerGroup(ResourcePool(config.resources, name="critic"), {"critic": critic_spec},
                                       name="critic"))
+        if needs_prm and not config.resources.colocate:
+            groups.append(WorkerGroup(ResourcePool(config.resources, name="prm"), {"prm": prm_spec}, name="prm"))
         if rm_spec and not config.resources.colocate:
             groups.append(WorkerGroup(ResourcePool(config.resources, name="reward_model"),
                                       {"reward_model": rm_spec}, name="reward_model"))
@@ -70,8 +78,9 @@ def start_workers(config, *, total_steps: int, needs_reference: bool, needs_crit
     critic = next(g.role("critic") for g in groups if "critic" in g.role_classes) if needs_critic else None
     reward_model = next(g.role("reward_model") for g in groups if "reward_model" in g.role_classes) if rm_spec else None
     rollout = next((g.role("rollout") for g in groups if "rollout" in g.role_classes), None)
+    prm = next((g.role("prm") for g in groups if "prm" in g.role_classes), None)
     return Workers(actor=groups[0].role("actor"), critic=critic, groups=groups, reward_model=reward_model,
-                   rollout=rollout, teachers={role.removeprefix(TEACHER_ROLE): g.role(role) for g in groups
+                   rollout=rollout, prm=prm, teachers={role.removeprefix(TEACHER_ROLE): g.role(role) for g in groups
                                               for role in g.role_classes if role.startswith(TEACHER_ROLE)})
 
 

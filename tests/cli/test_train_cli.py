@@ -21,7 +21,7 @@ import sys
 import pytest
 
 TWO_RANKS = ("ppo-gsm8k", "grpo-gsm8k")   # through the `config validate` command and on two ranks
-RECIPES = ["ppo-gsm8k", "grpo-gsm8k", "dapo-gsm8k", "rloo-gsm8k", "remax-gsm8k", "reinforce-pp-gsm8k"]
+RECIPES = ["ppo-gsm8k", "grpo-gsm8k", "dapo-gsm8k", "rloo-gsm8k", "remax-gsm8k", "reinforce-pp-gsm8k", "prime-gsm8k"]
 REQUIRED_METRICS = {"step", "reward/mean", "response_length/mean", "actor/pg_loss", "actor/kl", "actor/entropy",
                     "timing/step_s", "perf/tokens_per_s"}
 CPU = ["resources.gpus_per_node=0", "resources.workers=2", "data.batch_size=4", "actor.mini_batch_size=4",
