@@ -64,3 +64,31 @@ def test_version_and_no_args():
 def test_unknown_command_is_usage_error():
     out = rlctl_here("trian")
     assert out.returncode == 2
+
+
+# Options typer itself adds (help and shell completion): their `<bool>` column is typer's own rendering.
+TYPER_FLAGS = ("--help", "--install-completion", "--show-completion")
+
+
+def test_flags_show_no_value_type():
+    """`--version`, `--force` and every other on/off option read as plain flags in --help: a `<bool>`
+    column beside them would say they take a value (`--force true`)."""
+    import typer
+
+    from rlctl.cli.main import app
+
+    root = rlctl_here("--help")
+    version_line = next(line for line in root.stdout.splitlines() if "--version" in line)
+    assert "<bool>" not in version_line and "Print the version" in version_line
+
+    def walk(cmd, path):
+        yield path
+        for name, sub in sorted(getattr(cmd, "commands", {}).items()):
+            yield from walk(sub, path + [name])
+
+    for path in walk(typer.main.get_command(app), []):
+        out = rlctl_here(*path, "--help")
+        for line in out.stdout.splitlines():
+            if "<bool>" in line:
+                assert any(f in line for f in TYPER_FLAGS), f"`rlctl {' '.join(path)} --help`: {line.strip()}"
+
