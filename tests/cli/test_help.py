@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -92,3 +93,18 @@ def test_flags_show_no_value_type():
             if "<bool>" in line:
                 assert any(f in line for f in TYPER_FLAGS), f"`rlctl {' '.join(path)} --help`: {line.strip()}"
 
+
+@pytest.mark.slow   # a real interpreter writing into a real pipe
+@pytest.mark.parametrize("args", [["train", "-h"], ["--help"], ["--version"], ["config", "validate", "--help"]])
+def test_help_into_a_closed_pipe_exits_0_quietly(args):
+    """`rlctl train -h | head -1`: the reader is gone before the help is written. Like `git log | head -1`
+    that is no error: exit 0 and nothing on stderr (Click alone exits 1 on the broken pipe)."""
+    read_end, write_end = os.pipe()
+    os.close(read_end)   # the reader closes before a byte is written: the first write meets EPIPE
+    try:
+        proc = subprocess.run([sys.executable, "-m", "rlctl", *args], stdout=write_end, stderr=subprocess.PIPE,
+                              text=True, timeout=120, env={**os.environ, "COLUMNS": "100"})
+    finally:
+        os.close(write_end)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr == ""
