@@ -1,0 +1,98 @@
+"""`rlctl train --address` on a real two-node Ray cluster, and run.max_restarts when a node is lost.
+
+The two nodes live in two network namespaces on this machine (tests/support/netns.py): a worker
+group of two ranks is spread one rank per node (resources.nodes = 2: a STRICT_SPREAD placement
+group), the ranks meet in gloo over the veth pair, and the driver (`rlctl train`, a subprocess in
+the head's namespace) joins by address. After the second checkpoint node B's raylet is killed with
+SIGKILL: its rank dies, the attempt ends with a lost worker, and run.max_restarts starts new groups.
+Those need two nodes again, so the test brings node B back once rlctl prints its restart line (what
+a cluster's autoscaler or an operator does); the run then continues from its newest checkpoint and
+finishes. Needs root for `ip netns`: skipped with the reason where that is refused, never under CI.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from controller.test_resume_corrupted import CPU
+from support.chaos import latest_step
+from support.netns import NetnsCluster, netns_unavailable
+
+pytestmark = pytest.mark.slow   # starts Ray, trains a run or starts a subprocess
+
+STEPS = 4
+ARGS = [*(a for a in CPU if not a.startswith(("run.total_steps", "run.save_every"))),
+        f"run.total_steps={STEPS}", "run.save_every=2", "resources.nodes=2",
+        "run.max_restarts=1", "run.restart_backoff_s=1"]
+
+
+@pytest.fixture
+def netns_cluster():
+    reason = netns_unavailable()
+    if reason is not None:
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"CI must run the two-node cluster test: {reason}")
+        pytest.skip(reason)
+    cluster = NetnsCluster()
+    try:
+        cluster.create()
+        cluster.start_node("a")
+        cluster.start_node("b")
+        yield cluster
+    finally:
+        cluster.close()
+
+
+def test_train_on_two_nodes_recovers_from_a_lost_node(tmp_path, make_project, netns_cluster):
+    cluster = netns_cluster
+    proj = make_project(tmp_path / "p", "grpo-gsm8k")
+    run = proj / "runs" / "grpo-gsm8k"
+    proc = cluster.run_in("a", sys.executable, "-m", "rlctl", "train", "rlctl.toml", *ARGS,
+                          "--address", cluster.address, cwd=proj, stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, text=True)
+    lines: list[str] = []
+    events: dict[str, float] = {}
+
+    def follow() -> None:
+        for line in proc.stdout:
+            lines.append(line.rstrip("\n"))
+            if line.startswith("restart 1/1:") and "node_b_back" not in events:
+                cluster.stop_node("b")        # what the dead raylet left behind
+                cluster.start_node("b")
+                events["node_b_back"] = time.monotonic()
+
+    reader = threading.Thread(target=follow, daemon=True)
+    reader.start()
+    try:
+        deadline = time.monotonic() + 300
+        while latest_step(run) < 2 and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert latest_step(run) == 2 and proc.poll() is None, "\n".join(lines[-30:])
+        cluster.kill_raylet("b")              # the run is on step 3 of 4: node B is gone
+        code = proc.wait(timeout=300)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    reader.join(10)
+    out = "\n".join(lines)
+    assert code == 0, out[-4000:]
+    restarts = [line for line in lines if line.startswith("restart 1/1:")]
+    # Rank 1 (node B) died, or rank 0 saw its gloo peer at node B's address go away first.
+    assert len(restarts) == 1, out[-4000:]
+    assert "worker rank 1" in restarts[0] or cluster.ip["b"] in restarts[0], restarts[0]
+    assert "node_b_back" in events
+    assert "continuing from checkpoint step 2" in out, out[-4000:]
+    info = json.loads((run / "run.json").read_text())
+    assert info["status"] == "finished" and info["restarts"] == 1 and info["step"] == STEPS
+    logged = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in logged] == list(range(1, STEPS + 1))
+    assert [r["run/restarts"] for r in logged] == [0, 0, 1, 1]
