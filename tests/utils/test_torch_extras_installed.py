@@ -56,7 +56,8 @@ def run(venv: Path, *args: str, timeout: float = 600) -> subprocess.CompletedPro
 def extras_venv(tmp_path_factory) -> Path:
     venv = tmp_path_factory.mktemp("extras") / "venv"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
-    child = subprocess.run([str(venv / "bin" / "python"), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+    child = subprocess.run([str(venv / "bin" / "python"), "-c",
+                            "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
                            capture_output=True, text=True, check=True).stdout.strip()
     parent = {sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]}
     # After the venv's own site-packages: what pip installs there wins over the project's copies.
