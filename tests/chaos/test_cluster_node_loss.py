@@ -59,15 +59,22 @@ def test_train_on_two_nodes_recovers_from_a_lost_node(tmp_path, make_project, ne
                           "--address", cluster.address, cwd=proj, stdout=subprocess.PIPE,
                           stderr=subprocess.STDOUT, text=True)
     lines: list[str] = []
-    events: dict[str, float] = {}
+    node_b: dict[str, object] = {}
 
-    def follow() -> None:
+    def bring_back_node_b() -> None:
+        try:
+            cluster.stop_node("b")            # what the dead raylet left behind
+            cluster.start_node("b")
+            node_b["back"] = True
+        except Exception as err:  # noqa: BLE001 - reported by the assertion below
+            node_b["error"] = err
+
+    def follow() -> None:   # keeps reading while node B starts: a full pipe would stall rlctl
         for line in proc.stdout:
             lines.append(line.rstrip("\n"))
-            if line.startswith("restart 1/1:") and "node_b_back" not in events:
-                cluster.stop_node("b")        # what the dead raylet left behind
-                cluster.start_node("b")
-                events["node_b_back"] = time.monotonic()
+            if line.startswith("restart 1/1:") and "thread" not in node_b:
+                node_b["thread"] = threading.Thread(target=bring_back_node_b, daemon=True)
+                node_b["thread"].start()
 
     reader = threading.Thread(target=follow, daemon=True)
     reader.start()
@@ -83,13 +90,15 @@ def test_train_on_two_nodes_recovers_from_a_lost_node(tmp_path, make_project, ne
             proc.kill()
             proc.wait()
     reader.join(10)
+    if "thread" in node_b:
+        node_b["thread"].join(120)
     out = "\n".join(lines)
     assert code == 0, out[-4000:]
     restarts = [line for line in lines if line.startswith("restart 1/1:")]
-    # Rank 1 (node B) died, or rank 0 saw its gloo peer at node B's address go away first.
-    assert len(restarts) == 1, out[-4000:]
-    assert "worker rank 1" in restarts[0] or cluster.ip["b"] in restarts[0], restarts[0]
-    assert "node_b_back" in events
+    # Which rank reports first varies: rank 1 (node B) dead, or rank 0 failing in gloo as its peer
+    # at node B's address went away (a read error, or the process ended by gloo's abort).
+    assert len(restarts) == 1 and restarts[0].startswith("restart 1/1: actor worker rank"), out[-4000:]
+    assert node_b.get("back") is True, node_b
     assert "continuing from checkpoint step 2" in out, out[-4000:]
     info = json.loads((run / "run.json").read_text())
     assert info["status"] == "finished" and info["restarts"] == 1 and info["step"] == STEPS
