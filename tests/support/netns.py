@@ -29,10 +29,9 @@ def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess:
     return subprocess.run(["ip", *args], capture_output=True, text=True, check=check, timeout=30)
 
 
-def netns_unavailable() -> str | None:
-    """Why two namespaces cannot be made here (None: they can); tried for real with a scratch one."""
-    if shutil.which("ip") is None:
-        return "the `ip` command (iproute2) is not installed"
+def netns_refused() -> str | None:
+    """Why the kernel refuses a network namespace here (None: it allows one), tried for real with a
+    scratch namespace: not root, no CAP_NET_ADMIN (an unprivileged container)."""
     name = f"rlctl-probe-{os.getpid()}"
     made = _ip("netns", "add", name, check=False)
     if made.returncode != 0:
