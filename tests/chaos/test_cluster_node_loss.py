@@ -4,7 +4,8 @@ The two nodes live in two network namespaces on this machine (tests/support/netn
 group of two ranks is spread one rank per node (resources.nodes = 2: a STRICT_SPREAD placement
 group), the ranks meet in gloo over the veth pair, and the driver (`rlctl train`, a subprocess in
 the head's namespace) joins by address. After the second checkpoint node B's raylet is killed with
-SIGKILL: its rank dies, the attempt ends with a lost worker, and run.max_restarts starts new groups.
+SIGKILL: its rank notices within about a second and ends (a save may still land before that), the
+attempt ends with a lost worker, and run.max_restarts starts new groups.
 Those need two nodes again, so the test brings node B back once rlctl prints its restart line (what
 a cluster's autoscaler or an operator does); the run then continues from its newest checkpoint and
 finishes. Needs `ip` (iproute2; missing fails under CI=true) and root for `ip netns`: where the kernel
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -30,7 +32,7 @@ from support.netns import NetnsCluster, netns_refused
 
 pytestmark = pytest.mark.slow   # starts Ray, trains a run or starts a subprocess
 
-STEPS = 4
+STEPS = 8   # after the kill at step 2, six steps: the ranks notice a dead raylet within about a second
 ARGS = [*(a for a in CPU if not a.startswith(("run.total_steps", "run.save_every"))),
         f"run.total_steps={STEPS}", "run.save_every=2", "resources.nodes=2",
         "run.max_restarts=1", "run.restart_backoff_s=1"]
@@ -88,7 +90,7 @@ def test_train_on_two_nodes_recovers_from_a_lost_node(netns_cluster, tmp_path, m
         while latest_step(run) < 2 and proc.poll() is None and time.monotonic() < deadline:
             time.sleep(0.05)
         assert latest_step(run) == 2 and proc.poll() is None, "\n".join(lines[-30:])
-        cluster.kill_raylet("b")              # the run is on step 3 of 4: node B is gone
+        cluster.kill_raylet("b")              # the run is on step 3: node B is gone
         code = proc.wait(timeout=300)
     finally:
         if proc.poll() is None:
@@ -104,9 +106,11 @@ def test_train_on_two_nodes_recovers_from_a_lost_node(netns_cluster, tmp_path, m
     # at node B's address went away (a read error, or the process ended by gloo's abort).
     assert len(restarts) == 1 and restarts[0].startswith("restart 1/1: actor worker rank"), out[-4000:]
     assert node_b.get("back") is True, node_b
-    assert "continuing from checkpoint step 2" in out, out[-4000:]
+    # From step 2's checkpoint, or a later one the run still saved before rank 1 noticed its raylet gone.
+    resumed = [int(m.group(1)) for m in map(re.compile(r"continuing from checkpoint step (\d+)").search, lines) if m]
+    assert len(resumed) == 1 and 2 <= resumed[0] < STEPS, out[-4000:]
     info = json.loads((run / "run.json").read_text())
     assert info["status"] == "finished" and info["restarts"] == 1 and info["step"] == STEPS
     logged = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in logged] == list(range(1, STEPS + 1))
-    assert [r["run/restarts"] for r in logged] == [0, 0, 1, 1]
+    assert [r["run/restarts"] for r in logged] == [0] * resumed[0] + [1] * (STEPS - resumed[0])
