@@ -43,3 +43,9 @@ def refuse_overwrite(path: Path, force: bool) -> None:
         raise UsageError(f"{path} exists and is not a folder", hint="choose another path.")
     if path.is_dir() and any(path.iterdir()) and not force:
         raise UsageError(f"{path} is not empty", hint="pass --force to overwrite, or choose another path.")
+
+
+def flag(*names: str, **kwargs):
+    """An on/off option (`--force`), off by default. The empty metavar keeps typer's rich help from
+    printing a `<bool>` type column beside it, which reads as if the flag took a value (`--force true`)."""
+    return typer.Option(False, *names, metavar="", **kwargs)

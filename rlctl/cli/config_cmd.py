@@ -9,7 +9,7 @@ from typing import List, Optional
 
 import typer
 
-from rlctl.cli.common import emit, format_option
+from rlctl.cli.common import emit, flag, format_option
 from rlctl.errors import UsageError
 
 config_app = typer.Typer(help="Check, show and describe rlctl.toml.", no_args_is_help=True)
@@ -57,8 +57,8 @@ def load_checked(file: Optional[str], overrides: Optional[List[str]], *, strict:
 def validate_cmd(
     file: Optional[str] = FILE_ARG,
     overrides: Optional[List[str]] = OVERRIDES_ARG,
-    skip_machine: bool = typer.Option(False, "--skip-machine",
-                                      help="Check the config alone: not files, model, GPUs or packages."),
+    skip_machine: bool = flag("--skip-machine",
+                              help="Check the config alone: not files, model, GPUs or packages."),
     fmt: str = format_option("text", "json", help="text or json."),
     config: Optional[str] = CONFIG_OPTION,
 ) -> None:

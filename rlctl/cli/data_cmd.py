@@ -6,7 +6,7 @@ from pathlib import Path
 
 import typer
 
-from rlctl.cli.common import emit, format_option
+from rlctl.cli.common import emit, flag, format_option
 from rlctl.tasks.prep import source_help   # the built-in tasks' choices; no heavy import
 
 data_app = typer.Typer(help="Prepare and inspect training data (verl-compatible parquet).", no_args_is_help=True)
@@ -34,9 +34,9 @@ def prep(
     data_source: str = typer.Option(None, "--data-source",
                                     help="data_source written to each row (picks the built-in reward; "
                                          "default: the file's name)."),
-    force: bool = typer.Option(False, "--force", help="Overwrite existing split files in --out."),
-    sft: bool = typer.Option(False, "--sft", help="SFT data: add a `response` column (the reference solution) "
-                                                  "to every row; default --out data/<name>-sft/."),
+    force: bool = flag("--force", help="Overwrite existing split files in --out."),
+    sft: bool = flag("--sft", help="SFT data: add a `response` column (the reference solution) "
+                                          "to every row; default --out data/<name>-sft/."),
     tools: str = typer.Option("", "--tools", metavar="TOOL[,TOOL]",
                               help="gsm8k/math prompts for tool use: a system message offers these built-in "
                                    "tools (python, calculator) and asks for the final answer in the reward's "

@@ -13,6 +13,7 @@ import sys
 import typer
 
 from rlctl import __version__
+from rlctl.cli.common import flag
 from rlctl.errors import EXIT_INTERNAL, EXIT_INTERRUPTED, Interrupted, RlctlError, unusable_path
 from rlctl.utils.output import disable_progress_bars, flush_streams, setup_logging, survive_closed_pipes
 
@@ -35,8 +36,8 @@ def _version(value: bool) -> None:
 
 
 @app.callback()
-def _root(version: bool = typer.Option(False, "--version", callback=_version, is_eager=True,
-                                       help="Print the version and exit.")) -> None:
+def _root(version: bool = flag("--version", callback=_version, is_eager=True,
+                               help="Print the version and exit.")) -> None:
     """RL post-training of LLMs from the command line."""
 
 

@@ -7,7 +7,7 @@ from typing import Optional
 
 import typer
 
-from rlctl.cli.common import emit, format_option
+from rlctl.cli.common import emit, flag, format_option
 
 
 def merge(
@@ -15,16 +15,16 @@ def merge(
     to_hf: Path = typer.Option(..., "--to-hf", help="Folder to write the Hugging Face model into.",
                                show_default=False),
     step: Optional[int] = typer.Option(None, "--step", min=0, help="Checkpoint step (default: the newest valid)."),
-    best: bool = typer.Option(False, "--best", help="The best checkpoint by run.best_metric (checkpoints/BEST.json) "
-                                                    "instead of the newest; not with --step."),
+    best: bool = flag("--best", help="The best checkpoint by run.best_metric (checkpoints/BEST.json) "
+                                            "instead of the newest; not with --step."),
     dtype: str = typer.Option("auto", help="auto (the base model's dtype), float32, bfloat16 or float16."),
     lora: str = typer.Option("merge", help="LoRA runs: merge (adapter folded into the weights) or adapter "
                                            "(a PEFT adapter folder)."),
-    force: bool = typer.Option(False, "--force", help="Replace a non-empty --to-hf folder (after the new one is "
-                                                      "complete)."),
+    force: bool = flag("--force", help="Replace a non-empty --to-hf folder (after the new one is "
+                                              "complete)."),
     push_to_hub: Optional[str] = typer.Option(None, "--push-to-hub", metavar="REPO",
                                               help="Then upload the folder to this Hub repo (user/name)."),
-    private: bool = typer.Option(False, "--private", help="Create the Hub repo as private (with --push-to-hub)."),
+    private: bool = flag("--private", help="Create the Hub repo as private (with --push-to-hub)."),
     fmt: str = format_option("text", "json", help="text or json."),
 ) -> None:
     """Export a checkpoint as a Hugging Face folder and verify its logits against the trained weights.

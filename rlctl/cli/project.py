@@ -7,7 +7,7 @@ from typing import Optional
 
 import typer
 
-from rlctl.cli.common import emit, format_option
+from rlctl.cli.common import emit, flag, format_option
 
 recipes_app = typer.Typer(help="The built-in recipes (PPO, GRPO, DAPO, RLOO, ReMax, REINFORCE++, SFT).",
                           no_args_is_help=True)
@@ -61,7 +61,7 @@ def init(
     directory: Path = typer.Argument(Path("."), help="Project folder (created if missing)."),
     recipe: str = typer.Option(..., "--recipe", "-r", help="Recipe name (see `rlctl recipes list`)."),
     model: Optional[str] = typer.Option(None, "--model", "-m", help="Hub id or local model folder."),
-    force: bool = typer.Option(False, "--force", help="Overwrite existing project files."),
+    force: bool = flag("--force", help="Overwrite existing project files."),
 ) -> None:
     """Create a runnable project: rlctl.toml, reward.py, README.md, .gitignore, rlctl.schema.json.
 

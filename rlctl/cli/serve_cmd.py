@@ -7,7 +7,7 @@ from typing import Optional
 
 import typer
 
-from rlctl.cli.common import emit, format_option
+from rlctl.cli.common import emit, flag, format_option
 
 MODEL_ARG = typer.Argument(..., help="A Hugging Face model folder, or a run folder (its latest checkpoint).",
                            show_default=False)
@@ -23,7 +23,7 @@ def serve(
                                           help="Require 'Authorization: Bearer KEY' on every route but /health."),
     served_model_name: Optional[str] = typer.Option(None, help="Model name clients send (default: the folder name)."),
     max_concurrency: int = typer.Option(32, min=1, help="Most sequences decoded together in one batch."),
-    insecure: bool = typer.Option(False, "--insecure", help="Allow a non-loopback --host without an API key."),
+    insecure: bool = flag("--insecure", help="Allow a non-loopback --host without an API key."),
     dtype: str = typer.Option("auto", help="auto (bfloat16 on GPU, float32 on CPU), float32, bfloat16, float16."),
     tensor_parallel_size: int = typer.Option(1, min=1, help="vllm/sglang: GPUs to shard the model over."),
     step: Optional[int] = typer.Option(None, min=0, help="Run folder: serve this checkpoint step (default latest)."),
@@ -33,8 +33,8 @@ def serve(
     prompt_logprobs: int = typer.Option(0, "--prompt-logprobs", min=0,
                                         help="hf: answer /v1/completions' prompt_logprobs (vLLM's extension) up to this "
                                              "many top tokens, e.g. for a distillation teacher (0 = refuse)."),
-    allow_remote_images: bool = typer.Option(False, "--allow-remote-images",
-                                             help="hf: fetch http(s) image_url parts (default: data: URLs only)."),
+    allow_remote_images: bool = flag("--allow-remote-images",
+                                     help="hf: fetch http(s) image_url parts (default: data: URLs only)."),
 ) -> None:
     """Serve a model over an OpenAI-compatible HTTP API (/v1/chat/completions, /v1/completions).
 

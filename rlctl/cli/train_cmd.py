@@ -7,7 +7,7 @@ from typing import List, Optional
 
 import typer
 
-from rlctl.cli.common import emit, format_option
+from rlctl.cli.common import emit, flag, format_option
 from rlctl.cli.config_cmd import CONFIG_OPTION, FILE_ARG, OVERRIDES_ARG, with_config_option
 
 ADDRESS = typer.Option(None, "--address", help="Ray cluster: 'auto' or 'ray://host:port' (default: embedded Ray, "
@@ -16,8 +16,8 @@ ADDRESS = typer.Option(None, "--address", help="Ray cluster: 'auto' or 'ray://ho
 
 def train(file: Optional[str] = FILE_ARG, overrides: Optional[List[str]] = OVERRIDES_ARG,
           address: Optional[str] = ADDRESS,
-          force: bool = typer.Option(False, "--force", help="Start over in a run folder that has no checkpoints "
-                                                            "(the old folder is moved aside, not deleted)."),
+          force: bool = flag("--force", help="Start over in a run folder that has no checkpoints "
+                                                    "(the old folder is moved aside, not deleted)."),
           config: Optional[str] = CONFIG_OPTION) -> None:
     """Train: validate the config, start Ray and the workers, run the RL loop.
 

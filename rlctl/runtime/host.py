@@ -36,9 +36,12 @@ class WorkerHost:
         return {"rank": self.rank, "pid": os.getpid(), "node_id": ctx.get_node_id(),
                 "ip": ray.util.get_node_ip_address(), "port": free_port() if self.rank == 0 else 0}
 
-    def init_process_group(self, master_addr: str, master_port: int, timeout_s: float) -> None:
+    def init_process_group(self, master_addr: str, master_port: int, timeout_s: float,
+                           spans_nodes: bool = False) -> None:
         import torch.distributed as dist
 
+        if spans_nodes:
+            _gloo_on_node_address()
         os.environ.update(MASTER_ADDR=master_addr, MASTER_PORT=str(master_port), RANK=str(self.rank),
                           WORLD_SIZE=str(self.world_size), LOCAL_RANK=str(self.local_rank))
         backend = "cpu:gloo,cuda:nccl" if self.use_gpu else "gloo"
@@ -61,3 +64,19 @@ class WorkerHost:
         self.roles.clear()
         if dist.is_initialized():
             dist.destroy_process_group()
+
+
+def _gloo_on_node_address() -> None:
+    """Make gloo listen on the interface Ray knows this node by. Left alone, gloo binds to the address
+    the machine's hostname resolves to, which /etc/hosts often maps to 127.0.0.1 (127.0.1.1 on Debian):
+    each rank then tells the others to connect to its loopback, and a group spread over two nodes fails
+    with `Gloo connectFullMesh failed ... remote=[127.0.0.1]`. GLOO_SOCKET_IFNAME set by the user wins."""
+    import ray
+
+    from rlctl.utils.net import interface_of
+
+    if os.environ.get("GLOO_SOCKET_IFNAME"):
+        return
+    iface = interface_of(ray.util.get_node_ip_address())
+    if iface is not None:
+        os.environ["GLOO_SOCKET_IFNAME"] = iface

@@ -69,7 +69,9 @@ class WorkerGroup:
         try:
             self.info = self._all("node_info", role=name)
             master = self.info[0]
-            self._all("init_process_group", master["ip"], master["port"], collective_timeout_s, role=name)
+            spans_nodes = len({i["node_id"] for i in self.info}) > 1
+            self._all("init_process_group", master["ip"], master["port"], collective_timeout_s, spans_nodes,
+                      role=name)
             for role, (cls, kwargs) in roles.items():
                 self._all("add_role", role, cls, kwargs, role=role, method=f"{cls.__name__}.__init__")
         except BaseException:
