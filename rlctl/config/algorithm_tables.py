@@ -15,8 +15,17 @@ from rlctl.config.names import PF_PPO_REWEIGHT_METHODS
 @dataclass(frozen=True)
 class DynamicSamplingConfig:
     enable: bool = opt(False, "DAPO: keep only groups whose metric varies; regenerate to fill the batch.")
-    metric: str = opt("score", "Per-sample metric whose within-group spread decides.", choices=("score", "acc"))
-    max_gen_batches: int = opt(4, "Generation rounds per step before training on what there is.", ge=1)
+    metric: str = opt("score", "Per-sample metric the filter reads: its spread within a group (or its group mean "
+                                "with filter_accuracy).", choices=("score", "acc"))
+    max_gen_batches: int = opt(4, "Generation rounds per step before training on what there is (verl PRIME's "
+                                  "oversample_factor).", ge=1)
+    filter_accuracy: bool = opt(False, "PRIME's accuracy filter: keep a group whose mean acc lies in "
+                                       "[accuracy_lower_bound, accuracy_upper_bound], ends included, instead of "
+                                       "one whose metric varies; needs metric = \"acc\".")
+    accuracy_lower_bound: float = opt(0.2, "filter_accuracy: the lowest mean acc kept.", ge=0, le=1)
+    accuracy_upper_bound: float = opt(0.8, "filter_accuracy: the highest mean acc kept.", ge=0, le=1)
+    filter_truncate: bool = opt(False, "Also drop a group any of whose responses ran out of "
+                                       "data.max_response_length before an EOS (PRIME's filter_truncate).")
 
 
 @dataclass(frozen=True)

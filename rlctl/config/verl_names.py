@@ -61,6 +61,11 @@ VERL_KEYS = {
     "reward_model.overlong_buffer.enable": "reward.overlong.enable",
     "reward_model.overlong_buffer.len": "reward.overlong.buffer_len",
     "reward_model.overlong_buffer.penalty_factor": "reward.overlong.penalty_factor",
+    "data.filter_accuracy": "algorithm.dynamic_sampling.filter_accuracy",      # verl's PRIME recipe
+    "data.accuracy_lower_bound": "algorithm.dynamic_sampling.accuracy_lower_bound",
+    "data.accuracy_upper_bound": "algorithm.dynamic_sampling.accuracy_upper_bound",
+    "data.filter_truncate": "algorithm.dynamic_sampling.filter_truncate",
+    "data.oversample_factor": "algorithm.dynamic_sampling.max_gen_batches",
 }
 
 # The last word of a key as TRL / torchtune / verl users write it -> rlctl's word in the same section.

@@ -41,7 +41,6 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from rlctl import algorithms
 from rlctl.controller import rollout
 from rlctl.controller.async_schedule import AsyncSchedule
 from rlctl.controller.timing import phase
@@ -294,8 +293,7 @@ class AsyncRollout:
         reward_s = self.scored.get("timing/reward_s", 0.0) + time.perf_counter() - start
         self.scored = rollout.merge_round(self.scored, new, self.scored_count)
         self.scored["timing/reward_s"] = reward_s
-        metric = batch["acc"] if self.sampling.metric == "acc" else batch["scores"]
-        informative = algorithms.filter_groups(batch["uid"].tolist(), metric).keep.reshape(-1, self.n)[:, 0]
+        informative = rollout.sampling_filter(batch, self.sampling).keep.reshape(-1, self.n)[:, 0]
         extra = np.flatnonzero(~informative)[:max(0, keep - int(informative.sum()))]
         informative[extra] = True   # the last allowed generation: topped up to what the step needs
         self.plan.filtered += int((~informative).sum())

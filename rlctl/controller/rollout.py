@@ -125,8 +125,7 @@ def rollout(setup, step: int) -> tuple[Batch, dict]:
         metrics["timing/reward_s"] = reward_s  # part of timing/gen_s (the rollout phase)
         if not ds.enable:
             return batch, metrics
-        metric = batch["acc"] if ds.metric == "acc" else batch["scores"]
-        keep = algorithms.filter_groups(batch["uid"].tolist(), metric)
+        keep = sampling_filter(batch, ds)
         if keep.num_kept:
             kept.append(batch.select(np.flatnonzero(keep.keep)))
             have += keep.num_kept
@@ -140,6 +139,16 @@ def rollout(setup, step: int) -> tuple[Batch, dict]:
     metrics.update({"dynamic_sampling/rounds": rounds, "dynamic_sampling/groups": float(min(have, want)),
                     "dynamic_sampling/short": float(have < want)})
     return full, metrics
+
+
+def sampling_filter(batch: Batch, ds) -> algorithms.GroupFilter:
+    """Which groups of a scored batch dynamic sampling keeps (`ds`: algorithm.dynamic_sampling):
+    those whose metric varies, or with filter_accuracy those whose mean acc lies in the band; with
+    filter_truncate, none with a response that ran out of data.max_response_length before an EOS."""
+    metric = batch["acc"] if ds.metric == "acc" else batch["scores"]
+    band = (ds.accuracy_lower_bound, ds.accuracy_upper_bound) if ds.filter_accuracy else None
+    return algorithms.filter_groups(batch["uid"].tolist(), metric, band=band,
+                                    truncated=batch["truncated"] if ds.filter_truncate else None)
 
 
 def align_prompt_width(batches: list[Batch], pad_token_id: int) -> list[Batch]:

@@ -24,7 +24,8 @@ from rlctl.runtime.checks import (check_cpu_split, check_cuda, check_gpu_workers
                                   resolve_auto_problems)
 from rlctl.validate.selfplay import check_selfplay
 from rlctl.validate.training import (check_algorithm, check_batches, check_best_metric, check_critic_pretrain,
-                                     check_kl, check_loggers, check_pf_ppo, check_registered, check_sft_best_metric)
+                                     check_dynamic_sampling, check_kl, check_loggers, check_pf_ppo, check_registered,
+                                     check_sft_best_metric)
 from rlctl.workers.distill_checks import check_distill, check_distill_teachers
 from rlctl.workers.expert_checks import check_expert_model, check_expert_parallel
 from rlctl.workers.lora_checks import check_lora, check_lora_targets
@@ -38,9 +39,10 @@ __all__ = ["RL_CHECKS", "RL_MACHINE_CHECKS", "SFT_CHECKS", "SFT_MACHINE_CHECKS",
 
 # The order here is the order problems are reported in (the machine checks run only in the
 # second pass; the data files, which also fill the plan's rows, run just before them).
-RL_CHECKS = (check_algorithm, check_overlong, check_kl, check_policy_loss, check_staleness_loss,
-             check_rollout_engine, check_one_step_off, check_lora, check_reward, check_multi_turn, check_distill,
-             check_selfplay, check_expert_parallel, check_ulysses, check_pf_ppo, check_critic_pretrain, check_prime)
+RL_CHECKS = (check_algorithm, check_dynamic_sampling, check_overlong, check_kl, check_policy_loss,
+             check_staleness_loss, check_rollout_engine, check_one_step_off, check_lora, check_reward,
+             check_multi_turn, check_distill, check_selfplay, check_expert_parallel, check_ulysses, check_pf_ppo,
+             check_critic_pretrain, check_prime)
 RL_MACHINE_CHECKS = (check_model, check_lora_targets, check_engine_installed, check_loggers, check_cuda,
                      check_gpu_workers, check_cpu_split, check_distill_teachers, check_vision,
                      check_image_data, check_expert_model, check_ulysses_model, check_prime_model)

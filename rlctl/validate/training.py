@@ -117,9 +117,6 @@ def check_algorithm(c: Config, ctx: CheckContext) -> list[Problem]:
             parse_rollout_rs(rc.rollout_rs, rc.rollout_rs_threshold)
         except AlgorithmError as err:
             problems.append(Problem("algorithm.rollout_correction.rollout_rs", str(err)))
-    if c.algorithm.dynamic_sampling.enable and c.rollout.n < 2:
-        problems.append(Problem("algorithm.dynamic_sampling.enable",
-                                "dynamic sampling keeps groups whose rewards differ, so it needs rollout.n >= 2"))
     if spec.needs_critic and "critic" not in ctx.raw:
         problems.append(Problem("critic", f"algorithm {c.algorithm.name!r} trains a value model: add a [critic] "
                                           "section (e.g. lr = 1e-5)"))
@@ -207,6 +204,29 @@ def check_pf_ppo(c: Config, ctx: CheckContext) -> list[Problem]:
         return [Problem("algorithm.use_pf_ppo", f"resamples rows, which would break the reference/generation pairs "
                         f"algorithm {algo.name!r} trains on: turn it off")]
     return []
+
+
+def check_dynamic_sampling(c: Config, ctx: CheckContext) -> list[Problem]:
+    """Dynamic sampling filters whole groups (rlctl.algorithms.filter_groups): a group to judge, and
+    an accuracy band that is a band of the reward's acc."""
+    ds, key = c.algorithm.dynamic_sampling, "algorithm.dynamic_sampling"
+    if not ds.enable:
+        return [Problem(f"{key}.{name}", f"filters only with {key}.enable = true, which is off, so it does nothing: "
+                                         "set enable = true or remove it", severity="warning")
+                for name in ("filter_accuracy", "filter_truncate") if getattr(ds, name)]
+    problems = []
+    if c.rollout.n < 2:
+        problems.append(Problem(f"{key}.enable", "dynamic sampling keeps groups by how their samples score, so it "
+                                                 "needs rollout.n >= 2"))
+    if ds.filter_accuracy and ds.metric != "acc":
+        problems.append(Problem(f"{key}.metric", "filter_accuracy keeps groups by their mean accuracy, the reward's "
+                                                 "acc, but metric = \"score\": set metric = \"acc\""))
+    if ds.filter_accuracy and ds.accuracy_lower_bound > ds.accuracy_upper_bound:
+        problems.append(Problem(f"{key}.accuracy_lower_bound",
+                                f"{ds.accuracy_lower_bound} is above accuracy_upper_bound = {ds.accuracy_upper_bound}, "
+                                "so no group would be kept: set 0 <= accuracy_lower_bound <= accuracy_upper_bound "
+                                "<= 1 (e.g. 0.2 and 0.8)"))
+    return problems
 
 
 def check_critic_pretrain(c: Config, ctx: CheckContext) -> list[Problem]:
