@@ -1,7 +1,8 @@
 """One writer per run folder, through the real CLI: while a `rlctl train` runs (a real process, a
 tiny model), a second `rlctl resume`, `rlctl train` and `rlctl merge --to-hf` of its folder are each
 refused in one line with exit 2, and the live run's metrics.jsonl is never replaced or trimmed: the
-run finishes with every step's row, in order, in the same file.
+run finishes with every step's row, in order, in the same file, and its figures equal those of the same
+run made undisturbed (every metric but wall-clock ones).
 """
 
 from __future__ import annotations
@@ -29,6 +30,12 @@ ARGS = ["resources.gpus_per_node=0", "resources.workers=1", "data.batch_size=2",
 
 def _steps(path: Path) -> list[int]:
     return [json.loads(line)["step"] for line in path.read_text().splitlines() if line.strip()]
+
+
+def _figures(path: Path) -> list[dict]:
+    """Each step's metrics without the wall-clock ones (timing/, perf/), which no two runs share."""
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return [{k: v for k, v in row.items() if not k.startswith(("timing/", "perf/"))} for row in rows]
 
 
 @pytest.mark.slow
@@ -62,3 +69,6 @@ def test_a_second_writer_of_a_live_run_is_refused_and_the_run_loses_nothing(tmp_
     assert metrics.read_bytes().startswith(before)
     assert _steps(metrics) == list(range(1, STEPS + 1))
     assert json.loads((run / "run.json").read_text())["step"] == STEPS
+    alone = rlctl_here("train", *ARGS, "run.name=alone", cwd=tmp_path)   # the same run, undisturbed
+    assert alone.returncode == 0, alone.stderr[-3000:]
+    assert _figures(metrics) == _figures(tmp_path / "runs" / "alone" / "metrics.jsonl")
