@@ -28,7 +28,7 @@ from rlctl.errors import ConfigError
 from rlctl.runtime import Batch, Dispatch, register
 from rlctl.models.loading import load_tokenizer
 from rlctl.runtime.policy import rollout_batch
-from rlctl.workers import fsdp, ulysses
+from rlctl.workers import fsdp, moe_aux, ulysses
 from rlctl.workers.engine import TrainEngine
 from rlctl.workers.logprob import batched_response_outputs, response_log_probs
 from rlctl.workers.models import eos_token_ids, load_causal_lm, policy_engine
@@ -70,6 +70,8 @@ class ActorRolloutRefWorker:
         self.vision_sync = self.world > 1 and has_vision_tower(self.actor.module)
         self.sp = ulysses.build_group(config.actor.ulysses_sequence_parallel_size, self.actor.module, self.world,
                                       "actor.ulysses_sequence_parallel_size")
+        self.moe_aux_coef = moe_aux.resolve_coef(self.actor.module, config.actor.moe_aux_loss_coef,
+                                                 self.sp.size if self.sp else 1)   # 0: dense, or off
         self._rollout = None
         # Engines with their own weight copy (vLLM, SGLang) get the trained weights before a
         # generate whenever they changed (an update, a checkpoint load) or were dropped (sleep).
@@ -222,7 +224,7 @@ class ActorRolloutRefWorker:
     @register(Dispatch.DP_TRAIN)
     def update_actor(self, batch: Batch) -> dict[str, float]:
         """PPO epochs x mini-batches x micro-batches. Metrics (the same on every rank): actor/pg_loss,
-        entropy, kl (mean log pi - log pi_ref, when ref_log_prob is given), kl_loss, pg_clipfrac,
+        entropy, kl (mean log pi - log pi_ref, when ref_log_prob is given), kl_loss, moe_aux_loss, pg_clipfrac,
         pg_clipfrac_lower, ppo_kl, loss, grad_norm, lr, optimizer_steps, skipped_steps."""
         ac = self.cfg.actor
         if ac.use_kl_loss and "ref_log_prob" not in batch:
@@ -262,7 +264,7 @@ class ActorRolloutRefWorker:
                 out = response_log_probs(self.actor.module, micro["input_ids"], micro["attention_mask"],
                                          mask.shape[1], temperature=self.temperature, with_entropy=True,
                                          entropy_grad=ac.entropy_coef > 0, gather_ids=micro.get("teacher_topk_ids"),
-                                         vision=micro.get("vision"))
+                                         vision=micro.get("vision"), moe_aux=self.moe_aux_coef > 0)
             log_prob = out["log_prob"]
             old = micro["old_log_prob"] if "old_log_prob" in micro else log_prob.detach()
             drift = trainer_engine_drift_sums(old, micro["rollout_log_prob"], mask) \
@@ -279,6 +281,7 @@ class ActorRolloutRefWorker:
             entropy = aggregate_loss(out["entropy"], mask, ac.loss_agg_mode, norm=norm)
             loss = pg_loss - ac.entropy_coef * entropy if ac.entropy_coef > 0 else pg_loss
             metrics = {**metrics, **drift, "pg_loss": float(pg_loss.detach()), "entropy": float(entropy.detach())}
+            loss = moe_aux.add_aux_loss(loss, metrics, out, mask, norm, self.moe_aux_coef)   # MoE load balancing
             if distill_loss is not None:
                 term, more = distill_loss(micro, out, norm)
                 loss, metrics = loss + self.cfg.distill.coef * term, {**metrics, **more}

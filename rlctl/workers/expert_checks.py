@@ -1,4 +1,4 @@
-"""Config checks of actor.expert_parallel_size and actor.router_replay (rlctl.workers.expert_parallel).
+"""Config checks of actor.expert_parallel_size, actor.router_replay and actor.moe_aux_loss_coef (rlctl.workers.expert_parallel).
 
 What expert parallelism does not cover yet is refused here, before anything starts, rather than
 run with experts silently whole or wrong. Checks keep the contract of rlctl.config.checks:
@@ -19,6 +19,10 @@ def check_expert_parallel(c: Config, ctx: CheckContext) -> list[Problem]:
     if c.actor.router_replay:
         problems.append(Problem("actor.router_replay", "is not implemented yet: the update recomputes its own "
                                                        "routes; set it to false"))
+    coef = c.actor.moe_aux_loss_coef
+    if coef < 0 and coef != -1:
+        problems.append(Problem("actor.moe_aux_loss_coef", f"{coef}: use -1 (the model's router_aux_loss_coef), 0 "
+                                                           "(off) or a positive weight"))
     ep = c.actor.expert_parallel_size
     if ep == 1:
         return problems

@@ -81,7 +81,7 @@ def _micro(rows: Batch, device, keys: list[str]) -> dict:
     return micro
 
 
-ADDITIVE = ("loss", "pg_loss", "entropy", "kl_loss", "vf_loss",
+ADDITIVE = ("loss", "pg_loss", "entropy", "kl_loss", "vf_loss", "moe_aux_loss",
             # the rollout engine's log-probs against the update's own (rlctl.controller.trainer.update_drift)
             "drift_abs_sum", "drift_prob_sum", "drift_kl_sum", "drift_tokens")
 LARGEST = ("drift_abs_max",)   # the largest over micro-batches and ranks

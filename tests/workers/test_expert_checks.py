@@ -54,3 +54,11 @@ def test_what_expert_parallelism_does_not_cover_yet_is_refused(moe_dir, tmp_path
         assert [p.key for p in problems] == [key] and "not supported yet" in problems[0].message, key
     replay = check_expert_parallel(_config(moe_dir, actor={"router_replay": True}), ctx)
     assert [p.key for p in replay] == ["actor.router_replay"] and "not implemented yet" in replay[0].message
+
+
+def test_the_aux_loss_coefficient_is_the_models_off_or_a_weight(moe_dir, tmp_path):
+    ctx = CheckContext(base_dir=tmp_path, raw={})
+    for fine in (-1.0, 0.0, 0.01):
+        assert check_expert_parallel(_config(moe_dir, actor={"moe_aux_loss_coef": fine}), ctx) == [], fine
+    odd = check_expert_parallel(_config(moe_dir, actor={"moe_aux_loss_coef": -0.5}), ctx)
+    assert [p.key for p in odd] == ["actor.moe_aux_loss_coef"] and "use -1" in odd[0].message

@@ -269,3 +269,61 @@ def test_one_grpo_step_of_the_engine_at_ep2_equals_ep1_and_its_checkpoint_loads_
         assert np.array_equal(tensor.detach().numpy(), ep2[0][f"w/{name}"]), name
     bank = "model.layers.0.mlp.experts.gate_up_proj"
     assert np.abs(ep2[0][f"w/{bank}"] - initial[bank]).max() > 1e-4   # the update trained the experts
+
+
+def _aux_main(rank, model_dir, init_file, out_dir, ep):
+    """The update's MoE term (rlctl.workers.moe_aux) on this rank's padded prompt ++ response rows:
+    a token-mean -log pi plus coef x aux, backward, expert grads reduced; rank 0 saves the global
+    aux metric and every gradient."""
+    import torch.distributed as dist
+    from transformers import AutoModelForCausalLM
+
+    from rlctl.algorithms import LossNorm, aggregate_loss
+    from rlctl.workers import expert_parallel, fsdp, moe_aux
+    from rlctl.workers.logprob import response_log_probs
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=WORLD,
+                            timeout=datetime.timedelta(seconds=60))
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    groups, local = None, []
+    if ep > 1:
+        groups = expert_parallel.new_groups(ep)
+        local = expert_parallel.split_experts(model, groups)
+    fsdp.shard(model, ignored=set(local) or None)
+    rows = _batch()[rank * ROWS // WORLD:(rank + 1) * ROWS // WORLD]
+    mask = torch.ones_like(rows)
+    mask[0, :2 + rank] = 0            # left-padded prompts, right-padded responses
+    mask[1, WIDTH - 3:] = 0
+    response_mask = mask[:, WIDTH // 2:]
+    tokens, = fsdp.all_reduce_sum([float(response_mask.sum())])
+    norm = LossNorm(tokens=tokens, dp_size=WORLD)
+    out = response_log_probs(model, rows * mask, mask, WIDTH // 2, moe_aux=True, pack=False)
+    metrics = {}
+    loss = moe_aux.add_aux_loss(aggregate_loss(-out["log_prob"], response_mask, "token-mean", norm=norm), metrics,
+                                out, response_mask, norm, 0.5)
+    loss.backward()
+    if groups is not None:
+        expert_parallel.reduce_expert_grads(local, groups)
+    grads = _whole_grads(model, groups)
+    aux, = fsdp.all_reduce_sum([metrics[moe_aux.METRIC] / WORLD])
+    if rank == 0:
+        np.savez(os.path.join(out_dir, "result.npz"), aux=aux, **{f"grad/{k}": v for k, v in grads.items()})
+    dist.destroy_process_group()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_the_updates_moe_aux_loss_and_its_gradients_at_ep2_equal_ep1(moe_dir, tmp_path):
+    runs = {}
+    for ep in (2, 1):
+        out = tmp_path / f"aux_ep{ep}"
+        out.mkdir()
+        mp.start_processes(_aux_main, args=(str(moe_dir), str(out / "pg"), str(out), ep), nprocs=WORLD, join=True,
+                           start_method="spawn")
+        runs[ep] = dict(np.load(out / "result.npz"))
+    diffs = _differences(runs[2], runs[1])
+    worst = max(diffs, key=diffs.get)
+    assert diffs[worst] < 2e-6, (worst, diffs[worst])
+    assert float(runs[2]["aux"]) > 1.0   # k = 2 when balanced: a real value, not a missing term
+    assert np.abs(runs[2]["grad/model.layers.0.mlp.gate.weight"]).max() > 0
