@@ -1,5 +1,6 @@
-"""Real GRPO runs of a tiny Qwen3-MoE (4 experts, top-2) on 2 Ray workers, with the experts split
-over both (actor.expert_parallel_size = 2) and without: the same step metrics and, after 2 steps,
+"""Real GRPO runs of the grpo-arith-moe-ep2-cpu recipe (a tiny Qwen3-MoE, 4 experts, top-2, on 2 Ray
+workers), shortened, with the experts split over both (actor.expert_parallel_size = 2, the recipe's)
+and without: the same step metrics (the MoE load-balancing loss included) and, after 2 steps,
 the same weights within a stated tolerance; `rlctl merge` of the split run writes every expert
 and verifies its logits (merge's own check)."""
 
@@ -27,7 +28,7 @@ def runs(tmp_path_factory, arith_data, ray_cluster) -> dict[int, Path]:
 
     proj = tmp_path_factory.mktemp("ep_run")
     build_tiny_model(proj / "moe", arch="qwen3_moe")
-    write_project(proj, "grpo-arith-cpu", str(proj / "moe"))
+    write_project(proj, "grpo-arith-moe-ep2-cpu", str(proj / "moe"))
     (proj / "data").mkdir()
     (proj / "data" / "arith").symlink_to(arith_data)
     for ep in (2, 1):
@@ -49,9 +50,10 @@ def test_ep2_run_equals_ep1_and_merges_with_every_expert(runs, tmp_path):
 
     ep2, ep1 = _rows(runs[2]), _rows(runs[1])
     assert len(ep2) == len(ep1) == 2
+    assert all(row["actor/moe_aux_loss"] >= 2 - 1e-3 for row in ep2)   # top-2: 2 when perfectly balanced
     for a, b in zip(ep2, ep1):
         for key in ("reward/mean", "response_length/mean", "actor/pg_loss", "actor/entropy", "actor/grad_norm",
-                    "actor/kl"):
+                    "actor/moe_aux_loss"):
             assert a[key] == pytest.approx(b[key], rel=1e-4, abs=1e-6), (a["step"], key)
     weights = {}
     for ep, run in runs.items():
@@ -76,5 +78,5 @@ def test_an_ep2_checkpoint_resumes_at_ep1(runs):
     resume_training(runs[2], step=1, address=None, overrides=["actor.expert_parallel_size=1"])
     after = _rows(runs[2])[-1]
     assert after["step"] == 2
-    for key in ("reward/mean", "actor/pg_loss", "actor/entropy", "actor/grad_norm", "actor/kl"):
+    for key in ("reward/mean", "actor/pg_loss", "actor/entropy", "actor/grad_norm", "actor/moe_aux_loss"):
         assert after[key] == pytest.approx(before[key], rel=1e-4, abs=1e-6), key
