@@ -53,9 +53,10 @@ def check_expert_parallel(c: Config, ctx: CheckContext) -> list[Problem]:
 
 def check_expert_model(c: Config, ctx: CheckContext) -> list[Problem]:
     """Machine pass: model.path is a mixture-of-experts model whose expert count ep divides (read from
-    its config.json; a hub model not yet downloaded is checked when the workers load it)."""
-    ep = c.actor.expert_parallel_size
-    if ep == 1:
+    its config.json; a hub model not yet downloaded is checked when the workers load it); an MoE
+    policy's load-balancing loss is not asked for with sequence parallelism."""
+    ep, sp = c.actor.expert_parallel_size, c.actor.ulysses_sequence_parallel_size
+    if ep == 1 and (sp == 1 or c.actor.moe_aux_loss_coef == 0):
         return []
     from rlctl.errors import DataError
     from rlctl.models.hub import resolve_model
@@ -73,6 +74,12 @@ def check_expert_model(c: Config, ctx: CheckContext) -> list[Problem]:
         config = AutoConfig.from_pretrained(str(folder), trust_remote_code=c.model.trust_remote_code)
     except (OSError, ValueError):
         return []   # reported by check_model
+    from rlctl.workers import moe_aux
+
+    if why := moe_aux.sp_refusal(moe_aux.configured_coef(config, c.actor.moe_aux_loss_coef), sp):
+        return [Problem(moe_aux.KEY, why)]
+    if ep == 1:
+        return []
     experts = experts_per_layer(config)
     if experts == 0:
         return [Problem(KEY, f"{ep} but {c.model.path} ({config.model_type}) has no experts: expert parallelism is "

@@ -25,18 +25,30 @@ KEY = "actor.moe_aux_loss_coef"
 METRIC = "moe_aux_loss"   # logged as actor/moe_aux_loss
 
 
-def resolve_coef(model: torch.nn.Module, setting: float, sp_size: int = 1) -> float:
-    """The coefficient the update uses: 0 for a dense model; `setting` when >= 0; else (-1) the
-    model config's router_aux_loss_coef (transformers' default for the family)."""
-    config = getattr(model, "config", None)
-    if config is None or experts_per_layer(config) == 0:
+def configured_coef(model_config, setting: float) -> float:
+    """The coefficient for a transformers config: 0 for a dense model; `setting` when >= 0; else
+    (-1) the config's router_aux_loss_coef (transformers' default for the family)."""
+    if model_config is None or experts_per_layer(model_config) == 0:
         return 0.0
-    text = config.get_text_config() if hasattr(config, "get_text_config") else config
-    coef = float(setting) if setting >= 0 else float(getattr(text, "router_aux_loss_coef", 0.0) or 0.0)
+    text = model_config.get_text_config() if hasattr(model_config, "get_text_config") else model_config
+    return float(setting) if setting >= 0 else float(getattr(text, "router_aux_loss_coef", 0.0) or 0.0)
+
+
+def sp_refusal(coef: float, sp_size: int) -> str:
+    """Why the term cannot run with sequence parallelism ("" when it can)."""
     if coef > 0 and sp_size > 1:
-        raise ConfigError(f"the MoE load-balancing loss ({KEY} = {coef}) is not supported with sequence parallelism "
-                          "yet: each rank would see a slice of the routed tokens",
-                          hint=f"set {KEY} = 0, or actor.ulysses_sequence_parallel_size = 1")
+        return (f"the MoE load-balancing loss ({KEY} = {coef}) is not supported with sequence parallelism yet: "
+                f"each rank would see a slice of the routed tokens; set {KEY} = 0, or "
+                "actor.ulysses_sequence_parallel_size = 1")
+    return ""
+
+
+def resolve_coef(model: torch.nn.Module, setting: float, sp_size: int = 1) -> float:
+    """The coefficient the update uses (configured_coef of the model's config); a non-zero one with
+    sequence parallelism is refused."""
+    coef = configured_coef(getattr(model, "config", None), setting)
+    if why := sp_refusal(coef, sp_size):
+        raise ConfigError(why)
     return coef
 
 

@@ -62,3 +62,12 @@ def test_the_aux_loss_coefficient_is_the_models_off_or_a_weight(moe_dir, tmp_pat
         assert check_expert_parallel(_config(moe_dir, actor={"moe_aux_loss_coef": fine}), ctx) == [], fine
     odd = check_expert_parallel(_config(moe_dir, actor={"moe_aux_loss_coef": -0.5}), ctx)
     assert [p.key for p in odd] == ["actor.moe_aux_loss_coef"] and "use -1" in odd[0].message
+
+
+def test_the_aux_loss_with_sequence_parallelism_is_refused_for_an_moe_model_only(moe_dir, tiny_model_dir, tmp_path):
+    ctx = CheckContext(base_dir=tmp_path, raw={})
+    sp = {"ulysses_sequence_parallel_size": 2}
+    refused = check_expert_model(_config(moe_dir, actor=sp), ctx)
+    assert [p.key for p in refused] == ["actor.moe_aux_loss_coef"] and "sequence parallelism" in refused[0].message
+    assert check_expert_model(_config(moe_dir, actor={**sp, "moe_aux_loss_coef": 0.0}), ctx) == []
+    assert check_expert_model(_config(tiny_model_dir, actor=sp), ctx) == []   # a dense model has no router
