@@ -5,14 +5,14 @@ from __future__ import annotations
 from rlctl.algorithms.aggregation import LOSS_AGG_MODES
 from rlctl.algorithms.kl import KL_KINDS
 from rlctl.algorithms.pf_ppo import REWEIGHT_METHODS
-from rlctl.config import schema
+from rlctl.config import algorithm_tables, schema
 
 
 def test_schema_choices_equal_the_algorithms_names():
     # rlctl.algorithms imports torch; `rlctl config validate` and `--help` must not, so the schema keeps copies
     assert schema.LOSS_AGG_MODES == LOSS_AGG_MODES
     assert schema.KL_TYPES == KL_KINDS
-    assert schema.PF_PPO_REWEIGHT_METHODS == REWEIGHT_METHODS
+    assert algorithm_tables.PF_PPO_REWEIGHT_METHODS == REWEIGHT_METHODS   # [algorithm.pf_ppo] lives there
 
 
 def built_in(kind: str) -> set[str]:
