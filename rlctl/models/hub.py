@@ -26,7 +26,7 @@ _TRUE = ("1", "ON", "YES", "TRUE")  # huggingface_hub's reading of HF_HUB_OFFLIN
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
                 "pytorch_model.bin.index.json")
 FIX_HINT = ("build a local model with `rlctl model tiny models/tiny` (add `--arch qwen2_5_vl` for a vision-language "
-            "recipe) and set model.path = \"models/tiny\", "
+            "recipe, `--arch qwen3_moe` for a mixture-of-experts one) and set model.path = \"models/tiny\", "
             "point model.path at a local model folder, or go online ({online}) to download it into the cache")
 
 
