@@ -80,7 +80,9 @@ def _plant_misroute():
     expert_parallel.dispatch = planted
 
 
-def _rank_main(rank, model_dir, init_file, out_dir, ep, plant):
+def _sharded_rank(rank, model_dir, init_file, ep, plant=False):
+    """This rank's gloo group, the tiny MoE split at `ep` (experts left out of FSDP) and sharded, and its
+    rows of the batch: (model, expert groups or None, the rank's expert tensors, rows)."""
     import torch.distributed as dist
     from transformers import AutoModelForCausalLM
 
@@ -97,7 +99,15 @@ def _rank_main(rank, model_dir, init_file, out_dir, ep, plant):
         if plant:
             _plant_misroute()
     fsdp.shard(model, ignored=set(local) or None)
-    rows = _batch()[rank * ROWS // WORLD:(rank + 1) * ROWS // WORLD]
+    return model, groups, local, _batch()[rank * ROWS // WORLD:(rank + 1) * ROWS // WORLD]
+
+
+def _rank_main(rank, model_dir, init_file, out_dir, ep, plant):
+    import torch.distributed as dist
+
+    from rlctl.workers import expert_parallel, fsdp
+
+    model, groups, local, rows = _sharded_rank(rank, model_dir, init_file, ep, plant)
     out = _forward_backward(model, rows, WORLD)
     if groups is not None:
         expert_parallel.reduce_expert_grads(local, groups)
@@ -276,22 +286,12 @@ def _aux_main(rank, model_dir, init_file, out_dir, ep):
     a token-mean -log pi plus coef x aux, backward, expert grads reduced; rank 0 saves the global
     aux metric and every gradient."""
     import torch.distributed as dist
-    from transformers import AutoModelForCausalLM
 
     from rlctl.algorithms import LossNorm, aggregate_loss
     from rlctl.workers import expert_parallel, fsdp, moe_aux
     from rlctl.workers.logprob import response_log_probs
 
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=WORLD,
-                            timeout=datetime.timedelta(seconds=60))
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
-    groups, local = None, []
-    if ep > 1:
-        groups = expert_parallel.new_groups(ep)
-        local = expert_parallel.split_experts(model, groups)
-    fsdp.shard(model, ignored=set(local) or None)
-    rows = _batch()[rank * ROWS // WORLD:(rank + 1) * ROWS // WORLD]
+    model, groups, local, rows = _sharded_rank(rank, model_dir, init_file, ep)
     mask = torch.ones_like(rows)
     mask[0, :2 + rank] = 0            # left-padded prompts, right-padded responses
     mask[1, WIDTH - 3:] = 0
