@@ -174,8 +174,7 @@ def run_eval(model_path: str | Path, data_file: str | Path, opts: EvalOptions, o
                     folder, prompt_ids, opts, temperature, opts.max_new_tokens or default_max, visions))
         if reward.model:   # loaded once the policy is done with
             sources.attach_model(_LocalRewardModel(reward))
-        scores, correct, records = _score(rows, samples, sources)
-    metrics = _per_prompt([record["metrics"] for record in records], [len(row) for row in scores])
+        scores, correct, metrics, records = _score(rows, samples, sources)
     _write_jsonl(out_path, records)
     by_source = defaultdict(list)
     for i, row in enumerate(rows):
@@ -279,32 +278,25 @@ def _single_turn_samples(rows, prompts: list[str], generated):
             for row, prompt, row_samples in zip(rows, prompts, generated)]
 
 
-def _per_prompt(flat: list, counts: list[int]) -> list[list]:
-    out, start = [], 0
-    for count in counts:
-        out.append(flat[start:start + count])
-        start += count
-    return out
-
-
 def _score(rows, samples, sources):
-    """Scores [prompt][sample], correctness (the reward's `acc` if it gives one, else score > 0), records.
+    """Scores [prompt][sample], correctness (the reward's `acc` if it gives one, else score > 0), the reward's own
+    metrics [prompt][sample], records.
 
     samples[prompt][sample] is (the reward's item, the record's engine-specific fields), single- or multi-turn."""
     result = sources.score([item for row_samples in samples for item, _ in row_samples])
     acc = result.extras.get("acc")
-    scores, correct, records, k = [], [], [], 0
+    scores, correct, metrics, records, k = [], [], [], [], 0
     for i, (row, row_samples) in enumerate(zip(rows, samples)):
-        scores.append([]), correct.append([])
+        scores.append([]), correct.append([]), metrics.append([])
         for j, (item, fields) in enumerate(row_samples):
             score = float(result.scores[k])
             ok = bool(acc[k] > 0) if acc is not None and not math.isnan(acc[k]) else score > 0
-            scores[-1].append(score), correct[-1].append(ok)
+            scores[-1].append(score), correct[-1].append(ok), metrics[-1].append(_sample_metrics(result.extras, k))
             records.append({"index": i, "sample": j, "data_source": row["data_source"], "prompt": row["prompt"],
                             "response": item["solution_str"], "ground_truth": item["ground_truth"],
-                            "score": score, "correct": ok, "metrics": _sample_metrics(result.extras, k), **fields})
+                            "score": score, "correct": ok, "metrics": metrics[-1][-1], **fields})
             k += 1
-    return scores, correct, records
+    return scores, correct, metrics, records
 
 
 def _sample_metrics(extras: dict, k: int) -> dict:
