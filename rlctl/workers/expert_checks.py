@@ -30,8 +30,6 @@ def check_expert_parallel(c: Config, ctx: CheckContext) -> list[Problem]:
         problems.append(Problem(KEY, f"{ep} does not divide resources.workers = {c.resources.workers}: each "
                                      "expert group is ep of the actor's ranks; pick a divisor of the workers"))
     refusals = (
-        (c.run.kind == "sft", "run.kind", "SFT with expert parallelism is not supported yet; train RL, or set "
-                                          f"{KEY} = 1"),
         (c.rollout.engine != "hf", "rollout.engine", f"\"{c.rollout.engine}\" with {KEY} > 1 is not supported "
                                                      "yet (only the hf engine gets the gathered experts); use "
                                                      f"\"hf\", or {KEY} = 1"),
