@@ -36,12 +36,6 @@ def check_expert_parallel(c: Config, ctx: CheckContext) -> list[Problem]:
         (c.rollout.mode in SEPARATE_ROLLOUT_MODES, "rollout.mode", f"\"{c.rollout.mode}\" with {KEY} > 1 is not "
                                                                    "supported yet; use \"sync\", or "
                                                                    f"{KEY} = 1"),
-        (c.algorithm.ref_update_every > 0, "algorithm.ref_update_every", f"copying the policy into the reference "
-                                                                       f"with {KEY} > 1 is not supported yet; set it to "
-                                                                       f"0, or {KEY} = 1"),
-        (c.model.gradient_checkpointing, "model.gradient_checkpointing", f"recomputing the expert exchange with "
-                                                                          f"{KEY} > 1 is not supported yet; set it "
-                                                                          "to false"),
         (c.model.lora.rank > 0, "model.lora.rank", f"LoRA with {KEY} > 1 is not supported yet; use full "
                                                    f"fine-tuning, or {KEY} = 1"),
     )
