@@ -7,7 +7,7 @@ the step elsewhere.
 
 Tolerances: metrics rtol 1e-5, weights 1e-5 absolute (= 1/1000 of the lr 1e-2 step: Adam's first
 step is lr * g / (|g| + eps), so float32 rounding of the two summation orders of a tiny gradient
-element shows in the weights; measured below 1e-6)."""
+element shows in the weights; measured 1.8e-6)."""
 
 from __future__ import annotations
 
@@ -105,6 +105,7 @@ def test_an_sft_step_at_ep2_equals_ep1_with_the_load_balancing_loss(moe_dir, tmp
     weights = [k for k in ep2[0] if k.startswith("w/")]
     assert ep2[0][f"w/{BANK}"].shape[0] == 4   # every expert, gathered
     worst = max(float(np.abs(ep2[0][k] - ep1[0][k]).max()) for k in weights)
+    print("SFT step ep=2 vs ep=1, largest |weight difference|:", worst)
     assert worst < 1e-5, worst
     initial = dict(AutoModelForCausalLM.from_pretrained(moe_dir, dtype=torch.float32).named_parameters())
     assert np.abs(ep2[0][f"w/{BANK}"] - initial[BANK].detach().numpy()).max() > 1e-3   # the experts trained
