@@ -30,20 +30,12 @@ def check_expert_parallel(c: Config, ctx: CheckContext) -> list[Problem]:
         problems.append(Problem(KEY, f"{ep} does not divide resources.workers = {c.resources.workers}: each "
                                      "expert group is ep of the actor's ranks; pick a divisor of the workers"))
     refusals = (
-        (c.run.kind == "sft", "run.kind", "SFT with expert parallelism is not supported yet; train RL, or set "
-                                          f"{KEY} = 1"),
         (c.rollout.engine != "hf", "rollout.engine", f"\"{c.rollout.engine}\" with {KEY} > 1 is not supported "
                                                      "yet (only the hf engine gets the gathered experts); use "
                                                      f"\"hf\", or {KEY} = 1"),
         (c.rollout.mode in SEPARATE_ROLLOUT_MODES, "rollout.mode", f"\"{c.rollout.mode}\" with {KEY} > 1 is not "
                                                                    "supported yet; use \"sync\", or "
                                                                    f"{KEY} = 1"),
-        (c.algorithm.ref_update_every > 0, "algorithm.ref_update_every", f"copying the policy into the reference "
-                                                                       f"with {KEY} > 1 is not supported yet; set it to "
-                                                                       f"0, or {KEY} = 1"),
-        (c.model.gradient_checkpointing, "model.gradient_checkpointing", f"recomputing the expert exchange with "
-                                                                          f"{KEY} > 1 is not supported yet; set it "
-                                                                          "to false"),
         (c.model.lora.rank > 0, "model.lora.rank", f"LoRA with {KEY} > 1 is not supported yet; use full "
                                                    f"fine-tuning, or {KEY} = 1"),
     )

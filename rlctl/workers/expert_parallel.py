@@ -216,6 +216,20 @@ def whole_experts(model: torch.nn.Module) -> Iterator[None]:
             module.num_experts, module._rlctl_whole = count, False
 
 
+def whole_parameter(modules: dict[str, torch.nn.Module], name: str, param: torch.Tensor) -> torch.Tensor:
+    """The parameter `name` (of the model whose named_modules() are `modules`) with every expert: a
+    split bank is all-gathered over its expert group (each rank of the group calls, in the same
+    order); any other parameter is returned as it is, detached."""
+    owner, _, pname = name.rpartition(".")
+    module = modules.get(owner)
+    if module is None or pname not in ("gate_up_proj", "down_proj") or not is_split(module) \
+            or getattr(module, "_rlctl_whole", False):
+        return param.detach()
+    bank = _gather_bank(module, pname)
+    check_whole_bank(name, bank, getattr(module, _MARK)[1])
+    return bank
+
+
 def check_not_partial(modules: dict[str, torch.nn.Module], param_name: str) -> None:
     """Raise when `param_name` is the local share of a split bank outside whole_experts (a weight
     push or export would send a partial expert set)."""
