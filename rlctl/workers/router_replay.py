@@ -1,0 +1,161 @@
+"""Router replay (actor.router_replay): the update sends each response token through the experts
+the log-prob pass chose for it, in every MoE layer.
+
+The log-prob pass (compute_log_prob, the old policy's forward) records, per response token j and
+MoE layer l, the top-k expert ids its router picked at the position that predicts token j (the
+output whose logits give log pi(token j)): the batch column `routed_experts` int16 [B, T, L, k],
+in the router's own order (descending probability), 0 on padding. The update's forward then
+replaces, at those positions, the ids its router would pick by the recorded ones, and weights them
+with the *current* router's probabilities at those ids (renormalised over the k when the model's
+norm_topk_prob is set, as its router does), so the router keeps its gradient:
+    p = softmax(router_logits)  [n, E]     w_i = p[ids_i] / sum_i p[ids_i]   (norm_topk_prob)
+Other positions (the prompt's) route as the model does. Routes equal to the model's own give the
+same ids, the same weights, so bit for bit the same loss and gradients as replay off. Replacing the
+ids before the experts run serves expert parallelism unchanged (its dispatch takes them as given).
+
+actor/router_mismatch: the share of (response token, MoE layer) pairs (response_mask != 0) whose
+top-k *set* the update's router computes differs from the replayed one. The load-balancing loss
+reads the router's logits and takes its own top-k of them, so it still sees the routes the router
+would choose: it balances the router, not the replayed assignments.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from rlctl.errors import ConfigError
+from rlctl.workers.expert_parallel import expert_modules
+
+KEY = "actor.router_replay"
+COLUMN = "routed_experts"          # int16 [B, T, L, k]
+RECORD = "record"                  # response_log_probs(routes=RECORD): the pass records its routes
+MISMATCH, PAIRS = "router_mismatch_pairs", "router_pairs"   # additive update metrics (rlctl.workers.training)
+# routers whose forward is softmax -> top-k -> optional renormalisation (transformers 5: read, same code)
+REPLAYABLE = ("Qwen3MoeTopKRouter", "Qwen2MoeTopKRouter", "OlmoeTopKRouter")
+_PLAN = "_rlctl_route_plan"
+
+
+def routers(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """The router (`gate` beside the experts) of each MoE layer, in layer order; [] for a dense model."""
+    found = []
+    for name, _ in expert_modules(model):
+        parent = model.get_submodule(name.rpartition(".")[0])
+        gate = getattr(parent, "gate", None)
+        if gate is not None:
+            found.append(gate)
+    return found
+
+
+def unsupported(model: torch.nn.Module) -> str:
+    """Why router replay cannot serve this model ("" when it can)."""
+    found = routers(model)
+    if not found:
+        return f"{type(model).__name__} has no mixture-of-experts layers: router replay is for MoE policies"
+    odd = sorted({type(g).__name__ for g in found} - set(REPLAYABLE))
+    return f"its router {odd[0]} is not one router replay knows ({', '.join(REPLAYABLE)})" if odd else ""
+
+
+def install(model: torch.nn.Module) -> bool:
+    """Let every router of `model` record or replay routes (a plan set per forward; none = the
+    model's own forward, untouched). Returns True; a model replay cannot serve is refused."""
+    if why := unsupported(model):
+        raise ConfigError(f"{KEY} = true but {why}", hint=f"set {KEY} = false")
+    for layer, gate in enumerate(routers(model)):
+        if not hasattr(gate, _PLAN):
+            setattr(gate, _PLAN, None)
+            gate.forward = _routing_forward(gate, gate.forward, layer)
+    return True
+
+
+@dataclass
+class _Plan:
+    """One forward's routes: positions [M] (flat index into the forward's tokens of each response
+    token's predictor), replay [M, L, k] ids (None: record), counted [M] bool (response_mask != 0)."""
+
+    positions: torch.Tensor
+    replay: torch.Tensor | None = None
+    counted: torch.Tensor | None = None
+    recorded: dict = field(default_factory=dict)      # layer -> [M, k] ids the router chose
+    mismatched: dict = field(default_factory=dict)    # layer -> mismatched pairs (first call only)
+
+
+def _routing_forward(gate: torch.nn.Module, own_forward, layer: int):
+    def forward(hidden_states: torch.Tensor):
+        logits, weights, ids = own_forward(hidden_states)
+        plan: _Plan | None = getattr(gate, _PLAN)
+        if plan is None:
+            return logits, weights, ids
+        fresh = ids[plan.positions]
+        if plan.replay is None:
+            plan.recorded.setdefault(layer, fresh.detach())
+            return logits, weights, ids
+        replayed = plan.replay[:, layer].to(ids.dtype)
+        if layer not in plan.mismatched:   # a recompute (gradient checkpointing) counts nothing twice
+            differs = (fresh.sort(-1).values != replayed.sort(-1).values).any(-1)
+            plan.mismatched[layer] = int((differs & plan.counted).sum())
+        chosen = ids.clone()
+        chosen[plan.positions] = replayed
+        picked = torch.softmax(logits, dim=-1, dtype=torch.float).gather(-1, chosen)   # [n, k]
+        if gate.norm_topk_prob:
+            picked = picked / picked.sum(dim=-1, keepdim=True)
+        return logits, picked.to(logits.dtype), chosen
+    return forward
+
+
+@dataclass(frozen=True)
+class Replay:
+    """What the update replays for a micro-batch: ids [b, T, L, k] and response_mask [b, T]."""
+
+    ids: torch.Tensor
+    response_mask: torch.Tensor
+
+
+def replay_of(micro: dict) -> Replay:
+    if COLUMN not in micro:
+        raise ConfigError(f"{KEY} = true but the batch holds no {COLUMN} (compute_log_prob records them)",
+                          hint="run the log-prob pass before update_actor")
+    return Replay(micro[COLUMN], micro["response_mask"])
+
+
+def start(model: torch.nn.Module, layout, routes) -> _Plan:
+    """Set the plan of the coming forward on `layout` (rlctl.workers.logprob.Layout): routes = RECORD
+    or a Replay. It stays set (a gradient-checkpointing recompute replays it) until `clear`."""
+    width = layout.input_ids.shape[-1]
+    positions = layout.pred_row * width + layout.pred_col                  # [M]
+    valid = layout.response_valid
+    plan = _Plan(positions) if routes == RECORD else \
+        _Plan(positions, routes.ids[valid].long(), routes.response_mask[valid] != 0)
+    for gate in routers(model):
+        setattr(gate, _PLAN, plan)
+    return plan
+
+
+def outputs(model: torch.nn.Module, plan: _Plan, response_valid: torch.Tensor) -> dict[str, torch.Tensor]:
+    """The forward's route outputs: recorded ids as COLUMN [b, T, L, k] int16 (record; the plan is
+    cleared), or the mismatch counts (replay) as 0-d tensors."""
+    if plan.replay is not None:
+        pairs = int(plan.counted.sum()) * len(routers(model))
+        return {MISMATCH: torch.tensor(float(sum(plan.mismatched.values()))), PAIRS: torch.tensor(float(pairs))}
+    clear(model)
+    ids = torch.stack([plan.recorded[layer] for layer in sorted(plan.recorded)], dim=1)   # [M, L, k]
+    out = torch.zeros((*response_valid.shape, *ids.shape[1:]), dtype=torch.int16, device=ids.device)
+    out[response_valid] = ids.to(torch.int16)
+    return {COLUMN: out}
+
+
+def clear(model: torch.nn.Module) -> None:
+    for gate in routers(model):
+        if hasattr(gate, _PLAN):
+            setattr(gate, _PLAN, None)
+
+
+def mismatch_share(metrics: dict[str, float]) -> dict[str, float]:
+    """The update's metrics with the additive pair counts turned into router_mismatch (a share)."""
+    if PAIRS not in metrics:
+        return metrics
+    out = dict(metrics)
+    mismatched, pairs = out.pop(MISMATCH, 0.0), out.pop(PAIRS)
+    out["router_mismatch"] = mismatched / pairs if pairs else 0.0
+    return out
