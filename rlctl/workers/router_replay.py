@@ -21,7 +21,9 @@ would choose: it balances the router, not the replayed assignments.
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass, field
+from typing import Iterator
 
 import torch
 
@@ -32,8 +34,8 @@ KEY = "actor.router_replay"
 COLUMN = "routed_experts"          # int16 [B, T, L, k]
 RECORD = "record"                  # response_log_probs(routes=RECORD): the pass records its routes
 MISMATCH, PAIRS = "router_mismatch_pairs", "router_pairs"   # additive update metrics (rlctl.workers.training)
-# routers whose forward is softmax -> top-k -> optional renormalisation (transformers 5: read, same code)
-REPLAYABLE = ("Qwen3MoeTopKRouter", "Qwen2MoeTopKRouter", "OlmoeTopKRouter")
+# model type -> its router, whose forward is softmax -> top-k -> optional renormalisation (transformers 5)
+REPLAYABLE = {"qwen3_moe": "Qwen3MoeTopKRouter", "qwen2_moe": "Qwen2MoeTopKRouter", "olmoe": "OlmoeTopKRouter"}
 _PLAN = "_rlctl_route_plan"
 
 
@@ -53,8 +55,8 @@ def unsupported(model: torch.nn.Module) -> str:
     found = routers(model)
     if not found:
         return f"{type(model).__name__} has no mixture-of-experts layers: router replay is for MoE policies"
-    odd = sorted({type(g).__name__ for g in found} - set(REPLAYABLE))
-    return f"its router {odd[0]} is not one router replay knows ({', '.join(REPLAYABLE)})" if odd else ""
+    odd = sorted({type(g).__name__ for g in found} - set(REPLAYABLE.values()))
+    return f"its router {odd[0]} is not one router replay knows ({', '.join(REPLAYABLE.values())})" if odd else ""
 
 
 def install(model: torch.nn.Module) -> bool:
@@ -143,6 +145,20 @@ def outputs(model: torch.nn.Module, plan: _Plan, response_valid: torch.Tensor) -
     out = torch.zeros((*response_valid.shape, *ids.shape[1:]), dtype=torch.int16, device=ids.device)
     out[response_valid] = ids.to(torch.int16)
     return {COLUMN: out}
+
+
+def counts(out: dict) -> dict[str, float]:
+    """The replay forward's mismatch counts as update metrics (summed over micro-batches and ranks)."""
+    return {key: float(out[key]) for key in (MISMATCH, PAIRS) if key in out}
+
+
+@contextlib.contextmanager
+def cleared_after(model: torch.nn.Module) -> Iterator[None]:
+    """No plan outlives the update (generation and the next log-prob pass route as the model does)."""
+    try:
+        yield
+    finally:
+        clear(model)
 
 
 def clear(model: torch.nn.Module) -> None:

@@ -141,3 +141,14 @@ def test_mismatch_share_is_mismatched_pairs_over_pairs():
     metrics = {"pg_loss": 1.0, router_replay.MISMATCH: 3.0, router_replay.PAIRS: 12.0}
     assert router_replay.mismatch_share(metrics) == {"pg_loss": 1.0, "router_mismatch": 0.25}
     assert router_replay.mismatch_share({"pg_loss": 1.0}) == {"pg_loss": 1.0}
+
+
+def test_replay_runs_the_log_prob_pass_even_where_one_update_would_skip_it():
+    import dataclasses
+
+    from rlctl.config.schema import Config
+    from rlctl.controller.setup import recompute_old_log_prob
+
+    off = Config()   # one optimizer step per rollout, on-policy: the update's own log-probs suffice
+    on = dataclasses.replace(off, actor=dataclasses.replace(off.actor, router_replay=True))
+    assert not recompute_old_log_prob(off, on_policy=True) and recompute_old_log_prob(on, on_policy=True)
