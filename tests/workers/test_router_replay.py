@@ -2,13 +2,17 @@
 2 MoE layers): replaying the routes the model itself chose gives bit for bit the loss, log-probs,
 aux loss and every gradient of replay off; planted routes change exactly the planted tokens'
 log-probs, the mismatch counts exactly the planted (token, layer) pairs, and the router keeps its
-gradient. The ep = 2 equality and the GRPO run are in test_expert_parallel.py /
-tests/controller/test_expert_parallel_run.py."""
+gradient; over two gloo ranks, planted routes replayed at ep = 2 give the log-probs, mismatch and
+every gradient of ep = 1. The GRPO runs are in tests/controller/test_router_replay_run.py."""
 
 from __future__ import annotations
 
+import os
+
+import numpy as np
 import pytest
 import torch
+import torch.multiprocessing as mp
 
 from rlctl.algorithms import LossNorm, aggregate_loss
 from rlctl.errors import ConfigError
@@ -120,6 +124,25 @@ def test_planted_routes_change_exactly_their_tokens_and_the_mismatch_counts_them
     assert float(out[router_replay.PAIRS]) == 2 * float(not_counted.sum())
 
 
+@pytest.mark.parametrize("pack", [None, False], ids=["shared", "trim"])
+def test_gradient_checkpointing_recomputes_with_the_replayed_routes(moe_dir, pack):
+    """The recompute in backward runs the routers again: it must replay the same routes (else the
+    gradients would be of another sub-network) and count nothing twice."""
+    from rlctl.workers.engine import checkpointing_kwargs
+
+    model = _model(moe_dir, True)
+    routes = _recorded(model, pack)
+    _, _, response_mask = _rows()
+    planted = router_replay.Replay(_plant(routes, [(0, 1, 0), (2, 3, 1)]), response_mask)
+    out, loss, grads = _update(model, planted, pack=pack)
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=checkpointing_kwargs(model))
+    model.train()
+    again, loss_again, grads_again = _update(model, planted, pack=pack)
+    assert torch.equal(again["log_prob"], out["log_prob"]) and torch.equal(loss_again, loss)
+    assert all(torch.equal(grads_again[k], grads[k]) for k in grads)
+    assert float(again[router_replay.MISMATCH]) == float(out[router_replay.MISMATCH]) == 2
+
+
 def test_replay_records_nothing_outside_a_plan_and_a_dense_model_is_refused(moe_dir, tmp_path):
     from transformers import AutoModelForCausalLM
 
@@ -152,3 +175,75 @@ def test_replay_runs_the_log_prob_pass_even_where_one_update_would_skip_it():
     off = Config()   # one optimizer step per rollout, on-policy: the update's own log-probs suffice
     on = dataclasses.replace(off, actor=dataclasses.replace(off.actor, router_replay=True))
     assert not recompute_old_log_prob(off, on_policy=True) and recompute_old_log_prob(on, on_policy=True)
+
+
+def _planted_routes(rows: int, width: int, layers: int = 2, experts: int = 4) -> torch.Tensor:
+    """Seeded random routes: k = 2 distinct experts per (row, token, layer), [rows, width, L, 2] int16."""
+    g = torch.Generator().manual_seed(11)
+    picks = torch.stack([torch.randperm(experts, generator=g)[:2] for _ in range(rows * width * layers)])
+    return picks.view(rows, width, layers, 2).to(torch.int16)
+
+
+def _replay_rank(rank, model_dir, init_file, out_dir, ep):
+    """This rank's rows of test_expert_parallel's batch, planted routes replayed at `ep`: a token-mean
+    -log pi plus 0.5 x aux, backward, expert grads reduced; rank 0 saves log-probs, counts, grads."""
+    import torch.distributed as dist
+    from test_expert_parallel import WIDTH, WORLD, _sharded_rank, _whole_grads
+
+    from rlctl.workers import expert_parallel, fsdp
+
+    model, groups, local, rows = _sharded_rank(rank, model_dir, init_file, ep)
+    router_replay.install(model)
+    mask, width = torch.ones_like(rows), WIDTH // 2
+    response_mask = mask[:, width:].float()
+    routes = _planted_routes(len(rows) * WORLD, width)[rank * len(rows):(rank + 1) * len(rows)]
+    tokens, = fsdp.all_reduce_sum([float(response_mask.sum())])
+    norm = LossNorm(tokens=tokens, dp_size=WORLD)
+    out = response_log_probs(model, rows, mask, width, moe_aux=True, pack=False,
+                             routes=router_replay.Replay(routes, response_mask))
+    loss = moe_aux.add_aux_loss(aggregate_loss(-out["log_prob"], response_mask, "token-mean", norm=norm), {},
+                                out, response_mask, norm, 0.5)
+    loss.backward()
+    if groups is not None:
+        expert_parallel.reduce_expert_grads(local, groups)
+    grads = _whole_grads(model, groups)
+    counts = fsdp.all_reduce_sum([float(out[router_replay.MISMATCH]), float(out[router_replay.PAIRS])])
+    log_probs = [torch.empty_like(out["log_prob"]) for _ in range(WORLD)]
+    dist.all_gather(log_probs, out["log_prob"].detach())
+    if rank == 0:
+        np.savez(os.path.join(out_dir, "result.npz"), log_prob=torch.cat(log_probs).numpy(), counts=np.array(counts),
+                 **{f"grad/{k}": v for k, v in grads.items()})
+    dist.destroy_process_group()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_planted_routes_replayed_at_ep2_equal_ep1(moe_dir, tmp_path):
+    """Tolerance as the aux-loss parity of test_expert_parallel.py: 2e-6 (float32 sums in another order)."""
+    from test_expert_parallel import WORLD, _differences
+
+    runs = {}
+    for ep in (2, 1):
+        out = tmp_path / f"replay_ep{ep}"
+        out.mkdir()
+        mp.start_processes(_replay_rank, args=(str(moe_dir), str(out / "pg"), str(out), ep), nprocs=WORLD, join=True,
+                           start_method="spawn")
+        runs[ep] = dict(np.load(out / "result.npz"))
+    assert np.array_equal(runs[2]["counts"], runs[1]["counts"])
+    mismatched, pairs = runs[2]["counts"]
+    assert pairs == 2 * 4 * 6 and 0 < mismatched < pairs   # random routes: most differ from the router's
+    diffs = _differences(runs[2], runs[1])
+    worst = max(diffs, key=diffs.get)
+    assert diffs[worst] < 2e-6, (worst, diffs[worst])
+    own = _recorded_log_prob(moe_dir)
+    assert np.abs(runs[2]["log_prob"] - own).max() > 1e-3   # the planted routes did change the log-probs
+
+
+def _recorded_log_prob(moe_dir) -> np.ndarray:
+    """The log-probs of test_expert_parallel's batch with the model's own routes (one process)."""
+    from test_expert_parallel import WIDTH, _batch
+
+    rows = _batch()
+    with torch.no_grad():
+        out = response_log_probs(_model(moe_dir, False), rows, torch.ones_like(rows), WIDTH // 2, pack=False)
+    return out["log_prob"].numpy()
