@@ -4,7 +4,8 @@ the log-prob pass chose for it, in every MoE layer.
 The log-prob pass (compute_log_prob, the old policy's forward) records, per response token j and
 MoE layer l, the top-k expert ids its router picked at the position that predicts token j (the
 output whose logits give log pi(token j)): the batch column `routed_experts` int16 [B, T, L, k],
-in the router's own order (descending probability), 0 on padding. The update's forward then
+in the router's own order (descending probability), 0 on padding (uint8 up to 256 experts a layer,
+else int16: the column is B x T x L x k, the largest one the batch carries). The update's forward then
 replaces, at those positions, the ids its router would pick by the recorded ones, and weights them
 with the *current* router's probabilities at those ids (renormalised over the k when the model's
 norm_topk_prob is set, as its router does), so the router keeps its gradient:
@@ -31,7 +32,7 @@ from rlctl.errors import ConfigError
 from rlctl.workers.expert_parallel import expert_modules
 
 KEY = "actor.router_replay"
-COLUMN = "routed_experts"          # int16 [B, T, L, k]
+COLUMN = "routed_experts"          # uint8 / int16 [B, T, L, k]
 RECORD = "record"                  # response_log_probs(routes=RECORD): the pass records its routes
 MISMATCH, PAIRS = "router_mismatch_pairs", "router_pairs"   # additive update metrics (rlctl.workers.training)
 # model type -> its router, whose forward is softmax -> top-k -> optional renormalisation (transformers 5)
@@ -80,7 +81,7 @@ class _Plan:
     replay: torch.Tensor | None = None
     counted: torch.Tensor | None = None
     recorded: dict = field(default_factory=dict)      # layer -> [M, k] ids the router chose
-    mismatched: dict = field(default_factory=dict)    # layer -> mismatched pairs (first call only)
+    mismatched: dict = field(default_factory=dict)    # layer -> mismatched pairs, 0-d (first call only)
 
 
 def _routing_forward(gate: torch.nn.Module, own_forward, layer: int):
@@ -96,7 +97,7 @@ def _routing_forward(gate: torch.nn.Module, own_forward, layer: int):
         replayed = plan.replay[:, layer].to(ids.dtype)
         if layer not in plan.mismatched:   # a recompute (gradient checkpointing) counts nothing twice
             differs = (fresh.sort(-1).values != replayed.sort(-1).values).any(-1)
-            plan.mismatched[layer] = int((differs & plan.counted).sum())
+            plan.mismatched[layer] = (differs & plan.counted).sum()   # a tensor: no device sync per layer
         chosen = ids.clone()
         chosen[plan.positions] = replayed
         picked = torch.softmax(logits, dim=-1, dtype=torch.float).gather(-1, chosen)   # [n, k]
@@ -135,15 +136,17 @@ def start(model: torch.nn.Module, layout, routes) -> _Plan:
 
 
 def outputs(model: torch.nn.Module, plan: _Plan, response_valid: torch.Tensor) -> dict[str, torch.Tensor]:
-    """The forward's route outputs: recorded ids as COLUMN [b, T, L, k] int16 (record; the plan is
+    """The forward's route outputs: recorded ids as COLUMN [b, T, L, k] (record; the plan is
     cleared), or the mismatch counts (replay) as 0-d tensors."""
+    found = routers(model)
     if plan.replay is not None:
-        pairs = int(plan.counted.sum()) * len(routers(model))
-        return {MISMATCH: torch.tensor(float(sum(plan.mismatched.values()))), PAIRS: torch.tensor(float(pairs))}
+        pairs = plan.counted.sum() * len(found)
+        return {MISMATCH: sum(plan.mismatched.values(), torch.zeros(())).float(), PAIRS: pairs.float()}
     clear(model)
     ids = torch.stack([plan.recorded[layer] for layer in sorted(plan.recorded)], dim=1)   # [M, L, k]
-    out = torch.zeros((*response_valid.shape, *ids.shape[1:]), dtype=torch.int16, device=ids.device)
-    out[response_valid] = ids.to(torch.int16)
+    dtype = torch.uint8 if max(int(g.num_experts) for g in found) <= 256 else torch.int16
+    out = torch.zeros((*response_valid.shape, *ids.shape[1:]), dtype=dtype, device=ids.device)
+    out[response_valid] = ids.to(dtype)
     return {COLUMN: out}
 
 

@@ -79,7 +79,7 @@ def test_replaying_the_models_own_routes_is_bit_identical_to_replay_off(moe_dir,
     model = _model(moe_dir, True)
     routes = _recorded(model, pack)
     _, _, response_mask = _rows()
-    assert routes.shape == (4, RESPONSE, 2, 2) and routes.dtype == torch.int16
+    assert routes.shape == (4, RESPONSE, 2, 2) and routes.dtype == torch.uint8   # 4 experts: one byte each
     valid = response_mask.bool()
     assert bool((routes[~valid] == 0).all()) and routes[valid].unique().numel() > 2   # real ids, padding 0
     assert bool((routes[valid][..., 0] != routes[valid][..., 1]).all())              # k distinct experts
@@ -178,10 +178,10 @@ def test_replay_runs_the_log_prob_pass_even_where_one_update_would_skip_it():
 
 
 def _planted_routes(rows: int, width: int, layers: int = 2, experts: int = 4) -> torch.Tensor:
-    """Seeded random routes: k = 2 distinct experts per (row, token, layer), [rows, width, L, 2] int16."""
+    """Seeded random routes: k = 2 distinct experts per (row, token, layer), [rows, width, L, 2] uint8."""
     g = torch.Generator().manual_seed(11)
     picks = torch.stack([torch.randperm(experts, generator=g)[:2] for _ in range(rows * width * layers)])
-    return picks.view(rows, width, layers, 2).to(torch.int16)
+    return picks.view(rows, width, layers, 2).to(torch.uint8)
 
 
 def _replay_rank(rank, model_dir, init_file, out_dir, ep):
