@@ -174,16 +174,15 @@ def response_logits(model: torch.nn.Module, input_ids: torch.Tensor, attention_m
     plan = router_replay.start(model, layout, routes) if routes is not None else None
     if layout.shared is not None:   # the predictors' positions, in target order (prompts never reach the head)
         out = layout.forward(model, logits_to_keep=layout.pred_col, **more)
-        first, logits = 0, out.logits[0].float()
+        logits = out.logits[0].float()
     else:
         first, last = int(layout.pred_col.min()), int(layout.pred_col.max())   # only the columns some response
         out = layout.forward(model, logits_to_keep=torch.arange(first, last + 1, device=input_ids.device), **more)
         logits = out.logits[layout.pred_row, layout.pred_col - first].float()
+        logits = ban_placeholders(logits, placeholder_ids(model))   # a VLM's policy never samples them
     layout.aux_loss = getattr(out, "aux_loss", None) if moe_aux else None
     layout.routes = router_replay.outputs(model, plan, layout.response_valid) if plan is not None else None
-    if layout.shared is not None:
-        return logits, layout
-    return ban_placeholders(logits, placeholder_ids(model)), layout   # a VLM's policy never samples them
+    return logits, layout
 
 
 def response_log_probs(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,

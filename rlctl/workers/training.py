@@ -89,6 +89,7 @@ ADDITIVE = ("loss", "pg_loss", "entropy", "kl_loss", "vf_loss", "moe_aux_loss",
             "router_mismatch_pairs", "router_pairs")
 LARGEST = ("drift_abs_max",)   # the largest over micro-batches and ranks
 
+
 def trainer_engine_drift_sums(log_prob: torch.Tensor, engine_log_prob: torch.Tensor, mask: torch.Tensor) -> dict[str, float]:
     """A micro-batch's share of the drift between a rollout engine's log-probs of its samples and
     the trainer's, both before the update (on-policy, one optimizer step: the update's own forward
