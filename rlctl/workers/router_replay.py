@@ -3,9 +3,9 @@ the log-prob pass chose for it, in every MoE layer.
 
 The log-prob pass (compute_log_prob, the old policy's forward) records, per response token j and
 MoE layer l, the top-k expert ids its router picked at the position that predicts token j (the
-output whose logits give log pi(token j)): the batch column `routed_experts` int16 [B, T, L, k],
-in the router's own order (descending probability), 0 on padding (uint8 up to 256 experts a layer,
-else int16: the column is B x T x L x k, the largest one the batch carries). The update's forward then
+output whose logits give log pi(token j)): the batch column `routed_experts` [B, T, L, k], in the
+router's own order (descending probability), 0 on padding; uint8 up to 256 experts a layer, else
+int16 (B x T x L x k ids: the largest column the batch carries). The update's forward then
 replaces, at those positions, the ids its router would pick by the recorded ones, and weights them
 with the *current* router's probabilities at those ids (renormalised over the k when the model's
 norm_topk_prob is set, as its router does), so the router keeps its gradient:
