@@ -103,8 +103,8 @@ REPLAY = "actor.router_replay"
 def _replay_problems(c: Config) -> list[Problem]:
     """What router replay cannot serve: it replays the routes of RL's old-log-prob pass."""
     refusals = (
-        (c.run.kind == "sft", "run.kind", f"{REPLAY} replays the routes of RL's log-prob pass, which SFT has none "
-                                          f"of; set {REPLAY} = false"),
+        (c.run.kind == "sft", "run.kind", f"SFT has no log-prob pass whose routes {REPLAY} could replay; set "
+                                          f"{REPLAY} = false"),
         (c.actor.ulysses_sequence_parallel_size > 1, "actor.ulysses_sequence_parallel_size",
          f"{REPLAY} with sequence parallelism is not supported yet (each rank routes a slice of the tokens); "
          f"set it to 1, or {REPLAY} = false"),
