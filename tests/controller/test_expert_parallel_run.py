@@ -2,7 +2,8 @@
 workers), shortened, with the experts split over both (actor.expert_parallel_size = 2, the recipe's)
 and without: the same step metrics (the MoE load-balancing loss included) and, after 2 steps,
 the same weights within a stated tolerance; `rlctl merge` of the split run writes every expert
-and verifies its logits (merge's own check)."""
+and verifies its logits (merge's own check), and `rlctl serve` answers the official client from the
+merged folder. PPO with a critic (built from the MoE model, unsplit) gives the same numbers at both ep."""
 
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ OVERRIDES = ["resources.workers=2", "resources.cpus_per_worker=1", "data.batch_s
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory, arith_data, ray_cluster) -> dict[int, Path]:
+def project(tmp_path_factory, arith_data) -> Path:
     from rlctl.models.tiny import build_tiny_model
     from rlctl.project import write_project
 
@@ -31,10 +32,19 @@ def runs(tmp_path_factory, arith_data, ray_cluster) -> dict[int, Path]:
     write_project(proj, "grpo-arith-moe-ep2-cpu", str(proj / "moe"))
     (proj / "data").mkdir()
     (proj / "data" / "arith").symlink_to(arith_data)
+    return proj
+
+
+def _train_at_each_ep(proj: Path, name: str, overrides: list[str]) -> dict[int, Path]:
     for ep in (2, 1):
-        start_training(load_config(proj / "rlctl.toml", OVERRIDES + [f"actor.expert_parallel_size={ep}",
-                                                                     f"run.name=ep{ep}"]), address=None, force=False)
-    return {ep: proj / "runs" / f"ep{ep}" for ep in (1, 2)}
+        start_training(load_config(proj / "rlctl.toml", OVERRIDES + overrides + [
+            f"actor.expert_parallel_size={ep}", f"run.name={name}{ep}"]), address=None, force=False)
+    return {ep: proj / "runs" / f"{name}{ep}" for ep in (1, 2)}
+
+
+@pytest.fixture(scope="module")
+def runs(project, ray_cluster) -> dict[int, Path]:
+    return _train_at_each_ep(project, "ep", [])
 
 
 def _rows(run: Path) -> list[dict]:
@@ -67,6 +77,38 @@ def test_ep2_run_equals_ep1_and_merges_with_every_expert(runs, tmp_path):
     assert experts == {"0", "1", "2", "3"}
     worst = max(float(np.abs(weights[2][k].astype(np.float64) - weights[1][k]).max()) for k in weights[2])
     assert worst < 1e-4, worst
+    _serve_answers(tmp_path / "merged2")
+
+
+def _serve_answers(folder: Path) -> None:
+    """`rlctl serve` of a merged MoE folder answers a chat request through the official client."""
+    import openai
+    from support.servers import ServerProcess
+
+    srv = ServerProcess([str(folder), "--engine", "hf", "--port", "0", "--served-model-name", "moe"])
+    try:
+        client = openai.OpenAI(base_url=srv.base_url + "/v1", api_key="none", max_retries=0, timeout=60)
+        reply = client.chat.completions.create(model="moe", messages=[{"role": "user", "content": "1 + 2 = ?"}],
+                                               max_tokens=4, temperature=0)
+        assert reply.model == "moe" and reply.usage.completion_tokens >= 1, reply
+        assert reply.choices[0].finish_reason in ("stop", "length"), reply
+    finally:
+        srv.proc.kill()
+        srv.proc.wait()
+
+
+def test_ppo_with_a_critic_at_ep2_equals_ep1(project, ray_cluster):
+    """PPO (GAE): the critic is built from the MoE model and FSDP-sharded without expert
+    parallelism, the actor's experts split at ep = 2. Step metrics, the critic's included, equal
+    ep = 1's (rtol 1e-4, as above)."""
+    ppo = _train_at_each_ep(project, "ppo", ["algorithm.name=gae", "rollout.n=2", "actor.micro_batch_size=4",
+                                             "critic.mini_batch_size=4", "critic.micro_batch_size=4"])
+    ep2, ep1 = _rows(ppo[2]), _rows(ppo[1])
+    assert len(ep2) == len(ep1) == 2
+    for a, b in zip(ep2, ep1):
+        for key in ("reward/mean", "actor/pg_loss", "actor/grad_norm", "actor/moe_aux_loss", "critic/vf_loss",
+                    "critic/grad_norm"):
+            assert a[key] == pytest.approx(b[key], rel=1e-4, abs=1e-6), (a["step"], key)
 
 
 def test_an_ep2_checkpoint_resumes_at_ep1(runs):
