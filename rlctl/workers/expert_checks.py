@@ -32,9 +32,10 @@ def check_expert_parallel(c: Config, ctx: CheckContext) -> list[Problem]:
     refusals = (
         (c.run.kind == "sft", "run.kind", "SFT with expert parallelism is not supported yet; train RL, or set "
                                           f"{KEY} = 1"),
-        (c.rollout.engine != "hf", "rollout.engine", f"\"{c.rollout.engine}\" with {KEY} > 1 is not supported "
-                                                     "yet (only the hf engine gets the gathered experts); use "
-                                                     f"\"hf\", or {KEY} = 1"),
+        (c.rollout.engine not in ("hf", "vllm"), "rollout.engine", f"\"{c.rollout.engine}\" with {KEY} > 1 is not "
+                                                                   "supported yet (the hf and vllm engines get the "
+                                                                   f"gathered experts); use \"hf\" or \"vllm\", or "
+                                                                   f"{KEY} = 1"),
         (c.rollout.mode in SEPARATE_ROLLOUT_MODES, "rollout.mode", f"\"{c.rollout.mode}\" with {KEY} > 1 is not "
                                                                    "supported yet; use \"sync\", or "
                                                                    f"{KEY} = 1"),

@@ -216,16 +216,19 @@ def whole_experts(model: torch.nn.Module) -> Iterator[None]:
             module.num_experts, module._rlctl_whole = count, False
 
 
-def check_not_partial(modules: dict[str, torch.nn.Module], param_name: str) -> None:
-    """Raise when `param_name` is the local share of a split bank outside whole_experts (a weight
-    push or export would send a partial expert set)."""
+def pushed_bank(modules: dict[str, torch.nn.Module], param_name: str, tensor: torch.Tensor) -> torch.Tensor:
+    """What a weight push or export sends for `param_name`: a split bank's experts all-gathered from
+    its expert group (a collective: every rank calls, same order) unless whole_experts already did;
+    any other tensor unchanged. One bank at a time, so a push never holds every expert at once.
+    Raises rather than send a partial expert set (an engine would load it as experts 0..n-1)."""
     owner, _, pname = param_name.rpartition(".")
     module = modules.get(owner)
-    if module is not None and pname in ("gate_up_proj", "down_proj") and is_split(module) \
-            and not getattr(module, "_rlctl_whole", False):
-        _, total = getattr(module, _MARK)
-        raise RuntimeError(f"{param_name} holds {module.num_experts} of {total} experts here: refusing to send a "
-                           "partial expert set (gather inside rlctl.workers.fsdp.whole_weights)")
+    if module is None or pname not in ("gate_up_proj", "down_proj") or not is_split(module):
+        return tensor
+    _, total = getattr(module, _MARK)
+    bank = tensor if getattr(module, "_rlctl_whole", False) else _gather_bank(module, pname)
+    check_whole_bank(param_name, bank, total)
+    return bank
 
 
 def check_whole_bank(name: str, bank: torch.Tensor, total: int) -> None:
