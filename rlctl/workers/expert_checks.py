@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from rlctl.config.checks import CheckContext
 from rlctl.config.loader import Problem
-from rlctl.config.schema import SEPARATE_ROLLOUT_MODES, Config
+from rlctl.config.schema import Config
 
 KEY = "actor.expert_parallel_size"
 
@@ -35,9 +35,6 @@ def check_expert_parallel(c: Config, ctx: CheckContext) -> list[Problem]:
         (c.rollout.engine not in ("hf", "vllm"), "rollout.engine", f"\"{c.rollout.engine}\" with {KEY} > 1 is not "
                                                                    "supported yet (the hf and vllm engines get the "
                                                                    f"gathered experts); use \"hf\" or \"vllm\", or "
-                                                                   f"{KEY} = 1"),
-        (c.rollout.mode in SEPARATE_ROLLOUT_MODES, "rollout.mode", f"\"{c.rollout.mode}\" with {KEY} > 1 is not "
-                                                                   "supported yet; use \"sync\", or "
                                                                    f"{KEY} = 1"),
         (c.algorithm.ref_update_every > 0, "algorithm.ref_update_every", f"copying the policy into the reference "
                                                                        f"with {KEY} > 1 is not supported yet; set it to "

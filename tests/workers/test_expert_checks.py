@@ -46,14 +46,14 @@ def test_what_expert_parallelism_does_not_cover_yet_is_refused(moe_dir, tmp_path
     ep = {"expert_parallel_size": 2}
     lora = dataclasses.replace(Config().model.lora, rank=8)
     cases = {"run.kind": {"run": {"kind": "sft"}}, "rollout.engine": {"rollout": {"engine": "sglang"}},
-             "rollout.mode": {"rollout": {"mode": "one_step_off"}}, "model.lora.rank": {"model": {"lora": lora}},
+             "model.lora.rank": {"model": {"lora": lora}},
              "algorithm.ref_update_every": {"algorithm": {"ref_update_every": 2}},
              "model.gradient_checkpointing": {"model": {"gradient_checkpointing": True}}}
     for key, change in cases.items():
         problems = check_expert_parallel(_config(moe_dir, actor=ep, resources={"workers": 2}, **change), ctx)
         assert [p.key for p in problems] == [key] and "not supported yet" in problems[0].message, key
-    vllm = _config(moe_dir, actor=ep, resources={"workers": 2}, rollout={"engine": "vllm"})
-    assert check_expert_parallel(vllm, ctx) == []   # the push gathers the experts (test_vllm_moe.py)
+    for built in ({"engine": "vllm"}, {"mode": "one_step_off"}, {"mode": "async"}):   # the push gathers the experts
+        assert check_expert_parallel(_config(moe_dir, actor=ep, resources={"workers": 2}, rollout=built), ctx) == []
     replay = check_expert_parallel(_config(moe_dir, actor={"router_replay": True}), ctx)
     assert [p.key for p in replay] == ["actor.router_replay"] and "not implemented yet" in replay[0].message
 
