@@ -1,4 +1,4 @@
-"""rollout.mode = "one_step_off" with the experts split over the actor's 2 workers
+"""rollout.mode = "one_step_off" (and "async") with the experts split over the actor's 2 workers
 (actor.expert_parallel_size = 2): the separate rollout rank generates with a whole copy of the
 policy, and after every update the actor exports its weights to it with each expert bank gathered
 from the split ranks; the run resumes exactly.
@@ -80,3 +80,19 @@ def test_a_resumed_run_repeats_the_uninterrupted_one(runs, tmp_path):
     assert resumed.keys() == full_weights.keys()
     for name, tensor in full_weights.items():
         assert torch.equal(tensor, resumed[name]), name
+
+
+def test_async_with_staleness_1_at_ep2_equals_one_step_off(runs, tmp_path):
+    """rollout.mode = "async" pushes through the same export: with max_staleness = 1 its schedule is
+    one_step_off's (test_async.py), so at ep = 2 the two runs are equal bit for bit."""
+    from test_async import rows
+
+    proj = runs[2].parents[1]
+    start_training(load_config(proj / "rlctl.toml", OVERRIDES + [
+        "actor.expert_parallel_size=2", "run.name=async", "rollout.mode=async", "rollout.max_staleness=1",
+        "rollout.sync_every=1", "rollout.staleness_strategy=wait"]), address=None, force=False)
+    run = proj / "runs" / "async"
+    assert [r["async/staleness_max"] for r in rows(run)] == [0.0, 1.0, 1.0]
+    assert rows(run, ("async/",)) == rows(runs[2])
+    a, b = final_weights(runs[2], tmp_path), final_weights(run, tmp_path)
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
