@@ -46,6 +46,12 @@ def check_expert_parallel(c: Config, ctx: CheckContext) -> list[Problem]:
                                                    f"fine-tuning, or {KEY} = 1"),
     )
     problems += [Problem(key, message) for refused, key, message in refusals if refused]
+    if c.rollout.engine == "vllm":   # the engine-side layout, stated (docs/rollout.md)
+        problems.append(Problem("rollout.engine", f"\"vllm\" with {KEY} = {ep}: each rank's engine holds every "
+                                                  "expert (vLLM's own expert parallelism is off; each push gathers "
+                                                  "the split ones), beside the trainer's share: leave it memory for "
+                                                  "the whole model (rollout.gpu_memory_utilization)",
+                                severity="warning"))
     return problems
 
 

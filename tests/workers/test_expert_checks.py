@@ -52,8 +52,11 @@ def test_what_expert_parallelism_does_not_cover_yet_is_refused(moe_dir, tmp_path
     for key, change in cases.items():
         problems = check_expert_parallel(_config(moe_dir, actor=ep, resources={"workers": 2}, **change), ctx)
         assert [p.key for p in problems] == [key] and "not supported yet" in problems[0].message, key
-    for built in ({"engine": "vllm"}, {"mode": "one_step_off"}, {"mode": "async"}):   # the push gathers the experts
+    for built in ({"mode": "one_step_off"}, {"mode": "async"}):   # the export gathers the experts
         assert check_expert_parallel(_config(moe_dir, actor=ep, resources={"workers": 2}, rollout=built), ctx) == []
+    vllm = check_expert_parallel(_config(moe_dir, actor=ep, resources={"workers": 2}, rollout={"engine": "vllm"}), ctx)
+    assert [(p.key, p.severity) for p in vllm] == [("rollout.engine", "warning")]   # built; its layout stated
+    assert "each rank's engine holds every expert" in vllm[0].message
     replay = check_expert_parallel(_config(moe_dir, actor={"router_replay": True}), ctx)
     assert [p.key for p in replay] == ["actor.router_replay"] and "not implemented yet" in replay[0].message
 
