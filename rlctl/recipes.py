@@ -51,6 +51,16 @@ def load_recipe(path: Path) -> Recipe:
                   data_command=_header(text, "data"), algorithm="sft" if sft else (algo.group(1) if algo else ""))
 
 
+def model_command(recipe_text: str, path: str) -> str:
+    """The `rlctl model tiny|get ... PATH` command a recipe's comments give for writing its
+    model.path `path` (with the arguments it needs, such as `--arch qwen3_moe`); "" when none does."""
+    for m in re.finditer(r"rlctl model (?:tiny|get) [^`\n&;,()]*", recipe_text):
+        words = [w.rstrip(".") for w in m.group(0).split()]
+        if path in words:
+            return " ".join(words)
+    return ""
+
+
 def list_recipes() -> list[Recipe]:
     return [load_recipe(p) for p in sorted(bundled_dir("recipes").glob("*.toml"))]
 

@@ -78,23 +78,28 @@ def init(
                          hint="pass --force to overwrite them, or choose another folder.")
     written = write_project(directory, recipe, model)
     typer.echo(f"created {directory}/ from recipe {recipe}: {', '.join(written)}")
-    _warn_if_model_unavailable(directory)
+    _warn_if_model_unavailable(directory, recipe if model is None else "")
     typer.echo(f"next: cd {directory} and follow README.md (data prep, config validate, train)")
 
 
-def _warn_if_model_unavailable(directory: Path) -> None:
+def _warn_if_model_unavailable(directory: Path, recipe: str) -> None:
     """A project may be written offline for a machine with the hub, so a model that cannot be found
-    here is a warning, not an error; `config validate` and `train` stop on it."""
+    here is a warning, not an error; `config validate` and `train` stop on it. When the recipe's own
+    model.path is missing and its comments say how to make it (`recipe`: its name), that command is
+    the hint."""
     import tomlkit
 
     from rlctl.errors import DataError
     from rlctl.models.hub import resolve_model
+    from rlctl.recipes import get_recipe, model_command
 
     path = str(tomlkit.parse((directory / "rlctl.toml").read_text()).get("model", {}).get("path", ""))
     try:
         source = resolve_model(path, directory)
     except DataError as e:
-        typer.echo(f"warning: {e.message}; training here needs it: {e.hint}", err=True)
+        command = model_command(get_recipe(recipe).text(), path) if recipe else ""
+        hint = f"make it with `{command}` inside {directory}/" if command else e.hint
+        typer.echo(f"warning: {e.message}; training here needs it: {hint}", err=True)
         return
     if source.note:
         typer.echo(f"note: {source.note}", err=True)

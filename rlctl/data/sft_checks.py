@@ -19,7 +19,7 @@ from rlctl.config.schema import Config
 SFT_KEYS = ("run.", "model.", "resources.", "sft.", "data.train_files", "data.val_files", "data.batch_size",
             "data.shuffle", "data.max_response_length", "data.val_batch_size", "actor.lr", "actor.warmup_steps", "actor.lr_schedule",
             "actor.min_lr_ratio", "actor.weight_decay", "actor.grad_clip", "actor.micro_batch_size",
-            "actor.ulysses_sequence_parallel_size")
+            "actor.ulysses_sequence_parallel_size", "actor.expert_parallel_size", "actor.moe_aux_loss_coef")
 
 
 def flatten(raw: dict, prefix: str = "") -> list[str]:

@@ -49,7 +49,7 @@ RL_MACHINE_CHECKS = (check_model, check_lora_targets, check_engine_installed, ch
 SFT_CHECKS = (check_sft_keys, check_sft_batch, check_lora, check_sft_best_metric, check_distill, check_expert_parallel,
               check_ulysses)
 SFT_MACHINE_CHECKS = (check_model, check_lora_targets, check_loggers, check_cuda, check_gpu_workers,
-                      check_ulysses_model)
+                      check_expert_model, check_ulysses_model)
 
 
 def validate(loaded: LoadedConfig, *, machine: bool = True, reach_services: bool = True

@@ -208,17 +208,12 @@ class ActorRolloutRefWorker:
     @register(Dispatch.ALL)
     def sync_reference(self) -> None:
         """algorithm.ref_update_every: the frozen reference becomes a copy of the current policy (SPIN's
-        opponent, the previous iterate). Both modules are sharded alike, so each rank copies its shards."""
+        opponent, the previous iterate): each rank copies its shards, split expert banks gathered whole."""
         if self.ref is None:
             raise ConfigError("algorithm.ref_update_every needs a frozen reference copy, and this actor has none",
                               hint="use full fine-tuning (model.lora.rank = 0) with an algorithm or KL term "
                                    "that reads the reference")
-        with torch.no_grad():
-            for (name, ref), (other, param) in zip(self.ref.module.named_parameters(),
-                                                   self.actor.module.named_parameters(), strict=True):
-                if name != other:
-                    raise ConfigError(f"reference and policy parameters differ ({name} vs {other})")
-                ref.copy_(param.detach().to(ref.dtype))
+        fsdp.copy_weights(self.ref.module, self.actor.module)
 
     # --- training --------------------------------------------------------------------------------
     @register(Dispatch.DP_TRAIN)

@@ -30,23 +30,15 @@ def check_expert_parallel(c: Config, ctx: CheckContext) -> list[Problem]:
         problems.append(Problem(KEY, f"{ep} does not divide resources.workers = {c.resources.workers}: each "
                                      "expert group is ep of the actor's ranks; pick a divisor of the workers"))
     refusals = (
-        (c.run.kind == "sft", "run.kind", "SFT with expert parallelism is not supported yet; train RL, or set "
-                                          f"{KEY} = 1"),
         (c.rollout.engine not in ("hf", "vllm"), "rollout.engine", f"\"{c.rollout.engine}\" with {KEY} > 1 is not "
                                                                    "supported yet (the hf and vllm engines get the "
                                                                    f"gathered experts); use \"hf\" or \"vllm\", or "
                                                                    f"{KEY} = 1"),
-        (c.algorithm.ref_update_every > 0, "algorithm.ref_update_every", f"copying the policy into the reference "
-                                                                       f"with {KEY} > 1 is not supported yet; set it to "
-                                                                       f"0, or {KEY} = 1"),
-        (c.model.gradient_checkpointing, "model.gradient_checkpointing", f"recomputing the expert exchange with "
-                                                                          f"{KEY} > 1 is not supported yet; set it "
-                                                                          "to false"),
         (c.model.lora.rank > 0, "model.lora.rank", f"LoRA with {KEY} > 1 is not supported yet; use full "
                                                    f"fine-tuning, or {KEY} = 1"),
     )
     problems += [Problem(key, message) for refused, key, message in refusals if refused]
-    if c.rollout.engine == "vllm":   # the engine-side layout, stated (docs/rollout.md)
+    if c.rollout.engine == "vllm" and c.run.kind != "sft":   # the engine-side layout, stated (docs/rollout.md)
         problems.append(Problem("rollout.engine", f"\"vllm\" with {KEY} = {ep}: each rank's engine holds every "
                                                   "expert (vLLM's own expert parallelism is off; each push gathers "
                                                   "the split ones), beside the trainer's share: leave it memory for "

@@ -216,18 +216,19 @@ def whole_experts(model: torch.nn.Module) -> Iterator[None]:
             module.num_experts, module._rlctl_whole = count, False
 
 
-def pushed_bank(modules: dict[str, torch.nn.Module], param_name: str, tensor: torch.Tensor) -> torch.Tensor:
-    """What a weight push or export sends for `param_name`: a split bank's experts all-gathered from
-    its expert group (a collective: every rank calls, same order) unless whole_experts already did;
-    any other tensor unchanged. One bank at a time, so a push never holds every expert at once.
-    Raises rather than send a partial expert set (an engine would load it as experts 0..n-1)."""
-    owner, _, pname = param_name.rpartition(".")
+def whole_parameter(modules: dict[str, torch.nn.Module], name: str, param: torch.Tensor) -> torch.Tensor:
+    """The parameter `name` (of the model whose named_modules() are `modules`) with every expert: a
+    split bank is all-gathered over its expert group (each rank of the group calls, in the same
+    order); any other parameter is returned as it is, detached. A weight push or export calls it per
+    tensor, so it never holds every expert at once; a bank that comes out short raises rather than
+    be sent (an engine would load a partial bank as its first experts)."""
+    owner, _, pname = name.rpartition(".")
     module = modules.get(owner)
-    if module is None or pname not in ("gate_up_proj", "down_proj") or not is_split(module):
-        return tensor
-    _, total = getattr(module, _MARK)
-    bank = tensor if getattr(module, "_rlctl_whole", False) else _gather_bank(module, pname)
-    check_whole_bank(param_name, bank, total)
+    if module is None or pname not in ("gate_up_proj", "down_proj") or not is_split(module) \
+            or getattr(module, "_rlctl_whole", False):
+        return param.detach()
+    bank = _gather_bank(module, pname)
+    check_whole_bank(name, bank, getattr(module, _MARK)[1])
     return bank
 
 

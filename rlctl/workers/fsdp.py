@@ -116,6 +116,26 @@ def whole_weights(model: torch.nn.Module) -> Iterator[None]:
         yield
 
 
+def copy_weights(dst: torch.nn.Module, src: torch.nn.Module) -> None:
+    """dst's parameters := src's, cast to dst's dtype (the same names in the same order; every rank
+    calls). Both FSDP-sharded over the same ranks, each rank copies its shards; a bank of src's
+    experts split by expert parallelism is all-gathered whole over its expert group and each rank
+    keeps dst's shard of it (dst unsplit: the reference)."""
+    from torch.distributed.tensor import distribute_tensor
+
+    from rlctl.workers.expert_parallel import whole_parameter
+
+    modules = dict(src.named_modules())
+    with torch.no_grad():
+        for (name, target), (other, param) in zip(dst.named_parameters(), src.named_parameters(), strict=True):
+            if name != other:
+                raise ConfigError(f"the two models' parameters differ ({name} vs {other})")
+            value = whole_parameter(modules, name, param).to(target.dtype)
+            if hasattr(target, "device_mesh") and not hasattr(value, "device_mesh"):   # a whole bank: dst's shard
+                value = distribute_tensor(value, target.device_mesh, target.placements, src_data_rank=None)
+            target.copy_(value)
+
+
 @contextlib.contextmanager
 def _unsharded(model: torch.nn.Module, units: list) -> Iterator[None]:
     # FSDP2 has no getter for reshard_after_forward; keep each group's setting to restore it.

@@ -18,6 +18,11 @@ Sequence parallelism (actor.ulysses_sequence_parallel_size = S > 1, rlctl.worker
 ranks of a group pool their shards and each runs its 1/S of every packed micro-batch; the NLL of
 all the group's targets is gathered on each, and D = W / S (the S ranks' gradients sum to S x the
 group's, ulysses.gather_rows), so the step is the same as without it.
+
+Mixture-of-experts policies: actor.expert_parallel_size splits the experts as in RL (the engine's
+all-to-all dispatch; every rank runs the same number of micro-batches, _micro_batches), and the
+loss adds the router's load-balancing loss as the actor's update does (rlctl.workers.moe_aux), each
+micro-batch's term weighted by its share of the step's target tokens (x D), as its NLL is.
 """
 
 from __future__ import annotations
@@ -26,7 +31,8 @@ import numpy as np
 import torch
 
 from rlctl.runtime import Batch, Dispatch, register
-from rlctl.workers import fsdp, ulysses
+from rlctl.algorithms import LossNorm
+from rlctl.workers import fsdp, moe_aux, ulysses
 from rlctl.workers.logprob import make_layout, use_packing
 from rlctl.workers.models import policy_engine
 
@@ -66,6 +72,14 @@ def target_nll(module: torch.nn.Module, input_ids: torch.Tensor, attention_mask:
     one packed row (flash attention: varlen by position_ids), else trimmed to the longest row.
     Under sequence parallelism (ulysses.active) the packed row is split over the sp group's ranks
     and every rank gets all K values."""
+    nll, rows_of, _ = target_nll_and_aux(module, input_ids, attention_mask, loss_mask, pack=pack)
+    return nll, rows_of
+
+
+def target_nll_and_aux(module: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                       loss_mask: torch.Tensor, *, pack: bool = False, moe_aux_loss: bool = False):
+    """target_nll's (nll [K], rows [K]) and, with moe_aux_loss, the MoE router's load-balancing loss
+    over the tokens the forward ran (prompts and targets, never padding; a scalar), else None."""
     from rlctl.algorithms import log_probs_from_logits
 
     sp = ulysses.current()
@@ -74,12 +88,13 @@ def target_nll(module: torch.nn.Module, input_ids: torch.Tensor, attention_mask:
     keep = loss_mask[:, 1:][layout.response_valid] > 0                      # [M] real tokens -> targets
     rows_of = layout.response_valid.nonzero()[:, 0][keep]
     pred_row, pred_col, targets = layout.pred_row[keep], layout.pred_col[keep], layout.targets[keep]
-    if sp is not None:
-        return _split_nll(module, sp, layout, pred_col, targets), rows_of
+    if sp is not None:   # the aux loss is refused with sequence parallelism (moe_aux.sp_refusal)
+        return _split_nll(module, sp, layout, pred_col, targets), rows_of, None
     first, last = int(pred_col.min()), int(pred_col.max())
-    out = layout.forward(module, logits_to_keep=torch.arange(first, last + 1, device=input_ids.device))
+    more = {"output_router_logits": True} if moe_aux_loss else {}
+    out = layout.forward(module, logits_to_keep=torch.arange(first, last + 1, device=input_ids.device), **more)
     logits = out.logits[pred_row, pred_col - first].float()                  # [K, V]
-    return -log_probs_from_logits(logits, targets), rows_of
+    return -log_probs_from_logits(logits, targets), rows_of, getattr(out, "aux_loss", None) if moe_aux_loss else None
 
 
 def _split_nll(module, sp: ulysses.SPGroup, layout, pred_col: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
@@ -102,6 +117,8 @@ class SFTWorker:
         self.pack = use_packing(self.actor.module)
         self.sp = ulysses.build_group(config.actor.ulysses_sequence_parallel_size, self.actor.module, self.world,
                                       "actor.ulysses_sequence_parallel_size")
+        self.moe_aux_coef = moe_aux.resolve_coef(self.actor.module, config.actor.moe_aux_loss_coef,
+                                                 self.sp.size if self.sp else 1)   # 0: dense, or off
 
     def _micro_batches(self, shard: Batch) -> list[dict]:
         lengths = shard["attention_mask"].sum(1)
@@ -120,24 +137,33 @@ class SFTWorker:
     @register(Dispatch.DP_TRAIN)
     def train_step(self, batch: Batch) -> dict[str, float]:
         """One optimizer step on the step's batch. Metrics (the same on every rank): train/loss
-        (token-mean NLL of the batch before the step), actor/grad_norm, actor/lr, actor/skipped_steps."""
+        (token-mean NLL of the batch before the step), actor/grad_norm, actor/lr, actor/skipped_steps;
+        an MoE policy's actor/moe_aux_loss (the target-token-weighted mean of its aux loss, before the
+        coefficient; the loss minimised is train/loss + coef x that)."""
         targets = float((batch["loss_mask"][:, 1:] > 0).sum())
         total = fsdp.all_reduce_sum([targets])[0]   # each rank's own shard: every target counted once
-        scale = (self.world // (self.sp.size if self.sp else 1)) / max(total, 1.0)
+        dp = self.world // (self.sp.size if self.sp else 1)
+        scale, norm = dp / max(total, 1.0), LossNorm(tokens=max(total, 1.0), dp_size=dp)
 
         def loss_fn(micro: dict):
-            nll, _ = target_nll(self.actor.module, micro["input_ids"], micro["attention_mask"], micro["loss_mask"],
-                                pack=self.pack)
-            return nll.sum() * scale, {}
+            nll, _, aux = target_nll_and_aux(self.actor.module, micro["input_ids"], micro["attention_mask"],
+                                             micro["loss_mask"], pack=self.pack, moe_aux_loss=self.moe_aux_coef > 0)
+            loss, metrics = nll.sum() * scale, {}
+            metrics["nll"] = float(loss.detach())
+            targets = micro["loss_mask"][:, 1:]   # its targets' share of the step's, as moe_aux weighs the actor's
+            loss = moe_aux.add_aux_loss(loss, metrics, {moe_aux.METRIC: aux}, targets, norm, self.moe_aux_coef)
+            return loss, metrics
 
         rows, _, _ = ulysses.group_rows(batch, self.sp)   # sp > 1: the sp group's rows, the same on its ranks
         with ulysses.active(self.sp):
             out = self.actor.train_mini_batch(self._micro_batches(rows), loss_fn)
         lr = self.actor.lr()
         self.actor.end_train_step()
-        loss = fsdp.all_reduce_sum([out["loss"]])[0] / self.world
-        return {"train/loss": loss, "actor/grad_norm": out["grad_norm"], "actor/lr": lr,
-                "actor/skipped_steps": out["skipped"]}
+        sums = [sum(m.get(key, 0.0) for m in out["micro"]) for key in ("nll", moe_aux.METRIC)]
+        loss, aux = (value / self.world for value in fsdp.all_reduce_sum(sums))
+        metrics = {"train/loss": loss, "actor/grad_norm": out["grad_norm"], "actor/lr": lr,
+                   "actor/skipped_steps": out["skipped"]}
+        return metrics | ({f"actor/{moe_aux.METRIC}": aux} if self.moe_aux_coef > 0 else {})
 
     @register(Dispatch.DP)
     def eval_nll(self, batch: Batch) -> Batch:

@@ -78,6 +78,25 @@ def test_init_writes_project_and_refuses_overwrite(tmp_path, tiny_model_dir):
     assert forced.returncode == 0 and "gae" in (proj / "rlctl.toml").read_text()
 
 
+def test_init_hints_the_command_that_makes_the_recipes_own_model(tmp_path, monkeypatch):
+    """A recipe whose model.path is a folder its comments tell how to make: init's warning gives that
+    command, with the arguments it needs; a hub id keeps the generic hint."""
+    from rlctl.recipes import model_command
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    for recipe, command in (("grpo-arith-moe-ep2-cpu", "rlctl model tiny models/tiny-moe --arch qwen3_moe"),
+                            ("grpo-shapes-cpu", "rlctl model tiny models/tiny-vl --arch qwen2_5_vl"),
+                            ("grpo-arith-smollm2-cpu", "rlctl model get smollm2-135m-instruct models/smollm2"),
+                            ("sft-calc-tools-cpu", "rlctl model tiny models/tiny")):
+        out = rlctl("init", tmp_path / recipe, "--recipe", recipe)
+        assert out.returncode == 0, out.stderr
+        warning = out.stderr.strip()
+        assert warning.count("\n") == 0 and f"make it with `{command}` inside" in warning, warning
+    hub = rlctl("init", tmp_path / "hub", "--recipe", "grpo-gsm8k")
+    assert "rlctl model tiny models/tiny` (add `--arch" in hub.stderr   # the generic hint
+    assert model_command("# `rlctl model tiny models/tiny-moe --arch qwen3_moe`", "models/tiny") == ""
+
+
 def test_init_into_a_file_is_refused(tmp_path):
     f = tmp_path / "afile"
     f.write_text("x")

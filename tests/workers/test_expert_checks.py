@@ -45,10 +45,7 @@ def test_what_expert_parallelism_does_not_cover_yet_is_refused(moe_dir, tmp_path
     ctx = CheckContext(base_dir=tmp_path, raw={})
     ep = {"expert_parallel_size": 2}
     lora = dataclasses.replace(Config().model.lora, rank=8)
-    cases = {"run.kind": {"run": {"kind": "sft"}}, "rollout.engine": {"rollout": {"engine": "sglang"}},
-             "model.lora.rank": {"model": {"lora": lora}},
-             "algorithm.ref_update_every": {"algorithm": {"ref_update_every": 2}},
-             "model.gradient_checkpointing": {"model": {"gradient_checkpointing": True}}}
+    cases = {"rollout.engine": {"rollout": {"engine": "sglang"}}, "model.lora.rank": {"model": {"lora": lora}}}
     for key, change in cases.items():
         problems = check_expert_parallel(_config(moe_dir, actor=ep, resources={"workers": 2}, **change), ctx)
         assert [p.key for p in problems] == [key] and "not supported yet" in problems[0].message, key
@@ -76,3 +73,29 @@ def test_the_aux_loss_with_sequence_parallelism_is_refused_for_an_moe_model_only
     assert [p.key for p in refused] == ["actor.moe_aux_loss_coef"] and "sequence parallelism" in refused[0].message
     assert check_expert_model(_config(moe_dir, actor={**sp, "moe_aux_loss_coef": 0.0}), ctx) == []
     assert check_expert_model(_config(tiny_model_dir, actor=sp), ctx) == []   # a dense model has no router
+
+
+def test_what_is_built_passes(moe_dir, tmp_path):
+    """SFT, gradient checkpointing and the reference refresh run with the experts split
+    (tests/sft/test_sft_expert_parallel.py, tests/workers/test_expert_parallel_engine.py)."""
+    ctx = CheckContext(base_dir=tmp_path, raw={})
+    built = {"run": {"kind": "sft"}, "model": {"gradient_checkpointing": True},
+             "algorithm": {"ref_update_every": 2}}
+    for section, change in built.items():
+        c = _config(moe_dir, actor={"expert_parallel_size": 2}, resources={"workers": 2}, **{section: change})
+        assert check_expert_parallel(c, ctx) == [], section
+
+
+def test_sft_runs_with_expert_parallelism_and_its_machine_pass_reads_the_experts(moe_dir, tiny_model_dir, tmp_path):
+    from rlctl.config.loader import load_config
+    from rlctl.project import write_project
+    from rlctl.validate import validate
+
+    ctx = CheckContext(base_dir=tmp_path, raw={})
+    sft = _config(moe_dir, actor={"expert_parallel_size": 2}, resources={"workers": 2}, run={"kind": "sft"})
+    assert check_expert_parallel(sft, ctx) == []
+    for model, refused in ((moe_dir, False), (tiny_model_dir, True)):
+        write_project(tmp_path / model.name, "sft-arith-cpu", str(model))
+        loaded = load_config(tmp_path / model.name / "rlctl.toml", ["actor.expert_parallel_size=2"])
+        problems = [p for p in validate(loaded)[0] if p.key == "actor.expert_parallel_size"]
+        assert len(problems) == refused and all("has no experts" in p.message for p in problems), problems

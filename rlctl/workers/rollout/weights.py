@@ -104,13 +104,13 @@ def engine_weights(model: torch.nn.Module, *, dtype: torch.dtype | None = None,
 
     Call on every rank, in the same order: inside `rlctl.workers.fsdp.whole_weights(model)` the
     parameters are whole (no per-tensor collectives); outside it DTensors and expert-parallel banks
-    are gathered one by one (rlctl.workers.expert_parallel.pushed_bank). `dtype`: the engine's
+    are gathered one by one (rlctl.workers.expert_parallel.whole_parameter). `dtype`: the engine's
     (None = as trained). `tied_embeddings`: drop `lm_head.weight` (None = the model config's).
     """
     if tied_embeddings is None:
         config = getattr(model, "config", None)
         tied_embeddings = bool(getattr(config, "tie_word_embeddings", False))
-    from rlctl.workers.expert_parallel import pushed_bank
+    from rlctl.workers.expert_parallel import whole_parameter
 
     modules = dict(model.named_modules())
     for name, param in model.named_parameters():
@@ -119,7 +119,7 @@ def engine_weights(model: torch.nn.Module, *, dtype: torch.dtype | None = None,
         out = hf_name(name)
         if tied_embeddings and out == "lm_head.weight":
             continue
-        tensor = pushed_bank(modules, name, _full(param.detach()))   # expert-parallel banks: every expert
+        tensor = whole_parameter(modules, name, _full(param.detach()))   # expert-parallel banks: every expert
         delta = _param_delta(modules, name)
         if delta is not None:
             tensor = tensor + delta.detach().to(tensor.dtype)
