@@ -137,7 +137,8 @@ class ActorConfig:
     kl_loss_coef: float = opt(0.001, "KL-loss coefficient.", ge=0)
     kl_loss_type: str = opt("low_var_kl", "KL estimator for the KL loss.", choices=KL_TYPES)
     expert_parallel_size: int = opt(1, "MoE policies: ranks each layer's experts are split over (1 = off).", ge=1)
-    router_replay: bool = opt(False, "MoE policies: the update uses the experts the log-prob pass chose.")
+    router_replay: bool = opt(False, "MoE policies: the update routes each response token through the experts the "
+                                     "log-prob pass chose (docs/runtime.md#router-replay).")
     moe_aux_loss_coef: float = opt(-1.0, "MoE policies: weight of the router's load-balancing loss in the update "
                                          "(transformers' aux_loss); -1 = the model's router_aux_loss_coef, 0 = off.",
                                    ge=-1)

@@ -65,7 +65,8 @@ def recompute_old_log_prob(config: Config, needs: Needs | None = None, *, on_pol
     old_log_prob. An engine that keeps its own weights (vLLM, SGLang) needs no pass of its own
     either: its kernels differ from the trainer's, but with one optimizer step the PPO ratio
     starts at the update's own log-probs all the same, and the update reports the drift between
-    the engine's log-probs and those (actor/drift_*, checked before the step is saved: Trainer.steps)."""
+    the engine's log-probs and those (actor/drift_*, checked before the step is saved: Trainer.steps).
+    actor.router_replay always runs it: the pass records the routes the update replays."""
     from rlctl.config.plan import batch_plan
 
     one_update = batch_plan(config, "actor").optimizer_steps_per_rollout == 1
@@ -73,7 +74,7 @@ def recompute_old_log_prob(config: Config, needs: Needs | None = None, *, on_pol
     if correction.bypass_mode:   # old_log_prob is the rollout's own (verl's bypass mode)
         return False
     return (not one_update or config.algorithm.kl_in_reward or distill_enabled(config)
-            or not on_policy or bool(needs is not None and needs.old_log_prob)
+            or not on_policy or bool(needs is not None and needs.old_log_prob) or config.actor.router_replay
             or bool(rollout_is_level(config) or correction.rollout_rs))
 
 

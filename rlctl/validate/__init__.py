@@ -27,7 +27,7 @@ from rlctl.validate.training import (check_algorithm, check_batches, check_best_
                                      check_dynamic_sampling, check_kl, check_loggers, check_pf_ppo, check_registered,
                                      check_sft_best_metric)
 from rlctl.workers.distill_checks import check_distill, check_distill_teachers
-from rlctl.workers.expert_checks import check_expert_model, check_expert_parallel
+from rlctl.workers.expert_checks import check_expert_model, check_expert_parallel, check_router_replay_model
 from rlctl.workers.lora_checks import check_lora, check_lora_targets
 from rlctl.workers.loss_checks import check_policy_loss, check_staleness_loss
 from rlctl.workers.prime_checks import check_prime, check_prime_model
@@ -45,7 +45,8 @@ RL_CHECKS = (check_algorithm, check_dynamic_sampling, check_overlong, check_kl, 
              check_critic_pretrain, check_prime)
 RL_MACHINE_CHECKS = (check_model, check_lora_targets, check_engine_installed, check_loggers, check_cuda,
                      check_gpu_workers, check_cpu_split, check_distill_teachers, check_vision,
-                     check_image_data, check_expert_model, check_ulysses_model, check_prime_model)
+                     check_image_data, check_expert_model, check_ulysses_model, check_prime_model,
+                     check_router_replay_model)
 SFT_CHECKS = (check_sft_keys, check_sft_batch, check_lora, check_sft_best_metric, check_distill, check_expert_parallel,
               check_ulysses)
 SFT_MACHINE_CHECKS = (check_model, check_lora_targets, check_loggers, check_cuda, check_gpu_workers,

@@ -9,11 +9,11 @@ Batch keys (B rows; see rlctl.runtime.batch for shapes):
     generate          in:  input_ids, attention_mask [B, P] left-padded prompts, plus any per-prompt
                            columns (repeated n times)   out: B*n rows of prompts, responses,
                            response_mask, response_length, truncated, input_ids, attention_mask
-    compute_log_prob  in:  input_ids, attention_mask, response_mask   out: old_log_prob, entropy
+    compute_log_prob  in:  input_ids, attention_mask, response_mask   out: old_log_prob, entropy (+ routed_experts)
     compute_ref_log_prob   same in                                    out: ref_log_prob
     update_actor      in:  input_ids, attention_mask, response_mask, advantages, old_log_prob
                            (optional when on-policy), ref_log_prob (when actor.use_kl_loss),
-                           teacher_* (distill.loss's supervised forms: rlctl.workers.teacher)
+                           teacher_* (distill.loss's supervised forms), routed_experts (router replay)
 """
 
 from __future__ import annotations
@@ -28,12 +28,12 @@ from rlctl.errors import ConfigError
 from rlctl.runtime import Batch, Dispatch, register
 from rlctl.models.loading import load_tokenizer
 from rlctl.runtime.policy import rollout_batch
-from rlctl.workers import fsdp, moe_aux, ulysses
+from rlctl.workers import fsdp, moe_aux, router_replay, ulysses
 from rlctl.workers.engine import TrainEngine
 from rlctl.workers.logprob import batched_response_outputs, response_log_probs
 from rlctl.workers.models import eos_token_ids, load_causal_lm, policy_engine
 from rlctl.workers.rollout.hf import kept_kv_args
-from rlctl.workers.training import mini_batch_count, run_updates
+from rlctl.workers.training import mini_batch_count, run_updates, trainer_engine_drift_sums
 from rlctl.workers.vision import (IMAGES, PIXEL_VALUES, POSITION_IDS, VISION_KEYS, batch_positions,
                                   has_vision_tower, pad_turn_positions, tower_always_runs, with_pixels,
                                   without_images)
@@ -72,6 +72,7 @@ class ActorRolloutRefWorker:
                                       "actor.ulysses_sequence_parallel_size")
         self.moe_aux_coef = moe_aux.resolve_coef(self.actor.module, config.actor.moe_aux_loss_coef,
                                                  self.sp.size if self.sp else 1)   # 0: dense, or off
+        self.replay = config.actor.router_replay and router_replay.install(self.actor.module)
         self._rollout = None
         # Engines with their own weight copy (vLLM, SGLang) get the trained weights before a
         # generate whenever they changed (an update, a checkpoint load) or were dropped (sleep).
@@ -176,20 +177,21 @@ class ActorRolloutRefWorker:
 
     # --- log-probs -----------------------------------------------------------------------------
     def _log_probs(self, engine: TrainEngine, batch: Batch, *, with_entropy: bool, adapter: bool = True,
-                   with_sum_pi_squared: bool = False) -> dict[str, np.ndarray]:
+                   with_sum_pi_squared: bool = False, **more) -> dict[str, np.ndarray]:
         off = self.actor.module.disable_adapter() if not adapter else contextlib.nullcontext()
         rows, start, stop = ulysses.group_rows(batch, self.sp)   # sp > 1: the sp group's rows; ours at start
         with engine.inference() as module, off, ulysses.active(self.sp):
             out = batched_response_outputs(module, engine.device, rows, self.cfg.actor.micro_batch_size,
                                            temperature=self.temperature, with_entropy=with_entropy,
-                                           with_sum_pi_squared=with_sum_pi_squared)
+                                           with_sum_pi_squared=with_sum_pi_squared, **more)
         return {key: value[start:stop] for key, value in out.items()}
 
     @register(Dispatch.DP)
     def compute_log_prob(self, batch: Batch) -> Batch:
         """old_log_prob [B, T] and entropy [B, T] under the current policy (+ sum_pi_squared [B, T]
-        when the estimator declares it needs it)."""
-        out = self._log_probs(self.actor, batch, with_entropy=True, with_sum_pi_squared=self.sum_pi_squared)
+        when the estimator declares it needs it; + routed_experts [B, T, L, k] with router replay)."""
+        out = self._log_probs(self.actor, batch, with_entropy=True, with_sum_pi_squared=self.sum_pi_squared,
+                              **({"routes": router_replay.RECORD} if self.replay else {}))
         out["old_log_prob"] = out.pop("log_prob")
         return Batch(out, batch.meta)
 
@@ -237,14 +239,14 @@ class ActorRolloutRefWorker:
                               "batch does not hold", hint="declare only columns the rollout or reward fills")
         keys = _MODEL_KEYS + ["response_mask", "advantages", "old_log_prob", "ref_log_prob", "rollout_is_weights",
                               "rollout_log_prob", "teacher_log_prob", "teacher_topk_ids", "teacher_topk_log_prob",
-                              *reads]
+                              router_replay.COLUMN, *reads]
         rows, _, _ = ulysses.group_rows(batch, self.sp, mini)   # sp > 1: the sp group's rows, mini-batch-wise
-        with ulysses.active(self.sp):
+        with ulysses.active(self.sp), router_replay.cleared_after(self.actor.module):
             metrics = run_updates(self.actor, rows, epochs=ac.ppo_epochs, mini_batches=mini,
                                   micro_batch_size=ac.micro_batch_size, horizon=self.cfg.data.max_response_length,
                                   make_loss=self._policy_loss_fn, keys=keys, sp=self.sp.size if self.sp else 1)
         self._weights_version += 1
-        return {f"actor/{k}": v for k, v in metrics.items()}
+        return {f"actor/{k}": v for k, v in router_replay.mismatch_share(metrics).items()}
 
     def _policy_loss_fn(self, norm):
         from rlctl.algorithms import aggregate_loss, get_policy_loss, kl_penalty, masked_mean, policy_loss
@@ -259,7 +261,8 @@ class ActorRolloutRefWorker:
                 out = response_log_probs(self.actor.module, micro["input_ids"], micro["attention_mask"],
                                          mask.shape[1], temperature=self.temperature, with_entropy=True,
                                          entropy_grad=ac.entropy_coef > 0, gather_ids=micro.get("teacher_topk_ids"),
-                                         vision=micro.get("vision"), moe_aux=self.moe_aux_coef > 0)
+                                         vision=micro.get("vision"), moe_aux=self.moe_aux_coef > 0,
+                                         routes=router_replay.replay_of(micro) if self.replay else None)
             log_prob = out["log_prob"]
             old = micro["old_log_prob"] if "old_log_prob" in micro else log_prob.detach()
             drift = trainer_engine_drift_sums(old, micro["rollout_log_prob"], mask) \
@@ -275,7 +278,8 @@ class ActorRolloutRefWorker:
                     behav_imp_weight_cap=rc.rollout_is_threshold, **{c: micro[c] for c in reads})
             entropy = aggregate_loss(out["entropy"], mask, ac.loss_agg_mode, norm=norm)
             loss = pg_loss - ac.entropy_coef * entropy if ac.entropy_coef > 0 else pg_loss
-            metrics = {**metrics, **drift, "pg_loss": float(pg_loss.detach()), "entropy": float(entropy.detach())}
+            metrics = {**metrics, **drift, **router_replay.counts(out), "pg_loss": float(pg_loss.detach()),
+                       "entropy": float(entropy.detach())}
             loss = moe_aux.add_aux_loss(loss, metrics, out, mask, norm, self.moe_aux_coef)   # MoE load balancing
             if distill_loss is not None:
                 term, more = distill_loss(micro, out, norm)
@@ -379,15 +383,3 @@ def _clip_to_limits(out: dict, limits: np.ndarray, eos_ids: list[int], pad: int)
         out["response_mask"] = keep.astype(np.int64)
     return out
 
-
-def trainer_engine_drift_sums(log_prob: torch.Tensor, engine_log_prob: torch.Tensor, mask: torch.Tensor) -> dict[str, float]:
-    """A micro-batch's share of the drift between a rollout engine's log-probs of its samples and
-    the trainer's, both before the update (on-policy, one optimizer step: the update's own forward
-    gives the trainer's, so no separate old_log_prob pass). Sums over response tokens and the
-    largest difference; rlctl.controller.trainer.update_drift turns them into rollout/* metrics."""
-    on = mask > 0
-    own, engine = log_prob.detach()[on].double(), engine_log_prob[on].double()
-    diff = (own - engine).abs()
-    return {"drift_abs_sum": float(diff.sum()), "drift_prob_sum": float((own.exp() - engine.exp()).abs().sum()),
-            "drift_kl_sum": float((engine - own).sum()), "drift_tokens": float(on.sum()),
-            "drift_abs_max": float(diff.max()) if diff.numel() else 0.0}

@@ -17,8 +17,7 @@ KEY = "actor.expert_parallel_size"
 def check_expert_parallel(c: Config, ctx: CheckContext) -> list[Problem]:
     problems = []
     if c.actor.router_replay:
-        problems.append(Problem("actor.router_replay", "is not implemented yet: the update recomputes its own "
-                                                       "routes; set it to false"))
+        problems += _replay_problems(c)
     coef = c.actor.moe_aux_loss_coef
     if coef < 0 and coef != -1:
         problems.append(Problem("actor.moe_aux_loss_coef", f"{coef}: use -1 (the model's router_aux_loss_coef), 0 "
@@ -54,22 +53,11 @@ def check_expert_model(c: Config, ctx: CheckContext) -> list[Problem]:
     ep, sp = c.actor.expert_parallel_size, c.actor.ulysses_sequence_parallel_size
     if ep == 1 and (sp == 1 or c.actor.moe_aux_loss_coef == 0):
         return []
-    from rlctl.errors import DataError
-    from rlctl.models.hub import resolve_model
     from rlctl.workers.expert_parallel import experts_per_layer
 
-    try:
-        folder = resolve_model(c.model.path, ctx.base_dir).folder
-    except DataError:
-        return []   # reported by check_model
-    if folder is None or not (folder / "config.json").is_file():
+    config = _model_config(c, ctx)
+    if config is None:
         return []
-    from transformers import AutoConfig
-
-    try:
-        config = AutoConfig.from_pretrained(str(folder), trust_remote_code=c.model.trust_remote_code)
-    except (OSError, ValueError):
-        return []   # reported by check_model
     from rlctl.workers import moe_aux
 
     if why := moe_aux.sp_refusal(moe_aux.configured_coef(config, c.actor.moe_aux_loss_coef), sp):
@@ -82,4 +70,61 @@ def check_expert_model(c: Config, ctx: CheckContext) -> list[Problem]:
                              "for mixture-of-experts models; set it to 1")]
     if experts % ep:
         return [Problem(KEY, f"{ep} does not divide the model's {experts} experts per layer; pick a divisor")]
+    return []
+
+
+def _model_config(c: Config, ctx: CheckContext):
+    """model.path's transformers config, or None where it cannot be read here (check_model reports
+    a broken one; a hub model not yet downloaded is checked when the workers load it)."""
+    from rlctl.errors import DataError
+    from rlctl.models.hub import resolve_model
+
+    try:
+        folder = resolve_model(c.model.path, ctx.base_dir).folder
+    except DataError:
+        return None   # reported by check_model
+    if folder is None or not (folder / "config.json").is_file():
+        return None
+    from transformers import AutoConfig
+
+    try:
+        return AutoConfig.from_pretrained(str(folder), trust_remote_code=c.model.trust_remote_code)
+    except (OSError, ValueError):
+        return None   # reported by check_model
+
+
+REPLAY = "actor.router_replay"
+
+
+def _replay_problems(c: Config) -> list[Problem]:
+    """What router replay cannot serve: it replays the routes of RL's old-log-prob pass."""
+    refusals = (
+        (c.run.kind == "sft", "run.kind", f"SFT has no log-prob pass whose routes {REPLAY} could replay; set "
+                                          f"{REPLAY} = false"),
+        (c.actor.ulysses_sequence_parallel_size > 1, "actor.ulysses_sequence_parallel_size",
+         f"{REPLAY} with sequence parallelism is not supported yet (each rank routes a slice of the tokens); "
+         f"set it to 1, or {REPLAY} = false"),
+        (c.algorithm.rollout_correction.bypass_mode, "algorithm.rollout_correction.bypass_mode",
+         f"takes old_log_prob from the rollout engine, so no log-prob pass records the routes {REPLAY} replays; "
+         f"set one of them to false"),
+    )
+    return [Problem(key, message) for refused, key, message in refusals if refused]
+
+
+def check_router_replay_model(c: Config, ctx: CheckContext) -> list[Problem]:
+    """Machine pass: router replay needs a mixture-of-experts model with a router it knows."""
+    if not c.actor.router_replay:
+        return []
+    config = _model_config(c, ctx)
+    if config is None:
+        return []
+    from rlctl.workers.expert_parallel import experts_per_layer
+    from rlctl.workers.router_replay import REPLAYABLE
+
+    if experts_per_layer(config) == 0:
+        return [Problem(REPLAY, f"true but {c.model.path} ({config.model_type}) has no experts: router replay is for "
+                                "mixture-of-experts models; set it to false")]
+    if config.model_type not in REPLAYABLE:
+        return [Problem(REPLAY, f"true but {config.model_type}'s router is not one router replay knows (it serves "
+                                f"{', '.join(REPLAYABLE)}); set it to false")]
     return []

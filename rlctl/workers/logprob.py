@@ -23,8 +23,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from rlctl.errors import DataError
-from rlctl.workers import shared_prompt, ulysses
+from rlctl.errors import ConfigError, DataError
+from rlctl.workers import router_replay, shared_prompt, ulysses
 from rlctl.workers.vision import POSITION_IDS, ban_placeholders, model_inputs, placeholder_ids
 
 
@@ -42,6 +42,7 @@ class Layout:
     shared: shared_prompt.SharedPrompt | None = None  # the attention plan of the shared layout
     images: dict | None = None     # vision models: pixel_values and image_grid_thw of the rows' images
     aux_loss: torch.Tensor | None = None  # MoE: the forward's router load-balancing loss (rlctl.workers.moe_aux)
+    routes: dict | None = None     # router replay's outputs of the forward (rlctl.workers.router_replay)
 
     def forward(self, model: torch.nn.Module, **kwargs):
         """model(...) on this layout; the shared layout routes attention through its plan."""
@@ -162,47 +163,55 @@ def use_packing(model: torch.nn.Module) -> bool:
 
 def response_logits(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                     response_width: int, *, pack: bool | None = None, vision: dict | None = None,
-                    moe_aux: bool = False) -> tuple[torch.Tensor, Layout]:
+                    moe_aux: bool = False, routes=None) -> tuple[torch.Tensor, Layout]:
     """The logits [M, V] float32 that predict each real response token, and the layout that says
     where each of the M rows goes back ([b, T], row-major over response_valid). moe_aux: the
-    layout also carries the MoE model's aux_loss over the tokens the forward ran (no padding)."""
+    layout also carries the MoE model's aux_loss over the tokens the forward ran (no padding).
+    routes (router replay): record the routers' choices, or replay given ones (layout.routes)."""
     layout = make_layout(input_ids, attention_mask, response_width,
                          layout=choose_layout(model, input_ids.shape[1], pack), vision=vision)
     more = {"output_router_logits": True} if moe_aux else {}
+    plan = router_replay.start(model, layout, routes) if routes is not None else None
     if layout.shared is not None:   # the predictors' positions, in target order (prompts never reach the head)
         out = layout.forward(model, logits_to_keep=layout.pred_col, **more)
-        layout.aux_loss = getattr(out, "aux_loss", None) if moe_aux else None
-        return out.logits[0].float(), layout
-    first, last = int(layout.pred_col.min()), int(layout.pred_col.max())   # only the columns some response
-    out = layout.forward(model, logits_to_keep=torch.arange(first, last + 1, device=input_ids.device), **more)
+        logits = out.logits[0].float()
+    else:
+        first, last = int(layout.pred_col.min()), int(layout.pred_col.max())   # only the columns some response
+        out = layout.forward(model, logits_to_keep=torch.arange(first, last + 1, device=input_ids.device), **more)
+        logits = out.logits[layout.pred_row, layout.pred_col - first].float()
+        logits = ban_placeholders(logits, placeholder_ids(model))   # a VLM's policy never samples them
     layout.aux_loss = getattr(out, "aux_loss", None) if moe_aux else None
-    logits = out.logits[layout.pred_row, layout.pred_col - first].float()
-    return ban_placeholders(logits, placeholder_ids(model)), layout   # a VLM's policy never samples them
+    layout.routes = router_replay.outputs(model, plan, layout.response_valid) if plan is not None else None
+    return logits, layout
 
 
 def response_log_probs(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                        response_width: int, *, temperature: float = 1.0, with_entropy: bool = False,
                        entropy_grad: bool = False, with_sum_pi_squared: bool = False,
                        pack: bool | None = None, gather_ids: torch.Tensor | None = None,
-                       vision: dict | None = None, moe_aux: bool = False) -> dict[str, torch.Tensor]:
+                       vision: dict | None = None, moe_aux: bool = False, routes=None) -> dict[str, torch.Tensor]:
     """log pi(response token) and entropy, both [b, T] float32, 0 on padding (+ sum_v pi(v)^2 when
     with_sum_pi_squared, for the optimal token baseline; + topk_log_prob [b, T, K], the log-probs of
     the token ids `gather_ids` [b, T, K] at each response position, for top-k distillation).
     vision: a vision-language batch's images and M-RoPE positions (rlctl.workers.vision.model_inputs).
     moe_aux: + moe_aux_loss, the MoE router's load-balancing loss (a scalar; rlctl.workers.moe_aux).
+    routes: router_replay.RECORD (+ routed_experts [b, T, L, k]) or a router_replay.Replay (+ its
+    mismatch counts): rlctl.workers.router_replay.
 
     temperature divides the logits (the sampling distribution of the rollout). The entropy is
     computed without gradient unless `entropy_grad` (an entropy bonus needs it).
     """
     from rlctl.algorithms import entropy_from_logits, log_probs_from_logits
 
-    logits, layout, rows = logits_and_rows(model, input_ids, attention_mask, response_width, pack, vision, moe_aux)
+    logits, layout, rows = logits_and_rows(model, input_ids, attention_mask, response_width, pack, vision, moe_aux,
+                                           routes)
     if temperature and temperature != 1.0:
         logits = logits / temperature
     valid = layout.response_valid
     result = {"log_prob": _scatter(rows.gather(log_probs_from_logits(logits, rows.local(layout.targets))), valid)}
     if layout.aux_loss is not None:
         result["moe_aux_loss"] = layout.aux_loss
+    result.update(layout.routes or {})
     if gather_ids is not None:
         picked = torch.log_softmax(logits, -1).gather(-1, rows.local(gather_ids[valid].long()))   # [M, K]
         result["topk_log_prob"] = scatter_rows(rows.gather(picked), valid)
@@ -243,15 +252,18 @@ class _SPRows:
         return ulysses.gather_rows(x, self.sp, self.bounds)
 
 
-def logits_and_rows(model, input_ids, attention_mask, response_width, pack=None, vision=None, moe_aux=False):
+def logits_and_rows(model, input_ids, attention_mask, response_width, pack=None, vision=None, moe_aux=False,
+                    routes=None):
     """(logits [m, V] float32, layout, rows): m = M, or this rank's predictors under sequence
     parallelism; rows.local(x) picks those of an [M, ...] tensor, rows.gather(y) puts the ranks'
     [m, ...] outputs together into [M, ...] on every rank."""
     sp = ulysses.current()
     if sp is None:
         logits, layout = response_logits(model, input_ids, attention_mask, response_width, pack=pack, vision=vision,
-                                         moe_aux=moe_aux)
+                                         moe_aux=moe_aux, routes=routes)
         return logits, layout, _AllRows()
+    if routes is not None:
+        raise ConfigError(f"{router_replay.KEY} is not supported with ulysses_sequence_parallel_size > 1 yet")
     if vision:
         raise DataError("vision-language batches are not supported with ulysses_sequence_parallel_size > 1 yet")
     layout = make_layout(input_ids, attention_mask, response_width, layout="pack")

@@ -12,6 +12,7 @@ from collections import defaultdict
 from typing import Callable
 
 import numpy as np
+import torch
 
 from rlctl.errors import ConfigError
 from rlctl.runtime.batch import Batch
@@ -83,8 +84,23 @@ def _micro(rows: Batch, device, keys: list[str]) -> dict:
 
 ADDITIVE = ("loss", "pg_loss", "entropy", "kl_loss", "vf_loss", "moe_aux_loss",
             # the rollout engine's log-probs against the update's own (rlctl.controller.trainer.update_drift)
-            "drift_abs_sum", "drift_prob_sum", "drift_kl_sum", "drift_tokens")
+            "drift_abs_sum", "drift_prob_sum", "drift_kl_sum", "drift_tokens",
+            # router replay's mismatched and all (response token, MoE layer) pairs (rlctl.workers.router_replay)
+            "router_mismatch_pairs", "router_pairs")
 LARGEST = ("drift_abs_max",)   # the largest over micro-batches and ranks
+
+
+def trainer_engine_drift_sums(log_prob: torch.Tensor, engine_log_prob: torch.Tensor, mask: torch.Tensor) -> dict[str, float]:
+    """A micro-batch's share of the drift between a rollout engine's log-probs of its samples and
+    the trainer's, both before the update (on-policy, one optimizer step: the update's own forward
+    gives the trainer's, so no separate old_log_prob pass). Sums over response tokens and the
+    largest difference; rlctl.controller.trainer.update_drift turns them into rollout/* metrics."""
+    on = mask > 0
+    own, engine = log_prob.detach()[on].double(), engine_log_prob[on].double()
+    diff = (own - engine).abs()
+    return {"drift_abs_sum": float(diff.sum()), "drift_prob_sum": float((own.exp() - engine.exp()).abs().sum()),
+            "drift_kl_sum": float((engine - own).sum()), "drift_tokens": float(on.sum()),
+            "drift_abs_max": float(diff.max()) if diff.numel() else 0.0}
 
 
 def _step_metrics(out: dict) -> dict[str, float]:

@@ -9,7 +9,7 @@ import pytest
 
 from rlctl.config.checks import CheckContext
 from rlctl.config.schema import Config, ModelConfig
-from rlctl.workers.expert_checks import check_expert_model, check_expert_parallel
+from rlctl.workers.expert_checks import check_expert_model, check_expert_parallel, check_router_replay_model
 
 
 @pytest.fixture(scope="module")
@@ -54,8 +54,6 @@ def test_what_expert_parallelism_does_not_cover_yet_is_refused(moe_dir, tmp_path
     vllm = check_expert_parallel(_config(moe_dir, actor=ep, resources={"workers": 2}, rollout={"engine": "vllm"}), ctx)
     assert [(p.key, p.severity) for p in vllm] == [("rollout.engine", "warning")]   # built; its layout stated
     assert "each rank's engine holds every expert" in vllm[0].message
-    replay = check_expert_parallel(_config(moe_dir, actor={"router_replay": True}), ctx)
-    assert [p.key for p in replay] == ["actor.router_replay"] and "not implemented yet" in replay[0].message
 
 
 def test_the_aux_loss_coefficient_is_the_models_off_or_a_weight(moe_dir, tmp_path):
@@ -99,3 +97,21 @@ def test_sft_runs_with_expert_parallelism_and_its_machine_pass_reads_the_experts
         loaded = load_config(tmp_path / model.name / "rlctl.toml", ["actor.expert_parallel_size=2"])
         problems = [p for p in validate(loaded)[0] if p.key == "actor.expert_parallel_size"]
         assert len(problems) == refused and all("has no experts" in p.message for p in problems), problems
+
+
+def test_router_replay_needs_an_moe_model_and_a_log_prob_pass_to_replay(moe_dir, tiny_model_dir, tmp_path):
+    ctx = CheckContext(base_dir=tmp_path, raw={})
+    replay = {"router_replay": True}
+    for ep in (1, 2):
+        ok = _config(moe_dir, actor={**replay, "expert_parallel_size": ep}, resources={"workers": 2})
+        assert check_expert_parallel(ok, ctx) == [] and check_router_replay_model(ok, ctx) == [], ep
+    assert check_router_replay_model(_config(tiny_model_dir), ctx) == []   # off: nothing read
+    dense = check_router_replay_model(_config(tiny_model_dir, actor=replay), ctx)
+    assert [p.key for p in dense] == ["actor.router_replay"] and "has no experts" in dense[0].message
+    bypass = dataclasses.replace(Config().algorithm.rollout_correction, bypass_mode=True)
+    cases = {"run.kind": {"run": {"kind": "sft"}},
+             "actor.ulysses_sequence_parallel_size": {"actor": {**replay, "ulysses_sequence_parallel_size": 2}},
+             "algorithm.rollout_correction.bypass_mode": {"algorithm": {"rollout_correction": bypass}}}
+    for key, change in cases.items():
+        problems = check_expert_parallel(_config(moe_dir, **{"actor": replay, **change}), ctx)
+        assert [p.key for p in problems] == [key] and "actor.router_replay" in problems[0].message, key
