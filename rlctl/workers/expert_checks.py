@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from rlctl.config.checks import CheckContext
 from rlctl.config.loader import Problem
-from rlctl.config.schema import SEPARATE_ROLLOUT_MODES, Config
+from rlctl.config.schema import Config
 
 KEY = "actor.expert_parallel_size"
 
@@ -29,16 +29,20 @@ def check_expert_parallel(c: Config, ctx: CheckContext) -> list[Problem]:
         problems.append(Problem(KEY, f"{ep} does not divide resources.workers = {c.resources.workers}: each "
                                      "expert group is ep of the actor's ranks; pick a divisor of the workers"))
     refusals = (
-        (c.rollout.engine != "hf", "rollout.engine", f"\"{c.rollout.engine}\" with {KEY} > 1 is not supported "
-                                                     "yet (only the hf engine gets the gathered experts); use "
-                                                     f"\"hf\", or {KEY} = 1"),
-        (c.rollout.mode in SEPARATE_ROLLOUT_MODES, "rollout.mode", f"\"{c.rollout.mode}\" with {KEY} > 1 is not "
-                                                                   "supported yet; use \"sync\", or "
+        (c.rollout.engine not in ("hf", "vllm"), "rollout.engine", f"\"{c.rollout.engine}\" with {KEY} > 1 is not "
+                                                                   "supported yet (the hf and vllm engines get the "
+                                                                   f"gathered experts); use \"hf\" or \"vllm\", or "
                                                                    f"{KEY} = 1"),
         (c.model.lora.rank > 0, "model.lora.rank", f"LoRA with {KEY} > 1 is not supported yet; use full "
                                                    f"fine-tuning, or {KEY} = 1"),
     )
     problems += [Problem(key, message) for refused, key, message in refusals if refused]
+    if c.rollout.engine == "vllm" and c.run.kind != "sft":   # the engine-side layout, stated (docs/rollout.md)
+        problems.append(Problem("rollout.engine", f"\"vllm\" with {KEY} = {ep}: each rank's engine holds every "
+                                                  "expert (vLLM's own expert parallelism is off; each push gathers "
+                                                  "the split ones), beside the trainer's share: leave it memory for "
+                                                  "the whole model (rollout.gpu_memory_utilization)",
+                                severity="warning"))
     return problems
 
 

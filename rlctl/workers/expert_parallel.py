@@ -219,7 +219,9 @@ def whole_experts(model: torch.nn.Module) -> Iterator[None]:
 def whole_parameter(modules: dict[str, torch.nn.Module], name: str, param: torch.Tensor) -> torch.Tensor:
     """The parameter `name` (of the model whose named_modules() are `modules`) with every expert: a
     split bank is all-gathered over its expert group (each rank of the group calls, in the same
-    order); any other parameter is returned as it is, detached."""
+    order); any other parameter is returned as it is, detached. A weight push or export calls it per
+    tensor, so it never holds every expert at once; a bank that comes out short raises rather than
+    be sent (an engine would load a partial bank as its first experts)."""
     owner, _, pname = name.rpartition(".")
     module = modules.get(owner)
     if module is None or pname not in ("gate_up_proj", "down_proj") or not is_split(module) \
@@ -228,18 +230,6 @@ def whole_parameter(modules: dict[str, torch.nn.Module], name: str, param: torch
     bank = _gather_bank(module, pname)
     check_whole_bank(name, bank, getattr(module, _MARK)[1])
     return bank
-
-
-def check_not_partial(modules: dict[str, torch.nn.Module], param_name: str) -> None:
-    """Raise when `param_name` is the local share of a split bank outside whole_experts (a weight
-    push or export would send a partial expert set)."""
-    owner, _, pname = param_name.rpartition(".")
-    module = modules.get(owner)
-    if module is not None and pname in ("gate_up_proj", "down_proj") and is_split(module) \
-            and not getattr(module, "_rlctl_whole", False):
-        _, total = getattr(module, _MARK)
-        raise RuntimeError(f"{param_name} holds {module.num_experts} of {total} experts here: refusing to send a "
-                           "partial expert set (gather inside rlctl.workers.fsdp.whole_weights)")
 
 
 def check_whole_bank(name: str, bank: torch.Tensor, total: int) -> None:

@@ -45,11 +45,15 @@ def test_what_expert_parallelism_does_not_cover_yet_is_refused(moe_dir, tmp_path
     ctx = CheckContext(base_dir=tmp_path, raw={})
     ep = {"expert_parallel_size": 2}
     lora = dataclasses.replace(Config().model.lora, rank=8)
-    cases = {"rollout.engine": {"rollout": {"engine": "vllm"}},
-             "rollout.mode": {"rollout": {"mode": "one_step_off"}}, "model.lora.rank": {"model": {"lora": lora}}}
+    cases = {"rollout.engine": {"rollout": {"engine": "sglang"}}, "model.lora.rank": {"model": {"lora": lora}}}
     for key, change in cases.items():
         problems = check_expert_parallel(_config(moe_dir, actor=ep, resources={"workers": 2}, **change), ctx)
         assert [p.key for p in problems] == [key] and "not supported yet" in problems[0].message, key
+    for built in ({"mode": "one_step_off"}, {"mode": "async"}):   # the export gathers the experts
+        assert check_expert_parallel(_config(moe_dir, actor=ep, resources={"workers": 2}, rollout=built), ctx) == []
+    vllm = check_expert_parallel(_config(moe_dir, actor=ep, resources={"workers": 2}, rollout={"engine": "vllm"}), ctx)
+    assert [(p.key, p.severity) for p in vllm] == [("rollout.engine", "warning")]   # built; its layout stated
+    assert "each rank's engine holds every expert" in vllm[0].message
 
 
 def test_the_aux_loss_coefficient_is_the_models_off_or_a_weight(moe_dir, tmp_path):

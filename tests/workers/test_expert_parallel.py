@@ -218,14 +218,12 @@ def _engine_main(rank, model_dir, init_file, out_dir, ep):
     metrics = run_updates(engine, batch, epochs=1, mini_batches=1, micro_batch_size=2, horizon=horizon,
                           make_loss=make_loss, keys=["input_ids", "attention_mask", "response_mask", "old_log_prob",
                                                      "advantages"])
-    partial_refused = ""
-    if ep > 1:
-        try:
-            list(engine_weights(engine.module))   # outside whole_weights: each rank's share only
-        except RuntimeError as err:
-            partial_refused = str(err)
     with fsdp.whole_weights(engine.module):
         weights = {k: v.clone().numpy() for k, v in engine_weights(engine.module)}
+    # outside whole_weights (the vLLM push, the one-step-off export) each bank is gathered on the way
+    streamed = {k: v.clone().numpy() for k, v in engine_weights(engine.module)}
+    assert streamed.keys() == weights.keys() and all(np.array_equal(streamed[k], weights[k]) for k in weights)
+    partial_refused = _planted_partial_push(engine.module) if ep > 1 else ""
     engine.save(os.path.join(out_dir, "ckpt"))
     again = build()
     again.load(os.path.join(out_dir, "ckpt"))
@@ -236,6 +234,21 @@ def _engine_main(rank, model_dir, init_file, out_dir, ep):
              partial_refused=partial_refused, **{f"metric/{k}": v for k, v in metrics.items()},
              **({f"w/{k}": v for k, v in weights.items()} if rank == 0 else {}))
     dist.destroy_process_group()
+
+
+def _planted_partial_push(module) -> str:
+    """A push whose gather is broken (each rank keeps its own share of the bank) must raise."""
+    from unittest import mock
+
+    from rlctl.workers import expert_parallel
+    from rlctl.workers.rollout.weights import engine_weights
+
+    with mock.patch.object(expert_parallel, "_gather_bank", lambda m, p: getattr(m, p).detach()):
+        try:
+            list(engine_weights(module))
+        except RuntimeError as err:
+            return str(err)
+    return "no error"
 
 
 def _run_engine(model_dir, tmp_path, ep) -> list[dict]:
@@ -263,7 +276,8 @@ def test_one_grpo_step_of_the_engine_at_ep2_equals_ep1_and_its_checkpoint_loads_
         np.testing.assert_allclose(a["old"], b["old"], atol=1e-5)
         for key in (k for k in a if k.startswith("metric/")):
             np.testing.assert_allclose(a[key], b[key], rtol=1e-5, atol=1e-6, err_msg=key)
-    assert "refusing to send a partial expert set" in str(ep2[0]["partial_refused"])
+    assert str(ep2[0]["partial_refused"]) == ("model.layers.0.mlp.experts.gate_up_proj holds 2 of 4 experts: refusing "
+                                              "to send a partial expert set")
     weights = [k for k in ep2[0] if k.startswith("w/")]
     assert weights == [k for k in ep1[0] if k.startswith("w/")]
     assert ep2[0]["w/model.layers.1.mlp.experts.down_proj"].shape[0] == 4

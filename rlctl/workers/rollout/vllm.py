@@ -24,6 +24,11 @@ mode, the device, the CPU's head sizes), nowhere else.
     (cached KV of the old weights must not be reused). A push that fails part-way leaves the engine
     marked broken: it raises, and so does every later call, instead of generating with a
     half-loaded model. A tied `lm_head.weight` is never sent (vLLM rejects it alone).
+  - Mixture-of-experts: every engine holds all of a layer's experts (vLLM's own expert parallelism
+    is off; with t > 1 each expert is tensor-sharded over the engine's ranks as the dense layers). With
+    actor.expert_parallel_size > 1 the trainer gathers each bank before it is pushed; a fused bank
+    with fewer experts than the engine's fails the push (`check_expert_count`), because vLLM's
+    loader would take it as the first experts and keep the rest stale.
   - Sampling: `top_k = 0` is off (as in rlctl); per-request seeds from the caller's generator;
     `logprobs=0` returns the sampled token's log-prob (after temperature: processed_logprobs),
     which the trainer compares with its own (`rollout.max_logprob_diff`). The tokenizer is not
@@ -121,16 +126,30 @@ def collapse_runs(ids: list[int], token: int) -> list[int]:
     return [t for i, t in enumerate(ids) if t != token or i == 0 or ids[i - 1] != token]
 
 
-class _Counted:
-    """The pushed (name, tensor) stream, counting what vLLM has taken (for the failure message)."""
+_FUSED_BANKS = (".experts.gate_up_proj", ".experts.down_proj")
 
-    def __init__(self, items: Iterable, skip: str | None):
-        self.items, self.skip, self.taken, self.last = iter(items), skip, 0, ""
+
+def check_expert_count(name: str, tensor, experts: int) -> None:
+    """A fused expert bank ([E, ., .], transformers 5's layout) must carry all of the engine's
+    `experts` per layer: vLLM's loader would take a partial one as experts 0..n-1 and keep the
+    others' old weights, silently."""
+    if experts and name.endswith(_FUSED_BANKS) and tensor.dim() == 3 and tensor.shape[0] != experts:
+        raise RuntimeError(f"{name} holds {tensor.shape[0]} of the engine's {experts} experts: refusing to load a "
+                           "partial expert set")
+
+
+class _Counted:
+    """The pushed (name, tensor) stream, counting what vLLM has taken (for the failure message);
+    every fused expert bank is checked whole (check_expert_count) before vLLM sees it."""
+
+    def __init__(self, items: Iterable, skip: str | None, experts: int = 0):
+        self.items, self.skip, self.experts, self.taken, self.last = iter(items), skip, experts, 0, ""
 
     def __iter__(self) -> Iterator:
         for name, tensor in self.items:
             if name == self.skip:
                 continue
+            check_expert_count(name, tensor, self.experts)
             self.taken, self.last = self.taken + 1, name
             yield name, tensor
 
@@ -206,13 +225,14 @@ class VLLMRolloutEngine(RolloutEngine):
         self._usable()
         self.wake()
         items = weights.items() if isinstance(weights, Mapping) else weights
-        stream = _Counted(items, skip="lm_head.weight" if self._tied() else None)
+        stream = _Counted(items, skip="lm_head.weight" if self._tied() else None, experts=self._experts())
         try:
             self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(stream)})
             model = self._model()
             head = getattr(model, "lm_head", None)
             if self._tied() and getattr(head, "quant_method", None) is not None:
                 head.quant_method.process_weights_after_loading(head)   # its own copy of the new embedding
+            platform.repack_experts(model)   # CPU: the MoE kernel's own layout of the new experts
             self.forget_cache()
         except Exception as e:
             self.broken = (f"a weight push failed after {stream.taken} tensors (last: {stream.last or 'none'}): "
@@ -232,6 +252,12 @@ class VLLMRolloutEngine(RolloutEngine):
 
     def _image_token_id(self) -> int:
         return int(self.llm.llm_engine.vllm_config.model_config.hf_config.image_token_id)
+
+    def _experts(self) -> int:
+        """Routed experts per MoE layer of the engine's model (0: dense); each engine holds them all."""
+        from rlctl.workers.expert_parallel import experts_per_layer
+
+        return experts_per_layer(self.llm.llm_engine.vllm_config.model_config.hf_config)
 
     def _tied(self) -> bool:
         return bool(getattr(self.llm.llm_engine.vllm_config.model_config.hf_config, "tie_word_embeddings", False))

