@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from support.moe_runs import moe_project, train_at_each_ep
 from test_one_step_off import deterministic
 from test_resume import final_weights
 
@@ -45,18 +46,7 @@ def three_cpus():
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory, arith_data, three_cpus) -> dict[int, Path]:
-    from rlctl.models.tiny import build_tiny_model
-    from rlctl.project import write_project
-
-    proj = tmp_path_factory.mktemp("ep_offpolicy_run")
-    build_tiny_model(proj / "moe", arch="qwen3_moe")
-    write_project(proj, "grpo-arith-moe-ep2-cpu", str(proj / "moe"))
-    (proj / "data").mkdir()
-    (proj / "data" / "arith").symlink_to(arith_data)
-    for ep in (2, 1):
-        start_training(load_config(proj / "rlctl.toml", OVERRIDES + [f"actor.expert_parallel_size={ep}",
-                                                                     f"run.name=ep{ep}"]), address=None, force=False)
-    return {ep: proj / "runs" / f"ep{ep}" for ep in (1, 2)}
+    return train_at_each_ep(moe_project(tmp_path_factory.mktemp("ep_offpolicy_run"), arith_data), OVERRIDES)
 
 
 def test_one_step_off_at_ep2_equals_ep1(runs):
@@ -72,9 +62,13 @@ def test_one_step_off_at_ep2_equals_ep1(runs):
 
 
 def test_a_resumed_run_repeats_the_uninterrupted_one(runs, tmp_path):
-    run = runs[2]
+    assert_resume_repeats(runs[2], 2, tmp_path)
+
+
+def assert_resume_repeats(run: Path, step: int, tmp_path: Path) -> None:
+    """`rlctl resume` from `step`'s checkpoint gives the run's metrics and final weights bit for bit."""
     full_rows, full_weights = deterministic(run), final_weights(run, tmp_path)
-    resume_training(run, step=2, address=None)
+    resume_training(run, step=step, address=None)
     assert deterministic(run) == full_rows
     resumed = final_weights(run, tmp_path)
     assert resumed.keys() == full_weights.keys()

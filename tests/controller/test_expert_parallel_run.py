@@ -12,9 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
-from rlctl.config.loader import load_config
-from rlctl.controller.run import start_training
+from support.moe_runs import moe_project, train_at_each_ep
 
 pytestmark = pytest.mark.slow
 OVERRIDES = ["resources.workers=2", "resources.cpus_per_worker=1", "data.batch_size=4", "rollout.n=4",
@@ -24,27 +22,12 @@ OVERRIDES = ["resources.workers=2", "resources.cpus_per_worker=1", "data.batch_s
 
 @pytest.fixture(scope="module")
 def project(tmp_path_factory, arith_data) -> Path:
-    from rlctl.models.tiny import build_tiny_model
-    from rlctl.project import write_project
-
-    proj = tmp_path_factory.mktemp("ep_run")
-    build_tiny_model(proj / "moe", arch="qwen3_moe")
-    write_project(proj, "grpo-arith-moe-ep2-cpu", str(proj / "moe"))
-    (proj / "data").mkdir()
-    (proj / "data" / "arith").symlink_to(arith_data)
-    return proj
-
-
-def _train_at_each_ep(proj: Path, name: str, overrides: list[str]) -> dict[int, Path]:
-    for ep in (2, 1):
-        start_training(load_config(proj / "rlctl.toml", OVERRIDES + overrides + [
-            f"actor.expert_parallel_size={ep}", f"run.name={name}{ep}"]), address=None, force=False)
-    return {ep: proj / "runs" / f"{name}{ep}" for ep in (1, 2)}
+    return moe_project(tmp_path_factory.mktemp("ep_run"), arith_data)
 
 
 @pytest.fixture(scope="module")
 def runs(project, ray_cluster) -> dict[int, Path]:
-    return _train_at_each_ep(project, "ep", [])
+    return train_at_each_ep(project, OVERRIDES)
 
 
 def _rows(run: Path) -> list[dict]:
@@ -101,8 +84,9 @@ def test_ppo_with_a_critic_at_ep2_equals_ep1(project, ray_cluster):
     """PPO (GAE): the critic is built from the MoE model and FSDP-sharded without expert
     parallelism, the actor's experts split at ep = 2. Step metrics, the critic's included, equal
     ep = 1's (rtol 1e-4, as above)."""
-    ppo = _train_at_each_ep(project, "ppo", ["algorithm.name=gae", "rollout.n=2", "actor.micro_batch_size=4",
-                                             "critic.mini_batch_size=4", "critic.micro_batch_size=4"])
+    gae = ["algorithm.name=gae", "rollout.n=2", "actor.micro_batch_size=4", "critic.mini_batch_size=4",
+           "critic.micro_batch_size=4"]
+    ppo = train_at_each_ep(project, OVERRIDES + gae, "ppo")
     ep2, ep1 = _rows(ppo[2]), _rows(ppo[1])
     assert len(ep2) == len(ep1) == 2
     for a, b in zip(ep2, ep1):

@@ -16,13 +16,13 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-import torch
+from support.moe_runs import moe_project
+from test_expert_parallel_offpolicy import assert_resume_repeats
 from test_expert_parallel_offpolicy import three_cpus  # noqa: F401 (a fixture: 2 actor ranks + 1 rollout rank)
 from test_one_step_off import deterministic
-from test_resume import final_weights
 
 from rlctl.config.loader import load_config
-from rlctl.controller.run import resume_training, start_training
+from rlctl.controller.run import start_training
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.usefixtures("vllm_installed")]
 STEPS = 3
@@ -34,14 +34,7 @@ OVERRIDES = ["resources.workers=2", "resources.cpus_per_worker=1", "data.batch_s
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory, arith_data, three_cpus) -> Path:
-    from rlctl.models.tiny import build_tiny_model
-    from rlctl.project import write_project
-
-    proj = tmp_path_factory.mktemp("ep_vllm_run")
-    build_tiny_model(proj / "moe", arch="qwen3_moe", hidden=128)
-    write_project(proj, "grpo-arith-moe-ep2-cpu", str(proj / "moe"))
-    (proj / "data").mkdir()
-    (proj / "data" / "arith").symlink_to(arith_data)
+    proj = moe_project(tmp_path_factory.mktemp("ep_vllm_run"), arith_data, hidden=128)
     start_training(load_config(proj / "rlctl.toml", OVERRIDES), address=None, force=False)
     return proj / "runs" / "grpo-arith-moe-ep2-cpu"
 
@@ -57,13 +50,7 @@ def test_the_vllm_engines_follow_every_push_from_the_split_experts(run):
 def test_a_resumed_run_repeats_the_uninterrupted_one(run, tmp_path):
     """Step 3 again from step 2's checkpoint: fresh engines on the model folder, the checkpoint's
     weights pushed into them, the same samples and metrics, and the same final weights bit for bit."""
-    full_rows, full_weights = deterministic(run), final_weights(run, tmp_path)
-    resume_training(run, step=2, address=None)
-    assert deterministic(run) == full_rows
-    resumed = final_weights(run, tmp_path)
-    assert resumed.keys() == full_weights.keys()
-    for name, tensor in full_weights.items():
-        assert torch.equal(tensor, resumed[name]), name
+    assert_resume_repeats(run, 2, tmp_path)
 
 
 def test_a_one_step_off_vllm_rollout_rank_gets_every_expert(run):

@@ -10,9 +10,7 @@ import json
 from pathlib import Path
 
 import pytest
-
-from rlctl.config.loader import load_config
-from rlctl.controller.run import start_training
+from support.moe_runs import moe_project, train_at_each_ep
 
 pytestmark = pytest.mark.slow
 OVERRIDES = ["resources.workers=2", "resources.cpus_per_worker=1", "data.batch_size=4", "rollout.n=4",
@@ -24,18 +22,7 @@ COMPARED = ("reward/mean", "response_length/mean", "actor/pg_loss", "actor/entro
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory, arith_data, ray_cluster) -> dict[int, Path]:
-    from rlctl.models.tiny import build_tiny_model
-    from rlctl.project import write_project
-
-    proj = tmp_path_factory.mktemp("replay_run")
-    build_tiny_model(proj / "moe", arch="qwen3_moe")
-    write_project(proj, "grpo-arith-moe-ep2-cpu", str(proj / "moe"))
-    (proj / "data").mkdir()
-    (proj / "data" / "arith").symlink_to(arith_data)
-    for ep in (2, 1):
-        start_training(load_config(proj / "rlctl.toml", OVERRIDES + [f"actor.expert_parallel_size={ep}",
-                                                                     f"run.name=ep{ep}"]), address=None, force=False)
-    return {ep: proj / "runs" / f"ep{ep}" for ep in (1, 2)}
+    return train_at_each_ep(moe_project(tmp_path_factory.mktemp("replay_run"), arith_data), OVERRIDES)
 
 
 def _rows(run: Path) -> list[dict]:
