@@ -69,6 +69,16 @@ def vllm_tiny_model_dir(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def tiny_moe_dir(tmp_path_factory) -> Path:
+    """A 2-layer, hidden-32 Qwen3-MoE (4 experts per layer, top-2), built once per test session."""
+    from rlctl.models.tiny import build_tiny_model
+
+    out = tmp_path_factory.mktemp("tiny_moe")
+    build_tiny_model(out, arch="qwen3_moe", layers=2, hidden=32, heads=4, kv_heads=2, intermediate=64)
+    return out
+
+
+@pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory) -> Path:
     """A 2-layer, hidden-64 Qwen2 with tied embeddings, built once per test session."""
     from rlctl.models.tiny import build_tiny_model

@@ -25,15 +25,6 @@ ROUTER = "model.layers.0.mlp.gate.weight"
 BANK = "model.layers.1.mlp.experts.gate_up_proj"
 
 
-@pytest.fixture(scope="module")
-def moe_dir(tmp_path_factory):
-    from rlctl.models.tiny import build_tiny_model
-
-    out = tmp_path_factory.mktemp("tiny_moe")
-    build_tiny_model(out, arch="qwen3_moe", layers=2, hidden=32, heads=4, kv_heads=2, intermediate=64)
-    return out
-
-
 def _config(model_dir, ep: int, coef: float):
     from rlctl.config.schema import Config
 
@@ -92,10 +83,10 @@ def _run(model_dir, tmp_path, ep: int, coef: float = 0.5) -> list[dict]:
 
 @pytest.mark.slow
 @pytest.mark.timeout(400)
-def test_an_sft_step_at_ep2_equals_ep1_with_the_load_balancing_loss(moe_dir, tmp_path):
+def test_an_sft_step_at_ep2_equals_ep1_with_the_load_balancing_loss(tiny_moe_dir, tmp_path):
     from transformers import AutoModelForCausalLM
 
-    ep2, ep1 = _run(moe_dir, tmp_path, 2), _run(moe_dir, tmp_path, 1)
+    ep2, ep1 = _run(tiny_moe_dir, tmp_path, 2), _run(tiny_moe_dir, tmp_path, 1)
     for a, b in zip(ep2, ep1):
         assert sorted(a) == sorted(b)
         np.testing.assert_allclose(a["nll"], b["nll"], rtol=1e-5)
@@ -107,10 +98,10 @@ def test_an_sft_step_at_ep2_equals_ep1_with_the_load_balancing_loss(moe_dir, tmp
     worst = max(float(np.abs(ep2[0][k] - ep1[0][k]).max()) for k in weights)
     print("SFT step ep=2 vs ep=1, largest |weight difference|:", worst)
     assert worst < 1e-5, worst
-    initial = dict(AutoModelForCausalLM.from_pretrained(moe_dir, dtype=torch.float32).named_parameters())
+    initial = dict(AutoModelForCausalLM.from_pretrained(tiny_moe_dir, dtype=torch.float32).named_parameters())
     assert np.abs(ep2[0][f"w/{BANK}"] - initial[BANK].detach().numpy()).max() > 1e-3   # the experts trained
 
-    off = _run(moe_dir, tmp_path, 2, coef=0.0)   # the same step without the load-balancing term
+    off = _run(tiny_moe_dir, tmp_path, 2, coef=0.0)   # the same step without the load-balancing term
     assert "metric/actor/moe_aux_loss" not in off[0]
     assert off[0]["metric/train/loss"] == pytest.approx(ep2[0]["metric/train/loss"], rel=1e-6)   # NLL alone
     assert np.abs(off[0][f"w/{ROUTER}"] - ep2[0][f"w/{ROUTER}"]).max() > 1e-6   # the term moved the router

@@ -17,15 +17,6 @@ import torch.multiprocessing as mp
 WORLD, ROWS, WIDTH = 2, 4, 12
 
 
-@pytest.fixture(scope="module")
-def moe_dir(tmp_path_factory):
-    from rlctl.models.tiny import build_tiny_model
-
-    out = tmp_path_factory.mktemp("tiny_moe")
-    build_tiny_model(out, arch="qwen3_moe", layers=2, hidden=32, heads=4, kv_heads=2, intermediate=64)
-    return out
-
-
 def _batch() -> torch.Tensor:
     return torch.randint(3, 200, (ROWS, WIDTH), generator=torch.Generator().manual_seed(7))
 
@@ -148,10 +139,10 @@ def _differences(a: dict, b: dict) -> dict[str, float]:
 
 @pytest.mark.slow
 @pytest.mark.timeout(300)
-def test_ep2_equals_ep1_and_one_process_and_a_misrouted_token_fails(moe_dir, tmp_path):
-    ep2 = _run(moe_dir, tmp_path, "ep2", ep=2)
-    ep1 = _run(moe_dir, tmp_path, "ep1", ep=1)
-    one = _one_process(moe_dir)
+def test_ep2_equals_ep1_and_one_process_and_a_misrouted_token_fails(tiny_moe_dir, tmp_path):
+    ep2 = _run(tiny_moe_dir, tmp_path, "ep2", ep=2)
+    ep1 = _run(tiny_moe_dir, tmp_path, "ep1", ep=1)
+    one = _one_process(tiny_moe_dir)
     assert ep2["grad/model.layers.0.mlp.experts.gate_up_proj"].shape[0] == 4   # every expert gathered
     diffs = _differences(ep2, ep1)
     worst = max(diffs, key=diffs.get)
@@ -163,7 +154,7 @@ def test_ep2_equals_ep1_and_one_process_and_a_misrouted_token_fails(moe_dir, tmp
         assert np.abs(ep2[key] - one[key]).max() < 2e-6, key
     assert all(np.abs(v).max() > 0 for k, v in ep2.items() if "experts" in k)   # every bank was trained
 
-    planted = _run(moe_dir, tmp_path, "planted", ep=2, plant=True)
+    planted = _run(tiny_moe_dir, tmp_path, "planted", ep=2, plant=True)
     diffs = _differences(planted, ep1)
     assert diffs["logits"] > 1e-4 and diffs["grad/model.layers.0.mlp.experts.gate_up_proj"] > 1e-4, diffs
 
@@ -261,7 +252,7 @@ def _run_engine(model_dir, tmp_path, ep) -> list[dict]:
 
 @pytest.mark.slow
 @pytest.mark.timeout(400)
-def test_one_grpo_step_of_the_engine_at_ep2_equals_ep1_and_its_checkpoint_loads_in_one_process(moe_dir, tmp_path):
+def test_one_grpo_step_of_the_engine_at_ep2_equals_ep1_and_its_checkpoint_loads_in_one_process(tiny_moe_dir, tmp_path):
     """Tolerances: log-probs 1e-5, metrics rtol 1e-5, updated weights 1e-5 = 1/1000 of the step: Adam's
     first step is lr * g / (|g| + eps) per element, so float32 rounding of the two summation orders in
     a tiny gradient shows in the weights (measured: 3e-6 at lr 1e-2, clipped)."""
@@ -270,7 +261,7 @@ def test_one_grpo_step_of_the_engine_at_ep2_equals_ep1_and_its_checkpoint_loads_
     from rlctl.workers.engine import OptimSpec, TrainEngine
     from rlctl.workers.rollout.weights import engine_weights
 
-    ep2, ep1 = _run_engine(moe_dir, tmp_path, 2), _run_engine(moe_dir, tmp_path, 1)
+    ep2, ep1 = _run_engine(tiny_moe_dir, tmp_path, 2), _run_engine(tiny_moe_dir, tmp_path, 1)
     for a, b in zip(ep2, ep1):
         assert np.array_equal(a["responses"], b["responses"])   # same samples from the gathered experts
         np.testing.assert_allclose(a["old"], b["old"], atol=1e-5)
@@ -284,7 +275,7 @@ def test_one_grpo_step_of_the_engine_at_ep2_equals_ep1_and_its_checkpoint_loads_
     worst = max(float(np.abs(ep2[0][k] - ep1[0][k]).max()) for k in weights)
     assert worst < 1e-5, worst
     # the ep=2 checkpoint loads in one process (as rlctl merge and a resume at ep=1 do), every expert whole
-    one = TrainEngine(AutoModelForCausalLM.from_pretrained(moe_dir, dtype=torch.float32),
+    one = TrainEngine(AutoModelForCausalLM.from_pretrained(tiny_moe_dir, dtype=torch.float32),
                       OptimSpec(lr=1e-2, weight_decay=0.0, grad_clip=0.05, warmup_steps=0, total_steps=1),
                       compute_dtype=torch.float32)
     initial = {name: tensor.detach().clone().numpy() for name, tensor in engine_weights(one.module)}
@@ -328,12 +319,12 @@ def _aux_main(rank, model_dir, init_file, out_dir, ep):
 
 @pytest.mark.slow
 @pytest.mark.timeout(300)
-def test_the_updates_moe_aux_loss_and_its_gradients_at_ep2_equal_ep1(moe_dir, tmp_path):
+def test_the_updates_moe_aux_loss_and_its_gradients_at_ep2_equal_ep1(tiny_moe_dir, tmp_path):
     runs = {}
     for ep in (2, 1):
         out = tmp_path / f"aux_ep{ep}"
         out.mkdir()
-        mp.start_processes(_aux_main, args=(str(moe_dir), str(out / "pg"), str(out), ep), nprocs=WORLD, join=True,
+        mp.start_processes(_aux_main, args=(str(tiny_moe_dir), str(out / "pg"), str(out), ep), nprocs=WORLD, join=True,
                            start_method="spawn")
         runs[ep] = dict(np.load(out / "result.npz"))
     diffs = _differences(runs[2], runs[1])

@@ -25,15 +25,6 @@ WORLD, ROWS, WIDTH = 2, 4, 12
 BANK = "model.layers.0.mlp.experts.gate_up_proj"
 
 
-@pytest.fixture(scope="module")
-def moe_dir(tmp_path_factory):
-    from rlctl.models.tiny import build_tiny_model
-
-    out = tmp_path_factory.mktemp("tiny_moe")
-    build_tiny_model(out, arch="qwen3_moe", layers=2, hidden=32, heads=4, kv_heads=2, intermediate=64)
-    return out
-
-
 def _init(rank, init_file):
     import torch.distributed as dist
 
@@ -109,9 +100,9 @@ def _run(fn, tmp_path, name, model_dir, *more) -> list[dict]:
 
 @pytest.mark.slow
 @pytest.mark.timeout(300)
-def test_gradient_checkpointing_at_ep2_recomputes_the_exchange_and_gives_the_same_gradients(moe_dir, tmp_path):
-    [ckpt] = _run(_ckpt_main, tmp_path, "ckpt", moe_dir, True)
-    [plain] = _run(_ckpt_main, tmp_path, "plain", moe_dir, False)
+def test_gradient_checkpointing_at_ep2_recomputes_the_exchange_and_gives_the_same_gradients(tiny_moe_dir, tmp_path):
+    [ckpt] = _run(_ckpt_main, tmp_path, "ckpt", tiny_moe_dir, True)
+    [plain] = _run(_ckpt_main, tmp_path, "plain", tiny_moe_dir, False)
     assert int(plain["dispatches"]) == 2 and int(ckpt["dispatches"]) == 4   # 2 layers; + the recompute
     assert ckpt[f"grad/{BANK}"].shape[0] == 4 and np.abs(ckpt[f"grad/{BANK}"]).max() > 0
     assert sorted(ckpt) == sorted(plain)
@@ -165,8 +156,8 @@ def _ref_main(rank, model_dir, init_file, out_dir):
 
 @pytest.mark.slow
 @pytest.mark.timeout(300)
-def test_sync_reference_copies_every_expert_of_an_ep2_policy(moe_dir, tmp_path):
-    ranks = _run(_ref_main, tmp_path, "ref", moe_dir)
+def test_sync_reference_copies_every_expert_of_an_ep2_policy(tiny_moe_dir, tmp_path):
+    ranks = _run(_ref_main, tmp_path, "ref", tiny_moe_dir)
     for got in ranks:
         names = [k.removeprefix("policy/") for k in got if k.startswith("policy/")]
         assert got[f"policy/{BANK}"].shape[0] == got[f"ref/{BANK}"].shape[0] == 4

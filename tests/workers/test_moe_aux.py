@@ -17,15 +17,6 @@ from rlctl.workers.logprob import response_log_probs
 PROMPT, RESPONSE = 5, 4
 
 
-@pytest.fixture(scope="module")
-def moe_dir(tmp_path_factory):
-    from rlctl.models.tiny import build_tiny_model
-
-    out = tmp_path_factory.mktemp("tiny_moe")
-    build_tiny_model(out, arch="qwen3_moe", layers=2, hidden=32, heads=4, kv_heads=2, intermediate=64)
-    return out
-
-
 def _model(path):
     from transformers import AutoModelForCausalLM
 
@@ -59,8 +50,8 @@ def _loss(model, coef, pack=False):
     return loss, total, metrics, grads, out
 
 
-def test_aux_loss_is_transformers_over_the_real_tokens_only(moe_dir):
-    model = _model(moe_dir)
+def test_aux_loss_is_transformers_over_the_real_tokens_only(tiny_moe_dir):
+    model = _model(tiny_moe_dir)
     _, _, trim, _, _ = _loss(model, 0.01, pack=False)
     _, _, packed, _, _ = _loss(model, 0.01, pack=True)
     assert abs(trim[moe_aux.METRIC] - packed[moe_aux.METRIC]) < 1e-6, (trim, packed)
@@ -77,8 +68,8 @@ def test_aux_loss_is_transformers_over_the_real_tokens_only(moe_dir):
     assert top_k - 1e-4 <= trim[moe_aux.METRIC] <= experts   # k when balanced, E when collapsed
 
 
-def test_coefficient_zero_leaves_the_loss_and_gradients_exactly_as_they_were(moe_dir):
-    model = _model(moe_dir)
+def test_coefficient_zero_leaves_the_loss_and_gradients_exactly_as_they_were(tiny_moe_dir):
+    model = _model(tiny_moe_dir)
     loss, total, metrics, grads, out = _loss(model, 0.0)
     assert total is loss and metrics == {} and moe_aux.METRIC not in out   # no router logits asked for
     on_loss, on_total, on_metrics, on_grads, _ = _loss(model, 0.5)
@@ -91,10 +82,10 @@ def test_coefficient_zero_leaves_the_loss_and_gradients_exactly_as_they_were(moe
     assert all(torch.equal(plain[k], again[k]) for k in plain)
 
 
-def test_the_coefficient_comes_from_the_model_unless_set(moe_dir, tmp_path):
+def test_the_coefficient_comes_from_the_model_unless_set(tiny_moe_dir, tmp_path):
     from rlctl.models.tiny import build_tiny_model
 
-    model = _model(moe_dir)
+    model = _model(tiny_moe_dir)
     assert model.config.router_aux_loss_coef > 0
     assert moe_aux.resolve_coef(model, -1.0) == pytest.approx(model.config.router_aux_loss_coef)
     assert moe_aux.resolve_coef(model, 0.25) == 0.25

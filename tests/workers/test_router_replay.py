@@ -22,15 +22,6 @@ from rlctl.workers.logprob import response_log_probs
 PROMPT, RESPONSE = 5, 6
 
 
-@pytest.fixture(scope="module")
-def moe_dir(tmp_path_factory):
-    from rlctl.models.tiny import build_tiny_model
-
-    out = tmp_path_factory.mktemp("tiny_moe")
-    build_tiny_model(out, arch="qwen3_moe", layers=2, hidden=32, heads=4, kv_heads=2, intermediate=64)
-    return out
-
-
 def _model(path, replay: bool):
     from transformers import AutoModelForCausalLM
 
@@ -74,9 +65,9 @@ def _recorded(model, pack=None) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("pack", [None, False, True], ids=["shared", "trim", "pack"])
-def test_replaying_the_models_own_routes_is_bit_identical_to_replay_off(moe_dir, pack):
-    off_out, off_loss, off_grads = _update(_model(moe_dir, False), pack=pack)
-    model = _model(moe_dir, True)
+def test_replaying_the_models_own_routes_is_bit_identical_to_replay_off(tiny_moe_dir, pack):
+    off_out, off_loss, off_grads = _update(_model(tiny_moe_dir, False), pack=pack)
+    model = _model(tiny_moe_dir, True)
     routes = _recorded(model, pack)
     _, _, response_mask = _rows()
     assert routes.shape == (4, RESPONSE, 2, 2) and routes.dtype == torch.uint8   # 4 experts: one byte each
@@ -101,8 +92,8 @@ def _plant(routes: torch.Tensor, where: list[tuple[int, int, int]]) -> torch.Ten
 
 
 @pytest.mark.parametrize("pack", [None, False], ids=["shared", "trim"])
-def test_planted_routes_change_exactly_their_tokens_and_the_mismatch_counts_them(moe_dir, pack):
-    model = _model(moe_dir, True)
+def test_planted_routes_change_exactly_their_tokens_and_the_mismatch_counts_them(tiny_moe_dir, pack):
+    model = _model(tiny_moe_dir, True)
     routes = _recorded(model, pack)
     _, _, response_mask = _rows()
     own, _, own_grads = _update(model, router_replay.Replay(routes, response_mask), pack=pack, coef=0.0)
@@ -125,12 +116,12 @@ def test_planted_routes_change_exactly_their_tokens_and_the_mismatch_counts_them
 
 
 @pytest.mark.parametrize("pack", [None, False], ids=["shared", "trim"])
-def test_gradient_checkpointing_recomputes_with_the_replayed_routes(moe_dir, pack):
+def test_gradient_checkpointing_recomputes_with_the_replayed_routes(tiny_moe_dir, pack):
     """The recompute in backward runs the routers again: it must replay the same routes (else the
     gradients would be of another sub-network) and count nothing twice."""
     from rlctl.workers.engine import checkpointing_kwargs
 
-    model = _model(moe_dir, True)
+    model = _model(tiny_moe_dir, True)
     routes = _recorded(model, pack)
     _, _, response_mask = _rows()
     planted = router_replay.Replay(_plant(routes, [(0, 1, 0), (2, 3, 1)]), response_mask)
@@ -143,15 +134,15 @@ def test_gradient_checkpointing_recomputes_with_the_replayed_routes(moe_dir, pac
     assert float(again[router_replay.MISMATCH]) == float(out[router_replay.MISMATCH]) == 2
 
 
-def test_replay_records_nothing_outside_a_plan_and_a_dense_model_is_refused(moe_dir, tmp_path):
+def test_replay_records_nothing_outside_a_plan_and_a_dense_model_is_refused(tiny_moe_dir, tmp_path):
     from transformers import AutoModelForCausalLM
 
     from rlctl.models.tiny import build_tiny_model
 
-    model = _model(moe_dir, True)
+    model = _model(tiny_moe_dir, True)
     ids, mask, _ = _rows()
     with torch.no_grad():
-        plain = response_log_probs(_model(moe_dir, False), ids, mask, RESPONSE)
+        plain = response_log_probs(_model(tiny_moe_dir, False), ids, mask, RESPONSE)
         installed = response_log_probs(model, ids, mask, RESPONSE)
     assert torch.equal(plain["log_prob"], installed["log_prob"]) and router_replay.COLUMN not in installed
     build_tiny_model(tmp_path / "dense", layers=1, hidden=32, heads=4, kv_heads=2)
@@ -218,7 +209,7 @@ def _replay_rank(rank, model_dir, init_file, out_dir, ep):
 
 @pytest.mark.slow
 @pytest.mark.timeout(300)
-def test_planted_routes_replayed_at_ep2_equal_ep1(moe_dir, tmp_path):
+def test_planted_routes_replayed_at_ep2_equal_ep1(tiny_moe_dir, tmp_path):
     """Tolerance as the aux-loss parity of test_expert_parallel.py: 2e-6 (float32 sums in another order)."""
     from test_expert_parallel import WORLD, _differences
 
@@ -226,8 +217,8 @@ def test_planted_routes_replayed_at_ep2_equal_ep1(moe_dir, tmp_path):
     for ep in (2, 1):
         out = tmp_path / f"replay_ep{ep}"
         out.mkdir()
-        mp.start_processes(_replay_rank, args=(str(moe_dir), str(out / "pg"), str(out), ep), nprocs=WORLD, join=True,
-                           start_method="spawn")
+        mp.start_processes(_replay_rank, args=(str(tiny_moe_dir), str(out / "pg"), str(out), ep), nprocs=WORLD,
+                           join=True, start_method="spawn")
         runs[ep] = dict(np.load(out / "result.npz"))
     assert np.array_equal(runs[2]["counts"], runs[1]["counts"])
     mismatched, pairs = runs[2]["counts"]
@@ -235,15 +226,15 @@ def test_planted_routes_replayed_at_ep2_equal_ep1(moe_dir, tmp_path):
     diffs = _differences(runs[2], runs[1])
     worst = max(diffs, key=diffs.get)
     assert diffs[worst] < 2e-6, (worst, diffs[worst])
-    own = _recorded_log_prob(moe_dir)
+    own = _recorded_log_prob(tiny_moe_dir)
     assert np.abs(runs[2]["log_prob"] - own).max() > 1e-3   # the planted routes did change the log-probs
 
 
-def _recorded_log_prob(moe_dir) -> np.ndarray:
+def _recorded_log_prob(tiny_moe_dir) -> np.ndarray:
     """The log-probs of test_expert_parallel's batch with the model's own routes (one process)."""
     from test_expert_parallel import WIDTH, _batch
 
     rows = _batch()
     with torch.no_grad():
-        out = response_log_probs(_model(moe_dir, False), rows, torch.ones_like(rows), WIDTH // 2, pack=False)
+        out = response_log_probs(_model(tiny_moe_dir, False), rows, torch.ones_like(rows), WIDTH // 2, pack=False)
     return out["log_prob"].numpy()
