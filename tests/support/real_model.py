@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import fcntl
 import os
 from pathlib import Path
 
@@ -17,8 +18,16 @@ def cache_root() -> Path:
 
 def smollm2_folder() -> Path:
     folder = cache_root() / NAME
-    if (folder / "config.json").is_file() and (folder / "model.safetensors").is_file():
-        return folder
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    # One converter at a time: the suite's two pytest-xdist workers may both ask on a fresh machine.
+    with open(folder.parent / f".{NAME}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not ((folder / "config.json").is_file() and (folder / "model.safetensors").is_file()):
+            _convert(folder)
+    return folder
+
+
+def _convert(folder: Path) -> None:
     from rlctl.errors import RlctlError
     from rlctl.models.known import get_model
 
@@ -29,4 +38,3 @@ def smollm2_folder() -> Path:
         if os.environ.get("CI", "").lower() == "true":
             pytest.fail(f"CI=true but {why}")
         pytest.skip(why)
-    return folder

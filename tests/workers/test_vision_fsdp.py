@@ -68,6 +68,9 @@ def _rank_main(rank, model_dir, init_file, out_dir):
                 keys=["input_ids", "attention_mask", "response_mask"])
     moved = float((tower.detach().full_tensor() - before).abs().max())
     np.savez(os.path.join(out_dir, f"rank{rank}.npz"), units=sorted(units), moved=moved)
+    # Neither rank closes its gloo connections while the other may still use them (once, in CI, rank 0
+    # aborted in C++, "terminate called without an active exception", with no Python traceback).
+    dist.barrier()
     dist.destroy_process_group()
 
 
