@@ -14,5 +14,6 @@ start=$(date +%s)
 rc=$?
 read -r busy1 total1 < <(busy_total)
 [ "$total1" -gt "$total0" ] || total1=$((total0 + 1))
-echo "cpu_busy: $(( (busy1 - busy0) * 1000 / (total1 - total0) / 10 )).$(( (busy1 - busy0) * 1000 / (total1 - total0) % 10 ))% of $(nproc) cores over $(( $(date +%s) - start )) s, exit $rc"
+permille=$(( (busy1 - busy0) * 1000 / (total1 - total0) ))
+echo "cpu_busy: $((permille / 10)).$((permille % 10))% of $(nproc) cores over $(( $(date +%s) - start )) s, exit $rc"
 exit "$rc"
