@@ -43,7 +43,7 @@ def serve(
     Example: rlctl serve runs/grpo/merged --port 8000 --api-key secret
     """
     from rlctl.errors import UsageError
-    from rlctl.serve.external import LaunchSpec, build_command, engine_env, pick_engine, run_child
+    from rlctl.serve.external import LaunchSpec, build_command, engine_env, gpu_count, pick_engine, run_child
     from rlctl.serve.server import check_bind, serve_builtin
     from rlctl.serve.source import DTYPES, model_folder
 
@@ -63,7 +63,8 @@ def serve(
                                  limits={"max_body_bytes": max_body_bytes, "read_timeout_s": read_timeout_s},
                                  allow_remote_images=allow_remote_images)
         else:
-            spec = LaunchSpec(str(folder), host, port, name, api_key, tensor_parallel_size, dtype, max_concurrency)
+            spec = LaunchSpec(str(folder), host, port, name, api_key, tensor_parallel_size, dtype, max_concurrency,
+                              cpu=gpu_count() == 0)
             code = run_child(build_command(chosen, spec, tuple(ctx.args)), env=engine_env(chosen, folder))
     if code:
         raise typer.Exit(code)

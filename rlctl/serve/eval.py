@@ -233,7 +233,7 @@ def _prompts(folder: Path, rows: list[dict], image_key: str):
 def _generate(folder: Path, prompt_ids: list[list[int]], opts: EvalOptions, temperature: float,
               max_new: int, visions: list):
     from rlctl.serve.engine import SamplingParams
-    from rlctl.serve.external import LaunchSpec, build_command, engine_env, pick_engine
+    from rlctl.serve.external import LaunchSpec, build_command, engine_env, gpu_count, pick_engine
     from rlctl.serve.generate import external_server, generate_local, generate_remote
     from rlctl.serve.source import context_room, load_model, load_processor_of
     from rlctl.utils.net import free_port
@@ -252,7 +252,7 @@ def _generate(folder: Path, prompt_ids: list[list[int]], opts: EvalOptions, temp
         raise UsageError(f"rlctl eval of image prompts runs on the hf engine, not {engine}",
                          hint="pass --engine hf (vLLM's image path is not wired into eval yet).")
     port = free_port("127.0.0.1")
-    spec = LaunchSpec(str(folder), "127.0.0.1", port, "eval", dtype=opts.dtype)
+    spec = LaunchSpec(str(folder), "127.0.0.1", port, "eval", dtype=opts.dtype, cpu=gpu_count() == 0)
     with external_server(build_command(engine, spec), f"http://127.0.0.1:{port}", env=engine_env(engine, folder)) as url:
         return generate_remote(url, "eval", prompt_ids, params, concurrency=opts.max_concurrency,
                                progress=progress)

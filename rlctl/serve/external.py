@@ -36,6 +36,14 @@ class LaunchSpec:
     tensor_parallel_size: int = 1
     dtype: str = "auto"
     max_concurrency: int | None = None
+    cpu: bool = False      # no GPU: vLLM's CPU build (CPU_SERVER_FLAGS)
+
+
+# vLLM's CPU build as an OpenAI server, beside rlctl's own choices for its in-process engine
+# (rlctl.workers.rollout.vllm_platform): chunked prefill off, or a batch of seeded requests whose prefills
+# are split across steps kills the engine ("CPU Generator does not use offset": vLLM 0.32 rewinds each
+# request's generator, which CPU generators cannot). Seen with `rlctl eval --engine vllm --n 4` of 48 prompts.
+CPU_SERVER_FLAGS = {"vllm": ("--no-enable-chunked-prefill",)}
 
 
 def build_command(engine: str, spec: LaunchSpec, extra: tuple[str, ...] = (),
@@ -52,13 +60,17 @@ def build_command(engine: str, spec: LaunchSpec, extra: tuple[str, ...] = (),
         concurrency_flag = "--max-running-requests"
     else:
         raise UsageError(f"engine {engine!r} is not an external engine; choose one of {', '.join(EXTERNAL)}")
+    # rlctl's auto is float32 on CPU; vLLM's own auto loads a float32 checkpoint in bfloat16, which a CPU
+    # without bf16 instructions (AVX2 only) emulates: a slow warm-up and slow tokens
+    dtype = "float32" if spec.cpu and spec.dtype == "auto" else spec.dtype
     argv += ["--host", spec.host, "--port", str(spec.port), "--served-model-name", spec.served_name,
-             "--dtype", spec.dtype]
+             "--dtype", dtype]
     if spec.api_key:
         argv += ["--api-key", spec.api_key]
     if spec.max_concurrency:
         argv += [concurrency_flag, str(spec.max_concurrency)]
-    return argv + list(TOOL_FLAGS[engine]) + list(extra)
+    cpu_flags = CPU_SERVER_FLAGS.get(engine, ()) if spec.cpu else ()
+    return argv + list(TOOL_FLAGS[engine]) + list(cpu_flags) + list(extra)
 
 
 def installed(engine: str) -> bool:

@@ -33,7 +33,7 @@ def test_vllm_serves_chat_and_completions_to_the_openai_client(vllm_tiny_model_d
     port = free_port("127.0.0.1")
     proc = subprocess.Popen([*RLCTL, "serve", str(vllm_tiny_model_dir), "--engine", "vllm", "--port", str(port),
                              "--served-model-name", "tiny", "--api-key", "k", "--", "--enforce-eager",
-                             "--max-model-len", "512"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+                             "--max-model-len", "512", "--max-num-batched-tokens", "512"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
         client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="k", max_retries=0)
         deadline = time.monotonic() + 400
@@ -53,6 +53,12 @@ def test_vllm_serves_chat_and_completions_to_the_openai_client(vllm_tiny_model_d
         assert again.choices[0].message.content == chat.choices[0].message.content   # greedy is repeatable
         text = client.completions.create(model="tiny", prompt="1 + 1 =", max_tokens=4, n=2, temperature=1.0, seed=3)
         assert len(text.choices) == 2
+        # Seeded sequences whose prompts together pass one step's token budget (512 here; `rlctl eval` sends
+        # such batches): with chunked prefill on, vLLM 0.32 on CPU splits a prefill, rewinds its generator
+        # and dies (checked: this fails without rlctl's --no-enable-chunked-prefill).
+        long = client.completions.create(model="tiny", prompt=[[100] * 240, [101] * 240], max_tokens=2, n=4,
+                                         temperature=1.0, seed=1)
+        assert len(long.choices) == 8
         with pytest.raises(openai.AuthenticationError):
             openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="wrong", max_retries=0).models.list()
     finally:
