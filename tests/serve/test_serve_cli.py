@@ -109,7 +109,8 @@ def test_vllm_on_cpu_gets_float32_for_auto_and_no_chunked_prefill():
     checkpoint), and chunked prefill is off (a split prefill of seeded requests kills vLLM 0.32 on CPU)."""
     argv = build_command("vllm", LaunchSpec("/m", "127.0.0.1", 9000, "mine", cpu=True), python="py")
     assert argv[argv.index("--dtype") + 1] == "float32" and "--no-enable-chunked-prefill" in argv
-    argv = build_command("vllm", LaunchSpec("/m", "127.0.0.1", 9000, "mine", dtype="bfloat16", cpu=True), python="py")
+    argv = build_command("vllm", LaunchSpec("/m", "127.0.0.1", 9000, "mine", dtype="bfloat16", cpu=True),
+                         python="py")
     assert argv[argv.index("--dtype") + 1] == "bfloat16"   # an explicit choice is kept
     argv = build_command("vllm", LaunchSpec("/m", "127.0.0.1", 9000, "mine"), python="py")   # a GPU
     assert argv[argv.index("--dtype") + 1] == "auto" and "--no-enable-chunked-prefill" not in argv

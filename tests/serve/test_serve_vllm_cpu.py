@@ -33,7 +33,8 @@ def test_vllm_serves_chat_and_completions_to_the_openai_client(vllm_tiny_model_d
     port = free_port("127.0.0.1")
     proc = subprocess.Popen([*RLCTL, "serve", str(vllm_tiny_model_dir), "--engine", "vllm", "--port", str(port),
                              "--served-model-name", "tiny", "--api-key", "k", "--", "--enforce-eager",
-                             "--max-model-len", "512", "--max-num-batched-tokens", "512"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+                             "--max-model-len", "512", "--max-num-batched-tokens", "512"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
         client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="k", max_retries=0)
         deadline = time.monotonic() + 400
