@@ -36,14 +36,7 @@ class LaunchSpec:
     tensor_parallel_size: int = 1
     dtype: str = "auto"
     max_concurrency: int | None = None
-    cpu: bool = False      # no GPU: vLLM's CPU build (CPU_SERVER_FLAGS)
-
-
-# vLLM's CPU build as an OpenAI server, beside rlctl's own choices for its in-process engine
-# (rlctl.workers.rollout.vllm_platform): chunked prefill off, or a batch of seeded requests whose prefills
-# are split across steps kills the engine ("CPU Generator does not use offset": vLLM 0.32 rewinds each
-# request's generator, which CPU generators cannot). Seen with `rlctl eval --engine vllm --n 4` of 48 prompts.
-CPU_SERVER_FLAGS = {"vllm": ("--no-enable-chunked-prefill",)}
+    cpu: bool = False      # no GPU: an engine's CPU build (CPU_BUILDS), with its CPU arguments
 
 
 def build_command(engine: str, spec: LaunchSpec, extra: tuple[str, ...] = (),
@@ -69,8 +62,11 @@ def build_command(engine: str, spec: LaunchSpec, extra: tuple[str, ...] = (),
         argv += ["--api-key", spec.api_key]
     if spec.max_concurrency:
         argv += [concurrency_flag, str(spec.max_concurrency)]
-    cpu_flags = CPU_SERVER_FLAGS.get(engine, ()) if spec.cpu else ()
-    return argv + list(TOOL_FLAGS[engine]) + list(cpu_flags) + list(extra)
+    if spec.cpu and engine in CPU_BUILDS:   # vLLM: the CPU platform's differences (vllm_platform)
+        from rlctl.workers.rollout.vllm_platform import SERVER_ARGS
+
+        argv += SERVER_ARGS
+    return argv + list(TOOL_FLAGS[engine]) + list(extra)
 
 
 def installed(engine: str) -> bool:

@@ -13,10 +13,10 @@ What differs (vLLM 0.32's CPU backend):
     re-pushed only when the trained weights changed.
   - attention: the CPU backend runs head sizes CPU_HEAD_SIZES only (the default `rlctl model
     tiny` has 16; `--layers 4 --hidden 256` has 64); `config validate` refuses others.
-  - chunked prefill: off on CPU. vLLM rewinds the seeded generator of a request whose prefill was
-    split across steps with `Generator.set_offset`, which CPU generators lack: a batch of seeded
-    prompts over the step's token budget (e.g. 16 prompts x 8 samples x ~100 tokens) crashed with
-    "CPU Generator does not use offset".
+  - chunked prefill: off on CPU, here and on vLLM's server (SERVER_ARGS). vLLM rewinds the seeded
+    generator of a request whose prefill was split across steps with `Generator.set_offset`, which CPU
+    generators lack: a batch of seeded prompts over the step's token budget (e.g. 16 prompts x 8
+    samples x ~100 tokens) crashed with "CPU Generator does not use offset".
   - KV blocks: 32 tokens on CPU (CPU_BLOCK_SIZE, the smallest its attention takes) instead of the CPU
     platform's 128. A rollout's sequences are short (prompt + response of a few hundred tokens) and
     the prefix cache keeps whole blocks only, so smaller blocks let a sample's shared prompt and a
@@ -63,6 +63,11 @@ def platform_engine_args(gpu_memory_utilization: float) -> dict[str, Any]:
     # Generator.set_offset, which CPU generators do not have ("CPU Generator does not use offset")
     return {"enable_sleep_mode": False, "enable_chunked_prefill": False, "block_size": CPU_BLOCK_SIZE,
             "kv_cache_memory_bytes": int(space) << 30 if space.strip() else CPU_KV_CACHE_BYTES}
+
+
+# The same on vLLM's own OpenAI server, whose chunked prefill is on unless told: `rlctl eval --engine vllm
+# --n 4` of 48 GSM8K prompts killed it with the error above (rlctl eval seeds every prompt).
+SERVER_ARGS = ("--no-enable-chunked-prefill",)
 
 
 def server_env() -> dict[str, str]:
