@@ -32,18 +32,8 @@ OVERRIDES = ["resources.gpus_per_node=0", "resources.workers=2", "data.batch_siz
              "model.gradient_checkpointing=false", "run.save_every=0", "actor.lr=1e-3"]
 
 
-class Phases:
-    """Seconds per named phase of the current run, filled by the wrappers `timed` installs."""
-
-    def __init__(self):
-        self.seconds: dict[str, float] = {}
-
-    def add(self, name: str, seconds: float) -> None:
-        self.seconds[name] = self.seconds.get(name, 0.0) + seconds
-
-
-def timed(phases: Phases, owner, attr: str, name) -> None:
-    """Wrap owner.attr so each call adds its wall time to phases under name(*args)."""
+def timed(phases: dict[str, float], owner, attr: str, name) -> None:
+    """Wrap owner.attr so each call adds its wall time to phases[name(*args)] (seconds per phase of a run)."""
     original = getattr(owner, attr)
 
     def wrapper(*args, **kwargs):
@@ -51,12 +41,13 @@ def timed(phases: Phases, owner, attr: str, name) -> None:
         try:
             return original(*args, **kwargs)
         finally:
-            phases.add(name(*args, **kwargs), time.perf_counter() - start)
+            key = name(*args, **kwargs)
+            phases[key] = phases.get(key, 0.0) + time.perf_counter() - start
 
     setattr(owner, attr, wrapper)
 
 
-def instrument(phases: Phases) -> None:
+def instrument(phases: dict[str, float]) -> None:
     from rlctl.controller import build, trainer
     from rlctl.runtime.worker_group import WorkerGroup
 
@@ -90,7 +81,7 @@ def main() -> None:
     from rlctl.runtime.ray_env import ray_session
     from rlctl.tasks.prep import PrepOptions, prepare
 
-    phases = Phases()
+    phases: dict[str, float] = {}
     instrument(phases)
     root = Path(tempfile.mkdtemp(prefix="rlctl-run-start-"))
     build_tiny_model(root / "model", layers=2, hidden=64, heads=4, kv_heads=2, seed=0)
@@ -103,14 +94,14 @@ def main() -> None:
             for i in range(args.runs):
                 folder = project(root, root / "model", root / "arith", f"s{steps}-{i}")
                 os.chdir(folder)
-                phases.seconds.clear()
+                phases.clear()
                 start = time.perf_counter()
-                with contextlib.redirect_stdout(open(os.devnull, "w")):
+                with open(os.devnull, "w") as sink, contextlib.redirect_stdout(sink):
                     start_training(load_config(folder / "rlctl.toml", OVERRIDES + [f"run.total_steps={steps}"]),
                                    address=None, force=False)
                 total = time.perf_counter() - start
-                parts = "  ".join(f"{k} {v:.1f}" for k, v in phases.seconds.items())
-                rest = total - sum(phases.seconds.values())
+                parts = "  ".join(f"{k} {v:.1f}" for k, v in phases.items())
+                rest = total - sum(phases.values())
                 print(f"steps {steps} run {i}: {total:5.1f} s = {parts}  rest {rest:.1f}", flush=True)
     os.chdir(Path.home())
     shutil.rmtree(root, ignore_errors=True)
