@@ -17,6 +17,10 @@ os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+# The runs of one Ray session (a module's ray_cluster) reuse their rank processes instead of starting new ones
+# for every run: most of a short tiny-model run is its ranks' start-up (rlctl.runtime.warm_ranks;
+# tests/runtime/test_warm_ranks.py holds the runs with and without it equal).
+os.environ.setdefault("RLCTL_WARM_RANKS", "1")
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED = Path(os.environ.get("RLCTL_SHARED", REPO.parent / "shared"))

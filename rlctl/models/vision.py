@@ -104,10 +104,17 @@ def load_processor(path: str | os.PathLike):
                         hint="check its preprocessor / processor / tokenizer files") from None
 
 
-@functools.lru_cache(maxsize=2)
 def cached_processor(path: str):
-    """`load_processor(path)` once per process (the rollout ranks and the controller's turn loop
-    ask for it with every batch)."""
+    """`load_processor(path)` once per process and version of the folder (the rollout ranks and the
+    controller's turn loop ask for it with every batch; a folder rewritten in place, as by a second
+    `rlctl model tiny` into the same path from a notebook, is read again)."""
+    folder = Path(path)
+    stamp = tuple(sorted((f.name, f.stat().st_mtime_ns) for f in folder.glob("*.json"))) if folder.is_dir() else ()
+    return _processor_of_version(path, stamp)
+
+
+@functools.lru_cache(maxsize=2)
+def _processor_of_version(path: str, stamp: tuple):
     return load_processor(path)
 
 

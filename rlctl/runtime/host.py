@@ -25,7 +25,9 @@ class WorkerHost:
         self.rank, self.world_size, self.local_rank, self.use_gpu = rank, world_size, local_rank, use_gpu
         self.roles: dict[str, Any] = {}
         # Each worker owns `cpus` cores: more threads than cores only makes ranks fight.
-        torch.set_num_threads(max(1, cpus))
+        self.threads = max(1, cpus)
+        torch.set_num_threads(self.threads)
+        self.env = dict(os.environ)   # what reset() restores (roles may set variables)
         if use_gpu:
             torch.cuda.set_device(0)  # Ray narrows CUDA_VISIBLE_DEVICES to this actor's GPU
 
@@ -57,6 +59,21 @@ class WorkerHost:
         result = getattr(self.roles[role], method)(*args, **kwargs)
         return result, time.perf_counter() - start
 
+    def reset(self) -> bool:
+        """Back to the state of a new rank for the next group of the same shape (runtime/warm_ranks.py):
+        no roles, no process group, the start-up environment and thread count. False when this process
+        ran code whose state outlives the run and must end instead."""
+        import gc
+
+        import torch
+
+        self.shutdown()
+        gc.collect()
+        os.environ.clear()
+        os.environ.update(self.env)
+        torch.set_num_threads(self.threads)
+        return not unforgettable_modules()
+
     def shutdown(self) -> None:
         """Leave the process group cleanly (best effort: the group may already be broken)."""
         import torch.distributed as dist
@@ -64,6 +81,31 @@ class WorkerHost:
         self.roles.clear()
         if dist.is_initialized():
             dist.destroy_process_group()
+
+
+# Packages whose import leaves process-wide state behind (engine processes, distributed state, patches).
+_ENGINES = ("vllm", "sglang")
+
+
+def unforgettable_modules() -> list[str]:
+    """Modules this process imported that a later run must not inherit: code from outside the installed
+    packages (a project's reward function, a plugin, a test's roles: cached in sys.modules and in
+    registries) and inference engines."""
+    import sys
+
+    import rlctl
+
+    installed = {os.path.realpath(p) for p in (sys.prefix, sys.base_prefix, sys.exec_prefix)}
+    installed.add(os.path.realpath(os.path.dirname(rlctl.__file__)))
+    found = []
+    for name, module in list(sys.modules.items()):
+        if name.split(".")[0] in _ENGINES:
+            found.append(name)
+            continue
+        path = getattr(module, "__file__", None)   # torch.ops and the like name no real file
+        if isinstance(path, str) and os.path.isabs(path) and not any(os.path.realpath(path).startswith(root + os.sep) for root in installed):
+            found.append(name)
+    return found
 
 
 def _gloo_on_node_address() -> None:

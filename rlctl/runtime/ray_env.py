@@ -221,11 +221,12 @@ def ray_session(address: str = "", *, num_cpus: int | None = None, log_to_driver
     """Start embedded Ray (address "") or join a cluster ("auto", "host:port", "ray://host:port").
 
     When Ray is already initialised in this process (a test fixture, a notebook) it is used as is
-    and left running. Worker groups created inside are always killed on exit.
+    and left running. Worker groups created inside are always killed on exit, or parked for the next
+    run in that Ray with RLCTL_WARM_RANKS=1 (rlctl.runtime.warm_ranks).
     """
     import ray
 
-    from rlctl.runtime import worker_group
+    from rlctl.runtime import warm_ranks, worker_group
 
     owned = not ray.is_initialized()
     if owned:
@@ -259,6 +260,7 @@ def ray_session(address: str = "", *, num_cpus: int | None = None, log_to_driver
                          nodes=len(nodes), cpus=total.get("CPU", 0.0), gpus=total.get("GPU", 0.0),
                          session_dir=session_dir)
     finally:
-        worker_group.shutdown_all()
+        worker_group.shutdown_all(park=not owned)   # nothing outlives a Ray this session ends
         if owned:
+            warm_ranks.forget()
             ray.shutdown()

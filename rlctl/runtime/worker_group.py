@@ -20,6 +20,7 @@ import weakref
 from typing import Any
 
 from rlctl.errors import WorkerDiedError
+from rlctl.runtime import warm_ranks
 from rlctl.runtime.batch import Batch
 from rlctl.runtime.dispatch import Dispatch, collect_results, dispatch_mode, split_arguments
 from rlctl.runtime.failures import wait_all
@@ -34,9 +35,9 @@ _FORWARDED_ENV = ("RLCTL_DEBUG", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_H
                   "HF_HUB_DISABLE_PROGRESS_BARS", "TOKENIZERS_PARALLELISM")
 
 
-def shutdown_all() -> None:
+def shutdown_all(*, park: bool = True) -> None:
     for group in list(_LIVE):
-        group.shutdown()
+        group.shutdown(park=park)
 
 
 class WorkerGroup:
@@ -55,17 +56,21 @@ class WorkerGroup:
         # wall - worker is the controller's overhead: splitting, serialisation, object store.
         self.timing: dict[str, dict[str, float]] = {}
         self._logs = _session_logs()
-        pool.ready()
-        _LIVE.add(self)
-        host = ray.remote(WorkerHost)
+        self._unfinished_calls = 0   # submitted, result not collected: such a group is never parked
         env = {k: os.environ[k] for k in _FORWARDED_ENV if k in os.environ}
         threads = str(pool.cpus_per_worker)
         env.update(OMP_NUM_THREADS=threads, MKL_NUM_THREADS=threads, TOKENIZERS_PARALLELISM="false", **QUIET_ENV)
-        self._actors = [
-            host.options(**pool.actor_options(rank), runtime_env={"env_vars": env}).remote(
-                rank, self.world_size, rank % pool.ranks_per_node, pool.cpus_per_worker, pool.use_gpu)
-            for rank in range(self.world_size)
-        ]
+        self._env = env
+        self._actors = warm_ranks.take(pool, env) if warm_ranks.enabled() else None
+        if self._actors is None:
+            pool.ready()
+            host = ray.remote(WorkerHost)
+            self._actors = [
+                host.options(**pool.actor_options(rank), runtime_env={"env_vars": env}).remote(
+                    rank, self.world_size, rank % pool.ranks_per_node, pool.cpus_per_worker, pool.use_gpu)
+                for rank in range(self.world_size)
+            ]
+        _LIVE.add(self)
         try:
             self.info = self._all("node_info", role=name)
             master = self.info[0]
@@ -74,7 +79,8 @@ class WorkerGroup:
                       role=name)
             for role, (cls, kwargs) in roles.items():
                 self._all("add_role", role, cls, kwargs, role=role, method=f"{cls.__name__}.__init__")
-        except BaseException:
+        except BaseException as err:
+            self._broken = self._broken or f"start-up failed ({type(err).__name__})"
             self.shutdown()
             raise
 
@@ -98,10 +104,12 @@ class WorkerGroup:
                                    label)
         start = time.perf_counter()
         refs = [actor.call.remote(role, method, *a, **k) for actor, (a, k) in zip(self._actors, per_rank)]
+        self._unfinished_calls += 1
         return PendingCall(self, role, method, mode, refs, start)
 
     def _finish(self, call: "PendingCall") -> Any:
         results = self._wait(call.refs, role=call.role, method=call.method)
+        self._unfinished_calls -= 1
         joined = collect_results(call.mode, [r for r, _ in results])
         entry = self.timing.setdefault(f"{call.role}.{call.method}", {"calls": 0, "wall_s": 0.0, "worker_s": 0.0})
         entry["calls"] += 1
@@ -131,18 +139,22 @@ class WorkerGroup:
     def node_ids(self) -> list[str]:
         return [i["node_id"] for i in self.info]
 
-    def shutdown(self) -> None:
-        """Kill every rank and free the placement group (idempotent)."""
+    def shutdown(self, *, park: bool = True) -> None:
+        """Kill every rank and free the placement group (idempotent). With warm ranks on, a healthy
+        group with no call in flight is parked for the next group of its shape instead (`park`)."""
         import ray
 
-        actors, self._actors = getattr(self, "_actors", []), []
+        actors, self._actors = getattr(self, "_actors", None) or [], []
+        _LIVE.discard(self)
+        if (park and actors and warm_ranks.enabled() and not self._broken and not self._unfinished_calls
+                and warm_ranks.park(self.pool, self._env, actors)):
+            return
         for actor in actors:
             try:
                 ray.kill(actor, no_restart=True)
             except Exception:  # already dead, or Ray is gone
                 pass
         self.pool.remove()
-        _LIVE.discard(self)
 
     def __enter__(self) -> "WorkerGroup":
         return self

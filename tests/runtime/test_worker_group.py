@@ -1,6 +1,8 @@
 """Worker groups on real Ray actors with a real gloo process group (CPU).
 
-One embedded Ray session for the module (4 logical CPUs on this 2-core machine) keeps it fast.
+One embedded Ray session for the module (4 logical CPUs on this 2-core machine) keeps it fast. Warm
+ranks are off here: these tests are about a group's ranks ending with it (tests/runtime/test_warm_ranks.py
+has the other way).
 """
 
 from __future__ import annotations
@@ -28,7 +30,8 @@ from rlctl.runtime.worker_group import WorkerGroup  # noqa: E402
 
 @pytest.fixture(scope="module")
 def session():
-    with ray_session(num_cpus=4) as s:
+    with pytest.MonkeyPatch.context() as patch, ray_session(num_cpus=4) as s:
+        patch.delenv("RLCTL_WARM_RANKS", raising=False)
         yield s
 
 

@@ -1,0 +1,101 @@
+"""Warm ranks: rank processes kept between the runs of one Ray session (`RLCTL_WARM_RANKS=1`).
+
+Starting a worker group costs seconds per rank before its first step: a Ray worker process,
+`import torch`, then the transformers import behind the roles' `__init__` (about 9 s on two CPU
+cores, most of a short run on a tiny model). Many short runs in one Ray session — a test suite, a
+sweep from a notebook — pay it again for every run. With this switch on, a group that ends healthy
+and idle is parked instead of killed: its ranks drop their roles, leave their process group and get
+their environment back (`WorkerHost.reset`), and the next group of the same shape in the same Ray
+session takes them, then joins a new process group and builds its roles as a fresh group would.
+
+A rank is parked only when nothing of its run can outlive it: a rank that imported code from
+outside the installed packages (a project's reward.py, a plugin — cached in `sys.modules` and in
+registries) or an inference engine with process-wide state (vLLM, SGLang) ends as before. A parked
+group keeps its placement group, so its CPUs and GPUs stay reserved: a group of another shape
+frees every parked group before it reserves its own. Ending the Ray session drops them all.
+Off by default: a run of `rlctl train` is one Ray session with one run, where nothing is reused.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+ENV = "RLCTL_WARM_RANKS"
+RESET_TIMEOUT_S = 10.0   # a reset takes well under a second; a Ray that stopped answering must not stall
+
+
+@dataclass
+class Parked:
+    key: tuple
+    placement_group: object
+    actors: list
+
+
+_PARKED: list[Parked] = []
+
+
+def enabled() -> bool:
+    return os.environ.get(ENV) == "1"
+
+
+def shape_key(pool, env: dict[str, str]) -> tuple:
+    """What a rank process is fixed to at start: its Ray session, rank layout, resources and environment."""
+    import ray
+
+    return (ray.get_runtime_context().get_job_id(), pool.nodes, pool.world_size, pool.ranks_per_node,
+            pool.cpus_per_worker, pool.use_gpu, tuple(sorted(env.items())))
+
+
+def take(pool, env: dict[str, str]) -> list | None:
+    """The actors of a parked group of this shape, with its placement group now `pool`'s; None when
+    there is none, after freeing every parked group so that the new group's resources are free."""
+    if not _PARKED:
+        return None
+    key = shape_key(pool, env)
+    for i, parked in enumerate(_PARKED):
+        if parked.key == key:
+            del _PARKED[i]
+            pool.placement_group = parked.placement_group
+            return parked.actors
+    drop()
+    return None
+
+
+def park(pool, env: dict[str, str], actors: list) -> bool:
+    """Reset the ranks of a healthy, idle group and keep them with its placement group. False, with
+    nothing kept, when a rank is gone, does not answer in time or ran code it cannot forget."""
+    import ray
+
+    try:
+        clean = ray.get([actor.reset.remote() for actor in actors], timeout=RESET_TIMEOUT_S)
+    except Exception:  # a dead rank, a timeout, Ray gone: the caller kills the group
+        return False
+    if not all(clean):
+        return False
+    _PARKED.append(Parked(shape_key(pool, env), pool.placement_group, actors))
+    pool.placement_group = None   # owned by the parked entry now
+    return True
+
+
+def drop() -> None:
+    """Kill every parked rank and free its placement group (a new shape needs the resources)."""
+    import ray
+    from ray.util.placement_group import remove_placement_group
+
+    while _PARKED:
+        parked = _PARKED.pop()
+        for actor in parked.actors:
+            try:
+                ray.kill(actor, no_restart=True)
+            except Exception:  # already dead, or Ray is gone
+                pass
+        try:
+            remove_placement_group(parked.placement_group)
+        except Exception:
+            pass
+
+
+def forget() -> None:
+    """The Ray session is ending: its shutdown ends the parked ranks, only the handles are left to drop."""
+    _PARKED.clear()

@@ -1,0 +1,113 @@
+"""Warm ranks (RLCTL_WARM_RANKS=1, rlctl.runtime.warm_ranks): the runs of one Ray session reuse the rank
+processes of the last group of their shape. A run on reused ranks must equal the same run on new ones, a
+group of another shape must get the resources the parked ranks held, and a rank that ran a project's own
+code must end with its run. The suite runs with the switch on (tests/conftest.py), so every resume test
+also checks a resumed run on warm ranks against its uninterrupted run."""
+
+from __future__ import annotations
+
+import json
+import sys
+import types
+import uuid
+from pathlib import Path
+
+import psutil
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from controller.conftest import arith_data, make_project  # noqa: F401  (pytest fixtures)
+from rlctl.config.loader import load_config
+from rlctl.controller.run import start_training
+from rlctl.runtime.host import unforgettable_modules
+from rlctl.runtime.warm_ranks import ENV
+
+RUN = ["resources.gpus_per_node=0", "resources.workers=2", "data.batch_size=4", "rollout.n=2",
+       "actor.mini_batch_size=2", "actor.micro_batch_size=2", "data.max_response_length=8",
+       "data.max_prompt_length=96", "data.val_files=[]", 'data.train_files=["data/arith/train.parquet"]',
+       "reward.function=arith", "reward.workers=1", "model.dtype=float32", "model.gradient_checkpointing=false",
+       "run.total_steps=2", "run.save_every=2", "actor.lr=1e-3"]
+TIMING = ("timing/", "perf/")
+
+PLUGIN = '''
+from rlctl.algorithms import aggregate_loss, register_policy_loss
+
+@register_policy_loss("reinforce_{tag}")
+def reinforce(*, log_prob, advantages, response_mask, loss_agg_mode, norm, **_):
+    return aggregate_loss(-advantages * log_prob, response_mask, loss_agg_mode, norm=norm), {{}}
+'''
+
+
+def test_code_from_outside_the_installed_packages_and_engines_are_unforgettable(monkeypatch):
+    found = unforgettable_modules()
+    assert __name__ in found                                  # this test file: not an installed package
+    assert not {"torch", "rlctl", "rlctl.runtime.host", "numpy"} & set(found)
+    monkeypatch.setitem(sys.modules, "vllm", types.ModuleType("vllm"))
+    assert "vllm" in unforgettable_modules()                  # an engine's process-wide state, wherever it lives
+
+
+def rank_processes() -> list[int]:
+    """Pids of the live rank processes of this machine's Ray (Ray titles an actor's process after its class)."""
+    pids = []
+    for proc in psutil.process_iter(["pid", "cmdline"]):
+        if " ".join(proc.info["cmdline"] or []).startswith("ray::WorkerHost"):
+            pids.append(proc.info["pid"])
+    return sorted(pids)
+
+
+def train(proj: Path, name: str, *overrides: str) -> Path:
+    start_training(load_config(proj / "rlctl.toml", RUN + [f"run.name={name}", *overrides]), address=None,
+                   force=False)
+    return proj / "runs" / name
+
+
+def rows(run: Path) -> list[dict]:
+    return [{k: v for k, v in json.loads(line).items() if not k.startswith(TIMING)}
+            for line in (run / "metrics.jsonl").read_text().splitlines()]
+
+
+def weights(run: Path, out: Path) -> dict:
+    from rlctl.checkpoint.merge import export_hf
+
+    return load_file(str(Path(export_hf(run, out)) / "model.safetensors"))
+
+
+@pytest.mark.slow
+def test_a_run_on_warm_ranks_equals_one_on_new_ranks_and_another_shape_frees_them(tmp_path, make_project,
+                                                                                 ray_cluster, monkeypatch):
+    proj = make_project(tmp_path / "p", "grpo-gsm8k")
+    monkeypatch.delenv(ENV, raising=False)
+    fresh = train(proj, "fresh")
+    assert rank_processes() == []                   # off: a finished run leaves no rank behind
+
+    monkeypatch.setenv(ENV, "1")
+    first = train(proj, "first")
+    parked = rank_processes()
+    assert len(parked) == 2                         # on: the run's two ranks wait for the next run
+    second = train(proj, "second")
+    assert rank_processes() == parked               # ... which ran on them
+    assert rows(fresh) == rows(first) == rows(second) and len(rows(fresh)) == 2
+    new, warm = weights(fresh, tmp_path / "w-fresh"), weights(second, tmp_path / "w-second")
+    assert new.keys() == warm.keys()
+    for name, tensor in new.items():
+        assert torch.equal(tensor, warm[name]), name
+
+    # One rank with both CPUs of this 2-CPU Ray fits only once the parked pair has let go of them.
+    train(proj, "one", "resources.workers=1", "resources.cpus_per_worker=2")
+    single = rank_processes()
+    assert len(single) == 1 and not set(single) & set(parked)
+
+
+@pytest.mark.slow
+def test_a_rank_that_imported_a_project_file_ends_with_its_run(tmp_path, make_project, ray_cluster, monkeypatch):
+    """A plugin registers its loss in the rank's registry; a reused rank would still hold it (and refuse
+    the same name from the next project's file), so such ranks are never parked."""
+    monkeypatch.setenv(ENV, "1")
+    tag = uuid.uuid4().hex[:8]   # registries are per process: the controller (this process) keeps the name
+    proj = make_project(tmp_path / "p", "grpo-gsm8k")
+    (proj / "algos.py").write_text(PLUGIN.format(tag=tag))
+    train(proj, "plugin", 'algorithm.plugins=["algos.py"]', f"actor.policy_loss=reinforce_{tag}")
+    assert rank_processes() == []
+    train(proj, "plain")
+    assert len(rank_processes()) == 2
