@@ -12,7 +12,6 @@ import types
 import uuid
 from pathlib import Path
 
-import psutil
 import pytest
 import torch
 from safetensors.torch import load_file
@@ -22,6 +21,7 @@ from rlctl.config.loader import load_config
 from rlctl.controller.run import start_training
 from rlctl.runtime.host import unforgettable_modules
 from rlctl.runtime.warm_ranks import ENV
+from support.chaos import worker_pids
 
 RUN = ["resources.gpus_per_node=0", "resources.workers=2", "data.batch_size=4", "rollout.n=2",
        "actor.mini_batch_size=2", "actor.micro_batch_size=2", "data.max_response_length=8",
@@ -48,12 +48,8 @@ def test_code_from_outside_the_installed_packages_and_engines_are_unforgettable(
 
 
 def rank_processes() -> list[int]:
-    """Pids of the live rank processes of this machine's Ray (Ray titles an actor's process after its class)."""
-    pids = []
-    for proc in psutil.process_iter(["pid", "cmdline"]):
-        if " ".join(proc.info["cmdline"] or []).startswith("ray::WorkerHost"):
-            pids.append(proc.info["pid"])
-    return sorted(pids)
+    """Pids of the live rank processes of this process's embedded Ray (not another pytest worker's)."""
+    return sorted(worker_pids())
 
 
 def train(proj: Path, name: str, *overrides: str) -> Path:
