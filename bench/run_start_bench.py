@@ -8,6 +8,9 @@ group step (the rank processes up to `import torch`, the process group, each rol
 its transformers import and model load), the training loop, and the rest (teardown).
 
     OMP_NUM_THREADS=1 .venv/bin/python bench/run_start_bench.py --runs 3 --steps 1,4
+
+With RLCTL_WARM_RANKS=1 every run after the first starts on the ranks the one before it parked
+(rlctl.runtime.warm_ranks), as the test suite's runs do.
 """
 
 from __future__ import annotations
