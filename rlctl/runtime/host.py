@@ -103,9 +103,22 @@ def unforgettable_modules() -> list[str]:
             found.append(name)
             continue
         path = getattr(module, "__file__", None)   # torch.ops and the like name no real file
-        if isinstance(path, str) and os.path.isabs(path) and not any(os.path.realpath(path).startswith(root + os.sep) for root in installed):
+        if not (isinstance(path, str) and os.path.isabs(path)):
+            continue
+        if not any(os.path.realpath(path).startswith(root + os.sep) for root in installed):
             found.append(name)
     return found
+
+
+def kill_hosts(actors: list) -> None:
+    """End these WorkerHost actors' processes now (no restart); already dead ones or a gone Ray are fine."""
+    import ray
+
+    for actor in actors:
+        try:
+            ray.kill(actor, no_restart=True)
+        except Exception:  # already dead, or Ray is gone
+            pass
 
 
 def _gloo_on_node_address() -> None:

@@ -121,23 +121,27 @@ class ResourcePool:
         return (f"the {self.name} workers need {self.nodes} node(s) with {what} each, but Ray has "
                 f"{nodes} node(s) with {have} in all (or they are taken by another group)")
 
-    def remove(self, timeout_s: float = 5.0) -> None:
-        """Free the placement group. A Ray whose raylet was killed (SIGTERM to the whole process
-        group, e.g. by `timeout` or a service manager) never answers, so wait at most `timeout_s`:
-        ray.shutdown() frees everything anyway."""
-        if self.placement_group is None:
-            return
-        import threading
-
-        def remove() -> None:
-            try:
-                from ray.util.placement_group import remove_placement_group
-
-                remove_placement_group(self.placement_group)
-            except Exception:  # Ray already gone: nothing left to free
-                pass
-
-        worker = threading.Thread(target=remove, daemon=True, name="rlctl-remove-placement-group")
-        worker.start()
-        worker.join(timeout_s)
+    def remove(self) -> None:
+        """Free the placement group (idempotent)."""
+        if self.placement_group is not None:
+            free_placement_group(self.placement_group)
         self.placement_group = None
+
+
+def free_placement_group(placement_group, timeout_s: float = 5.0) -> None:
+    """Remove a placement group. A Ray whose raylet was killed (SIGTERM to the whole process group,
+    e.g. by `timeout` or a service manager) never answers, so wait at most `timeout_s`:
+    ray.shutdown() frees everything anyway."""
+    import threading
+
+    def remove() -> None:
+        try:
+            from ray.util.placement_group import remove_placement_group
+
+            remove_placement_group(placement_group)
+        except Exception:  # Ray already gone: nothing left to free
+            pass
+
+    worker = threading.Thread(target=remove, daemon=True, name="rlctl-remove-placement-group")
+    worker.start()
+    worker.join(timeout_s)

@@ -56,10 +56,23 @@ def take(pool, env: dict[str, str]) -> list | None:
     for i, parked in enumerate(_PARKED):
         if parked.key == key:
             del _PARKED[i]
-            pool.placement_group = parked.placement_group
-            return parked.actors
+            if _answer(parked.actors):
+                pool.placement_group = parked.placement_group
+                return parked.actors
+            _PARKED.append(parked)   # a rank died while parked (OOM killer, a signal): start anew
+            break
     drop()
     return None
+
+
+def _answer(actors: list) -> bool:
+    import ray
+
+    try:
+        ray.get([actor.node_info.remote() for actor in actors], timeout=RESET_TIMEOUT_S)
+        return True
+    except Exception:  # a dead rank, or no answer in time
+        return False
 
 
 def park(pool, env: dict[str, str], actors: list) -> bool:
@@ -80,20 +93,13 @@ def park(pool, env: dict[str, str], actors: list) -> bool:
 
 def drop() -> None:
     """Kill every parked rank and free its placement group (a new shape needs the resources)."""
-    import ray
-    from ray.util.placement_group import remove_placement_group
+    from rlctl.runtime.host import kill_hosts
+    from rlctl.runtime.resource_pool import free_placement_group
 
     while _PARKED:
         parked = _PARKED.pop()
-        for actor in parked.actors:
-            try:
-                ray.kill(actor, no_restart=True)
-            except Exception:  # already dead, or Ray is gone
-                pass
-        try:
-            remove_placement_group(parked.placement_group)
-        except Exception:
-            pass
+        kill_hosts(parked.actors)
+        free_placement_group(parked.placement_group)
 
 
 def forget() -> None:

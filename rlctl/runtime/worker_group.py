@@ -142,18 +142,14 @@ class WorkerGroup:
     def shutdown(self, *, park: bool = True) -> None:
         """Kill every rank and free the placement group (idempotent). With warm ranks on, a healthy
         group with no call in flight is parked for the next group of its shape instead (`park`)."""
-        import ray
+        from rlctl.runtime.host import kill_hosts
 
         actors, self._actors = getattr(self, "_actors", None) or [], []
         _LIVE.discard(self)
         if (park and actors and warm_ranks.enabled() and not self._broken and not self._unfinished_calls
                 and warm_ranks.park(self.pool, self._env, actors)):
             return
-        for actor in actors:
-            try:
-                ray.kill(actor, no_restart=True)
-            except Exception:  # already dead, or Ray is gone
-                pass
+        kill_hosts(actors)
         self.pool.remove()
 
     def __enter__(self) -> "WorkerGroup":

@@ -7,6 +7,8 @@ also checks a resumed run on warm ranks against its uninterrupted run."""
 from __future__ import annotations
 
 import json
+import os
+import signal
 import sys
 import types
 import uuid
@@ -96,7 +98,7 @@ def test_a_run_on_warm_ranks_equals_one_on_new_ranks_and_another_shape_frees_the
 
 
 @pytest.mark.slow
-def test_a_rank_that_imported_a_project_file_ends_with_its_run(tmp_path, make_project, ray_cluster, monkeypatch):
+def test_a_rank_that_imported_a_project_file_or_died_while_parked_is_not_reused(tmp_path, make_project, ray_cluster, monkeypatch):
     """A plugin registers its loss in the rank's registry; a reused rank would still hold it (and refuse
     the same name from the next project's file), so such ranks are never parked."""
     monkeypatch.setenv(ENV, "1")
@@ -106,4 +108,10 @@ def test_a_rank_that_imported_a_project_file_ends_with_its_run(tmp_path, make_pr
     train(proj, "plugin", 'algorithm.plugins=["algos.py"]', f"actor.policy_loss=reinforce_{tag}")
     assert rank_processes() == []
     train(proj, "plain")
-    assert len(rank_processes()) == 2
+    parked = rank_processes()
+    assert len(parked) == 2
+
+    # A parked rank that died meanwhile (the OOM killer, a signal) is not handed out: the next run starts anew.
+    os.kill(parked[0], signal.SIGKILL)
+    train(proj, "after-a-kill")
+    assert len(rank_processes()) == 2 and not set(rank_processes()) & set(parked)
