@@ -1,7 +1,7 @@
 """Warm ranks (RLCTL_WARM_RANKS=1, rlctl.runtime.warm_ranks): the runs of one Ray session reuse the rank
 processes of the last group of their shape. A run on reused ranks must equal the same run on new ones, a
-group of another shape must get the resources the parked ranks held, and a rank that ran a project's own
-code must end with its run. The suite runs with the switch on (tests/conftest.py), so every resume test
+group of another shape must get the resources the parked ranks held, a rank that ran a project's own code
+must end with its run, and a rank that died while parked must not be handed out. The suite runs with the switch on (tests/conftest.py), so every resume test
 also checks a resumed run on warm ranks against its uninterrupted run."""
 
 from __future__ import annotations
