@@ -37,8 +37,32 @@ def wait_all(refs: Sequence[Any], *, role: str, method: str, logs: str = "", pol
             try:
                 results[rank] = ray.get(ref)
             except Exception as err:  # noqa: BLE001 - every Ray failure is mapped below
+                rank, err = _root_cause(rank, err, [r for r in refs if r is not ref and r in pending], index)
                 raise worker_error(err, role=role, rank=rank, method=method, logs=logs) from None
     return results
+
+
+DEATH_GRACE_S = 2.0   # only on a failure: how long a peer's death may lag behind the error it caused
+
+
+def _root_cause(rank: int, err: BaseException, pending: list, index: dict) -> tuple[int, BaseException]:
+    """A rank that raised may only be the first to notice that a peer died (gloo: "Connection closed by
+    peer" in a collective) before Ray reports the death itself: wait briefly for such a death among the
+    other ranks and name it instead. (rank, error) of the failure to report."""
+    import ray
+    from ray import exceptions as rx
+
+    if not pending or not isinstance(err, rx.RayTaskError):
+        return rank, err
+    ready, _ = ray.wait(pending, num_returns=len(pending), timeout=DEATH_GRACE_S)
+    for ref in ready:
+        try:
+            ray.get(ref)
+        except (rx.RayActorError, rx.WorkerCrashedError, rx.NodeDiedError, rx.OutOfMemoryError) as death:
+            return index[ref], death
+        except Exception:  # noqa: BLE001 - another rank's own error: the first one stays the report
+            pass
+    return rank, err
 
 
 def worker_error(err: BaseException, *, role: str, rank: int, method: str, logs: str = "") -> RlctlError:

@@ -75,6 +75,15 @@ class EchoWorker:
         return self.rank
 
     @register(Dispatch.ALL)
+    def peer_dies(self, victim: int, after_s: float) -> int:
+        """The victim's process exits after `after_s`; the others raise at once, as a collective does when
+        it notices the closed connection before Ray has noticed the death."""
+        if self.rank == victim:
+            time.sleep(after_s)
+            os._exit(1)
+        raise RuntimeError("Connection closed by peer")
+
+    @register(Dispatch.ALL)
     def fail_on(self, rank: int, known: bool = False) -> int:
         if self.rank == rank:
             if known:

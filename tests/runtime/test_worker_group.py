@@ -158,6 +158,16 @@ def test_killed_worker_stops_the_controller_within_seconds(session):
 
 
 @pytest.mark.slow
+def test_a_peer_s_death_is_named_over_the_error_of_the_rank_that_noticed_it(session):
+    """Rank 0's collective fails first ("Connection closed by peer"), rank 1's death reaches Ray a moment
+    later: the report names the dead rank, the cause, not the symptom."""
+    group = WorkerGroup(ResourcePool(ResourcesConfig(workers=2)), {"echo": (roles.EchoWorker, {})}, name="peer")
+    with pytest.raises(WorkerDiedError, match="echo worker rank 1 died during peer_dies"):
+        group.role("echo").peer_dies(1, 0.3)
+    assert _gone(group.pids())
+
+
+@pytest.mark.slow
 def test_a_pool_the_cluster_cannot_hold_fails_clearly(session):
     pool = ResourcePool(ResourcesConfig(workers=3, cpus_per_worker=3))
     with pytest.raises(UsageError, match="need 1 node\\(s\\) with 9 CPU each, but Ray has 1 node\\(s\\) with 4 CPU"):
