@@ -55,12 +55,11 @@ def take(pool, env: dict[str, str]) -> list | None:
     key = shape_key(pool, env)
     for i, parked in enumerate(_PARKED):
         if parked.key == key:
-            del _PARKED[i]
             if _answer(parked.actors):
+                del _PARKED[i]
                 pool.placement_group = parked.placement_group
                 return parked.actors
-            _PARKED.append(parked)   # a rank died while parked (OOM killer, a signal): start anew
-            break
+            break   # a rank died while parked (OOM killer, a signal): drop them all and start anew
     drop()
     return None
 
