@@ -37,7 +37,7 @@ def wait_all(refs: Sequence[Any], *, role: str, method: str, logs: str = "", pol
             try:
                 results[rank] = ray.get(ref)
             except Exception as err:  # noqa: BLE001 - every Ray failure is mapped below
-                rank, err = _root_cause(rank, err, [r for r in refs if r is not ref and r in pending], index)
+                rank, err = _root_cause(rank, err, pending, index)   # ready refs have left pending
                 raise worker_error(err, role=role, rank=rank, method=method, logs=logs) from None
     return results
 
