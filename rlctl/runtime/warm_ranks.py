@@ -11,8 +11,9 @@ session takes them, then joins a new process group and builds its roles as a fre
 A rank is parked only when nothing of its run can outlive it: a rank that imported code from
 outside the installed packages (a project's reward.py, a plugin — cached in `sys.modules` and in
 registries) or an inference engine with process-wide state (vLLM, SGLang) ends as before. A parked
-group keeps its placement group, so its CPUs and GPUs stay reserved: a group of another shape
-frees every parked group before it reserves its own. Ending the Ray session drops them all.
+group keeps its placement group, so its CPUs and GPUs stay reserved: a group of another shape, or
+any group started with the switch off, frees every parked group before it reserves its own. Ending
+the Ray session drops them all.
 Off by default: a run of `rlctl train` is one Ray session with one run, where nothing is reused.
 """
 

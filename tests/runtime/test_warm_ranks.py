@@ -1,8 +1,9 @@
 """Warm ranks (RLCTL_WARM_RANKS=1, rlctl.runtime.warm_ranks): the runs of one Ray session reuse the rank
-processes of the last group of their shape. A run on reused ranks must equal the same run on new ones, a
-group of another shape must get the resources the parked ranks held, a rank that ran a project's own code
-must end with its run, and a rank that died while parked must not be handed out. The suite runs with the switch on (tests/conftest.py), so every resume test
-also checks a resumed run on warm ranks against its uninterrupted run."""
+processes of the last group of their shape. A run on reused ranks must equal the same run on new ones; a
+group of another shape, or one started with the switch off, must get the resources the parked ranks held;
+a rank that ran a project's own code must end with its run; a rank that died while parked must not be
+handed out. The suite runs with the switch on (tests/conftest.py), so every resume test also checks a
+resumed run on warm ranks against its uninterrupted run."""
 
 from __future__ import annotations
 
@@ -72,29 +73,30 @@ def weights(run: Path, out: Path) -> dict:
 
 
 @pytest.mark.slow
-def test_a_run_on_warm_ranks_equals_one_on_new_ranks_and_another_shape_frees_them(tmp_path, make_project,
-                                                                                 ray_cluster, monkeypatch):
+def test_a_run_on_warm_ranks_equals_one_on_new_ranks_and_another_shape_or_the_switch_off_frees_them(
+        tmp_path, make_project, ray_cluster, monkeypatch):
     proj = make_project(tmp_path / "p", "grpo-gsm8k")
-    monkeypatch.delenv(ENV, raising=False)
-    fresh = train(proj, "fresh")
-    assert rank_processes() == []                   # off: a finished run leaves no rank behind
-
     monkeypatch.setenv(ENV, "1")
     first = train(proj, "first")
     parked = rank_processes()
     assert len(parked) == 2                         # on: the run's two ranks wait for the next run
     second = train(proj, "second")
     assert rank_processes() == parked               # ... which ran on them
-    assert rows(fresh) == rows(first) == rows(second) and len(rows(fresh)) == 2
-    new, warm = weights(fresh, tmp_path / "w-fresh"), weights(second, tmp_path / "w-second")
-    assert new.keys() == warm.keys()
-    for name, tensor in new.items():
-        assert torch.equal(tensor, warm[name]), name
 
     # One rank with both CPUs of this 2-CPU Ray fits only once the parked pair has let go of them.
     train(proj, "one", "resources.workers=1", "resources.cpus_per_worker=2")
     single = rank_processes()
     assert len(single) == 1 and not set(single) & set(parked)
+
+    # With the switch off, the parked rank lets go of both CPUs, and a finished run leaves no rank behind.
+    monkeypatch.delenv(ENV)
+    fresh = train(proj, "fresh")
+    assert rank_processes() == []
+    assert rows(fresh) == rows(first) == rows(second) and len(rows(fresh)) == 2
+    new, warm = weights(fresh, tmp_path / "w-fresh"), weights(second, tmp_path / "w-second")
+    assert new.keys() == warm.keys()
+    for name, tensor in new.items():
+        assert torch.equal(tensor, warm[name]), name
 
 
 @pytest.mark.slow
