@@ -17,7 +17,7 @@ os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-# The runs of one Ray session (a module's ray_cluster) reuse their rank processes instead of starting new ones
+# The runs of one Ray session (the shared ray_cluster) reuse their rank processes instead of starting new ones
 # for every run: most of a short tiny-model run is its ranks' start-up (rlctl.runtime.warm_ranks;
 # tests/runtime/test_warm_ranks.py holds the runs with and without it equal).
 os.environ.setdefault("RLCTL_WARM_RANKS", "1")
@@ -122,16 +122,60 @@ def shapes_dir(tmp_path_factory) -> Path:
     return out
 
 
-@pytest.fixture(scope="module")
-def ray_cluster():
-    """Embedded Ray with 2 CPUs for the training runs of one test module (torn down after it).
+class _SharedRay:
+    """One embedded Ray with 2 CPUs, kept across the consecutive modules of a pytest process that train in it.
 
     Started the way `rlctl train` starts it (ray_session: no autoscaler monitor, log monitor, API
-    server or prestarted idle workers), which takes about a third of a plain ray.init's start-up."""
-    from rlctl.runtime.ray_env import ray_session
+    server or prestarted idle workers). Kept from one `ray_cluster` module to the next, so the ranks a
+    module's last run parked (warm ranks) serve the next module's first run, and Ray starts once per
+    stretch of such modules instead of once per module."""
 
-    with ray_session(num_cpus=2, log_to_driver=False):
-        yield
+    def __init__(self):
+        self._session = None
+
+    def start(self) -> None:
+        if self._session is None:
+            from rlctl.runtime.ray_env import ray_session
+
+            session = contextlib.ExitStack()
+            session.enter_context(ray_session(num_cpus=2, log_to_driver=False))
+            self._session = session
+
+    def stop(self) -> None:
+        session, self._session = self._session, None
+        if session is not None:
+            session.close()   # ray_session's exit: every group killed, parked ranks included, Ray shut down
+
+
+@pytest.fixture(scope="session")
+def _shared_ray():
+    ray = _SharedRay()
+    yield ray
+    ray.stop()
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _own_ray_for_modules_that_start_processes(request, _shared_ray):
+    """A slow module that does not train in the shared Ray may start Ray itself, in this process (its own
+    `ray_session`, `rlctl train` called in-process) or beside it, and count the processes it leaves: the
+    shared one is stopped before it. Fast modules start no process and leave it running."""
+    items = [item for item in request.session.items if item.module is request.module]
+    if any(item.get_closest_marker("slow") for item in items) and not any(
+            "ray_cluster" in item.fixturenames for item in items):
+        _shared_ray.stop()
+    yield
+
+
+@pytest.fixture(scope="module")
+def ray_cluster(_shared_ray):
+    """Embedded Ray with 2 CPUs for the training runs of a test module. The module's groups end with it
+    (parked for the next module's runs, RLCTL_WARM_RANKS=1); Ray itself stays up for the next module
+    that asks for it (`_SharedRay`)."""
+    from rlctl.runtime import worker_group
+
+    _shared_ray.start()
+    yield
+    worker_group.shutdown_all(park=True)
 
 
 @pytest.fixture(scope="session")
