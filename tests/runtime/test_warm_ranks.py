@@ -11,6 +11,7 @@ import json
 import os
 import signal
 import sys
+import time
 import types
 import uuid
 from pathlib import Path
@@ -23,7 +24,7 @@ from controller.conftest import arith_data, make_project  # noqa: F401  (pytest 
 from rlctl.config.loader import load_config
 from rlctl.controller.run import start_training
 from rlctl.runtime.host import unforgettable_modules
-from rlctl.runtime.warm_ranks import ENV
+from rlctl.runtime.warm_ranks import ENV, drop
 from support.chaos import worker_pids
 
 RUN = ["resources.gpus_per_node=0", "resources.workers=2", "data.batch_size=4", "rollout.n=2",
@@ -55,6 +56,17 @@ def rank_processes() -> list[int]:
     return sorted(worker_pids())
 
 
+def ranks_after_kills(gone: list[int] | tuple = (), within_s: float = 20.0) -> list[int]:
+    """The live rank processes once no rank in `gone` (every rank when empty) is left, or after within_s:
+    a killed group's processes end shortly after `ray.kill` returns, not at once."""
+    deadline = time.monotonic() + within_s
+    while True:
+        live = rank_processes()
+        if not (set(live) & set(gone) if gone else live) or time.monotonic() > deadline:
+            return live
+        time.sleep(0.1)
+
+
 def train(proj: Path, name: str, *overrides: str) -> Path:
     start_training(load_config(proj / "rlctl.toml", RUN + [f"run.name={name}", *overrides]), address=None,
                    force=False)
@@ -76,6 +88,8 @@ def weights(run: Path, out: Path) -> dict:
 def test_a_run_on_warm_ranks_equals_one_on_new_ranks_and_another_shape_or_the_switch_off_frees_them(
         tmp_path, make_project, ray_cluster, monkeypatch):
     proj = make_project(tmp_path / "p", "grpo-gsm8k")
+    drop()                                          # ranks an earlier module parked in the shared Ray
+    assert ranks_after_kills() == []
     monkeypatch.setenv(ENV, "1")
     first = train(proj, "first")
     parked = rank_processes()
@@ -85,13 +99,13 @@ def test_a_run_on_warm_ranks_equals_one_on_new_ranks_and_another_shape_or_the_sw
 
     # One rank with both CPUs of this 2-CPU Ray fits only once the parked pair has let go of them.
     train(proj, "one", "resources.workers=1", "resources.cpus_per_worker=2")
-    single = rank_processes()
+    single = ranks_after_kills(gone=parked)
     assert len(single) == 1 and not set(single) & set(parked)
 
     # With the switch off, the parked rank lets go of both CPUs, and a finished run leaves no rank behind.
     monkeypatch.delenv(ENV)
     fresh = train(proj, "fresh")
-    assert rank_processes() == []
+    assert ranks_after_kills() == []
     assert rows(fresh) == rows(first) == rows(second) and len(rows(fresh)) == 2
     new, warm = weights(fresh, tmp_path / "w-fresh"), weights(second, tmp_path / "w-second")
     assert new.keys() == warm.keys()
@@ -108,7 +122,7 @@ def test_a_rank_that_imported_a_project_file_or_died_while_parked_is_not_reused(
     proj = make_project(tmp_path / "p", "grpo-gsm8k")
     (proj / "algos.py").write_text(PLUGIN.format(tag=tag))
     train(proj, "plugin", 'algorithm.plugins=["algos.py"]', f"actor.policy_loss=reinforce_{tag}")
-    assert rank_processes() == []
+    assert ranks_after_kills() == []
     train(proj, "plain")
     parked = rank_processes()
     assert len(parked) == 2
@@ -116,4 +130,5 @@ def test_a_rank_that_imported_a_project_file_or_died_while_parked_is_not_reused(
     # A parked rank that died meanwhile (the OOM killer, a signal) is not handed out: the next run starts anew.
     os.kill(parked[0], signal.SIGKILL)
     train(proj, "after-a-kill")
-    assert len(rank_processes()) == 2 and not set(rank_processes()) & set(parked)
+    live = ranks_after_kills(gone=parked)
+    assert len(live) == 2 and not set(live) & set(parked)
