@@ -22,6 +22,7 @@ from ckpt_runs import fixed_batch, run_config, save_run
 
 from rlctl.config.schema import LoraConfig
 from rlctl.models.tiny import ARCHS, build_tiny_model
+from support.gloo_ranks import run_ranks
 
 LLAMA_NAMES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
@@ -184,13 +185,11 @@ def _fsdp_rank(rank, model_dir, init_file, out_dir):
 @pytest.mark.slow
 @pytest.mark.timeout(240)
 def test_moe_engine_weights_under_fsdp2(arch_dirs, tmp_path):
-    import torch.multiprocessing as mp
 
     from rlctl.workers.rollout.weights import engine_weights
 
     model_dir = arch_dirs["qwen3_moe"]
-    mp.start_processes(_fsdp_rank, args=(model_dir, str(tmp_path / "pg"), str(tmp_path)), nprocs=2, join=True,
-                       start_method="spawn")
+    run_ranks(_fsdp_rank, (model_dir, str(tmp_path / "pg"), str(tmp_path)), 2)
     expected = dict(engine_weights(_lora(model_dir)))
     for rank in range(2):
         got = torch.load(tmp_path / f"rank{rank}.pt", weights_only=True)

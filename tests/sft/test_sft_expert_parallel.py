@@ -18,7 +18,7 @@ import os
 import numpy as np
 import pytest
 import torch
-import torch.multiprocessing as mp
+from support.gloo_ranks import run_ranks
 
 WORLD = 2
 ROUTER = "model.layers.0.mlp.gate.weight"
@@ -76,8 +76,7 @@ def _rank_main(rank, model_dir, init_file, out_dir, ep, coef):
 def _run(model_dir, tmp_path, ep: int, coef: float = 0.5) -> list[dict]:
     out = tmp_path / f"ep{ep}_coef{coef}"
     out.mkdir()
-    mp.start_processes(_rank_main, args=(str(model_dir), str(out / "pg"), str(out), ep, coef), nprocs=WORLD,
-                       join=True, start_method="spawn")
+    run_ranks(_rank_main, (str(model_dir), str(out / "pg"), str(out), ep, coef), WORLD)
     return [dict(np.load(out / f"rank{r}.npz")) for r in range(WORLD)]
 
 

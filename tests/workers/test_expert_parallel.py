@@ -12,7 +12,7 @@ import os
 import numpy as np
 import pytest
 import torch
-import torch.multiprocessing as mp
+from support.gloo_ranks import run_ranks
 
 WORLD, ROWS, WIDTH = 2, 4, 12
 
@@ -118,8 +118,7 @@ def _rank_main(rank, model_dir, init_file, out_dir, ep, plant):
 def _run(model_dir, tmp_path, name, *, ep, plant=False) -> dict:
     out = tmp_path / name
     out.mkdir()
-    mp.start_processes(_rank_main, args=(str(model_dir), str(out / "pg"), str(out), ep, plant),
-                       nprocs=WORLD, join=True, start_method="spawn")
+    run_ranks(_rank_main, (str(model_dir), str(out / "pg"), str(out), ep, plant), WORLD)
     return dict(np.load(out / "result.npz"))
 
 
@@ -245,8 +244,7 @@ def _planted_partial_push(module) -> str:
 def _run_engine(model_dir, tmp_path, ep) -> list[dict]:
     out = tmp_path / f"engine_ep{ep}"
     out.mkdir()
-    mp.start_processes(_engine_main, args=(str(model_dir), str(out / "pg"), str(out), ep), nprocs=WORLD, join=True,
-                       start_method="spawn")
+    run_ranks(_engine_main, (str(model_dir), str(out / "pg"), str(out), ep), WORLD)
     return [dict(np.load(out / f"rank{r}.npz")) for r in range(WORLD)]
 
 
@@ -324,8 +322,7 @@ def test_the_updates_moe_aux_loss_and_its_gradients_at_ep2_equal_ep1(tiny_moe_di
     for ep in (2, 1):
         out = tmp_path / f"aux_ep{ep}"
         out.mkdir()
-        mp.start_processes(_aux_main, args=(str(tiny_moe_dir), str(out / "pg"), str(out), ep), nprocs=WORLD, join=True,
-                           start_method="spawn")
+        run_ranks(_aux_main, (str(tiny_moe_dir), str(out / "pg"), str(out), ep), WORLD)
         runs[ep] = dict(np.load(out / "result.npz"))
     diffs = _differences(runs[2], runs[1])
     worst = max(diffs, key=diffs.get)

@@ -19,7 +19,7 @@ import os
 import numpy as np
 import pytest
 import torch
-import torch.multiprocessing as mp
+from support.gloo_ranks import run_ranks
 
 WORLD, ROWS, WIDTH = 2, 4, 12
 BANK = "model.layers.0.mlp.experts.gate_up_proj"
@@ -93,8 +93,7 @@ def _run(fn, tmp_path, name, model_dir, *more) -> list[dict]:
     """fn(rank, model_dir, init_file, out_dir, *more) on WORLD ranks; the .npz files they saved."""
     out = tmp_path / name
     out.mkdir()
-    mp.start_processes(fn, args=(str(model_dir), str(out / "pg"), str(out), *more), nprocs=WORLD, join=True,
-                       start_method="spawn")
+    run_ranks(fn, (str(model_dir), str(out / "pg"), str(out), *more), WORLD)
     return [dict(np.load(f)) for f in sorted(out.glob("*.npz"))]
 
 

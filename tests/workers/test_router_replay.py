@@ -12,12 +12,12 @@ import os
 import numpy as np
 import pytest
 import torch
-import torch.multiprocessing as mp
 
 from rlctl.algorithms import LossNorm, aggregate_loss
 from rlctl.errors import ConfigError
 from rlctl.workers import moe_aux, router_replay
 from rlctl.workers.logprob import response_log_probs
+from support.gloo_ranks import run_ranks
 
 PROMPT, RESPONSE = 5, 6
 
@@ -217,8 +217,7 @@ def test_planted_routes_replayed_at_ep2_equal_ep1(tiny_moe_dir, tmp_path):
     for ep in (2, 1):
         out = tmp_path / f"replay_ep{ep}"
         out.mkdir()
-        mp.start_processes(_replay_rank, args=(str(tiny_moe_dir), str(out / "pg"), str(out), ep), nprocs=WORLD,
-                           join=True, start_method="spawn")
+        run_ranks(_replay_rank, (str(tiny_moe_dir), str(out / "pg"), str(out), ep), WORLD)
         runs[ep] = dict(np.load(out / "result.npz"))
     assert np.array_equal(runs[2]["counts"], runs[1]["counts"])
     mismatched, pairs = runs[2]["counts"]

@@ -17,9 +17,9 @@ import os
 import numpy as np
 import pytest
 import torch
-import torch.multiprocessing as mp
 
 from rlctl.workers import ulysses
+from support.gloo_ranks import run_ranks
 
 SP = 2
 TOL = 1e-5
@@ -156,8 +156,7 @@ def _planted_wrong_mask(sp, micro, width) -> dict:
 @pytest.mark.slow
 @pytest.mark.timeout(180)
 def test_sp2_equals_one_rank_in_log_probs_entropy_loss_values_and_gradients(tmp_path):
-    mp.start_processes(_rank_main, args=(str(tmp_path / "pg"), str(tmp_path)), nprocs=SP, join=True,
-                       start_method="spawn")
+    run_ranks(_rank_main, (str(tmp_path / "pg"), str(tmp_path)), SP)
     for rank in range(SP):
         got = dict(np.load(tmp_path / f"rank{rank}.npz"))
         for kv in (2, 1):

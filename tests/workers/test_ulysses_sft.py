@@ -16,9 +16,9 @@ import os
 import numpy as np
 import pytest
 import torch
-import torch.multiprocessing as mp
 
 from rlctl.workers import ulysses
+from support.gloo_ranks import run_ranks
 
 SP = 2
 TOL = 1e-5
@@ -88,8 +88,7 @@ def _rank_main(rank, init_file, out_dir):
 @pytest.mark.slow
 @pytest.mark.timeout(180)
 def test_sft_loss_and_gradients_at_sp2_equal_one_rank(tmp_path):
-    mp.start_processes(_rank_main, args=(str(tmp_path / "pg"), str(tmp_path)), nprocs=SP, join=True,
-                       start_method="spawn")
+    run_ranks(_rank_main, (str(tmp_path / "pg"), str(tmp_path)), SP)
     for rank in range(SP):
         got = dict(np.load(tmp_path / f"rank{rank}.npz"))
         for case in ("ragged", "front"):

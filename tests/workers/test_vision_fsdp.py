@@ -10,7 +10,7 @@ import os
 import numpy as np
 import pytest
 import torch
-import torch.multiprocessing as mp
+from support.gloo_ranks import run_ranks
 
 pytestmark = pytest.mark.slow   # starts Ray, trains a run or starts a subprocess
 
@@ -76,8 +76,7 @@ def _rank_main(rank, model_dir, init_file, out_dir):
 
 @pytest.mark.timeout(240)
 def test_vision_blocks_are_sharded_and_a_rank_without_images_does_not_hang_the_other(tiny_vlm_dir, tmp_path):
-    mp.start_processes(_rank_main, args=(str(tiny_vlm_dir), str(tmp_path / "pg"), str(tmp_path)),
-                       nprocs=WORLD, join=True, start_method="spawn")
+    run_ranks(_rank_main, (str(tiny_vlm_dir), str(tmp_path / "pg"), str(tmp_path)), WORLD)
     results = [np.load(tmp_path / f"rank{r}.npz") for r in range(WORLD)]
     for got in results:
         assert {"FSDPQwen2_5_VLVisionBlock", "FSDPQwen2_5_VLDecoderLayer"} <= set(got["units"].tolist())

@@ -10,7 +10,6 @@ import os
 import numpy as np
 import pytest
 import torch
-import torch.multiprocessing as mp
 from safetensors import safe_open
 
 from rlctl.errors import ConfigError, UsageError
@@ -19,6 +18,7 @@ from rlctl.workers.rollout.gpu import ROLLOUT_LOG_PROB, GPUEngineSpec, pack_resp
 from rlctl.workers.rollout.sglang import buckets, output_log_probs, sglang_engine_args, sglang_sampling_params
 from rlctl.workers.rollout.vllm import request_completions, sampled_log_probs, vllm_engine_args, vllm_sampling_args
 from rlctl.workers.rollout.weights import engine_weights, hf_name
+from support.gloo_ranks import run_ranks
 
 EOS = [258, 256]
 
@@ -278,8 +278,7 @@ def _rank_main(rank, model_dir, init_file, out_dir, lora):
 def test_fsdp2_sharded_policy_gives_the_same_engine_weights_on_every_rank(tiny_untied_model_dir, tmp_path, lora):
     from transformers import AutoModelForCausalLM
 
-    mp.start_processes(_rank_main, args=(tiny_untied_model_dir, str(tmp_path / "pg"), str(tmp_path), lora),
-                       nprocs=2, join=True, start_method="spawn")
+    run_ranks(_rank_main, (tiny_untied_model_dir, str(tmp_path / "pg"), str(tmp_path), lora), 2)
     plain = _lora_model(tiny_untied_model_dir) if lora else AutoModelForCausalLM.from_pretrained(tiny_untied_model_dir)
     expected = dict(engine_weights(plain))
     for rank in range(2):
@@ -336,8 +335,7 @@ def test_tensor_parallel_ranks_submit_their_group_s_requests(tmp_path):
     seeds each drew), in rank order, and each keeps exactly its own rows (real gloo groups)."""
     import json
 
-    mp.start_processes(_share_main, args=(str(tmp_path / "pg"), str(tmp_path)), nprocs=4, join=True,
-                       start_method="spawn")
+    run_ranks(_share_main, (str(tmp_path / "pg"), str(tmp_path)), 4)
     got = [json.loads((tmp_path / f"share{r}.json").read_text()) for r in range(4)]
     assert all(g["own"] for g in got)
     assert got[0]["prompts"] == got[1]["prompts"] == [[0, 10], [1, 10], [1, 11]]

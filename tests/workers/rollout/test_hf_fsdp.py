@@ -8,10 +8,10 @@ import os
 import numpy as np
 import pytest
 import torch
-import torch.multiprocessing as mp
 from rollout_models import NEVER, PAD, load_context_sensitive_model, prompt_batch
 
 from rlctl.workers.rollout.hf import HFRolloutEngine
+from support.gloo_ranks import run_ranks
 
 pytestmark = pytest.mark.slow   # starts Ray, trains a run or starts a subprocess
 
@@ -62,8 +62,7 @@ def _rank_main(rank, model_dir, init_file, out_dir, fast):
 @pytest.mark.parametrize("fast", [True, False], ids=["decoder-runner", "hf-forward"])
 def test_fsdp2_ranks_with_different_step_counts_generate_like_the_plain_model(tiny_model_dir, tmp_path, fast):
     # hf-forward runs FSDP's own forward hooks on every step: they must stay collective-free
-    mp.start_processes(_rank_main, args=(str(tiny_model_dir), str(tmp_path / "pg"), str(tmp_path), fast),
-                       nprocs=WORLD, join=True, start_method="spawn")
+    run_ranks(_rank_main, (str(tiny_model_dir), str(tmp_path / "pg"), str(tmp_path), fast), WORLD)
     model = load_context_sensitive_model(tiny_model_dir)
     for rank, job in enumerate(RANK_JOBS):
         got = np.load(tmp_path / f"rank{rank}.npz")
