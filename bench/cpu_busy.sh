@@ -15,5 +15,5 @@ rc=$?
 read -r busy1 total1 < <(busy_total)
 [ "$total1" -gt "$total0" ] || total1=$((total0 + 1))
 permille=$(( (busy1 - busy0) * 1000 / (total1 - total0) ))
-echo "cpu_busy: $((permille / 10)).$((permille % 10))% of $(nproc) cores over $(( $(date +%s) - start )) s, exit $rc"
+echo "cpu_busy: $((permille / 10)).$((permille % 10))% of $(getconf _NPROCESSORS_ONLN) cores over $(( $(date +%s) - start )) s, exit $rc"
 exit "$rc"
