@@ -24,6 +24,7 @@ def _plant_and_report(rank: int, out: str) -> None:
              "shard_planted": getattr(fsdp.shard, "planted", False)}
     Path(out, f"rank{rank}.json").write_text(json.dumps(state))
     dist.init_process_group("gloo", init_method=f"file://{out}/pg", rank=rank, world_size=2)
+    dist.barrier()   # no rank leaves (and closes its side) while the other still connects
 
     def planted(*args, **kwargs):
         raise AssertionError("a planted fault")
