@@ -50,8 +50,12 @@ def shape_key(pool, env: dict[str, str]) -> tuple:
 
 def take(pool, env: dict[str, str]) -> list | None:
     """The actors of a parked group of this shape, with its placement group now `pool`'s; None when
-    there is none, after freeing every parked group so that the new group's resources are free."""
+    there is none or the switch is off (ranks parked while it was on may remain), after freeing every
+    parked group so that the new group's resources are free."""
     if not _PARKED:
+        return None
+    if not enabled():
+        drop()
         return None
     key = shape_key(pool, env)
     for i, parked in enumerate(_PARKED):

@@ -61,9 +61,7 @@ class WorkerGroup:
         threads = str(pool.cpus_per_worker)
         env.update(OMP_NUM_THREADS=threads, MKL_NUM_THREADS=threads, TOKENIZERS_PARALLELISM="false", **QUIET_ENV)
         self._env = env
-        if not warm_ranks.enabled():
-            warm_ranks.drop()   # ranks parked while the switch was on hold resources this group may need
-        self._actors = warm_ranks.take(pool, env) if warm_ranks.enabled() else None
+        self._actors = warm_ranks.take(pool, env)
         if self._actors is None:
             pool.ready()
             host = ray.remote(WorkerHost)
