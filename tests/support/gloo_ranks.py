@@ -51,10 +51,10 @@ def run_ranks(fn, args: tuple, nprocs: int, timeout_s: float = CALL_TIMEOUT_S) -
 
 def _start(nprocs: int) -> list:
     ctx = mp.get_context("spawn")
+    preload = sorted(name for name in sys.modules if name == "rlctl" or name.startswith("rlctl."))
     ranks = []
     for rank in range(nprocs):
         parent, child = ctx.Pipe()
-        preload = sorted(name for name in sys.modules if name == "rlctl" or name.startswith("rlctl."))
         proc = ctx.Process(target=_serve, args=(rank, child, preload), daemon=True, name=f"gloo-rank-{rank}")
         proc.start()
         child.close()
