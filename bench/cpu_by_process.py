@@ -27,14 +27,15 @@ import sys
 import time
 from collections import defaultdict
 
-TICKS = os.sysconf("SC_CLK_TCK")
+from proctree import tree   # bench/ (the script's folder) is on sys.path
+
 INTERVAL_S = 1.0
 RESAMPLED = ("ray worker (idle)",)   # kinds whose process may become another kind
 PR_SET_CHILD_SUBREAPER = 36
 PYTEST = "pytest (tests, in-process controllers)"
 
 
-def kind(cmdline: str, comm: str) -> str:
+def kind(cmdline: str) -> str:
     """A process's kind from its command line (Ray renames its workers `ray::<Actor>.<method>`)."""
     if "ray::WorkerHost" in cmdline:
         return "rank (ray::WorkerHost)"
@@ -52,22 +53,11 @@ def kind(cmdline: str, comm: str) -> str:
                          ("vllm", "vLLM"), ("chrom", "chromium")):
         if marker in cmdline:
             return name
-    return "python (other)" if "python" in cmdline else f"other ({comm})"
+    program = os.path.basename(cmdline.split()[0]) if cmdline.strip() else "?"
+    return "python (other)" if "python" in cmdline else f"other ({program})"
 
 
-def read(pid: str) -> tuple[tuple[str, str], float, str, str] | None:
-    """((pid, start time), CPU seconds, comm, parent pid) of a live process, None when it is gone."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            stat = f.read()
-    except OSError:
-        return None
-    comm = stat[stat.index("(") + 1:stat.rindex(")")]
-    fields = stat[stat.rindex(")") + 2:].split()
-    return (pid, fields[19]), (int(fields[11]) + int(fields[12])) / TICKS, comm, fields[1]
-
-
-def cmdline(pid: str) -> str:
+def cmdline(pid: int) -> str:
     try:
         with open(f"/proc/{pid}/cmdline", "rb") as f:
             return f.read().replace(b"\0", b" ").decode(errors="replace")
@@ -75,42 +65,43 @@ def cmdline(pid: str) -> str:
         return ""
 
 
-def sample(seen: dict, procs: dict, ours: set[str]) -> None:
-    """Add each of the command's processes' CPU growth since the last sample to its record. `ours`: the
-    pids of this script and of the command's processes, a process is ours when its parent is."""
-    for pid in sorted(filter(str.isdigit, os.listdir("/proc")), key=int):   # parents before children, mostly
-        got = read(pid)
-        if got is None:
-            continue
-        key, cpu, comm, parent = got
-        rec = procs.get(key)
+def sample(procs: dict[int, dict], ended: list[dict]) -> None:
+    """Add each of the command's processes' CPU growth since the last sample to its record (a process
+    tree under this script: orphans are reparented to it, the subreaper)."""
+    me = os.getpid()
+    for pid, cpu in tree(me).items():
+        rec = procs.get(pid)
+        if rec is not None and cpu < rec["seen"]:   # the pid was reused by a new process
+            ended.append(procs.pop(pid))
+            rec = None
         if rec is None:
-            if parent not in ours:
+            if pid == me:
                 continue
-            ours.add(pid)
-            rec = procs[key] = {"kind": kind(cmdline(pid), comm), "cpu": 0.0}
+            rec = procs[pid] = {"kind": kind(cmdline(pid)), "cpu": 0.0, "seen": 0.0}
         elif rec["kind"] in RESAMPLED:
-            rec["kind"] = kind(cmdline(pid), comm)
-        rec["cpu"] += cpu - seen.get(key, 0.0)
-        seen[key] = cpu
+            rec["kind"] = kind(cmdline(pid))
+        rec["cpu"] += cpu - rec["seen"]
+        rec["seen"] = cpu
 
 
-def reap_orphans(command_pid: int) -> None:
-    """Reap the orphans reparented to this script (their CPU was counted while they ran); the command
-    itself is left to Popen, which needs its exit code."""
-    me = str(os.getpid())
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        got = read(pid)
-        if got is not None and got[3] == me and int(pid) != command_pid:
-            try:
-                os.waitpid(int(pid), os.WNOHANG)
-            except ChildProcessError:
-                pass
+def reap(command_pid: int) -> int | None:
+    """Reap every ended child, the orphans reparented here included: the command's exit code once it
+    has ended, else None."""
+    code = None
+    while True:
+        try:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return code
+        if pid == 0:
+            return code
+        if pid == command_pid:
+            code = os.waitstatus_to_exitcode(status)
 
 
-def table(procs: dict) -> list[dict]:
+def table(records: list[dict]) -> list[dict]:
     by_kind: dict[str, list[float]] = defaultdict(list)
-    for rec in procs.values():
+    for rec in records:
         if rec["cpu"] > 0:
             by_kind[rec["kind"]].append(rec["cpu"])
     total = sum(sum(v) for v in by_kind.values()) or 1.0
@@ -128,24 +119,25 @@ def main() -> int:
     if not command:
         parser.error("give the command to measure after --")
     ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1)   # orphans stay in our tree
-    seen: dict = {}
-    procs: dict = {}
-    ours = {str(os.getpid())}
+    procs: dict[int, dict] = {}
+    ended: list[dict] = []
     start = time.monotonic()
     proc = subprocess.Popen(command)
-    while proc.poll() is None:
+    code = None
+    while code is None:
         time.sleep(INTERVAL_S)
-        sample(seen, procs, ours)
-        reap_orphans(proc.pid)
+        sample(procs, ended)
+        code = reap(proc.pid)
+    proc.returncode = code   # reaped above: Popen must not wait for it again
     wall = time.monotonic() - start
-    rows = [r for r in table(procs) if r["core_s"] >= 1.0]
+    rows = [r for r in table(ended + list(procs.values())) if r["core_s"] >= 1.0]
     print(f"\n{'kind':46} {'core-s':>8} {'share':>6} {'procs':>6} {'median':>7}   (wall {wall:.0f} s)")
     for r in rows:
         print(f"{r['kind'][:46]:46} {r['core_s']:8.0f} {r['share']:6.1%} {r['processes']:6d} {r['median_core_s']:7.1f}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"command": command, "wall_s": wall, "rows": rows}, f, indent=1)
-    return proc.returncode
+    return code
 
 
 if __name__ == "__main__":
