@@ -30,6 +30,11 @@ import torch.nn.functional as F
 
 ATTENTION = "rlctl_shared_prompt"
 KWARG = "rlctl_shared_prompt"
+# On CPU, bfloat16 / float16 attention runs as plain matmuls (_grouped_attention): torch's CPU
+# scaled_dot_product_attention is several times slower backward in half precision than in float32
+# for the many short rows here, while half-precision matmuls are the fastest path there
+# (docs/benchmarks.md, the real-model GRPO step).
+CPU_HALF = (torch.bfloat16, torch.float16)
 
 
 @dataclass
@@ -160,13 +165,40 @@ def shared_prompt_attention(module, query, key, value, attention_mask=None, drop
     def gather(x, index):   # [N, h, D] -> [rows, h, cols, D]; index_select: its backward is index_add_
         return x.index_select(0, index.flatten()).view(*index.shape, x.shape[1], dim).transpose(1, 2)
 
+    attend = _grouped_attention if query.device.type == "cpu" and _half(query.dtype) else _sdpa
     kp, vp = gather(k, plan.prompt_index), gather(v, plan.prompt_index)
-    prompt_out = F.scaled_dot_product_attention(gather(q, plan.prompt_index), kp, vp, is_causal=True,
-                                                scale=scaling, enable_gqa=True)
+    prompt_out = attend(gather(q, plan.prompt_index), kp, vp, None, scaling)   # causal
     keys = torch.cat([kp.index_select(0, plan.group_of), gather(k, plan.response_index)], dim=2)
     values = torch.cat([vp.index_select(0, plan.group_of), gather(v, plan.response_index)], dim=2)
-    response_out = F.scaled_dot_product_attention(gather(q, plan.response_index), keys, values,
-                                                  attn_mask=plan.response_bias, scale=scaling, enable_gqa=True)
+    response_out = attend(gather(q, plan.response_index), keys, values, plan.response_bias, scaling)
     flat = torch.cat([prompt_out.transpose(1, 2).reshape(-1, heads, dim),
                       response_out.transpose(1, 2).reshape(-1, heads, dim)])
     return flat.index_select(0, plan.inverse)[None], None
+
+
+def _half(dtype: torch.dtype) -> bool:
+    """Half-precision attention: half inputs, or float32 ones (RoPE's float32 cos/sin promote q and k)
+    under a half-precision CPU autocast, whose matmuls then run in half precision."""
+    autocast = torch.is_autocast_enabled("cpu") and torch.get_autocast_dtype("cpu") in CPU_HALF
+    return dtype in CPU_HALF or autocast
+
+
+def _sdpa(query, key, value, allowed, scaling):
+    """torch's attention; `allowed` None = causal."""
+    return F.scaled_dot_product_attention(query, key, value, attn_mask=allowed, is_causal=allowed is None,
+                                          scale=scaling, enable_gqa=True)
+
+
+def _grouped_attention(query, key, value, allowed, scaling):
+    """Attention as matmuls, the query heads of one KV head stacked into one matrix: [B, H, L, D] queries,
+    [B, KV, S, D] keys and values, `allowed` [B or 1, 1, L, S] (None = causal) -> [B, H, L, D]; the
+    softmax in float32. No row here is fully masked (every query sees its prompt's first token)."""
+    b, heads, length, dim = query.shape
+    kv = key.shape[1]
+    if allowed is None:
+        allowed = torch.ones(length, key.shape[2], dtype=torch.bool, device=query.device).tril()[None, None]
+    grouped = query.reshape(b, kv, heads // kv * length, dim)
+    scores = (grouped @ key.transpose(-1, -2)) * (dim ** -0.5 if scaling is None else scaling)
+    scores = scores.view(b, kv, heads // kv, length, -1).masked_fill(~allowed[:, :, None], float("-inf"))
+    probs = torch.softmax(scores.float(), dim=-1).to(value.dtype).view(b, kv, heads // kv * length, -1)
+    return (probs @ value).view(b, heads, length, dim)

@@ -122,3 +122,41 @@ def test_checkpointed_engine_recomputes_with_shared_attention(tiny_model_dir):
     _, want = _logp_and_grads(engine.module, ids, mask, pack=False)
     for name, grad in want.items():
         assert torch.allclose(got[name], grad, atol=1e-5, rtol=1e-4), name
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_grouped_attention_equals_torch_attention_with_gradients(causal):
+    """The half-precision CPU path (plain matmuls, each KV head's query heads stacked) is the same
+    math as scaled_dot_product_attention with grouped KV heads: checked in float32, where both are exact."""
+    from rlctl.workers.shared_prompt import _grouped_attention, _sdpa
+
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(shape, generator=g, requires_grad=True) for shape in
+               ((5, 6, 7, 16), (5, 2, 7 if causal else 11, 16), (5, 2, 7 if causal else 11, 16)))
+    allowed = None if causal else torch.rand(5, 1, 7, 11, generator=g) > 0.3
+    if allowed is not None:
+        allowed[..., 0] = True                       # no fully masked row, as in the shared layout
+    outs, grads = [], []
+    for attend in (_sdpa, _grouped_attention):
+        out = attend(q, k, v, allowed, 0.3)
+        outs.append(out)
+        grads.append(torch.autograd.grad((out * torch.linspace(-1, 1, 16)).sum(), (q, k, v)))
+    assert torch.allclose(outs[0], outs[1], atol=1e-5)
+    for want, got in zip(*grads):
+        assert torch.allclose(want, got, atol=1e-5)
+
+
+def test_bfloat16_autocast_takes_the_matmul_path_and_stays_close_to_float32(lm, monkeypatch):
+    from rlctl.workers import shared_prompt
+
+    taken = []
+    grouped = shared_prompt._grouped_attention
+    monkeypatch.setattr(shared_prompt, "_grouped_attention", lambda *a: taken.append(a[0].dtype) or grouped(*a))
+    ids, mask = grouped_batch(seed=2)
+    with torch.no_grad():
+        want = response_log_probs(lm, ids, mask, T)["log_prob"]
+        assert taken == []                           # float32 keeps torch's attention
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            got = response_log_probs(lm, ids, mask, T)["log_prob"]
+    assert taken and len(taken) % 2 == 0             # a prompt and a response call per layer
+    assert (got - want).abs().max() < 0.1 and (got[mask[:, P:].sum(1) == 0] == 0).all()
