@@ -190,6 +190,16 @@ def smollm2_dir() -> Path:
     return smollm2_folder()
 
 
+def pytest_sessionstart(session):
+    """matplotlib builds its font cache on its first import on a machine, and that runs `fc-list`: it is
+    built here, before any test, so that a fast plot test is not the one that starts that process on a
+    fresh machine (where it would fail the fast tier's rule, depending on which test ran first)."""
+    import importlib.util
+
+    if importlib.util.find_spec("matplotlib") is not None:
+        import matplotlib.font_manager  # noqa: F401
+
+
 # --- the fast tier: a test not marked slow starts no process (tests/support/tiers.py) ---------------
 def _fast_tier(item):
     from support import tiers
