@@ -26,6 +26,7 @@ import torch
 from rlctl.errors import ConfigError, DataError
 from rlctl.workers import router_replay, shared_prompt, ulysses
 from rlctl.workers.vision import POSITION_IDS, ban_placeholders, model_inputs, placeholder_ids
+from rlctl.workers.vocab_logprob import token_log_probs
 
 
 @dataclass
@@ -164,8 +165,8 @@ def use_packing(model: torch.nn.Module) -> bool:
 def response_logits(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                     response_width: int, *, pack: bool | None = None, vision: dict | None = None,
                     moe_aux: bool = False, routes=None) -> tuple[torch.Tensor, Layout]:
-    """The logits [M, V] float32 that predict each real response token, and the layout that says
-    where each of the M rows goes back ([b, T], row-major over response_valid). moe_aux: the
+    """The logits [M, V] (in the model's output dtype) that predict each real response token, and the
+    layout that says where each of the M rows goes back ([b, T], row-major over response_valid). moe_aux: the
     layout also carries the MoE model's aux_loss over the tokens the forward ran (no padding).
     routes (router replay): record the routers' choices, or replay given ones (layout.routes)."""
     layout = make_layout(input_ids, attention_mask, response_width,
@@ -174,11 +175,11 @@ def response_logits(model: torch.nn.Module, input_ids: torch.Tensor, attention_m
     plan = router_replay.start(model, layout, routes) if routes is not None else None
     if layout.shared is not None:   # the predictors' positions, in target order (prompts never reach the head)
         out = layout.forward(model, logits_to_keep=layout.pred_col, **more)
-        logits = out.logits[0].float()
+        logits = out.logits[0]
     else:
         first, last = int(layout.pred_col.min()), int(layout.pred_col.max())   # only the columns some response
         out = layout.forward(model, logits_to_keep=torch.arange(first, last + 1, device=input_ids.device), **more)
-        logits = out.logits[layout.pred_row, layout.pred_col - first].float()
+        logits = out.logits[layout.pred_row, layout.pred_col - first]
         logits = ban_placeholders(logits, placeholder_ids(model))   # a VLM's policy never samples them
     layout.aux_loss = getattr(out, "aux_loss", None) if moe_aux else None
     layout.routes = router_replay.outputs(model, plan, layout.response_valid) if plan is not None else None
@@ -201,30 +202,28 @@ def response_log_probs(model: torch.nn.Module, input_ids: torch.Tensor, attentio
     temperature divides the logits (the sampling distribution of the rollout). The entropy is
     computed without gradient unless `entropy_grad` (an entropy bonus needs it).
     """
-    from rlctl.algorithms import entropy_from_logits, log_probs_from_logits
-
     logits, layout, rows = logits_and_rows(model, input_ids, attention_mask, response_width, pack, vision, moe_aux,
                                            routes)
-    if temperature and temperature != 1.0:
-        logits = logits / temperature
     valid = layout.response_valid
-    result = {"log_prob": _scatter(rows.gather(log_probs_from_logits(logits, rows.local(layout.targets))), valid)}
+    bonus = entropy_grad and torch.is_grad_enabled()   # an entropy bonus needs the entropy's gradient
+    log_prob, entropy = token_log_probs(logits, rows.local(layout.targets), temperature=temperature,
+                                        with_entropy=with_entropy, entropy_grad=bonus)
+    result = {"log_prob": _scatter(rows.gather(log_prob), valid)}
+    if entropy is not None:
+        result["entropy"] = _scatter(rows.gather(entropy), valid)
     if layout.aux_loss is not None:
         result["moe_aux_loss"] = layout.aux_loss
     result.update(layout.routes or {})
-    if gather_ids is not None:
-        picked = torch.log_softmax(logits, -1).gather(-1, rows.local(gather_ids[valid].long()))   # [M, K]
-        result["topk_log_prob"] = scatter_rows(rows.gather(picked), valid)
-    probs = None   # softmax(logits) [M, V]: computed once for the entropy and sum_pi_squared
-    if with_entropy:
-        with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
-            probs = torch.softmax(logits, dim=-1)
-            result["entropy"] = _scatter(rows.gather(entropy_from_logits(logits, probs)), valid)
-    if with_sum_pi_squared:
-        from rlctl.algorithms import sum_pi_squared_from_logits
+    if gather_ids is not None or with_sum_pi_squared:   # options that need the whole float32 distribution
+        scaled = logits.float() / temperature if temperature and temperature != 1.0 else logits.float()
+        if gather_ids is not None:
+            picked = torch.log_softmax(scaled, -1).gather(-1, rows.local(gather_ids[valid].long()))   # [M, K]
+            result["topk_log_prob"] = scatter_rows(rows.gather(picked), valid)
+        if with_sum_pi_squared:
+            from rlctl.algorithms import sum_pi_squared_from_logits
 
-        with torch.no_grad():
-            result["sum_pi_squared"] = _scatter(rows.gather(sum_pi_squared_from_logits(logits, probs)), valid)
+            with torch.no_grad():
+                result["sum_pi_squared"] = _scatter(rows.gather(sum_pi_squared_from_logits(scaled)), valid)
     return result
 
 
@@ -254,8 +253,8 @@ class _SPRows:
 
 def logits_and_rows(model, input_ids, attention_mask, response_width, pack=None, vision=None, moe_aux=False,
                     routes=None):
-    """(logits [m, V] float32, layout, rows): m = M, or this rank's predictors under sequence
-    parallelism; rows.local(x) picks those of an [M, ...] tensor, rows.gather(y) puts the ranks'
+    """(logits [m, V] in the model's output dtype, layout, rows): m = M, or this rank's predictors
+    under sequence parallelism; rows.local(x) picks those of an [M, ...] tensor, rows.gather(y) puts the ranks'
     [m, ...] outputs together into [M, ...] on every rank."""
     sp = ulysses.current()
     if sp is None:
@@ -268,7 +267,7 @@ def logits_and_rows(model, input_ids, attention_mask, response_width, pack=None,
         raise DataError("vision-language batches are not supported with ulysses_sequence_parallel_size > 1 yet")
     layout = make_layout(input_ids, attention_mask, response_width, layout="pack")
     out, part = ulysses.sliced_forward(model, sp, layout.input_ids, layout.position_ids, layout.pred_col)
-    return out.logits[0].float(), layout, _SPRows(sp, part.bounds)
+    return out.logits[0], layout, _SPRows(sp, part.bounds)
 
 
 def response_values(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,

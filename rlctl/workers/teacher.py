@@ -55,7 +55,7 @@ def teacher_outputs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor
     """The teacher's log-prob of each response token and its top-k next tokens, at temperature 1
     (under sequence parallelism each rank those of its slice, gathered on every rank)."""
     logits, layout, rows = logits_and_rows(model, input_ids, attention_mask, response_width)
-    log_probs = torch.log_softmax(logits, -1)                              # [m, V]
+    log_probs = torch.log_softmax(logits.float(), -1)                      # [m, V]
     sampled = log_probs.gather(-1, rows.local(layout.targets)[:, None].long())   # [m, 1]
     top, ids = log_probs.topk(k, -1)                                       # [m, K]
     sampled, top, ids = rows.gather(sampled), rows.gather(top), rows.gather(ids)   # [M, ...]
