@@ -16,7 +16,8 @@ from __future__ import annotations
 
 import torch
 
-CHUNK_VALUES = 1 << 21   # float32 values per chunk (8 MiB)
+CHUNK_VALUES = 1 << 21       # float32 values per chunk on CPU (8 MiB): buffers that size are reused, not faulted in
+GPU_CHUNK_VALUES = 1 << 26   # on a GPU (256 MiB): fewer, larger kernels; its allocator keeps the memory anyway
 
 
 def token_log_probs(logits: torch.Tensor, labels: torch.Tensor, *, temperature: float = 1.0,
@@ -29,8 +30,9 @@ def token_log_probs(logits: torch.Tensor, labels: torch.Tensor, *, temperature: 
     return log_prob, (entropy if with_entropy else None)
 
 
-def _chunks(rows: int, vocab: int):
-    step = max(1, CHUNK_VALUES // max(1, vocab))
+def _chunks(logits: torch.Tensor):
+    rows, vocab = logits.shape
+    step = max(1, (CHUNK_VALUES if logits.device.type == "cpu" else GPU_CHUNK_VALUES) // max(1, vocab))
     return ((lo, min(lo + step, rows)) for lo in range(0, rows, step))
 
 
@@ -50,11 +52,10 @@ def _p_times(p: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
 class _VocabLogProbs(torch.autograd.Function):
     @staticmethod
     def forward(ctx, logits, labels, temperature, with_entropy, entropy_grad):
-        rows, vocab = logits.shape
-        log_z = torch.empty(rows, dtype=torch.float32, device=logits.device)
+        log_z = torch.empty(logits.shape[0], dtype=torch.float32, device=logits.device)
         picked = torch.empty_like(log_z)
         entropy = torch.empty_like(log_z) if with_entropy else log_z.new_zeros(0)
-        for lo, hi in _chunks(rows, vocab):
+        for lo, hi in _chunks(logits):
             z = _scaled(logits[lo:hi], temperature)
             log_z[lo:hi] = torch.logsumexp(z, dim=-1)
             picked[lo:hi] = z.gather(-1, labels[lo:hi, None]).squeeze(-1)
@@ -75,7 +76,7 @@ class _VocabLogProbs(torch.autograd.Function):
         if grad_log_prob is None:
             grad_log_prob = torch.zeros_like(log_z)
         with_entropy = ctx.entropy_grad and grad_entropy is not None
-        for lo, hi in _chunks(*logits.shape):
+        for lo, hi in _chunks(logits):
             log_p = _scaled(logits[lo:hi], ctx.temperature).sub_(log_z[lo:hi, None])
             p = log_p.exp()
             g = p * -grad_log_prob[lo:hi, None]
