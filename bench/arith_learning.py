@@ -36,7 +36,8 @@ def rlctl_run(model_dir: str, root: Path, seed: int, steps: int, dtype: str) -> 
     rlctl("train", f"run.seed={seed}", f"run.total_steps={steps}", f"model.dtype={dtype}", "data.val_files=[]",
           "run.save_every=0", cwd=proj)
     lines = (proj / "runs" / "grpo-arith-smollm2-cpu" / "metrics.jsonl").read_text().splitlines()
-    return [{"step": r["step"], "reward": r["reward/mean"], "step_s": r["timing/step_s"]} for r in map(json.loads, lines)]
+    rows = [json.loads(line) for line in lines]
+    return [{"step": r["step"], "reward": r["reward/mean"], "step_s": r["timing/step_s"]} for r in rows]
 
 
 def trl_run(venv: str, model_dir: str, data: Path, root: Path, seed: int, steps: int, bf16: bool) -> list[dict]:
@@ -84,7 +85,8 @@ def main(argv=None) -> None:
         times = [step["step_s"] for s in seeds for step in runs[tool][s][1:]]
         first = statistics.mean(statistics.mean(step["reward"] for step in runs[tool][s][:3]) for s in seeds)
         last = statistics.mean(statistics.mean(step["reward"] for step in runs[tool][s][-3:]) for s in seeds)
-        print(f"{tool}: first 3 steps {first:.3f} -> last 3 steps {last:.3f}; median step {statistics.median(times):.1f} s")
+        median = statistics.median(times)
+        print(f"{tool}: first 3 steps {first:.3f} -> last 3 steps {last:.3f}; median step {median:.1f} s")
     if a.json:
         Path(a.json).write_text(json.dumps({"dtype": a.dtype, "seeds": seeds, "runs": runs}))
 

@@ -73,7 +73,8 @@ def main(argv=None) -> None:
 
         def on_log(self, args, state, control, logs=None, **kw):
             if logs and "reward" in logs:
-                steps.append({"step": len(steps) + 1, "reward": logs["reward"], "step_s": time.perf_counter() - self.t0})
+                seconds = time.perf_counter() - self.t0
+                steps.append({"step": len(steps) + 1, "reward": logs["reward"], "step_s": seconds})
                 print(f"step {len(steps)}  reward {logs['reward']:.3f}  step_s {steps[-1]['step_s']:.1f}", flush=True)
 
     GRPOTrainer(model=a.model_dir, reward_funcs=[arith_answer], args=args, train_dataset=ds,
