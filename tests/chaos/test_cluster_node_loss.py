@@ -32,7 +32,7 @@ from support.netns import NetnsCluster, netns_refused
 
 pytestmark = pytest.mark.slow   # starts Ray, trains a run or starts a subprocess
 
-STEPS = 8   # after the kill at step 2, six steps: the ranks notice a dead raylet within about a second
+STEPS = 24   # 22 steps after the kill at step 2 (>= 4 s on a fast CPU); a dead raylet is noticed in ~1 s
 ARGS = [*(a for a in CPU if not a.startswith(("run.total_steps", "run.save_every"))),
         f"run.total_steps={STEPS}", "run.save_every=2", "resources.nodes=2",
         "run.max_restarts=1", "run.restart_backoff_s=1"]
