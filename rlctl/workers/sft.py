@@ -34,6 +34,7 @@ from rlctl.runtime import Batch, Dispatch, register
 from rlctl.algorithms import LossNorm
 from rlctl.workers import fsdp, moe_aux, ulysses
 from rlctl.workers.logprob import make_layout, use_packing
+from rlctl.workers.vocab_logprob import token_log_probs
 from rlctl.workers.models import policy_engine
 
 _KEYS = ["input_ids", "attention_mask", "loss_mask"]
@@ -80,8 +81,6 @@ def target_nll_and_aux(module: torch.nn.Module, input_ids: torch.Tensor, attenti
                        loss_mask: torch.Tensor, *, pack: bool = False, moe_aux_loss: bool = False):
     """target_nll's (nll [K], rows [K]) and, with moe_aux_loss, the MoE router's load-balancing loss
     over the tokens the forward ran (prompts and targets, never padding; a scalar), else None."""
-    from rlctl.algorithms import log_probs_from_logits
-
     sp = ulysses.current()
     layout = make_layout(input_ids, attention_mask, input_ids.shape[1] - 1,
                          layout="pack" if pack or sp is not None else "trim")
@@ -93,18 +92,16 @@ def target_nll_and_aux(module: torch.nn.Module, input_ids: torch.Tensor, attenti
     first, last = int(pred_col.min()), int(pred_col.max())
     more = {"output_router_logits": True} if moe_aux_loss else {}
     out = layout.forward(module, logits_to_keep=torch.arange(first, last + 1, device=input_ids.device), **more)
-    logits = out.logits[pred_row, pred_col - first].float()                  # [K, V]
-    return -log_probs_from_logits(logits, targets), rows_of, getattr(out, "aux_loss", None) if moe_aux_loss else None
+    logits = out.logits[pred_row, pred_col - first]                          # [K, V], the model's dtype
+    return -token_log_probs(logits, targets)[0], rows_of, getattr(out, "aux_loss", None) if moe_aux_loss else None
 
 
 def _split_nll(module, sp: ulysses.SPGroup, layout, pred_col: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     """-log p of the K targets [K] on every rank of `sp`, each rank running its slice of the packed
     row (pred_col: the targets' predictor columns, sorted as the pack layout makes them)."""
-    from rlctl.algorithms import log_probs_from_logits
-
     out, part = ulysses.sliced_forward(module, sp, layout.input_ids, layout.position_ids, pred_col)
     mine = targets[part.bounds[sp.rank]:part.bounds[sp.rank + 1]]
-    return ulysses.gather_rows(-log_probs_from_logits(out.logits[0].float(), mine), sp, part.bounds)
+    return ulysses.gather_rows(-token_log_probs(out.logits[0], mine)[0], sp, part.bounds)
 
 
 class SFTWorker:
