@@ -1,0 +1,59 @@
+"""What a model's GSM8K answers look like, from the jsonl files `rlctl eval` writes: one row per file.
+
+The strict `gsm8k` reward (verl's) scores only the number after a final `#### `; a small model moves
+on the form before the sums, so this counts the steps between: answers with the `####` line, answers
+whose last number is right (any form), answers cut at the token limit, mean answer tokens.
+
+    python bench/gsm8k_eval_summary.py base=eval-base.jsonl seed0=eval-s0.jsonl ...
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+from pathlib import Path
+
+from rlctl.tasks.gsm8k import extract_answer
+
+NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?")
+
+
+def last_number(text: str) -> str | None:
+    found = NUMBER.findall(text)
+    return found[-1].replace(",", "").rstrip(".") if found else None
+
+
+def summary(path: Path) -> dict:
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    n = len(rows)
+    share = lambda hits: sum(hits) / n if n else 0.0  # noqa: E731
+    return {
+        "samples": n,
+        "strict right": share(r["correct"] for r in rows),
+        "#### line": share(extract_answer(r["response"]) is not None for r in rows),
+        "last number right": share(last_number(r["response"]) == str(r["ground_truth"]) for r in rows),
+        "cut at the limit": share(r.get("finish_reason") == "length" for r in rows),
+        "mean tokens": sum(r.get("response_tokens", 0) for r in rows) / n if n else 0.0,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("files", nargs="+", help="NAME=PATH of an `rlctl eval` jsonl")
+    args = parser.parse_args()
+    table = {}
+    for item in args.files:
+        name, _, path = item.rpartition("=")
+        table[name or path] = summary(Path(path))
+    columns = list(next(iter(table.values())))
+    print("| model | " + " | ".join(columns) + " |")
+    print("|---" * (len(columns) + 1) + "|")
+    for name, row in table.items():
+        cells = [str(v) if isinstance(v, int) else f"{v:.3f}" if k != "mean tokens" else f"{v:.1f}"
+                 for k, v in row.items()]
+        print(f"| {name} | " + " | ".join(cells) + " |")
+
+
+if __name__ == "__main__":
+    main()
