@@ -2,7 +2,8 @@
 
 The strict `gsm8k` reward (verl's) scores only the number after a final `#### `; a small model moves
 on the form before the sums, so this counts the steps between: answers with the `####` line, answers
-whose last number is right (any form), answers cut at the token limit, mean answer tokens.
+whose last number is right (any form), answers cut at the token limit, mean answer tokens, and
+`####` lines per answer (a policy paid for the line can learn to repeat it).
 
     python bench/gsm8k_eval_summary.py base=eval-base.jsonl seed0=eval-s0.jsonl ...
 """
@@ -17,6 +18,7 @@ from pathlib import Path
 from rlctl.tasks.gsm8k import extract_answer
 
 NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?")
+ANSWER_LINE = re.compile(r"#### -?[0-9.,]+")   # what the strict reward reads (a markdown "#### Step" is not one)
 
 
 def last_number(text: str) -> str | None:
@@ -32,6 +34,7 @@ def summary(path: Path) -> dict:
         "samples": n,
         "strict right": share(r["correct"] for r in rows),
         "#### line": share(extract_answer(r["response"]) is not None for r in rows),
+        "#### lines per answer": sum(len(ANSWER_LINE.findall(r["response"])) for r in rows) / n if n else 0.0,
         "last number right": share(last_number(r["response"]) == str(r["ground_truth"]) for r in rows),
         "cut at the limit": share(r.get("finish_reason") == "length" for r in rows),
         "mean tokens": sum(r.get("response_tokens", 0) for r in rows) / n if n else 0.0,
