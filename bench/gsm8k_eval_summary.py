@@ -15,10 +15,9 @@ import json
 import re
 from pathlib import Path
 
-from rlctl.tasks.gsm8k import extract_answer
+from rlctl.tasks.gsm8k import answer_lines, extract_answer
 
 NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?")
-ANSWER_LINE = re.compile(r"#### -?[0-9.,]+")   # what the strict reward reads (a markdown "#### Step" is not one)
 
 
 def last_number(text: str) -> str | None:
@@ -29,15 +28,15 @@ def last_number(text: str) -> str | None:
 def summary(path: Path) -> dict:
     rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
     n = len(rows)
-    share = lambda hits: sum(hits) / n if n else 0.0  # noqa: E731
+    mean = lambda values: sum(values) / n if n else 0.0  # noqa: E731   (of booleans: a share)
     return {
         "samples": n,
-        "strict right": share(r["correct"] for r in rows),
-        "#### line": share(extract_answer(r["response"]) is not None for r in rows),
-        "#### lines per answer": sum(len(ANSWER_LINE.findall(r["response"])) for r in rows) / n if n else 0.0,
-        "last number right": share(last_number(r["response"]) == str(r["ground_truth"]) for r in rows),
-        "cut at the limit": share(r.get("finish_reason") == "length" for r in rows),
-        "mean tokens": sum(r.get("response_tokens", 0) for r in rows) / n if n else 0.0,
+        "strict right": mean(r["correct"] for r in rows),
+        "#### line": mean(extract_answer(r["response"]) is not None for r in rows),
+        "#### lines per answer": mean(len(answer_lines(r["response"])) for r in rows),
+        "last number right": mean(last_number(r["response"]) == str(r["ground_truth"]) for r in rows),
+        "cut at the limit": mean(r.get("finish_reason") == "length" for r in rows),
+        "mean tokens": mean(r.get("response_tokens", 0) for r in rows),
     }
 
 

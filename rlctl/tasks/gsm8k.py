@@ -22,9 +22,14 @@ CLIP_CHARS = 300
 _STRICT = re.compile(r"#### (\-?[0-9\.\,]+)")
 
 
+def answer_lines(solution_str: str) -> list[str]:
+    """The numbers written after `#### ` anywhere in the text, in order, as written."""
+    return _STRICT.findall(solution_str)
+
+
 def extract_answer(solution_str: str) -> str | None:
     """The number after the last `#### ` in the response's tail, or None."""
-    found = _STRICT.findall(solution_str[-CLIP_CHARS:])
+    found = answer_lines(solution_str[-CLIP_CHARS:])
     if not found:
         return None
     return found[-1].replace(",", "").replace("$", "")

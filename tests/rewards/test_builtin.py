@@ -34,6 +34,11 @@ def test_gsm8k_only_reads_the_last_300_characters():
     assert gsm8k.extract_answer("x" * 400 + " #### 72") == "72"
 
 
+def test_gsm8k_answer_lines_are_every_number_line_anywhere_as_written():
+    text = "#### Step 1\n#### 3\n" + "x" * 400 + "\n#### 1,200\nThe answer is 1200."
+    assert gsm8k.answer_lines(text) == ["3", "1,200"]      # a markdown heading is not an answer line
+
+
 def test_gsm8k_format_score_only_for_a_wrong_but_well_formed_answer():
     wrong = default_compute_score("openai/gsm8k", "#### 7", "72", format_score=0.1)
     missing = default_compute_score("openai/gsm8k", "seven", "72", format_score=0.1)
