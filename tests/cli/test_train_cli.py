@@ -1,14 +1,14 @@
 """End to end through the CLI, per recipe: init -> data prep -> validate -> train 2 steps -> status.
 
 Real processes: the `rlctl` console entry in subprocesses, embedded Ray, the reward process pool,
-parquet from the in-repo GSM8K sample (tests/fixtures/gsm8k). PPO (actor + critic) and GRPO train on
-two gloo ranks through the console entry, each in its own process with its own embedded Ray; the other
-recipes on one rank through the same CLI entry (`rlctl.cli.main.main`, what the console script calls)
-in this process, sharing the module's Ray session: what differs between recipes is the training, not
-the process start-up, which PPO and GRPO prove (every recipe also trains and resumes exactly in
-tests/controller: GRPO, DAPO and PPO on two ranks). `rlctl config validate` runs as a command for
-PPO and GRPO and, for the others, as the same function in this process (both passes, the machine's
-included); `rlctl train` refusing to start a run folder over is recipe-independent and checked once, on GRPO.
+parquet from the in-repo GSM8K sample (tests/fixtures/gsm8k). PPO (actor + critic) trains on two gloo
+ranks through the console entry, in its own process with its own embedded Ray; GRPO on two ranks and
+the other recipes on one, through the same CLI entry (`rlctl.cli.main.main`, what the console script
+calls) in this process, sharing the module's Ray session: what differs between recipes is the
+training, not the process start-up, which PPO proves (every recipe also trains and resumes exactly in
+tests/controller: GRPO, DAPO and PPO on two ranks). `rlctl config validate` runs as a command for PPO
+and, for the others, as the same function in this process (both passes, the machine's included);
+`rlctl train` refusing to start a run folder over is recipe-independent and checked once, on GRPO.
 """
 
 from __future__ import annotations
@@ -20,7 +20,8 @@ import sys
 
 import pytest
 
-TWO_RANKS = ("ppo-gsm8k", "grpo-gsm8k")   # through the `config validate` command and on two ranks
+TWO_RANKS = ("ppo-gsm8k", "grpo-gsm8k")   # on two ranks
+IN_A_PROCESS = ("ppo-gsm8k",)              # `config validate` and `train` as commands
 RECIPES = ["ppo-gsm8k", "grpo-gsm8k", "dapo-gsm8k", "rloo-gsm8k", "remax-gsm8k", "reinforce-pp-gsm8k", "prime-gsm8k"]
 REQUIRED_METRICS = {"step", "reward/mean", "response_length/mean", "actor/pg_loss", "actor/kl", "actor/entropy",
                     "timing/step_s", "perf/tokens_per_s"}
@@ -45,19 +46,18 @@ def test_recipe_end_to_end(recipe, tmp_path, tiny_model_dir, gsm8k_dir, request,
     assert prep.returncode == 0, prep.stderr
     n = [] if recipe in ("ppo-gsm8k",) else ["rollout.n=2"]
     cpu = [o for o in CPU if not o.startswith("critic.")] if recipe != "ppo-gsm8k" else CPU
-    if recipe in TWO_RANKS:
+    if recipe not in TWO_RANKS:
+        cpu = cpu + ["resources.workers=1"]
+    if recipe in IN_A_PROCESS:
         check = rlctl("config", "validate", *cpu, *n, cwd=proj)
         assert check.returncode == 0, check.stderr + check.stdout
-    else:
-        cpu = cpu + ["resources.workers=1"]
-        assert validated(proj, cpu + n) == []
-    if recipe in TWO_RANKS:
         train = rlctl("train", *cpu, *n, cwd=proj)
         assert train.returncode == 0, train.stderr[-3000:]
     else:
         from rlctl.cli.main import main
 
-        request.getfixturevalue("ray_cluster")   # started once, for the one-rank recipes
+        assert validated(proj, cpu + n) == []
+        request.getfixturevalue("ray_cluster")   # started once, for the recipes trained in this process
         monkeypatch.chdir(proj)
         code = main(["train", *cpu, *n])
         assert code == 0, capsys.readouterr().err[-3000:]
@@ -76,8 +76,11 @@ def test_recipe_end_to_end(recipe, tmp_path, tiny_model_dir, gsm8k_dir, request,
     status = rlctl("status", run, "--format", "json", cwd=proj)
     assert status.returncode == 0 and json.loads(status.stdout)["step"] == 2
     if recipe == "grpo-gsm8k":
-        again = rlctl("train", *cpu, *n, cwd=proj)  # never silently starts over
-        assert again.returncode == 2 and "rlctl resume" in again.stderr
+        from rlctl.cli.main import main
+
+        capsys.readouterr()
+        assert main(["train", *cpu, *n]) == 2          # never silently starts over
+        assert "rlctl resume" in capsys.readouterr().err
 
 
 def validated(proj, overrides: list[str]) -> list[str]:
