@@ -1,4 +1,6 @@
-"""A short `rlctl train` on the synthetic coding task with the built-in `code` reward (real sandbox)."""
+"""A short `rlctl train` on the synthetic coding task with the built-in `code` reward (real sandbox): init and
+data prep through the console entry, the training through the same CLI entry in this process (on the
+shared Ray; the training's own process is tests/cli/test_train_cli.py's)."""
 
 from __future__ import annotations
 
@@ -23,13 +25,15 @@ def rlctl(*args, cwd):
 
 
 @pytest.mark.slow
-def test_train_on_code_synthetic_with_the_code_reward(tmp_path, tiny_model_dir):
+def test_train_on_code_synthetic_with_the_code_reward(tmp_path, tiny_model_dir, ray_cluster, monkeypatch, capsys):
+    from rlctl.cli.main import main
+
     proj = tmp_path / "proj"
     assert rlctl("init", proj, "--recipe", "grpo-arith-cpu", "--model", tiny_model_dir, cwd=tmp_path).returncode == 0
     prep = rlctl("data", "prep", "code-synthetic", cwd=proj)
     assert prep.returncode == 0, prep.stderr
-    train = rlctl("train", *CPU, cwd=proj)
-    assert train.returncode == 0, train.stderr[-3000:]
+    monkeypatch.chdir(proj)
+    assert main(["train", *CPU]) == 0, capsys.readouterr().err[-3000:]
     rows = [json.loads(line) for line in (proj / "runs/grpo-arith-cpu/metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 2]
     # The code reward's own metrics prove the sandbox scored every response.

@@ -1,8 +1,8 @@
 """GRPO with rollout.engine = "vllm" learns on CPU through the CLI, as the hf engine does in
 test_learning.py (same recipe, dense reward, overrides), on `rlctl model tiny --layers 4 --hidden 256`.
 
-Real everything: `rlctl train` in a child process, Ray actors, vLLM in the actor's process joining its
-gloo world, the weights pushed after every update. Every step's `rollout/logprob_diff_mean` (the
+Real everything: `rlctl train`'s training in this process (on the shared Ray), Ray actors, vLLM in the
+actor's process joining its gloo world, the weights pushed after every update. Every step's `rollout/logprob_diff_mean` (the
 engine's log-probs of its samples against the trainer's) stays at float32 noise: an engine that
 missed a push would generate with the previous step's weights, miles from 1e-3 (and
 rollout.max_logprob_diff would stop the run). Skipped without vllm; a failure under CI=true.
@@ -17,8 +17,6 @@ pushed weights.
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import pytest
 from test_learning import COMMON, GROUP
@@ -36,7 +34,10 @@ def odd_answers_vary(data_source, solution_str, ground_truth, extra_info=None):
 '''
 
 
-def test_grpo_with_vllm_learns_and_the_engine_follows_every_update(tmp_path, vllm_tiny_model_dir, arith_data):
+def test_grpo_with_vllm_learns_and_the_engine_follows_every_update(tmp_path, vllm_tiny_model_dir, arith_data,
+                                                                   ray_cluster):
+    from rlctl.config.loader import load_config
+    from rlctl.controller.run import start_training
     from rlctl.project import write_project
 
     write_project(tmp_path, "grpo-gsm8k", str(vllm_tiny_model_dir))
@@ -48,9 +49,7 @@ def test_grpo_with_vllm_learns_and_the_engine_follows_every_update(tmp_path, vll
                                   "algorithm.dynamic_sampling.metric=acc", "algorithm.dynamic_sampling.max_gen_batches=3",
                                   'data.val_files=["data/arith/test.parquet"]', "run.val_before_train=true",
                                   "run.log_samples=64"]
-    proc = subprocess.run([sys.executable, "-m", "rlctl", "train", "rlctl.toml", *overrides], cwd=tmp_path,
-                          capture_output=True, text=True, timeout=500)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    start_training(load_config(tmp_path / "rlctl.toml", overrides), address=None, force=False)
     run = tmp_path / "runs" / "grpo-gsm8k"
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     val_before, rows = rows[0], rows[1:]

@@ -1,5 +1,6 @@
 """The grpo-gsm8k-python-tool recipe end to end on CPU, through the real CLI: init -> data prep gsm8k
---tools python -> train 2 steps (embedded Ray, the hf engine, the built-in gsm8k reward).
+--tools python (console entry) -> train 2 steps (the same CLI entry in this process, on the shared Ray; the
+hf engine, the built-in gsm8k reward).
 
 A random tiny model never writes a tool call, so the policy is the session's tiny model after ~100
 plain-torch steps on one transcript (tests/multiturn/tool_model.py): the first prepared GSM8K prompt
@@ -49,10 +50,12 @@ def tool_turns(messages: list[dict]) -> list[tuple[str, str]]:
 
 
 @pytest.mark.slow
-def test_recipe_runs_the_python_tool_in_the_sandbox(tmp_path, tiny_model_dir, gsm8k_dir):
+def test_recipe_runs_the_python_tool_in_the_sandbox(tmp_path, tiny_model_dir, gsm8k_dir, ray_cluster, monkeypatch,
+                                                    capsys):
     import pyarrow.parquet as pq
     from transformers import AutoTokenizer
 
+    from rlctl.cli.main import main
     from rlctl.multiturn.builtin_tools import python
     from rlctl.sandbox import run as sandbox_run
 
@@ -67,8 +70,8 @@ def test_recipe_runs_the_python_tool_in_the_sandbox(tmp_path, tiny_model_dir, gs
                               messages=conversation(row["prompt"], {"name": "python", "arguments": {"code": CODE}},
                                                     "72", "#### 72"))
 
-    train = rlctl("train", f"model.path={model}", *CPU, cwd=proj)
-    assert train.returncode == 0, train.stderr[-3000:]
+    monkeypatch.chdir(proj)
+    assert main(["train", f"model.path={model}", *CPU]) == 0, capsys.readouterr().err[-3000:]
     run = proj / "runs" / RECIPE
     metrics = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert [m["step"] for m in metrics] == [1, 2]

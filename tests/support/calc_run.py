@@ -1,11 +1,9 @@
-"""A real multi-turn run for `rlctl view`: `rlctl train` (a subprocess, its own embedded Ray) of GRPO with the
-calculator tool on a tiny model taught to call it, 4 prompts x 2 samples a step, run.log_rollouts on.
+"""A real multi-turn run for `rlctl view`: `rlctl train`'s training, called in this process (in the Ray it
+has started, else in an embedded one of its own), of GRPO with the calculator tool on a tiny model taught to call it, 4 prompts x 2 samples a step, run.log_rollouts on.
 Used by tests/view/conftest.py (2 steps) and scripts/view_screenshots.py (the docs' pictures)."""
 
 from __future__ import annotations
 
-import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -27,6 +25,8 @@ def make_calc_run(root: Path, tiny_model: Path, steps: int = 2) -> Path:
     sys.path.insert(0, str(REPO / "tests" / "multiturn"))
     from tool_model import REWARD, train_tool_caller
 
+    from rlctl.config.loader import load_config
+    from rlctl.controller.run import start_training
     from rlctl.project import write_project
 
     model = train_tool_caller(tiny_model, root / "tool_model", steps=60)
@@ -37,9 +37,6 @@ def make_calc_run(root: Path, tiny_model: Path, steps: int = 2) -> Path:
         {"data_source": "calc", "prompt": [{"role": "user", "content": q}],
          "reward_model": {"style": "rule", "ground_truth": answer}, "extra_info": {"index": i}}
         for i, (q, answer) in enumerate(QUESTIONS)])
-    env = {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    proc = subprocess.run([sys.executable, "-m", "rlctl", "train", "rlctl.toml", *OVERRIDES, f"run.total_steps={steps}"],
-                          cwd=project, env=env, capture_output=True, text=True, timeout=900)
-    if proc.returncode != 0:
-        raise RuntimeError(f"rlctl train failed ({proc.returncode}): {proc.stderr[-3000:]}")
+    start_training(load_config(project / "rlctl.toml", [*OVERRIDES, f"run.total_steps={steps}"]), address=None,
+                   force=False)
     return project / "runs" / "grpo-gsm8k"

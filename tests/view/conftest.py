@@ -10,6 +10,8 @@ from support.calc_run import make_calc_run
 
 
 @pytest.fixture(scope="session")
-def calc_run(tiny_model_dir, tmp_path_factory) -> Path:
-    """The run folder of a real 2-step multi-turn GRPO run whose policy calls the calculator."""
+def calc_run(tiny_model_dir, tmp_path_factory, _shared_ray) -> Path:
+    """The run folder of a real 2-step multi-turn GRPO run whose policy calls the calculator, trained in the
+    session's shared Ray (tests/conftest.py)."""
+    _shared_ray.start()
     return make_calc_run(tmp_path_factory.mktemp("view_run"), tiny_model_dir, steps=2)
