@@ -200,6 +200,15 @@ def pytest_sessionstart(session):
         import matplotlib.font_manager  # noqa: F401
 
 
+def pytest_collection_modifyitems(session, config, items):
+    """The modules with slow tests run first, the fast-only ones last (each group in collection order,
+    a module's tests kept together). pytest-xdist hands whole files (--dist loadfile) to whichever
+    worker is free, in this order: the many short fast modules then fill the end of the run, where
+    one long file would otherwise keep one worker busy while the other waits."""
+    slow = {item.path for item in items if item.get_closest_marker("slow") is not None}
+    items.sort(key=lambda item: item.path not in slow)   # stable: each group keeps its order
+
+
 # --- the fast tier: a test not marked slow starts no process (tests/support/tiers.py) ---------------
 def _fast_tier(item):
     from support import tiers

@@ -18,7 +18,7 @@ import torch
 from rlctl.config.loader import load_config
 from rlctl.controller.async_rollout import STATE_FILE as STATE
 from rlctl.controller.run import resume_training, start_training
-from test_interrupt import ARGS, make_project, metrics, rlctl, wait_for_step
+from test_interrupt import ARGS, _session_left, make_project, metrics, rlctl, wait_for_step
 
 ASYNC = ARGS[:] + ["resources.workers=1", "resources.rollout_workers=1", "rollout.mode=async",
                    "rollout.max_staleness=2", "rollout.sync_every=2", "rollout.staleness_strategy=drop",
@@ -56,6 +56,7 @@ def test_kill_9_then_resume_matches_the_uninterrupted_async_run(tmp_path, tiny_m
     time.sleep(random.uniform(0.0, 1.0))   # anywhere in step 3, its save included
     os.killpg(proc.pid, signal.SIGKILL)
     proc.communicate()
+    assert _session_left(proc.pid) == []   # its ranks (process groups of their own) ended too: none still saves
     saved = sorted(run.glob("checkpoints/step_*/async_rollout.pkl"))
     assert saved
     states = [pickle.loads(p.read_bytes()) for p in saved + sorted(ref_run.glob("checkpoints/step_*/" + STATE))]

@@ -39,7 +39,7 @@ def _figures(path: Path) -> list[dict]:
 
 
 @pytest.mark.slow
-def test_a_second_writer_of_a_live_run_is_refused_and_the_run_loses_nothing(tmp_path, tiny_model_dir):
+def test_a_second_writer_of_a_live_run_is_refused_and_the_run_loses_nothing(tmp_path, tiny_model_dir, ray_cluster):
     write_project(tmp_path, "grpo-gsm8k", str(tiny_model_dir))
     prepare("arith", PrepOptions(out=tmp_path / "data" / "arith"))
     run = tmp_path / "runs" / "dup"
@@ -69,6 +69,6 @@ def test_a_second_writer_of_a_live_run_is_refused_and_the_run_loses_nothing(tmp_
     assert metrics.read_bytes().startswith(before)
     assert _steps(metrics) == list(range(1, STEPS + 1))
     assert json.loads((run / "run.json").read_text())["step"] == STEPS
-    alone = rlctl_here("train", *ARGS, "run.name=alone", cwd=tmp_path)   # the same run, undisturbed
+    alone = rlctl_here("train", *ARGS, "run.name=alone", cwd=tmp_path)   # the same run, undisturbed (shared Ray)
     assert alone.returncode == 0, alone.stderr[-3000:]
     assert _figures(metrics) == _figures(tmp_path / "runs" / "alone" / "metrics.jsonl")
