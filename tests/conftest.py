@@ -201,12 +201,18 @@ def pytest_sessionstart(session):
 
 
 def pytest_collection_modifyitems(session, config, items):
-    """The modules with slow tests run first, the fast-only ones last (each group in collection order,
-    a module's tests kept together). pytest-xdist hands whole files (--dist loadfile) to whichever
-    worker is free, in this order: the many short fast modules then fill the end of the run, where
-    one long file would otherwise keep one worker busy while the other waits."""
-    slow = {item.path for item in items if item.get_closest_marker("slow") is not None}
-    items.sort(key=lambda item: item.path not in slow)   # stable: each group keeps its order
+    """Module order: first those that train in the shared Ray (`ray_cluster`), then the other slow ones,
+    then the fast-only ones; collection order within each group, a module's tests kept together.
+    pytest-xdist hands whole files (--dist loadfile) to whichever worker is free, in this order, so each
+    worker runs its shared-Ray modules one after another: one Ray start, and rank processes parked by
+    one module's runs reused by the next (a slow module without the fixture stops that Ray first). The
+    many short fast modules then fill the end of the run, where one long file would otherwise keep one
+    worker busy while the other waits."""
+    group: dict = {}
+    for item in items:
+        rank = 2 if item.get_closest_marker("slow") is None else 0 if "ray_cluster" in item.fixturenames else 1
+        group[item.path] = min(rank, group.get(item.path, 2))
+    items.sort(key=lambda item: group[item.path])   # stable: each group keeps its order
 
 
 # --- the fast tier: a test not marked slow starts no process (tests/support/tiers.py) ---------------
