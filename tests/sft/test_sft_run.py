@@ -111,6 +111,8 @@ def test_a_resume_from_a_mid_run_checkpoint_reproduces_the_run(reference, tmp_pa
     run = tmp_path / "sft-arith-cpu"
     shutil.copytree(reference, run, symlinks=True)
     resume_training(run, step=2, address=None)
+    info = json.loads((run / "run.json").read_text())
+    assert info["command"] == "resume" and info["resumed_from"] == 2 and info["status"] == "finished"   # it ran
     assert rows(run) == rows(reference)
     a, b = weights(reference, tmp_path / "a"), weights(run, tmp_path / "b")
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)

@@ -1,6 +1,7 @@
 """A real multi-turn run for `rlctl view`: `rlctl train`'s training, called in this process (in the Ray it
-has started, else in an embedded one of its own), of GRPO with the calculator tool on a tiny model taught to call it, 4 prompts x 2 samples a step, run.log_rollouts on.
-Used by tests/view/conftest.py (2 steps) and scripts/view_screenshots.py (the docs' pictures)."""
+has started, else in an embedded one of its own), of GRPO with the calculator tool on a tiny model taught
+to call it, 4 prompts x 2 samples a step, run.log_rollouts on. Used by tests/view/conftest.py (2 steps)
+and scripts/view_screenshots.py (the docs' pictures)."""
 
 from __future__ import annotations
 
