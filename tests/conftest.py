@@ -200,6 +200,7 @@ def pytest_sessionstart(session):
         import matplotlib.font_manager  # noqa: F401
 
 
+@pytest.hookimpl(trylast=True)   # after `-m` has deselected: the fast tier keeps the collection order
 def pytest_collection_modifyitems(session, config, items):
     """Module order: first those that train in the shared Ray (`ray_cluster`), then the other slow ones,
     then the fast-only ones; collection order within each group, a module's tests kept together.
