@@ -127,6 +127,10 @@ class StartupStop:
                 self._close()
         if not self.signum:   # nothing to watch over any more
             self.disarm()
+        elif exc[0] is not None and issubclass(exc[0], Exception):
+            # An error after a stop signal is the stop's doing (SIGTERM to the process group also ends
+            # Ray's GCS, and ray.init then fails to reach it): the user's stop, not a crash.
+            self.check()
 
     def disarm(self) -> None:
         """The unwinding after the stop is over (or the start-up went through): no forced exit."""

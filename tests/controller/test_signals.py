@@ -127,6 +127,22 @@ def test_the_wait_before_a_restart_ends_at_a_stop_signal():
     assert stopped.value.exit_code == 143 and time.monotonic() - start < 5
 
 
+def test_an_error_after_a_signal_while_starting_is_the_stop_not_a_crash():
+    """SIGTERM to the whole process group also reaches Ray's GCS, and ray.init, still starting, then
+    fails to connect: that error, raised after the signal, ends the start-up as the stop (143)."""
+    stop, exits, cleaned = _starting(grace_s=30)
+    with pytest.raises(Interrupted, match="while starting") as stopped:
+        with stop:
+            deliver(signal.SIGTERM)
+            raise RuntimeError("Failed to connect to GCS")
+    stop.disarm()
+    assert stopped.value.exit_code == 143 and isinstance(stopped.value.__context__, RuntimeError)
+    assert exits == [] and cleaned == []
+    with pytest.raises(RuntimeError):   # without a signal, an error stays what it is
+        with _starting(grace_s=30)[0]:
+            raise RuntimeError("a real failure")
+
+
 STUCK_IN_NATIVE_CODE = """
 import ctypes, sys
 from rlctl.utils.interrupts import StartupStop
