@@ -11,6 +11,8 @@ import sys
 
 import pytest
 
+from support.cli import rlctl_here
+
 CPU = ["resources.gpus_per_node=0", "resources.workers=1", "data.batch_size=4", "rollout.n=2",
        "actor.mini_batch_size=4", "actor.micro_batch_size=4", "data.max_prompt_length=256",
        "data.max_response_length=16", "data.val_batch_size=10", "run.total_steps=2", "run.save_every=0",
@@ -25,15 +27,13 @@ def rlctl(*args, cwd):
 
 
 @pytest.mark.slow
-def test_train_on_code_synthetic_with_the_code_reward(tmp_path, tiny_model_dir, ray_cluster, monkeypatch, capsys):
-    from rlctl.cli.main import main
-
+def test_train_on_code_synthetic_with_the_code_reward(tmp_path, tiny_model_dir, ray_cluster):
     proj = tmp_path / "proj"
     assert rlctl("init", proj, "--recipe", "grpo-arith-cpu", "--model", tiny_model_dir, cwd=tmp_path).returncode == 0
     prep = rlctl("data", "prep", "code-synthetic", cwd=proj)
     assert prep.returncode == 0, prep.stderr
-    monkeypatch.chdir(proj)
-    assert main(["train", *CPU]) == 0, capsys.readouterr().err[-3000:]
+    train = rlctl_here("train", *CPU, cwd=proj)
+    assert train.returncode == 0, train.stderr[-3000:]
     rows = [json.loads(line) for line in (proj / "runs/grpo-arith-cpu/metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 2]
     # The code reward's own metrics prove the sandbox scored every response.

@@ -2,10 +2,10 @@
 test_learning.py (same recipe, dense reward, overrides), on `rlctl model tiny --layers 4 --hidden 256`.
 
 Real everything: `rlctl train`'s training in this process (on the shared Ray), Ray actors, vLLM in the
-actor's process joining its gloo world, the weights pushed after every update. Every step's `rollout/logprob_diff_mean` (the
-engine's log-probs of its samples against the trainer's) stays at float32 noise: an engine that
-missed a push would generate with the previous step's weights, miles from 1e-3 (and
-rollout.max_logprob_diff would stop the run). Skipped without vllm; a failure under CI=true.
+actor's process joining its gloo world, the weights pushed after every update. Every step's
+`rollout/logprob_diff_mean` (the engine's log-probs of its samples against the trainer's) stays at
+float32 noise: an engine that missed a push would generate with the previous step's weights, miles
+from 1e-3 (and rollout.max_logprob_diff would stop the run). Skipped without vllm; a failure under CI=true.
 
 The same run also proves DAPO's dynamic sampling and validation with vLLM, without another engine
 start: the reward's `acc` (the filter's metric here) is flat for prompts with an even answer, so

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pytest
 
+from support.cli import rlctl_here
 from tool_model import conversation, train_tool_caller
 
 RECIPE = "grpo-gsm8k-python-tool"
@@ -50,12 +51,10 @@ def tool_turns(messages: list[dict]) -> list[tuple[str, str]]:
 
 
 @pytest.mark.slow
-def test_recipe_runs_the_python_tool_in_the_sandbox(tmp_path, tiny_model_dir, gsm8k_dir, ray_cluster, monkeypatch,
-                                                    capsys):
+def test_recipe_runs_the_python_tool_in_the_sandbox(tmp_path, tiny_model_dir, gsm8k_dir, ray_cluster):
     import pyarrow.parquet as pq
     from transformers import AutoTokenizer
 
-    from rlctl.cli.main import main
     from rlctl.multiturn.builtin_tools import python
     from rlctl.sandbox import run as sandbox_run
 
@@ -70,8 +69,8 @@ def test_recipe_runs_the_python_tool_in_the_sandbox(tmp_path, tiny_model_dir, gs
                               messages=conversation(row["prompt"], {"name": "python", "arguments": {"code": CODE}},
                                                     "72", "#### 72"))
 
-    monkeypatch.chdir(proj)
-    assert main(["train", f"model.path={model}", *CPU]) == 0, capsys.readouterr().err[-3000:]
+    train = rlctl_here("train", f"model.path={model}", *CPU, cwd=proj)
+    assert train.returncode == 0, train.stderr[-3000:]
     run = proj / "runs" / RECIPE
     metrics = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert [m["step"] for m in metrics] == [1, 2]
