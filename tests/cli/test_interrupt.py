@@ -31,7 +31,7 @@ ARGS = ["resources.gpus_per_node=0", "resources.workers=2", "data.batch_size=4",
         "actor.mini_batch_size=4", "actor.micro_batch_size=4", "data.max_response_length=8",
         "data.max_prompt_length=96", "data.val_files=[]", 'data.train_files=["data/arith/train.parquet"]',
         "reward.function=arith", "reward.workers=1", "model.dtype=float32", "model.gradient_checkpointing=false",
-        "run.total_steps=12", "run.save_every=1", "run.keep_last=2", "actor.lr=1e-3"]
+        "run.total_steps=24", "run.save_every=1", "run.keep_last=2", "actor.lr=1e-3"]
 DETERMINISTIC = lambda row: {k: v for k, v in row.items() if not k.startswith(("timing/", "perf/"))}  # noqa: E731
 
 
