@@ -123,6 +123,10 @@ class ActorConfig:
     ppo_epochs: int = opt(1, "Passes over each rollout batch.", ge=1)
     mini_batch_size: int = opt(0, "Prompts per optimizer step (0 = data.batch_size, one step per rollout).", ge=0)
     micro_batch_size: int = opt(4, "Sequences per worker per forward/backward (gradient accumulation).", ge=1)
+    micro_batch_max_tokens: int = opt(0, "Token budget of one micro-batch per worker in the update, old-log-prob and "
+                                         "reference passes (docs/performance.md#token-budget-micro-batches); each "
+                                         "step's rows are spread so the workers' tokens balance. 0 = "
+                                         "micro_batch_size rows each. verl's ppo_max_token_len_per_gpu.", ge=0)
     ulysses_sequence_parallel_size: int = opt(1, "Ranks that split each sequence (1 = off; docs/parallelism.md).", ge=1)
     policy_loss: str = opt("vanilla", "Policy loss (built-ins, or one registered by a plugin).",
                            choices=POLICY_LOSSES, extensible=True)
@@ -154,6 +158,9 @@ class CriticConfig:
     ppo_epochs: int = opt(1, "Passes over each rollout batch.", ge=1)
     mini_batch_size: int = opt(0, "Prompts per optimizer step (0 = data.batch_size).", ge=0)
     micro_batch_size: int = opt(4, "Sequences per worker per forward/backward.", ge=1)
+    micro_batch_max_tokens: int = opt(0, "Token budget of one micro-batch per worker in the values and update "
+                                         "passes, as actor.micro_batch_max_tokens. 0 = micro_batch_size rows each.",
+                                      ge=0)
     ulysses_sequence_parallel_size: int = opt(1, "Ranks that split each sequence (1 = off; docs/parallelism.md).", ge=1)
     value_clip: float = opt(0.5, "Clip value predictions to values +- value_clip.", gt=0)
     pretrain_steps: int = opt(0, "Value pretraining (VAPO; verl's trainer.critic_warmup): the first N steps train only "

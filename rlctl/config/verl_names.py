@@ -25,6 +25,16 @@ VERL_KEYS = {
     f"{_ARR}.actor.kl_loss_coef": "actor.kl_loss_coef",
     f"{_ARR}.actor.kl_loss_type": "actor.kl_loss_type",
     f"{_ARR}.actor.ulysses_sequence_parallel_size": "actor.ulysses_sequence_parallel_size",
+    # verl's dynamic batch size: one token budget per worker here (0 = off) for all of the policy's passes
+    f"{_ARR}.actor.use_dynamic_bsz": "actor.micro_batch_max_tokens",
+    f"{_ARR}.actor.ppo_max_token_len_per_gpu": "actor.micro_batch_max_tokens",
+    f"{_ARR}.rollout.log_prob_use_dynamic_bsz": "actor.micro_batch_max_tokens",
+    f"{_ARR}.rollout.log_prob_max_token_len_per_gpu": "actor.micro_batch_max_tokens",
+    f"{_ARR}.ref.log_prob_use_dynamic_bsz": "actor.micro_batch_max_tokens",
+    f"{_ARR}.ref.log_prob_max_token_len_per_gpu": "actor.micro_batch_max_tokens",
+    "critic.use_dynamic_bsz": "critic.micro_batch_max_tokens",
+    "critic.ppo_max_token_len_per_gpu": "critic.micro_batch_max_tokens",
+    "critic.forward_max_token_len_per_gpu": "critic.micro_batch_max_tokens",
     f"{_ARR}.model.path": "model.path",
     f"{_ARR}.model.enable_gradient_checkpointing": "model.gradient_checkpointing",
     f"{_ARR}.model.lora_rank": "model.lora.rank",
@@ -73,7 +83,9 @@ WORD_SYNONYMS = {"learning_rate": "lr", "lr_warmup_steps": "warmup_steps", "entr
                  "ppo_mini_batch_size": "mini_batch_size", "ppo_micro_batch_size": "micro_batch_size",
                  "train_batch_size": "batch_size", "max_grad_norm": "grad_clip", "num_generations": "n",
                  "beta": "kl_loss_coef", "epsilon": "clip_ratio_low", "max_steps": "total_steps",
-                 "num_train_epochs": "total_epochs", "save_steps": "save_every", "seed_value": "seed"}
+                 "num_train_epochs": "total_epochs", "save_steps": "save_every", "seed_value": "seed",
+                 "use_dynamic_bsz": "micro_batch_max_tokens", "ppo_max_token_len_per_gpu": "micro_batch_max_tokens",
+                 "log_prob_max_token_len_per_gpu": "micro_batch_max_tokens"}
 
 
 def known_rename(key: str, schema_keys) -> str | None:

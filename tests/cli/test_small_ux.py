@@ -29,7 +29,12 @@ def project(tmp_path, tiny_model_dir) -> Path:
                                         ("actor.learning_rate=1e-6", "actor.lr"),
                                         ("data.train_batch_size=8", "data.batch_size"),
                                         ("trainer.total_training_steps=5", "run.total_steps"),
-                                        ("algorithm.adv_estimator=grpo", "algorithm.name")])
+                                        ("algorithm.adv_estimator=grpo", "algorithm.name"),
+                                        ("actor_rollout_ref.actor.ppo_max_token_len_per_gpu=4096",
+                                         "actor.micro_batch_max_tokens"),
+                                        ("actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu=4096",
+                                         "actor.micro_batch_max_tokens"),
+                                        ("critic.use_dynamic_bsz=true", "critic.micro_batch_max_tokens")])
 def test_verl_and_trl_names_suggest_rlctl_s_name(word, name):
     key = word.split("=")[0]
     loaded = load_config(None, [word, "model.path=m"], strict=False)
