@@ -37,7 +37,7 @@ LAYERS = {
     "tasks": 4,
     "rewards": 5,
     "workers": 6,
-    "checkpoint": 7,
+    "checkpoint": 7, "api": 7, "agent": 7,
     "controller": 8, "validate": 8, "project": 8, "doctor": 8,
     "serve": 9, "view": 9,
     "cli": 10, "__main__": 10,

@@ -32,7 +32,7 @@ class DecodeBatch:
     def prefill(cls, model, prompts: list[list[int]], pad_id: int,
                 visions: list | None = None) -> tuple["DecodeBatch", torch.Tensor]:
         """Run the prompts (left padded) through the model; returns the batch and last logits [B, V].
-        `visions`: per prompt None or its image arrays (rlctl.serve.vision, vision-language models)."""
+        `visions`: per prompt None or its image arrays (rlctl.api.vision, vision-language models)."""
         from transformers import DynamicCache
 
         device = model.device
@@ -46,7 +46,7 @@ class DecodeBatch:
         position_ids = (mask.cumsum(-1) - 1).clamp_min(0)
         images, offsets = {}, None
         if visions and any(v is not None and "pixel_values" in v for v in visions):
-            from rlctl.serve.vision import vision_inputs
+            from rlctl.api.vision import vision_inputs
 
             images, offsets = vision_inputs(model, input_ids, mask, visions)
             position_ids = images.pop("position_ids")

@@ -14,46 +14,10 @@ import queue
 import threading
 from dataclasses import dataclass, field
 
+from rlctl.api.requests import Event, Request, SamplingParams
 from rlctl.serve.textstream import TextStream
 
 log = logging.getLogger("rlctl.serve")
-
-
-@dataclass(frozen=True)
-class SamplingParams:
-    max_tokens: int
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = 0
-    n: int = 1
-    stop: tuple[str, ...] = ()
-    seed: int | None = None
-    ignore_eos: bool = False  # vLLM extension: keep going past EOS (benchmarks, fixed-length tests)
-
-
-@dataclass
-class Event:
-    """One step of one choice: new text, tokens generated so far, and why it ended (if it did)."""
-
-    index: int
-    text: str
-    completion_tokens: int
-    finish_reason: str | None = None  # "stop" | "length" | "error"
-    error: str | None = None
-    status: int = 500  # HTTP status for an error: 500 engine failure, 503 shutting down
-
-
-@dataclass
-class Request:
-    prompt_ids: list[int]
-    params: SamplingParams
-    events: queue.Queue
-    index_base: int = 0  # choice index of this request's first row (batched completion prompts)
-    vision: dict | None = None  # a VLM prompt's image arrays (rlctl.models.vision.encode_prompt)
-    cancelled: threading.Event = field(default_factory=threading.Event)
-
-    def cancel(self) -> None:
-        self.cancelled.set()
 
 
 @dataclass

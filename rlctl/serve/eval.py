@@ -232,7 +232,7 @@ def _prompts(folder: Path, rows: list[dict], image_key: str):
 
 def _generate(folder: Path, prompt_ids: list[list[int]], opts: EvalOptions, temperature: float,
               max_new: int, visions: list):
-    from rlctl.serve.engine import SamplingParams
+    from rlctl.api.requests import SamplingParams
     from rlctl.serve.external import LaunchSpec, build_command, engine_env, gpu_count, pick_engine
     from rlctl.serve.generate import external_server, generate_local, generate_remote
     from rlctl.serve.source import context_room, load_model, load_processor_of

@@ -21,7 +21,8 @@ import urllib.parse
 from dataclasses import dataclass
 
 from rlctl.errors import UsageError, WorkerDiedError
-from rlctl.serve.engine import Engine, Request, SamplingParams
+from rlctl.api.requests import Request, SamplingParams
+from rlctl.serve.engine import Engine
 
 log = logging.getLogger("rlctl.eval")
 

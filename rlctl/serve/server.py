@@ -37,7 +37,7 @@ def check_bind(host: str, api_key: str | None, insecure: bool) -> None:
 def make_server(engine, host: str, port: int, *, model_name: str, api_key: str | None = None,
                 limits: dict | None = None):
     """The HTTP server; `limits` are OpenAIServer's max_body_bytes / read_timeout_s (its defaults otherwise)."""
-    from rlctl.serve.http import OpenAIServer
+    from rlctl.api.http import OpenAIServer
 
     cls = OpenAIServer
     if ":" in host:

@@ -51,7 +51,7 @@ def test_merge_writes_a_vlm_folder_with_its_processor_verified_on_an_image(vlm_r
     assert V.max_abs_diff(V.logits_of(model, image), V.logits_of(base, image)) > 1e-4   # it did train
 
     # and `rlctl serve OUT` / `rlctl eval OUT` load it as they do (model, tokenizer, processor) and answer an image
-    from rlctl.serve.engine import SamplingParams
+    from rlctl.api.requests import SamplingParams
     from rlctl.serve.generate import generate_local
     from rlctl.serve.source import load_model, load_processor_of
 

@@ -146,7 +146,7 @@ def test_run_folder_reward_and_lengths_come_from_its_config(tmp_path):
 @pytest.mark.slow
 def test_remote_generation_matches_local_generation(server, tiny_model_dir):
     """The client `eval --engine vllm|sglang` uses, checked against our own server (same engine code)."""
-    from rlctl.serve.engine import SamplingParams
+    from rlctl.api.requests import SamplingParams
     from rlctl.serve.generate import generate_local, generate_remote
     from rlctl.serve.source import load_model
 

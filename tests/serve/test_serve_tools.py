@@ -18,7 +18,7 @@ import pytest
 from support.servers import ServerProcess
 
 from rlctl.multiturn.builtin_tools import calculator
-from rlctl.serve.tools import ToolCallStream, assistant_message, check_template, parse_tools
+from rlctl.api.tools import ToolCallStream, assistant_message, check_template, parse_tools
 
 openai = pytest.importorskip("openai")
 
@@ -312,7 +312,7 @@ def test_tools_on_the_completions_route_are_refused(tool_client):
 # ---- the pieces, without a server -----------------------------------------------------------------
 def test_a_template_without_tools_is_refused():
     from rlctl.models.tiny import build_tokenizer
-    from rlctl.serve.api_error import APIError
+    from rlctl.api.api_error import APIError
 
     tok = build_tokenizer()
     check_template(tok)  # the tiny template renders tools

@@ -4,7 +4,7 @@ Every way a body can be wrong becomes an `APIError` with a 4xx status and OpenAI
 ({"error": {"message", "type", "param", "code"}}), so clients raise their usual exceptions.
 Unknown fields are ignored (like vLLM); known fields the built-in engine cannot honour
 (logprobs, penalties, a forced tool_choice) are refused rather than silently dropped. Tools are
-checked and turned into `tool_calls` by rlctl.serve.tools.
+checked and turned into `tool_calls` by rlctl.api.tools.
 """
 
 from __future__ import annotations
@@ -14,11 +14,11 @@ import uuid
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from rlctl.serve.api_error import APIError
-from rlctl.serve.engine import SamplingParams
+from rlctl.api.api_error import APIError
+from rlctl.api.requests import SamplingParams
 
 if TYPE_CHECKING:
-    from rlctl.serve.tools import ToolSpec
+    from rlctl.api.tools import ToolSpec
 
 MAX_STOP = 16
 COMPLETION_DEFAULT_MAX_TOKENS = 16  # OpenAI's legacy /v1/completions default
@@ -33,7 +33,7 @@ class ParsedRequest:
     include_usage: bool
     tools: ToolSpec | None = None  # chat with tools: render them, maybe parse calls out of the answers
     prompt_logprobs: list | None = None  # completions: vLLM's prompt_logprobs per prompt (serve/prompt_logprobs.py)
-    visions: list | None = None  # chat with images: per prompt its image arrays (rlctl.serve.vision)
+    visions: list | None = None  # chat with images: per prompt its image arrays (rlctl.api.vision)
 
 
 def _field(body: dict, key: str, types: tuple, default=None, *, nullable: bool = True):
@@ -119,7 +119,7 @@ def _sampling(body: dict, prompt_lens: list[int], context: int, max_n: int, defa
 
 def _message(message, i: int) -> dict:
     """One request message as the chat template takes it: role, text content, tool fields."""
-    from rlctl.serve.tools import message_tool_fields
+    from rlctl.api.tools import message_tool_fields
 
     return {**_message_text(message, i), **message_tool_fields(message, i)}
 
@@ -134,7 +134,7 @@ def _message_text(message, i: int) -> dict:
     if content is None:
         content = ""
     elif isinstance(content, list) and any(isinstance(p, dict) and p.get("type") == "image" for p in content):
-        pass   # text and image parts (rlctl.serve.vision.content_parts made them): the VLM's template renders them
+        pass   # text and image parts (rlctl.api.vision.content_parts made them): the VLM's template renders them
     elif isinstance(content, list):  # content parts: only text can be rendered by a text model
         if not all(isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str)
                    for p in content):
@@ -152,7 +152,7 @@ def parse_chat(body: dict, engine, max_n: int) -> ParsedRequest:
     messages = _field(body, "messages", (list,), nullable=False) if "messages" in body else None
     if not messages:
         raise APIError(400, "'messages' must be a non-empty list", param="messages")
-    from rlctl.serve.tools import check_template, parse_tools
+    from rlctl.api.tools import check_template, parse_tools
 
     spec = parse_tools(body)
     messages, images = _images(messages, engine)
@@ -175,7 +175,7 @@ def parse_chat(body: dict, engine, max_n: int) -> ParsedRequest:
 
 def _images(messages: list, engine) -> tuple[list, list]:
     """(messages with image_url parts turned into template image parts, the PIL images in order)."""
-    from rlctl.serve.vision import content_parts, has_images
+    from rlctl.api.vision import content_parts, has_images
 
     if not has_images(messages):
         return messages, []
@@ -247,7 +247,7 @@ def response(kind: str, rid: str, model: str, choices: list[tuple[str, str]], us
     """A whole (non-streamed) answer; `choices` are (text, finish_reason) by index; prompt_logprobs:
     one entry per choice (its prompt's), when the request asked for them."""
     if kind == "chat":
-        from rlctl.serve.tools import assistant_message
+        from rlctl.api.tools import assistant_message
 
         messages = [assistant_message(text, finish, tools) for text, finish in choices]
         out = [{"index": i, "message": message, "logprobs": None, "finish_reason": finish}

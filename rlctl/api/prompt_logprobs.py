@@ -9,7 +9,7 @@ other {token_id: {"logprob", "rank", "decoded_token"}} holding the top K and the
 
 from __future__ import annotations
 
-from rlctl.serve.api_error import APIError
+from rlctl.api.api_error import APIError
 
 
 def requested_k(body: dict, limit: int) -> int:

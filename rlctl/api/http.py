@@ -21,11 +21,11 @@ import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-from rlctl.serve import protocol
-from rlctl.serve.engine import Engine, Request
-from rlctl.serve.prompt_logprobs import prompt_logprobs, requested_k
-from rlctl.serve.api_error import APIError
-from rlctl.serve.tools import ToolCallStream
+from rlctl.api import protocol
+from rlctl.api.requests import Request, ServingEngine
+from rlctl.api.prompt_logprobs import prompt_logprobs, requested_k
+from rlctl.api.api_error import APIError
+from rlctl.api.tools import ToolCallStream
 
 log = logging.getLogger("rlctl.serve")
 POLL_S = 0.2  # how often a waiting handler checks whether its client is still there
@@ -73,7 +73,7 @@ class OpenAIServer(ThreadingHTTPServer):
     request_queue_size = 256  # a burst of clients must not overflow the listen backlog
     prompt_logprobs = 0       # most prompt_logprobs a request may ask for (`rlctl serve --prompt-logprobs`)
 
-    def __init__(self, address, engine: Engine, *, model_name: str, api_key: str | None = None,
+    def __init__(self, address, engine: ServingEngine, *, model_name: str, api_key: str | None = None,
                  max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, read_timeout_s: float = DEFAULT_READ_TIMEOUT_S):
         super().__init__(address, _Handler)
         self.engine, self.model_name = engine, model_name

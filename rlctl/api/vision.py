@@ -19,7 +19,7 @@ import base64
 import binascii
 import io
 
-from rlctl.serve.api_error import APIError
+from rlctl.api.api_error import APIError
 
 MAX_REMOTE_BYTES = 20 * 1024 * 1024
 REMOTE_TIMEOUT_S = 10.0

@@ -21,7 +21,7 @@ import uuid
 from dataclasses import dataclass
 
 from rlctl.multiturn.formats import openai_tool_calls, parse_tool_calls
-from rlctl.serve.api_error import APIError
+from rlctl.api.api_error import APIError
 
 CALL_START = "<tool_call>"
 _NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
