@@ -196,6 +196,29 @@ class MultiTurnConfig:
                                 gt=0)
 
 
+AGENT_REWARDS = ("agent", "scorer", "sum")   # rlctl.agent.rollout: where an episode's reward comes from
+
+
+@dataclass(frozen=True)
+class AgentConfig:
+    function: str = opt("", "\"file.py:name\": an async function (client, row) -> reward, called once per episode "
+                            "with an openai.AsyncOpenAI client for the episode's endpoint and the parquet row as a "
+                            "dict; it returns a float or a dict with \"reward\" (docs/agents.md).")
+    command: tuple = opt((), "A process per episode instead of a function: argv, relative paths from rlctl.toml; "
+                             "OPENAI_BASE_URL and OPENAI_API_KEY set, the row as JSON on stdin, the reward as the "
+                             "last stdout line (a number or a JSON object with \"reward\").")
+    max_calls: int = opt(16, "Model calls per episode at most; the call past it is refused (HTTP 429) and the "
+                             "episode counts as failed.", ge=1)
+    timeout_s: float = opt(300.0, "Seconds an episode may run; past it the agent is cancelled (a command killed) "
+                                  "and the episode counts as failed.", gt=0)
+    concurrency: int = opt(64, "Episodes running at once.", ge=1)
+    reward: str = opt("agent", "The episode's reward: \"agent\" (what the agent returned), \"scorer\" "
+                               "(reward.function, or the row's built-in by data_source, on the last answer) or "
+                               "\"sum\" (both).", choices=AGENT_REWARDS)
+    max_wait_s: float = opt(1.0, "Batching: calls wait until every running episode is waiting on the model, or "
+                                 "this long after the first of them arrived, then generate together.", gt=0)
+
+
 @dataclass(frozen=True)
 class RolloutConfig:
     engine: str = opt("hf", "Generation engine.", choices=("hf", "vllm", "sglang"))
@@ -238,6 +261,9 @@ class RolloutConfig:
                                        "or top_k > 0).", ge=0)
     multi_turn: MultiTurnConfig = field(default_factory=MultiTurnConfig,
                                         metadata={"help": "Multi-turn rollouts with tools and interactions."})
+    agent: AgentConfig = field(default_factory=AgentConfig,
+                               metadata={"help": "Agent programs as the rollout: your code calls the policy through "
+                                                 "an OpenAI-compatible endpoint (docs/agents.md)."})
 
 
 @dataclass(frozen=True)
