@@ -74,7 +74,34 @@ def build_group(size: int, model: torch.nn.Module, world: int, key: str = "ulyss
     problem = head_problem(heads, getattr(text, "num_key_value_heads", None) or heads, size)
     if problem:
         raise ConfigError(problem, hint=f"set {key} to a size that divides the heads")
+    if sinks := next((name for name, _ in model.named_parameters() if name.rsplit(".", 1)[-1] == "sinks"), None):
+        raise ConfigError(f"{sinks}: attention sinks are not implemented by sequence parallelism",
+                          hint=f"set {key} = 1")
     return new_groups(size)
+
+
+def attention_variant_problem(model_type: str, config: dict | None = None) -> str | None:
+    """Validate's view of a model family's attention: the variant (UNSUPPORTED_ATTENTION) its
+    transformers attention passes to the attention function, read from the family's modeling
+    source without importing it; None when it passes none (or the family is not transformers').
+    ALiBi counts where `config` (config.json) does not turn it off (Falcon's "alibi": false)."""
+    import importlib.util
+    from pathlib import Path
+
+    from transformers.models.auto.configuration_auto import model_type_to_module_name
+
+    module = model_type_to_module_name(model_type)
+    spec = importlib.util.find_spec("transformers")
+    source = Path(spec.origin).parent / "models" / module / f"modeling_{module}.py"
+    if not source.is_file():
+        return None
+    text = source.read_text(encoding="utf-8")
+    for name in UNSUPPORTED_ATTENTION:
+        if name == "alibi" and not (config or {}).get("alibi", True):
+            continue
+        if f"{name}=self." in text or f"{name}={name}" in text:
+            return f"{model_type}'s attention passes {name}, which sequence parallelism does not implement"
+    return None
 
 
 def new_groups(size: int) -> SPGroup | None:
@@ -150,11 +177,64 @@ def heads_to_seq(x: torch.Tensor, sp: SPGroup) -> torch.Tensor:
     return got.transpose(0, 1).reshape(b, sp.size * h_local, s // sp.size, d)
 
 
-def ulysses_attention(module, query, key, value, attention_mask=None, scaling=None, dropout=0.0, **kwargs):
+# The attention variants a model may hand the attention function, with what sp does with them.
+# Implemented per packed sequence: a sliding window (Gemma 2/3, Mistral v0.1, Phi-3) and logit
+# soft-capping (Gemma 2). Anything else that shapes the scores would be silently dropped, so it is
+# refused: attention sinks (gpt-oss's s_aux), ALiBi / position biases, chunked windows.
+UNSUPPORTED_ATTENTION = ("s_aux", "sinks", "alibi", "position_bias", "window_size", "head_mask")
+
+
+def unsupported_attention(kwargs: dict) -> str | None:
+    """The first attention variant in an attention call's keyword arguments that Ulysses attention
+    does not implement, or None."""
+    for name in UNSUPPORTED_ATTENTION:
+        if kwargs.get(name) is not None:
+            return name
+    if kwargs.get("is_causal") is False:
+        return "is_causal=False"
+    return None
+
+
+def packed_attention(q, k, v, lengths: list[int], *, scaling=None, dropout: float = 0.0,
+                     sliding_window: int | None = None, softcap: float | None = None) -> torch.Tensor:
+    """Causal attention inside each packed sequence, never across: q/k/v [b, h, N, d] (same heads)
+    -> [b, h, N, d]. Position i of a sequence sees j <= i, and with a window only i - j < window
+    (transformers' sliding-window mask). Plain sequences go to SDPA with is_causal (no [L, L] mask);
+    a sequence the window cuts, or soft-capped logits (tanh(s / c) * c before the mask, softmax in
+    float32, as transformers' eager attention), builds its own [L, L] mask."""
+    parts = []
+    for qi, ki, vi in zip(q.split(lengths, 2), k.split(lengths, 2), v.split(lengths, 2)):
+        n = qi.shape[2]
+        windowed = sliding_window is not None and n > sliding_window
+        if softcap is None and not windowed:
+            parts.append(F.scaled_dot_product_attention(qi, ki, vi, is_causal=True, scale=scaling, dropout_p=dropout))
+            continue
+        pos = torch.arange(n, device=qi.device)
+        allowed = pos[None, :] <= pos[:, None]
+        if windowed:
+            allowed &= pos[None, :] > pos[:, None] - sliding_window
+        if softcap is None:
+            parts.append(F.scaled_dot_product_attention(qi, ki, vi, attn_mask=allowed, scale=scaling,
+                                                        dropout_p=dropout))
+            continue
+        scores = torch.matmul(qi, ki.transpose(2, 3)) * (qi.shape[-1] ** -0.5 if scaling is None else scaling)
+        scores = torch.tanh(scores / softcap) * softcap
+        weights = scores.masked_fill(~allowed, float("-inf")).softmax(-1, dtype=torch.float32).to(qi.dtype)
+        parts.append(torch.matmul(F.dropout(weights, p=dropout, training=dropout > 0), vi))
+    return torch.cat(parts, dim=2)
+
+
+def ulysses_attention(module, query, key, value, attention_mask=None, scaling=None, dropout=0.0,
+                      sliding_window=None, softcap=None, **kwargs):
     """A transformers attention function: q [b, h, s/S, d], k/v [b, hk, s/S, d] -> ([b, s/S, h, d], None).
 
     KV heads fewer than S are repeated to S first, each consecutively, so rank j's query heads
     (a slice inside one KV group) meet their own KV head."""
+    from rlctl.errors import ConfigError
+
+    if variant := unsupported_attention(kwargs):
+        raise ConfigError(f"{type(module).__name__} uses an attention variant ({variant}) that sequence "
+                          "parallelism does not implement", hint="set actor.ulysses_sequence_parallel_size = 1")
     sp, lengths = current(), _state["lengths"]
     kv_heads = key.shape[1]
     if kv_heads < sp.size:
@@ -164,11 +244,9 @@ def ulysses_attention(module, query, key, value, attention_mask=None, scaling=No
     if k.shape[1] != q.shape[1]:
         k = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1)
         v = v.repeat_interleave(q.shape[1] // v.shape[1], dim=1)
-    # causal attention inside each packed sequence, never across (varlen attention, no [N, N] mask)
-    dropout = dropout if module.training else 0.0
-    parts = [F.scaled_dot_product_attention(qi, ki, vi, is_causal=True, scale=scaling, dropout_p=dropout)
-             for qi, ki, vi in zip(q.split(lengths, 2), k.split(lengths, 2), v.split(lengths, 2))]
-    return heads_to_seq(torch.cat(parts, dim=2), sp).transpose(1, 2).contiguous(), None
+    out = packed_attention(q, k, v, lengths, scaling=scaling, dropout=dropout if module.training else 0.0,
+                           sliding_window=sliding_window, softcap=softcap)
+    return heads_to_seq(out, sp).transpose(1, 2).contiguous(), None
 
 
 @contextlib.contextmanager

@@ -2,8 +2,9 @@
 
 Config pass: the ranks split into sp groups, and what is not built with sequence parallelism yet
 (float16) is refused in one line. Machine pass: the attention heads of the model, and of the
-distillation teachers, split over the sp ranks (read from their config.json; a model not on disk
-is checked by the workers at start).
+distillation teachers, split over the sp ranks, and their attention has no variant Ulysses
+attention does not implement (sinks, ALiBi; read from their config.json and the family's modeling
+code; a model not on disk is checked by the workers at start).
 Checks keep the contract of rlctl.config.checks: `check(config, ctx) -> list[Problem]`.
 """
 
@@ -17,7 +18,7 @@ from rlctl.config.plan import world_size
 from rlctl.config.schema import SEPARATE_ROLLOUT_MODES, Config, distill_enabled
 from rlctl.workers.distill_checks import teacher_paths
 from rlctl.workers.rollout.checks import model_config
-from rlctl.workers.ulysses import head_problem
+from rlctl.workers.ulysses import attention_variant_problem, head_problem
 
 ACTOR_KEY = "actor.ulysses_sequence_parallel_size"
 CRITIC_KEY = "critic.ulysses_sequence_parallel_size"
@@ -70,4 +71,7 @@ def _model_problems(c: Config, ctx: CheckContext, key: str, sp: int) -> list[Pro
     if not heads:
         return []
     problem = head_problem(heads, int(text.get("num_key_value_heads") or heads), sp)
-    return [Problem(key, f"{problem}; use a size that divides the heads")] if problem else []
+    if problem:
+        return [Problem(key, f"{problem}; use a size that divides the heads")]
+    variant = attention_variant_problem(str(text.get("model_type") or hf.get("model_type") or ""), text)
+    return [Problem(key, f"{variant}; set {key} = 1")] if variant else []

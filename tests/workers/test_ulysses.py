@@ -6,7 +6,8 @@ each runs half of the packed row and the all-to-all attention. Log-probs, entrop
 values and the summed gradients must equal the plain one-rank forward (trim layout, SDPA) within
 float32 rounding, for KV heads that split over the ranks and KV heads repeated (1 KV head, sp = 2).
 LoRA adapters and a gradient-checkpointed model get the same gradients; a bfloat16 model lands as close to float32 as one rank does.
-A planted wrong mask (plain causal over the whole packed row) must break the parity.
+A planted wrong mask (plain causal over the whole packed row) must break the parity. A Gemma 3
+model past its sliding window, with soft-capped logits, keeps the parity too.
 """
 
 from __future__ import annotations
@@ -90,6 +91,7 @@ def _rank_main(rank, init_file, out_dir):
     results.update(_checkpointed(sp, micro, width))
     results.update(_bf16(sp, micro, width))
     results.update(_planted_wrong_mask(sp, micro, width))
+    results.update(_windowed(sp, micro, width))
     np.savez(os.path.join(out_dir, f"rank{rank}.npz"), **results)
     dist.destroy_process_group()
 
@@ -153,6 +155,20 @@ def _planted_wrong_mask(sp, micro, width) -> dict:
     return {"wrong_mask_log_prob": float((one["log_prob"] - wrong["log_prob"]).abs().max())}
 
 
+def _windowed(sp, micro, width) -> dict:
+    """A Gemma 3 model whose 3-token window the sequences pass, with soft-capped logits: sp = 2
+    equals one rank in transformers' eager attention (log-probs and gradients)."""
+    model = _gemma3()
+    one = _policy_pass(model, micro, width)
+    with ulysses.active(sp):
+        split = _policy_pass(model, micro, width)
+    torch.distributed.all_reduce(split["grad"])
+    split["grad"] /= SP
+    return {"window_log_prob": float((one["log_prob"] - split["log_prob"]).abs().max()),
+            "window_grad": float((one["grad"] - split["grad"]).abs().max()),
+            "window_grad_scale": float(one["grad"].abs().max())}
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(180)
 def test_sp2_equals_one_rank_in_log_probs_entropy_loss_values_and_gradients(tmp_path):
@@ -168,6 +184,8 @@ def test_sp2_equals_one_rank_in_log_probs_entropy_loss_values_and_gradients(tmp_
         assert got["gc_log_prob"] < TOL and got["gc_grad"] < TOL * max(1.0, got["gc_grad_scale"]), got
         assert got["bf16_sp_error"] < 2 * got["bf16_one_error"] + 1e-3, got   # no error beyond bf16's own
         assert got["wrong_mask_log_prob"] > 1e-2, got   # the parity above can fail
+        assert got["window_log_prob"] < TOL, got
+        assert got["window_grad"] < TOL * max(1.0, got["window_grad_scale"]), got
 
 
 def test_sequence_lengths_of_a_packed_row():
@@ -180,3 +198,72 @@ def test_sequence_lengths_of_a_packed_row():
 def test_head_problem_says_which_head_counts_split(heads, kv, size, ok):
     problem = ulysses.head_problem(heads, kv, size)
     assert (problem is None) == ok, problem
+
+
+def _gemma3(window: int = 3, softcap: float | None = 2.0):
+    """A Gemma 3 text model whose window (3 tokens) the ragged batch's sequences pass, with
+    soft-capped attention logits, in eager attention: transformers' own masks are the reference."""
+    from transformers import Gemma3ForCausalLM, Gemma3TextConfig
+
+    torch.manual_seed(0)
+    config = Gemma3TextConfig(vocab_size=300, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                              num_attention_heads=4, num_key_value_heads=2, head_dim=8, sliding_window=window,
+                              layer_types=["sliding_attention", "full_attention"], attn_logit_softcapping=softcap,
+                              max_position_embeddings=64, attn_implementation="eager")
+    return Gemma3ForCausalLM(config).float()
+
+
+def test_packed_attention_keeps_the_sliding_window_and_softcap_of_each_sequence():
+    """The per-sequence attention Ulysses runs after its all-to-all, on one packed row, against
+    transformers' eager attention of the same sequences one by one (no process group: sp's
+    exchange is tested above). Plain causal attention, what sp ran before, must differ."""
+    from transformers import AttentionInterface
+
+    lengths = [9, 2, 6]
+    model = _gemma3().eval()
+    ids = torch.randint(0, 300, (1, sum(lengths)), generator=torch.Generator().manual_seed(1))
+    positions = torch.cat([torch.arange(n) for n in lengths])[None]
+    with torch.no_grad():
+        reference = torch.cat([model(input_ids=part).logits for part in ids.split(lengths, 1)], dim=1)
+
+    def packed(plain: bool):
+        def attention(module, query, key, value, attention_mask=None, scaling=None, dropout=0.0,
+                      sliding_window=None, softcap=None, **kwargs):
+            groups = query.shape[1] // key.shape[1]
+            k, v = key.repeat_interleave(groups, 1), value.repeat_interleave(groups, 1)
+            window, cap = (None, None) if plain else (sliding_window, softcap)
+            out = ulysses.packed_attention(query, k, v, lengths, scaling=scaling, sliding_window=window, softcap=cap)
+            return out.transpose(1, 2).contiguous(), None
+
+        AttentionInterface.register("rlctl_test_packed", attention)
+        model.config._attn_implementation = "rlctl_test_packed"
+        try:
+            with torch.no_grad():
+                return model(input_ids=ids, position_ids=positions).logits
+        finally:
+            model.config._attn_implementation = "eager"
+
+    assert (packed(plain=False) - reference).abs().max() < 1e-5
+    assert (packed(plain=True) - reference).abs().max() > 1e-3   # the window and the cap bite here
+
+
+def test_attention_variants_sp_does_not_implement_are_refused_by_name():
+    assert ulysses.unsupported_attention({"sliding_window": 4, "softcap": 50.0, "position_ids": None}) is None
+    assert ulysses.unsupported_attention({"s_aux": torch.zeros(2)}) == "s_aux"
+    assert ulysses.unsupported_attention({"is_causal": False}) == "is_causal=False"
+    assert ulysses.attention_variant_problem("gemma3_text") is None
+    assert "s_aux" in ulysses.attention_variant_problem("gpt_oss")
+    assert ulysses.attention_variant_problem("falcon", {"alibi": False}) is None
+    assert "alibi" in ulysses.attention_variant_problem("bloom", {})
+
+
+def test_a_model_with_attention_sinks_is_refused_when_its_sp_group_is_built():
+    from transformers import GptOssConfig, GptOssForCausalLM
+
+    from rlctl.errors import ConfigError
+
+    config = GptOssConfig(vocab_size=100, hidden_size=32, intermediate_size=32, num_hidden_layers=1,
+                          num_attention_heads=4, num_key_value_heads=2, head_dim=8, num_local_experts=2,
+                          num_experts_per_tok=1)
+    with pytest.raises(ConfigError, match="attention sinks are not implemented"):
+        ulysses.build_group(2, GptOssForCausalLM(config), world=2)   # refused before any process group

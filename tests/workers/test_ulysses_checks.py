@@ -65,6 +65,17 @@ def test_what_is_not_built_with_sp_is_refused_in_one_line(tmp_path):
     assert "vision-language" in check_ulysses_model(_config(vlm), ctx)[0].message
 
 
+def test_attention_sp_does_not_implement_is_refused_and_a_sliding_window_passes(tmp_path):
+    """Sliding windows and soft-capping run per packed sequence (tests/workers/test_ulysses.py);
+    attention sinks (gpt-oss) and ALiBi are refused by the model's family, one line each."""
+    ctx = CheckContext(base_dir=tmp_path, raw={})
+    gemma = _model_dir(tmp_path, 4, 2, model_type="gemma3_text", sliding_window=64, attn_logit_softcapping=50.0)
+    assert check_ulysses_model(_config(gemma), ctx) == []
+    sinks = check_ulysses_model(_config(_model_dir(tmp_path, 4, 2, model_type="gpt_oss")), ctx)
+    assert [p.key for p in sinks] == ["actor.ulysses_sequence_parallel_size"] and "s_aux" in sinks[0].message
+    assert "\n" not in sinks[0].message
+
+
 def test_the_critic_is_checked_like_the_actor_with_its_own_model(tmp_path):
     ctx = CheckContext(base_dir=tmp_path, raw={})
     critic = _config(_model_dir(tmp_path, 4, 2), sp=1, workers=3, critic={"ulysses_sequence_parallel_size": 2})
