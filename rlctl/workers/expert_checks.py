@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from rlctl.config.checks import CheckContext
 from rlctl.config.loader import Problem
-from rlctl.config.schema import Config
+from rlctl.config.plan import world_size
+from rlctl.config.schema import SEPARATE_ROLLOUT_MODES, Config
 
 KEY = "actor.expert_parallel_size"
 
@@ -25,9 +26,11 @@ def check_expert_parallel(c: Config, ctx: CheckContext) -> list[Problem]:
     ep = c.actor.expert_parallel_size
     if ep == 1:
         return problems
-    if c.resources.workers % ep:
-        problems.append(Problem(KEY, f"{ep} does not divide resources.workers = {c.resources.workers}: each "
-                                     "expert group is ep of the actor's ranks; pick a divisor of the workers"))
+    ranks = world_size(c.resources, c.rollout.mode in SEPARATE_ROLLOUT_MODES)   # GPUs: nodes x GPUs (- rollout's)
+    if ranks % ep:
+        problems.append(Problem(KEY, f"{ep} does not divide the actor's {ranks} training ranks (resources.workers, "
+                                     "or GPUs): each expert group is ep of the actor's ranks; pick a divisor of "
+                                     f"{ranks}"))
     refusals = (
         (c.rollout.engine not in ("hf", "vllm"), "rollout.engine", f"\"{c.rollout.engine}\" with {KEY} > 1 is not "
                                                                    "supported yet (the hf and vllm engines get the "

@@ -76,7 +76,7 @@ def new_groups(ep_size: int) -> ExpertGroups:
     rank, world = dist.get_rank(), dist.get_world_size()
     if ep_size < 1 or world % ep_size:
         raise ConfigError(f"actor.expert_parallel_size = {ep_size} does not divide the {world} training ranks",
-                          hint="set it to a divisor of resources.workers (1 = off)")
+                          hint="set it to a divisor of the training ranks (1 = off)")
     ep_group = replica_group = None
     for start in range(0, world, ep_size):
         group = dist.new_group(list(range(start, start + ep_size)))

@@ -34,11 +34,26 @@ def test_ep_fits_the_workers_and_the_experts_and_a_dense_model_is_refused(moe_di
     assert check_expert_parallel(ok, ctx) == [] and check_expert_model(ok, ctx) == []
     assert check_expert_parallel(_config(tiny_model_dir), ctx) == []   # off: nothing read
     odd = check_expert_parallel(_config(moe_dir, actor={"expert_parallel_size": 2}, resources={"workers": 3}), ctx)
-    assert [p.key for p in odd] == ["actor.expert_parallel_size"] and "resources.workers = 3" in odd[0].message
+    assert [p.key for p in odd] == ["actor.expert_parallel_size"] and "3 training ranks" in odd[0].message
     three = _config(moe_dir, actor={"expert_parallel_size": 3}, resources={"workers": 3})
     assert "4 experts" in check_expert_model(three, ctx)[0].message    # 4 experts over 3 ranks
     dense = check_expert_model(_config(tiny_model_dir, actor={"expert_parallel_size": 2}), ctx)
     assert len(dense) == 1 and "has no experts" in dense[0].message
+
+
+def test_ep_counts_the_gpus_as_ranks_and_leaves_out_a_separate_rollout_groups(moe_dir, tmp_path):
+    """On GPUs the ranks are nodes x GPUs per node (resources.workers stays 1), less the rollout
+    group's GPUs when it runs apart, as validate counts them for sequence parallelism."""
+    ctx = CheckContext(base_dir=tmp_path, raw={})
+    gpus = {"workers": 1, "nodes": 1, "gpus_per_node": 8}
+    four = {"expert_parallel_size": 4}
+    assert check_expert_parallel(_config(moe_dir, actor={"expert_parallel_size": 8}, resources=gpus), ctx) == []
+    assert check_expert_parallel(_config(moe_dir, actor=four, resources={**gpus, "nodes": 2}), ctx) == []
+    apart = _config(moe_dir, actor=four, resources={**gpus, "rollout_workers": 2}, rollout={"mode": "one_step_off"})
+    odd = check_expert_parallel(apart, ctx)   # 6 actor GPUs beside the rollout's 2
+    assert [p.key for p in odd] == ["actor.expert_parallel_size"] and "6 training ranks" in odd[0].message
+    fits = _config(moe_dir, actor=four, resources={**gpus, "rollout_workers": 4}, rollout={"mode": "one_step_off"})
+    assert check_expert_parallel(fits, ctx) == []
 
 
 def test_what_expert_parallelism_does_not_cover_yet_is_refused(moe_dir, tmp_path):
