@@ -22,6 +22,7 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from rlctl.api import protocol
+from rlctl.api.deadline import DeadlineReader
 from rlctl.api.requests import Request, ServingEngine
 from rlctl.api.prompt_logprobs import prompt_logprobs, requested_k
 from rlctl.api.api_error import APIError
@@ -36,35 +37,6 @@ DEFAULT_READ_TIMEOUT_S = 30.0
 
 class _ClientGone(Exception):
     pass
-
-
-class _DeadlineReader(io.RawIOBase):
-    """The connection's reads, each bounded by what is left of the handler's read deadline.
-
-    A per-recv timeout alone never fires for a client sending one byte a second; recomputing it
-    from a deadline before every recv does. Past the deadline the read raises TimeoutError."""
-
-    def __init__(self, handler: "_Handler"):
-        self.handler = handler
-
-    def readable(self) -> bool:
-        return True
-
-    def readinto(self, buffer) -> int:
-        handler = self.handler
-        if handler.deadline is not None:
-            left = handler.deadline - time.monotonic()
-            if left <= 0:
-                handler.expired = True
-                raise TimeoutError("the client did not send its request in time")
-            handler.connection.settimeout(left)
-        try:
-            got = handler.connection.recv_into(buffer)
-        except TimeoutError:
-            handler.expired = handler.deadline is not None
-            raise
-        handler.received += got
-        return got
 
 
 class OpenAIServer(ThreadingHTTPServer):
@@ -89,6 +61,11 @@ class OpenAIServer(ThreadingHTTPServer):
             self._active += delta
             self._idle.notify_all()
 
+    def scope(self, path: str) -> tuple[str, str]:
+        """(the tag of the caller a path names, the route inside it): "" and the path itself here; the
+        agent endpoint (rlctl.agent.endpoint) serves each episode under its own prefix."""
+        return "", path
+
     def wait_idle(self, timeout: float) -> bool:
         with self._idle:
             return self._idle.wait_for(lambda: self._active == 0, timeout)
@@ -103,10 +80,11 @@ class _Handler(BaseHTTPRequestHandler):
     expired = False  # the deadline passed while reading
     received = 0  # bytes read from the client for the current request
     responded = False  # a status line went out for the current request
+    tag = ""  # who the request is from, by its path (OpenAIServer.scope)
 
     def setup(self):
         super().setup()
-        self.rfile = io.BufferedReader(_DeadlineReader(self))
+        self.rfile = io.BufferedReader(DeadlineReader(self))
 
     def handle_one_request(self):
         """One request under the read deadline; a client too slow to send it gets a 408 and is closed.
@@ -189,6 +167,11 @@ class _Handler(BaseHTTPRequestHandler):
             self._send_json(200, {"status": "ok", **self.server.engine.load()})
             return
         self._authorize()
+        self.tag, path = self.server.scope(path)
+        if path == "/inference/v1/generate" and hasattr(self.server.engine, "generate_ids"):
+            self._only(method, "POST")   # vLLM's token endpoint: token ids in, token ids and log-probs out
+            self._send_json(200, self.server.engine.generate_ids(self._read_json(), self.tag))
+            return
         if path == "/v1/models":
             self._only(method, "GET")
             self._send_json(200, {"object": "list", "data": [self._model_card()]})
@@ -294,7 +277,7 @@ class _Handler(BaseHTTPRequestHandler):
         events: queue.Queue = queue.Queue()
         n = parsed.params.n
         visions = parsed.visions or [None] * len(parsed.prompts)
-        requests = [Request(p, parsed.params, events, index_base=i * n, vision=v)
+        requests = [Request(p, parsed.params, events, index_base=i * n, vision=v, tag=self.tag)
                     for i, (p, v) in enumerate(zip(parsed.prompts, visions))]
         self.server.track(+1)
         try:

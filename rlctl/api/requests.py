@@ -43,6 +43,7 @@ class Request:
     events: queue.Queue
     index_base: int = 0  # choice index of this request's first row (batched completion prompts)
     vision: dict | None = None  # a VLM prompt's image arrays (rlctl.models.vision.encode_prompt)
+    tag: str = ""  # the caller its path named (OpenAIServer.scope): the agent endpoint's episode
     cancelled: threading.Event = field(default_factory=threading.Event)
 
     def cancel(self) -> None:

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
+from rlctl.data.dataset import chat_prompt_ids
 from rlctl.errors import DataError
 
 
@@ -43,21 +44,6 @@ def read_rows(files: list[Path]) -> list[dict]:
     if not rows:
         raise DataError(f"no rows in {', '.join(map(str, files))}", hint="prepare data with `rlctl data prep`.")
     return rows
-
-
-def chat_prompt_ids(messages: list, tokenizer, tools: list[dict] | None = None) -> list[int]:
-    """The token ids the policy sees for one chat prompt: its chat template with the generation
-    prompt (training and `rlctl eval` alike); `tools` are OpenAI function schemas the template
-    renders into the prompt (multi-turn rollouts). A tokenizer without a template (a base model)
-    reads the contents joined by newlines, as `rlctl data inspect` counts them."""
-    if not getattr(tokenizer, "chat_template", None):
-        from rlctl.data.dataset import render_prompts as render_texts
-
-        return tokenizer(render_texts([messages], tokenizer)[0], add_special_tokens=False)["input_ids"]
-    ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, tools=tools or None)
-    if hasattr(ids, "keys"):  # transformers 5 returns a BatchEncoding
-        ids = ids["input_ids"]
-    return list(ids)
 
 
 def render_prompts(rows: list[dict], tokenizer, max_prompt_length: int, overlong: str,

@@ -119,3 +119,16 @@ def files_fingerprint(files) -> str:
             raise DataError(f"cannot read data file {path} ({e.strerror})") from None
         outer.update(f"{inner.hexdigest()}\n".encode())
     return f"sha256:{outer.hexdigest()}"
+
+
+def chat_prompt_ids(messages: list, tokenizer, tools: list[dict] | None = None) -> list[int]:
+    """The token ids the policy sees for one chat prompt: its chat template with the generation
+    prompt (training and `rlctl eval` alike); `tools` are OpenAI function schemas the template
+    renders into the prompt (multi-turn rollouts). A tokenizer without a template (a base model)
+    reads the contents joined by newlines, as `rlctl data inspect` counts them."""
+    if not getattr(tokenizer, "chat_template", None):
+        return tokenizer(render_prompts([messages], tokenizer)[0], add_special_tokens=False)["input_ids"]
+    ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, tools=tools or None)
+    if hasattr(ids, "keys"):  # transformers 5 returns a BatchEncoding
+        ids = ids["input_ids"]
+    return list(ids)

@@ -10,11 +10,10 @@ from __future__ import annotations
 
 import collections
 import logging
-import queue
 import threading
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-from rlctl.api.requests import Event, Request, SamplingParams
+from rlctl.api.requests import Event, Request
 from rlctl.serve.textstream import TextStream
 
 log = logging.getLogger("rlctl.serve")
@@ -74,7 +73,7 @@ class Engine:
     def encode_chat(self, messages: list[dict], tools: list[dict] | None = None) -> list[int]:
         """The prompt exactly as training renders it (training's own chat_prompt_ids): the chat
         template (with the tools, if any) and the generation prompt."""
-        from rlctl.controller.prompts import chat_prompt_ids
+        from rlctl.data.dataset import chat_prompt_ids
 
         with self.tokenizer_lock:
             return chat_prompt_ids(messages, self.tokenizer, tools)

@@ -211,7 +211,7 @@ def _prompts(folder: Path, rows: list[dict], image_key: str):
     """(tokenizer, prompt ids as training renders them, per row its image arrays or None: all None
     for a text model). A vision-language model's prompts go through its processor, images checked
     and decoded as training reads them (rlctl.data.images)."""
-    from rlctl.controller.prompts import chat_prompt_ids
+    from rlctl.data.dataset import chat_prompt_ids
     from rlctl.serve.source import load_processor_of
 
     processor = load_processor_of(folder)

@@ -90,7 +90,7 @@ def test_multi_turn_eval_sends_the_remote_reward_the_prompt_training_sends(tiny_
     (multi-turn eval sent an empty prompt)."""
     from transformers import AutoTokenizer
 
-    from rlctl.controller.prompts import chat_prompt_ids
+    from rlctl.data.dataset import chat_prompt_ids
     from rlctl.multiturn.tools import FunctionTool
     from rlctl.multiturn.builtin_tools import calculator
 

@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from rlctl.serve.batch import DecodeBatch
-from rlctl.serve.engine import Engine, Request, SamplingParams
+from rlctl.api.requests import Request, SamplingParams
+from rlctl.serve.engine import Engine
 
 
 @pytest.fixture(scope="module")
