@@ -38,6 +38,9 @@ def check_expert_parallel(c: Config, ctx: CheckContext) -> list[Problem]:
                                                                    f"{KEY} = 1"),
         (c.model.lora.rank > 0, "model.lora.rank", f"LoRA with {KEY} > 1 is not supported yet; use full "
                                                    f"fine-tuning, or {KEY} = 1"),
+        # untested: each layer's two sp all-to-alls around two ep ones, and both gradient scalings stacked
+        (c.actor.ulysses_sequence_parallel_size > 1, "actor.ulysses_sequence_parallel_size",
+         f"sequence parallelism together with {KEY} > 1 is not supported yet; set one of them to 1"),
     )
     problems += [Problem(key, message) for refused, key, message in refusals if refused]
     if c.rollout.engine == "vllm" and c.run.kind != "sft":   # the engine-side layout, stated (docs/rollout.md)

@@ -60,9 +60,12 @@ def test_what_expert_parallelism_does_not_cover_yet_is_refused(moe_dir, tmp_path
     ctx = CheckContext(base_dir=tmp_path, raw={})
     ep = {"expert_parallel_size": 2}
     lora = dataclasses.replace(Config().model.lora, rank=8)
-    cases = {"rollout.engine": {"rollout": {"engine": "sglang"}}, "model.lora.rank": {"model": {"lora": lora}}}
-    for key, change in cases.items():
-        problems = check_expert_parallel(_config(moe_dir, actor=ep, resources={"workers": 2}, **change), ctx)
+    with_sp = {**ep, "ulysses_sequence_parallel_size": 2, "moe_aux_loss_coef": 0.0}
+    cases = [("rollout.engine", {"rollout": {"engine": "sglang"}}), ("model.lora.rank", {"model": {"lora": lora}}),
+             ("actor.ulysses_sequence_parallel_size", {"actor": with_sp}),   # sp and ep together, RL and SFT
+             ("actor.ulysses_sequence_parallel_size", {"actor": with_sp, "run": {"kind": "sft"}})]
+    for key, change in cases:
+        problems = check_expert_parallel(_config(moe_dir, resources={"workers": 2}, **{"actor": ep, **change}), ctx)
         assert [p.key for p in problems] == [key] and "not supported yet" in problems[0].message, key
     for built in ({"mode": "one_step_off"}, {"mode": "async"}):   # the export gathers the experts
         assert check_expert_parallel(_config(moe_dir, actor=ep, resources={"workers": 2}, rollout=built), ctx) == []
