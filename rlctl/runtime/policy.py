@@ -30,7 +30,7 @@ class TurnGenerator(Protocol):
     def world_size(self) -> int: ...
 
     def generate_turn(self, batch: Batch, *, seed: int, mode: str = "train", n: int = 1,
-                      width: int = 0) -> Batch: ...
+                      width: int = 0, log_probs: bool = False) -> Batch: ...
 
 
 class PolicyActor(TurnGenerator, Protocol):
@@ -70,8 +70,9 @@ class PolicyHandle:
     def generate(self, batch: Batch, *, seed: int, mode: str = "train") -> Batch:
         return self.role.generate(batch, seed=seed, mode=mode)
 
-    def generate_turn(self, batch: Batch, *, seed: int, mode: str = "train", n: int = 1, width: int = 0) -> Batch:
-        return self.role.generate_turn(batch, seed=seed, mode=mode, n=n, width=width)
+    def generate_turn(self, batch: Batch, *, seed: int, mode: str = "train", n: int = 1, width: int = 0,
+                      log_probs: bool = False) -> Batch:
+        return self.role.generate_turn(batch, seed=seed, mode=mode, n=n, width=width, log_probs=log_probs)
 
     def compute_log_prob(self, batch: Batch) -> Batch:
         return self.role.compute_log_prob(batch)

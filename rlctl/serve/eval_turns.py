@@ -75,7 +75,8 @@ class LocalTurns:
         self.engine = HFRolloutEngine(model, pad_token_id=pad_token_id, eos_token_ids=eos_token_ids)
         self.temperature, self.top_p = temperature, top_p
 
-    def generate_turn(self, batch: Batch, *, seed: int, mode: str = "train", n: int = 1, width: int = 0) -> Batch:
+    def generate_turn(self, batch: Batch, *, seed: int, mode: str = "train", n: int = 1, width: int = 0,
+                      log_probs: bool = False) -> Batch:
         import torch
 
         from rlctl.workers.rollout.hf import kept_kv_args
@@ -87,5 +88,5 @@ class LocalTurns:
         generator = torch.Generator(device=next(self.engine.model.parameters()).device).manual_seed(seed)
         out = self.engine.generate(prompts, n=n, max_new_tokens=max(limits), temperature=self.temperature,
                                    top_p=self.top_p, generator=generator, greedy=self.temperature == 0,
-                                   limits=limits, **kept_kv_args(batch), **images)
+                                   limits=limits, log_probs=log_probs, **kept_kv_args(batch), **images)
         return Batch(pad_turn_positions(out, batch["input_ids"].shape[1]))

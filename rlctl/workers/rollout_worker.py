@@ -213,7 +213,8 @@ class RolloutWorker:
                            length=data.max_response_length, pad=self.pad, eos_ids=self.eos_ids)
 
     @register(Dispatch.DP)
-    def generate_turn(self, batch: Batch, *, seed: int, mode: str = "train", n: int = 1, width: int = 0) -> Batch:
+    def generate_turn(self, batch: Batch, *, seed: int, mode: str = "train", n: int = 1, width: int = 0,
+                      log_probs: bool = False) -> Batch:
         """One assistant turn of a multi-turn rollout with this rank's weights, as
         ActorRolloutRefWorker.generate_turn (same columns, kept KV included). Training batches only:
         the actor's own group validates."""
@@ -225,7 +226,7 @@ class RolloutWorker:
         with self._autocast(generating=True):
             out = sample(self.engine, batch, self.cfg.rollout, n=n, max_new_tokens=max(width, *limits),
                          temperature=self.cfg.rollout.temperature, seed=seed, rank=self.rank, device=self.device,
-                         limits=limits, **kept_kv_args(batch))
+                         limits=limits, **kept_kv_args(batch), **({"log_probs": True} if log_probs else {}))
         return Batch(_clip_to_limits(out, np.repeat(limits, n), self.eos_ids, self.pad))
 
     @register(Dispatch.DP)

@@ -68,6 +68,7 @@ class HFRolloutEngine(RolloutEngine):
         self._positions: np.ndarray | None = None   # the last vision call's position_ids [B*n, 3, P+T]
         self.banned = placeholder_ids(model)   # vision placeholder tokens: never sampled
         self.last_stats: dict[str, float] = {}
+        self._log_prob_temperature: float | None = None
 
     per_prompt_limits = True
 
@@ -76,26 +77,31 @@ class HFRolloutEngine(RolloutEngine):
                  generator: torch.Generator | None = None,
                  greedy: bool = False, limits: list[int] | None = None,
                  kv_lookup: list[int] | None = None, kv_store: list[int] | None = None,
-                 images: dict | None = None) -> dict[str, np.ndarray]:
+                 images: dict | None = None, log_probs: bool = False) -> dict[str, np.ndarray]:
         """RolloutEngine.generate; `limits` caps each prompt's responses at its own token count.
         kv_lookup (one key per prompt, -1 = none): continue from the KV a previous call kept under
         that key; kv_store (one key per response row, -1 = none): keep this call's rows' KV.
         images (vision-language models): {pixel_values, image_grid_thw}, one entry per prompt (None
         without an image, rlctl.workers.vision); the result then also holds position_ids
-        [B*n, 3, P+T], the M-RoPE positions the rows were sampled with."""
+        [B*n, 3, P+T], the M-RoPE positions the rows were sampled with. log_probs: also return
+        rollout_log_prob [B*n, T], log softmax(logits / temperature) of each sampled token (the
+        trainer's log-prob, before top-k / top-p; temperature 1 when greedy), 0 after the end."""
         check_sampling_args(prompt_ids, n, max_new_tokens, temperature, top_p, top_k)
         params = dict(temperature=0.0 if greedy else float(temperature), top_p=float(top_p),
                       top_k=int(top_k), generator=generator)
+        self._log_prob_temperature = (float(temperature) or 1.0) if log_probs else None
         t0 = time.perf_counter()
         was_training = self.model.training
         self.model.eval()  # no dropout while sampling; restored for the trainer afterwards
         try:
             with whole_weights(self.model), torch.no_grad():
-                responses, lengths, steps = self._sample(prompt_ids, n, max_new_tokens, params, limits,
-                                                         kv_lookup, kv_store, images)
+                responses, lengths, steps, token_lp = self._sample(prompt_ids, n, max_new_tokens, params, limits,
+                                                                   kv_lookup, kv_store, images)
         finally:
             self.model.train(was_training)
         out = _to_numpy(responses, lengths, self.eos_token_ids)
+        if token_lp is not None:
+            out["rollout_log_prob"] = token_lp.float().cpu().numpy()
         if self._positions is not None:
             out[POSITION_IDS] = self._positions
         self.last_stats = {"seconds": time.perf_counter() - t0, "tokens": int(lengths.sum()),
@@ -106,7 +112,8 @@ class HFRolloutEngine(RolloutEngine):
                 params: dict[str, Any], limits: list[int] | None = None,
                 kv_lookup: list[int] | None = None,
                 kv_store: list[int] | None = None, images: dict | None = None) -> tuple[torch.Tensor, torch.Tensor, int]:
-        """The decode loop. Returns responses [B*n, T] (pad after EOS), lengths [B*n], steps."""
+        """The decode loop. Returns responses [B*n, T] (pad after EOS), lengths [B*n], steps, and
+        each sampled token's log-prob [B*n, T] when generate asked for them (else None)."""
         device = _device_of(self.model)
         plen_max = max(len(p) for p in prompt_ids)
         runner = self._runner(max_new_tokens, plen_max + max_new_tokens, vision=images is not None)
@@ -133,9 +140,14 @@ class HFRolloutEngine(RolloutEngine):
         active = torch.arange(rows, device=device)  # original row of each active row
         cap = None if limits is None else torch.tensor(limits, device=device).repeat_interleave(n)  # [B*n]
         kept: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}   # row -> its generated KV
+        lp_temp = self._log_prob_temperature
+        token_lp = None if lp_temp is None else torch.zeros(rows, max_new_tokens, device=device)
         for step in range(max_new_tokens):
             tokens = sample_tokens(ban_placeholders(logits, self.banned), **params)
             responses[active, step] = tokens
+            if token_lp is not None:
+                token_lp[active, step] = torch.log_softmax(logits.float() / lp_temp, -1).gather(
+                    -1, tokens.unsqueeze(-1)).squeeze(-1)
             lengths[active] = step + 1
             if step + 1 == max_new_tokens:
                 break
@@ -155,7 +167,7 @@ class HFRolloutEngine(RolloutEngine):
             if len(kept) < rows:   # rows still live at the last step
                 kept.update(runner.snapshot(torch.arange(len(active), device=device), active))
             self._keep(prompt_ids, responses, lengths, n, runner, kept, kv_store)
-        return responses, lengths, step + 1
+        return responses, lengths, step + 1, token_lp
 
     def _take_past(self, prompt_ids: list[list[int]], lookup: list[int] | None, device: torch.device):
         """Pop the kept KV of each prompt's key (when its ids are a prefix of the prompt): returns
