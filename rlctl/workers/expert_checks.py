@@ -76,7 +76,10 @@ def check_expert_model(c: Config, ctx: CheckContext) -> list[Problem]:
                              "for mixture-of-experts models; set it to 1")]
     if experts % ep:
         return [Problem(KEY, f"{ep} does not divide the model's {experts} experts per layer; pick a divisor")]
-    return []
+    from rlctl.workers.expert_parallel import family_problem
+
+    why = family_problem(getattr(config.get_text_config(), "model_type", config.model_type))
+    return [Problem(KEY, f"{ep}: {why}")] if why else []
 
 
 def _model_config(c: Config, ctx: CheckContext):

@@ -34,6 +34,19 @@ from rlctl.errors import ConfigError
 # torch 2.13 marks the differentiable all-to-all deprecated in favour of a private module
 warnings.filterwarnings("ignore", message=r"torch\.distributed\.nn\.functional\.all_to_all_single is deprecated")
 _MARK = "_rlctl_expert_slice"   # (first expert, experts in the whole bank) on a split experts module
+BANKS = ("gate_up_proj", "down_proj")
+# The families whose expert banks are exactly BANKS with transformers' (hidden, top_k_index,
+# top_k_weights) forward, tested at ep = 2 against ep = 1 (tests/workers/test_expert_parallel.py).
+# Others are refused: gpt-oss's banks carry per-expert biases [E, ...] this split would leave whole.
+TESTED_FAMILIES = ("qwen3_moe", "qwen2_moe", "mixtral", "olmoe")
+
+
+def family_problem(model_type: str) -> str | None:
+    """Why expert parallelism does not run `model_type`'s experts, or None for a tested family."""
+    if model_type in TESTED_FAMILIES:
+        return None
+    return (f"expert parallelism is tested on {', '.join(TESTED_FAMILIES)}, not {model_type}, whose experts "
+            "it may not split whole; set actor.expert_parallel_size = 1")
 
 
 def expert_modules(model: torch.nn.Module) -> list[tuple[str, torch.nn.Module]]:
@@ -96,8 +109,14 @@ def split_experts(model: torch.nn.Module, groups: ExpertGroups) -> list[torch.nn
     if not modules:
         raise ConfigError(f"actor.expert_parallel_size = {groups.ep_size} but {type(model).__name__} has no experts",
                           hint="expert parallelism is for mixture-of-experts models; set it to 1")
+    model_type = getattr(getattr(model, "config", None), "model_type", "")
+    if why := family_problem(model_type):
+        raise ConfigError(why)
     local: list[torch.nn.Parameter] = []
     for name, module in modules:
+        if other := [n for n, _ in module.named_parameters() if n not in BANKS]:
+            raise ConfigError(f"{name} has per-expert parameters expert parallelism does not split "
+                              f"({', '.join(other)})", hint="set actor.expert_parallel_size = 1")
         total = int(module.num_experts)
         if total % groups.ep_size:
             raise ConfigError(f"{name} has {total} experts, not divisible by actor.expert_parallel_size = "

@@ -9,7 +9,7 @@ import pytest
 
 from rlctl.config.checks import CheckContext
 from rlctl.config.schema import Config, ModelConfig
-from rlctl.workers.expert_checks import check_expert_model, check_expert_parallel, check_router_replay_model
+from rlctl.workers.expert_checks import KEY, check_expert_model, check_expert_parallel, check_router_replay_model
 
 
 @pytest.fixture(scope="module")
@@ -133,3 +133,39 @@ def test_router_replay_needs_an_moe_model_and_a_log_prob_pass_to_replay(moe_dir,
     for key, change in cases.items():
         problems = check_expert_parallel(_config(moe_dir, **{"actor": replay, **change}), ctx)
         assert [p.key for p in problems] == [key] and "actor.router_replay" in problems[0].message, key
+
+
+def _moe_config_dir(tmp_path, model_type: str, **experts):
+    from transformers import AutoConfig
+
+    config = AutoConfig.for_model(model_type, vocab_size=100, hidden_size=32, intermediate_size=64,
+                                  num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2, head_dim=8,
+                                  **experts)
+    config.save_pretrained(tmp_path / model_type)
+    return tmp_path / model_type, config
+
+
+def test_only_the_tested_moe_families_are_split_and_gpt_oss_banks_with_biases_are_refused(tmp_path, monkeypatch):
+    """gpt-oss keeps per-expert biases [E, ...] beside its banks: ep would leave them whole and index
+    them by local expert ids. Validate refuses every family not tested at ep = 2, in one line, and
+    split_experts refuses a bank with parameters it does not slice."""
+    from transformers import AutoModelForCausalLM
+
+    from rlctl.errors import ConfigError
+    from rlctl.workers import expert_parallel
+
+    ctx = CheckContext(base_dir=tmp_path, raw={})
+    ep = {"expert_parallel_size": 2}
+    gpt_oss, config = _moe_config_dir(tmp_path, "gpt_oss", num_local_experts=4, num_experts_per_tok=2)
+    deepseek, _ = _moe_config_dir(tmp_path, "deepseek_v3", n_routed_experts=4, num_experts_per_tok=2,
+                                  moe_intermediate_size=16, n_group=1, topk_group=1)
+    for folder, name in ((gpt_oss, "gpt_oss"), (deepseek, "deepseek_v3")):
+        problems = check_expert_model(_config(folder, actor=ep, resources={"workers": 2}), ctx)
+        assert [p.key for p in problems] == [KEY] and f"not {name}" in problems[0].message, problems
+        assert "qwen3_moe" in problems[0].message and "\n" not in problems[0].message
+    groups = expert_parallel.ExpertGroups(2, 0, 2, None, None)   # no exchange runs: refused before
+    with pytest.raises(ConfigError, match="tested on"):
+        expert_parallel.split_experts(AutoModelForCausalLM.from_config(config), groups)
+    monkeypatch.setattr(expert_parallel, "TESTED_FAMILIES", (*expert_parallel.TESTED_FAMILIES, "gpt_oss"))
+    with pytest.raises(ConfigError, match=r"per-expert parameters .*\(gate_up_proj_bias, down_proj_bias\)"):
+        expert_parallel.split_experts(AutoModelForCausalLM.from_config(config), groups)

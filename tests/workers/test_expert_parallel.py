@@ -158,6 +158,34 @@ def test_ep2_equals_ep1_and_one_process_and_a_misrouted_token_fails(tiny_moe_dir
     assert diffs["logits"] > 1e-4 and diffs["grad/model.layers.0.mlp.experts.gate_up_proj"] > 1e-4, diffs
 
 
+FAMILIES = {"qwen2_moe": {"num_experts": 4, "moe_intermediate_size": 16, "shared_expert_intermediate_size": 32},
+            "mixtral": {"num_local_experts": 4}, "olmoe": {"num_experts": 4}}
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_ep2_equals_ep1_on_the_other_moe_families_it_accepts(tmp_path):
+    """Qwen2-MoE (with its shared expert), Mixtral and OLMoE: the families validate accepts beside
+    Qwen3-MoE (rlctl.workers.expert_parallel.TESTED_FAMILIES) split at ep = 2 as at ep = 1."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from rlctl.workers.expert_parallel import TESTED_FAMILIES
+
+    assert set(FAMILIES) | {"qwen3_moe"} == set(TESTED_FAMILIES)
+    for family, experts in FAMILIES.items():
+        torch.manual_seed(0)
+        config = AutoConfig.for_model(family, vocab_size=200, hidden_size=32, intermediate_size=32,
+                                      num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=8,
+                                      num_experts_per_tok=2, router_aux_loss_coef=0.01, **experts)
+        AutoModelForCausalLM.from_config(config).save_pretrained(tmp_path / family)
+        ep2 = _run(tmp_path / family, tmp_path, f"{family}-ep2", ep=2)
+        ep1 = _run(tmp_path / family, tmp_path, f"{family}-ep1", ep=1)
+        diffs = _differences(ep2, ep1)
+        worst = max(diffs, key=diffs.get)
+        assert diffs[worst] < 2e-6, (family, worst, diffs[worst])
+        assert all(np.abs(v).max() > 0 for k, v in ep2.items() if "experts" in k), family
+
+
 def _engine_main(rank, model_dir, init_file, out_dir, ep):
     """One GRPO-style step of rlctl's TrainEngine at expert_parallel_size = ep: hf generation and
     the log-prob pass with different micro-batch counts per rank (experts gathered), the update
