@@ -47,6 +47,9 @@ class FileSource:
     suffixes: tuple = SUFFIXES
     structured_answer: bool = False  # the answer may be a dict/list (code test cases), not only text
     image_col: str = ""              # vision data: the records' image list, kept as the row's `images`
+    template: str = ""               # the user message, "...{question}...", in place of question + instruction
+    adapter: Callable[[dict], dict] | None = None  # record -> record before conversion (a verl row's fields)
+    one_split: str = ""              # every file is this split (a hub repo whose files are one set: AIME's test)
 
 
 @dataclass(frozen=True)
@@ -102,12 +105,16 @@ def _text(record: dict, column: str, structured: bool = False):
 
 def convert(src: FileSource, record: dict, split: str, index: int) -> dict:
     """One verl row from one source record; raises RowError for a record that cannot be used."""
+    if src.adapter is not None:
+        record = src.adapter(record)
     question = _text(record, src.prompt_col)
     answer = _text(record, src.answer_col, src.structured_answer)
     truth = src.ground_truth(answer)
     if not isinstance(answer, str):
         answer = truth
     content = f"{question} {src.instruction}" if src.instruction else question
+    if src.template:
+        content = src.template.format(question=question)
     messages = ([{"role": "system", "content": src.system}] if src.system else [])
     messages.append({"role": "user", "content": content})
     row = rule_row(src.data_source, messages, src.ability, truth, split, index, question=question, answer=answer)
@@ -162,13 +169,13 @@ def split_of(relative: Path) -> str | None:
 def find_split_files(root: Path, src: FileSource) -> tuple[dict[str, list[Path]], list[Path]]:
     """({split: files}, ignored files) under a folder, by name; one file is its split, else train."""
     if root.is_file():
-        return {split_of(Path(root.name)) or "train": [root]}, []
+        return {src.one_split or split_of(Path(root.name)) or "train": [root]}, []
     files = sorted(p for p in root.rglob("*") if p.is_file() and p.suffix.lower() in src.suffixes
                    and not any(part.startswith(".") for part in p.relative_to(root).parts))
     by_split: dict[str, list[Path]] = {}
     ignored = []
     for path in files:
-        split = split_of(path.relative_to(root))
+        split = src.one_split or split_of(path.relative_to(root))
         if split is None:
             ignored.append(path)
         else:

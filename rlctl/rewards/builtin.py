@@ -22,15 +22,19 @@ from rlctl.tasks import TASKS, code
 # each data_source, from the task table in its order (the order error messages list them in)
 BUILTINS = {name: fn for task in TASKS for name, fn in task.REWARDS.items()}
 _BY_SOURCE = {source: task.compute_score for task in TASKS for source in task.DATA_SOURCES}
+# data_source prefixes a task claims as a family (verl routes every "aime..." source to math_dapo)
+_BY_PREFIX = {prefix: task.compute_score for task in TASKS for prefix in getattr(task, "DATA_SOURCE_PREFIXES", ())}
 CODE_SOURCES = code.DATA_SOURCES   # rows whose reward runs programs: the runner probes the sandbox for them
 
 
 def scorer_for_source(data_source: str):
     """The built-in scorer for `data_source`; UsageError naming the source and the fix if none."""
-    fn = _BY_SOURCE.get(data_source)
+    fn = _BY_SOURCE.get(data_source) or next(
+        (f for prefix, f in _BY_PREFIX.items() if str(data_source).startswith(prefix)), None)
     if fn is None:
+        known = [*_BY_SOURCE, *(f"{prefix}*" for prefix in _BY_PREFIX)]
         raise UsageError(
-            f"no built-in reward for data_source {data_source!r} (built-ins: {', '.join(_BY_SOURCE)})",
+            f"no built-in reward for data_source {data_source!r} (built-ins: {', '.join(known)})",
             hint='set reward.function = "reward.py:compute_score" in rlctl.toml to score it with your own '
                  'function, or reward.function = "gsm8k" / "math" to use a built-in.')
     return fn

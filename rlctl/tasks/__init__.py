@@ -2,6 +2,7 @@
 and tool offer, as nanochat keeps `tasks/gsm8k.py`. Each task module declares:
 
     DATA_SOURCES  the data_source strings whose rows its `compute_score` scores (reward.function = "")
+                  (optional DATA_SOURCE_PREFIXES: every data_source starting with one, as verl's "aime*")
     REWARDS       {reward.function name: scorer with verl's signature}
     PREP          its `rlctl data prep SOURCE` choices (rlctl.data.sources.PrepSource)
 
@@ -12,7 +13,7 @@ tests/tasks checks that no two tasks claim one name.
 
 from __future__ import annotations
 
-from rlctl.tasks import arith, calc_tools, code, geo3k, gsm8k, math, shapes
+from rlctl.tasks import arith, calc_tools, code, geo3k, gsm8k, math, math_dapo, prime_math, search_r1, shapes
 
-TASKS = (gsm8k, math, arith, code, calc_tools, shapes, geo3k)
+TASKS = (gsm8k, math, arith, code, calc_tools, shapes, geo3k, math_dapo, prime_math, search_r1)
 
