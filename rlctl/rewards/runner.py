@@ -32,6 +32,7 @@ import numpy as np
 from rlctl.errors import ConfigError, RewardError
 from rlctl.rewards.http import check_reachable
 from rlctl.rewards.custom import RewardSpec, check_builtin_sources, load_reward_fn, normalize_score, parse_spec
+from rlctl.utils.interrupts import stop_signals_ignored_in_children
 
 log = logging.getLogger(__name__)
 
@@ -265,7 +266,8 @@ class _Worker:
     def __init__(self, ctx, spec: RewardSpec):
         self.conn, child = ctx.Pipe(duplex=True)
         self.process = ctx.Process(target=_worker_main, args=(child, spec), daemon=True, name="rlctl-reward")
-        self.process.start()
+        with stop_signals_ignored_in_children():   # a Ctrl-C while it imports: no traceback of its own
+            self.process.start()
         child.close()
         self.ready = False
         self.started_at = time.monotonic()

@@ -67,6 +67,28 @@ def in_native_call() -> Iterator[None]:
         _native_depth[0] -= 1
 
 
+@contextmanager
+def stop_signals_ignored_in_children() -> Iterator[None]:
+    """Around starting a child process (multiprocessing's spawn): the child is born ignoring SIGINT
+    and SIGTERM, so a Ctrl-C to the process group cannot raise KeyboardInterrupt (and print its
+    traceback) while it still imports (spawn re-imports the parent's main module: typer, for
+    `rlctl train`). An ignored disposition is what exec keeps (spawn starts a child unblocked),
+    so this process ignores them for the few milliseconds of the fork and exec; a stop signal in
+    that window is lost (press Ctrl-C again). Only the main thread can change dispositions:
+    elsewhere, or where a handler was not set from Python (it could not be put back), the child
+    starts unprotected."""
+    if threading.current_thread() is not threading.main_thread() \
+            or any(signal.getsignal(signum) is None for signum in STOP_SIGNALS):
+        yield
+        return
+    previous = {signum: signal.signal(signum, signal.SIG_IGN) for signum in STOP_SIGNALS}
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+
+
 def in_native() -> bool:
     return _native_depth[0] > 0
 
