@@ -6,7 +6,7 @@ training data, a reward file). At resume, `check_resume(saved, current)` compare
 
     BREAKING (CheckpointError, exit 3): anything that changes what the next step computes --
         model.* (but gradient_checkpointing / trust_remote_code), algorithm.*, actor.* and
-        critic.* (but micro_batch_size and ulysses_sequence_parallel_size; critic keys only when
+        critic.* (but micro_batch_size, micro_batch_max_tokens and ulysses_sequence_parallel_size; critic keys only when
         the algorithm has a critic),
         data.* for training, rollout.n / temperature / top_p / top_k, reward.function (and the
         file's content), algorithm.plugins (and the files' contents), reward.format_score /
@@ -47,6 +47,8 @@ HARMLESS: dict[str, str] = {
     "data.val_files": "validation only", "data.val_batch_size": "validation only",
     "actor.micro_batch_size": "gradient accumulation: the same update up to float rounding",
     "critic.micro_batch_size": "gradient accumulation: the same update up to float rounding",
+    "actor.micro_batch_max_tokens": "gradient accumulation by tokens: the same update up to float rounding",
+    "critic.micro_batch_max_tokens": "gradient accumulation by tokens: the same update up to float rounding",
     "actor.expert_parallel_size": "the experts are resharded (DCP): the same update up to float rounding",
     "actor.ulysses_sequence_parallel_size": "the same update split over ranks, up to float rounding",
     "critic.ulysses_sequence_parallel_size": "the same update split over ranks, up to float rounding",

@@ -81,12 +81,15 @@ class BatchPlan(DataPlan):
     mini_batches_per_rollout: int  # optimizer steps per rollout = ppo_epochs x mini-batches
     micro_batches_per_optimizer_step: int  # per worker (gradient accumulation steps)
     sequences_per_worker_per_mini_batch: int
+    micro_batch_max_tokens: int = 0   # actor.micro_batch_max_tokens: micro-batches cut by tokens instead
 
     def rows(self) -> list[tuple[str, object]]:
+        budget = self.micro_batch_max_tokens
         return [("prompts per step", self.prompts_per_step),
                 ("sequences per step", self.sequences_per_step),
                 ("optimizer steps per rollout", self.mini_batches_per_rollout),
-                ("micro-batches per optimizer step (per worker)", self.micro_batches_per_optimizer_step),
+                ("micro-batches per optimizer step (per worker)",
+                 f"by tokens, <= {budget} each" if budget else self.micro_batches_per_optimizer_step),
                 ("sequences per worker per optimizer step", self.sequences_per_worker_per_mini_batch),
                 *self.data_rows()]
 
@@ -98,7 +101,8 @@ def step_plan(config) -> BatchPlan:
         prompts_per_step=config.data.batch_size, sequences_per_step=config.data.batch_size * config.rollout.n,
         mini_batches_per_rollout=actor.optimizer_steps_per_rollout,
         micro_batches_per_optimizer_step=actor.micro_batches_per_optimizer_step,
-        sequences_per_worker_per_mini_batch=actor.sequences_per_worker, train_rows=None, steps_per_epoch=None,
+        sequences_per_worker_per_mini_batch=actor.sequences_per_worker,
+        micro_batch_max_tokens=config.actor.micro_batch_max_tokens, train_rows=None, steps_per_epoch=None,
         total_steps=config.run.total_steps or None, gpus_per_node=config.resources.gpus_per_node)
 
 

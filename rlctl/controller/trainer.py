@@ -21,6 +21,7 @@ from rlctl.controller.advantage import apply_rollout_correction, compute_advanta
 from rlctl.controller.setup import TrainSetup
 from rlctl.controller.timing import phase
 from rlctl.errors import NumericalError
+from rlctl.runtime.balance import balanced
 
 if TYPE_CHECKING:
     from rlctl.controller.signals import StopFlag
@@ -80,7 +81,8 @@ class Trainer:
                 metrics.update(more)
             if setup.needs.critic:
                 with phase(timing, "values"):
-                    batch = batch.union(setup.critic.compute_values(batch))
+                    values = setup.critic.compute_values(balanced(batch, config.critic.micro_batch_max_tokens))
+                    batch = batch.union(values)
             with phase(timing, "adv"):
                 metrics.update(compute_advantages(batch, config, setup.kl_ctrl))
             if config.algorithm.use_pf_ppo:   # PF-PPO: train on each prompt's samples resampled by score
@@ -118,11 +120,12 @@ class Trainer:
         """old_log_prob (recomputed, or the rollout's in bypass mode), ref_log_prob (the opponent first
         refreshed when a self-play iteration starts) and the teachers' log-probs, as the run needs."""
         setup, config = self.setup, self.config
+        budget = config.actor.micro_batch_max_tokens   # > 0: the rows spread over the workers by tokens
         if config.algorithm.rollout_correction.bypass_mode:   # verl's bypass: no recompute pass,
             batch["old_log_prob"] = batch["rollout_log_prob"]  # correction runs inside the loss
         elif setup.recompute_old_log_prob:
             with phase(timing, "old_log_prob"):
-                batch = batch.union(setup.actor.compute_log_prob(batch))
+                batch = batch.union(setup.actor.compute_log_prob(balanced(batch, budget)))
             if "rollout_log_prob" in batch:
                 metrics.update(rollout_drift(batch))
                 if setup.rollouts.on_policy:   # an off-policy source drifts by design
@@ -134,7 +137,7 @@ class Trainer:
             with phase(timing, "ref"):
                 if selfplay.refresh_due(step, config.algorithm.ref_update_every):
                     setup.actor.sync_reference()
-                batch = batch.union(setup.actor.compute_ref_log_prob(batch))
+                batch = batch.union(setup.actor.compute_ref_log_prob(balanced(batch, budget)))
             metrics.update(selfplay.spin_margin(batch))
         if setup.teachers is not None:
             with phase(timing, "teacher"):
@@ -239,7 +242,9 @@ def with_mini_batches(batch, role: str, config, group):
     count = max(1, rows // per_mini)
     while count > 1 and rows % (world * count):
         count -= 1
-    return Batch(batch.tensors, {**batch.meta, "mini_batches": count})
+    # a token budget: each mini-batch's rows spread over the workers by tokens (rlctl.runtime.balance)
+    return balanced(Batch(batch.tensors, {**batch.meta, "mini_batches": count}),
+                    getattr(config, role).micro_batch_max_tokens)
 
 
 def rollout_drift(batch) -> dict:

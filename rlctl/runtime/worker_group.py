@@ -21,6 +21,7 @@ from typing import Any
 
 from rlctl.errors import WorkerDiedError
 from rlctl.runtime import warm_ranks
+from rlctl.runtime.balance import balance_rows, restore_order
 from rlctl.runtime.batch import Batch
 from rlctl.runtime.dispatch import Dispatch, collect_results, dispatch_mode, split_arguments
 from rlctl.runtime.failures import wait_all
@@ -100,17 +101,18 @@ class WorkerGroup:
         its calls in the order they were submitted."""
         mode = dispatch_mode(self.role_classes[role], method)
         label = f"{role}.{method}"
+        args, kwargs, inverse = balance_rows(mode, self.world_size, args, kwargs)   # balanced(batch): by tokens
         per_rank = split_arguments(mode, self.world_size, _put_shared(mode, args), _put_shared(mode, kwargs),
                                    label)
         start = time.perf_counter()
         refs = [actor.call.remote(role, method, *a, **k) for actor, (a, k) in zip(self._actors, per_rank)]
         self._unfinished_calls += 1
-        return PendingCall(self, role, method, mode, refs, start)
+        return PendingCall(self, role, method, mode, refs, start, inverse)
 
     def _finish(self, call: "PendingCall") -> Any:
         results = self._wait(call.refs, role=call.role, method=call.method)
         self._unfinished_calls -= 1
-        joined = collect_results(call.mode, [r for r, _ in results])
+        joined = restore_order(collect_results(call.mode, [r for r, _ in results]), call.inverse)
         entry = self.timing.setdefault(f"{call.role}.{call.method}", {"calls": 0, "wall_s": 0.0, "worker_s": 0.0})
         entry["calls"] += 1
         entry["wall_s"] += time.perf_counter() - call.start
@@ -162,8 +164,9 @@ class WorkerGroup:
 class PendingCall:
     """A call every rank has received; `result()` waits for all of them (once) and joins the results."""
 
-    def __init__(self, group: WorkerGroup, role: str, method: str, mode, refs: list, start: float):
+    def __init__(self, group: WorkerGroup, role: str, method: str, mode, refs: list, start: float, inverse=None):
         self.group, self.role, self.method, self.mode, self.refs, self.start = group, role, method, mode, refs, start
+        self.inverse = inverse   # rlctl.runtime.balance: the row order the joined result goes back to
         self._done, self._value = False, None
 
     def result(self) -> Any:

@@ -84,8 +84,13 @@ def check_batches(c: Config) -> tuple[list[Problem], BatchPlan]:
                                     f"{mini} prompts x rollout.n {n} = {seqs} sequences cannot be split evenly "
                                     f"over {over}"))
             continue
-        per_worker = seqs // workers
-        if per_worker % sect.micro_batch_size:
+        per_worker, budget = seqs // workers, sect.micro_batch_max_tokens
+        longest = c.data.max_prompt_length + c.data.max_response_length
+        if budget and budget < longest:
+            problems.append(Problem(f"{role}.micro_batch_max_tokens",
+                                    f"{budget} is below data.max_prompt_length + max_response_length = {longest}: a "
+                                    "row that long runs alone, over the budget", severity="warning"))
+        if not budget and per_worker % sect.micro_batch_size:   # a token budget cuts by tokens instead
             problems.append(Problem(f"{role}.micro_batch_size",
                                     f"{sect.micro_batch_size} does not divide the {per_worker} sequences each worker "
                                     f"gets per optimizer step ({mini} prompts x n {n} / {workers} workers)"))

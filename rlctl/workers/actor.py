@@ -180,8 +180,10 @@ class ActorRolloutRefWorker:
                    with_sum_pi_squared: bool = False, **more) -> dict[str, np.ndarray]:
         off = self.actor.module.disable_adapter() if not adapter else contextlib.nullcontext()
         rows, start, stop = ulysses.group_rows(batch, self.sp)   # sp > 1: the sp group's rows; ours at start
+        budget = self.cfg.actor.micro_batch_max_tokens * (self.sp.size if self.sp else 1)   # sp ranks split each
         with engine.inference() as module, off, ulysses.active(self.sp):
             out = batched_response_outputs(module, engine.device, rows, self.cfg.actor.micro_batch_size,
+                                           max_tokens=budget,
                                            temperature=self.temperature, with_entropy=with_entropy,
                                            with_sum_pi_squared=with_sum_pi_squared, **more)
         return {key: value[start:stop] for key, value in out.items()}
@@ -244,7 +246,8 @@ class ActorRolloutRefWorker:
         with ulysses.active(self.sp), router_replay.cleared_after(self.actor.module):
             metrics = run_updates(self.actor, rows, epochs=ac.ppo_epochs, mini_batches=mini,
                                   micro_batch_size=ac.micro_batch_size, horizon=self.cfg.data.max_response_length,
-                                  make_loss=self._policy_loss_fn, keys=keys, sp=self.sp.size if self.sp else 1)
+                                  make_loss=self._policy_loss_fn, keys=keys, sp=self.sp.size if self.sp else 1,
+                                  max_tokens=ac.micro_batch_max_tokens)
         self._weights_version += 1
         return {f"actor/{k}": v for k, v in router_replay.mismatch_share(metrics).items()}
 

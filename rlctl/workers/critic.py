@@ -46,8 +46,10 @@ class CriticWorker:
     @register(Dispatch.DP)
     def compute_values(self, batch: Batch) -> Batch:
         rows, start, stop = ulysses.group_rows(batch, self.sp)   # sp > 1: the sp group's rows; ours at start
+        budget = self.cfg.critic.micro_batch_max_tokens * (self.sp.size if self.sp else 1)   # sp ranks split each
         with self.critic.inference() as module, ulysses.active(self.sp):
             out = batched_response_outputs(module, self.critic.device, rows, self.cfg.critic.micro_batch_size,
+                                           max_tokens=budget,
                                            forward=lambda *args, **kw: {"values": response_values(*args, **kw)})
         return Batch({key: value[start:stop] for key, value in out.items()}, batch.meta)
 
@@ -61,7 +63,8 @@ class CriticWorker:
         with ulysses.active(self.sp):
             metrics = run_updates(self.critic, rows, epochs=cc.ppo_epochs, mini_batches=mini,
                                   micro_batch_size=cc.micro_batch_size, horizon=self.cfg.data.max_response_length,
-                                  make_loss=self._value_loss_fn, keys=keys, sp=self.sp.size if self.sp else 1)
+                                  make_loss=self._value_loss_fn, keys=keys, sp=self.sp.size if self.sp else 1,
+                                  max_tokens=cc.micro_batch_max_tokens)
         return {f"critic/{k}": v for k, v in metrics.items()}
 
     def _value_loss_fn(self, norm):

@@ -25,6 +25,7 @@ import torch
 
 from rlctl.errors import ConfigError, DataError
 from rlctl.workers import router_replay, shared_prompt, ulysses
+from rlctl.workers.micro_batches import plan_micro_batches
 from rlctl.workers.vision import POSITION_IDS, ban_placeholders, model_inputs, placeholder_ids
 from rlctl.workers.vocab_logprob import token_log_probs
 
@@ -68,6 +69,12 @@ def choose_layout(model: torch.nn.Module, width: int, pack: bool | None = None) 
     return "pack" if use_packing(model) else "trim"
 
 
+def pads_rows(model: torch.nn.Module, width: int) -> bool:
+    """Whether a micro-batch's forward runs on rows x longest row (the trim layout), not on its real
+    tokens alone (shared, pack): the cost rlctl.workers.micro_batches budgets."""
+    return choose_layout(model, width) == "trim"
+
+
 def inference_order(model: torch.nn.Module, attention_mask: np.ndarray) -> np.ndarray:
     """Row order for forward-only micro-batches of [B, P+T] rows: as given (prompt-major) under the
     shared layout, so a prompt's samples meet in one micro-batch; else by real length, so the rows
@@ -78,18 +85,25 @@ def inference_order(model: torch.nn.Module, attention_mask: np.ndarray) -> np.nd
 
 
 def batched_response_outputs(model: torch.nn.Module, device: torch.device, batch, micro_batch_size: int, *,
-                             forward=None, **kwargs) -> dict[str, np.ndarray]:
+                             forward=None, max_tokens: int = 0, **kwargs) -> dict[str, np.ndarray]:
     """`forward` (default response_log_probs) over a Batch of [B, P+T] rows in micro-batches of
-    `micro_batch_size`, in inference_order; its [b, T] outputs as numpy [B, T] in the batch's row
+    `micro_batch_size`, in inference_order (max_tokens > 0: micro-batches of at most that many
+    tokens, rlctl.workers.micro_batches); its [b, T] outputs as numpy [B, T] in the batch's row
     order. `forward(model, input_ids, attention_mask, T, **kwargs)` returns a dict of tensors; a
     vision batch's rows also pass vision=rlctl.workers.vision.model_inputs(rows).
     The caller holds the contexts (no_grad, autocast, adapters). One loop for the actor, the
     critic and the one_step_off rollout rank, so equal weights give equal numbers."""
     forward = forward or response_log_probs
     width = batch["response_mask"].shape[1]
-    order = inference_order(model, batch["attention_mask"])
+    if max_tokens:   # whole weights here: ranks may run different counts (no synced plan)
+        groups = plan_micro_batches(batch["attention_mask"].sum(1), max_tokens=max_tokens, max_rows=micro_batch_size,
+                                    padded=pads_rows(model, batch["attention_mask"].shape[1]))
+        order, micros = np.concatenate(groups), [batch.select(g) for g in groups]
+    else:
+        order = inference_order(model, batch["attention_mask"])
+        micros = batch.select(order).split(micro_batch_size)
     parts: dict[str, list] = {}
-    for micro in batch.select(order).split(micro_batch_size):
+    for micro in micros:
         t = micro.to_torch(device, keys=["input_ids", "attention_mask"])
         vision = model_inputs(micro, device)
         more = {"vision": vision} if vision else {}

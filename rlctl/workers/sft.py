@@ -34,35 +34,11 @@ from rlctl.runtime import Batch, Dispatch, register
 from rlctl.algorithms import LossNorm
 from rlctl.workers import fsdp, moe_aux, ulysses
 from rlctl.workers.logprob import make_layout, use_packing
+from rlctl.workers.micro_batches import plan_micro_batches, synced_plan
 from rlctl.workers.vocab_logprob import token_log_probs
 from rlctl.workers.models import policy_engine
 
 _KEYS = ["input_ids", "attention_mask", "loss_mask"]
-
-
-def plan_micro_batches(lengths: np.ndarray, *, max_tokens: int, max_rows: int, count: int | None = None) -> list:
-    """Row indices of each micro-batch: rows sorted by length (stable), cut greedily so that rows x
-    longest row <= max_tokens (0: max_rows rows each; a row over the budget goes alone). With `count`
-    (the largest count over the ranks: each rank must run as many forward/backward passes, or FSDP's
-    collectives hang), the largest micro-batches are halved until there are `count`."""
-    order = np.argsort(lengths, kind="stable")
-    groups: list[list[int]] = []
-    for i in order.tolist():
-        cur = groups[-1] if groups else None
-        fits = cur is not None and (len(cur) + 1) * int(lengths[i]) <= max_tokens if max_tokens else \
-            cur is not None and len(cur) < max_rows
-        if fits:
-            cur.append(i)
-        else:
-            groups.append([i])
-    while count is not None and len(groups) < count:
-        splittable = [g for g in range(len(groups)) if len(groups[g]) > 1]
-        if not splittable:
-            raise ValueError(f"cannot cut {len(lengths)} rows into {count} micro-batches")
-        k = max(splittable, key=lambda g: (len(groups[g]) * int(max(lengths[groups[g]])), len(groups[g])))
-        half = len(groups[k]) // 2
-        groups[k:k + 1] = [groups[k][:half], groups[k][half:]]
-    return groups
 
 
 def target_nll(module: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
@@ -118,11 +94,8 @@ class SFTWorker:
                                                  self.sp.size if self.sp else 1)   # 0: dense, or off
 
     def _micro_batches(self, shard: Batch) -> list[dict]:
-        lengths = shard["attention_mask"].sum(1)
-        sft, rows = self.cfg.sft, self.cfg.actor.micro_batch_size
-        local = len(plan_micro_batches(lengths, max_tokens=sft.micro_batch_max_tokens, max_rows=rows))
-        count = int(fsdp.all_reduce_max(float(local)))   # the same number of passes on every rank
-        groups = plan_micro_batches(lengths, max_tokens=sft.micro_batch_max_tokens, max_rows=rows, count=count)
+        groups = synced_plan(shard["attention_mask"].sum(1), max_tokens=self.cfg.sft.micro_batch_max_tokens,
+                             max_rows=self.cfg.actor.micro_batch_size)   # the same number of passes on every rank
         return [self._trimmed(shard, group) for group in groups]
 
     def _trimmed(self, shard: Batch, rows) -> dict:

@@ -17,6 +17,8 @@ import torch
 from rlctl.errors import ConfigError
 from rlctl.runtime.batch import Batch
 from rlctl.workers import fsdp
+from rlctl.workers.logprob import pads_rows
+from rlctl.workers.micro_batches import synced_plan
 from rlctl.workers.vision import model_inputs
 
 
@@ -50,19 +52,23 @@ def minibatch_norm(mini: Batch, *, horizon: int, sp: int = 1):
 
 
 def run_updates(engine, shard: Batch, *, epochs: int, mini_batches: int, micro_batch_size: int,
-                horizon: int, make_loss: Callable, keys: list[str], sp: int = 1) -> dict[str, float]:
+                horizon: int, make_loss: Callable, keys: list[str], sp: int = 1,
+                max_tokens: int = 0) -> dict[str, float]:
     """Train `engine` on `shard`; returns metrics averaged over optimizer steps and ranks.
 
     make_loss(norm) -> loss_fn(micro) -> (loss, metrics). Metrics named in ADDITIVE are shares
     of the mini-batch value (summed over micro-batches and ranks, / W); others are averaged.
     sp: the sequence-parallel size; the shard is then the sp group's rows (ulysses.group_rows),
     the same on its sp ranks, whose equal metrics the average over ranks keeps as they are.
+    max_tokens > 0: micro-batches of at most that many tokens per worker (sp ranks split each
+    micro-batch, so the group's hold sp x that), as many on every rank (micro_batches.synced_plan).
     """
     steps: list[dict[str, float]] = []
     for _ in range(epochs):
         for mini in shard.chunk(mini_batches, even=True):
             norm = minibatch_norm(mini, horizon=horizon, sp=sp)
-            micros = [_micro(m, engine.device, keys) for m in mini.split(micro_batch_size)]
+            parts = _split(engine, mini, micro_batch_size, max_tokens * sp)   # sp ranks split each micro-batch
+            micros = [_micro(m, engine.device, keys) for m in parts]
             out = engine.train_mini_batch(micros, make_loss(norm))
             steps.append(_step_metrics(out))
     lr = engine.lr()
@@ -70,6 +76,16 @@ def run_updates(engine, shard: Batch, *, epochs: int, mini_batches: int, micro_b
     metrics = _reduce_over_ranks(steps)
     metrics.update(lr=lr, optimizer_steps=float(len(steps)))
     return metrics
+
+
+def _split(engine, mini: Batch, micro_batch_size: int, max_tokens: int) -> list[Batch]:
+    """A mini-batch's micro-batches: micro_batch_size rows each in order, or a token budget's."""
+    if not max_tokens:
+        return mini.split(micro_batch_size)
+    mask = mini["attention_mask"]
+    groups = synced_plan(mask.sum(1), max_tokens=max_tokens, max_rows=micro_batch_size,
+                         padded=pads_rows(engine.module, mask.shape[1]))
+    return [mini.select(g) for g in groups]
 
 
 def _micro(rows: Batch, device, keys: list[str]) -> dict:

@@ -55,7 +55,8 @@ def test_identical_runs_resume_silently(project):
     ("run.total_steps", 500), ("run.total_epochs", 3), ("run.save_every", 7), ("run.keep_last", 0),
     ("run.val_every", 5), ("run.loggers", ["console"]), ("run.log_samples", 0), ("reward.timeout_s", 60.0),
     ("reward.workers", 8), ("resources.workers", 4), ("resources.address", "auto"),
-    ("actor.micro_batch_size", 1), ("rollout.engine", "vllm"), ("rollout.val_temperature", 0.6),
+    ("actor.micro_batch_size", 1), ("actor.micro_batch_max_tokens", 2048), ("rollout.engine", "vllm"),
+    ("rollout.val_temperature", 0.6),
     ("data.val_files", ["data/train.parquet"]), ("model.gradient_checkpointing", True),
 ])
 def test_harmless_changes_are_notices(project, key, value):

@@ -45,3 +45,18 @@ def test_on_gpus_every_gpu_of_every_node_is_a_worker():
     assert len(problems) == 1 and "over the 8 GPU workers (resources.nodes x gpus_per_node)" in problems[0].message
     auto = dataclasses.replace(c, resources=dataclasses.replace(c.resources, gpus_per_node="auto"))
     assert batch_plan(auto, "actor").sequences_per_worker == 32   # "auto" unresolved (--skip-machine): workers
+
+
+def test_a_token_budget_replaces_the_row_count_of_micro_batches():
+    from rlctl.config.plan import step_plan
+    from rlctl.validate.training import check_batches
+
+    c = config(data={"batch_size": 4, "max_prompt_length": 256, "max_response_length": 512}, rollout={"n": 3},
+               actor={"micro_batch_size": 5, "micro_batch_max_tokens": 512})
+    problems, plan = check_batches(c)
+    assert dict(plan.rows())["micro-batches per optimizer step (per worker)"] == "by tokens, <= 512 each"
+    assert [(p.key, p.severity) for p in problems] == [("actor.micro_batch_max_tokens", "warning")]  # < 768
+    assert "a row that long runs alone" in problems[0].message   # and micro_batch_size 5 of 12 is not an error
+    fixed = dataclasses.replace(c, actor=dataclasses.replace(c.actor, micro_batch_max_tokens=0))
+    assert dict(step_plan(fixed).rows())["micro-batches per optimizer step (per worker)"] == 2
+    assert [p.key for p in check_batches(fixed)[0]] == ["actor.micro_batch_size"]

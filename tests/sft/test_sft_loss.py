@@ -14,7 +14,8 @@ import torch
 from rlctl.config.schema import Config
 from rlctl.data.sft import SFTSample, collate, tokenize_conversation
 from rlctl.models.tiny import build_tokenizer
-from rlctl.workers.sft import SFTWorker, plan_micro_batches, target_nll
+from rlctl.workers.micro_batches import plan_micro_batches
+from rlctl.workers.sft import SFTWorker, target_nll
 
 
 def config(model_dir, **sft) -> Config:
