@@ -8,6 +8,8 @@ gradient, not only weights after a step that Adam's normalisation would blur.
 from __future__ import annotations
 
 import dataclasses
+import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -105,3 +107,74 @@ def test_critic_token_budget_equals_fixed_rows(tiny_model_dir):
     assert mb["critic/vf_loss"] == pytest.approx(ma["critic/vf_loss"], rel=1e-5)
     for ga, gb in zip(grads_a[0], grads_b[0]):
         torch.testing.assert_close(gb, ga, rtol=1e-4, atol=1e-7)
+
+
+def _two_rank_main(rank: int, init_file: str, model_dir: str, out_dir: str) -> None:
+    """Rank `rank` of 2 (gloo, FSDP2): log-probs and two updates of the token-balanced split, then an
+    update whose split gives rank 0 the long rows (its plan has more micro-batches: the ranks must
+    still run as many, or FSDP's collectives hang)."""
+    import datetime
+
+    import torch.distributed as dist
+
+    from rlctl.runtime import Dispatch
+    from rlctl.runtime.balance import balance_rows, balanced, restore_order
+    from rlctl.runtime.dispatch import collect_results, split_arguments
+    from rlctl.workers.actor import ActorRolloutRefWorker
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=2,
+                            timeout=datetime.timedelta(seconds=120))
+    worker = ActorRolloutRefWorker(_cfg(model_dir, BUDGET), total_steps=2, with_ref=True)
+    batch = _long_first_batch()
+
+    def parts(mode, flagged):
+        args, _, inverse = balance_rows(mode, 2, (flagged,), {})
+        return [a[0] for a, _ in split_arguments(mode, 2, args, {}, "actor.m")], inverse
+
+    shards, inverse = parts(Dispatch.DP, balanced(batch, BUDGET))
+    mine = worker.compute_log_prob(shards[rank])["old_log_prob"]
+    gathered = [None, None]
+    dist.all_gather_object(gathered, mine)
+    old = restore_order(collect_results(Dispatch.DP, [Batch({"x": g}) for g in gathered]), inverse)["x"]
+    metrics = [worker.update_actor(parts(Dispatch.DP_TRAIN, balanced(batch, BUDGET))[0][rank]),
+               worker.update_actor(parts(Dispatch.DP_TRAIN, batch)[0][rank])]   # unbalanced: rank 0 long rows
+    if rank == 0:
+        keys = ("actor/pg_loss", "actor/kl_loss", "actor/entropy", "actor/grad_norm")
+        out = {"old": old.tolist(), "metrics": [{k: m[k] for k in keys} for m in metrics]}
+        Path(out_dir, "rank0.json").write_text(json.dumps(out))
+    dist.destroy_process_group()
+
+
+def _long_first_batch() -> Batch:
+    """12 rows, 2 mini-batches: the first half of each (rank 0's part in a plain split) the longest rows."""
+    b = _batch(seed=7)
+    tokens = b["attention_mask"].sum(1)
+    order = np.concatenate([block[np.argsort(-tokens[block], kind="stable")]
+                            for block in (np.arange(6), np.arange(6, 12))])
+    b = b.select(order)
+    b.meta["mini_batches"] = 2
+    return b
+
+
+@pytest.mark.slow   # starts two rank processes
+@pytest.mark.timeout(300)
+def test_two_ranks_with_a_token_budget_train_like_one_rank_with_fixed_rows(tiny_model_dir, tmp_path):
+    from support.gloo_ranks import run_ranks
+
+    from rlctl.workers.actor import ActorRolloutRefWorker
+
+    batch = _long_first_batch()
+    tokens = batch["attention_mask"].sum(1)   # the plain split's rank parts of mini-batch 1: rows 0-2 and 3-5
+    local = [len(plan_micro_batches(tokens[rows], max_tokens=BUDGET, max_rows=2, padded=False))
+             for rows in (np.arange(3), np.arange(3, 6))]
+    assert local[0] > local[1]                # so the second update needs the ranks' counts evened out
+    run_ranks(_two_rank_main, (str(tmp_path / "pg"), str(tiny_model_dir), str(tmp_path)), 2)
+    got = json.loads((tmp_path / "rank0.json").read_text())
+    torch.set_num_threads(1)
+    one = ActorRolloutRefWorker(_cfg(tiny_model_dir, 0), total_steps=2, with_ref=True)
+    np.testing.assert_allclose(got["old"], one.compute_log_prob(batch)["old_log_prob"], atol=1e-6)
+    for two in got["metrics"]:
+        metrics = one.update_actor(batch)
+        for key, value in two.items():
+            assert value == pytest.approx(metrics[key], rel=1e-4, abs=1e-6), (key, value, metrics[key])
