@@ -41,6 +41,11 @@ def prep(
                               help="gsm8k/math prompts for tool use: a system message offers these built-in "
                                    "tools (python, calculator) and asks for the final answer in the reward's "
                                    "format; default --out data/<name>-<tools>/ (docs/multi-turn.md)."),
+    size: int = typer.Option(None, "--size", help="reasoning-gym:TASK: how many distinct questions to draw "
+                                                  "(train + test; default 1000)."),
+    args: str = typer.Option(None, "--args", metavar="JSON",
+                             help="reasoning-gym:TASK: the task's config as a JSON object, e.g. "
+                                  "'{\"max_digits\": 1}' (a composite: {TASK: config})."),
     fmt: str = format_option("text", "json", help="text or json."),
 ) -> None:
     """Turn a dataset into verl-compatible parquet files, one per split.
@@ -54,17 +59,39 @@ def prep(
     Example: rlctl data prep jsonl --source qa.jsonl --prompt-col q --answer-col a --val-fraction 0.1
 
     Example: rlctl data prep code --source problems.jsonl   (rows: question + tests {"inputs", "outputs"})
+
+    Example: rlctl data prep reasoning-gym:leg_counting --size 2000 --seed 1   (rlctl[envs]; docs/environments.md)
     """
     from rlctl.tasks.prep import PrepOptions, prepare
 
     opts = PrepOptions(source=source, out=out, splits=tuple(s.strip() for s in splits.split(",") if s.strip()),
                        limit=limit, seed=seed, val_fraction=val_fraction, on_error=on_error,
                        prompt_col=prompt_col, answer_col=answer_col, system=system, instruction=instruction,
-                       data_source=data_source, force=force, sft=sft, tools=_names(tools))
+                       data_source=data_source, force=force, sft=sft, tools=_names(tools), size=size,
+                       args=_json_object(args))
     report = prepare(name, opts)
     emit(report, fmt)
     if fmt == "text":
         _print_prep(report)
+
+
+def _json_object(text: str | None) -> dict | None:
+    """--args: a JSON object, or a one-line usage error saying what is wrong with it."""
+    import json
+
+    from rlctl.errors import UsageError
+
+    if text is None:
+        return None
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise UsageError(f"--args is not JSON ({e.msg} at character {e.pos})",
+                         hint='write a JSON object, e.g. --args \'{"max_digits": 1}\'.') from None
+    if not isinstance(value, dict):
+        raise UsageError(f"--args is a JSON {type(value).__name__}, not an object",
+                         hint='write a JSON object, e.g. --args \'{"max_digits": 1}\'.')
+    return value
 
 
 def _names(words: str) -> tuple[str, ...]:

@@ -1,7 +1,9 @@
 """`rlctl data prep`: a source (hub, local files, or the synthetic task) -> verl parquet per split.
 
-The choices are the built-in tasks' PrepSources (each task's PREP in rlctl.tasks.TASKS: gsm8k, ...)
-and the user's own jsonl / csv / parquet files (rlctl.data.sources.FILE_FORMATS).
+The choices are the built-in tasks' PrepSources (each task's PREP in rlctl.tasks.TASKS: gsm8k, ...),
+the families a task names in FAMILIES (`reasoning-gym:TASK`: the part after the colon, `--size` and
+`--args` make the PrepSource), and the user's own jsonl / csv / parquet files
+(rlctl.data.sources.FILE_FORMATS).
 
 With `sft=True` (`--sft`) each row also gets a `response` column: the reference solution (gsm8k's
 worked answer, math's solution, arith's sum, your answer column), the SFT target; the RL columns
@@ -22,18 +24,21 @@ from __future__ import annotations
 
 import hashlib
 import random
+import re
 from collections import Counter
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from rlctl.data.images import absolute_image_paths, with_images_column
 from rlctl.data.readers import read_records, row_problem
-from rlctl.data.sources import (FILE_FORMATS, SPLIT_NAMES, FileSource, Generated, RowError, convert,
-                                file_source, locate)
+from rlctl.data.sources import (FILE_FORMATS, SPLIT_NAMES, FileSource, Generated, PrepSource, RowError,
+                                convert, file_source, locate)
 from rlctl.errors import DataError, UsageError
 from rlctl.tasks import TASKS
 
 PREP_SOURCES = {p.name: p for task in TASKS for p in task.PREP}   # the built-in tasks' choices, in order
+# "family:SPEC" sources: family -> (spec, args, size) -> PrepSource (reasoning-gym:TASK)
+FAMILIES = {family: make for task in TASKS for family, make in getattr(task, "FAMILIES", {}).items()}
 SOURCES = (*PREP_SOURCES, *FILE_FORMATS)
 ALIASES = {alias: p.name for p in PREP_SOURCES.values() for alias in p.aliases}
 # `--tools`: a system message offers built-in tools and says how to end, in the task's answer format
@@ -47,6 +52,8 @@ SHOWN_PROBLEMS = 3
 def source_help() -> str:
     """The SOURCE words of `rlctl data prep --help`: every task's choice, then the user's own files."""
     words = []
+    for family in FAMILIES:
+        words.append(f"{family}:TASK (--size, --seed, --args; docs/environments.md)")
     for p in PREP_SOURCES.values():
         notes = "; ".join(filter(None, (p.help, f"alias: {', '.join(p.aliases)}" if p.aliases else "")))
         words.append(f"{p.name} ({notes})" if notes else p.name)
@@ -79,6 +86,8 @@ class PrepOptions:
     force: bool = False
     sft: bool = False                  # also write `response` (the reference solution) for SFT
     tools: tuple = ()                  # built-in tools the system message offers (tool-use RL prompts)
+    size: int | None = None            # a family's rows (reasoning-gym: questions drawn; None = its default)
+    args: dict | None = None           # a family's settings (reasoning-gym: the task's config)
 
 
 @dataclass
@@ -88,27 +97,49 @@ class SplitRows:
     duplicates: list = field(default_factory=list)  # rows dropped as repeats
 
 
-def _task_rows(name: str) -> FileSource | Generated | None:
+def _family(name: str) -> tuple[str, str] | None:
+    """("reasoning-gym", "chain_sum") for "reasoning-gym:chain_sum"; None for a name of no family."""
+    family, colon, spec = name.partition(":")
+    return (family, spec) if colon and family in FAMILIES else None
+
+
+def _entry(name: str, opts: PrepOptions) -> PrepSource | None:
+    """The PrepSource of a built-in task or a family's spec; None for the user's own files."""
+    member = _family(name)
+    if member is not None:
+        family, spec = member
+        return FAMILIES[family](spec, opts.args, opts.size)
+    return PREP_SOURCES.get(name)
+
+
+def _task_rows(name: str, opts: PrepOptions) -> FileSource | Generated | None:
     """A built-in task's FileSource or Generated rows; None for the user's own jsonl / csv / parquet."""
-    entry = PREP_SOURCES.get(name)
+    entry = _entry(name, opts)
     return entry.rows if entry else None
 
 
 def _check_options(name: str, opts: PrepOptions) -> None:
-    if name not in SOURCES:
+    if name in FAMILIES:
+        raise UsageError(f"{name} needs a task: {name}:TASK", hint=f"e.g. rlctl data prep {name}:leg_counting.")
+    if _family(name) is None and (opts.size is not None or opts.args is not None):
+        raise UsageError(f"--size and --args are for {' / '.join(f'{f}:TASK' for f in FAMILIES)}, not {name}",
+                         hint="the built-in tasks have a fixed size; use --limit to keep fewer rows.")
+    if opts.size is not None and opts.size < 1:
+        raise UsageError(f"--size {opts.size} must be at least 1")
+    if name not in SOURCES and _family(name) is None:
         import difflib
 
         close = difflib.get_close_matches(name, list(SOURCES), n=1)
         raise UsageError(f"unknown source {name!r}" + (f" (did you mean {close[0]!r}?)" if close else ""),
-                         hint=f"choose one of {', '.join(SOURCES)}.")
+                         hint=f"choose one of {', '.join((*(f'{f}:TASK' for f in FAMILIES), *SOURCES))}.")
     if opts.on_error not in ("fail", "skip"):
         raise UsageError(f"--on-error {opts.on_error!r} is not fail or skip")
     if opts.val_fraction is not None and not 0 <= opts.val_fraction < 1:
         raise UsageError(f"--val-fraction {opts.val_fraction} is outside [0, 1)")
     if opts.limit is not None and opts.limit < 1:
         raise UsageError(f"--limit {opts.limit} must be at least 1")
-    entry = PREP_SOURCES.get(name)   # None: the user's own files
-    if isinstance(_task_rows(name), Generated) and opts.source:
+    entry = _entry(name, opts)   # None: the user's own files
+    if entry and isinstance(entry.rows, Generated) and opts.source:
         raise UsageError(f"the {name} task is generated offline and takes no --source")
     if opts.sft and entry and entry.no_sft:
         raise UsageError(f"--sft: {name} {entry.no_sft}",
@@ -191,7 +222,7 @@ def _carve_validation(splits: dict, fraction: float, seed: int) -> None:
 def _gather(name: str, opts: PrepOptions) -> tuple[str, FileSource | None, dict, list[str]]:
     """(origin, task, {split: SplitRows}, notes) before limits and writing."""
     notes = []
-    rows = _task_rows(name)
+    rows = _task_rows(name, opts)
     if isinstance(rows, Generated):
         fraction = rows.default_val_fraction if opts.val_fraction is None else opts.val_fraction
         generated = rows.generate(opts.seed, fraction)
@@ -243,8 +274,10 @@ def out_dir(name: str, opts: PrepOptions) -> Path:
     if opts.out is not None:
         return Path(opts.out)
     # a task is named after itself; a folder of the user's files (or code problems) after the source
-    rows = _task_rows(name)
+    rows = _task_rows(name, opts)
     label = name if isinstance(rows, Generated) or (rows and rows.hub_id) else Path(opts.source or name).stem
+    if _family(name):   # a folder name: reasoning-gym:chain_sum=2,gcd -> reasoning-gym-chain_sum-2-gcd
+        label = re.sub(r"[^\w.-]+", "-", label).strip("-")
     if opts.tools:
         return Path("data") / "-".join((label, *opts.tools))   # data/gsm8k-python
     return Path("data") / (f"{label}-sft" if opts.sft else label)
@@ -289,7 +322,7 @@ def prepare(name: str, opts: PrepOptions) -> dict:
                             hint="check the column mapping (--prompt-col/--answer-col) and the file.")
     limited = {s: max(0, len(r.rows) - opts.limit) if opts.limit else 0 for s, r in splits.items()}
     # a generated task may write more columns (calc-tools: the SFT `messages` and `tools`)
-    generated = _task_rows(name)
+    generated = _task_rows(name, opts)
     own_schema = generated.arrow_schema if isinstance(generated, Generated) else None
     schema = (own_schema or arrow_schema)()
     if isinstance(generated, FileSource) and generated.image_col:
@@ -302,16 +335,16 @@ def prepare(name: str, opts: PrepOptions) -> dict:
     tables = {s: pa.Table.from_pylist(r.rows[: opts.limit], schema=schema) for s, r in splits.items()}
     out = out_dir(name, opts)
     files = _write(out, tables, opts.force)
-    return _report(name, origin, task, out, splits, tables, files, limited, notes)
+    data_source = (task or _entry(name, opts).rows).data_source
+    return _report(name, origin, data_source, out, splits, tables, files, limited, notes)
 
 
-def _report(name, origin, task, out, splits, tables, files, limited, notes) -> dict:
+def _report(name, origin, data_source, out, splits, tables, files, limited, notes) -> dict:
     per_split = {}
     for split, rows in splits.items():
         skipped = dict(Counter(p.kind for p in rows.problems + rows.duplicates))
         per_split[split] = {"rows": tables[split].num_rows, "file": files[split], "skipped": skipped,
                             "over_limit": limited[split]}
     shown = [str(p) for rows in splits.values() for p in rows.problems + rows.duplicates][:5]
-    data_source = (task or PREP_SOURCES[name].rows).data_source
     return {"source": name, "origin": origin, "data_source": data_source, "out": str(out),
             "splits": per_split, "skipped_examples": shown, "notes": notes}

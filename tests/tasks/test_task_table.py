@@ -19,7 +19,9 @@ from rlctl.tasks.prep import ALIASES, PREP_SOURCES, SOURCES, source_help
 def test_every_task_declares_its_data_sources_rewards_and_prep():
     for task in TASKS:
         assert callable(task.compute_score), task.__name__
-        assert task.DATA_SOURCES and all(isinstance(s, str) for s in task.DATA_SOURCES), task.__name__
+        # a family (reasoning-gym:TASK) may claim its data_sources by prefix alone
+        claimed = task.DATA_SOURCES or getattr(task, "DATA_SOURCE_PREFIXES", ())
+        assert claimed and all(isinstance(s, str) for s in task.DATA_SOURCES), task.__name__
         assert task.REWARDS and all(callable(fn) for fn in task.REWARDS.values()), task.__name__
         # a scorer-only task (verl's numina_* and searchR1_* rows come prepared by verl's scripts) has PREP = ()
         assert isinstance(task.PREP, tuple) and all(isinstance(p, PrepSource) for p in task.PREP), task.__name__
