@@ -17,6 +17,7 @@ import logging
 import queue
 import select
 import socket
+import sys
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -69,6 +70,15 @@ class OpenAIServer(ThreadingHTTPServer):
     def wait_idle(self, timeout: float) -> bool:
         with self._idle:
             return self._idle.wait_for(lambda: self._active == 0, timeout)
+
+    def handle_error(self, request, client_address) -> None:
+        """A client that resets or drops its connection (lm-evaluation-harness's pool does, between
+        requests) is one log line; anything else keeps socketserver's traceback."""
+        err = sys.exc_info()[1]
+        if isinstance(err, ConnectionError):   # reset, aborted, broken pipe
+            log.info("%s closed the connection (%s)", client_address[0], err.strerror or type(err).__name__)
+            return
+        super().handle_error(request, client_address)
 
 
 class _Handler(BaseHTTPRequestHandler):
