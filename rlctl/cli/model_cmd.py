@@ -112,6 +112,9 @@ def get(
                                                                     "models/smollm2 (--list shows the names)")
     known_model(name)
     refuse_overwrite(out, force)
+    from rlctl.models.gguf import check_out_writable
+
+    check_out_writable(out)   # before the download and the conversion, as model tiny's mkdir
     info = get_model(name, out, source)
     emit(info, fmt, text=f"wrote {info['name']} to {out} (from {info['source']}); train it with "
                          f"model.path = \"{out}\"")
@@ -130,10 +133,11 @@ def convert(
 
     Example: rlctl model convert SmolLM2-135M-Instruct.Q4_1.gguf models/smollm2
     """
-    from rlctl.models.gguf import check_gguf_file, convert_gguf
+    from rlctl.models.gguf import check_gguf_file, check_out_writable, convert_gguf
 
     check_gguf_file(gguf_file)
     refuse_overwrite(out, force)
+    check_out_writable(out)
     info = convert_gguf(gguf_file, out)
     emit(info, fmt, text=f"wrote a {info['architecture']} ({info['params']:,} parameters, {info['layers']} layers, "
                          f"vocabulary {info['vocab']:,}) to {out}")

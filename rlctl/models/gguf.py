@@ -23,6 +23,7 @@ from rlctl.errors import DataError, UsageError
 
 GGUF_MAGIC = b"GGUF"
 BYTES_PER_PARAM = 4   # float32 safetensors
+TOKENIZER_BYTES = 32 * 2**20   # tokenizer.json, vocab, merges, config: SmolLM2's are ~4 MB
 
 
 def check_gguf_file(path: Path) -> None:
@@ -38,18 +39,30 @@ def check_gguf_file(path: Path) -> None:
                         hint="pass a llama.cpp .gguf model file; a Hugging Face folder needs no conversion.")
 
 
-def gguf_architecture(path: Path) -> str:
-    """The `general.architecture` field of a GGUF file, read from its metadata only."""
+def _reader(path: Path):
+    """gguf's reader of `path`; a file that starts like GGUF but does not parse is a DataError."""
     from gguf import GGUFReader
 
-    reader = GGUFReader(str(path))
+    try:
+        return GGUFReader(str(path))
+    except Exception as e:  # noqa: BLE001 - the reader raises ValueError, struct.error, IndexError... on junk
+        reason = (str(e).strip().splitlines() or [type(e).__name__])[0][:160]
+        raise DataError(f"{path} is not a readable GGUF file ({reason})",
+                        hint="the file is damaged or truncated; download it again.") from None
+
+
+def gguf_metadata(path: Path) -> tuple[str, int]:
+    """The `general.architecture` field of a GGUF file and its tensors' element count (the weights
+    the Hugging Face folder will hold), read from its header only."""
+    reader = _reader(path)
     field = reader.fields.get("general.architecture")
     if field is None:
         raise DataError(f"{path} has no general.architecture field", hint="the file is damaged or not a model.")
-    return bytes(field.parts[field.data[0]]).decode("utf-8", "replace")
+    arch = bytes(field.parts[field.data[0]]).decode("utf-8", "replace")
+    return arch, sum(int(t.n_elements) for t in reader.tensors)
 
 
-def _check_supported(path: Path) -> str:
+def _check_supported(path: Path) -> tuple[str, int]:
     try:
         import gguf  # noqa: F401
     except ImportError:
@@ -57,21 +70,39 @@ def _check_supported(path: Path) -> str:
                          hint='pip install "gguf>=0.10" (rlctl depends on it; reinstall rlctl).') from None
     from transformers.modeling_gguf_pytorch_utils import GGUF_SUPPORTED_ARCHITECTURES
 
-    arch = gguf_architecture(path)
+    arch, params = gguf_metadata(path)
     known = {a.replace("_", "") for a in GGUF_SUPPORTED_ARCHITECTURES}
     if arch not in GGUF_SUPPORTED_ARCHITECTURES and arch.replace("-", "").replace("_", "") not in known:
         raise DataError(f"{path.name} holds a {arch!r} model, which transformers cannot read from GGUF",
                         hint=f"transformers reads: {', '.join(sorted(GGUF_SUPPORTED_ARCHITECTURES))}.")
-    return arch
+    return arch, params
+
+
+def space_needed(params: int) -> int:
+    """Bytes the folder of a `params`-weight model takes: float32 safetensors, plus the tokenizer
+    and config files (a few MB) and 5% for the safetensors header and the filesystem's blocks."""
+    return int(params * BYTES_PER_PARAM * 1.05) + TOKENIZER_BYTES
 
 
 def _check_space(out: Path, params_estimate: int) -> None:
     parent = out.parent if out.parent.exists() else Path.cwd()
-    need = params_estimate * BYTES_PER_PARAM
+    need = space_needed(params_estimate)
     free = shutil.disk_usage(parent).free
     if free < need:
         raise DataError(f"not enough disk space for {out}: about {need / 1e6:.0f} MB needed, "
                         f"{free / 1e6:.0f} MB free", hint="free some space or choose another OUT.")
+
+
+def check_out_writable(out: Path) -> None:
+    """Refuse (exit 2, one line) an OUT whose folder cannot be written, before anything is fetched
+    or converted: the temporary sibling staged_folder writes is made and removed."""
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.probe-")).rmdir()
+    except OSError as e:
+        why = f"{e.filename} is not a folder" if isinstance(e, FileExistsError) else (e.strerror or str(e)).lower()
+        raise UsageError(f"cannot write {out}: {why}",
+                         hint="choose a path this user can write (a folder you own, on a writable disk)") from None
 
 
 @contextmanager
@@ -125,11 +156,13 @@ def _load(path: Path):
     return model, tokenizer
 
 
-def convert_gguf(src: Path, out: Path) -> dict:
-    """Write the Hugging Face folder of GGUF file `src` to `out`; returns what was written."""
+def convert_gguf(src: Path, out: Path, extra_files: dict[str, str] | None = None) -> dict:
+    """Write the Hugging Face folder of GGUF file `src` to `out`, with `extra_files` (name -> text,
+    e.g. LICENSE) inside it before its one rename; returns what was written."""
     check_gguf_file(src)
-    arch = _check_supported(src)
-    _check_space(out, params_estimate=src.stat().st_size * 8)   # Q4 ~ 0.6 bytes a weight: a wide margin
+    check_out_writable(out)
+    arch, params = _check_supported(src)
+    _check_space(out, params_estimate=params)
     try:
         model, tokenizer = _load(src.resolve())
     except (ValueError, KeyError, OSError) as e:
@@ -142,6 +175,8 @@ def convert_gguf(src: Path, out: Path) -> dict:
             del model.config.quantization_config   # the folder holds dense weights: no quantisation left
         model.save_pretrained(stage)
         tokenizer.save_pretrained(stage)
+        for name, text in (extra_files or {}).items():
+            (stage / name).write_text(text)
     cfg = model.config
     return {"out": str(out), "gguf_file": str(src), "gguf_architecture": arch, "architecture": type(model).__name__,
             "params": sum(p.numel() for p in model.parameters()), "layers": cfg.num_hidden_layers,

