@@ -42,6 +42,7 @@ def write_project(directory: Path, recipe_name: str, model: str | None) -> list[
         "README.md": readme,
         ".gitignore": (templates / "gitignore").read_text(encoding="utf-8"),
         SCHEMA_FILE: json.dumps(config_json_schema(), indent=2) + "\n",
+        **agent_files(recipe.text()),
     }
     write_files(directory, {name: text.encode("utf-8") for name, text in files.items()},
                 hint="choose a project folder you can write to.")
@@ -63,3 +64,14 @@ def _run_name(recipe_text: str) -> str:
     import tomlkit
 
     return str(tomlkit.parse(recipe_text).get("run", {}).get("name", "run"))
+
+
+def agent_files(recipe_text: str) -> dict[str, str]:
+    """The agent program a recipe's [rollout.agent] function names, when rlctl ships it (examples/agents/)."""
+    import tomllib
+
+    spec = tomllib.loads(recipe_text).get("rollout", {}).get("agent", {}).get("function", "")
+    name = spec.rpartition(":")[0]
+    path = bundled_dir("agents") / name if name and "/" not in name else None
+    return {name: path.read_text(encoding="utf-8")} if path is not None and path.is_file() else {}
+

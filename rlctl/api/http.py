@@ -45,6 +45,8 @@ class OpenAIServer(ThreadingHTTPServer):
     allow_reuse_address = True
     request_queue_size = 256  # a burst of clients must not overflow the listen backlog
     prompt_logprobs = 0       # most prompt_logprobs a request may ask for (`rlctl serve --prompt-logprobs`)
+    quiet = False             # True: no line per request (the agent endpoint's thousands of calls a step)
+    any_model = False         # True: a request may name any model (the agent endpoint's one policy)
 
     def __init__(self, address, engine: ServingEngine, *, model_name: str, api_key: str | None = None,
                  max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, read_timeout_s: float = DEFAULT_READ_TIMEOUT_S):
@@ -134,7 +136,8 @@ class _Handler(BaseHTTPRequestHandler):
         return super().handle_expect_100()
 
     def log_message(self, fmt, *args):
-        log.info("%s %s", self.address_string(), fmt % args)
+        if not self.server.quiet:
+            log.info("%s %s", self.address_string(), fmt % args)
 
     def do_GET(self):
         self._dispatch("GET")
@@ -196,7 +199,8 @@ class _Handler(BaseHTTPRequestHandler):
         if path in ("/v1/chat/completions", "/v1/completions"):
             self._only(method, "POST")
             body = self._read_json()
-            protocol.check_model(body, self.server.model_name)
+            if not self.server.any_model:
+                protocol.check_model(body, self.server.model_name)
             engine, max_n = self.server.engine, self.server.engine.max_rows
             parsed = (protocol.parse_chat(body, engine, max_n) if path.endswith("chat/completions")
                       else protocol.parse_completion(body, engine, max_n))

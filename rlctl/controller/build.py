@@ -105,6 +105,8 @@ def policy(config: Config, workers: Workers, tokenizer, base: Path, tools: list,
     from rlctl.runtime.policy import PolicyHandle
 
     actor = PolicyHandle(workers.actor)
+    if config.rollout.agent.function or config.rollout.agent.command:
+        return agent_policy(actor, config, tokenizer, base, stack)
     if not config.rollout.multi_turn.enable:
         return actor
     from rlctl.multiturn.rollout import MultiTurnActor
@@ -115,6 +117,20 @@ def policy(config: Config, workers: Workers, tokenizer, base: Path, tools: list,
                            engine_log_probs=rollout_engine_info(config.rollout.engine).reports_log_probs)
     stack.callback(multi.close)
     return multi
+
+
+def agent_policy(actor: PolicyActor, config: Config, tokenizer, base: Path, stack: ExitStack) -> PolicyActor:
+    """Agent programs as the rollout (rlctl.agent): the endpoint serves the group's policy to the agents."""
+    from rlctl.agent.rollout import AgentActor
+    from rlctl.config.plan import batch_plan
+    from rlctl.workers.models import eos_token_ids
+    from rlctl.workers.rollout.registry import rollout_engine_info
+
+    agent = AgentActor(actor, config, tokenizer, base, eos_token_ids(config.model.path, tokenizer),
+                       engine_log_probs=rollout_engine_info(config.rollout.engine).reports_log_probs,
+                       minibatches=batch_plan(config, "actor").mini_batches_per_step)
+    stack.callback(agent.close)
+    return agent
 
 
 def start_workers(config: Config, total_steps: int, needs: Needs, stack: ExitStack, address: str) -> Workers:

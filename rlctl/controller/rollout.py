@@ -48,6 +48,10 @@ def score(batch: Batch, reward_runner, tokenizer, components: tuple = ()) -> dic
 
     components: names of numeric extras of the reward's dict that the estimator reads (gdpo); each
     is stored as `reward_component/<name>` [B] and must be present for every sample."""
+    if "agent_reward" in batch:   # agent programs: the episodes' own rewards (rlctl.agent.rollout)
+        from rlctl.agent.rollout import score_episodes
+
+        return score_episodes(batch, reward_runner)
     texts = decode_responses(batch, tokenizer)
     prompts = decode_prompts(batch, tokenizer)
     messages = batch["messages"] if "messages" in batch else [None] * len(texts)

@@ -239,7 +239,8 @@ def with_mini_batches(batch, role: str, config, group):
     per_mini = batch_plan(config, role).sequences_per_mini_batch
     if "real_response" in batch:   # SPIN: each generation travels with its reference-answer twin
         per_mini *= 2
-    count = max(1, rows // per_mini)
+    # an agent rollout's rows outnumber its episodes when some split; it set the plan's count itself
+    count = int(batch.meta["mini_batches"]) if "mini_batches" in batch.meta else max(1, rows // per_mini)
     while count > 1 and rows % (world * count):
         count -= 1
     # a token budget: each mini-batch's rows spread over the workers by tokens (rlctl.runtime.balance)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 
 from rlctl.config.checks import CheckContext
+from rlctl.agent.checks import check_agent
 from rlctl.config.loader import LoadedConfig, Problem
 from rlctl.config.plan import BatchPlan, SFTPlan, sft_plan
 from rlctl.data.checks import check_data_files, plan_with_rows, val_data_sources
@@ -41,7 +42,7 @@ __all__ = ["RL_CHECKS", "RL_MACHINE_CHECKS", "SFT_CHECKS", "SFT_MACHINE_CHECKS",
 # second pass; the data files, which also fill the plan's rows, run just before them).
 RL_CHECKS = (check_algorithm, check_dynamic_sampling, check_overlong, check_kl, check_policy_loss,
              check_staleness_loss, check_rollout_engine, check_one_step_off, check_lora, check_reward,
-             check_multi_turn, check_distill, check_selfplay, check_expert_parallel, check_ulysses, check_pf_ppo,
+             check_multi_turn, check_agent, check_distill, check_selfplay, check_expert_parallel, check_ulysses, check_pf_ppo,
              check_critic_pretrain, check_prime)
 RL_MACHINE_CHECKS = (check_model, check_lora_targets, check_engine_installed, check_loggers, check_cuda,
                      check_gpu_workers, check_cpu_split, check_distill_teachers, check_vision,

@@ -1,0 +1,264 @@
+"""The agent endpoint's engine: the policy behind rlctl.api.http's OpenAI front, batching the calls
+of concurrent episodes into the rollout workers and recording every token.
+
+HTTP threads `submit` requests (chat completions) or call `generate_ids` (vLLM's token endpoint);
+one scheduler thread takes what is waiting and generates it in one `generate_turn` on the policy's
+ranks, as a serving engine batches. It generates when every running episode is waiting on the
+model, or once the oldest waiting call has waited `max_wait_s`: with agents that answer between
+their calls within that time, the same episodes batch the same way every time, so a seeded run
+samples the same tokens again (exact resume). Each call's budget comes from its episode
+(rlctl.agent.episodes): a call that cannot fit is a 400 (context_length_exceeded), one past
+`max_calls` a 429 that also fails the episode; both reach the agent as the OpenAI client's errors.
+
+Sampling follows the run (rollout.temperature / top_p / top_k in training, val_temperature in
+validation and eval): the trainer's log-probs assume those, so a request's own temperature or
+top_p is accepted and not applied. Its max_tokens and stop strings are applied.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from rlctl.agent.episodes import Call, Episode
+from rlctl.api.api_error import APIError
+from rlctl.api.requests import Event, Request, SamplingParams
+from rlctl.api.textstream import TextStream
+from rlctl.data.dataset import chat_prompt_ids
+from rlctl.runtime.batch import Batch
+
+
+@dataclass
+class _Waiting:
+    request: Request
+    episode: Episode
+    since: float
+    call: Call | None = None
+    text: str = ""
+
+
+@dataclass
+class EngineLimits:
+    prompt_length: int     # data.max_prompt_length: a sequence's first prompt part
+    response_length: int   # data.max_response_length: everything after it
+    max_calls: int
+    max_wait_s: float
+
+
+@dataclass
+class _Flush:
+    waiting: list[_Waiting]
+    limits: list[int] = field(default_factory=list)
+    merged: list[bool] = field(default_factory=list)
+
+
+class AgentEngine:
+    """rlctl.api.requests.ServingEngine over a TurnGenerator (the actor group, or LocalTurns in eval)."""
+
+    max_rows = 1   # n > 1 is a 400: each call is one sample; rollout.n episodes make the group
+
+    def __init__(self, turns, tokenizer, *, limits: EngineLimits, eos_ids: list[int], pad_id: int):
+        self.turns, self.tokenizer, self.limits = turns, tokenizer, limits
+        self.context_length = limits.prompt_length + limits.response_length
+        self.eos_ids, self.pad_id = set(int(e) for e in eos_ids), int(pad_id)
+        self.tokenizer_lock = threading.Lock()
+        self.lock = threading.Condition()
+        self.stopping = False
+        self._episodes: dict[str, Episode] = {}
+        self._waiting: list[_Waiting] = []
+        self._mode, self._seed, self._flushes = "train", 0, 0
+        self.generated_calls = 0
+        self.error: Exception | None = None   # a generation that raised: the rollout re-raises it
+        self._thread = threading.Thread(target=self._loop, name="rlctl-agent-engine", daemon=True)
+        self._thread.start()
+
+    # --- the episodes' lifecycle (the runner's thread) -------------------------------------------
+    def begin(self, *, seed: int, mode: str) -> None:
+        """A new rollout: its seed (each generation's is derived from it in order) and mode."""
+        with self.lock:
+            self._mode, self._seed, self._flushes = mode, int(seed), 0
+
+    def open(self, tag: str, episode: Episode) -> None:
+        """Call under `lock` together with the close it replaces, so no batch forms in between."""
+        self._episodes[tag] = episode
+        self.lock.notify_all()
+
+    def close(self, tag: str) -> None:
+        self._episodes.pop(tag, None)
+        self.lock.notify_all()
+
+    def stop(self) -> None:
+        with self.lock:
+            self.stopping = True
+            self.lock.notify_all()
+        self._thread.join(5.0)
+
+    # --- called from HTTP threads --------------------------------------------------------------------
+    def load(self) -> dict:
+        with self.lock:
+            return {"episodes": len(self._episodes), "waiting": len(self._waiting)}
+
+    def encode(self, text: str) -> list[int]:
+        with self.tokenizer_lock:
+            return self.tokenizer(text, add_special_tokens=False)["input_ids"]
+
+    def encode_chat(self, messages: list[dict], tools: list[dict] | None = None) -> list[int]:
+        with self.tokenizer_lock:
+            return chat_prompt_ids(messages, self.tokenizer, tools)
+
+    def submit(self, request: Request) -> bool:
+        with self.lock:
+            if self.stopping:
+                return False
+            episode = self._episodes.get(request.tag)
+            if episode is None:
+                _refuse(request, 410, "this episode has ended; its endpoint takes no more calls")
+            elif len(episode.calls) + sum(w.episode is episode for w in self._waiting) >= self.limits.max_calls:
+                episode.failure = episode.failure or "max_calls"
+                _refuse(request, 429, f"this episode made rollout.agent.max_calls = {self.limits.max_calls} calls")
+            else:
+                self._waiting.append(_Waiting(request, episode, time.monotonic()))
+                self.lock.notify_all()
+        return True
+
+    def generate_ids(self, body: dict, tag: str) -> dict:
+        """vLLM's POST /inference/v1/generate: {"token_ids": [...], "sampling_params": {...}} in;
+        {"choices": [{"token_ids", "logprobs", "finish_reason"}]} out (logprobs: one float per token)."""
+        ids = body.get("token_ids")
+        if not isinstance(ids, list) or not ids or not all(isinstance(t, int) and not isinstance(t, bool) for t in ids):
+            raise APIError(400, "'token_ids' must be a non-empty list of integers", param="token_ids")
+        sp = body.get("sampling_params") or {}
+        if not isinstance(sp, dict):
+            raise APIError(400, "'sampling_params' must be an object", param="sampling_params")
+        max_tokens = sp.get("max_tokens") or self.context_length - len(ids)
+        if not isinstance(max_tokens, int) or max_tokens < 1:
+            raise APIError(400, "'sampling_params.max_tokens' must be a positive integer", param="sampling_params")
+        stop = sp.get("stop") or ()
+        request = Request(list(ids), SamplingParams(max_tokens=max_tokens, stop=tuple([stop] if isinstance(stop, str)
+                                                                                         else stop)),
+                          queue.Queue(), tag=tag)
+        self.submit(request)
+        event = request.events.get()
+        if event.error:
+            raise APIError(event.status, event.error, type="server_error" if event.status >= 500 else
+                           "invalid_request_error")
+        call = event.call
+        return {"choices": [{"index": 0, "token_ids": call.completion_ids, "logprobs": call.log_probs,
+                             "finish_reason": call.finish, "text": event.text}]}
+
+    # --- the scheduler thread ----------------------------------------------------------------------
+    def _loop(self) -> None:
+        while True:
+            with self.lock:
+                flush = self._next_flush()
+                if flush is None:
+                    return
+            try:
+                self._generate(flush)
+            except Exception as e:   # the step fails with it (the runner re-raises); agents see a 500
+                self.error = e
+                for w in flush.waiting:
+                    _refuse(w.request, 500, f"generation failed: {type(e).__name__}: {e}")
+
+    def _next_flush(self) -> _Flush | None:
+        """Wait (under lock) until a batch should form; take it, in episode order."""
+        while True:
+            if self.stopping:
+                for w in self._waiting:
+                    _refuse(w.request, 503, "the rollout is over")
+                self._waiting = []
+                return None
+            live = [w for w in self._waiting if not w.request.cancelled.is_set()]
+            self._waiting = live
+            if live:
+                waiting_on = {id(w.episode) for w in live}
+                everyone = all(id(e) in waiting_on for e in self._episodes.values())
+                left = self.limits.max_wait_s - (time.monotonic() - min(w.since for w in live))
+                if everyone or left <= 0:
+                    self._waiting = []
+                    return _Flush(sorted(live, key=lambda w: (w.episode.index, w.since)))
+                self.lock.wait(timeout=left)
+            else:
+                self.lock.wait()
+
+    def _generate(self, flush: _Flush) -> None:
+        lim = self.limits
+        ready = []
+        for w in flush.waiting:
+            budget = w.episode.budget(w.request.prompt_ids, lim.prompt_length, lim.response_length)
+            if budget < 1:
+                _refuse(w.request, 400, f"this call's prompt has {len(w.request.prompt_ids)} tokens and leaves no "
+                                        f"room in its sequence (data.max_prompt_length {lim.prompt_length} + "
+                                        f"data.max_response_length {lim.response_length}): shorten the history",
+                        code="context_length_exceeded")
+                continue
+            flush.limits.append(min(w.request.params.max_tokens, budget))
+            flush.merged.append(w.episode.continues(w.request.prompt_ids))
+            ready.append(w)
+        if not ready:
+            return
+        out = self._sample([w.request.prompt_ids for w in ready], flush.limits)
+        for j, (w, merged) in enumerate(zip(ready, flush.merged)):
+            length = int(out["response_length"][j])
+            ids = out["responses"][j, :length].tolist()
+            lps = out["rollout_log_prob"][j, :length].tolist()
+            ids, lps, text, finish = self._finish(ids, lps, bool(out["truncated"][j]), w.request.params.stop)
+            call = Call(list(w.request.prompt_ids), ids, lps, finish,
+                        merged=merged and w.episode.continues(w.request.prompt_ids))
+            with self.lock:
+                w.episode.record(call)
+                w.episode.answer = text
+            self.generated_calls += 1
+            w.request.events.put(_CallEvent(0, text, len(ids), finish, call=call))
+
+    def _sample(self, prompts: list[list[int]], limits: list[int]) -> dict:
+        """One generate_turn over every rank: rows padded to a multiple of the world (dummy rows of one
+        token, dropped again); returns the real rows' columns."""
+        world = self.turns.world_size
+        rows = len(prompts)
+        padded = prompts + [[self.pad_id]] * (-rows % world)
+        caps = limits + [1] * (-rows % world)
+        width = max(len(p) for p in padded)
+        ids = np.full((len(padded), width), self.pad_id, dtype=np.int64)
+        mask = np.zeros_like(ids)
+        for r, p in enumerate(padded):
+            ids[r, width - len(p):], mask[r, width - len(p):] = p, 1
+        with self.lock:
+            seed = int(np.random.SeedSequence([self._seed, self._flushes]).generate_state(1)[0])
+            self._flushes += 1
+            mode = self._mode
+        batch = Batch({"input_ids": ids, "attention_mask": mask, "max_new_tokens": np.asarray(caps, dtype=np.int64)})
+        out = self.turns.generate_turn(batch, seed=seed, mode=mode, n=1, width=max(caps), log_probs=True)
+        return {k: out[k][:rows] for k in ("responses", "response_length", "truncated", "rollout_log_prob")}
+
+    def _finish(self, ids: list[int], lps: list[float], truncated: bool, stop: tuple) -> tuple:
+        """(tokens, log-probs, text, finish_reason): the completion cut after the token that completes a
+        stop string (the text before it is the answer), the EOS kept in the tokens, not in the text."""
+        stream = TextStream(self._decode, stop)
+        for k, token in enumerate(ids):
+            if token in self.eos_ids:
+                stream.flush()
+                return ids[:k + 1], lps[:k + 1], stream.text, "stop"
+            _, stopped = stream.push(token)
+            if stopped:
+                return ids[:k + 1], lps[:k + 1], stream.text, "stop"
+        stream.flush()
+        return ids, lps, stream.text, "length" if truncated else "stop"
+
+    def _decode(self, ids: list[int]) -> str:
+        with self.tokenizer_lock:
+            return self.tokenizer.decode(ids, skip_special_tokens=True)
+
+
+@dataclass
+class _CallEvent(Event):
+    call: Call | None = None   # the recorded call, for the token endpoint's answer
+
+
+def _refuse(request: Request, status: int, message: str, code: str | None = None) -> None:
+    request.cancel()
+    request.events.put(Event(request.index_base, "", 0, "error", message, status))

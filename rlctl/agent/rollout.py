@@ -1,0 +1,182 @@
+"""Agent programs as the rollout: `AgentActor.generate` plays rollout.n episodes per prompt through the
+agent endpoint and returns their sequences as training rows (rlctl.runtime.policy.PolicyActor).
+
+Rows: one per sequence of an episode (rlctl.agent.episodes: one when every call continued the last,
+more when the agent rewrote its history), each with its episode's reward and the `uid` of the prompt
+it came from, so rollout.n episodes make the group of a group estimator. An episode that made no
+call gets one row of its prompt with an empty (masked) response, so its reward still counts in its
+group. Columns besides the single-turn ones: agent_reward [R] (NaN: none), agent_answer [R] (the
+episode's last completion text, what reward.function reads), agent_episode [R] (-1 on padding rows),
+agent_failure [R]. When rows outnumber rollout.n x prompts, copies of real rows with response_mask 0
+and a uid of their own pad the batch to whole mini-batches on every rank; they add nothing to a loss.
+"""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import numpy as np
+
+from rlctl.agent.engine import AgentEngine, EngineLimits
+from rlctl.agent.episodes import Episode, Sequence, layout
+from rlctl.agent.endpoint import AgentServer
+from rlctl.agent.runner import AgentRunner
+from rlctl.runtime.batch import Batch, object_array
+from rlctl.runtime.policy import PolicyActor, PolicyHandle
+
+CARRIED = ("uid", "data_source", "ground_truth", "extra_info", "messages")
+
+
+class AgentActor(PolicyHandle):
+    """The policy with an agent-program `generate`; every other call goes to `group`.
+    `engine_log_probs`: the engine reports its own log-probs (vLLM), which the rows then carry."""
+
+    def __init__(self, group: PolicyActor, config, tokenizer, base: Path, eos_ids: list[int], *,
+                 engine_log_probs: bool = False, minibatches: int = 1):
+        super().__init__(group)
+        self.config, self.engine_log_probs, self.minibatches = config, engine_log_probs, minibatches
+        self.pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else int(eos_ids[0])
+        ac, data = config.rollout.agent, config.data
+        self.engine = AgentEngine(group, tokenizer, eos_ids=eos_ids, pad_id=self.pad, limits=EngineLimits(
+            data.max_prompt_length, data.max_response_length, ac.max_calls, ac.max_wait_s))
+        self.server = AgentServer(self.engine)
+        self.runner = AgentRunner(ac, base, self.server, self.engine)
+        self.prompt_ids: dict[int, list[int]] = {}
+
+    def close(self) -> None:
+        self.server.close()
+
+    def generate(self, batch: Batch, *, seed: int, mode: str = "train") -> Batch:
+        rc = self.config.rollout
+        n = {"train": rc.n, "val": rc.val_n, "greedy": 1}[mode]
+        rows = agent_rows(batch)
+        episodes = [Episode(index=i * n + s, row=copy.deepcopy(rows[i])) for i in range(len(rows)) for s in range(n)]
+        self.engine.begin(seed=seed, mode=mode)
+        self.engine.error = None
+        self.runner.run(episodes)
+        if self.engine.error is not None:   # a rank failed mid-rollout: the step fails as any rollout's would
+            raise self.engine.error
+        out = episode_batch(batch, episodes, n, width=self.config.data.max_prompt_length,
+                            response_width=self.config.data.max_response_length, pad=self.pad,
+                            log_probs=self.engine_log_probs)
+        if mode == "train":
+            out = pad_rows(out, self.role.world_size * self.minibatches)
+            out.meta["mini_batches"] = self.minibatches
+        out.meta["agent_reward_mode"] = rc.agent.reward
+        out.meta["agent_metrics"] = agent_metrics(episodes)
+        return out
+
+
+def agent_rows(batch: Batch) -> list[dict]:
+    """Each prompt's parquet row as the agent gets it: data_source, prompt (the chat messages),
+    reward_model {style, ground_truth}, extra_info."""
+    return [{"data_source": ds, "prompt": [dict(m) for m in msgs], "reward_model": {"style": "rule", "ground_truth": gt},
+             "extra_info": dict(ei or {})}
+            for ds, msgs, gt, ei in zip(batch["data_source"], batch["messages"], batch["ground_truth"],
+                                        batch["extra_info"])]
+
+
+def episode_batch(prompts: Batch, episodes: list[Episode], n: int, *, width: int, response_width: int, pad: int,
+                  log_probs: bool) -> Batch:
+    """The episodes' sequences as rows (prompt part left-padded to `width`, responses right-padded to
+    `response_width`), each carrying its prompt's columns and its episode's reward."""
+    placed = []   # (episode, sequence)
+    for ep in episodes:
+        prompt_row = ep.index // n
+        seqs = ep.sequences or [Sequence(prompt_ids=_prompt_ids(prompts, prompt_row), response_ids=[pad],
+                                         response_mask=[0], log_probs=[0.0])]
+        placed += [(ep, s) for s in seqs]
+    rows = len(placed)
+    out = {"prompts": np.full((rows, width), pad, np.int64), "responses": np.full((rows, response_width), pad, np.int64),
+           "response_mask": np.zeros((rows, response_width), np.float32),
+           "prompt_mask": np.zeros((rows, width), np.int64), "response_length": np.zeros(rows, np.int64),
+           "rollout_log_prob": np.zeros((rows, response_width), np.float32)}
+    for r, (ep, seq) in enumerate(placed):
+        head, tail, mask, lps = layout(seq, width)
+        out["prompts"][r, width - len(head):], out["prompt_mask"][r, width - len(head):] = head, 1
+        out["responses"][r, :len(tail)], out["response_mask"][r, :len(tail)] = tail, mask
+        out["rollout_log_prob"][r, :len(tail)], out["response_length"][r] = lps, len(tail)
+    attention = np.arange(response_width)[None, :] < out["response_length"][:, None]
+    source = [ep.index // n for ep, _ in placed]
+    columns = {k: prompts[k][source] for k in CARRIED if k in prompts}
+    columns.update({
+        "prompts": out["prompts"], "responses": out["responses"], "response_mask": out["response_mask"],
+        "response_length": out["response_length"],
+        "truncated": np.array([bool(ep.calls) and ep.calls[-1].finish == "length" for ep, _ in placed]),
+        "input_ids": np.concatenate([out["prompts"], out["responses"]], axis=1),
+        "attention_mask": np.concatenate([out["prompt_mask"], attention.astype(np.int64)], axis=1),
+        "agent_reward": np.array([np.nan if ep.reward is None or ep.failure else ep.reward for ep, _ in placed],
+                                 np.float32),
+        "agent_answer": object_array([ep.answer for ep, _ in placed]),
+        "agent_episode": np.array([ep.index for ep, _ in placed], np.int64),
+        "agent_failure": object_array([ep.failure for ep, _ in placed]),
+        "agent_info": object_array([dict(ep.metrics) for ep, _ in placed]),
+    })
+    if log_probs:
+        columns["rollout_log_prob"] = out["rollout_log_prob"]
+    return Batch(columns, prompts.meta)
+
+
+def _prompt_ids(prompts: Batch, row: int) -> list[int]:
+    return prompts["input_ids"][row][prompts["attention_mask"][row] != 0].tolist()
+
+
+def pad_rows(batch: Batch, multiple: int) -> Batch:
+    """Up to a multiple of `multiple` rows with copies of the first rows, response_mask 0, uids of their own."""
+    extra = -len(batch) % multiple
+    if not extra:
+        return batch
+    fill = batch.select([i % len(batch) for i in range(extra)])
+    fill["response_mask"] = np.zeros_like(fill["response_mask"])
+    fill["uid"] = object_array([f"agent-pad-{i}" for i in range(extra)])
+    fill["agent_episode"] = np.full(extra, -1, np.int64)
+    return Batch.concat([batch, fill])
+
+
+def agent_metrics(episodes: list[Episode]) -> dict:
+    """agent/calls (mean per episode), agent/failed (share of episodes), agent/merged (share of the calls
+    after an episode's first that continued its previous call), agent/sequences (rows per episode),
+    and the mean of every numeric key the agents returned beside their reward."""
+    later = [c for ep in episodes for c in ep.calls[1:]]
+    out = {"agent/calls": float(np.mean([len(ep.calls) for ep in episodes])),
+           "agent/failed": float(np.mean([bool(ep.failure) for ep in episodes])),
+           "agent/merged": float(np.mean([c.merged for c in later])) if later else 1.0,
+           "agent/sequences": float(np.mean([max(1, len(ep.sequences)) for ep in episodes]))}
+    keys = sorted({k for ep in episodes for k in ep.metrics})
+    for key in keys:
+        values = [ep.metrics[key] for ep in episodes if key in ep.metrics]
+        out[f"agent/{key}"] = float(np.mean(values))
+    return out
+
+
+def failures(batch: Batch) -> list[str]:
+    """The distinct failure reasons of a rollout's episodes (for the console's one-line note)."""
+    reasons = {str(f) for f, e in zip(batch["agent_failure"], batch["agent_episode"]) if f and e >= 0}
+    return sorted(reasons)
+
+
+def score_episodes(batch: Batch, reward_runner) -> dict:
+    """`scores` [R] from the episodes' rewards, by rollout.agent.reward: "agent" (the agent's own; a
+    failed episode 0), "scorer" (reward.function or the row's built-in on the last answer) or "sum".
+    Also acc, response_text (the answer) and the agent/* metrics."""
+    mode = batch.meta["agent_reward_mode"]
+    agent = np.nan_to_num(batch["agent_reward"].astype(np.float64), nan=0.0)
+    answers = [str(a) for a in batch["agent_answer"]]
+    metrics = dict(batch.meta.get("agent_metrics", {}))
+    acc = None
+    if mode in ("scorer", "sum"):
+        items = [{"data_source": ds, "solution_str": a, "ground_truth": gt, "extra_info": ei, "prompt_str": "",
+                  "messages": m} for ds, a, gt, ei, m in zip(batch["data_source"], answers, batch["ground_truth"],
+                                                             batch["extra_info"], batch["messages"])]
+        result = reward_runner.score(items)
+        scored = np.where(batch["agent_failure"].astype(bool), 0.0, result.scores)
+        scores = scored if mode == "scorer" else agent + scored
+        acc = result.extras.get("acc")
+        metrics.update(result.metrics)
+    else:
+        scores = agent
+    batch["scores"] = scores.astype(np.float32)
+    batch["acc"] = (np.nan_to_num(acc, nan=0.0) if acc is not None else (scores > 0)).astype(np.float32)
+    batch["response_text"] = object_array(answers)
+    return metrics
