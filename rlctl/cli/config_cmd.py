@@ -191,5 +191,63 @@ def schema_cmd(out: Optional[Path] = typer.Option(None, "--out", "-o", help="Wri
         typer.echo(f"wrote {out}")
 
 
+@config_app.command("from-verl", context_settings={"ignore_unknown_options": True})
+def from_verl_cmd(
+    words: List[str] = typer.Argument(..., metavar="SCRIPT_OR_OVERRIDES...",
+                                      help="A verl launch script (then its arguments, as $@ passes them) or verl's "
+                                           "key=value overrides."),
+    out: Path = typer.Option(Path("rlctl.toml"), "--out", "-o", help="The rlctl.toml to write."),
+    model: str = typer.Option(None, "--model", metavar="ID_OR_PATH",
+                              help="model.path in place of the script's (a local folder offline)."),
+    force: bool = flag("--force", help="Overwrite --out if it exists."),
+    fmt: str = format_option("text", "json", help="text or json."),
+) -> None:
+    """Turn a verl launch (python3 -m verl.trainer.main_ppo key=value ...) into an rlctl.toml.
+
+    Every override becomes rlctl's key, verl's defaults that differ from rlctl's are written when the
+    script relied on them, and each key rlctl does not honour is listed with the reason (in the file
+    and on stdout). docs/verl.md has the key table.
+
+    Example: rlctl config from-verl examples/grpo_trainer/run_qwen2-7b.sh --model models/smollm2
+
+    Example: rlctl config from-verl data.train_batch_size=256 actor_rollout_ref.actor.optim.lr=1e-6 --out grpo.toml
+    """
+    from rlctl.config.from_verl import checked, convert, to_toml
+    from rlctl.config.verl_script import read_launch
+
+    launch = read_launch(list(words))
+    conversion = convert(launch)
+    if model:
+        conversion.values["model.path"], conversion.sources["model.path"] = model, "--model"
+    typed = checked(conversion)
+    if out.exists() and not force:
+        raise UsageError(f"{out} already exists", hint="pass --force to overwrite it, or --out another file.")
+    text = to_toml(typed, conversion, words[0] if "=" not in words[0] else "verl overrides")
+    from rlctl.utils.atomic_files import write_files
+
+    write_files(out.parent if str(out.parent) else Path("."), {out.name: text.encode("utf-8")},
+                hint="pass --out a file you can write to.")
+    report = {"out": str(out), "keys": len(typed), "not_honoured": [
+        {"key": k, "value": v, "why": why} for k, v, why in conversion.not_honoured]}
+    emit(report, fmt)
+    if fmt == "text":
+        _print_not_honoured(report)
+
+
+def _print_not_honoured(report: dict) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console()
+    console.print(f"wrote {report['out']} ({report['keys']} keys)", markup=False)
+    if report["not_honoured"]:
+        table = Table(title="verl keys rlctl does not honour")
+        for column in ("key", "value", "why"):
+            table.add_column(column)
+        for row in report["not_honoured"]:
+            table.add_row(row["key"], str(row["value"]), row["why"])
+        console.print(table)
+
+
 def register(app: typer.Typer) -> None:
     app.add_typer(config_app, name="config")

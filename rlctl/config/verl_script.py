@@ -1,0 +1,166 @@
+"""A verl launch script (or its overrides) -> the `key=value` overrides it passes to verl's trainer.
+
+verl's examples/ and recipe/ scripts set shell variables (`n=16`, `export LR=${LR:-1e-6}`,
+`max_len=$((1024 * 2))`), then run `python3 -m verl.trainer.main_ppo key=value ... $@` over
+backslash-continued lines. `read_launch` follows that much bash: comments, continuations,
+assignments, `$VAR` / `${VAR}` / `${VAR:-default}` / `${VAR:=default}`, integer `$((...))`, the
+environment for variables the script does not set, and the script's own arguments for `$@` (the
+words given after the script). A `$(command)` is not run: a value that needs one is reported, not
+guessed.
+"""
+
+from __future__ import annotations
+
+import ast
+import operator
+import os
+import re
+import shlex
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from rlctl.errors import UsageError
+
+# the entry points of verl's trainers; the words after one are its overrides
+ENTRY_POINTS = re.compile(r"(^|[\s/.])(main_ppo|main_dapo|main_generation|main_grpo|main_prime|main_spin|"
+                          r"main_sppo|main_gspo)(\.py)?$")
+_ASSIGN = re.compile(r"^(?:export\s+|local\s+|readonly\s+|declare\s+(?:-\w+\s+)?)?([A-Za-z_][A-Za-z0-9_]*)=(.*)$")
+_VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*|\d+)(?:(:?[-=])((?:[^{}]|\{[^{}]*\})*))?\}|\$([A-Za-z_][A-Za-z0-9_]*|\d)")
+_ARITH = re.compile(r"\$\(\((.*?)\)\)")
+UNRESOLVED = "\x00cmd\x00"   # stands for a `$(command)` in a value
+_OPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.FloorDiv: operator.floordiv,
+        ast.Div: operator.floordiv, ast.Mod: operator.mod, ast.USub: operator.neg, ast.Pow: operator.pow}
+
+
+@dataclass
+class Launch:
+    """What a launch passes verl: its overrides in order, and what could not be read."""
+    overrides: list[tuple[str, str]] = field(default_factory=list)   # (key, value as written after expansion)
+    unresolved: list[str] = field(default_factory=list)              # keys whose value needs a shell command
+    options: list[str] = field(default_factory=list)                 # hydra's own flags (--config-name ...)
+    entry: str = ""
+
+
+def _arith(expr: str, variables: dict) -> str:
+    """bash's integer `$((...))`, variables named bare or with `$`."""
+    text = re.sub(r"\$?\{?([A-Za-z_][A-Za-z0-9_]*)\}?", lambda m: str(variables.get(m.group(1), os.environ.get(
+        m.group(1), "0"))), expr)
+
+    def value(node):
+        if isinstance(node, ast.Constant) and isinstance(node.value, int):
+            return node.value
+        if isinstance(node, ast.BinOp) and type(node.op) in _OPS:
+            return _OPS[type(node.op)](value(node.left), value(node.right))
+        if isinstance(node, ast.UnaryOp) and type(node.op) in _OPS:
+            return _OPS[type(node.op)](value(node.operand))
+        raise ValueError(expr)
+
+    try:
+        return str(value(ast.parse(text.strip(), mode="eval").body))
+    except (SyntaxError, ValueError, ZeroDivisionError):
+        raise UsageError(f"$(({expr})) is not integer arithmetic rlctl can evaluate",
+                         hint="replace it with its value in the script, or pass the key as an override.") from None
+
+
+def expand(text: str, variables: dict, args: list[str]) -> str:
+    """The text with shell variables replaced (not inside single quotes)."""
+    parts = re.split(r"('[^']*')", text)
+    return "".join(part if part.startswith("'") else _expand_part(part, variables, args) for part in parts)
+
+
+def _expand_part(text: str, variables: dict, args: list[str]) -> str:
+    text = text.replace('"$@"', " ".join(shlex.quote(a) for a in args)).replace("$@", " ".join(args))
+    text = text.replace("$*", " ".join(args))
+    text = _ARITH.sub(lambda m: _arith(m.group(1), variables), text)
+    text = re.sub(r"\$\([^()]*\)|`[^`]*`", UNRESOLVED, text)
+
+    def var(m):
+        name = m.group(1) or m.group(4)
+        if name.isdigit():   # $1, ${2:-default}: the script's own arguments
+            current = args[int(name) - 1] if 0 < int(name) <= len(args) else None
+        else:
+            current = variables.get(name, os.environ.get(name))
+        if m.group(2) is not None and (current is None or (m.group(2).startswith(":") and current == "")):
+            default = _expand_part(m.group(3) or "", variables, args)
+            if m.group(2).endswith("="):
+                variables[name] = default
+            return default
+        return current or ""
+
+    for _ in range(5):   # a default may name another variable
+        expanded = _VAR.sub(var, text)
+        if expanded == text:
+            break
+        text = expanded
+    return text
+
+
+def logical_lines(script: str) -> list[str]:
+    """Lines with backslash continuations joined and comments dropped."""
+    joined = re.sub(r"\\\r?\n", " ", script)
+    out = []
+    for line in joined.splitlines():
+        stripped = line.strip()
+        if not stripped or stripped.startswith("#"):
+            continue
+        out.append(re.sub(r"\s+#.*$", "", stripped) if "'" not in stripped and '"' not in stripped else stripped)
+    return out
+
+
+def _words(line: str) -> list[str]:
+    try:
+        return shlex.split(line, comments=True)
+    except ValueError as e:
+        raise UsageError(f"cannot read the shell line {line[:80]!r}: {e}",
+                         hint="check its quotes, or pass the overrides themselves.") from None
+
+
+def read_script(text: str, args: list[str], where: str) -> Launch:
+    """The overrides of the first verl trainer command in a shell script."""
+    variables: dict[str, str] = {}
+    for line in logical_lines(text):
+        words = _words(expand(line, variables, args))
+        at = next((i for i, w in enumerate(words) if ENTRY_POINTS.search(w)), None)
+        if at is not None:
+            return _launch(words[at + 1:], entry=words[at])
+        assign = _ASSIGN.match(line)
+        if assign:   # VAR=value: the value as bash would store it (words joined by one space)
+            variables[assign.group(1)] = " ".join(_words(expand(assign.group(2), variables, args)))
+    raise UsageError(f"{where} runs no verl trainer (no `python3 -m verl.trainer.main_ppo ...` line)",
+                     hint="pass the script that launches verl, or the key=value overrides themselves.")
+
+
+def _launch(words: list[str], entry: str = "") -> Launch:
+    launch = Launch(entry=entry)
+    for word in words:
+        if word.startswith("-"):
+            launch.options.append(word)
+            continue
+        if "=" not in word:
+            raise UsageError(f"{word!r} is not a verl override (key=value)",
+                             hint="verl's trainer takes key=value words, e.g. data.train_batch_size=256.")
+        key, value = word.split("=", 1)
+        key = key.lstrip("+~")   # hydra's append (+key) / force (++key) / delete (~key) marks
+        if UNRESOLVED in value:
+            launch.unresolved.append(key)
+            continue
+        launch.overrides.append((key, value))
+    return launch
+
+
+def read_launch(words: list[str]) -> Launch:
+    """A script path (then its arguments, which `$@` passes on) or the overrides themselves."""
+    if not words:
+        raise UsageError("nothing to convert", hint="rlctl config from-verl run_grpo.sh (or key=value ...)")
+    first = Path(words[0])
+    if "=" not in words[0] and first.is_file():
+        try:
+            text = first.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as e:
+            raise UsageError(f"cannot read {first}: {e}") from None
+        return read_script(text, words[1:], str(first))
+    if "=" not in words[0]:
+        raise UsageError(f"{words[0]}: no such script, and not a key=value override",
+                         hint="pass a verl launch script or its overrides (data.train_batch_size=256 ...).")
+    return read_script("python3 -m verl.trainer.main_ppo " + " ".join(shlex.quote(w) for w in words), [],
+                       "the overrides")
