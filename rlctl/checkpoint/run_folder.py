@@ -93,9 +93,12 @@ def finish_run(run_dir: str | os.PathLike, *, status: str, exit_code: int, error
 
 
 def write_run_info(run_dir: str | os.PathLike, **fields) -> dict:
-    """Merge `fields` into run.json (e.g. `step=12` after each step) and write it atomically."""
+    """Merge `fields` into run.json (e.g. `step=12` after each step) and write it atomically; never
+    into a folder that replaced the one this process locked (rlctl.checkpoint.run_lock)."""
+    from rlctl.checkpoint.run_lock import check_run_folder
     from rlctl.utils.atomic_files import atomic_write_text
 
+    check_run_folder(run_dir)
     info = {**read_run_info(run_dir), **fields, "updated_at": _now()}
     atomic_write_text(Path(run_dir) / RUN_FILE, json.dumps(info, indent=2) + "\n")
     return info

@@ -10,6 +10,13 @@ file: it only opened a directory. The fd is not inherited by exec'd children (Ra
 spawned reward pool), so a lock never outlives its controller through them. `rlctl status` and
 `rlctl view` never take the lock: reading a live run is always allowed.
 
+The lock is on the folder's inode, not its name: a user who deletes (or moves) a live run's folder
+and starts a new run of the same name gets a new folder and its own lock, while the old process
+still holds the old one. So every write of run.json and of a checkpoint first asks
+`check_run_folder(run_dir)` whether the folder at that path is still the one this process locked;
+when it is not, the old process stops with one line (RunFolderGone, exit 3) instead of writing into
+the new run's folder.
+
 Caveat: flock is advisory and local. Two machines writing one folder on a network file system
 may not see each other's locks (NFS maps flock to its own byte-range locks on Linux >= 2.6.12).
 """
@@ -22,7 +29,13 @@ import json
 import os
 from pathlib import Path
 
-from rlctl.errors import UsageError
+from rlctl.errors import DataError, UsageError
+
+_HELD: dict[str, RunLock] = {}   # absolute run folder path -> this process's lock on it
+
+
+class RunFolderGone(DataError):
+    """The folder at a locked run's path was deleted or replaced while the run was live."""
 
 
 class RunLock:
@@ -31,6 +44,9 @@ class RunLock:
     def __init__(self, run_dir: Path, fd: int):
         self.run_dir = run_dir
         self._fd: int | None = fd
+        held = os.fstat(fd)
+        self._identity = (held.st_dev, held.st_ino)
+        _HELD[os.path.abspath(run_dir)] = self
 
     @classmethod
     def acquire(cls, run_dir: str | os.PathLike, command: str) -> RunLock:
@@ -57,12 +73,36 @@ class RunLock:
         if self._fd is not None:
             os.close(self._fd)   # closing the last fd of the open file drops the flock
             self._fd = None
+            if _HELD.get(os.path.abspath(self.run_dir)) is self:
+                del _HELD[os.path.abspath(self.run_dir)]
+
+    def check(self) -> None:
+        """RunFolderGone unless the folder at run_dir is still the one this lock holds."""
+        try:
+            now = os.stat(self.run_dir)
+            same = (now.st_dev, now.st_ino) == self._identity
+        except FileNotFoundError:
+            same, now = False, None
+        if not same:
+            what = "deleted" if now is None else "replaced by another folder"
+            raise RunFolderGone(f"run folder {self.run_dir} was {what} while this run was writing it; "
+                                "stopping without writing into the folder now at that path",
+                                hint="its checkpoints went with it: start the run again (rlctl train), "
+                                     "under another run.name if the new folder is another run's")
 
     def __enter__(self) -> RunLock:
         return self
 
     def __exit__(self, *exc) -> None:
         self.release()
+
+
+def check_run_folder(run_dir: str | os.PathLike) -> None:
+    """Before writing into `run_dir`: RunFolderGone when this process holds its lock and the folder
+    there is no longer the locked one (a process that holds no lock on it: nothing to check)."""
+    lock = _HELD.get(os.path.abspath(run_dir))
+    if lock is not None and lock.held:
+        lock.check()
 
 
 def holder(run_dir: Path) -> str:

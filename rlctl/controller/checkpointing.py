@@ -48,7 +48,10 @@ def save(session: RunSession, step: int, *, final: bool = False) -> Path | None:
         return None
     import tomlkit
 
+    from rlctl.checkpoint.run_lock import check_run_folder
     from rlctl.config.loader import config_to_dict
+
+    check_run_folder(session.run_dir)   # a deleted live folder: stop rather than save into its successor
 
     def write(tmp: Path) -> None:
         for name, role in session.roles.items():   # actor/ (and critic/, prm/): each rank its shards
@@ -59,6 +62,7 @@ def save(session: RunSession, step: int, *, final: bool = False) -> Path | None:
         for extra in session.extras:   # e.g. one_step_off: the batch generating for step + 1
             extra.save(tmp)
         atomic_write_text(tmp / CONFIG_FILE, tomlkit.dumps(config_to_dict(session.config)))
+        check_run_folder(session.run_dir)   # before LATEST names it: the folder may have gone meanwhile
 
     with_notice = session.display.print if final else (lambda _msg: None)
     meta = {"run": session.config.run.name, "fingerprint": fingerprint(session)}

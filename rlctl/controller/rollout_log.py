@@ -51,6 +51,9 @@ def rollout_records(batch) -> list[dict]:
 
 def write_rollouts(run_dir: Path, step: int, batch) -> Path:
     """Write rollouts/step_<step>.jsonl atomically; NaN (a failed turn score) is written as null."""
+    from rlctl.checkpoint.run_lock import check_run_folder
+
+    check_run_folder(run_dir)   # never into a folder that replaced the locked one
     path = Path(run_dir) / "rollouts" / f"step_{step}.jsonl"
     atomic_write_text(path, "".join(json.dumps(_jsonable(record), ensure_ascii=False) + "\n"
                                     for record in rollout_records(batch)))

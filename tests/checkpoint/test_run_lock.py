@@ -106,3 +106,40 @@ def test_force_moves_the_old_folder_aside_and_locks_the_new_one(tmp_path):
         with pytest.raises(UsageError, match="in use"):
             RunLock.acquire(run, "train")
         RunLock.acquire(old[0], "train").release()
+        from rlctl.checkpoint.run_lock import check_run_folder
+
+        check_run_folder(run)   # the re-taken lock is on the new folder: writing there is fine
+
+
+@pytest.mark.parametrize("how", ["deleted", "replaced"])
+def test_a_live_run_whose_folder_is_deleted_stops_writing_and_leaves_the_new_folder_alone(tmp_path, how):
+    """The user deletes (or moves away) runs/r while its run is live and starts a new run r: the
+    old process's run.json, rollout log and checkpoint writes must not land in the new folder."""
+    import shutil
+    from types import SimpleNamespace
+
+    from rlctl.checkpoint.run_folder import RUN_FILE, finish_run, start_run, write_run_info
+    from rlctl.checkpoint.run_lock import RunFolderGone
+    from rlctl.controller import checkpointing
+    from rlctl.controller.rollout_log import write_rollouts
+    from rlctl.errors import EXIT_DATA
+
+    run = tmp_path / "runs" / "r"
+    lock, _ = claim_new_run_dir(run, force=False)
+    with lock:
+        start_run(run, name="r", total_steps=4)
+        write_run_info(run, step=1)
+        if how == "deleted":
+            shutil.rmtree(run)
+        else:
+            run.rename(tmp_path / "elsewhere")
+        run.mkdir()   # the new run's folder (its process would lock it: another process, not shown)
+        (run / "mine.txt").write_text("the new run's")
+        session = SimpleNamespace(run_dir=run, state=SimpleNamespace(saved_step=0))
+        writes = (lambda: write_run_info(run, step=2), lambda: finish_run(run, status="failed", exit_code=3),
+                  lambda: write_rollouts(run, 2, None), lambda: checkpointing.save(session, 2))
+        for write in writes:
+            with pytest.raises(RunFolderGone, match=f"run folder {run} was (deleted|replaced)") as err:
+                write()
+            assert err.value.exit_code == EXIT_DATA and "\n" not in err.value.message
+        assert sorted(os.listdir(run)) == ["mine.txt"] and not (run / RUN_FILE).exists()
