@@ -45,8 +45,8 @@ class RunLock:
         self.run_dir = run_dir
         self._fd: int | None = fd
         held = os.fstat(fd)
-        self._identity = (held.st_dev, held.st_ino)
-        _HELD[os.path.abspath(run_dir)] = self
+        self._path, self._identity = os.path.abspath(run_dir), (held.st_dev, held.st_ino)
+        _HELD[self._path] = self
 
     @classmethod
     def acquire(cls, run_dir: str | os.PathLike, command: str) -> RunLock:
@@ -73,13 +73,13 @@ class RunLock:
         if self._fd is not None:
             os.close(self._fd)   # closing the last fd of the open file drops the flock
             self._fd = None
-            if _HELD.get(os.path.abspath(self.run_dir)) is self:
-                del _HELD[os.path.abspath(self.run_dir)]
+            if _HELD.get(self._path) is self:
+                del _HELD[self._path]
 
     def check(self) -> None:
         """RunFolderGone unless the folder at run_dir is still the one this lock holds."""
         try:
-            now = os.stat(self.run_dir)
+            now = os.stat(self._path)
             same = (now.st_dev, now.st_ino) == self._identity
         except FileNotFoundError:
             same, now = False, None
