@@ -169,8 +169,9 @@ def _check_tools(name: str, opts: PrepOptions) -> None:
 
 
 def _check_columns(task: FileSource, raw) -> None:
-    """A column the mapping names but the file lacks is a usage mistake, not a bad row."""
-    if not raw.records:
+    """A column the mapping names but the file lacks is a usage mistake, not a bad row (a source whose
+    adapter reads the records' own layout, such as verl rows, names no columns of the file)."""
+    if not raw.records or task.adapter is not None:
         return
     for flag, column in (("--prompt-col", task.prompt_col), ("--answer-col", task.answer_col)):
         if column not in raw.columns:
