@@ -9,11 +9,50 @@ role and rank; the group is then killed (its process group cannot recover).
 from __future__ import annotations
 
 import os
+import pickle
 import re
 from typing import Any, Sequence
 
 from rlctl.errors import RlctlError, WorkerDiedError
 from rlctl.utils.interrupts import in_native_call, safe_point
+
+
+class UnpicklableWorkerError(Exception):
+    """What a worker raises in place of an exception that cannot be pickled (pydantic's ValidationError
+    keeps its unpicklable input; an error may hold a lock or a socket): its class name and its message
+    in one line. Ray would replace such an exception with "Exception ... isn't serializable" and the
+    controller would never see what went wrong. The original stays the cause, in the worker's traceback."""
+
+    def __init__(self, name: str, message: str):
+        super().__init__(name, message)
+        self.name, self.message = name, message
+
+    def __str__(self) -> str:
+        return self.message
+
+
+def one_line(err: BaseException) -> str:
+    """An exception's message in one line: its first line, or for a pydantic validation error (whose
+    first line only counts the errors) its title and each error's own message."""
+    errors, title = getattr(err, "errors", None), getattr(err, "title", None)
+    if callable(errors) and isinstance(title, str):
+        try:
+            messages = [str(e["msg"]) for e in errors()]
+        except Exception:  # noqa: BLE001 - not pydantic's after all: its first line below
+            messages = []
+        if messages:
+            return f"{title}: " + "; ".join(messages)
+    lines = [line.strip() for line in str(err).splitlines() if line.strip()]
+    return lines[0] if lines else ""
+
+
+def portable(err: Exception) -> Exception:
+    """`err` if Ray can carry it to the controller (it pickles), else an UnpicklableWorkerError."""
+    try:
+        pickle.dumps(err)
+        return err
+    except Exception:  # noqa: BLE001 - TypeError, PicklingError, AttributeError: all mean "cannot be carried"
+        return UnpicklableWorkerError(type(err).__name__, one_line(err))
 
 
 def _debug() -> bool:
@@ -78,8 +117,9 @@ def worker_error(err: BaseException, *, role: str, rank: int, method: str, logs:
             cause.message = f"{where}: {cause.message}"
             cause.args = (cause.message if cause.hint is None else f"{cause.message} ({cause.hint})",)
             return cause
-        name = type(cause).__name__ if cause is not None else "an error"
-        first = str(cause).strip().splitlines()[0] if cause is not None and str(cause).strip() else ""
+        name = "an error" if cause is None else cause.name if isinstance(cause, UnpicklableWorkerError) \
+            else type(cause).__name__
+        first = one_line(cause) if cause is not None else ""
         detail = "\n" + re.sub(r"\x1b\[[0-9;]*m", "", str(err)) if _debug() else ""  # the remote traceback
         return WorkerDiedError(f"{where} raised {name} in {method}: {first}{detail}",
                                hint=None if _debug() else "rerun with RLCTL_DEBUG=1 for the worker's traceback")

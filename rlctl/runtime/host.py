@@ -8,10 +8,11 @@ process group, and the actor/rollout/reference roles share one copy of the weigh
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 from datetime import timedelta
-from typing import Any
+from typing import Any, Iterator
 
 from rlctl.utils.net import free_port
 
@@ -51,12 +52,14 @@ class WorkerHost:
                                 timeout=timedelta(seconds=timeout_s))
 
     def add_role(self, name: str, cls: type, kwargs: dict) -> None:
-        self.roles[name] = cls(**kwargs)
+        with _carried_by_ray():
+            self.roles[name] = cls(**kwargs)
 
     def call(self, role: str, method: str, *args: Any, **kwargs: Any) -> tuple[Any, float]:
         """(result, seconds spent in the method): the controller's overhead is the rest."""
         start = time.perf_counter()
-        result = getattr(self.roles[role], method)(*args, **kwargs)
+        with _carried_by_ray():
+            result = getattr(self.roles[role], method)(*args, **kwargs)
         return result, time.perf_counter() - start
 
     def reset(self) -> bool:
@@ -108,6 +111,21 @@ def unforgettable_modules() -> list[str]:
         if not any(os.path.realpath(path).startswith(root + os.sep) for root in installed):
             found.append(name)
     return found
+
+
+@contextlib.contextmanager
+def _carried_by_ray() -> Iterator[None]:
+    """An exception that cannot be pickled leaves as UnpicklableWorkerError (its name and message), so the
+    controller's one line says what went wrong (rlctl.runtime.failures)."""
+    from rlctl.runtime.failures import portable
+
+    try:
+        yield
+    except Exception as err:
+        carried = portable(err)
+        if carried is err:
+            raise
+        raise carried from err
 
 
 def kill_hosts(actors: list) -> None:

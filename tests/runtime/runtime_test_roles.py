@@ -3,12 +3,21 @@
 from __future__ import annotations
 
 import os
+import threading
 import time
 
 import numpy as np
 
 from rlctl.errors import CheckpointError
 from rlctl.runtime import Batch, Dispatch, register
+
+
+class HoldsALock(Exception):
+    """An exception pickle cannot carry (as pydantic's ValidationError, which keeps its input)."""
+
+    def __init__(self, message: str):
+        super().__init__(message)
+        self.lock = threading.Lock()
 
 
 class EchoWorker:
@@ -90,6 +99,10 @@ class EchoWorker:
                 raise CheckpointError("checkpoint step_3 is missing optimizer shards")
             raise ValueError("boom from inside the worker")
         return self.rank
+
+    @register(Dispatch.ALL)
+    def fail_unpicklable(self) -> None:
+        raise HoldsALock("the model's config is invalid: max_model_len 4096 > 512")
 
     def not_remote(self) -> None:
         """No @register: the controller cannot call it."""

@@ -143,6 +143,17 @@ def test_a_worker_exception_names_role_and_rank(session):
 
 
 @pytest.mark.slow
+def test_an_exception_ray_cannot_pickle_still_reaches_the_controller_as_one_line(session):
+    group = WorkerGroup(ResourcePool(ResourcesConfig(workers=1)), {"echo": (roles.EchoWorker, {})}, name="pickle")
+    with pytest.raises(WorkerDiedError) as died:
+        group.role("echo").fail_unpicklable()
+    assert died.value.exit_code == 4 and "\n" not in str(died.value)
+    assert died.value.message == ("echo worker rank 0 raised HoldsALock in fail_unpicklable: the model's config "
+                                  "is invalid: max_model_len 4096 > 512"), died.value.message
+    assert "isn't serializable" not in str(died.value)
+
+
+@pytest.mark.slow
 def test_killed_worker_stops_the_controller_within_seconds(session):
     group = WorkerGroup(ResourcePool(ResourcesConfig(workers=2)), {"echo": (roles.EchoWorker, {})}, name="kill")
     victim = group.pids()[1]
