@@ -30,15 +30,18 @@ class LossNorm:
     dp_size: data-parallel ranks whose gradients are averaged (FSDP/DDP). The loss is multiplied by
         it so the averaged gradient is the gradient of the global objective; tokens/seqs must then
         be counted over all ranks.
+    correct_tokens: valid tokens of the mini-batch's rows whose `acc` > 0 (VAPO's positive-example
+        NLL is a mean over them); None where the batch has no `acc`.
     """
 
     tokens: float | None = None
     seqs: float | None = None
     horizon: float | None = None
     dp_size: int = 1
+    correct_tokens: float | None = None
 
     def __post_init__(self):
-        for name in ("tokens", "seqs", "horizon"):
+        for name in ("tokens", "seqs", "horizon", "correct_tokens"):
             value = getattr(self, name)
             if value is not None and not float(value) > 0:
                 raise AlgorithmError(f"LossNorm.{name} must be > 0, got {value}; count the whole mini-batch")

@@ -4,8 +4,8 @@ The estimator `vapo` is decoupled, length-adaptive GAE. The critic's targets use
 (1.0: the Monte-Carlo return, unbiased whatever the value model says), the actor's advantages a
 per-sequence lam_policy = 1 - 1 / (alpha * l), l the response length, clamped to [0, 1]: a long
 response needs a lam near 1 for the terminal reward to reach its first tokens, a short one less.
-The loss `vapo` is PPO's clipped surrogate plus the positive-example LM loss: mu x NLL over the
-tokens of the responses whose `acc` is > 0 (correct ones), which keeps imitating what worked.
+The loss `vapo` is PPO's clipped surrogate plus the positive-example LM loss: mu x the mean NLL over
+the tokens of the responses whose `acc` is > 0 (correct ones), which keeps imitating what worked.
 The rest of VAPO is configuration: clip-higher (0.2 / 0.28), token-mean, rollout.n > 1, and the
 critic's value pretraining (critic.pretrain_steps).
 """
@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import torch
 
 from .advantages import gae_advantages
-from .aggregation import aggregate_loss
+from .aggregation import LossNorm, aggregate_loss
 from .functional import masked_whiten
 from .losses import vanilla
 from .registry import register_estimator, register_policy_loss
@@ -53,24 +53,40 @@ def vapo_advantages(*, token_level_rewards, values, response_mask, gamma, lam, l
     return masked_whiten(advantages, response_mask), returns
 
 
+NLL_NORMS = ("correct_tokens", "all_tokens")
+
+
 @dataclass(frozen=True)
 class VapoLossParams:
     nll_coef: float = 0.1     # mu: weight of the NLL over the correct responses' tokens
+    # correct_tokens: the paper's mean over the correct responses' tokens (mu keeps its weight
+    # whatever the share of correct answers); all_tokens: aggregated like the PPO term over every
+    # response token, incorrect rows counting 0 (rlctl before; mu shrinks with that share)
+    nll_norm: str = "correct_tokens"
 
     def __post_init__(self):
         if self.nll_coef < 0:
             raise ValueError(f"nll_coef must be >= 0, got {self.nll_coef}")
+        if self.nll_norm not in NLL_NORMS:
+            raise ValueError(f"nll_norm must be one of {', '.join(NLL_NORMS)}, got {self.nll_norm!r}")
 
 
 @register_policy_loss("vapo", clip_higher=True, trust_region=True, params=VapoLossParams, reads=("acc",))
-def vapo_loss(*, log_prob, response_mask, loss_agg_mode, norm, nll_coef, acc, **inputs):
-    """L = L_PPO (vanilla: clip-higher, dual-clip) + mu x NLL, the NLL aggregated like the PPO term
-    over the tokens of rows with acc > 0 only (others count 0). mu = 0 is plain PPO."""
+def vapo_loss(*, log_prob, response_mask, loss_agg_mode, norm, nll_coef, nll_norm, acc, **inputs):
+    """L = L_PPO (vanilla: clip-higher, dual-clip) + mu x NLL over the tokens of rows with acc > 0.
+    nll_norm "correct_tokens" (VAPO's eq.): NLL = -sum_{i correct, t} log pi / (tokens of the correct
+    rows of the mini-batch: norm.correct_tokens, else this batch's own); "all_tokens": the NLL
+    aggregated like the PPO term (loss_agg_mode), other rows counting 0. mu = 0 is plain PPO."""
     loss, metrics = vanilla(log_prob=log_prob, response_mask=response_mask, loss_agg_mode=loss_agg_mode,
                             norm=norm, **inputs)
     positive = response_mask * (acc > 0).to(response_mask.dtype).unsqueeze(-1)
     safe = torch.where(positive > 0, log_prob, torch.zeros((), dtype=log_prob.dtype, device=log_prob.device))
-    nll = aggregate_loss(-safe, response_mask, loss_agg_mode, norm=norm)
+    if nll_norm == "all_tokens":
+        nll = aggregate_loss(-safe, response_mask, loss_agg_mode, norm=norm)
+    else:
+        counted = norm.correct_tokens if norm is not None and norm.correct_tokens is not None else None
+        mini = LossNorm(tokens=counted, dp_size=norm.dp_size if norm is not None else 1)
+        nll = aggregate_loss(-safe, positive, "token-mean", norm=mini)
     metrics = {**metrics, "nll_loss": float(nll.detach()),
                "nll_positive_frac": float((acc > 0).to(torch.float64).mean()) if acc.numel() else 0.0}
     return loss + nll_coef * nll if nll_coef else loss, metrics

@@ -46,9 +46,12 @@ def minibatch_norm(mini: Batch, *, horizon: int, sp: int = 1):
     from rlctl.algorithms import LossNorm
 
     mask = mini["response_mask"] != 0
-    tokens, seqs = (value / sp for value in fsdp.all_reduce_sum([float(mask.sum()), float((mask.sum(-1) > 0).sum())]))
+    correct = float(mask[mini["acc"] > 0].sum()) if "acc" in mini else 0.0   # rows with acc > 0 (VAPO's NLL)
+    tokens, seqs, correct = (value / sp for value in fsdp.all_reduce_sum([float(mask.sum()),
+                                                                          float((mask.sum(-1) > 0).sum()), correct]))
     world = fsdp.rank_and_world()[1]
-    return LossNorm(tokens=max(tokens, 1.0), seqs=max(seqs, 1.0), horizon=float(horizon), dp_size=world // sp)
+    return LossNorm(tokens=max(tokens, 1.0), seqs=max(seqs, 1.0), horizon=float(horizon), dp_size=world // sp,
+                    correct_tokens=max(correct, 1.0) if "acc" in mini else None)
 
 
 def run_updates(engine, shard: Batch, *, epochs: int, mini_batches: int, micro_batch_size: int,

@@ -63,5 +63,48 @@ def test_mu_zero_is_plain_ppo_and_mu_adds_the_nll_of_the_correct_rows():
     assert float(zero) == float(ppo) and metrics["nll_positive_frac"] == pytest.approx(2 / 3)
     with_nll, _ = policy_loss("vapo", acc=acc, **kw)            # mu = 0.1 by default
     lp, mask = kw["log_prob"].detach(), kw["response_mask"]
-    nll = -(lp[0, :3].sum() + lp[2, 0]) / mask.sum()             # token-mean over the batch's 8 tokens
+    nll = -(lp[0, :3].sum() + lp[2, 0]) / 4                      # the paper's: over the correct rows' 4 tokens
     assert float(with_nll) == pytest.approx(float(ppo) + 0.1 * float(nll), rel=1e-6)
+    old, _ = policy_loss("vapo", params={"nll_norm": "all_tokens"}, acc=acc, **kw)
+    nll = -(lp[0, :3].sum() + lp[2, 0]) / mask.sum()             # rlctl's before: over all 8 tokens
+    assert float(old) == pytest.approx(float(ppo) + 0.1 * float(nll), rel=1e-6)
+
+
+def test_the_nll_is_a_mean_over_the_mini_batchs_correct_tokens_whatever_their_share():
+    """VAPO's L_NLL = -1 / sum_{o in T} |o| x sum_{o in T} sum_t log pi (T: the correct responses):
+    more incorrect rows beside the same correct ones leave it as it is, and micro-batches with the
+    mini-batch's LossNorm (correct_tokens) sum to the whole mini-batch's NLL."""
+    from rlctl.algorithms import LossNorm
+
+    kw = loss_inputs()
+    params = {"nll_coef": 1.0}
+    acc = torch.tensor([1.0, 0.0, 1.0])
+    _, few = policy_loss("vapo", params=params, acc=acc, **kw)
+    wide = {k: torch.cat([v, v[1:2].expand(5, -1)]) if torch.is_tensor(v) and v.dim() == 2 else v
+            for k, v in kw.items()}                                 # 5 more incorrect rows
+    _, many = policy_loss("vapo", params=params, acc=torch.cat([acc, torch.zeros(5)]), **wide)
+    assert many["nll_loss"] == pytest.approx(few["nll_loss"], rel=1e-6)
+    mask = kw["response_mask"]
+    norm = LossNorm.for_minibatch(mask)
+    norm = LossNorm(tokens=norm.tokens, seqs=norm.seqs, correct_tokens=float(mask[acc > 0].sum()))
+    parts = [policy_loss("vapo", params=params, acc=acc[rows], norm=norm,
+                         **{k: v[rows] if torch.is_tensor(v) else v for k, v in kw.items()})[1]["nll_loss"]
+             for rows in (slice(0, 1), slice(1, 3))]
+    assert sum(parts) == pytest.approx(few["nll_loss"], rel=1e-6)
+
+
+def test_the_mini_batch_norm_counts_the_correct_rows_tokens():
+    import numpy as np
+
+    from rlctl.runtime.batch import Batch
+    from rlctl.workers.training import minibatch_norm
+
+    mask = np.array([[1, 1, 1, 0], [1, 1, 1, 1], [1, 0, 0, 0]], dtype=np.float32)
+    norm = minibatch_norm(Batch({"response_mask": mask, "acc": np.array([1.0, 0.0, 1.0])}), horizon=4)
+    assert (norm.tokens, norm.correct_tokens) == (8.0, 4.0)
+    assert minibatch_norm(Batch({"response_mask": mask}), horizon=4).correct_tokens is None
+
+
+def test_nll_norm_is_checked_by_name():
+    with pytest.raises(ValueError, match="nll_norm must be one of correct_tokens, all_tokens"):
+        policy_loss("vapo", params={"nll_norm": "tokens"}, acc=torch.ones(3), **loss_inputs())
