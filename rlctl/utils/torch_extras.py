@@ -8,6 +8,13 @@ transformers is first imported (an import hook, installed once by `rlctl/__init_
 that is installed is imported once; one that fails is marked absent (`sys.modules[name] = None`),
 so transformers and everything else treat it as not installed. `rlctl doctor` names the state and
 the fix. Standard library only: the hook costs nothing until transformers is imported.
+
+vLLM starts Python processes of its own: its OpenAI server (`rlctl serve --engine vllm`, `rlctl
+eval`), the server's engine core, and, when its cache (VLLM_CACHE_ROOT, ~/.cache/vllm) has no entry
+for the model's class yet, a subprocess that imports the class to inspect it. Those never import
+rlctl, so `child_env` gives them rlctl/_site on PYTHONPATH, whose `sitecustomize` installs the same
+hook at start-up; without it a fresh machine's first vLLM engine fails ("Model architectures
+['Qwen2ForCausalLM'] failed to be inspected").
 """
 
 from __future__ import annotations
@@ -15,10 +22,12 @@ from __future__ import annotations
 import importlib
 import importlib.abc
 import importlib.util
+import os
 import sys
 
 EXTRAS = ("torchvision", "torchaudio", "torchcodec")
 FIX = "pip uninstall -y torchvision torchaudio torchcodec"
+HOOK_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "_site")
 
 BROKEN: dict[str, str] = {}   # package -> the first line of its import error, in this process
 
@@ -44,8 +53,18 @@ def hide_broken(names: tuple[str, ...] = EXTRAS) -> dict[str, str]:
 def describe(broken: dict[str, str]) -> str:
     """One line: what is broken, why it matters, the fix."""
     what = ", ".join(f"{name} ({error})" for name, error in broken.items())
-    return (f"installed but not loadable against this torch: {what}; rlctl hides them from transformers, "
-            f"other programs in this environment may fail; to fix: {FIX}")
+    return (f"installed but not loadable against this torch: {what}; rlctl hides them from transformers in its "
+            f"own and vLLM's processes, other programs in this environment may fail; to fix: {FIX}")
+
+
+def child_env(environ: dict | None = None) -> dict[str, str]:
+    """The variables that make a Python child (and its children) hide the broken packages too: PYTHONPATH
+    with HOOK_DIR first (the module docstring), or nothing when none of the three is broken here."""
+    if not {**BROKEN, **hide_broken()}:
+        return {}
+    current = (os.environ if environ is None else environ).get("PYTHONPATH", "")
+    parts = [p for p in current.split(os.pathsep) if p and os.path.abspath(p) != HOOK_DIR]
+    return {"PYTHONPATH": os.pathsep.join([HOOK_DIR, *parts])}
 
 
 class _BeforeTransformers(importlib.abc.MetaPathFinder):

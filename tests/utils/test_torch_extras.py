@@ -72,3 +72,39 @@ def test_rlctl_works_and_doctor_names_the_fix_with_a_torchvision_that_does_not_l
     problems = json.loads(doctor.stdout)["problems"]
     line = [p for p in problems if "torchvision" in p]
     assert len(line) == 1 and CUDA_WHEEL_ERROR in line[0] and FIX in line[0], problems
+
+
+def test_child_env_puts_the_hook_first_only_when_something_is_broken(monkeypatch):
+    from rlctl.utils import torch_extras
+
+    monkeypatch.setattr(torch_extras, "hide_broken", lambda names=torch_extras.EXTRAS: {})
+    monkeypatch.setattr(torch_extras, "BROKEN", {})
+    assert torch_extras.child_env({"PYTHONPATH": "/a"}) == {}                       # nothing broken: nothing set
+    monkeypatch.setattr(torch_extras, "BROKEN", {"torchvision": CUDA_WHEEL_ERROR})
+    hook = torch_extras.HOOK_DIR
+    assert set(os.listdir(hook)) - {"__pycache__"} == {"sitecustomize.py"}   # on PYTHONPATH: nothing else
+    assert torch_extras.child_env({}) == {"PYTHONPATH": hook}
+    assert torch_extras.child_env({"PYTHONPATH": f"/a{os.pathsep}{hook}{os.pathsep}/b"}) == \
+        {"PYTHONPATH": os.pathsep.join([hook, "/a", "/b"])}                          # first, once
+
+
+@pytest.mark.slow
+def test_a_python_child_with_child_env_hides_the_broken_package_and_runs_the_sitecustomize_it_shadows(tmp_path):
+    """What vLLM's own processes (its server, the subprocess inspecting a model class) get: they never import
+    rlctl, yet transformers builds a Qwen2 beside the broken torchvision, and a sitecustomize already on
+    the path still runs."""
+    from rlctl.utils import torch_extras
+
+    fake = _fake_package(tmp_path / "site", "torchvision")
+    (fake / "sitecustomize.py").write_text("import os\nos.environ['RLCTL_TEST_SHADOWED_SITECUSTOMIZE'] = 'ran'\n")
+    code = ("import os, sys; from transformers import Qwen2Config, Qwen2ForCausalLM; "
+            "Qwen2ForCausalLM(Qwen2Config(hidden_size=8, num_hidden_layers=1, num_attention_heads=2, "
+            "num_key_value_heads=1, intermediate_size=8, vocab_size=16)); "
+            "print(os.environ.get('RLCTL_TEST_SHADOWED_SITECUSTOMIZE'), sys.modules['torchvision'])")
+    base = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(fake)}
+    plain = subprocess.run([sys.executable, "-c", code], env=base, capture_output=True, text=True, timeout=300)
+    assert plain.returncode != 0 and CUDA_WHEEL_ERROR in plain.stderr      # the hazard, without the hook
+    env = {**base, "PYTHONPATH": os.pathsep.join([torch_extras.HOOK_DIR, str(fake)])}
+    hooked = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert hooked.returncode == 0, hooked.stderr[-3000:]
+    assert hooked.stdout.split() == ["ran", "None"]

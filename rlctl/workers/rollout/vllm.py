@@ -43,6 +43,7 @@ from typing import Any, Iterable, Iterator, Mapping
 import numpy as np
 
 from rlctl.errors import UsageError, WorkerDiedError
+from rlctl.utils.torch_extras import child_env
 from rlctl.workers.rollout import vllm_platform as platform
 from rlctl.workers.rollout.base import RolloutEngine, check_sampling_args
 from rlctl.workers.rollout.gpu import (GPUEngineSpec, check_tensor_parallel, pack_responses, request_seeds, require,
@@ -168,7 +169,9 @@ class VLLMRolloutEngine(RolloutEngine):
             from vllm import LLM
 
             self.spec, self.pad_token_id, self.eos_token_ids = spec, int(pad_token_id), [int(e) for e in eos_token_ids]
-            os.environ.update(launcher_env())
+            # child_env: vLLM inspects a model class it has not cached in a subprocess of its own, which
+            # must hide a broken torchvision as this process does (rlctl.utils.torch_extras)
+            os.environ.update({**launcher_env(), **child_env()})
             self.llm = LLM(**vllm_engine_args(spec))
         self.asleep, self.broken = False, ""
         hf = self.llm.llm_engine.vllm_config.model_config.hf_config

@@ -72,8 +72,11 @@ SERVER_ARGS = ("--no-enable-chunked-prefill",)
 
 def server_env() -> dict[str, str]:
     """The environment of vLLM's own OpenAI server (`rlctl serve --engine vllm`, `rlctl eval`) on CPU:
-    its KV cache as VLLM_CPU_KVCACHE_SPACE (GiB; 1 unless the user set it), not a share of host RAM."""
-    return {"VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "").strip() or "1"}
+    its KV cache as VLLM_CPU_KVCACHE_SPACE (GiB; 1 unless the user set it), not a share of host RAM, and
+    the start-up hook that hides the CUDA torchvision the extra brings (torch_extras.child_env)."""
+    from rlctl.utils.torch_extras import child_env
+
+    return {"VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "").strip() or "1", **child_env()}
 
 
 def can_sleep() -> bool:
