@@ -193,7 +193,8 @@ class Trainer:
             part = rollout.generate(setup.actor, rows, seed=setup.seed_for(step, -1 - i), tag=f"val{step}.{i}",
                                     pad_token_id=setup.pad_token_id, mode="val")
             rollout.score(part, setup.reward, setup.tokenizer)
-            parts.append(part.select_keys(["data_source", "scores", "acc", "response_length"]))
+            parts.append(part.select_keys([k for k in ("data_source", "scores", "acc", "response_length", "uid")
+                                           if k in part]))
         out = validation_metrics(parts)
         setup.display.print(validation_line(step, out))
         return out
@@ -324,4 +325,27 @@ def validation_metrics(parts) -> dict:
         rows = sources == ds
         out.update({f"val/{ds}/{name}": float(batch[VAL_METRIC_COLUMNS[name]][rows].mean())
                     for name in VAL_METRICS_PER_SOURCE})
+    out.update(pass_at_k_metrics(batch))
+    return out
+
+
+def pass_at_k_metrics(batch) -> dict:
+    """With rollout.val_n = n > 1 (each prompt's n samples share a `uid`): pass@k of `acc`, overall
+    and per data source, averaged over prompts (val/acc is then mean@n)."""
+    from rlctl.config.metrics import pass_at_k, pass_ks
+
+    if "uid" not in batch:
+        return {}
+    groups: dict = {}
+    for uid, ds, right in zip(batch["uid"].tolist(), batch["data_source"].tolist(), batch["acc"].tolist()):
+        groups.setdefault(uid, (ds, []))[1].append(right > 0.5)
+    n = min(len(r) for _, r in groups.values())
+    if n < 2:
+        return {}
+    out = {}
+    for prefix, members in (("", list(groups.values())),
+                            *((f"{ds}/", [g for g in groups.values() if g[0] == ds])
+                              for ds in sorted({g[0] for g in groups.values()}))):
+        for k in pass_ks(n):
+            out[f"val/{prefix}acc/pass@{k}"] = sum(pass_at_k(len(r), sum(r), k) for _, r in members) / len(members)
     return out

@@ -176,7 +176,7 @@ def best_metric_problems(c: Config, data_sources=None, known=None) -> list[Probl
         return [Problem("run.best_metric", f"{metric!r} is a validation metric but the run does not validate; "
                                            "set data.val_files (and run.val_every), or run.best_metric = \"\"")]
     rl = known is None
-    known = validation_metric_names(data_sources or ()) if rl else list(known)
+    known = validation_metric_names(data_sources or (), c.rollout.val_n) if rl else list(known)
     source = metric.removeprefix("val/").removesuffix("/acc").removesuffix("/reward/mean")
     per_source = rl and metric.startswith("val/") and source not in ("", metric.removeprefix("val/"))  # val/<ds>/...
     if metric in known or (data_sources is None and per_source):
