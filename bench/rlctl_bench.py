@@ -21,8 +21,10 @@ Step time = median of --steps after --warmup discarded steps, whole machine for 
 measured in the same run when --trl-venv is given (../shared/bench/trl_grpo_bench.py run by that
 venv's python at --trl-threads); otherwise BASELINE.md's figures are printed, marked as such.
 Also: phase split, generated tokens/s, model-FLOPs utilisation against this machine's fp32
-matmul peak (measured here), peak memory of the process tree (RSS and PSS, sampled from /proc),
-controller overhead (WorkerGroup.timing: controller wall minus slowest rank per call), foreign
+matmul peak (measured here), each phase's floor (rlctl.utils.roofline: the larger of its FLOPs at
+the matmul peak and its bytes -- weights and KV cache per decode step -- at a streaming-read
+bandwidth measured in the same run; generation step by step), peak memory of the process tree
+(RSS and PSS, sampled from /proc), controller overhead (WorkerGroup.timing: controller wall minus slowest rank per call), foreign
 CPU load, `rlctl --help` wall time and GSM8K data prep wall time.
 """
 
@@ -177,10 +179,12 @@ def run_rlctl(size: str, a) -> dict:
     from rlctl.controller.run import start_training
 
     snaps: list[tuple[int, float, dict]] = []
+    rows: list[dict] = []   # per step: each row's prompt and response length (the generation floor)
     log_step = S.TrainSetup.log_step
 
     def recording_log_step(self, step, metrics, batch):  # the group's cumulative call timing per step
         snaps.append((step, time.perf_counter(), {k: dict(v) for k, v in self.actor.role.group.timing.items()}))
+        rows.append(row_lengths(batch))
         return log_step(self, step, metrics, batch)
 
     with tempfile.TemporaryDirectory(prefix=f"rlctl-bench-{size}-") as tmp:
@@ -210,16 +214,27 @@ def run_rlctl(size: str, a) -> dict:
             "prompt_tokens": m["prompt_length/mean"] * m["data/sequences"],
             "dispatch_s": worker_wall - sum(c["worker_s"] for c in calls.values()),
             "controller_s": m["timing/step_s"] - worker_wall,
-            "calls": calls})
+            "calls": calls, **rows[i]})
     measured = steps[a.warmup:]
     t_first = steps[a.warmup - 1]["t_end"] if a.warmup else t0
     out = summarize(measured)
     out.update({f"rss_{part}": v for part, v in sampler.peak_parts.items()})
+    rows_per_worker = workload(a.workload)["batch"] // a.workers
+    micro = micro_batch_size(a.micro_batch_size, size) or rows_per_worker
+    out.update(lengths=[{k: r[k] for k in ("prompt_lengths", "response_lengths")} for r in measured],
+               ranks=a.workers, micro_batches=a.workers * -(-rows_per_worker // micro))
     out.update(peak_rss=sampler.peak_rss, peak_pss=sampler.peak_pss, wall_s=wall,
                startup_s=snaps[0][1] - per_step[0]["timing/step_s"] - t0,
                foreign_cores=sampler.foreign_cores(t_first, measured[-1]["t_end"]),
                tree_cores=sampler.tree_cores(t_first, measured[-1]["t_end"]), per_step=steps)
     return out
+
+
+def row_lengths(batch) -> dict:
+    """Each row's real prompt and response tokens (prompt-major rows, rollout.n per prompt)."""
+    width = batch["prompts"].shape[1]
+    return {"prompt_lengths": batch["attention_mask"][:, :width].sum(1).tolist(),
+            "response_lengths": batch["response_length"].tolist()}
 
 
 def summarize(rows: list[dict]) -> dict:
@@ -275,6 +290,16 @@ def matmul_peak(threads: int, dtype: str = "float32") -> float:
                                 check=True).stdout.strip())
 
 
+def read_bandwidth(threads: int) -> float:
+    """Bytes/s of a streaming read at `threads` threads (rlctl.utils.roofline.read_bandwidth), in a
+    fresh process as matmul_peak: the bandwidth the generation floor's bytes are read at."""
+    code = (f"import torch; torch.set_num_threads({threads}); from rlctl.utils.roofline import read_bandwidth; "
+            "print(read_bandwidth('cpu'))")
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads), "PYTHONPATH": str(REPO)}
+    return float(subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                                check=True).stdout.strip())
+
+
 def _timed(fn) -> float:
     t0 = time.perf_counter()
     fn()
@@ -304,10 +329,40 @@ def data_prep_wall() -> str:
     return out[-1] if out else "?"
 
 
-def fmt_table(results: dict, peaks: dict, threads: int, wl: dict) -> str:
+def phase_floors(r: dict, size: str, peak: float, bandwidth: float, wl: dict) -> None:
+    """Each phase's floor in seconds (rlctl.utils.roofline: the larger of its FLOPs at the matmul
+    peak and its bytes at the read bandwidth, per decode step for generation) and the phase's time
+    over it, into `r`. Generation's floor is the median over measured steps of each step's, from
+    its rows' lengths; a column without them (TRL) gets its mean lengths on every row, which can
+    only lower its floor."""
+    from rlctl.utils.flops import ModelShape
+    from rlctl.utils.roofline import MemoryShape, generation_floor, pass_floor
+
+    cfg = json.loads((model_dir(size) / "config.json").read_text())
+    shape = ModelShape.from_hf_config(cfg)
+    memory = MemoryShape.from_hf_config(cfg, dtype_bytes=2 if r.get("dtype") == "bfloat16" else 4)
+    rows = wl["batch"]
+    lengths = r.get("lengths") or [{"prompt_lengths": [r["prompt_tokens"] / rows] * rows,
+                                    "response_lengths": [round(r["gen_tokens"] / rows)] * rows}]
+    gens = [generation_floor(memory, shape, one["prompt_lengths"], one["response_lengths"], group_size=wl["n"],
+                             ranks=r.get("ranks", 1), peak_flops=peak, bandwidth=bandwidth) for one in lengths]
+    r["gen_floor_s"] = statistics.median(g["floor_s"] for g in gens)
+    r["gen_bytes_bound"] = statistics.median(g["bytes_bound"] for g in gens)
+    fwd = forward_flops_of(size, r["prompt_tokens"], r["gen_tokens"], rows, wl["n"])
+    micro = r.get("micro_batches", 1)
+    r["ref_floor_s"] = pass_floor(fwd, memory, forwards=1, micro_batches=micro, optimizer_step=False,
+                                  peak_flops=peak, bandwidth=bandwidth)
+    r["train_floor_s"] = pass_floor(fwd, memory, forwards=3, micro_batches=micro, optimizer_step=True,
+                                    peak_flops=peak, bandwidth=bandwidth)
+    for phase in ("gen", "ref", "train"):
+        r[f"{phase}_floor"] = r[f"{phase}_s"] / r[f"{phase}_floor_s"] if r[f"{phase}_s"] else float("nan")
+
+
+def fmt_table(results: dict, peaks: dict, bandwidth: float, threads: int, wl: dict) -> str:
     """One markdown table: rows = metrics; per size a column per rlctl split (workers x threads),
-    one for TRL and one for the fastest split / TRL. MFU and each phase's floor (its FLOPs at the
-    measured matmul peak of the column's dtype) use the same FLOP count for every column."""
+    one for TRL and one for the fastest split / TRL. MFU and each phase's floor (phase_floors, at
+    the matmul peak of the column's dtype and the read bandwidth measured in this run) use the same
+    FLOP count for every column."""
     cols = [(size, tool) for size, tools in results.items() for tool in tools]
     for size, tool in cols:
         r = results[size][tool]
@@ -316,8 +371,7 @@ def fmt_table(results: dict, peaks: dict, threads: int, wl: dict) -> str:
         r["gen_tok_s"] = r["gen_tokens"] / r["gen_s"] if r["gen_s"] else float("nan")
         r["mfu"] = 5 * fwd / r["step_s"] / peak
         r["train_mfu"] = 3 * fwd / r["train_s"] / peak if r["train_s"] else float("nan")
-        for phase, passes in (("gen", 1), ("ref", 1), ("train", 3)):
-            r[f"{phase}_floor"] = r[f"{phase}_s"] / (passes * fwd / peak) if r[f"{phase}_s"] else float("nan")
+        phase_floors(r, size, peak, bandwidth, wl)
         r["dispatch_share"] = r.get("dispatch_s", float("nan")) / r["step_s"]
         r["controller_share"] = r.get("controller_s", float("nan")) / r["step_s"]
     best = {size: min((t for t in tools if t != "TRL"), key=lambda t: tools[t]["step_s"], default=None)
@@ -342,10 +396,13 @@ def fmt_table(results: dict, peaks: dict, threads: int, wl: dict) -> str:
         row(name, key)
     row("generated tokens / step", "gen_tokens", fmt="{:.0f}", ratio=False)
     row("generated tokens/s", "gen_tok_s", fmt="{:.0f}")
+    row("generate floor s (per decode step: FLOPs or bytes, whichever is slower)", "gen_floor_s", ratio=False)
+    trl_note = " (TRL's: from its mean lengths)" if any(t == "TRL" for _, t in cols) else ""
+    row("&nbsp;&nbsp;of which bandwidth-bound" + trl_note, "gen_bytes_bound", 100, "{:.0f}%", ratio=False)
     row("generate / its floor", "gen_floor", fmt="{:.1f}x", ratio=False)
     row("ref log-prob / its floor", "ref_floor", fmt="{:.1f}x", ratio=False)
     row("train / its floor", "train_floor", fmt="{:.1f}x", ratio=False)
-    peak_text = ", ".join(f"{d} {p / 1e9:.0f}" for d, p in peaks.items())
+    peak_text = ", ".join(f"{d} {p / 1e9:.0f}" for d, p in peaks.items()) + f"; read {bandwidth / 1e9:.1f} GB/s"
     row(f"MFU of the step (vs mm peak GFLOP/s {peak_text}, {threads} thr)", "mfu", 100, "{:.1f}%")
     row("MFU of the update", "train_mfu", 100, "{:.1f}%")
     row("peak RSS, process tree (MiB)", "peak_rss", 2 ** -20, "{:.0f}")
@@ -378,6 +435,7 @@ def merge_rounds(runs: list[dict]) -> dict:
         else:
             out[key] = statistics.median(r[key] for r in runs)
     out["steps"] = [step for r in runs for step in r["steps"]]
+    out["lengths"] = [one for r in runs for one in r.get("lengths", [])]
     return out
 
 
@@ -446,16 +504,18 @@ def main(argv=None) -> int:
             rounds.setdefault("TRL", []).append(trl)
         results[size] = {name: merge_rounds(runs) for name, runs in rounds.items()}
     peaks = {d: matmul_peak(threads, d) for d in ("float32", "bfloat16")}
+    bandwidth = read_bandwidth(threads)
     print(f"\nrlctl WORKERSxTHREADS as in the column names; TRL {a.trl_threads} thread(s); median of {a.steps} steps "
           f"after {a.warmup} warm-up" + (f", median of {a.rounds} alternating rounds" if a.rounds > 1 else "")
           + f"; {os.cpu_count()} cores\n")
-    print(fmt_table(results, peaks, threads, workload(a.workload)))
+    print(fmt_table(results, peaks, bandwidth, threads, workload(a.workload)))
     extras = {}
     if not a.skip_extras:
         extras = {"help_s": help_wall(), "data_prep": data_prep_wall()}
         print(f"\n`rlctl --help`: {extras['help_s']:.2f} s (median of 3)\nGSM8K data prep: {extras['data_prep']}")
     if a.json:
-        Path(a.json).write_text(json.dumps({"results": results, "peak_flops": peaks, "extras": extras,
+        Path(a.json).write_text(json.dumps({"results": results, "peak_flops": peaks, "read_bandwidth": bandwidth,
+                                            "extras": extras,
                                             "args": vars(a)}, indent=1, default=str))
     return 0
 
