@@ -22,7 +22,7 @@ from rlctl.errors import DataError
 class PromptRow:
     prompt_ids: list[int]
     data_source: str
-    ground_truth: str
+    ground_truth: str | dict | list   # text, or verl's struct ground truth (Search-R1: {"target": [...]})
     extra_info: dict
     messages: list
     images: tuple | None = None   # vision-language models: the row's PIL images (maybe none); text models: None
@@ -74,7 +74,7 @@ def render_prompts(rows: list[dict], tokenizer, max_prompt_length: int, overlong
             out.truncated += 1
         reward_model = row.get("reward_model") or {}
         out.rows.append(PromptRow(prompt_ids=ids, data_source=row["data_source"],
-                                  ground_truth=str(reward_model.get("ground_truth", "")),
+                                  ground_truth=_truth(reward_model.get("ground_truth", "")),
                                   extra_info=dict(row.get("extra_info") or {}), messages=row["prompt"],
                                   images=images))
         out.data_sources[row["data_source"]] = out.data_sources.get(row["data_source"], 0) + 1
@@ -137,3 +137,9 @@ class PromptLoader:
     def load_state_dict(self, state: dict) -> None:
         self.epoch, self.cursor = int(state["epoch"]), int(state["cursor"])
         self._order = self._permutation(self.epoch)
+
+
+def _truth(value):
+    """A row's ground truth as the reward gets it: text, or verl's struct (Search-R1's {"target": [...]})
+    as the dict / list it is, as verl's reward managers pass it."""
+    return value if isinstance(value, (dict, list)) else str(value)

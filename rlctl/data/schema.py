@@ -38,6 +38,12 @@ def _is_str(t) -> bool:
     return pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_string_view(t)
 
 
+def _is_truth(t) -> bool:
+    import pyarrow as pa
+
+    return _is_str(t) or pa.types.is_struct(t) or _is_list(t)
+
+
 def _is_list(t) -> bool:
     import pyarrow as pa
 
@@ -77,7 +83,9 @@ def schema_problems(schema) -> list[str]:
             message = {"role": (True, _is_str, "string"), "content": (True, _is_str, "string")}
             problems += _struct_field_problems(t.value_type, "prompt[]", message)
     if "reward_model" in schema.names:
-        wanted = {"ground_truth": (True, _is_str, "string"), "style": (False, _is_str, "string")}
+        # text, or a struct / list as verl's Search-R1 data writes it ({"target": [answers]})
+        wanted = {"ground_truth": (True, _is_truth, "string (or a struct / list of answers)"),
+                  "style": (False, _is_str, "string")}
         problems += _struct_field_problems(schema.field("reward_model").type, "reward_model", wanted)
     if "extra_info" in schema.names:
         wanted = {"split": (False, _is_str, "string"), "index": (False, pa.types.is_integer, "integer")}

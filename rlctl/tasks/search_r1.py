@@ -8,12 +8,13 @@ Right is 1.0, but only 0.25 when the response holds more than 10 `<answer>` or `
 policy must not win by listing answers); a wrong answer is `format_score` (0 by default, as in
 verl) and no answer 0.
 
-The ground truth is verl's `{"target": [answers]}`: a dict, its JSON text, a list of answers or one
-answer as text all work.
+The ground truth is verl's `{"target": [answers]}` (a struct column in verl's parquet, passed on as
+the dict it is): a dict, its JSON text, a list of answers or one answer as text all work.
 """
 
 from __future__ import annotations
 
+import ast
 import json
 import re
 import string
@@ -35,16 +36,24 @@ def normalize_answer(text: str) -> str:
 def golden_answers(ground_truth) -> list[str]:
     """verl's `{"target": [...]}` (or its JSON text, a list, or one answer) -> the answers."""
     if isinstance(ground_truth, str):
-        try:
-            parsed = json.loads(ground_truth)
-        except ValueError:
-            return [ground_truth]
-        ground_truth = parsed if isinstance(parsed, (dict, list)) else ground_truth
+        ground_truth = _parsed(ground_truth)
     if isinstance(ground_truth, dict):
         ground_truth = ground_truth.get("target", [])
     if isinstance(ground_truth, str):
         return [ground_truth]
     return [str(answer) for answer in ground_truth]
+
+
+def _parsed(text: str):
+    """JSON text (or the Python repr a struct became) -> the dict / list; anything else stays text."""
+    for parse in (json.loads, ast.literal_eval):
+        try:
+            value = parse(text)
+        except (ValueError, SyntaxError, MemoryError, RecursionError):
+            continue
+        if isinstance(value, (dict, list)):
+            return value
+    return text
 
 
 def extract_answer(solution_str: str) -> str | None:

@@ -165,3 +165,26 @@ def test_search_r1(response, truth, score, acc):
 
 def test_search_r1_format_score_for_a_wrong_answer():
     assert search_r1.score("<answer>Lyon</answer>", "Paris", format_score=0.1) == {"score": 0.1, "acc": 0.0}
+
+
+def test_search_r1_rows_with_verl_struct_ground_truth_load_and_score(tmp_path, tiny_model_dir):
+    """verl's Search-R1 preprocessing writes reward_model.ground_truth as a struct {target: [...]}: the
+    file passes the schema and its rows reach the reward with the dict, as verl's reward managers pass it."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from rlctl.controller.prompts import read_rows, render_prompts
+    from rlctl.models.loading import load_tokenizer
+
+    rows = [{"data_source": "searchR1_nq", "prompt": [{"role": "user", "content": "Who wrote Hamlet?"}],
+             "ability": "fact-reasoning",
+             "reward_model": {"style": "rule", "ground_truth": {"target": ["William Shakespeare", "Shakespeare"]}},
+             "extra_info": {"split": "train", "index": 0}}]
+    path = tmp_path / "train.parquet"
+    pq.write_table(pa.Table.from_pylist(rows), path)
+    prompts = render_prompts(read_rows([path]), load_tokenizer(tiny_model_dir), 256, "error")
+    truth = prompts.rows[0].ground_truth
+    assert truth == {"target": ["William Shakespeare", "Shakespeare"]}
+    assert default_compute_score("searchR1_nq", "<answer>shakespeare</answer>", truth)["score"] == 1.0
+    assert default_compute_score("searchR1_nq", "<answer>Marlowe</answer>", str(truth))["score"] == 0.0
+    assert default_compute_score("searchR1_nq", "<answer>Shakespeare.</answer>", str(truth))["score"] == 1.0
