@@ -28,9 +28,13 @@ BALANCE = "balance_tokens"   # Batch.meta flag, consumed by the group (workers n
 
 
 def balanced(batch: Batch, budget: int) -> Batch:
-    """`batch` flagged for a token-balanced split (a new Batch sharing the arrays) when the role has
-    a token budget (budget > 0), else `batch` itself."""
-    return Batch(batch.tensors, {**batch.meta, BALANCE: True}) if budget > 0 else batch
+    """`batch` flagged for a token-balanced split when the role has a token budget (budget > 0),
+    else unflagged (a batch built on an earlier flagged one may carry the flag): a new Batch
+    sharing the arrays, or `batch` itself when it already is so."""
+    if (budget > 0) == bool(batch.meta.get(BALANCE)):
+        return batch
+    meta = {k: v for k, v in batch.meta.items() if k != BALANCE}
+    return Batch(batch.tensors, {**meta, BALANCE: True} if budget > 0 else meta)
 
 
 def balance_rows(mode: Dispatch, world: int, args: tuple, kwargs: dict) -> tuple[tuple, dict, np.ndarray | None]:

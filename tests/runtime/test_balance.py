@@ -49,5 +49,6 @@ def test_unflagged_or_unsplittable_batches_pass_as_they_are():
     batch = Batch({"attention_mask": _mask(TOKENS)})
     assert balance_rows(Dispatch.DP, 2, (batch,), {})[2] is None
     assert balanced(batch, 0) is batch
+    assert BALANCE not in balanced(balanced(batch, 8), 0).meta          # a role without a budget drops the flag
     args, _, inverse = balance_rows(Dispatch.DP_TRAIN, 3, (balanced(batch, 8),), {})   # 8 rows over 3: refused later
     assert inverse is None and BALANCE not in args[0].meta and args[0]["attention_mask"] is batch["attention_mask"]
