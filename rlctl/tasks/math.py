@@ -155,6 +155,24 @@ def compute_score(data_source, solution_str, ground_truth, extra_info=None, *, f
     return score(solution_str, ground_truth, format_score=format_score)
 
 
+def compute_score_math_verify(data_source, solution_str, ground_truth, extra_info=None, **_) -> dict:
+    """verl's optional MATH grader (`reward.function = "math_verify"`, extra rlctl[math]): Hugging Face's
+    Math-Verify parses the ground truth as `\\boxed{truth}` and the response as expressions and LaTeX,
+    and checks them symbolically; 1.0 when any answer it reads matches, else 0.0 (also on its timeouts)."""
+    try:
+        from math_verify.grader import verify
+        from math_verify.parser import ExprExtractionConfig, LatexExtractionConfig, parse
+    except ImportError:
+        raise RuntimeError('reward.function = "math_verify" needs Math-Verify: pip install "rlctl[math]"') from None
+    try:
+        gold = parse("\\boxed{" + str(ground_truth) + "}", (LatexExtractionConfig(),))
+        answers = parse(solution_str, (ExprExtractionConfig(), LatexExtractionConfig()))
+        right = bool(gold and answers and any(verify(g, a) for a in answers for g in gold))
+    except Exception:   # Math-Verify's own timeouts and parse failures: wrong, as in verl
+        right = False
+    return {"score": float(right), "acc": float(right)}
+
+
 def _ground_truth(solution: str) -> str:
     truth = last_boxed(solution)
     if truth is None:
@@ -164,7 +182,7 @@ def _ground_truth(solution: str) -> str:
     return truth.strip()
 
 
-REWARDS = {"math": compute_score}
+REWARDS = {"math": compute_score, "math_verify": compute_score_math_verify}
 PREP = (PrepSource("math", FileSource("math", DATA_SOURCES[0], "math", "problem", "solution", _ground_truth,
                                       INSTRUCTION, hub_id="DigitalLearningGmbH/MATH-lighteval",
                                       hub_patterns=("data/*.parquet",)),

@@ -188,3 +188,20 @@ def test_search_r1_rows_with_verl_struct_ground_truth_load_and_score(tmp_path, t
     assert default_compute_score("searchR1_nq", "<answer>shakespeare</answer>", truth)["score"] == 1.0
     assert default_compute_score("searchR1_nq", "<answer>Marlowe</answer>", str(truth))["score"] == 0.0
     assert default_compute_score("searchR1_nq", "<answer>Shakespeare.</answer>", str(truth))["score"] == 1.0
+
+
+# --- math_verify (verl's optional MATH grader, reward.function = "math_verify") ----------------------
+
+@pytest.mark.parametrize("response, truth, score", [
+    ("so \\boxed{\\frac{1}{2}}", "0.5", 1.0),
+    ("The answer is $x^2+2x+1$", "(x+1)^2", 1.0),        # symbolic, unboxed LaTeX
+    ("$\\sqrt{8}$", "2\\sqrt{2}", 1.0),
+    ("\\boxed{\\pi/2}", "\\frac{\\pi}{2}", 1.0),
+    ("\\boxed{2, 3}", "3, 2", 1.0),                       # Math-Verify compares sets of answers as sets
+    ("\\boxed{3}", "4", 0.0),
+    ("no number here", "4", 0.0),
+    ("\\boxed{", "1", 0.0),
+])
+def test_math_verify(response, truth, score):
+    pytest.importorskip("math_verify", reason='reward.function = "math_verify" needs rlctl[math] (the test extra has it)')
+    assert resolve_builtin("math_verify")("lighteval/MATH", response, truth) == {"score": score, "acc": score}
