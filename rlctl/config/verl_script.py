@@ -1,12 +1,14 @@
 """A verl launch script (or its overrides) -> the `key=value` overrides it passes to verl's trainer.
 
 verl's examples/ and recipe/ scripts set shell variables (`n=16`, `export LR=${LR:-1e-6}`,
-`max_len=$((1024 * 2))`), then run `python3 -m verl.trainer.main_ppo key=value ... $@` over
-backslash-continued lines. `read_launch` follows that much bash: comments, continuations,
-assignments, `$VAR` / `${VAR}` / `${VAR:-default}` / `${VAR:=default}`, integer `$((...))`, the
-environment for variables the script does not set, and the script's own arguments for `$@` (the
-words given after the script). A `$(command)` is not run: a value that needs one is reported, not
-guessed.
+`max_len=$((1024 * 2))`) and arrays of overrides (`DATA=( data.train_batch_size=8 ... )`), then run
+`python3 -m verl.trainer.main_ppo "${DATA[@]}" key=value ... "$@"` over backslash-continued lines.
+`read_launch` follows that much bash: comments, continuations, quoted values over several lines,
+assignments, arrays (`=( )`, `+=( )`, `"${NAME[@]}"`), `$VAR` / `${VAR}` / `${VAR:-default}` /
+`${VAR:=default}`, `$1`, integer `$((...))`, the environment for variables the script does not set,
+and the script's own arguments for `$@` (the words given after the script). The body of an `if` is
+read as if its condition held (the last assignment wins); the command ends at a pipe, `;`, `&&` or a
+redirection. A `$(command)` is not run: a value that needs one is reported, not guessed.
 """
 
 from __future__ import annotations
@@ -26,7 +28,11 @@ ENTRY_POINTS = re.compile(r"(^|[\s/.])(main_ppo|main_dapo|main_generation|main_g
                           r"main_sppo|main_gspo)(\.py)?$")
 _ASSIGN = re.compile(r"^(?:export\s+|local\s+|readonly\s+|declare\s+(?:-\w+\s+)?)?([A-Za-z_][A-Za-z0-9_]*)=(.*)$")
 _VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*|\d+)(?:(:?[-=])((?:[^{}]|\{[^{}]*\})*))?\}|\$([A-Za-z_][A-Za-z0-9_]*|\d)")
-_ARITH = re.compile(r"\$\(\((.*?)\)\)")
+_ARRAY_REF = re.compile(r'"?\$\{([A-Za-z_][A-Za-z0-9_]*)\[[@*]\]\}"?')
+_ARRAY_ASSIGN = re.compile(r"^(?:export\s+|local\s+|declare\s+(?:-\w+\s+)?)?([A-Za-z_][A-Za-z0-9_]*)(\+?)=\((.*)\)\s*$",
+                           re.DOTALL)
+_KEYWORDS = re.compile(r"^(if|elif|else|fi|then|for|while|until|do|done|case|esac|function|\{|\})(\s|;|$)")
+_STOP = re.compile(r"^(\||\|\||&&|;|&|\d?>.*|>.*|<.*|2>&1)$")   # the command ends here
 UNRESOLVED = "\x00cmd\x00"   # stands for a `$(command)` in a value
 _OPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.FloorDiv: operator.floordiv,
         ast.Div: operator.floordiv, ast.Mod: operator.mod, ast.USub: operator.neg, ast.Pow: operator.pow}
@@ -62,6 +68,29 @@ def _arith(expr: str, variables: dict) -> str:
                          hint="replace it with its value in the script, or pass the key as an override.") from None
 
 
+def _arith_all(text: str, variables: dict) -> str:
+    """Every `$((...))`, inner parentheses balanced, replaced by its value."""
+    while True:
+        start = text.find("$((")
+        if start < 0:
+            return text
+        depth, i = 0, start + 1
+        for i in range(start + 1, len(text)):
+            depth += (text[i] == "(") - (text[i] == ")")
+            if depth == 0:
+                break
+        if depth != 0 or text[i - 1] != ")":
+            raise UsageError(f"{text[start:start + 60]!r}: an unclosed $((...))", hint="check the script's parentheses.")
+        text = text[:start] + _arith(text[start + 3:i - 1], variables) + text[i + 1:]
+
+
+def _array_words(m, variables: dict) -> str:
+    """`${NAME[@]}` -> the array's words, each quoted so it stays one word."""
+    value = variables.get(m.group(1), [])
+    items = value if isinstance(value, list) else ([value] if value else [])
+    return " ".join(shlex.quote(w) for w in items)
+
+
 def expand(text: str, variables: dict, args: list[str]) -> str:
     """The text with shell variables replaced (not inside single quotes)."""
     parts = re.split(r"('[^']*')", text)
@@ -71,7 +100,8 @@ def expand(text: str, variables: dict, args: list[str]) -> str:
 def _expand_part(text: str, variables: dict, args: list[str]) -> str:
     text = text.replace('"$@"', " ".join(shlex.quote(a) for a in args)).replace("$@", " ".join(args))
     text = text.replace("$*", " ".join(args))
-    text = _ARITH.sub(lambda m: _arith(m.group(1), variables), text)
+    text = _arith_all(text, variables)
+    text = _ARRAY_REF.sub(lambda m: _array_words(m, variables), text)
     text = re.sub(r"\$\([^()]*\)|`[^`]*`", UNRESOLVED, text)
 
     def var(m):
@@ -80,6 +110,7 @@ def _expand_part(text: str, variables: dict, args: list[str]) -> str:
             current = args[int(name) - 1] if 0 < int(name) <= len(args) else None
         else:
             current = variables.get(name, os.environ.get(name))
+            current = (current[0] if current else None) if isinstance(current, list) else current
         if m.group(2) is not None and (current is None or (m.group(2).startswith(":") and current == "")):
             default = _expand_part(m.group(3) or "", variables, args)
             if m.group(2).endswith("="):
@@ -96,15 +127,35 @@ def _expand_part(text: str, variables: dict, args: list[str]) -> str:
 
 
 def logical_lines(script: str) -> list[str]:
-    """Lines with backslash continuations joined and comments dropped."""
+    """Commands one per line: backslash continuations joined, a quote or an array `( ... )` left open
+    runs on over the next lines, comments dropped."""
     joined = re.sub(r"\\\r?\n", " ", script)
-    out = []
+    out, buffer = [], ""
     for line in joined.splitlines():
         stripped = line.strip()
-        if not stripped or stripped.startswith("#"):
+        if not buffer and (not stripped or stripped.startswith("#")):
             continue
-        out.append(re.sub(r"\s+#.*$", "", stripped) if "'" not in stripped and '"' not in stripped else stripped)
+        buffer = f"{buffer}\n{line}" if buffer else stripped
+        if _complete(buffer):
+            out.append(buffer)
+            buffer = ""
+    if buffer:
+        out.append(buffer)
     return out
+
+
+def _complete(text: str) -> bool:
+    """Whether `text` closes its quotes and (for an array assignment) its parentheses."""
+    try:
+        words = shlex.split(text, comments=True)
+    except ValueError:
+        return False
+    if not _ARRAY_OPEN.match(text):
+        return True
+    return "".join(words).count("(") <= "".join(words).count(")")
+
+
+_ARRAY_OPEN = re.compile(r"^(?:export\s+|local\s+|declare\s+(?:-\w+\s+)?)?[A-Za-z_][A-Za-z0-9_]*\+?=\(")
 
 
 def _words(line: str) -> list[str]:
@@ -117,17 +168,39 @@ def _words(line: str) -> list[str]:
 
 def read_script(text: str, args: list[str], where: str) -> Launch:
     """The overrides of the first verl trainer command in a shell script."""
-    variables: dict[str, str] = {}
+    variables: dict[str, str | list[str]] = {}
     for line in logical_lines(text):
+        line = _KEYWORDS.sub("", line).strip() if _KEYWORDS.match(line) else line
+        array = _ARRAY_ASSIGN.match(line)
+        if array:   # NAME=( words ) or NAME+=( words )
+            words = _words(expand(array.group(3), variables, args))
+            old = variables.get(array.group(1), []) if array.group(2) else []
+            variables[array.group(1)] = (old if isinstance(old, list) else [old]) + words
+            continue
         words = _words(expand(line, variables, args))
-        at = next((i for i, w in enumerate(words) if ENTRY_POINTS.search(w)), None)
+        at = next((i for i, w in enumerate(words) if " " not in w and ENTRY_POINTS.search(w)), None)
         if at is not None:
-            return _launch(words[at + 1:], entry=words[at])
-        assign = _ASSIGN.match(line)
-        if assign:   # VAR=value: the value as bash would store it (words joined by one space)
-            variables[assign.group(1)] = " ".join(_words(expand(assign.group(2), variables, args)))
+            rest = words[at + 1:]
+            end = next((i for i, w in enumerate(rest) if _STOP.match(w)), len(rest))
+            return _launch(rest[:end], entry=words[at])
+        _assign(line, variables, args)
     raise UsageError(f"{where} runs no verl trainer (no `python3 -m verl.trainer.main_ppo ...` line)",
                      hint="pass the script that launches verl, or the key=value overrides themselves.")
+
+
+def _assign(line: str, variables: dict, args: list[str]) -> None:
+    """`VAR=value` (or `export A=1 B=2`): each value as bash would store it (words joined by a space)."""
+    assign = _ASSIGN.match(line)
+    if not assign:
+        return
+    words = _words(expand(line.split(None, 1)[1] if line.split(None, 1)[0] in ("export", "local", "readonly")
+                          else line, variables, args))
+    if len(words) > 1 and all("=" in w and re.match(r"[A-Za-z_]\w*=", w) for w in words):
+        for word in words:   # export A=1 B=2
+            name, _, value = word.partition("=")
+            variables[name] = value
+        return
+    variables[assign.group(1)] = " ".join(_words(expand(assign.group(2), variables, args)))
 
 
 def _launch(words: list[str], entry: str = "") -> Launch:

@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 from support.cli import rlctl_here
 
-from rlctl.config.from_verl import RULES, VERL_DEFAULTS, checked, convert, key_table, parse_value, to_toml
+from rlctl.config.from_verl import checked, convert, key_table, parse_value, to_toml
+from rlctl.config.verl_rules import RULES, SAME, VERL_DEFAULTS
 from rlctl.config.loader import LEAF_KEYS, load_config
 from rlctl.config.verl_script import expand, read_launch
 from rlctl.errors import UsageError
@@ -55,6 +56,18 @@ def test_grpo_example_script_and_verl_defaults(monkeypatch):
     assert typed["data.overlong_prompts"] == "filter" and typed["critic.pretrain_steps"] == 0
     assert "actor.micro_batch_max_tokens" not in typed   # no use_dynamic_bsz: off
     assert conversion.sources["run.val_before_train"] == "verl default" and typed["run.val_before_train"] is True
+
+
+def test_newer_examples_with_override_arrays(monkeypatch):
+    monkeypatch.setenv("HOME", "/h")
+    monkeypatch.delenv("MODEL_PATH", raising=False)
+    typed, conversion = _values([FIXTURES / "run_ppo_arrays.sh", "trainer.total_epochs=3"])
+    assert typed["algorithm.name"] == "gae" and typed["data.train_files"] == ["/h/data/gsm8k/train.parquet"]
+    assert typed["critic.model_path"] == "Qwen/Qwen2.5-0.5B-Instruct" and typed["critic.value_clip"] == 0.5   # +=( )
+    assert typed["actor.micro_batch_max_tokens"] == (512 + 1024) * 2                     # nested $(( ( ) ))
+    assert typed["critic.micro_batch_max_tokens"] == 32768                                # verl's default budget
+    assert typed["run.name"] == "ppo arrays" and typed["run.total_epochs"] == 3          # "$@", then `| tee` ends it
+    assert typed["actor.policy_loss"] == "vanilla"
 
 
 def test_overrides_alone_get_verl_defaults_where_rlctl_differs():
@@ -124,7 +137,8 @@ def test_hydra_values(text, value):
 
 
 def test_every_rule_targets_a_key_rlctl_has():
-    missing = [r.rlctl for r in RULES if r.rlctl and r.rlctl not in LEAF_KEYS]
+    missing = [r.rlctl for r in RULES if r.rlctl and r.rlctl != SAME and r.rlctl not in LEAF_KEYS]
+    missing += [r.verl for r in RULES if r.rlctl == SAME and not any(k.startswith(r.verl[:-1]) for k in LEAF_KEYS)]
     assert missing == []
     assert all(r.why for r in RULES if not r.rlctl)
 
