@@ -71,6 +71,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         app(args=argv, prog_name="rlctl")
     except SystemExit as e:
+        if _from_ctrl_c(e):   # typer turns a Ctrl-C in a command into a silent exit 130
+            print("interrupted", file=sys.stderr)
+            return EXIT_INTERRUPTED
         return e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
     except RlctlError as e:
         return _report(e, debug)
@@ -88,6 +91,17 @@ def main(argv: list[str] | None = None) -> int:
               file=sys.stderr)
         return EXIT_INTERNAL
     return 0
+
+
+def _from_ctrl_c(exc: BaseException) -> bool:
+    """A SystemExit that typer raised for a KeyboardInterrupt (its Exit(130), from the interrupt)."""
+    for _ in range(4):   # SystemExit <- typer's Exit(130) <- KeyboardInterrupt
+        exc = exc.__cause__ or exc.__context__
+        if exc is None:
+            return False
+        if isinstance(exc, KeyboardInterrupt):
+            return True
+    return False
 
 
 def _report(e: RlctlError, debug: bool) -> int:

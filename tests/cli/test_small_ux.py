@@ -93,3 +93,15 @@ def test_a_user_s_stop_is_not_an_error(project, monkeypatch):
     monkeypatch.setattr(run, "start_training", stop)
     line = one_line(rlctl_here("train", cwd=project), 130)
     assert line == "stopped by Ctrl-C at a safe point; continue with: rlctl resume runs/x"
+
+
+def test_a_ctrl_c_before_the_run_starts_says_interrupted(project, monkeypatch):
+    """A KeyboardInterrupt in a command (a Ctrl-C while `rlctl train` still validates, before its
+    own stop handling is armed): typer turns it into a silent exit 130; rlctl says so in one line."""
+    import rlctl.controller.run as run
+
+    def ctrl_c(*_, **__):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(run, "start_training", ctrl_c)
+    assert one_line(rlctl_here("train", cwd=project), 130) == "interrupted"
