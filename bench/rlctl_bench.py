@@ -24,8 +24,10 @@ Also: phase split, generated tokens/s, model-FLOPs utilisation against this mach
 matmul peak (measured here), each phase's floor (rlctl.utils.roofline: the larger of its FLOPs at
 the matmul peak and its bytes -- weights and KV cache per decode step -- at a streaming-read
 bandwidth measured in the same run; generation step by step), peak memory of the process tree
-(RSS and PSS, sampled from /proc), controller overhead (WorkerGroup.timing: controller wall minus slowest rank per call), foreign
-CPU load, `rlctl --help` wall time and GSM8K data prep wall time.
+(RSS and PSS, sampled from /proc), controller overhead (WorkerGroup.timing: controller wall minus
+slowest rank per call), foreign CPU load, generation time per generated token in the first and
+last quarter of the measured steps (a run that slows down shows it), `rlctl --help` wall time and
+GSM8K data prep wall time. `--workload gsm8k --steps 40` runs the GSM8K recipe's shape.
 """
 
 from __future__ import annotations
@@ -92,11 +94,17 @@ def write_project(root: Path, size: str, a) -> Path:
 
     (root / "data").mkdir(parents=True, exist_ok=True)
     wl = workload(a.workload)
+    table = None
     if a.workload == "arith":
         from rlctl.tasks import arith
 
         table = pa.Table.from_pylist(arith.generate(seed=0)["train"])
         reward = "arith_answer"
+    elif a.workload == "gsm8k":   # the grpo-gsm8k-smollm2-cpu recipe's data and reward
+        subprocess.run([sys.executable, "-m", "rlctl", "data", "prep", "gsm8k", "--source",
+                        str(SHARED_BENCH.parent / "data" / "gsm8k"), "--out", str(root / "data")],
+                       check=True, capture_output=True, env={**os.environ, "PYTHONPATH": str(REPO)})
+        reward = "gsm8k"
     else:
         rows = W.make_rows()
         table = pa.Table.from_pylist([{
@@ -105,7 +113,8 @@ def write_project(root: Path, size: str, a) -> Path:
             "extra_info": {"split": "train", "index": i}} for i, r in enumerate(rows)])
         (root / "reward.py").write_text(REWARD_PY.format(bench=str(SHARED_BENCH)))
         reward = "reward.py:compute_score"
-    pq.write_table(table, root / "data" / "train.parquet")
+    if table is not None:
+        pq.write_table(table, root / "data" / "train.parquet")
     rows_per_worker = wl["batch"] // a.workers
     toml = f"""
 [run]
@@ -123,10 +132,10 @@ gradient_checkpointing = false
 
 [data]
 train_files = ["data/train.parquet"]
-max_prompt_length = {W.MAX_PROMPT_LENGTH}
+max_prompt_length = {wl["max_prompt"]}
 max_response_length = {wl["max_new"]}
 batch_size = {wl["prompts"]}
-overlong_prompts = "error"
+overlong_prompts = "{'filter' if a.workload == 'gsm8k' else 'error'}"
 
 [algorithm]
 name = "grpo"
@@ -134,13 +143,13 @@ norm_adv_by_std = true
 dynamic_sampling.enable = false
 
 [actor]
-lr = {W.LEARNING_RATE}
+lr = {wl["lr"]}
 weight_decay = 0.0
 grad_clip = 1.0
 ppo_epochs = {W.NUM_ITERATIONS}
 micro_batch_size = {micro_batch_size(a.micro_batch_size, size) or rows_per_worker}
 loss_agg_mode = "token-mean"
-use_kl_loss = true
+use_kl_loss = {str(wl["kl"]).lower()}
 kl_loss_coef = {W.BETA}
 kl_loss_type = "k3"
 
@@ -155,6 +164,7 @@ top_k = 0
 [reward]
 function = "{reward}"
 workers = {a.reward_workers}
+format_score = {0.1 if a.workload == "gsm8k" else 0.0}
 
 [resources]
 workers = {a.workers}
@@ -166,9 +176,12 @@ cpus_per_worker = {a.cpus_per_worker}
 
 def workload(name: str) -> dict:
     """Prompts per step, samples per prompt, rows and new tokens of --workload."""
+    shared = {"max_prompt": W.MAX_PROMPT_LENGTH, "lr": W.LEARNING_RATE, "kl": True}
     if name == "arith":
-        return {"prompts": 16, "n": W.NUM_GENERATIONS, "batch": 16 * W.NUM_GENERATIONS, "max_new": 16}
-    return {"prompts": W.PROMPTS_PER_STEP, "n": W.NUM_GENERATIONS, "batch": W.BATCH,
+        return {**shared, "prompts": 16, "n": W.NUM_GENERATIONS, "batch": 16 * W.NUM_GENERATIONS, "max_new": 16}
+    if name == "gsm8k":   # grpo-gsm8k-smollm2-cpu: 4 x 8 samples, <= 160 tokens, no KL, lr 1e-5
+        return {"prompts": 4, "n": 8, "batch": 32, "max_new": 160, "max_prompt": 256, "lr": 1e-5, "kl": False}
+    return {**shared, "prompts": W.PROMPTS_PER_STEP, "n": W.NUM_GENERATIONS, "batch": W.BATCH,
             "max_new": W.MAX_COMPLETION_LENGTH}
 
 
@@ -242,6 +255,11 @@ def summarize(rows: list[dict]) -> dict:
             "prompt_tokens", "dispatch_s", "controller_s")
     out = {k: statistics.median(r.get(k, 0.0) for r in rows) for k in keys}
     out["steps"] = [round(r["step_s"], 3) for r in rows]
+    quarter = max(1, len(rows) // 4)   # generation time per generated token, early and late in the run
+    for name, part in (("early", rows[:quarter]), ("late", rows[-quarter:])):
+        tokens = max(1.0, sum(r["gen_tokens"] for r in part))
+        out[f"gen_ms_per_token_{name}"] = 1e3 * sum(r["gen_s"] for r in part) / tokens
+    out["gen_late_over_early"] = out["gen_ms_per_token_late"] / out["gen_ms_per_token_early"]
     return out
 
 
@@ -396,6 +414,9 @@ def fmt_table(results: dict, peaks: dict, bandwidth: float, threads: int, wl: di
         row(name, key)
     row("generated tokens / step", "gen_tokens", fmt="{:.0f}", ratio=False)
     row("generated tokens/s", "gen_tok_s", fmt="{:.0f}")
+    row("generate ms per token, first quarter of the steps", "gen_ms_per_token_early", ratio=False)
+    row("generate ms per token, last quarter (late / early)", "gen_ms_per_token_late", ratio=False)
+    row("&nbsp;&nbsp;late / early", "gen_late_over_early", fmt="{:.2f}x", ratio=False)
     row("generate floor s (per decode step: FLOPs or bytes, whichever is slower)", "gen_floor_s", ratio=False)
     trl_note = " (TRL's: from its mean lengths)" if any(t == "TRL" for _, t in cols) else ""
     row("&nbsp;&nbsp;of which bandwidth-bound" + trl_note, "gen_bytes_bound", 100, "{:.0f}%", ratio=False)
@@ -471,8 +492,10 @@ def main(argv=None) -> int:
                          "medians over rounds, memory the worst round: steadier ratios on a VM whose speed drifts")
     ap.add_argument("--skip-extras", action="store_true", help="no --help / data prep timing")
     ap.add_argument("--model-dir", default="", help="the Hugging Face folder of size 'real' (rlctl and TRL)")
-    ap.add_argument("--workload", default="shared", choices=("shared", "arith"),
-                    help="shared: ../shared/bench's (rlctl and TRL); arith: 16 arith prompts x 8, <= 16 tokens (rlctl)")
+    ap.add_argument("--workload", default="shared", choices=("shared", "arith", "gsm8k"),
+                    help="shared: ../shared/bench's (rlctl and TRL); arith: 16 arith prompts x 8, <= 16 tokens "
+                         "(rlctl); gsm8k: the grpo-gsm8k-smollm2-cpu recipe's 4 x 8, <= 160 tokens, "
+                         "../shared/data/gsm8k (rlctl)")
     ap.add_argument("--trl-bf16", action="store_true", help="TRL with bf16 autocast (compare with --dtype bfloat16)")
     ap.add_argument("--json", default="", help="write every figure here")
     a = ap.parse_args(argv)
