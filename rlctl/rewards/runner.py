@@ -323,6 +323,13 @@ def _worker_main(conn, spec: RewardSpec) -> None:
 
         mark_warned()
     try:
+        _serve(conn, spec)
+    except (BrokenPipeError, ConnectionResetError):   # the controller ended first (a stop): no one to answer
+        return
+
+
+def _serve(conn, spec: RewardSpec) -> None:
+    try:
         call = load_reward_fn(spec)
     except Exception as e:
         conn.send(("load_error", getattr(e, "message", str(e))))

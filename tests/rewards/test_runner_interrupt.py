@@ -29,3 +29,20 @@ def test_a_ctrl_c_while_a_reward_worker_starts_neither_kills_it_nor_prints_a_tra
     assert result.scores.tolist() == [1.0]
     err = capfd.readouterr().err
     assert "KeyboardInterrupt" not in err and "Traceback" not in err, err
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_a_worker_whose_controller_ended_before_it_was_ready_exits_without_a_traceback(tmp_path, capfd):
+    """A stop can end the controller while a worker still imports; its "ready" then meets a closed
+    pipe (BrokenPipeError), which is no error of the user's."""
+    (tmp_path / "reward.py").write_text("def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n"
+                                        "    return 1.0\n")
+    rr = RewardRunner("reward.py:compute_score", tmp_path, timeout_s=30, workers=1)
+    worker = rr._workers[0]
+    worker.conn.close()   # the controller's end of the pipe, gone before the worker says it is ready
+    worker.process.join(60)
+    rr.close()
+    assert worker.process.exitcode == 0
+    err = capfd.readouterr().err
+    assert "Traceback" not in err and "BrokenPipeError" not in err, err
