@@ -15,6 +15,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from rlctl.config.verl_rules import ALSO_SETS, RULES, SAME, VERL_DEFAULTS
+
+_A = "actor_rollout_ref"
 from rlctl.config.verl_script import Launch
 from rlctl.errors import UsageError
 
@@ -84,13 +86,33 @@ def convert(launch: Launch) -> Conversion:
     for target, (default, verl_key) in VERL_DEFAULTS.items():
         if target not in out and verl_key not in values:
             out[target], sources[target] = default, "verl default"
+    _inherited(out, sources, values)
     return Conversion(out, sources, skipped)
+
+
+def _inherited(out: dict, sources: dict, values: dict) -> None:
+    """verl's defaults that follow other keys: overlong prompts stop the run unless filtered or
+    truncated; a critic takes the actor's mini-batch, epochs, loss aggregation and token budget."""
+    if "data.filter_overlong_prompts" not in values:
+        truncate = values.get("data.truncation", "error") not in ("error", None)
+        out["data.overlong_prompts"] = "truncate" if truncate else "error"
+        sources["data.overlong_prompts"] = "verl default (data.truncation)" if truncate else "verl default"
+    if out.get("algorithm.name") != "gae" and not any(k.startswith("critic.") for k in values):
+        return
+    follows = {"critic.mini_batch_size": "actor.mini_batch_size", "critic.ppo_epochs": "actor.ppo_epochs",
+               "critic.loss_agg_mode": "actor.loss_agg_mode"}
+    for critic_key, actor_key in follows.items():
+        if critic_key not in out and actor_key in out:
+            out[critic_key], sources[critic_key] = out[actor_key], f"verl default (the actor's {actor_key})"
+    if "critic.micro_batch_max_tokens" not in out and "critic.use_dynamic_bsz" not in values and values.get(
+            f"{_A}.actor.use_dynamic_bsz"):
+        out["critic.micro_batch_max_tokens"] = int(values.get("critic.ppo_max_token_len_per_gpu", 32768))
+        sources["critic.micro_batch_max_tokens"] = "verl default (the actor's use_dynamic_bsz)"
 
 
 def checked(conversion: Conversion) -> dict:
     """rlctl's values typed by its schema; UsageError naming the verl key of the first that does not fit."""
-    from rlctl.config.loader import check_value
-    from rlctl.config.loader import LEAF_KEYS
+    from rlctl.config.loader import LEAF_KEYS, check_value
 
     typed = {}
     for key, value in conversion.values.items():
@@ -143,4 +165,10 @@ def key_table() -> str:
     rows += ["", "verl's defaults written when a launch does not set the key (rlctl's default differs):", "",
              "| rlctl key | verl's default | verl key |", "|---|---|---|"]
     rows += [f"| `{key}` | `{default}` | `{verl}` |" for key, (default, verl) in VERL_DEFAULTS.items()]
+    rows += ["| `data.overlong_prompts` | `\"error\"` (`\"truncate\"` with `data.truncation` left / right) | "
+             "`data.filter_overlong_prompts` |",
+             "| `critic.mini_batch_size`, `critic.ppo_epochs`, `critic.loss_agg_mode` | the actor's | "
+             "`critic.ppo_mini_batch_size`, ... (GAE runs) |",
+             "| `critic.micro_batch_max_tokens` | 32768 when the actor's `use_dynamic_bsz` is on | "
+             "`critic.use_dynamic_bsz` |"]
     return "\n".join(rows) + "\n"

@@ -68,6 +68,14 @@ def test_newer_examples_with_override_arrays(monkeypatch):
     assert typed["critic.micro_batch_max_tokens"] == 32768                                # verl's default budget
     assert typed["run.name"] == "ppo arrays" and typed["run.total_epochs"] == 3          # "$@", then `| tee` ends it
     assert typed["actor.policy_loss"] == "vanilla"
+    assert typed["critic.mini_batch_size"] == 64 and typed["data.overlong_prompts"] == "error"   # verl's, inherited
+
+
+def test_a_critic_inherits_the_actors_token_budget_as_in_verl():
+    typed, _ = _values(["algorithm.adv_estimator=gae", "actor_rollout_ref.actor.use_dynamic_bsz=True",
+                        "data.truncation=left"])
+    assert typed["actor.micro_batch_max_tokens"] == 16384 and typed["critic.micro_batch_max_tokens"] == 32768
+    assert typed["critic.mini_batch_size"] == 256 and typed["data.overlong_prompts"] == "truncate"
 
 
 def test_overrides_alone_get_verl_defaults_where_rlctl_differs():
