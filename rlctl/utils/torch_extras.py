@@ -12,7 +12,7 @@ the fix. Standard library only: the hook costs nothing until transformers is imp
 vLLM starts Python processes of its own: its OpenAI server (`rlctl serve --engine vllm`, `rlctl
 eval`), the server's engine core, and, when its cache (VLLM_CACHE_ROOT, ~/.cache/vllm) has no entry
 for the model's class yet, a subprocess that imports the class to inspect it. Those never import
-rlctl, so `child_env` gives them rlctl/_site on PYTHONPATH, whose `sitecustomize` installs the same
+rlctl, so `child_env` gives them rlctl/utils/_site on PYTHONPATH, whose `sitecustomize` installs the same
 hook at start-up; without it a fresh machine's first vLLM engine fails ("Model architectures
 ['Qwen2ForCausalLM'] failed to be inspected").
 """
@@ -27,7 +27,7 @@ import sys
 
 EXTRAS = ("torchvision", "torchaudio", "torchcodec")
 FIX = "pip uninstall -y torchvision torchaudio torchcodec"
-HOOK_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "_site")
+HOOK_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_site")
 
 BROKEN: dict[str, str] = {}   # package -> the first line of its import error, in this process
 
