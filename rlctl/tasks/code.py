@@ -24,7 +24,13 @@ runner treats it as that sample's error under `reward.on_error` ("fail" stops th
 
 With `reward.format_score`, a program that runs cleanly but prints a wrong answer scores that
 instead of 0. For rlctl's own `rlctl/code` source a response without a fence is run whole (so a
-tiny model's bare `print(...)` counts); verl's sources need the fence, as in verl.
+tiny model's bare `print(...)` counts).
+
+verl's four sources are scored as verl 0.9.1's `prime_code` scores them (continuous, as its
+`default_compute_score` asks): the program is what follows the last ```` ```python ```` up to the next
+```` ``` ```` (the response up to its first ```` ``` ```` when it has no ```` ```python ````), and `score` is
+1.0 when every case passes, else the share of the first 10 cases that pass (those 10 all run, a
+timeout too); `format_score` is not used there (verl has none).
 
 An output matches when its whitespace-separated tokens equal the expected ones, line by line
 (trailing spaces and blank lines do not matter, as with most contest judges). After a case runs
@@ -46,6 +52,8 @@ INSTRUCTION = ("Write a Python program that reads standard input and writes stan
                "put it in a ```python block.")
 FAIL_STATUSES = ("no_code", "wrong_answer", "error", "timeout", "memory", "output_limit")
 STOP_AFTER = ("timeout", "memory")
+VERL_SOURCES = DATA_SOURCES[:4]
+VERL_PARTIAL_CASES = 10   # verl's continuous score: the share of the first 10 cases passed
 
 
 class SandboxFailure(RuntimeError):
@@ -59,6 +67,11 @@ def extract_code(solution_str: str) -> str | None:
     """The last fenced ```python (or unlabelled) block of a response, or None."""
     blocks = _FENCE.findall(solution_str)
     return blocks[-1] if blocks else None
+
+
+def verl_program(solution_str: str) -> str:
+    """The program verl's prime_code runs: after the last ```python, up to the next ```."""
+    return solution_str.split("```python")[-1].split("```")[0]
 
 
 def parse_cases(ground_truth) -> list[tuple[str, str]]:
@@ -82,12 +95,13 @@ def outputs_match(actual: str, expected: str) -> bool:
 
 
 def score(solution_str: str, ground_truth, *, format_score: float = 0.0, bare_program: bool = False,
-          limits=None, sandbox_url: str = "") -> dict:
+          limits=None, sandbox_url: str = "", verl: bool = False) -> dict:
     """Run the response's program on every case; see the module docstring for the keys.
 
     `bare_program`: with no fenced block, run the whole response (rlctl's own source only).
     `format_score`: the score of a program that runs cleanly but prints a wrong answer.
-    `sandbox_url`: run the cases on that SandboxFusion service instead of the local sandbox."""
+    `sandbox_url`: run the cases on that SandboxFusion service instead of the local sandbox.
+    `verl`: verl's program and continuous score (see the module docstring)."""
     from functools import partial
 
     from rlctl.sandbox import Limits, run as run_here
@@ -96,13 +110,15 @@ def score(solution_str: str, ground_truth, *, format_score: float = 0.0, bare_pr
     run = partial(run_remote, sandbox_url) if sandbox_url else run_here
 
     cases = parse_cases(ground_truth)
-    code = extract_code(solution_str)
+    code = verl_program(solution_str) if verl else extract_code(solution_str)
     if code is None and bare_program and solution_str.strip():
         code = solution_str
     if code is None:
         return _result(0, len(cases), "no_code")
-    passed, first_fail = 0, None
-    for stdin, expected in cases:
+    passed, head, first_fail = 0, 0, None
+    for index, (stdin, expected) in enumerate(cases):
+        if verl and first_fail is not None and index >= VERL_PARTIAL_CASES:
+            break   # the score reads only the first 10 once one has failed
         result = run(code, stdin, limits=limits or Limits())
         status = result.status
         if status == "sandbox_error":
@@ -111,11 +127,15 @@ def score(solution_str: str, ground_truth, *, format_score: float = 0.0, bare_pr
             status = "wrong_answer"
         if status == "ok":
             passed += 1
+            head += index < VERL_PARTIAL_CASES
             continue
         first_fail = first_fail or status
-        if status in STOP_AFTER:
+        if status in STOP_AFTER and not (verl and index < VERL_PARTIAL_CASES - 1):
             break
-    return _result(passed, len(cases), first_fail, format_score)
+    out = _result(passed, len(cases), first_fail, format_score)
+    if verl and first_fail is not None:
+        out["score"] = head / min(len(cases), VERL_PARTIAL_CASES)
+    return out
 
 
 def _result(passed: int, total: int, first_fail: str | None, format_score: float = 0.0) -> dict:
@@ -181,10 +201,11 @@ def generate_synthetic(seed: int, val_fraction: float = DEFAULT_VAL_FRACTION) ->
 
 def compute_score(data_source, solution_str, ground_truth, extra_info=None, *, format_score=0.0,
                   sandbox_url="") -> dict:
-    """1.0 when the last fenced Python block passes every stdin/stdout case in the sandbox
-    (rlctl's own, or the SandboxFusion service at `sandbox_url`)."""
-    return score(solution_str, ground_truth, format_score=format_score,
-                 bare_program=data_source == DATA_SOURCE, sandbox_url=sandbox_url)
+    """1.0 when the program passes every stdin/stdout case in the sandbox (rlctl's own, or the
+    SandboxFusion service at `sandbox_url`); verl's sources: verl's program and partial score."""
+    verl = data_source in VERL_SOURCES
+    return score(solution_str, ground_truth, format_score=0.0 if verl else format_score,
+                 bare_program=data_source == DATA_SOURCE, sandbox_url=sandbox_url, verl=verl)
 
 
 def _ground_truth(answer) -> str:

@@ -65,4 +65,4 @@ def test_synthetic_task_is_seeded_disjoint_and_solvable(tmp_path):
     bare = default_compute_score("rlctl/code", "a, b = map(int, input().split())\nprint(a + b + 3)", truth)
     runs_wrong = default_compute_score("rlctl/code", "print(0)", truth, format_score=0.1)
     assert right["score"] == 1.0 and bare["score"] == 1.0 and runs_wrong["score"] == pytest.approx(0.1)
-    assert default_compute_score("apps", "print(0)", truth, format_score=0.1)["fail_no_code"] == 1.0
+    assert default_compute_score("apps", "print(0)", truth, format_score=0.1)["score"] == 0.0   # verl: run whole, no credit

@@ -38,8 +38,6 @@ def test_right_wrong_syntax_and_no_code():
     assert wrong["fail_wrong_answer"] == 1.0
     syntax = default_compute_score("rlctl/code", answer("def f(:"), SUM)
     assert syntax["score"] == 0.0 and syntax["fail_error"] == 1.0
-    none = default_compute_score("codecontests", "print(3)", SUM)  # verl's sources need the fence
-    assert none["score"] == 0.0 and none["fail_no_code"] == 1.0
     assert default_compute_score("rlctl/code", "", SUM)["fail_no_code"] == 1.0
 
 
@@ -47,8 +45,24 @@ def test_right_wrong_syntax_and_no_code():
 def test_the_last_block_runs_and_whitespace_is_lenient():
     two = "```python\nprint('draft')\n```\nfinal:\n```py\nprint(int(input()) * 2, ' ')\n\n```"
     assert extract_code(two).startswith("print(int")
-    assert default_compute_score("apps", two, json.dumps({"inputs": ["4"], "outputs": ["8\n\n"]}))["score"] == 1.0
+    assert default_compute_score("rlctl/code", two, json.dumps({"inputs": ["4"], "outputs": ["8\n\n"]}))["score"] == 1.0
     assert outputs_match("1  2 \n3\n", "1 2\n3") and not outputs_match("1 2 3", "1 2\n3")
+
+
+@pytest.mark.slow
+def test_verl_sources_score_as_verl_prime_code():
+    """verl's program (after the last ```python, else the response up to a first ```) and its
+    continuous score: all cases pass -> 1.0, else the share of the first 10 that pass."""
+    assert default_compute_score("codecontests", RIGHT, SUM)["score"] == 1.0
+    bare = default_compute_score("codecontests", "print(3)", SUM)   # unfenced: run whole; 1 of 3 cases
+    assert bare["score"] == pytest.approx(1 / 3) and bare["acc"] == 0.0
+    assert default_compute_score("apps", WRONG, SUM)["score"] == pytest.approx(1 / 3)   # 0 0 -> 0 passes
+    draft = "```python\nprint('draft')\n```\nfinal:\n```py\nprint(int(input()) * 2)\n```"
+    assert default_compute_score("taco", draft, json.dumps({"inputs": ["4"], "outputs": ["8"]}))["score"] == 0.0
+    twelve = json.dumps({"inputs": [f"{i} 0\n" for i in range(12)], "outputs": ["0"] * 2 + ["x"] * 10})
+    head = default_compute_score("codeforces", answer("print(0)"), twelve)   # 2 of the first 10
+    assert head["score"] == pytest.approx(0.2) and head["acc"] == 0.0
+    assert default_compute_score("apps", answer("def f(:"), SUM, format_score=0.5)["score"] == 0.0
 
 
 def test_ground_truth_errors_are_clear():
