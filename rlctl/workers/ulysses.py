@@ -195,13 +195,18 @@ def unsupported_attention(kwargs: dict) -> str | None:
     return None
 
 
+QUERY_BLOCK = 1024   # queries per masked attention call: masks and scores [h, 1024, keys], never [h, L, L]
+
+
 def packed_attention(q, k, v, lengths: list[int], *, scaling=None, dropout: float = 0.0,
                      sliding_window: int | None = None, softcap: float | None = None) -> torch.Tensor:
     """Causal attention inside each packed sequence, never across: q/k/v [b, h, N, d] (same heads)
     -> [b, h, N, d]. Position i of a sequence sees j <= i, and with a window only i - j < window
-    (transformers' sliding-window mask). Plain sequences go to SDPA with is_causal (no [L, L] mask);
-    a sequence the window cuts, or soft-capped logits (tanh(s / c) * c before the mask, softmax in
-    float32, as transformers' eager attention), builds its own [L, L] mask."""
+    (transformers' sliding-window mask). Plain sequences go to SDPA with is_causal (no mask); a
+    sequence the window cuts, or soft-capped logits (tanh(s / c) * c before the mask, softmax in
+    float32, as transformers' eager attention), runs in blocks of QUERY_BLOCK queries, each
+    against the keys it can see (the last `window` ones, with a window), so its masks and scores
+    grow with L x min(L, window + QUERY_BLOCK), not L^2."""
     parts = []
     for qi, ki, vi in zip(q.split(lengths, 2), k.split(lengths, 2), v.split(lengths, 2)):
         n = qi.shape[2]
@@ -209,19 +214,27 @@ def packed_attention(q, k, v, lengths: list[int], *, scaling=None, dropout: floa
         if softcap is None and not windowed:
             parts.append(F.scaled_dot_product_attention(qi, ki, vi, is_causal=True, scale=scaling, dropout_p=dropout))
             continue
-        pos = torch.arange(n, device=qi.device)
-        allowed = pos[None, :] <= pos[:, None]
-        if windowed:
-            allowed &= pos[None, :] > pos[:, None] - sliding_window
-        if softcap is None:
-            parts.append(F.scaled_dot_product_attention(qi, ki, vi, attn_mask=allowed, scale=scaling,
-                                                        dropout_p=dropout))
-            continue
-        scores = torch.matmul(qi, ki.transpose(2, 3)) * (qi.shape[-1] ** -0.5 if scaling is None else scaling)
-        scores = torch.tanh(scores / softcap) * softcap
-        weights = scores.masked_fill(~allowed, float("-inf")).softmax(-1, dtype=torch.float32).to(qi.dtype)
-        parts.append(torch.matmul(F.dropout(weights, p=dropout, training=dropout > 0), vi))
+        for q0 in range(0, n, QUERY_BLOCK):
+            q1 = min(n, q0 + QUERY_BLOCK)
+            k0 = max(0, q0 - sliding_window + 1) if windowed else 0
+            parts.append(_masked_block(qi[:, :, q0:q1], ki[:, :, k0:q1], vi[:, :, k0:q1], q0 - k0,
+                                       sliding_window if windowed else None, scaling, dropout, softcap))
     return torch.cat(parts, dim=2)
+
+
+def _masked_block(q, k, v, offset: int, window: int | None, scaling, dropout: float, softcap: float | None):
+    """Queries q [b, h, m, d] at key positions offset .. offset + m - 1 of k/v [b, h, offset + m, d]."""
+    pos_q = torch.arange(offset, offset + q.shape[2], device=q.device)[:, None]
+    pos_k = torch.arange(k.shape[2], device=q.device)[None, :]
+    allowed = pos_k <= pos_q
+    if window is not None:
+        allowed &= pos_k > pos_q - window
+    if softcap is None:
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, scale=scaling, dropout_p=dropout)
+    scores = torch.matmul(q, k.transpose(2, 3)) * (q.shape[-1] ** -0.5 if scaling is None else scaling)
+    scores = torch.tanh(scores / softcap) * softcap
+    weights = scores.masked_fill(~allowed, float("-inf")).softmax(-1, dtype=torch.float32).to(q.dtype)
+    return torch.matmul(F.dropout(weights, p=dropout, training=dropout > 0), v)
 
 
 def ulysses_attention(module, query, key, value, attention_mask=None, scaling=None, dropout=0.0,

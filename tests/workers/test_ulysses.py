@@ -267,3 +267,16 @@ def test_a_model_with_attention_sinks_is_refused_when_its_sp_group_is_built():
                           num_experts_per_tok=1)
     with pytest.raises(ConfigError, match="attention sinks are not implemented"):
         ulysses.build_group(2, GptOssForCausalLM(config), world=2)   # refused before any process group
+
+
+@pytest.mark.parametrize("window,softcap", [(5, None), (5, 3.0), (None, 3.0), (40, None)])
+def test_packed_attention_in_query_blocks_equals_one_masked_call(window, softcap, monkeypatch):
+    """Blocks of queries against the keys each can see give the attention of one [L, L] mask
+    (block 4 here, so the blocks, the window and the sequence edges all cross)."""
+    gen = torch.Generator().manual_seed(2)
+    lengths = [11, 3, 9]
+    q, k, v = (torch.randn(1, 2, sum(lengths), 8, generator=gen) for _ in range(3))
+    whole = ulysses.packed_attention(q, k, v, lengths, sliding_window=window, softcap=softcap)
+    monkeypatch.setattr(ulysses, "QUERY_BLOCK", 4)
+    blocked = ulysses.packed_attention(q, k, v, lengths, sliding_window=window, softcap=softcap)
+    torch.testing.assert_close(blocked, whole, rtol=1e-6, atol=1e-6)
