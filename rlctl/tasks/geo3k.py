@@ -8,7 +8,8 @@ problem, a space and INSTRUCTION as the user message, the images unchanged (a pa
 ground truth = the answer, data_source "hiyouga/geometry3k", ability "math".
 
 Reward (verl's geo3k): 0.9 x accuracy + 0.1 x format, accuracy = the last `\\boxed{}` equals the
-answer (rlctl's MATH normalisation: no symbolic algebra), format = `<think>...</think>` then a box.
+answer by mathruler's grader (the package verl's geo3k reward uses: PRM800K's normalisation, then
+sympy, so `\\sqrt{12}` is `2\\sqrt{3}`), format = `<think>...</think>` then a box.
 """
 
 from __future__ import annotations
@@ -16,7 +17,6 @@ from __future__ import annotations
 import re
 
 from rlctl.data.sources import FileSource, PrepSource
-from rlctl.tasks.math import is_equiv, last_boxed
 
 DATA_SOURCE = "hiyouga/geometry3k"
 DATA_SOURCES = (DATA_SOURCE,)
@@ -27,8 +27,9 @@ _FORMAT = re.compile(r"<think>.*</think>.*\\boxed\{.*\}.*", re.DOTALL)
 
 
 def score(solution_str: str, ground_truth: str) -> dict:
-    predicted = last_boxed(solution_str)
-    correct = predicted is not None and is_equiv(predicted, str(ground_truth))
+    from mathruler.grader import extract_boxed_content, grade_answer
+
+    correct = bool(grade_answer(extract_boxed_content(solution_str), str(ground_truth)))
     formatted = bool(_FORMAT.fullmatch(solution_str.strip()))
     return {"score": 0.9 * correct + 0.1 * formatted, "acc": float(correct), "format": float(formatted)}
 

@@ -205,3 +205,20 @@ def test_search_r1_rows_with_verl_struct_ground_truth_load_and_score(tmp_path, t
 def test_math_verify(response, truth, score):
     pytest.importorskip("math_verify", reason='reward.function = "math_verify" needs rlctl[math] (the test extra has it)')
     assert resolve_builtin("math_verify")("lighteval/MATH", response, truth) == {"score": score, "acc": score}
+
+
+# --- geo3k (hiyouga/geometry3k): 0.9 x mathruler's grade of the last box + 0.1 x format ------------------
+
+@pytest.mark.parametrize("response, truth, score", [
+    ("<think>r</think> so \\boxed{60}", "60", 1.0),
+    ("\\boxed{\\sqrt{12}}", "2\\sqrt{3}", 0.9),          # sympy: equal
+    ("\\boxed{2 \\sqrt 3}", "2\\sqrt{3}", 0.9),
+    ("\\boxed{12 cm}", "12", 0.9),                        # units dropped
+    ("\\boxed{5.0}", "5", 0.9),
+    ("\\boxed{\\frac{10}{20}}", "\\frac{1}{2}", 0.0),     # an unreduced fraction is not the answer
+    ("\\boxed{3.46}", "2\\sqrt{3}", 0.0),
+    ("<think>r</think> \\boxed{61}", "60", 0.1),          # format only
+    ("\\fbox{5}", "5", 0.0),
+])
+def test_geo3k(response, truth, score):
+    assert default_compute_score("hiyouga/geometry3k", response, truth)["score"] == pytest.approx(score)
