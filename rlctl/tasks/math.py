@@ -190,5 +190,4 @@ PREP = (PrepSource("math", FileSource("math", DATA_SOURCES[0], "math", "problem"
         PrepSource("math-500", FileSource("math-500", DATA_SOURCES[2], "math", "problem", "solution", _ground_truth,
                                           INSTRUCTION, hub_id="HuggingFaceH4/MATH-500", hub_patterns=("test.jsonl",)),
                    help="the 500 MATH test problems of Let's Verify Step by Step (HuggingFaceH4/MATH-500's "
-                        "test.jsonl), for validation",
-                   final_answer_format=FINAL_ANSWER_FORMAT))
+                        "test.jsonl), for validation"))

@@ -172,7 +172,7 @@ def test_unknown_data_source_names_the_source_and_the_fix():
 def test_resolve_builtin_by_name():
     assert resolve_builtin("gsm8k") is gsm8k.compute_score
     assert resolve_builtin("math")("any", "\\boxed{4}", "4")["score"] == 1.0
-    with pytest.raises(UsageError, match="gsm8k, math, arith"):
+    with pytest.raises(UsageError, match="gsm8k, math, math_verify, arith"):
         resolve_builtin("gsm9k")
 
 
