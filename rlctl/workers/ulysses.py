@@ -6,8 +6,9 @@ N' = a multiple of S, and rank r runs the model on columns [r N'/S, (r+1) N'/S).
 attention is per token, so it runs on the slice unchanged (RoPE reads the slice's position_ids).
 Attention needs every token: an all-to-all turns q/k/v [1, h, N'/S, d] into [1, h/S, N', d]
 (all tokens, a slice of the heads), SDPA runs causally within each packed sequence (never across
-them, and without an [N', N'] mask), and a second all-to-all turns the output back. KV heads
-fewer than S are repeated first.
+them, and without an [N', N'] mask; a layer's sliding window and logit soft-cap per sequence too,
+packed_attention), and a second all-to-all turns the output back. KV heads fewer than S are
+repeated first. Attention variants it does not implement (sinks, ALiBi) are refused by name.
 
 Each rank then computes its slice's per-token outputs (log-probs, entropy) and `gather_rows`
 puts the S slices together on every rank, so the loss is the same on all of them. Its backward
