@@ -93,6 +93,15 @@ def tiny_model_dir(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def tool_model_dir(tiny_model_dir, tmp_path_factory) -> Path:
+    """The session's tiny model after 100 steps on one calculator transcript (tests/support/tool_model.py):
+    multi-turn rollouts and agent programs need a policy that writes tool calls."""
+    from support.tool_model import train_tool_caller
+
+    return train_tool_caller(tiny_model_dir, tmp_path_factory.mktemp("tool_caller") / "model")
+
+
+@pytest.fixture(scope="session")
 def tiny_untied_model_dir(tmp_path_factory) -> Path:
     from rlctl.models.tiny import build_tiny_model
 

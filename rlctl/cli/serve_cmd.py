@@ -90,6 +90,8 @@ def eval_cmd(
     config: Optional[Path] = typer.Option(None, "--config", help="An rlctl.toml whose reward and [rollout.multi_turn] "
                                           "tools/interaction to use instead of the model's run's (e.g. an SFT model "
                                           "with the RL run's tools)."),
+    agent: Optional[str] = typer.Option(None, "--agent", help="\"file.py:name\": play this agent program (async "
+                                        "run(client, row)) against the model; its rewards are the scores."),
     fmt: str = format_option("text", "json", help="text or json."),
 ) -> None:
     """Score a model on a parquet split with the training prompts and reward function.
@@ -97,6 +99,8 @@ def eval_cmd(
     Prints accuracy and mean reward per data source (mean@n and pass@k when --n > 1) and writes every generation with its score to a jsonl.
 
     Example: rlctl eval runs/grpo --data data/gsm8k/test.parquet --n 4 --limit 200
+
+    Example: rlctl eval models/smollm2 --data data/arith/test.parquet --agent revise.py:run
     """
     from rlctl.errors import UsageError
     from rlctl.serve.eval import EvalOptions, run_eval
@@ -106,7 +110,7 @@ def eval_cmd(
         raise UsageError(f"--dtype {dtype!r} is not one of {', '.join(DTYPES)}")
     opts = EvalOptions(n=n, temperature=temperature, top_p=top_p, max_new_tokens=max_new_tokens, limit=limit,
                        seed=seed, engine=engine, reward=reward, dtype=dtype, max_concurrency=max_concurrency,
-                       step=step, config=str(config) if config else None)
+                       step=step, config=str(config) if config else None, agent=agent)
     summary = run_eval(model, data, opts, out or Path(f"eval-{data.stem}.jsonl"))
     emit(summary, fmt, text=_eval_table(summary))
 

@@ -34,6 +34,7 @@ class EvalOptions:
     max_concurrency: int = 32
     step: int | None = None
     config: str | None = None  # an rlctl.toml whose reward and multi-turn settings replace the model's run's
+    agent: str | None = None  # "file.py:name": play this agent program (rlctl.serve.eval_agent)
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -163,7 +164,13 @@ def run_eval(model_path: str | Path, data_file: str | Path, opts: EvalOptions, o
     with build_reward(reward, config_dir) as sources:
         sources.check_data_sources({row["data_source"] for row in rows})
         with model_folder(model_path, opts.step) as folder:
-            if multi_turn:   # the training loop's tools, interaction and reward, conversation by conversation
+            if opts.agent:   # the agent's own rewards: no reward function runs
+                from rlctl.serve.eval_agent import agent_config, evaluate_agent
+
+                prompt_len = config.data.max_prompt_length if config is not None else 1024
+                played = evaluate_agent(folder, rows, opts, temperature, (prompt_len, opts.max_new_tokens or default_max),
+                                        agent_config(opts.agent, config), Path.cwd())
+            elif multi_turn:   # the training loop's tools, interaction and reward, conversation by conversation
                 from rlctl.serve.eval_turns import evaluate_multi_turn
 
                 samples = evaluate_multi_turn(folder, rows, opts, temperature, opts.max_new_tokens or default_max,
@@ -174,7 +181,7 @@ def run_eval(model_path: str | Path, data_file: str | Path, opts: EvalOptions, o
                     folder, prompt_ids, opts, temperature, opts.max_new_tokens or default_max, visions))
         if reward.model:   # loaded once the policy is done with
             sources.attach_model(_LocalRewardModel(reward))
-        scores, correct, metrics, records = _score(rows, samples, sources)
+        scores, correct, metrics, records = played if opts.agent else _score(rows, samples, sources)
     _write_jsonl(out_path, records)
     by_source = defaultdict(list)
     for i, row in enumerate(rows):

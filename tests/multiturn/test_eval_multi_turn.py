@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from support.cli import rlctl_here
 from support.parquet_rows import write_rows
-from tool_model import REWARD
+from support.tool_model import REWARD
 
 pytestmark = pytest.mark.slow   # starts Ray, trains a run or starts a subprocess
 

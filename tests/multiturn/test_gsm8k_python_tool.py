@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from support.cli import rlctl_here
-from tool_model import conversation, train_tool_caller
+from support.tool_model import conversation, train_tool_caller
 
 RECIPE = "grpo-gsm8k-python-tool"
 CODE = "print(48 + 48 // 2)"   # Natalia's clips, the fixture's first train question: 72

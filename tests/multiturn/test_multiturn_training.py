@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from support.parquet_rows import write_rows
-from tool_model import REWARD
+from support.tool_model import REWARD
 from rlctl.config.loader import load_config
 from rlctl.controller.run import resume_training, start_training
 from rlctl.project import write_project

@@ -22,7 +22,7 @@ pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.usefixtures("vllm_
 
 @pytest.fixture(scope="module")
 def vllm_tool_model_dir(tmp_path_factory):
-    from tool_model import train_tool_caller
+    from support.tool_model import train_tool_caller
 
     from rlctl.models.tiny import build_tiny_model
 

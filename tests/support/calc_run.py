@@ -24,7 +24,7 @@ OVERRIDES = ["resources.gpus_per_node=0", "resources.workers=1", "data.batch_siz
 def make_calc_run(root: Path, tiny_model: Path, steps: int = 2) -> Path:
     """Train the tool caller from `tiny_model`, then `rlctl train` `steps` steps in root/p; the run folder."""
     sys.path.insert(0, str(REPO / "tests" / "multiturn"))
-    from tool_model import REWARD, train_tool_caller
+    from support.tool_model import REWARD, train_tool_caller
 
     from rlctl.config.loader import load_config
     from rlctl.controller.run import start_training
