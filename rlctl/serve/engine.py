@@ -14,7 +14,7 @@ import threading
 from dataclasses import dataclass
 
 from rlctl.api.requests import Event, Request
-from rlctl.serve.textstream import TextStream
+from rlctl.api.textstream import TextStream
 
 log = logging.getLogger("rlctl.serve")
 

@@ -12,7 +12,6 @@ import json
 import platform
 import urllib.error
 import urllib.request
-from pathlib import Path
 
 import numpy as np
 import pytest

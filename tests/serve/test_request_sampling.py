@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from rlctl.serve.request_sampling import sample_next_tokens
-from rlctl.serve.textstream import TextStream
+from rlctl.api.textstream import TextStream
 
 
 def _params(b, temperature=1.0, top_p=1.0, top_k=0):
