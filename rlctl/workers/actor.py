@@ -127,16 +127,19 @@ class ActorRolloutRefWorker:
         return rollout_batch(without_images(batch), out, n, width=self.cfg.data.max_prompt_length, pad=self._pad_id())
 
     @register(Dispatch.DP)
-    def generate_turn(self, batch: Batch, *, seed: int, mode: str = "train", n: int = 1, width: int = 0) -> Batch:
+    def generate_turn(self, batch: Batch, *, seed: int, mode: str = "train", n: int = 1, width: int = 0,
+                      log_probs: bool = False) -> Batch:
         """One assistant turn of a multi-turn rollout (rlctl.multiturn.rollout): continue each row's
         tokens (input_ids/attention_mask, left-padded) with n samples of at most max_new_tokens[row]
         tokens, at the mode's temperature. Optional columns kv_lookup [rows] and kv_store [rows, n]:
         the hf engine's kept-KV keys (HFRolloutEngine.generate). Returns responses [rows*n, T],
         response_length, truncated (+ rollout_log_prob from GPU engines); T = `width` (the largest
-        max_new_tokens of the whole call, the same on every rank, so the ranks' parts concatenate)."""
+        max_new_tokens of the whole call, the same on every rank, so the ranks' parts concatenate).
+        log_probs: rollout_log_prob from the hf engine too (the agent endpoint answers them)."""
         _, temperature = self._mode(mode)
         limits = [int(x) for x in batch["max_new_tokens"]]
-        out = self._sample(batch, n, max(width, *limits), temperature, seed, limits=limits, kv=kept_kv_args(batch))
+        kv = {**kept_kv_args(batch), **({"log_probs": True} if log_probs else {})}
+        out = self._sample(batch, n, max(width, *limits), temperature, seed, limits=limits, kv=kv)
         out = pad_turn_positions(out, batch["input_ids"].shape[1])   # a VLM's rows: every rank's the same width
         return Batch(_clip_to_limits(out, np.repeat(limits, n), self.eos_ids, self._pad_id()))
 
