@@ -34,6 +34,9 @@ def resolve_paths(config: Config, base: Path) -> Config:
         reward = dataclasses.replace(reward, model=absolute(reward.model))  # a folder, not a hub id
     run = dataclasses.replace(config.run, output_dir=absolute(config.run.output_dir))
     multi_turn = _absolute_specs(config.rollout.multi_turn, absolute)
+    ag = config.rollout.agent   # the agent's file, and a command's arguments that are files beside rlctl.toml
+    agent = dataclasses.replace(ag, function=_absolute_specs_one(ag.function, absolute),
+                                command=tuple(absolute(a) if (base / a).is_file() else a for a in ag.command))
     algorithm = dataclasses.replace(config.algorithm, plugins=tuple(map(absolute, config.algorithm.plugins)))
     d = config.distill   # teachers: folders made absolute, hub ids kept
     local = {name: absolute(p) if looks_local(p, base) else p for name, p in d.teachers.items()}
@@ -41,13 +44,18 @@ def resolve_paths(config: Config, base: Path) -> Config:
                                   looks_local(d.teacher, base) else d.teacher)
     return dataclasses.replace(config, model=dataclasses.replace(config.model, path=model_path), data=data,
                                reward=reward, run=run, algorithm=algorithm, distill=distill,
-                               rollout=dataclasses.replace(config.rollout, multi_turn=multi_turn))
+                               rollout=dataclasses.replace(config.rollout, multi_turn=multi_turn, agent=agent))
+
+
+def _absolute_specs_one(value: str, absolute) -> str:
+    """A "file.py:name" with its file made absolute ("" and built-in names stay)."""
+    file, _, name = value.rpartition(":")
+    return f"{absolute(file)}:{name}" if file else value
 
 
 def _absolute_specs(mt, absolute):
     """[rollout.multi_turn] with "file.py:name" tools and interaction made absolute (built-ins stay)."""
     def spec(value: str) -> str:
-        file, _, name = value.rpartition(":")
-        return f"{absolute(file)}:{name}" if file else value
+        return _absolute_specs_one(value, absolute)
 
     return dataclasses.replace(mt, tools=tuple(map(spec, mt.tools)), interaction=spec(mt.interaction))

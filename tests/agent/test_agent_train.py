@@ -1,0 +1,99 @@
+"""Training through agent programs, end to end: the grpo-agent-smollm2-cpu recipe on the tiny model with its
+own two-call agent (examples/agents/revise.py, the official `openai` client), as `rlctl init` writes it.
+
+Real everything: embedded Ray (the module's shared session), the actor rank, the hf engine behind the
+agent endpoint on loopback, parquet from `rlctl data prep arith`. The tiny model's byte-level answers do
+not re-tokenise to what it sampled, so its episodes also exercise split rows and the padding of a batch
+to whole mini-batches. The run trains, resumes from a middle checkpoint to the same metrics and weights
+bit for bit (the endpoint batches the same calls the same way every time), and merges; the same agent
+as a `command` (examples/agents/revise_cmd.py, a process per episode) trains a step too.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+from support.cli import rlctl_here
+
+from rlctl.config.loader import load_config
+from rlctl.controller.run import resume_training, start_training
+from rlctl.project import write_project
+
+pytestmark = pytest.mark.slow
+STEPS = 4
+SMALL = ["data.max_prompt_length=160", "data.max_response_length=64", "data.batch_size=2", "rollout.n=2",
+         "actor.mini_batch_size=2", "actor.micro_batch_size=4", "reward.workers=1", "run.keep_last=0",
+         "rollout.agent.concurrency=4"]
+NONDETERMINISTIC = ("timing/", "perf/", "time")
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "agents"
+
+
+@pytest.fixture(scope="module")
+def project(tmp_path_factory, tiny_model_dir) -> Path:
+    from rlctl.tasks.prep import PrepOptions, prepare
+
+    proj = tmp_path_factory.mktemp("agent") / "proj"
+    write_project(proj, "grpo-agent-smollm2-cpu", str(tiny_model_dir))
+    prepare("arith", PrepOptions(out=proj / "data" / "arith", val_fraction=0.25))
+    return proj
+
+
+def rows(run: Path) -> list[dict]:
+    return [{k: v for k, v in json.loads(line).items() if not k.startswith(NONDETERMINISTIC)}
+            for line in (run / "metrics.jsonl").read_text().splitlines()]
+
+
+def weights(run: Path, out: Path) -> dict:
+    from rlctl.checkpoint.merge import export_hf
+
+    return load_file(str(Path(export_hf(run, out)) / "model.safetensors"))
+
+
+@pytest.fixture(scope="module")
+def run(project, ray_cluster) -> Path:
+    start_training(load_config(project / "rlctl.toml", SMALL + [f"run.total_steps={STEPS}", "run.save_every=2"]),
+                   address=None, force=False)
+    return project / "runs" / "grpo-agent-smollm2-cpu"
+
+
+def test_the_agent_recipe_trains_with_two_calls_per_episode(run):
+    got = rows(run)
+    assert [r["step"] for r in got] == list(range(1, STEPS + 1))
+    for r in got:
+        assert r["agent/calls"] == 2.0 and r["agent/failed"] == 0.0
+        assert 0.0 <= r["agent/merged"] <= 1.0 and r["agent/sequences"] >= 1.0
+        assert "agent/draft" in r and "actor/pg_loss" in r
+    assert json.loads((run / "run.json").read_text())["status"] == "finished"
+
+
+def test_a_resumed_agent_run_repeats_the_uninterrupted_one(run, tmp_path):
+    full_rows, full_weights = rows(run), weights(run, tmp_path / "full")
+    resume_training(run, step=2, address=None)
+    assert rows(run) == full_rows
+    resumed = weights(run, tmp_path / "resumed")
+    assert resumed.keys() == full_weights.keys()
+    for name, tensor in full_weights.items():
+        assert torch.equal(tensor, resumed[name]), name
+
+
+def test_the_agent_run_merges_to_a_hugging_face_folder(run, tmp_path):
+    done = rlctl_here("merge", run, "--to-hf", tmp_path / "hf")
+    assert done.returncode == 0, done.stderr
+    assert (tmp_path / "hf" / "config.json").is_file()
+
+
+def test_a_command_agent_trains_a_step(project, ray_cluster, tmp_path):
+    proj = tmp_path / "cmd"
+    shutil.copytree(project, proj, ignore=shutil.ignore_patterns("runs"))
+    shutil.copy(EXAMPLES / "revise_cmd.py", proj)
+    start_training(load_config(proj / "rlctl.toml", SMALL + [
+        "run.total_steps=1", "run.save_every=0", "rollout.agent.function=",
+        f'rollout.agent.command=["{sys.executable}", "revise_cmd.py"]']), address=None, force=False)
+    got = rows(proj / "runs" / "grpo-agent-smollm2-cpu")
+    assert got[0]["agent/calls"] == 2.0 and got[0]["agent/failed"] == 0.0
