@@ -20,31 +20,7 @@ from rlctl.data.sources import FileSource, PrepSource, RowError
 DATA_SOURCES = ("DigitalLearningGmbH/MATH-lighteval", "lighteval/MATH", "HuggingFaceH4/MATH-500")
 INSTRUCTION = "Let's think step by step and output the final answer within \\boxed{}."
 FINAL_ANSWER_FORMAT = "within \\boxed{}"   # `--tools`: the tool-use system message asks for this
-_BOX_COMMANDS = ("\\boxed", "\\fbox")
 _INT = re.compile(r"[-+]?\d+")
-
-
-def last_boxed(text: str) -> str | None:
-    """Content of the last `\\boxed{...}` (or `\\fbox{...}`, or `\\boxed 5`), nested braces kept.
-
-    Returns None when there is no box or its braces never close (a truncated response).
-    """
-    start = max(text.rfind(cmd) for cmd in _BOX_COMMANDS)
-    if start < 0:
-        return None
-    rest = text[start:]
-    rest = rest[len(next(cmd for cmd in _BOX_COMMANDS if rest.startswith(cmd))):]
-    if rest.startswith(" "):  # "\boxed 5$": the answer runs to the closing dollar
-        bare = rest.strip().split("$")[0].strip()
-        return bare or None
-    if not rest.startswith("{"):
-        return None
-    depth = 0
-    for i, ch in enumerate(rest):
-        depth += (ch == "{") - (ch == "}")
-        if depth == 0:
-            return rest[1:i]
-    return None
 
 
 def _fix_fracs(s: str) -> str:
@@ -174,7 +150,7 @@ def compute_score_math_verify(data_source, solution_str, ground_truth, extra_inf
 
 
 def _ground_truth(solution: str) -> str:
-    truth = last_boxed(solution)
+    truth = verl_boxed(solution)
     if truth is None:
         raise RowError("no \\boxed answer", "solution has no complete \\boxed{...} answer")
     if not truth.strip():
