@@ -126,8 +126,10 @@ class AgentEngine:
         return True
 
     def generate_ids(self, body: dict, tag: str) -> dict:
-        """vLLM's POST /inference/v1/generate: {"token_ids": [...], "sampling_params": {...}} in;
-        {"choices": [{"token_ids", "logprobs", "finish_reason"}]} out (logprobs: one float per token)."""
+        """vLLM's POST /inference/v1/generate, in vLLM's own shape (what verifiers' train client, through the
+        `renderers` package, sends and parses): {"token_ids": [...], "sampling_params": {"max_tokens", "stop",
+        "stop_token_ids", ...}} in; {"request_id", "choices": [{"token_ids", "logprobs": {"content": [{"token":
+        "token_id:<id>", "logprob"}]}, "finish_reason"}]} out. stop_token_ids end a completion as EOS does."""
         ids = body.get("token_ids")
         if not isinstance(ids, list) or not ids or not all(isinstance(t, int) and not isinstance(t, bool) for t in ids):
             raise APIError(400, "'token_ids' must be a non-empty list of integers", param="token_ids")
@@ -138,17 +140,23 @@ class AgentEngine:
         if not isinstance(max_tokens, int) or max_tokens < 1:
             raise APIError(400, "'sampling_params.max_tokens' must be a positive integer", param="sampling_params")
         stop = sp.get("stop") or ()
+        stop_ids = sp.get("stop_token_ids") or []
+        if not isinstance(stop_ids, list) or not all(isinstance(t, int) for t in stop_ids):
+            raise APIError(400, "'sampling_params.stop_token_ids' must be a list of integers", param="sampling_params")
         request = Request(list(ids), SamplingParams(max_tokens=max_tokens, stop=tuple([stop] if isinstance(stop, str)
                                                                                          else stop)),
                           queue.Queue(), tag=tag)
+        request.stop_ids = frozenset(stop_ids)   # read by _finish beside the run's EOS ids
         self.submit(request)
         event = request.events.get()
         if event.error:
             raise APIError(event.status, event.error, type="server_error" if event.status >= 500 else
                            "invalid_request_error")
         call = event.call
-        return {"choices": [{"index": 0, "token_ids": call.completion_ids, "logprobs": call.log_probs,
-                             "finish_reason": call.finish, "text": event.text}]}
+        content = [{"token": f"token_id:{t}", "logprob": lp} for t, lp in zip(call.completion_ids, call.log_probs)]
+        return {"request_id": f"{tag}-{len(call.prompt_ids)}", "choices": [
+            {"index": 0, "token_ids": call.completion_ids, "logprobs": {"content": content},
+             "finish_reason": call.finish, "text": event.text}]}
 
     # --- the scheduler thread ----------------------------------------------------------------------
     def _loop(self) -> None:
@@ -206,7 +214,8 @@ class AgentEngine:
             length = int(out["response_length"][j])
             ids = out["responses"][j, :length].tolist()
             lps = out["rollout_log_prob"][j, :length].tolist()
-            ids, lps, text, finish = self._finish(ids, lps, bool(out["truncated"][j]), w.request.params.stop)
+            ids, lps, text, finish = self._finish(ids, lps, bool(out["truncated"][j]), w.request.params.stop,
+                                                  getattr(w.request, "stop_ids", frozenset()))
             call = Call(list(w.request.prompt_ids), ids, lps, finish,
                         merged=merged and w.episode.continues(w.request.prompt_ids))
             with self.lock:
@@ -235,12 +244,13 @@ class AgentEngine:
         out = self.turns.generate_turn(batch, seed=seed, mode=mode, n=1, width=max(caps), log_probs=True)
         return {k: out[k][:rows] for k in ("responses", "response_length", "truncated", "rollout_log_prob")}
 
-    def _finish(self, ids: list[int], lps: list[float], truncated: bool, stop: tuple) -> tuple:
+    def _finish(self, ids: list[int], lps: list[float], truncated: bool, stop: tuple,
+                stop_ids: frozenset = frozenset()) -> tuple:
         """(tokens, log-probs, text, finish_reason): the completion cut after the token that completes a
         stop string (the text before it is the answer), the EOS kept in the tokens, not in the text."""
         stream = TextStream(self._decode, stop)
         for k, token in enumerate(ids):
-            if token in self.eos_ids:
+            if token in self.eos_ids or token in stop_ids:
                 stream.flush()
                 return ids[:k + 1], lps[:k + 1], stream.text, "stop"
             _, stopped = stream.push(token)

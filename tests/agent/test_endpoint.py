@@ -219,7 +219,10 @@ def test_token_endpoint_merges_exactly_and_stream_and_stop_work(endpoint, policy
         return json.loads(urllib.request.urlopen(request, timeout=60).read())["choices"][0]
 
     one = generate(prompt)
-    assert len(one["token_ids"]) == len(one["logprobs"]) > 0
+    content = one["logprobs"]["content"]   # vLLM's shape: one {"token": "token_id:<id>", "logprob"} per token
+    assert len(one["token_ids"]) == len(content) > 0
+    assert [c["token"] for c in content] == [f"token_id:{t}" for t in one["token_ids"]]
+    assert [c["logprob"] for c in content] == ep.calls[0].log_probs
     extra = tok("\nuser says hi", add_special_tokens=False)["input_ids"]
     two = generate(prompt + one["token_ids"] + extra)
     assert [c.merged for c in ep.calls] == [False, True]
