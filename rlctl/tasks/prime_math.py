@@ -12,7 +12,9 @@ The answer is read loosely from the whole response (`match_answer`): the text af
   2. `math_equal` (ToRA's grader, rlctl.tasks.math_grader): numerically within 1e-4, percentages,
      `\\pi` (also as 3.14), intervals, tuples, points and matrices.
 
-The score is 1.0 or 0.0 (verl returns the bool); `acc` is the same.
+The score is 1.0 or 0.0 (verl returns the bool); `acc` is the same. Grading that takes more than
+GRADE_BUDGET_S (sympy on a long expression) is wrong, as verl's 10 s sympy limit makes it, but
+within rlctl's default reward.timeout_s, so a slow sample never stops the run.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from rlctl.tasks.math_grader import math_equal
 
 DATA_SOURCES = ("numina_aops_forum", "numina_synthetic_math", "numina_amc_aime", "numina_synthetic_amc",
                 "numina_cn_k12", "numina_olympiads")
-SYMPY_TIMEOUT_S = 10.0   # verl: one sympy comparison may take 10 s, then it is wrong
+GRADE_BUDGET_S = 5.0   # grading past this is wrong (verl: 10 s per sympy comparison); inside reward.timeout_s
 _UNITS = ("degree", "cm", "centimeter", "meter", "mile", "second", "minute", "hour", "day", "week", "month", "year",
           "foot", "feet", "inch", "yard", "liter")
 _UNIT_RES = tuple(re.compile(f"{unit}(es)?(s)? *(\\^[0-9]+)?") for unit in _UNITS)
@@ -163,17 +165,17 @@ def prm800k_normalize(expr: str) -> str:
     return expr
 
 
-class _SympyTimeout(Exception):
-    pass
+class _OverBudget(BaseException):
+    """Grading ran out of time; a BaseException, so the graders' `except Exception` cannot swallow it."""
 
 
 def _time_limited(fn, seconds: float):
-    """fn() under a SIGALRM limit when this is the main thread (reward workers are); raises _SympyTimeout."""
+    """fn() under a SIGALRM limit when this is the main thread (reward workers are); raises _OverBudget."""
     if threading.current_thread() is not threading.main_thread():
         return fn()   # no alarm off the main thread: reward.timeout_s still bounds the whole sample
 
     def expire(signum, frame):
-        raise _SympyTimeout()
+        raise _OverBudget()
 
     previous = signal.signal(signal.SIGALRM, expire)
     signal.setitimer(signal.ITIMER_REAL, seconds)
@@ -194,7 +196,7 @@ def _may_eval(expr: str) -> bool:
 
 def equal_under_sympy(ground_truth: str, given: str) -> bool:
     """sympy simplifies `(ground_truth) - (given)` to 0 (implicit multiplication allowed); False on
-    any parse error or after SYMPY_TIMEOUT_S."""
+    any parse error."""
     expr = f"({ground_truth})-({given})"
     if not _may_eval(expr):
         return False
@@ -207,8 +209,8 @@ def equal_under_sympy(ground_truth: str, given: str) -> bool:
         return sympy.simplify(sympy_parser.parse_expr(expr.replace("^", "**"), transformations=transformations)) == 0
 
     try:
-        return bool(_time_limited(simplify_to_zero, SYMPY_TIMEOUT_S))
-    except Exception:   # sympy raises many kinds (and _SympyTimeout) on text it cannot settle: not equal
+        return bool(simplify_to_zero())
+    except Exception:   # sympy raises many kinds on text it cannot settle: not equal
         return False
 
 
@@ -266,7 +268,10 @@ def is_correct(solution_str: str, ground_truth: str) -> bool:
 
 def compute_score(data_source, solution_str, ground_truth, extra_info=None, **_) -> dict:
     """verl's `prime_math` reward: 1.0 when the loosely read answer equals the ground truth, else 0.0."""
-    right = float(is_correct(solution_str, ground_truth))
+    try:
+        right = float(_time_limited(lambda: is_correct(solution_str, ground_truth), GRADE_BUDGET_S))
+    except _OverBudget:
+        right = 0.0
     return {"score": right, "acc": right}
 
 

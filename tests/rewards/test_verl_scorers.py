@@ -222,3 +222,15 @@ def test_math_verify(response, truth, score):
 ])
 def test_geo3k(response, truth, score):
     assert default_compute_score("hiyouga/geometry3k", response, truth)["score"] == pytest.approx(score)
+
+
+def test_prime_math_grading_past_its_budget_is_wrong(monkeypatch):
+    monkeypatch.setattr(prime_math, "GRADE_BUDGET_S", 0.05)
+
+    def slow(*_):
+        import time
+        time.sleep(1.0)
+        return True
+
+    monkeypatch.setattr(prime_math, "is_correct", slow)
+    assert prime_math.compute_score("numina_olympiads", "\\boxed{1}", "1") == {"score": 0.0, "acc": 0.0}
