@@ -42,6 +42,16 @@ def fast_path_supported(lm: torch.nn.Module, max_len: int) -> bool:
     return window is None or window >= max_len
 
 
+def kv_dtype(weight: torch.Tensor) -> torch.dtype:
+    """The KV cache's dtype: the weights' own, or autocast's when it is on (float32 master weights
+    under bf16 autocast): attention's matmuls cast K and V to that dtype anyway, so storing them in
+    it gives the same numbers at half the bytes, and no cast of the whole cache per step and layer."""
+    device = weight.device.type
+    if weight.is_floating_point() and torch.is_autocast_enabled(device):
+        return torch.get_autocast_dtype(device)
+    return weight.dtype
+
+
 def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """x * cos + rotate_half(x) * sin (the HF convention: halves, not interleaved pairs)."""
     half = x.shape[-1] // 2
@@ -68,7 +78,7 @@ class DecoderRunner:
         self.has_qk_norm = hasattr(attn, "q_norm")
         self.max_new = max_new_tokens
         weight = self.core.embed_tokens.weight
-        self.dtype, self.device = weight.dtype, weight.device
+        self.dtype, self.device = kv_dtype(weight), weight.device
 
     def _allocate(self, batch: int, n: int, plen: int) -> None:
         layers, kv, dim = len(self.layers), self.kv_heads, self.head_dim
@@ -181,10 +191,15 @@ class DecoderRunner:
                 for i in live.tolist()}
 
     def select(self, keep: torch.Tensor) -> None:
-        """Keep live rows `keep` (indices into the live rows, ascending), moved to the front."""
+        """Keep live rows `keep` (indices into the live rows, every keep[j] >= j: ascending, or
+        rlctl.workers.rollout.hf.keep_order's) as rows 0..len(keep)-1: only the rows that move are
+        copied, in place and in order (no source is overwritten before it is read), instead of
+        gathering every kept row into a temporary as large as the cache."""
         cols = self.generated
-        self.kg[:, : len(keep), :, :cols] = self.kg[:, keep, :, :cols]
-        self.vg[:, : len(keep), :, :cols] = self.vg[:, keep, :, :cols]
+        for j in (keep != torch.arange(len(keep), device=keep.device)).nonzero().squeeze(-1).tolist():
+            src = int(keep[j])
+            self.kg[:, j, :, :cols].copy_(self.kg[:, src, :, :cols])
+            self.vg[:, j, :, :cols].copy_(self.vg[:, src, :, :cols])
         self.slot = self.slot[keep]
 
 

@@ -143,7 +143,7 @@ class HFRolloutEngine(RolloutEngine):
         lp_temp = self._log_prob_temperature
         token_lp = None if lp_temp is None else torch.zeros(rows, max_new_tokens, device=device)
         for step in range(max_new_tokens):
-            tokens = sample_tokens(ban_placeholders(logits, self.banned), **params)
+            tokens = _sample_in_row_order(ban_placeholders(logits, self.banned), active, params)
             responses[active, step] = tokens
             if token_lp is not None:
                 token_lp[active, step] = torch.log_softmax(logits.float() / lp_temp, -1).gather(
@@ -157,7 +157,7 @@ class HFRolloutEngine(RolloutEngine):
             if bool(finished.any()):
                 if keep_kv:
                     kept.update(runner.snapshot(finished.nonzero().squeeze(-1), active))
-                keep = (~finished).nonzero().squeeze(-1)
+                keep = keep_order(finished)
                 if keep.numel() == 0:
                     break
                 runner.select(keep)
@@ -259,6 +259,29 @@ class HFRolloutEngine(RolloutEngine):
 
     def wake(self) -> None:
         """Nothing to re-acquire: weights are the trainer's, the cache is allocated per call."""
+
+
+def keep_order(finished: torch.Tensor) -> torch.Tensor:
+    """The live rows to keep after a step whose `finished` [A] rows ended, as runner.select takes
+    them: rows keep their place, and the last live rows move into the finished rows' places, so a
+    select copies one cache row per finished row (in-order compaction moved every row after the
+    first finished one). Every keep[j] >= j."""
+    alive = (~finished).nonzero().squeeze(-1)
+    keep = torch.arange(alive.numel(), device=finished.device)
+    holes = finished[:alive.numel()].nonzero().squeeze(-1)
+    keep[holes] = alive[alive >= alive.numel()]
+    return keep
+
+
+def _sample_in_row_order(logits: torch.Tensor, active: torch.Tensor, params: dict) -> torch.Tensor:
+    """sample_tokens on the live rows in original-row order (keep_order leaves them out of order),
+    so each row draws the same noise, and the same tokens, as when the rows stayed sorted."""
+    order = torch.argsort(active)
+    if bool((order == torch.arange(len(order), device=order.device)).all()):
+        return sample_tokens(logits, **params)
+    tokens = torch.empty_like(active)
+    tokens[order] = sample_tokens(logits[order], **params)
+    return tokens
 
 
 def kept_kv_args(batch) -> dict:
