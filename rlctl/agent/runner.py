@@ -33,10 +33,22 @@ from rlctl.errors import ConfigError
 STDERR_TAIL = 400   # characters of a failed command's stderr kept for the log
 
 
-def load_agent(agent_cfg, base: Path):
-    """The configured function (checked to be async with two parameters), or None for a command."""
+BUILTIN_AGENTS = ("verifiers",)   # rollout.agent.function names rlctl ships (rlctl.agent.verifiers_agent)
+
+
+def load_agent(agent_cfg, base: Path, tokenizer: str | None = None):
+    """The configured function (checked to be async with two parameters), or None for a command.
+    `tokenizer`: the policy's tokenizer path, which a built-in agent renders prompts with."""
     if not agent_cfg.function:
         return None
+    if agent_cfg.function == "verifiers":
+        import functools
+
+        from rlctl.agent.verifiers_agent import run
+        from rlctl.tasks.verifiers_env import require_verifiers
+
+        require_verifiers()
+        return functools.partial(run, tokenizer=tokenizer)
     from rlctl.multiturn.tools import load_object
 
     fn = load_object(agent_cfg.function, base, "rollout.agent.function")
@@ -51,7 +63,7 @@ def load_agent(agent_cfg, base: Path):
 class AgentRunner:
     def __init__(self, agent_cfg, base: Path, server, engine):
         self.cfg, self.base, self.server, self.engine = agent_cfg, base, server, engine
-        self.fn = load_agent(agent_cfg, base)
+        self.fn = load_agent(agent_cfg, base, getattr(engine.tokenizer, "name_or_path", None))
 
     def run(self, episodes: list[Episode]) -> None:
         asyncio.run(self._all(episodes))

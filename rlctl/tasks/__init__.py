@@ -16,7 +16,8 @@ tests/tasks checks that no two tasks claim one name.
 from __future__ import annotations
 
 from rlctl.tasks import (arith, calc_tools, code, geo3k, gsm8k, math, math_dapo, prime_math, reasoning_gym,
-                         search_r1, shapes)
+                         search_r1, shapes, verifiers_env)
 
-TASKS = (gsm8k, math, arith, code, calc_tools, shapes, geo3k, math_dapo, prime_math, search_r1, reasoning_gym)
+TASKS = (gsm8k, math, arith, code, calc_tools, shapes, geo3k, math_dapo, prime_math, search_r1, reasoning_gym,
+         verifiers_env)
 
