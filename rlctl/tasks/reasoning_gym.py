@@ -18,11 +18,16 @@ the entry's `answer`; extra_info keeps `task`, `config` (the task's config as JS
 item 0, 1, ...; a question drawn twice is dropped, and a seeded `--val-fraction` (default 0.1) of
 them is the test split, so no test question is in train.
 
-Answer extraction: the text inside the response's last `<answer>...</answer>` pair (whitespace
-around it stripped), as reasoning-gym's own `extract_answer`; no pair is no answer. score =
-`score_answer(answer, entry)` in [0, 1] (partial credit is the task's own; no answer, or one the
-task's scorer raises on, scores 0), or `reward.format_score` for an answer in the tags that scores
-0; `acc` = score 1; `format` = the response had the tags.
+Answer extraction (`extract_answer`): the text inside the response's last `<answer>...</answer>`
+pair, reasoning-gym's own convention, else the response's last non-empty line; stripped of the
+whitespace around it. A small model rarely writes the tags (SmolLM2-135M-Instruct: 7 of 192 samples
+held any '<'), so the prompt asks for the answer alone and the last line is read when there are no
+tags (an answer of several lines, such as an ARC grid, needs the tags). `reward.function =
+"reasoning_gym_strict"` reads the tags only (no pair: no answer), as
+reasoning-gym's `extract_answer` does. score = `score_answer(answer, entry)` in [0, 1] (partial credit
+is the task's own: chain_sum pays len(answer) / len(response line) for a line that holds the right
+number; no answer, or one the task's scorer raises on, scores 0), or `reward.format_score` for an
+answer that scores 0; `acc` = score 1; `format` = an answer was found; `tagged` = in the tags.
 """
 
 from __future__ import annotations
@@ -43,15 +48,24 @@ DATA_SOURCE_PREFIXES = (PREFIX,)
 DEFAULT_SIZE = 1000
 DEFAULT_VAL_FRACTION = 0.1
 MAX_DRAWS = 4                           # items tried per wanted row before a small task stops short
-ANSWER_INSTRUCTION = "Give only the final answer between <answer> and </answer> tags."
+ANSWER_INSTRUCTION = "Give only the final answer."
 _ANSWER = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
 INSTALL_HINT = "install it with `pip install 'rlctl[envs]'` (or `pip install reasoning-gym`)."
 
 
-def extract_answer(solution_str: str) -> str | None:
+def tagged_answer(solution_str: str) -> str | None:
     """The stripped text of the last `<answer>...</answer>` pair, or None when there is none."""
     found = _ANSWER.findall(solution_str)
     return found[-1].strip() if found else None
+
+
+def extract_answer(solution_str: str) -> str | None:
+    """The last `<answer>` pair's text, else the last non-empty line; None for a blank response."""
+    tagged = tagged_answer(solution_str)
+    if tagged is not None:
+        return tagged
+    lines = [line.strip() for line in solution_str.splitlines() if line.strip()]
+    return lines[-1] if lines else None
 
 
 def _library():
@@ -260,12 +274,13 @@ def _scorer(task: str, config: str):
 
 
 def score(solution_str: str, ground_truth: str, extra_info: dict | None, task: str, *,
-          format_score: float = 0.0) -> dict:
+          format_score: float = 0.0, strict: bool = False) -> dict:
     """reasoning-gym's score_answer on the extracted answer (see the module docstring)."""
     info = extra_info or {}
     entry = {"question": info.get("question", ""), "answer": str(ground_truth),
              "metadata": decode_metadata(info.get("metadata") or "")}
-    answer = extract_answer(solution_str)
+    tagged = tagged_answer(solution_str)
+    answer = tagged if strict else extract_answer(solution_str)
     score_answer = _scorer(info.get("task") or task, info.get("config") or "")
     try:
         value = float(score_answer(answer, entry))
@@ -274,7 +289,7 @@ def score(solution_str: str, ground_truth: str, extra_info: dict | None, task: s
     acc = float(value == 1.0)
     if answer is not None and value == 0.0:
         value = float(format_score)
-    return {"score": value, "acc": acc, "format": float(answer is not None)}
+    return {"score": value, "acc": acc, "format": float(answer is not None), "tagged": float(tagged is not None)}
 
 
 def compute_score(data_source, solution_str, ground_truth, extra_info=None, *, format_score=0.0, **_) -> dict:
@@ -282,6 +297,14 @@ def compute_score(data_source, solution_str, ground_truth, extra_info=None, *, f
     return score(solution_str, ground_truth, extra_info, data_source[len(PREFIX):], format_score=format_score)
 
 
-REWARDS = {"reasoning_gym": compute_score}
+def compute_score_strict(data_source, solution_str, ground_truth, extra_info=None, *, format_score=0.0,
+                         **_) -> dict:
+    """As compute_score, reading the answer from `<answer>` tags only (reasoning-gym's extract_answer)."""
+    return score(solution_str, ground_truth, extra_info, data_source[len(PREFIX):], format_score=format_score,
+                 strict=True)
+
+
+# reasoning_gym_strict: by name only (reward.function); the data_source picks `reasoning_gym`
+REWARDS = {"reasoning_gym": compute_score, "reasoning_gym_strict": compute_score_strict}
 PREP = ()
 FAMILIES = {NAME: source}   # `rlctl data prep reasoning-gym:SPEC` -> its PrepSource

@@ -65,21 +65,24 @@ def test_the_builtin_agrees_with_reasoning_gyms_scorer(task, tmp_path):
     for row in rows(report, "train"):
         dataset, entry = their_entry(row, seed=5)
         truth = row["reward_model"]["ground_truth"]
-        cases = {   # response -> the answer reasoning-gym's scorer gets
-            f"Let me think.\n<answer>{truth}</answer>": truth,                             # right
-            f"<answer>draft</answer> then <answer> {truth} </answer>": truth,               # the last pair counts
-            "<answer>not the answer 17</answer>": "not the answer 17",                       # wrong
-            f"<answer>{truth}x</answer>": f"{truth}x",                                       # nearly right
-            f"The answer is {truth}": None,                                                  # malformed: no tags
-            f"<answer>{truth}": None,                                                        # malformed: unclosed
-            "": None,
+        last_line = truth.strip().splitlines()[-1].strip()   # all of a one-line answer; an ARC grid's last row
+        cases = {   # response -> the answer reasoning-gym's scorer gets: (default, strict)
+            f"Let me think.\n<answer>{truth}</answer>": (truth, truth),                    # right
+            f"<answer>draft</answer> then <answer> {truth} </answer>": (truth, truth),      # the last pair counts
+            f"Working it out.\n{truth}\n\n": (last_line, None),                           # right, last line
+            "<answer>not the answer 17</answer>": ("not the answer 17",) * 2,               # wrong
+            f"<answer>{truth}x</answer>": (f"{truth}x",) * 2,                               # nearly right
+            f"The answer is {truth}.": (f"The answer is {truth}.", None),                   # in a sentence
+            f"<answer>{truth}": (f"<answer>{truth}".splitlines()[-1].strip(), None),        # malformed: unclosed
+            " \n ": (None, None),                                                           # malformed: blank
         }
-        for response, answer in cases.items():
-            ours = default_compute_score(row["data_source"], response, truth, row["extra_info"])
-            assert ours["score"] == pytest.approx(their_score(dataset, answer, entry)), (task, response)
-            assert ours["format"] == float(answer is not None)
+        for response, answers in cases.items():
+            for function, answer in zip((default_compute_score, reasoning_gym.compute_score_strict), answers):
+                ours = function(row["data_source"], response, truth, row["extra_info"])
+                assert ours["score"] == pytest.approx(their_score(dataset, answer, entry)), (task, response)
+                assert ours["format"] == float(answer is not None)
         right = default_compute_score(row["data_source"], f"<answer>{truth}</answer>", truth, row["extra_info"])
-        assert right == {"score": 1.0, "acc": 1.0, "format": 1.0}, task
+        assert right == {"score": 1.0, "acc": 1.0, "format": 1.0, "tagged": 1.0}, task
 
 
 def test_rows_route_to_the_builtin_by_data_source(tmp_path):
@@ -90,12 +93,14 @@ def test_rows_route_to_the_builtin_by_data_source(tmp_path):
     assert row["extra_info"]["task"] == "leg_counting" and row["ability"] == "reasoning"
 
 
-def test_format_score_pays_a_wrong_answer_in_the_tags_only(tmp_path):
+def test_format_score_pays_a_wrong_answer_that_was_found(tmp_path):
     row = rows(prep("leg_counting", tmp_path), "train")[0]
     truth, info = row["reward_model"]["ground_truth"], row["extra_info"]
     score = reasoning_gym.compute_score
     assert score(row["data_source"], "<answer>-1</answer>", truth, info, format_score=0.1)["score"] == 0.1
-    assert score(row["data_source"], "-1", truth, info, format_score=0.1)["score"] == 0.0
+    assert score(row["data_source"], "", truth, info, format_score=0.1)["score"] == 0.0
+    strict = reasoning_gym.compute_score_strict
+    assert strict(row["data_source"], "-1", truth, info, format_score=0.1)["score"] == 0.0
     assert score(row["data_source"], f"<answer>{truth}</answer>", truth, info, format_score=0.1)["score"] == 1.0
 
 
@@ -155,3 +160,43 @@ def test_package_not_installed_is_one_line_exit_2(tmp_path, monkeypatch, capsys)
         reasoning_gym.generate("leg_counting", None, 4, 0, 0.1)
     assert main(["data", "prep", "reasoning-gym:leg_counting", "--out", str(tmp_path / "out")]) == 2
     assert capsys.readouterr().err.count("\n") == 1
+
+
+def test_the_recipe_validates_as_shipped_and_reads_what_its_prep_writes():
+    from pathlib import Path
+
+    from rlctl.config.loader import load_config
+    from rlctl.tasks.prep import out_dir
+    from rlctl.validate import validate
+
+    recipe = Path(__file__).resolve().parents[2] / "recipes" / "grpo-reasoning-gym-smollm2-cpu.toml"
+    loaded = load_config(recipe)
+    config = loaded.config
+    problems, plan = validate(loaded, machine=False)
+    assert [f"{p.key}: {p.message}" for p in problems if p.severity == "error"] == []
+    # the header's prep command writes the files the recipe trains and validates on
+    spec = recipe.read_text().split("# data: rlctl data prep ", 1)[1].split()[0]
+    assert list(config.data.train_files) == [f"{out_dir(spec, PrepOptions(size=1000))}/train.parquet"]
+    assert config.reward.function == "" and config.reward.timeout_s >= 60
+
+
+@pytest.mark.slow
+def test_the_recipe_trains_two_steps_on_reasoning_gym_rows(tmp_path, tiny_model_dir, ray_cluster):
+    import json
+
+    from support.cli import rlctl_here
+
+    proj = tmp_path / "proj"
+    assert rlctl_here("init", proj, "--recipe", "grpo-reasoning-gym-smollm2-cpu", "--model", tiny_model_dir).returncode == 0
+    prep = rlctl_here("data", "prep", "reasoning-gym:chain_sum", "--size", "40", cwd=proj)
+    assert prep.returncode == 0, prep.stderr
+    train = rlctl_here("train", "run.total_steps=2", "run.save_every=0", "data.val_files=[]", "rollout.n=2",
+                       "data.batch_size=2", "actor.mini_batch_size=2", "data.max_prompt_length=256",
+                       "data.max_response_length=8", "resources.cpus_per_worker=1", cwd=proj)
+    assert train.returncode == 0, train.stderr[-3000:]
+    rows = [json.loads(line) for line in (proj / "runs/grpo-reasoning-gym-smollm2-cpu/metrics.jsonl").read_text()
+            .splitlines()]
+    assert [r["step"] for r in rows] == [1, 2]
+    for row in rows:   # reasoning-gym's scorer ran in the reward workers: its metrics are the step's
+        assert 0.0 <= row["reward/mean"] <= 1.0 and row["reward/errors"] == 0
+        assert {"reward/acc", "reward/format", "reward/tagged"} <= set(row)
