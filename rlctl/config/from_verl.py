@@ -10,6 +10,7 @@ verl's defaults that differ from rlctl's are written too when the launch relied 
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 from dataclasses import dataclass
 from typing import Any
@@ -120,6 +121,10 @@ def checked(conversion: Conversion) -> dict:
         if field is None:   # a target another change has not added to the schema yet
             conversion.not_honoured.append((conversion.sources[key], str(value), f"{key} is not in this rlctl yet"))
             continue
+        default = field.default if field.default_factory is dataclasses.MISSING else None
+        if (isinstance(default, str) and not field.metadata.get("int_or_auto")
+                and isinstance(value, (int, float)) and not isinstance(value, bool)):
+            value = str(value)   # a text key given a number (rollout_rs_threshold=1.01), as hydra would keep it
         value, errors = check_value(key, field, value)
         if errors:
             raise UsageError(f"{conversion.sources[key]}={value!r}: {errors[0]} (rlctl's {key})",

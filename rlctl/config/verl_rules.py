@@ -207,6 +207,8 @@ _SPECIAL = (
     Rule(f"{_A}.model.lora.*", "", why="rlctl's LoRA takes rank, alpha, dropout and target_modules"),
     Rule(f"{_A}.model.lora_adapter_path", "", why="start from a merged model (rlctl merge --lora merge)"),
     Rule(f"{_A}.model.exclude_modules", "", why="list the layers that get adapters in model.lora.target_modules"),
+    Rule("trainer.ref_update_freq", "algorithm.ref_update_every"),
+    Rule("reward_model.overlong_buffer.log", "", why="rlctl logs the overlong share always"),
 )
 # whole families of engine and cluster knobs with no rlctl equivalent
 _FAMILIES = (
@@ -278,6 +280,18 @@ _FAMILIES = (
     Rule(f"{_A}.rollout.moe_tensor_parallel_size", why="rlctl's engine takes rollout.tensor_parallel_size"),
     Rule(f"{_A}.rollout.quantization", why="rlctl's engine runs in model.dtype"),
     Rule(f"{_A}.rollout.skip_tokenizer_init", why="a vLLM engine knob rlctl sets itself"),
+    Rule(f"{_A}.rollout.log_prob_micro_batch_size", why="verl's deprecated global size: rlctl's log-prob passes use "
+                                                        "actor.micro_batch_size"),
+    Rule(f"{_A}.rollout.disable_log_stats", why="a vLLM engine knob rlctl sets itself"),
+    Rule(f"{_A}.rollout.enable_sleep_mode", why="rlctl sleeps and wakes its engine itself"),
+    Rule("data.min_response_length", why="not built in rlctl"),
+    Rule("async_training.*", why="rlctl's asynchronous rollouts are rollout.mode = \"async\" (docs/async.md)"),
+    Rule("trainer.tensorboard_dir", why="rlctl writes TensorBoard logs into the run folder"),
+    Rule("trainer.rl_logging_board_dir", why="not built in rlctl"),
+    Rule("trainer.rollout_data_dir", why="run.log_rollouts writes every sample into the run folder"),
+    Rule("trainer.log_freq", why="rlctl logs every step"),
+    Rule("reward_model.*", why="a reward model is reward.model = PATH; PRIME's implicit PRM is [algorithm.params] "
+                               "(docs/algorithms.md)"),
 )
 _PLAIN = tuple(Rule(verl, rlctl) for verl, rlctl in VERL_KEYS.items() if verl not in {r.verl for r in _SPECIAL})
 RULES: tuple[Rule, ...] = _SPECIAL + _PLAIN + _FAMILIES

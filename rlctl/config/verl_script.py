@@ -24,8 +24,7 @@ from pathlib import Path
 from rlctl.errors import UsageError
 
 # the entry points of verl's trainers; the words after one are its overrides
-ENTRY_POINTS = re.compile(r"(^|[\s/.])(main_ppo|main_dapo|main_generation|main_grpo|main_prime|main_spin|"
-                          r"main_sppo|main_gspo)(\.py)?$")
+ENTRY_POINTS = re.compile(r"(^|[\s/.])(main_ppo|main_dapo|main_grpo|main_prime|main_spin|main_sppo|main_gspo)(\.py)?$")
 _ASSIGN = re.compile(r"^(?:export\s+|local\s+|readonly\s+|declare\s+(?:-\w+\s+)?)?([A-Za-z_][A-Za-z0-9_]*)=(.*)$")
 _VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*|\d+)(?:(:?[-=])((?:[^{}]|\{[^{}]*\})*))?\}|\$([A-Za-z_][A-Za-z0-9_]*|\d)")
 _ARRAY_REF = re.compile(r'"?\$\{([A-Za-z_][A-Za-z0-9_]*)\[[@*]\]\}"?')
@@ -51,6 +50,8 @@ def _arith(expr: str, variables: dict) -> str:
     """bash's integer `$((...))`, variables named bare or with `$`."""
     text = re.sub(r"\$?\{?([A-Za-z_][A-Za-z0-9_]*)\}?", lambda m: str(variables.get(m.group(1), os.environ.get(
         m.group(1), "0"))), expr)
+    if UNRESOLVED in text or "$(" in text:   # a variable set by a shell command: the value is unknown
+        return UNRESOLVED
 
     def value(node):
         if isinstance(node, ast.Constant) and isinstance(node.value, int):
@@ -129,7 +130,7 @@ def _expand_part(text: str, variables: dict, args: list[str]) -> str:
 def logical_lines(script: str) -> list[str]:
     """Commands one per line: backslash continuations joined, a quote or an array `( ... )` left open
     runs on over the next lines, comments dropped."""
-    joined = re.sub(r"\\\r?\n", " ", script)
+    joined = re.sub(r"\\\s*$", "", re.sub(r"\\\r?\n", " ", script))   # also a last line's dangling backslash
     out, buffer = [], ""
     for line in joined.splitlines():
         stripped = line.strip()
@@ -203,9 +204,15 @@ def _assign(line: str, variables: dict, args: list[str]) -> None:
     variables[assign.group(1)] = " ".join(_words(expand(assign.group(2), variables, args)))
 
 
+_VALUE_OPTIONS = ("--config-path", "--config-name", "--config-dir", "-cp", "-cn", "-cd")   # hydra's, value apart
+
+
 def _launch(words: list[str], entry: str = "") -> Launch:
     launch = Launch(entry=entry)
-    for word in words:
+    for i, word in enumerate(words):
+        if i and words[i - 1] in _VALUE_OPTIONS:
+            launch.options[-1] += f" {word}"
+            continue
         if word.startswith("-"):
             launch.options.append(word)
             continue

@@ -138,6 +138,22 @@ def test_shell_expansion(tmp_path):
     assert launch.unresolved == ["trainer.default_local_dir"] and launch.overrides == [("data.train_batch_size", "4")]
 
 
+def test_shell_forms_from_verls_recipe_scripts(tmp_path):
+    """A last line that ends in a backslash, hydra's `--config-path DIR`, arithmetic on a variable a
+    shell command set, a number for a text key (rollout_rs_threshold=1.01)."""
+    script = tmp_path / "run.sh"
+    script.write_text("n=$(nproc)\nnodes=$((n / 8))\n"
+                      "python3 -m verl.trainer.main_ppo --config-path config --config-name ppo_trainer \\\n"
+                      "  trainer.nnodes=$nodes algorithm.rollout_correction.rollout_rs_threshold=1.01 \\\n"
+                      "  data.train_batch_size=16 \\")
+    launch = read_launch([str(script)])
+    assert launch.options == ["--config-path config", "--config-name ppo_trainer"]
+    assert launch.unresolved == ["trainer.nnodes"]
+    typed, conversion = _values([script])
+    assert typed["algorithm.rollout_correction.rollout_rs_threshold"] == "1.01" and typed["data.batch_size"] == 16
+    assert {k for k, _, _ in conversion.not_honoured} >= {"trainer.nnodes", "--config-path config"}
+
+
 @pytest.mark.parametrize("text, value", [("True", True), ("false", False), ("null", None), ("1e-6", 1e-6), ("8", 8),
                                           ("'a b'", "a b"), ("[a,b]", ["a", "b"]), ("[]", []), ("x", "x")])
 def test_hydra_values(text, value):
