@@ -7,8 +7,8 @@ verl's examples/ and recipe/ scripts set shell variables (`n=16`, `export LR=${L
 assignments, arrays (`=( )`, `+=( )`, `"${NAME[@]}"`), `$VAR` / `${VAR}` / `${VAR:-default}` /
 `${VAR:=default}`, `$1`, integer `$((...))`, the environment for variables the script does not set,
 and the script's own arguments for `$@` (the words given after the script). The body of an `if` is
-read as if its condition held (the last assignment wins); the command ends at a pipe, `;`, `&&` or a
-redirection. A `$(command)` is not run: a value that needs one is reported, not guessed.
+read as if its condition held (the last assignment wins), here-documents are skipped, and the command
+ends at a pipe, `;`, `&&` or a redirection. A `$(command)` is not run: a value that needs one is reported, not guessed.
 """
 
 from __future__ import annotations
@@ -57,7 +57,10 @@ def _arith(expr: str, variables: dict) -> str:
         if isinstance(node, ast.Constant) and isinstance(node.value, int):
             return node.value
         if isinstance(node, ast.BinOp) and type(node.op) in _OPS:
-            return _OPS[type(node.op)](value(node.left), value(node.right))
+            left, right = value(node.left), value(node.right)
+            if isinstance(node.op, ast.Pow) and abs(right) > 64:   # 2**10**10 would never finish
+                raise ValueError(expr)
+            return _OPS[type(node.op)](left, right)
         if isinstance(node, ast.UnaryOp) and type(node.op) in _OPS:
             return _OPS[type(node.op)](value(node.operand))
         raise ValueError(expr)
@@ -131,11 +134,17 @@ def logical_lines(script: str) -> list[str]:
     """Commands one per line: backslash continuations joined, a quote or an array `( ... )` left open
     runs on over the next lines, comments dropped."""
     joined = re.sub(r"\\\s*$", "", re.sub(r"\\\r?\n", " ", script))   # also a last line's dangling backslash
-    out, buffer = [], ""
+    out, buffer, heredoc = [], "", None
     for line in joined.splitlines():
         stripped = line.strip()
+        if heredoc is not None:   # a here-document's body is text, not commands
+            heredoc = None if stripped == heredoc else heredoc
+            continue
         if not buffer and (not stripped or stripped.startswith("#")):
             continue
+        opened = _HEREDOC.search(line)
+        if opened:
+            heredoc = opened.group(1)
         buffer = f"{buffer}\n{line}" if buffer else stripped
         if _complete(buffer):
             out.append(buffer)
@@ -156,6 +165,7 @@ def _complete(text: str) -> bool:
     return "".join(words).count("(") <= "".join(words).count(")")
 
 
+_HEREDOC = re.compile(r"<<-?\s*['\"]?(\w+)['\"]?")
 _ARRAY_OPEN = re.compile(r"^(?:export\s+|local\s+|declare\s+(?:-\w+\s+)?)?[A-Za-z_][A-Za-z0-9_]*\+?=\(")
 
 
@@ -178,7 +188,12 @@ def read_script(text: str, args: list[str], where: str) -> Launch:
             old = variables.get(array.group(1), []) if array.group(2) else []
             variables[array.group(1)] = (old if isinstance(old, list) else [old]) + words
             continue
-        words = _words(expand(line, variables, args))
+        try:
+            words = _words(expand(line, variables, args))
+        except UsageError:
+            if ENTRY_POINTS.search(line.split("#")[0]):
+                raise
+            continue   # a line bash reads that shlex cannot (it sets nothing verl reads)
         at = next((i for i, w in enumerate(words) if " " not in w and ENTRY_POINTS.search(w)), None)
         if at is not None:
             rest = words[at + 1:]

@@ -146,6 +146,7 @@ def test_shell_forms_from_verls_recipe_scripts(tmp_path):
                       "python3 -m verl.trainer.main_ppo --config-path config --config-name ppo_trainer \\\n"
                       "  trainer.nnodes=$nodes algorithm.rollout_correction.rollout_rs_threshold=1.01 \\\n"
                       "  data.train_batch_size=16 \\")
+    script.write_text("cat > notes.txt <<EOF\nit's a note with one quote\nEOF\n" + script.read_text())
     launch = read_launch([str(script)])
     assert launch.options == ["--config-path config", "--config-name ppo_trainer"]
     assert launch.unresolved == ["trainer.nnodes"]
