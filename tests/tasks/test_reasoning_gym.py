@@ -191,7 +191,8 @@ def test_the_recipe_trains_two_steps_on_reasoning_gym_rows(tmp_path, tiny_model_
     prep = rlctl_here("data", "prep", "reasoning-gym:chain_sum", "--size", "40", cwd=proj)
     assert prep.returncode == 0, prep.stderr
     train = rlctl_here("train", "run.total_steps=2", "run.save_every=0", "data.val_files=[]", "rollout.n=2",
-                       "data.batch_size=2", "actor.mini_batch_size=2", "data.max_prompt_length=256",
+                       "data.batch_size=2", "actor.mini_batch_size=2", "actor.micro_batch_size=4",
+                       "data.max_prompt_length=256",
                        "data.max_response_length=8", "resources.cpus_per_worker=1", cwd=proj)
     assert train.returncode == 0, train.stderr[-3000:]
     rows = [json.loads(line) for line in (proj / "runs/grpo-reasoning-gym-smollm2-cpu/metrics.jsonl").read_text()
