@@ -226,11 +226,15 @@ class AgentEngine:
 
     def _sample(self, prompts: list[list[int]], limits: list[int]) -> dict:
         """One generate_turn over every rank: rows padded to a multiple of the world (dummy rows of one
-        token, dropped again); returns the real rows' columns."""
+        token, dropped again); returns the real rows' columns. When the calls come in runs of k equal
+        (prompt, limit) pairs, as the first calls of a prompt's rollout.n episodes do, each run is one
+        input with n = k samples: its prefill is shared, as in the built-in single-turn rollout."""
+        k = _runs_of_equal(prompts, limits)
+        prompts, limits = prompts[::k], limits[::k]
         world = self.turns.world_size
-        rows = len(prompts)
-        padded = prompts + [[self.pad_id]] * (-rows % world)
-        caps = limits + [1] * (-rows % world)
+        rows = len(prompts) * k
+        padded = prompts + [[self.pad_id]] * (-len(prompts) % world)
+        caps = limits + [1] * (-len(prompts) % world)
         width = max(len(p) for p in padded)
         ids = np.full((len(padded), width), self.pad_id, dtype=np.int64)
         mask = np.zeros_like(ids)
@@ -241,7 +245,7 @@ class AgentEngine:
             self._flushes += 1
             mode = self._mode
         batch = Batch({"input_ids": ids, "attention_mask": mask, "max_new_tokens": np.asarray(caps, dtype=np.int64)})
-        out = self.turns.generate_turn(batch, seed=seed, mode=mode, n=1, width=max(caps), log_probs=True)
+        out = self.turns.generate_turn(batch, seed=seed, mode=mode, n=k, width=max(caps), log_probs=True)
         return {k: out[k][:rows] for k in ("responses", "response_length", "truncated", "rollout_log_prob")}
 
     def _finish(self, ids: list[int], lps: list[float], truncated: bool, stop: tuple,
@@ -262,6 +266,16 @@ class AgentEngine:
     def _decode(self, ids: list[int]) -> str:
         with self.tokenizer_lock:
             return self.tokenizer.decode(ids, skip_special_tokens=True)
+
+
+def _runs_of_equal(prompts: list[list[int]], limits: list[int]) -> int:
+    """k when the calls are consecutive runs of k equal (prompt, limit) pairs, all of one length, else 1."""
+    runs, start = [], 0
+    for i in range(1, len(prompts) + 1):
+        if i == len(prompts) or prompts[i] != prompts[start] or limits[i] != limits[start]:
+            runs.append(i - start)
+            start = i
+    return runs[0] if len(set(runs)) == 1 else 1
 
 
 @dataclass

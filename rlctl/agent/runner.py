@@ -70,6 +70,11 @@ class AgentRunner:
 
     async def _all(self, episodes: list[Episode]) -> None:
         todo, running = deque(episodes), set()
+        if self.fn is not None:   # one HTTP client per rollout, each episode a view of it with its own URL
+            import openai
+
+            self.client = openai.AsyncOpenAI(base_url=self.server.base_url("-"), api_key=self.server.key,
+                                             max_retries=0, timeout=self.cfg.timeout_s)
 
         def start_next() -> None:   # under the engine's lock, with the close it follows
             if todo:
@@ -85,11 +90,15 @@ class AgentRunner:
         with self.engine.lock:
             for _ in range(min(self.cfg.concurrency, len(todo))):
                 start_next()
-        while running:
-            done, _ = await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
-            running -= done
-            for task in done:
-                task.result()   # _one contains the agent's failures; anything else is ours
+        try:
+            while running:
+                done, _ = await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
+                running -= done
+                for task in done:
+                    task.result()   # _one contains the agent's failures; anything else is ours
+        finally:
+            if self.fn is not None:
+                await self.client.close()
 
     async def _one(self, episode: Episode, on_end) -> None:
         try:
@@ -106,11 +115,7 @@ class AgentRunner:
     async def _play(self, episode: Episode):
         url = self.server.base_url(_tag(episode))
         if self.fn is not None:
-            import openai
-
-            async with openai.AsyncOpenAI(base_url=url, api_key=self.server.key, max_retries=0,
-                                          timeout=self.cfg.timeout_s) as client:
-                return await self.fn(client, episode.row)
+            return await self.fn(self.client.with_options(base_url=url), episode.row)
         return await self._command(episode, url)
 
     async def _command(self, episode: Episode, url: str):
