@@ -31,6 +31,7 @@ DEFAULT_VAL_FRACTION = 0.1
 OFFLINE_AGENT = {"runtime": {"type": "subprocess"}}
 OFFLINE_HARNESS = "null"
 DEFAULT_RENDERER = {"name": "default", "tool_parser": "qwen3"}   # <tool_call>{json}</tool_call>: hermes
+OPENENV_ENV = "rlctl.tasks.openenv_verifiers"   # the Env rlctl plays OpenEnv servers with (that module)
 INSTALL = "pip install 'rlctl[envs]' (verifiers 0.4)"
 
 
@@ -65,8 +66,20 @@ def env_spec(env_id: str, args: dict | None) -> dict:
     agent = dict(OFFLINE_AGENT)
     if default_harness_id(env_id) != env_id:   # the taskset ships no harness of its own
         agent["harness"] = {"id": OFFLINE_HARNESS}
-    config = _merge({"taskset": {"id": env_id, **args}, "agent": agent}, env_over)
+    roles = {role: agent for role in _roles(env_id)}   # "agent" alone, or an env's own seats (openenv: "player")
+    base = {"taskset": {"id": env_id, **args}, **roles}
+    if env_id == "openenv":   # verifiers 0.4.0's OpenEnvEnv fails on openenv-core 0.3: rlctl's plays its tasks
+        base["id"] = OPENENV_ENV
+    config = _merge(base, env_over)
     return {"config": config, "renderer": renderer}
+
+
+def _roles(env_id: str) -> list[str]:
+    from verifiers.v1 import AgentConfig
+    from verifiers.v1.utils.loaders import env_config_type
+
+    fields = env_config_type(env_id).model_fields
+    return [name for name, info in fields.items() if isinstance(info.default, AgentConfig)] or ["agent"]
 
 
 def _check_id(env_id: str) -> None:
@@ -79,9 +92,15 @@ def _check_id(env_id: str) -> None:
     try:
         taskset_class(env_id)
     except ModuleNotFoundError as e:
+        if f"'{env_id.replace('-', '_').lower()}'" not in str(e) and "not found (tried" not in str(e):
+            raise UsageError(f"verifiers:{env_id} cannot be imported: {_first_line(e)}",
+                             hint="install what it names, then run the prep again.") from None
         raise UsageError(f"verifiers:{env_id}: no such environment ({str(e).split('. ')[0]})",
                          hint="install its package (pip install -e path/to/env) or check the id; "
                               "verifiers' own tasksets are openenv, textarena, nemo_gym, harbor.") from None
+    except ImportError as e:   # the environment's own dependencies (textarena: nltk, textarena)
+        raise UsageError(f"verifiers:{env_id} cannot be imported: {_first_line(e)}",
+                         hint="install what it names, then run the prep again.") from None
     except (TypeError, AttributeError, ValueError) as e:
         raise UsageError(f"verifiers:{env_id} is not a verifiers v1 environment: {e}",
                          hint="its package must export one Taskset subclass in __all__ (vf-init's layout).") from None
@@ -94,6 +113,10 @@ def load_env(config: dict):
 
     env_id = config.get("taskset", {}).get("id", "?")
     try:
+        if config.get("id") == OPENENV_ENV:   # built here: verifiers' loader imports only undotted ids
+            from rlctl.tasks.openenv_verifiers import RlctlOpenEnv, RlctlOpenEnvConfig
+
+            return RlctlOpenEnv(RlctlOpenEnvConfig.model_validate({k: v for k, v in config.items() if k != "id"}))
         return load_environment(resolve_env_config(config))
     except Exception as e:   # the environment's own code or config: one line, its words
         raise DataError(f"verifiers:{env_id} failed to load: {type(e).__name__}: {_first_line(e)}",
@@ -140,7 +163,7 @@ def _row(env_id: str, spec: dict, task, split: str, index: int) -> dict:
     messages = prompt_messages(data)
     text = data.prompt_text
     row = rule_row(PREFIX + env_id, messages, "environment", "", split, index, question=text, answer="")
-    row["extra_info"]["verifiers"] = json.dumps({**spec, "task": data.model_dump(mode="json", exclude_none=True)},
+    row["extra_info"]["verifiers"] = json.dumps({**spec, "task": data.model_dump(mode="json")},
                                                 sort_keys=True)
     return row
 

@@ -1,6 +1,6 @@
 """A verifiers v1 environment package as `vf-init NAME -T` lays one out, written by the tests: `vf-calc`,
-arithmetic questions with a calculator tool (an MCP tool server verifiers starts per episode), so an
-episode is multi-turn when the model calls the tool. Its rubric: `correct` (the last reply holds the
+arithmetic questions with a calculator tool (an MCP tool server verifiers starts per episode) and a
+feedback turn (its Env asks the model to check its answer), so every episode is multi-turn. Its rubric: `correct` (the last reply holds the
 answer, weight 1) and `used_tool` (weight 0.5); its metric `turns` counts the model's turns.
 
 `write_package(root)` writes it under root/vf_calc and returns root: put root on PYTHONPATH (or sys.path)
@@ -14,9 +14,9 @@ from pathlib import Path
 
 FILES = {
     "vf_calc/__init__.py": """
-        from vf_calc.taskset import VfCalcTaskset
+        from vf_calc.taskset import VfCalcEnv, VfCalcTaskset
 
-        __all__ = ["VfCalcTaskset"]
+        __all__ = ["VfCalcTaskset", "VfCalcEnv"]
     """,
     "vf_calc/taskset.py": '''
         import verifiers.v1 as vf
@@ -42,6 +42,8 @@ FILES = {
 
             @vf.reward(weight=1.0)
             async def correct(self, trace: vf.Trace) -> float:
+                if self.data.name == "raise":
+                    raise RuntimeError("vf-calc's rubric broke")
                 return float(self.data.answer in (trace.last_reply or ""))
 
             @vf.reward(weight=0.5)
@@ -60,6 +62,26 @@ FILES = {
             task: VfCalcTaskConfig = VfCalcTaskConfig()
 
 
+        FEEDBACK = "Check it with the calculator tool, then give only the final number."
+
+
+        class VfCalcEnvConfig(vf.EnvConfig):
+            agent: vf.AgentConfig = vf.AgentConfig()
+            feedback_turns: int = 1
+
+
+        class VfCalcEnv(vf.Env[VfCalcEnvConfig]):
+            """The agent answers, the environment asks it to check (a user turn), it answers again."""
+
+            async def run(self, task, agents):
+                async with agents.agent.interaction(task) as interaction:
+                    segment = await interaction.turn()
+                    for _ in range(self.config.feedback_turns):
+                        if segment.terminated:
+                            break
+                        segment = await interaction.turn(FEEDBACK)
+
+
         class VfCalcTaskset(vf.Taskset[VfCalcTask, VfCalcConfig]):
             def load(self) -> list[VfCalcTask]:
                 if self.config.fail == "load":
@@ -67,10 +89,8 @@ FILES = {
                 tasks = []
                 for i in range(self.config.num_tasks):
                     question, answer = QUESTIONS[i % len(QUESTIONS)]
-                    if self.config.fail == "reward":
-                        answer = None
-                    tasks.append(VfCalcTask(VfCalcData(prompt=question, answer=answer or "", id=str(i),
-                                                       name=("raise" if answer is None else "")),
+                    name = "raise" if self.config.fail == "reward" else ""
+                    tasks.append(VfCalcTask(VfCalcData(prompt=question, answer=answer, id=str(i), name=name),
                                             self.config.task))
                 return tasks
     ''',
