@@ -45,9 +45,13 @@ def load_agent(agent_cfg, base: Path, tokenizer: str | None = None):
         import functools
 
         from rlctl.agent.verifiers_agent import run
+        from rlctl.errors import UsageError
         from rlctl.tasks.verifiers_env import require_verifiers
 
-        require_verifiers()
+        try:
+            require_verifiers()
+        except UsageError as e:
+            raise ConfigError(f"rollout.agent.function: {e.message}", hint=e.hint) from None
         return functools.partial(run, tokenizer=tokenizer)
     from rlctl.multiturn.tools import load_object
 

@@ -45,7 +45,9 @@ AGENT_REWARDS = ("agent", "scorer", "sum")   # rlctl.agent.rollout: where an epi
 class AgentConfig:
     function: str = opt("", "\"file.py:name\": an async function (client, row) -> reward, called once per episode "
                             "with an openai.AsyncOpenAI client for the episode's endpoint and the parquet row as a "
-                            "dict; it returns a float or a dict with \"reward\" (docs/agents.md).")
+                            "dict; it returns a float or a dict with \"reward\" (docs/agents.md). \"verifiers\": "
+                            "the built-in that plays verifiers/ID rows through their verifiers environment "
+                            "(docs/environments.md).")
     command: tuple = opt((), "A process per episode instead of a function: argv, relative paths from rlctl.toml; "
                              "OPENAI_BASE_URL and OPENAI_API_KEY set, the row as JSON on stdin, the reward as the "
                              "last stdout line (a number or a JSON object with \"reward\").")
