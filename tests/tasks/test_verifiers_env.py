@@ -1,0 +1,74 @@
+"""`rlctl data prep verifiers:ID`: rows of a real verifiers environment (tests/support/vf_env.py, the verifiers
+package of rlctl[envs]) and the one-line refusals. The environments' episodes: tests/agent/test_verifiers_agent.py.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+import pytest
+from support.vf_env import write_package
+
+from rlctl.errors import DataError, UsageError
+from rlctl.tasks import verifiers_env
+from rlctl.tasks.prep import PrepOptions, prepare
+
+
+def test_a_missing_verifiers_package_is_one_line_exit_2(monkeypatch):
+    monkeypatch.setitem(sys.modules, "verifiers", None)   # what `import verifiers` meets when it is not installed
+    monkeypatch.setitem(sys.modules, "verifiers.v1", None)
+    with pytest.raises(UsageError, match="need the verifiers package") as e:
+        verifiers_env.source("vf-calc", None, None)
+    assert e.value.exit_code == 2 and "rlctl[envs]" in e.value.hint
+
+
+def test_rlctls_scorer_refuses_verifiers_rows_and_names_the_agent():
+    with pytest.raises(UsageError, match="rewarded by their verifiers environment") as e:
+        verifiers_env.compute_score("verifiers/x", "4", "", {})
+    assert 'rollout.agent.function = "verifiers"' in e.value.hint
+
+
+@pytest.fixture(scope="module")
+def vf_calc(tmp_path_factory):
+    if not os.environ.get("CI"):
+        pytest.importorskip("verifiers.v1", reason="rlctl[envs] is not installed (pip install -e '.[envs]')")
+    root = write_package(tmp_path_factory.mktemp("vf_pkg"))
+    sys.path.insert(0, str(root))
+    yield root
+    sys.path.remove(str(root))
+
+
+@pytest.mark.slow   # importing verifiers takes 5-20 s
+def test_prep_writes_the_tasks_with_their_data_and_the_offline_config(vf_calc, tmp_path):
+    import pyarrow.parquet as pq
+
+    report = prepare("verifiers:vf-calc", PrepOptions(out=tmp_path / "d", val_fraction=0.5, args={"num_tasks": 4}))
+    assert report["data_source"] == "verifiers/vf-calc"
+    train, test = (pq.read_table(tmp_path / "d" / f"{s}.parquet").to_pylist() for s in ("train", "test"))
+    assert len(train) == 2 and len(test) == 2
+    questions = {r["extra_info"]["question"] for r in train} | {r["extra_info"]["question"] for r in test}
+    assert len(questions) == 4   # held out, not repeated
+    row = train[0]
+    assert row["data_source"] == "verifiers/vf-calc" and row["prompt"][0]["role"] == "user"
+    spec = json.loads(row["extra_info"]["verifiers"])
+    assert spec["config"]["taskset"] == {"id": "vf-calc", "num_tasks": 4}
+    assert spec["config"]["agent"] == {"harness": {"id": "null"}, "runtime": {"type": "subprocess"}}
+    assert spec["task"]["prompt"] == row["prompt"][0]["content"] and spec["task"]["answer"]
+    assert spec["renderer"] == verifiers_env.DEFAULT_RENDERER
+
+
+@pytest.mark.slow
+def test_unknown_ids_bad_args_and_failing_loads_are_one_line(vf_calc, tmp_path):
+    with pytest.raises(UsageError, match="no such environment") as e:
+        prepare("verifiers:no-such-env", PrepOptions(out=tmp_path / "a"))
+    assert e.value.exit_code == 2
+    with pytest.raises(DataError, match="failed to load") as e:   # a field the taskset does not have
+        prepare("verifiers:vf-calc", PrepOptions(out=tmp_path / "b", args={"num_tasks": "many"}))
+    assert e.value.exit_code == 3 and "\n" not in e.value.message
+    with pytest.raises(DataError, match="cannot load its questions") as e:
+        prepare("verifiers:vf-calc", PrepOptions(out=tmp_path / "c", args={"fail": "load"}))
+    assert e.value.exit_code == 3
+    with pytest.raises(UsageError, match="needs an environment"):
+        prepare("verifiers:", PrepOptions(out=tmp_path / "d"))
