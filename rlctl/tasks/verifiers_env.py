@@ -125,6 +125,13 @@ def load_env(config: dict):
 
 
 def _first_line(e: Exception) -> str:
+    errors = getattr(e, "errors", None)
+    if callable(errors):   # pydantic's ValidationError: the first field and what is wrong with it
+        try:
+            first = errors()[0]
+            return f"{'.'.join(map(str, first['loc']))}: {first['msg']}"[:300]
+        except Exception:
+            pass
     text = str(e).strip().splitlines()
     return text[0][:300] if text else ""
 
