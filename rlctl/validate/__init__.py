@@ -13,6 +13,7 @@ import dataclasses
 
 from rlctl.config.checks import CheckContext
 from rlctl.agent.checks import check_agent
+from rlctl.agent.verifiers_agent import check_verifiers_rows
 from rlctl.config.loader import LoadedConfig, Problem
 from rlctl.config.plan import BatchPlan, SFTPlan, sft_plan
 from rlctl.data.checks import check_data_files, plan_with_rows, val_data_sources
@@ -47,7 +48,7 @@ RL_CHECKS = (check_algorithm, check_dynamic_sampling, check_overlong, check_kl, 
 RL_MACHINE_CHECKS = (check_model, check_lora_targets, check_engine_installed, check_loggers, check_cuda,
                      check_gpu_workers, check_cpu_split, check_distill_teachers, check_vision,
                      check_image_data, check_expert_model, check_ulysses_model, check_prime_model,
-                     check_router_replay_model)
+                     check_router_replay_model, check_verifiers_rows)
 SFT_CHECKS = (check_sft_keys, check_sft_batch, check_lora, check_sft_best_metric, check_distill, check_expert_parallel,
               check_ulysses)
 SFT_MACHINE_CHECKS = (check_model, check_lora_targets, check_loggers, check_cuda, check_gpu_workers,

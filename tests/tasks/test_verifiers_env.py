@@ -72,3 +72,23 @@ def test_unknown_ids_bad_args_and_failing_loads_are_one_line(vf_calc, tmp_path):
     assert e.value.exit_code == 3
     with pytest.raises(UsageError, match="needs an environment"):
         prepare("verifiers:", PrepOptions(out=tmp_path / "d"))
+
+
+def test_validate_refuses_verifiers_rows_without_the_built_in_agent(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from rlctl.agent.verifiers_agent import check_verifiers_rows
+    from rlctl.config.checks import CheckContext
+    from rlctl.config.loader import load_config
+    from rlctl.project import write_project
+
+    write_project(tmp_path / "p", "grpo-agent-smollm2-cpu", "models/m")
+    pq.write_table(pa.table({"data_source": ["verifiers/vf-calc", "arith"]}), tmp_path / "p" / "rows.parquet")
+    ctx = CheckContext(base_dir=tmp_path / "p", raw={})
+    files = ['data.train_files=["rows.parquet"]', "data.val_files=[]"]
+    without = load_config(tmp_path / "p" / "rlctl.toml", files + ['rollout.agent.function="agent.py:run"'])
+    (problem,) = check_verifiers_rows(without.config, ctx)
+    assert problem.key == "rollout.agent.function" and "verifiers/vf-calc" in problem.message
+    with_agent = load_config(tmp_path / "p" / "rlctl.toml", files + ['rollout.agent.function="verifiers"'])
+    assert check_verifiers_rows(with_agent.config, ctx) == []
