@@ -42,10 +42,12 @@ def prep(
                                    "tools (python, calculator) and asks for the final answer in the reward's "
                                    "format; default --out data/<name>-<tools>/ (docs/multi-turn.md)."),
     size: int = typer.Option(None, "--size", help="reasoning-gym:TASK: how many distinct questions to draw "
-                                                  "(train + test; default 1000)."),
+                                                  "(train + test; default 1000); for verifiers:ID, the first "
+                                                  "N tasks."),
     args: str = typer.Option(None, "--args", metavar="JSON",
                              help="reasoning-gym:TASK: the task's config as a JSON object, e.g. "
-                                  "'{\"max_digits\": 1}' (a composite: {TASK: config})."),
+                                  "'{\"max_digits\": 1}' (a composite: {TASK: config}); for verifiers:ID, the "
+                                  "taskset's config, plus \"env\" (the environment's) and \"renderer\"."),
     fmt: str = format_option("text", "json", help="text or json."),
 ) -> None:
     """Turn a dataset into verl-compatible parquet files, one per split.
@@ -61,6 +63,8 @@ def prep(
     Example: rlctl data prep code --source problems.jsonl   (rows: question + tests {"inputs", "outputs"})
 
     Example: rlctl data prep reasoning-gym:leg_counting --size 2000 --seed 1   (rlctl[envs]; docs/environments.md)
+
+    Example: rlctl data prep verifiers:my-env --args '{"num_tasks": 200}'   (an installed verifiers environment)
     """
     from rlctl.tasks.prep import PrepOptions, prepare
 

@@ -39,6 +39,8 @@ from rlctl.tasks import TASKS
 PREP_SOURCES = {p.name: p for task in TASKS for p in task.PREP}   # the built-in tasks' choices, in order
 # "family:SPEC" sources: family -> (spec, args, size) -> PrepSource (reasoning-gym:TASK)
 FAMILIES = {family: make for task in TASKS for family, make in getattr(task, "FAMILIES", {}).items()}
+FAMILY_WORD = {"verifiers": "ID"}              # what follows the colon, where it is not a TASK
+FAMILY_EXAMPLE = {"verifiers": "my-env"}
 SOURCES = (*PREP_SOURCES, *FILE_FORMATS)
 ALIASES = {alias: p.name for p in PREP_SOURCES.values() for alias in p.aliases}
 # `--tools`: a system message offers built-in tools and says how to end, in the task's answer format
@@ -53,7 +55,7 @@ def source_help() -> str:
     """The SOURCE words of `rlctl data prep --help`: every task's choice, then the user's own files."""
     words = []
     for family in FAMILIES:
-        words.append(f"{family}:TASK (--size, --seed, --args; docs/environments.md)")
+        words.append(f"{family}:{FAMILY_WORD.get(family, 'TASK')} (--size, --seed, --args; docs/environments.md)")
     for p in PREP_SOURCES.values():
         notes = "; ".join(filter(None, (p.help, f"alias: {', '.join(p.aliases)}" if p.aliases else "")))
         words.append(f"{p.name} ({notes})" if notes else p.name)
@@ -120,7 +122,9 @@ def _task_rows(name: str, opts: PrepOptions) -> FileSource | Generated | None:
 
 def _check_options(name: str, opts: PrepOptions) -> None:
     if name in FAMILIES:
-        raise UsageError(f"{name} needs a task: {name}:TASK", hint=f"e.g. rlctl data prep {name}:leg_counting.")
+        word, example = FAMILY_WORD.get(name, "TASK"), FAMILY_EXAMPLE.get(name, "leg_counting")
+        what = "an environment" if name == "verifiers" else "a task"
+        raise UsageError(f"{name} needs {what}: {name}:{word}", hint=f"e.g. rlctl data prep {name}:{example}.")
     if _family(name) is None and (opts.size is not None or opts.args is not None):
         raise UsageError(f"--size and --args are for {' / '.join(f'{f}:TASK' for f in FAMILIES)}, not {name}",
                          hint="the built-in tasks have a fixed size; use --limit to keep fewer rows.")
