@@ -9,7 +9,8 @@ endpoint's vLLM-style `/inference/v1/generate`, which samples from exactly those
 tool / user messages, so it continues the recorded tokens and the episode is one sequence: the trained
 tokens are the sampled ones, the environment's messages are masked context. The episode's reward is
 the sum of its trainable traces' weighted rubric rewards; each reward and metric is also logged
-(agent/vf_<name>). An episode that errors, times out or records no reward fails (agent/failed).
+(agent/vf_<name>). An episode that errors, times out, records no reward or has a model call refused
+(a prompt past the row's token budget) fails (agent/failed).
 
 Rows of other sources in the same run (mixed data) get one chat completion of their prompt, scored by
 rlctl's built-in scorer for their data_source, as a single-turn rollout would be.
@@ -61,6 +62,9 @@ async def play(client, row: dict, *, tokenizer: str | None = None):
 
 def episode_result(episode) -> dict:
     """{"reward", "vf_<reward>", "vf_<metric>"}; raises (a failed episode) when it errored or gave no reward."""
+    refused = [c.error for t in episode.traces for c in t.calls if c.error is not None]
+    if refused:   # a model call the endpoint refused (the row's token budget, max_calls): verifiers ends the turn
+        raise RuntimeError(f"a model call of the verifiers episode failed: {refused[0].message[:200]}")
     if not episode.ok:
         errors = list(episode.errors) + [e for t in episode.traces for e in t.errors]
         first = errors[0] if errors else None
@@ -100,8 +104,9 @@ def check_verifiers_rows(c, ctx) -> list:
     from rlctl.config.checks import resolve_path
     from rlctl.config.loader import Problem
 
-    if c.rollout.agent.function == "verifiers":
-        return []
+    ag = c.rollout.agent
+    if ag.function == "verifiers" and (ag.reward == "agent" or c.reward.function not in ("", "verifiers")):
+        return []   # the rubric's reward, or the user's own function scores beside it
     try:
         import pyarrow.parquet as pq
 
@@ -113,6 +118,9 @@ def check_verifiers_rows(c, ctx) -> list:
     ours = sorted(s for s in sources if str(s).startswith(PREFIX))
     if not ours:
         return []
+    if ag.function == "verifiers":
+        return [Problem("rollout.agent.reward", f"rollout.agent.reward = {ag.reward!r} scores {ours[0]} rows with "
+                        "rlctl's built-in scorer, which has none for them: use \"agent\" (the rubric's reward)")]
     return [Problem("rollout.agent.function", f"the data holds {', '.join(ours[:3])} rows, which their verifiers "
                     "environment plays and rewards: set rollout.agent.function = \"verifiers\" "
                     "(docs/environments.md)")]

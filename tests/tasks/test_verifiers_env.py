@@ -92,3 +92,7 @@ def test_validate_refuses_verifiers_rows_without_the_built_in_agent(tmp_path):
     assert problem.key == "rollout.agent.function" and "verifiers/vf-calc" in problem.message
     with_agent = load_config(tmp_path / "p" / "rlctl.toml", files + ['rollout.agent.function="verifiers"'])
     assert check_verifiers_rows(with_agent.config, ctx) == []
+    scorer = load_config(tmp_path / "p" / "rlctl.toml", files + ['rollout.agent.function="verifiers"',
+                                                                 'rollout.agent.reward="sum"'])
+    (problem,) = check_verifiers_rows(scorer.config, ctx)
+    assert problem.key == "rollout.agent.reward"
