@@ -5,7 +5,7 @@ not have and so fails every episode. `rlctl data prep verifiers:openenv` names t
 config (env id "rlctl.tasks.openenv_verifiers"); verifiers imports it by that id.
 
 An episode: reset the environment (the task's reset arguments), then, until the environment says
-done: the observation (and the action's JSON schema) is the user turn, the model's reply is the action
+done: the observation is the user turn (the first also shows the action's JSON schema), the model's reply is the action
 (a JSON object, or the bare value when the action has a single required field), one step. The steps'
 rewards are summed as the trace's `openenv_reward`; `openenv_steps` counts the steps. Only a running
 server is played (`base_url`): start the OpenEnv server first (`uv run server`, `docker run`, ...).
@@ -47,8 +47,11 @@ def to_action(reply: str, schema: dict) -> dict:
     return {required[0]: text}
 
 
-def user_turn(observation: dict, schema: dict) -> str:
-    return json.dumps({"observation": observation, "action_schema": schema}, ensure_ascii=False)
+def user_turn(observation: dict, schema: dict | None = None) -> str:
+    """The first turn shows the action's schema with the observation; later turns the observation alone
+    (the schema stays in the context above, and repeating it would cost its tokens every turn)."""
+    turn = {"observation": observation, "action_schema": schema} if schema is not None else {"observation": observation}
+    return json.dumps(turn, ensure_ascii=False)
 
 
 class RlctlOpenEnv(vf.Env[RlctlOpenEnvConfig]):
@@ -78,6 +81,6 @@ class RlctlOpenEnv(vf.Env[RlctlOpenEnvConfig]):
                     total += float(result.reward or 0.0)
                     if result.done:
                         break
-                    segment = await interaction.turn(user_turn(result.observation, schema))
+                    segment = await interaction.turn(user_turn(result.observation))
         interaction.trace.record_reward("openenv_reward", total)
         interaction.trace.record_metric("openenv_steps", float(steps))

@@ -109,7 +109,7 @@ def test_a_multi_turn_episode_trains_on_exactly_the_tokens_verifiers_recorded(vf
 
 
 STEPS = 3
-SMALL = ["data.max_prompt_length=192", "data.max_response_length=96", "data.batch_size=2", "rollout.n=2",
+SMALL = ["data.max_prompt_length=640", "data.max_response_length=256", "data.batch_size=2", "rollout.n=2",
          "actor.mini_batch_size=2", "actor.micro_batch_size=4", "reward.workers=1", "run.keep_last=0",
          "run.save_every=0", "run.val_every=0", "run.log_rollouts=true", "rollout.agent.concurrency=4",
          "rollout.agent.timeout_s=240", 'rollout.agent.function="verifiers"']
