@@ -62,7 +62,7 @@ def prep(
 
     Example: rlctl data prep code --source problems.jsonl   (rows: question + tests {"inputs", "outputs"})
 
-    Example: rlctl data prep reasoning-gym:leg_counting --size 2000 --seed 1   (rlctl[envs]; docs/environments.md)
+    Example: rlctl data prep reasoning-gym:leg_counting --size 2000 --seed 1   (the envs extra; docs/environments.md)
 
     Example: rlctl data prep verifiers:my-env --args '{"num_tasks": 200}'   (an installed verifiers environment)
     """
