@@ -56,8 +56,23 @@ async def play(client, row: dict, *, tokenizer: str | None = None):
     spec = json.loads(row["extra_info"]["verifiers"])
     env = environment(spec["config"])
     task = task_of(env, spec["task"])
+    await known_context_length(client)
     async with env.serving():
         return await env.run_episode(task, model_context(client, spec, tokenizer))
+
+
+async def known_context_length(client) -> None:
+    """Tell the renderers package this episode's max_model_len before verifiers asks for it. Its first
+    lookup per base URL (each episode has its own) takes a module-level asyncio.Lock, which binds to the
+    event loop that first waits on it; rlctl's runner plays each rollout in a fresh loop, so a later
+    rollout's lookup would fail with "bound to a different event loop". A known value skips the lock."""
+    from renderers import client as renderers_client
+
+    cards = (await client.models.list()).data
+    length = next((c.to_dict().get("max_model_len") for c in cards if c.id == MODEL), None)
+    base = str(client.base_url).rstrip("/")
+    for url in (base, base + "/"):
+        renderers_client._max_prompt_len_cache[(url, MODEL)] = length
 
 
 def episode_result(episode) -> dict:

@@ -41,13 +41,11 @@ def prep(
                               help="gsm8k/math prompts for tool use: a system message offers these built-in "
                                    "tools (python, calculator) and asks for the final answer in the reward's "
                                    "format; default --out data/<name>-<tools>/ (docs/multi-turn.md)."),
-    size: int = typer.Option(None, "--size", help="reasoning-gym:TASK: how many distinct questions to draw "
-                                                  "(train + test; default 1000); for verifiers:ID, the first "
-                                                  "N tasks."),
+    size: int = typer.Option(None, "--size", help="reasoning-gym:TASK: distinct questions to draw (train + test; "
+                                                  "default 1000); for verifiers:ID, the first N tasks."),
     args: str = typer.Option(None, "--args", metavar="JSON",
-                             help="reasoning-gym:TASK: the task's config as a JSON object, e.g. "
-                                  "'{\"max_digits\": 1}' (a composite: {TASK: config}); for verifiers:ID, the "
-                                  "taskset's config, plus \"env\" (the environment's) and \"renderer\"."),
+                             help="the task's config as a JSON object: reasoning-gym:TASK '{\"max_digits\": 1}' (a "
+                                  "composite: {TASK: config}); for verifiers:ID the taskset's, \"env\", \"renderer\"."),
     fmt: str = format_option("text", "json", help="text or json."),
 ) -> None:
     """Turn a dataset into verl-compatible parquet files, one per split.
@@ -63,8 +61,6 @@ def prep(
     Example: rlctl data prep code --source problems.jsonl   (rows: question + tests {"inputs", "outputs"})
 
     Example: rlctl data prep reasoning-gym:leg_counting --size 2000 --seed 1   (the envs extra; docs/environments.md)
-
-    Example: rlctl data prep verifiers:my-env --args '{"num_tasks": 200}'   (an installed verifiers environment)
     """
     from rlctl.tasks.prep import PrepOptions, prepare
 

@@ -31,7 +31,8 @@ openai = pytest.importorskip("openai")
 if not os.environ.get("CI"):
     pytest.importorskip("verifiers.v1", reason="rlctl[envs] is not installed (pip install -e '.[envs]')")
 if shutil.which("uv") is None and not (Path(sys.executable).parent / "uv").is_file() and not os.environ.get("CI"):
-    pytest.skip("verifiers' null harness runs its chat program through uv, which is not installed", allow_module_level=True)
+    pytest.skip("verifiers' null harness runs its chat program through uv, which is not installed",
+                allow_module_level=True)
 platform.processor()
 
 

@@ -38,7 +38,7 @@ class GuessEnvironment(Environment):
     def reset(self, seed: Optional[int] = None, episode_id: Optional[str] = None, **kwargs: Any) -> GuessObservation:
         self.target, self.tries = random.Random(seed).randint(1, 9), 0
         self._state = State(episode_id=episode_id or "", step_count=0)
-        return GuessObservation(message=f"Guess my number from 1 to 9. You have {TRIES} tries. Reply with the number only.")
+        return GuessObservation(message=f"Guess my number from 1 to 9 ({TRIES} tries). Reply with the number only.")
 
     def step(self, action: GuessAction, timeout_s: Optional[float] = None, **kwargs: Any) -> GuessObservation:
         self.tries += 1

@@ -1,7 +1,8 @@
 """A verifiers v1 environment package as `vf-init NAME -T` lays one out, written by the tests: `vf-calc`,
 arithmetic questions with a calculator tool (an MCP tool server verifiers starts per episode) and a
-feedback turn (its Env asks the model to check its answer), so every episode is multi-turn. Its rubric: `correct` (the last reply holds the
-answer, weight 1) and `used_tool` (weight 0.5); its metric `turns` counts the model's turns.
+feedback turn (its Env asks the model to check its answer), so every episode is multi-turn. Its rubric:
+`correct` (the last reply holds the answer, weight 1) and `used_tool` (weight 0.5); its metric `turns`
+counts the model's turns.
 
 `write_package(root)` writes it under root/vf_calc and returns root: put root on PYTHONPATH (or sys.path)
 and `verifiers:vf-calc` loads it, as an installed package would.
