@@ -28,6 +28,6 @@ async def run(client, row):
     first = await client.chat.completions.create(model="policy", messages=messages, max_tokens=16)
     draft = first.choices[0].message.content or ""
     messages += [{"role": "assistant", "content": draft}, {"role": "user", "content": FEEDBACK}]
-    second = await client.chat.completions.create(model="policy", messages=messages, max_tokens=8)
+    second = await client.chat.completions.create(model="policy", messages=messages, max_tokens=16)
     answer = second.choices[0].message.content or ""
     return {"reward": score(answer, truth), "draft": score(draft, truth)}

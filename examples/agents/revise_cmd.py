@@ -28,7 +28,7 @@ def main() -> None:
     messages = list(row["prompt"])
     draft = client.chat.completions.create(model="policy", messages=messages, max_tokens=16).choices[0].message.content
     messages += [{"role": "assistant", "content": draft or ""}, {"role": "user", "content": FEEDBACK}]
-    answer = client.chat.completions.create(model="policy", messages=messages, max_tokens=8).choices[0].message.content
+    answer = client.chat.completions.create(model="policy", messages=messages, max_tokens=16).choices[0].message.content
     print(json.dumps({"reward": score(answer or "", truth), "draft": score(draft or "", truth)}))
 
 

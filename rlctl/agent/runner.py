@@ -133,6 +133,7 @@ class AgentRunner:
             out, err = await proc.communicate((json.dumps(plain(episode.row)) + "\n").encode())
         except asyncio.CancelledError:   # timed out or interrupted: the whole process group goes
             _kill(proc)
+            await proc.wait()   # reaped while the loop runs, so its pipes close with it
             raise
         if proc.returncode != 0:
             episode.failure = f"exited {proc.returncode}: {err.decode(errors='replace')[-STDERR_TAIL:].strip()}"
