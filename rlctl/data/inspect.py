@@ -82,7 +82,9 @@ def inspect_file(path: str | os.PathLike, *, model: str | None = None, max_promp
         "data_sources": _counts(r["data_source"] for r in rows),
         "abilities": _counts(r.get("ability") for r in rows) if "ability" in table.column_names else {},
         "splits": _counts(s for s in splits if s is not None),
-        "empty_ground_truth": sum(not str(r["reward_model"]["ground_truth"]).strip() for r in rows),
+        # verifiers/ID rows have none by design: their environment's rubric holds the answer
+        "empty_ground_truth": sum(not str(r["reward_model"]["ground_truth"]).strip() for r in rows
+                                  if not str(r["data_source"]).startswith("verifiers/")),
         "samples": [_sample(r) for r in rows[:samples]],
     }
     processor = vision_processor(model) if model is not None else None
