@@ -16,7 +16,9 @@ import sys
 
 def _start() -> None:
     try:
-        import rlctl  # noqa: F401 - rlctl/__init__.py installs the hook of rlctl.utils.torch_extras
+        from rlctl.utils.torch_extras import install_hook   # the hook rlctl/__init__.py installs too
+
+        install_hook()
     except Exception:  # noqa: BLE001 - never break an interpreter's start-up; it then fails as it would have
         pass
     here = os.path.dirname(os.path.abspath(__file__))
