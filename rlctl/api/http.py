@@ -108,8 +108,9 @@ class _Handler(BaseHTTPRequestHandler):
         super().handle_one_request()
         if self.expired:
             self.close_connection = True
-            log.info("%s dropped: no whole request within %gs (%d bytes)", self.client_address[0],
-                     self.server.read_timeout_s, self.received)
+            if not self.server.quiet or self.received:   # the agent endpoint: idle kept-alive connections end quietly
+                log.info("%s dropped: no whole request within %gs (%d bytes)", self.client_address[0],
+                         self.server.read_timeout_s, self.received)
             if self.received and not self.responded:
                 if getattr(self, "request_version", "HTTP/0.9") == "HTTP/0.9":  # cut off in the request line
                     self.request_version, self.requestline = "HTTP/1.1", ""
