@@ -78,7 +78,8 @@ def build_setup(loaded: LoadedConfig, run_dir: Path, stack: ExitStack, *, addres
                                             horizon=algo.kl_horizon)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     reward = stack.enter_context(build_reward(config.reward, loaded.base_dir))
-    reward.check_data_sources(sorted(train.data_sources))
+    if not (agent_rollout(config) and config.rollout.agent.reward == "agent"):   # else no reward function runs
+        reward.check_data_sources(sorted(train.data_sources))
     logger = stack.enter_context(MetricsLogger(run_dir, config.run.loggers, config.run.name, config_to_dict(config),
                                                start_step=start_step))
     workers = start_workers(config, total, needs, stack, address)
@@ -105,7 +106,7 @@ def policy(config: Config, workers: Workers, tokenizer, base: Path, tools: list,
     from rlctl.runtime.policy import PolicyHandle
 
     actor = PolicyHandle(workers.actor)
-    if config.rollout.agent.function or config.rollout.agent.command:
+    if agent_rollout(config):
         return agent_policy(actor, config, tokenizer, base, stack)
     if not config.rollout.multi_turn.enable:
         return actor
@@ -117,6 +118,10 @@ def policy(config: Config, workers: Workers, tokenizer, base: Path, tools: list,
                            engine_log_probs=rollout_engine_info(config.rollout.engine).reports_log_probs)
     stack.callback(multi.close)
     return multi
+
+
+def agent_rollout(config: Config) -> bool:
+    return bool(config.rollout.agent.function or config.rollout.agent.command)
 
 
 def agent_policy(actor: PolicyActor, config: Config, tokenizer, base: Path, stack: ExitStack) -> PolicyActor:

@@ -162,7 +162,8 @@ def run_eval(model_path: str | Path, data_file: str | Path, opts: EvalOptions, o
     # The reward sources check themselves as they start (the function, the built-ins for these data
     # sources, the services' URLs): a bad reward stops here, before minutes of generation.
     with build_reward(reward, config_dir) as sources:
-        sources.check_data_sources({row["data_source"] for row in rows})
+        if not opts.agent:   # an agent's own reward scores it: no reward function runs
+            sources.check_data_sources({row["data_source"] for row in rows})
         with model_folder(model_path, opts.step) as folder:
             if opts.agent:   # the agent's own rewards: no reward function runs
                 from rlctl.serve.eval_agent import agent_config, evaluate_agent
