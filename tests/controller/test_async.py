@@ -48,11 +48,14 @@ def test_async_with_staleness_1_equals_one_step_off(tmp_path, make_project, ray_
 
 
 @pytest.fixture(scope="module")
-def ray_cluster():
+def ray_cluster(_shared_ray):
     """This module's embedded Ray: 3 CPUs declared (on the 2-core machine) for one actor rank and
-    two rollout ranks, as `rlctl train` declares its cores (tests/conftest.py's is 2)."""
+    two rollout ranks, as `rlctl train` declares its cores (tests/conftest.py's is 2). The shared 2-CPU
+    Ray an earlier module of this pytest worker left running is stopped first: ray_session would
+    otherwise join it, with its 2 CPUs."""
     from rlctl.runtime.ray_env import ray_session
 
+    _shared_ray.stop()
     with ray_session(num_cpus=3, log_to_driver=False):
         yield
 
