@@ -93,7 +93,7 @@ def write_project(root: Path, size: str, a) -> Path:
     import pyarrow.parquet as pq
 
     (root / "data").mkdir(parents=True, exist_ok=True)
-    wl = workload(a.workload)
+    wl = workload(a.workload, a.max_new)
     table = None
     if a.workload == "arith":
         from rlctl.tasks import arith
@@ -174,15 +174,15 @@ cpus_per_worker = {a.cpus_per_worker}
     return root / "rlctl.toml"
 
 
-def workload(name: str) -> dict:
-    """Prompts per step, samples per prompt, rows and new tokens of --workload."""
+def workload(name: str, max_new: int = 0) -> dict:
+    """Prompts per step, samples per prompt, rows and new tokens of --workload (--max-new: the shared one's)."""
     shared = {"max_prompt": W.MAX_PROMPT_LENGTH, "lr": W.LEARNING_RATE, "kl": True}
     if name == "arith":
         return {**shared, "prompts": 16, "n": W.NUM_GENERATIONS, "batch": 16 * W.NUM_GENERATIONS, "max_new": 16}
     if name == "gsm8k":   # grpo-gsm8k-smollm2-cpu: 4 x 8 samples, <= 160 tokens, no KL, lr 1e-5
         return {"prompts": 4, "n": 8, "batch": 32, "max_new": 160, "max_prompt": 256, "lr": 1e-5, "kl": False}
     return {**shared, "prompts": W.PROMPTS_PER_STEP, "n": W.NUM_GENERATIONS, "batch": W.BATCH,
-            "max_new": W.MAX_COMPLETION_LENGTH}
+            "max_new": max_new or W.MAX_COMPLETION_LENGTH}
 
 
 def run_rlctl(size: str, a) -> dict:
@@ -232,7 +232,7 @@ def run_rlctl(size: str, a) -> dict:
     t_first = steps[a.warmup - 1]["t_end"] if a.warmup else t0
     out = summarize(measured)
     out.update({f"rss_{part}": v for part, v in sampler.peak_parts.items()})
-    rows_per_worker = workload(a.workload)["batch"] // a.workers
+    rows_per_worker = workload(a.workload, a.max_new)["batch"] // a.workers
     micro = micro_batch_size(a.micro_batch_size, size) or rows_per_worker
     out.update(lengths=[{k: r[k] for k in ("prompt_lengths", "response_lengths")} for r in measured],
                ranks=a.workers, micro_batches=a.workers * -(-rows_per_worker // micro))
@@ -270,7 +270,8 @@ def run_trl(size: str, a) -> dict:
         cmd = [str(Path(a.trl_venv) / "bin" / "python"), str(SHARED_BENCH / "trl_grpo_bench.py"),
                "--size", "small" if size == "real" else size, "--model-dir", str(model_dir(size)),
                *(["--bf16"] if a.trl_bf16 else []), "--threads", str(a.trl_threads), "--steps", str(a.steps),
-               "--warmup", str(a.warmup), "--json", str(out), "--out-dir", str(Path(tmp) / "out")]
+               "--warmup", str(a.warmup), "--max-completion-length", str(workload("shared", a.max_new)["max_new"]),
+               "--json", str(out), "--out-dir", str(Path(tmp) / "out")]
         env = {**os.environ, "OMP_NUM_THREADS": str(a.trl_threads), "MKL_NUM_THREADS": str(a.trl_threads)}
         t0 = time.perf_counter()
         proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -496,6 +497,9 @@ def main(argv=None) -> int:
                     help="shared: ../shared/bench's (rlctl and TRL); arith: 16 arith prompts x 8, <= 16 tokens "
                          "(rlctl); gsm8k: the grpo-gsm8k-smollm2-cpu recipe's 4 x 8, <= 160 tokens, "
                          "../shared/data/gsm8k (rlctl)")
+    ap.add_argument("--max-new", type=int, default=0,
+                    help="new tokens per completion of the shared workload, on both sides (TRL's "
+                         "--max-completion-length); 0 = the workload's 64. 160 is GSM8K-length")
     ap.add_argument("--trl-bf16", action="store_true", help="TRL with bf16 autocast (compare with --dtype bfloat16)")
     ap.add_argument("--json", default="", help="write every figure here")
     a = ap.parse_args(argv)
@@ -531,7 +535,7 @@ def main(argv=None) -> int:
     print(f"\nrlctl WORKERSxTHREADS as in the column names; TRL {a.trl_threads} thread(s); median of {a.steps} steps "
           f"after {a.warmup} warm-up" + (f", median of {a.rounds} alternating rounds" if a.rounds > 1 else "")
           + f"; {os.cpu_count()} cores\n")
-    print(fmt_table(results, peaks, bandwidth, threads, workload(a.workload)))
+    print(fmt_table(results, peaks, bandwidth, threads, workload(a.workload, a.max_new)))
     extras = {}
     if not a.skip_extras:
         extras = {"help_s": help_wall(), "data_prep": data_prep_wall()}
