@@ -87,14 +87,13 @@ def build_setup(loaded: LoadedConfig, run_dir: Path, stack: ExitStack, *, addres
         reward.attach_model(workers.reward_model)
     actor = policy(config, workers, tokenizer, loaded.base_dir, tools, stack)
     display = stack.enter_context(LiveDisplay(total, start_step=start_step, title=config.run.name))
-    roles = {"actor": actor, **({"critic": workers.critic} if workers.critic is not None else {}),
-             **({"prm": workers.prm} if workers.prm is not None else {})}
+    roles = {**workers.trained(), "actor": actor}   # each trained role's <step>/<name>/ (the role table)
     session = RunSession(config=config, config_dir=loaded.base_dir, run_dir=run_dir, logger=logger, display=display,
                          checkpoints=CheckpointManager.for_run(run_dir, config.run.keep_last), roles=roles,
                          stateful={"loader": loader, "kl_ctrl": kl_ctrl}, notices=notices)
     setup = TrainSetup(session=session, tokenizer=tokenizer, pad_token_id=pad, loader=loader, val_rows=val_rows,
-                       total_steps=total, needs=needs, kl_ctrl=kl_ctrl, actor=actor, critic=workers.critic,
-                       reward=reward, teachers=build_teachers(config, workers), prm=workers.prm)
+                       total_steps=total, needs=needs, kl_ctrl=kl_ctrl, actor=actor, roles=workers.roles,
+                       reward=reward, teachers=build_teachers(config, workers))
     setup.rollouts = rollout_source(setup, workers)
     session.extras.append(setup.rollouts)   # a batch in flight goes into each checkpoint
     return setup
@@ -139,12 +138,12 @@ def agent_policy(actor: PolicyActor, config: Config, tokenizer, base: Path, stac
 
 
 def start_workers(config: Config, total_steps: int, needs: Needs, stack: ExitStack, address: str) -> Workers:
-    """Embedded Ray (or the cluster at `address`), the actor group and, when needed, the critic."""
+    """Embedded Ray (or the cluster at `address`) and the roles of the table the run has
+    (rlctl.workers.roles: the actor group, and the critic, PRM, teachers, ... when needed)."""
     from rlctl.runtime.ray_env import ray_session
     from rlctl.workers.groups import start_workers as start
 
     stack.enter_context(ray_session(address))
-    workers = start(config, total_steps=total_steps, needs_reference=needs.reference, needs_critic=needs.critic,
-                    needs_prm=needs.implicit_prm)
+    workers = start(config, total_steps=total_steps, needs=needs)
     stack.callback(workers.shutdown)
     return workers

@@ -1,6 +1,7 @@
 """Saving and restoring a run: what the trainer writes into a checkpoint, and how resume reads it.
 
-A checkpoint step folder holds actor/ (and critic/): DCP shards of model + optimizer + schedule +
+A checkpoint step folder holds actor/ (and critic/, prm/: each trained role of the role table,
+rlctl.workers.roles, its own folder): DCP shards of model + optimizer + schedule +
 RNG per rank, written by the workers; trainer_state.json: global step, data-loader position,
 KL-controller value, the best-checkpoint record so far (run.best_metric); config.resolved.toml:
 the run's config. MANIFEST.json (written by the CheckpointManager, which makes the folder appear
@@ -25,14 +26,15 @@ if TYPE_CHECKING:
     from rlctl.controller.session import RunSession
 
 STATE_FILE = "trainer_state.json"
-# The roles' folders (session.roles' names): the ranks that load them check their contents, each
-# its share of the files (rlctl.workers.checkpoint_io.verify_share); the controller checks the rest.
-ROLE_FOLDERS = ("actor/", "critic/", "prm/")
 
 
 def checked_here(path: str) -> bool:
-    """Whether the controller checks this checkpoint file's content before loading (not a role's shard)."""
-    return not path.startswith(ROLE_FOLDERS)
+    """Whether the controller checks this checkpoint file's content before loading: not a trained
+    role's shard (the role table's folders, actor/ critic/ prm/, which the ranks that load them check,
+    each its share of the files: rlctl.workers.checkpoint_io.verify_share)."""
+    from rlctl.workers.roles import role_folders
+
+    return not path.startswith(role_folders())
 
 
 def fingerprint(session: RunSession) -> dict:
@@ -54,7 +56,7 @@ def save(session: RunSession, step: int, *, final: bool = False) -> Path | None:
     check_run_folder(session.run_dir)   # a deleted live folder: stop rather than save into its successor
 
     def write(tmp: Path) -> None:
-        for name, role in session.roles.items():   # actor/ (and critic/, prm/): each rank its shards
+        for name, role in session.roles.items():   # each trained role's folder: each rank its shards
             role.save_checkpoint(str(tmp / name))
         state = {"step": step, **{name: part.state_dict() for name, part in session.stateful.items()},
                  "world_size": session.config.resources.workers, "best": session.state.best}

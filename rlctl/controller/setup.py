@@ -92,15 +92,24 @@ class TrainSetup:
     needs: Needs
     kl_ctrl: FixedKLController | AdaptiveKLController
     actor: PolicyActor
-    critic: RoleHandle | None             # None: the algorithm's needs have no critic (GRPO, ...)
+    roles: dict[str, RoleHandle]          # every started role by name (rlctl.workers.roles)
     reward: RewardSources
     teachers: Teachers | None = None      # distill: the teachers that score the student's tokens
-    prm: RoleHandle | None = None         # PRIME: the implicit PRM that scores and learns from each batch
     rollouts: RolloutSource = field(init=False)   # chosen by rollout.mode once the rest is built
 
     @property
     def config(self) -> Config:
         return self.session.config
+
+    @property
+    def critic(self) -> RoleHandle | None:
+        """None: the algorithm's needs have no critic (GRPO, ...)."""
+        return self.roles.get("critic")
+
+    @property
+    def prm(self) -> RoleHandle | None:
+        """PRIME: the implicit PRM that scores and learns from each batch (None: no such estimator)."""
+        return self.roles.get("prm")
 
     @property
     def display(self) -> LiveDisplay:

@@ -29,7 +29,7 @@ from rlctl.runtime import Batch, Dispatch, register
 from rlctl.models.loading import load_tokenizer
 from rlctl.runtime.policy import rollout_batch
 from rlctl.workers import fsdp, moe_aux, router_replay, ulysses
-from rlctl.workers.engine import TrainEngine
+from rlctl.workers.engine import TrainEngine, trained_role_methods
 from rlctl.workers.logprob import batched_response_outputs, response_log_probs
 from rlctl.workers.models import eos_token_ids, load_causal_lm, policy_engine
 from rlctl.workers.rollout.hf import kept_kv_args
@@ -75,8 +75,9 @@ class ActorRolloutRefWorker:
         self.replay = config.actor.router_replay and router_replay.install(self.actor.module)
         self._rollout = None
         # Engines with their own weight copy (vLLM, SGLang) get the trained weights before a
-        # generate whenever they changed (an update, a checkpoint load) or were dropped (sleep).
-        self._weights_version, self._engine_version = 0, 0
+        # generate whenever they changed (the engine's weights_version: an update, a checkpoint
+        # load) or were dropped (sleep).
+        self._engine_version = 0
 
     # --- rollout -------------------------------------------------------------------------------
     def rollout_engine(self):
@@ -95,12 +96,12 @@ class ActorRolloutRefWorker:
     def _ready_engine(self):
         """The rollout engine, awake and holding the latest trained weights."""
         engine = self.rollout_engine()
-        if engine.owns_weights and self._engine_version != self._weights_version:
+        if engine.owns_weights and self._engine_version != self.actor.weights_version:
             from rlctl.workers.rollout.weights import engine_weights
 
             engine.wake()
             engine.update_weights(engine_weights(self.actor.module, dtype=self.actor.compute_dtype))
-            self._engine_version = self._weights_version
+            self._engine_version = self.actor.weights_version
         return engine
 
     def _release_engine(self, engine) -> None:
@@ -251,7 +252,6 @@ class ActorRolloutRefWorker:
                                   micro_batch_size=ac.micro_batch_size, horizon=self.cfg.data.max_response_length,
                                   make_loss=self._policy_loss_fn, keys=keys, sp=self.sp.size if self.sp else 1,
                                   max_tokens=ac.micro_batch_max_tokens)
-        self._weights_version += 1
         return {f"actor/{k}": v for k, v in router_replay.mismatch_share(metrics).items()}
 
     def _policy_loss_fn(self, norm):
@@ -334,23 +334,9 @@ class ActorRolloutRefWorker:
             clip_ratio_high=ac.clip_ratio_high, clip_ratio_c=ac.clip_ratio_c, loss_agg_mode=ac.loss_agg_mode,
             norm=norm)
 
-    @register(Dispatch.ALL)
-    def flops_profile(self) -> dict:
-        """This rank's matmul peak and the policy's config (rlctl.utils.flops; perf/mfu)."""
-        return self.actor.flops_profile()
-
-    # --- checkpoints and export -----------------------------------------------------------------
-    @register(Dispatch.RANK0)
-    def save_checkpoint(self, path: str) -> None:
-        """Model (trained params) + optimizer + schedule + RNG, sharded per rank, under `path`."""
-        self.actor.save(path)
-
-    @register(Dispatch.RANK0)
-    def load_checkpoint(self, path: str) -> dict:
-        """Restore what save_checkpoint wrote (any number of ranks); returns its engine.json."""
-        meta = self.actor.load(path)
-        self._weights_version += 1   # engines with their own weight copy reload before the next generate
-        return meta
+    # --- FLOPs and checkpoints: the policy's engine (a load moves its weights_version on, so
+    # engines with their own weight copy reload before the next generate)
+    flops_profile, save_checkpoint, load_checkpoint = trained_role_methods("actor")
 
 
 def pad_token_id(tokenizer, eos_ids: list[int]) -> int:

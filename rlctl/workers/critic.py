@@ -18,7 +18,7 @@ import torch
 from rlctl.config.plan import batch_plan
 from rlctl.runtime import Batch, Dispatch, register
 from rlctl.workers import fsdp, ulysses
-from rlctl.workers.engine import OptimSpec, TrainEngine
+from rlctl.workers.engine import OptimSpec, TrainEngine, trained_role_methods
 from rlctl.workers.logprob import batched_response_outputs, response_values
 from rlctl.workers.models import load_value_model
 from rlctl.workers.training import mini_batch_count, run_updates
@@ -84,15 +84,4 @@ class CriticWorker:
 
         return loss_fn
 
-    @register(Dispatch.ALL)
-    def flops_profile(self) -> dict:
-        """This rank's matmul peak and the value model's config (rlctl.utils.flops; perf/mfu)."""
-        return self.critic.flops_profile()
-
-    @register(Dispatch.RANK0)
-    def save_checkpoint(self, path: str) -> None:
-        self.critic.save(path)
-
-    @register(Dispatch.RANK0)
-    def load_checkpoint(self, path: str) -> dict:
-        return self.critic.load(path)
+    flops_profile, save_checkpoint, load_checkpoint = trained_role_methods("critic")

@@ -104,6 +104,9 @@ class TrainEngine:
         self.dense_params = [p for p in self.params if not any(p is e for e in self.expert_params)]
         self.optimizer = self.scheduler = None
         self.train_steps = 0   # scheduler steps taken = training steps done
+        # changes whenever the weights may have (an update, a checkpoint load): a rollout engine
+        # with its own copy of the weights reloads them when this moved on
+        self.weights_version = 0
         if optim is not None:
             # fused: one kernel over all parameters (CPU too): faster than the default foreach AdamW
             # step on CPU, the same update up to float rounding, the same state_dict. It runs per
@@ -142,6 +145,7 @@ class TrainEngine:
         if self.optimizer is None:
             raise RuntimeError("this engine is frozen (no optimizer); it cannot train")
         self.optimizer.zero_grad(set_to_none=True)
+        self.weights_version += 1
         loss_sum, micro_metrics = 0.0, []
         for micro in micro_batches:
             with self.autocast():
@@ -186,14 +190,16 @@ class TrainEngine:
 
     # --- checkpoints -----------------------------------------------------------------------------
     # The workers' save_checkpoint / load_checkpoint RPCs are these two calls on the engine they
-    # train, so the actor, the critic and the SFT worker keep one checkpoint format.
+    # train (trained_role_methods), so every trained role keeps one checkpoint format.
     def save(self, path: str) -> None:
         """Trained params + optimizer + schedule + RNG, sharded per rank, under `path` (every rank calls)."""
         save_engine(self, path)
 
     def load(self, path: str) -> dict:
         """Restore what `save` wrote (any number of ranks); returns its engine.json."""
-        return load_engine(self, path)
+        meta = load_engine(self, path)
+        self.weights_version += 1
+        return meta
 
     def lr(self) -> float:
         return float(self.optimizer.param_groups[0]["lr"]) if self.optimizer else 0.0
@@ -205,3 +211,30 @@ class TrainEngine:
         for group, base in zip(self.optimizer.param_groups, self.scheduler.base_lrs):
             group["lr"] = base * lr_factor(steps, self.optim_spec)
         self.scheduler._last_lr = [g["lr"] for g in self.optimizer.param_groups]
+
+
+def trained_role_methods(engine: str):
+    """The three worker methods of a trained role, written once for every role: its FLOPs profile
+    (perf/mfu), and its checkpoint save and load, each a call on the TrainEngine in the worker's
+    attribute `engine`. A role's class lists them in its body:
+
+        flops_profile, save_checkpoint, load_checkpoint = trained_role_methods("critic")
+    """
+    from rlctl.runtime import Dispatch, register
+
+    @register(Dispatch.ALL)
+    def flops_profile(self) -> dict:
+        """This rank's matmul peak and the trained model's config (rlctl.utils.flops; perf/mfu)."""
+        return getattr(self, engine).flops_profile()
+
+    @register(Dispatch.RANK0)
+    def save_checkpoint(self, path: str) -> None:
+        """Model (trained params) + optimizer + schedule + RNG, sharded per rank, under `path`."""
+        getattr(self, engine).save(path)
+
+    @register(Dispatch.RANK0)
+    def load_checkpoint(self, path: str) -> dict:
+        """Restore what save_checkpoint wrote (any number of ranks); returns its engine.json."""
+        return getattr(self, engine).load(path)
+
+    return flops_profile, save_checkpoint, load_checkpoint

@@ -17,7 +17,7 @@ import torch
 
 from rlctl.runtime import Batch, Dispatch, register
 from rlctl.workers import fsdp
-from rlctl.workers.engine import OptimSpec, TrainEngine
+from rlctl.workers.engine import OptimSpec, TrainEngine, trained_role_methods
 from rlctl.workers.logprob import batched_response_outputs, response_log_probs
 from rlctl.workers.models import load_causal_lm
 from rlctl.workers.training import mini_batch_count, run_updates
@@ -89,14 +89,4 @@ class ImplicitPRMWorker:
 
         return loss_fn
 
-    @register(Dispatch.ALL)
-    def flops_profile(self) -> dict:
-        return self.prm.flops_profile()
-
-    @register(Dispatch.RANK0)
-    def save_checkpoint(self, path: str) -> None:
-        self.prm.save(path)
-
-    @register(Dispatch.RANK0)
-    def load_checkpoint(self, path: str) -> dict:
-        return self.prm.load(path)
+    flops_profile, save_checkpoint, load_checkpoint = trained_role_methods("prm")

@@ -36,6 +36,7 @@ from rlctl.workers import fsdp, moe_aux, ulysses
 from rlctl.workers.logprob import make_layout, use_packing
 from rlctl.workers.micro_batches import plan_micro_batches, synced_plan
 from rlctl.workers.vocab_logprob import token_log_probs
+from rlctl.workers.engine import trained_role_methods
 from rlctl.workers.models import policy_engine
 
 _KEYS = ["input_ids", "attention_mask", "loss_mask"]
@@ -152,15 +153,5 @@ class SFTWorker:
         counts = (batch["loss_mask"][:, 1:] > 0).sum(1).astype(np.float64)
         return Batch({"nll_sum": sums[start:stop], "targets": counts})
 
-    @register(Dispatch.ALL)
-    def flops_profile(self) -> dict:
-        return self.actor.flops_profile()
-
-    @register(Dispatch.RANK0)
-    def save_checkpoint(self, path: str) -> None:
-        """Model (trained params) + optimizer + schedule + RNG under `path`: the actor's format."""
-        self.actor.save(path)
-
-    @register(Dispatch.RANK0)
-    def load_checkpoint(self, path: str) -> dict:
-        return self.actor.load(path)
+    # the actor's checkpoint format: an SFT run resumes, merges and serves as an RL run does
+    flops_profile, save_checkpoint, load_checkpoint = trained_role_methods("actor")

@@ -69,7 +69,7 @@ def main() -> None:
     tok = load_tokenizer(str(model))
     torch.set_num_threads(1)
     with ray_session(num_cpus=max(os.cpu_count() or 1, a.workers * a.cpus)):
-        workers = start_workers(cfg, total_steps=a.steps + 1, needs_reference=True, needs_critic=False)
+        workers = start_workers(cfg, total_steps=a.steps + 1, needs=A.algorithm_needs("grpo", use_kl_loss=True))
         group = workers.groups[0]
         rows = []
         for step in range(a.steps + 1):

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from worker_fixtures import ragged_batch, run_config
+from worker_fixtures import needs, ragged_batch, run_config
 
 from rlctl.runtime import Batch
 
@@ -44,7 +44,7 @@ def groups(cfg):
 
     with ray_session(num_cpus=2):
         two_cfg = dataclasses.replace(cfg, resources=dataclasses.replace(cfg.resources, workers=2))
-        two = start_workers(two_cfg, total_steps=4, needs_reference=True, needs_critic=True)
+        two = start_workers(two_cfg, total_steps=4, needs=needs(reference=True, critic=True))
         torch.set_num_threads(1)
         yield ActorRolloutRefWorker(cfg, total_steps=4, with_ref=True), two
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from worker_fixtures import PAD, run_config
+from worker_fixtures import PAD, needs, run_config
 
 from rlctl.controller.async_rollout import merge_rounds
 from rlctl.runtime import Batch
@@ -52,7 +52,7 @@ def test_a_sample_cut_by_a_push_continues_on_the_new_weights_with_per_token_vers
                      data={"batch_size": 3, "max_response_length": 8, "max_prompt_length": 8},
                      resources={"gpus_per_node": 0, "workers": 1, "rollout_workers": 2})
     with ray_session(num_cpus=3):   # one actor rank and two rollout ranks, one CPU each
-        workers = start_workers(cfg, total_steps=2, needs_reference=False, needs_critic=False)
+        workers = start_workers(cfg, total_steps=2, needs=needs())
         actor, rollout = workers.actor, workers.rollout
         v0 = actor.export_weights()
         rollout.update_weights(v0, version=0)

@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from worker_fixtures import PAD, run_config
+from worker_fixtures import PAD, needs, run_config
 
 from rlctl.errors import UsageError
 from rlctl.runtime import Batch
@@ -40,7 +40,7 @@ def test_rollout_rank_generates_with_the_pushed_weights(tiny_model_dir):
                      data={"batch_size": 4, "max_response_length": 6, "max_prompt_length": 8},
                      resources={"gpus_per_node": 0, "workers": 1, "rollout_workers": 1})
     with ray_session(num_cpus=2):
-        workers = start_workers(cfg, total_steps=2, needs_reference=False, needs_critic=False)
+        workers = start_workers(cfg, total_steps=2, needs=needs())
         actor, rollout = workers.actor, workers.rollout
         assert rollout is not None and rollout.world_size == 1
         assert rollout.update_weights(actor.export_weights(), version=0) == [0]

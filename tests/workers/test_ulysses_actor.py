@@ -17,7 +17,7 @@ import dataclasses
 
 import numpy as np
 import pytest
-from worker_fixtures import ragged_batch, run_config
+from worker_fixtures import needs, ragged_batch, run_config
 
 from rlctl.runtime import Batch
 
@@ -50,7 +50,7 @@ def test_sp2_grpo_step_equals_one_rank_and_its_checkpoint_continues_at_sp1(tiny_
                                  actor=dataclasses.replace(cfg.actor, ulysses_sequence_parallel_size=2),
                                  critic=dataclasses.replace(cfg.critic, ulysses_sequence_parallel_size=2, lr=1e-2))
     with ray_session(num_cpus=2):
-        workers = start_workers(sp_cfg, total_steps=4, needs_reference=True, needs_critic=True)
+        workers = start_workers(sp_cfg, total_steps=4, needs=needs(reference=True, critic=True))
         two = workers.actor
         torch.set_num_threads(1)
         _critic_equals_one_rank(workers.critic, dataclasses.replace(cfg, critic=sp_cfg.critic))

@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from worker_fixtures import run_config
+from worker_fixtures import needs, run_config
 
 ray = pytest.importorskip("ray")
 
@@ -78,7 +78,7 @@ def test_rollout_rank_samples_from_images_and_its_log_probs_match_the_trainer(ti
     assert "images" in prompts and all(len(i) == 1 for i in prompts["images"])
     plain = AutoModelForImageTextToText.from_pretrained(tiny_vlm_dir, dtype=torch.float32).eval()
     with ray_session(num_cpus=2):
-        workers = start_workers(cfg, total_steps=2, needs_reference=False, needs_critic=False)
+        workers = start_workers(cfg, total_steps=2, needs=needs())
         actor, rollout = workers.actor, workers.rollout
         weights = actor.export_weights()
         assert any(".visual." in name for name in weights), "the push must carry the vision tower"

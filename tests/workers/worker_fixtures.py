@@ -35,3 +35,10 @@ def run_config(model_dir, **sections):
         flat = {k: v for k, v in values.items() if not isinstance(v, dict)}
         cfg = dataclasses.replace(cfg, **{name: dataclasses.replace(current, **flat, **nested)})
     return cfg
+
+
+def needs(*, reference: bool = False, critic: bool = False):
+    """What start_workers starts for a test's run: the reference model and the critic, or not."""
+    from rlctl.algorithms.registry import Needs
+
+    return Needs(critic=critic, reference=reference, greedy_baseline=False, min_group_size=1)
