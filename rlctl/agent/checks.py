@@ -46,10 +46,10 @@ def _not_built(c: Config) -> list[tuple[str, str, str]]:
         out.append(("algorithm.dynamic_sampling.enable", "dynamic sampling (episodes make a varying number of rows)",
                     "set algorithm.dynamic_sampling.enable = false"))
     try:
-        spec = algorithms.get_estimator(c.algorithm.name)
+        needs = algorithms.algorithm_needs(c.algorithm.name, policy_loss=c.actor.policy_loss)
     except Exception:   # an unknown name is check_registered's to report
         return out
-    if spec.needs_greedy_baseline or spec.needs_real_response:
+    if needs.greedy_baseline or needs.real_response:
         out.append(("algorithm.name", f"{c.algorithm.name!r} (its baseline or reference rows pair one to one with "
                     "the prompts)", "use grpo, rloo, reinforce_plus_plus or gae"))
     return out

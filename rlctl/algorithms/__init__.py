@@ -1,10 +1,12 @@
 """rlctl.algorithms: the RL math as pure torch functions. Imports only torch, numpy and the stdlib.
 
-Advantage estimators and policy losses are registered by name with what they need; the training
-loop calls `compute_advantages`, `policy_loss`, `value_loss`, `kl_penalty`, `aggregate_loss` and
-reads `algorithm_needs(...)` instead of branching on names. See docs/algorithms.md.
+Advantage estimators and policy losses are registered by name with the batch columns they read
+(`COLUMNS`: the pass that fills each); the training loop calls `compute_advantages`, `policy_loss`,
+`value_loss`, `kl_penalty`, `aggregate_loss` and reads `algorithm_needs(...)` instead of branching
+on names. See docs/algorithms.md.
 """
 
+from .columns import COLUMNS, Column, update_columns
 from .aggregation import LOSS_AGG_MODES, LossNorm, aggregate_loss
 from .advantages import compute_advantages
 from . import group_estimators  # noqa: F401  (registers grpo_passk, opo, gpg, gdpo, optimal_token_baseline)
@@ -29,7 +31,7 @@ from .dynamic_sampling import GroupFilter, filter_groups
 from .shaping import overlong_penalty, scores_to_token_rewards
 
 __all__ = [
-    "AdaptiveKLController", "AlgorithmError", "DistillLossSpec", "distill_advantages", "distill_loss",
+    "AdaptiveKLController", "AlgorithmError", "COLUMNS", "Column", "update_columns", "DistillLossSpec", "distill_advantages", "distill_loss",
     "distill_loss_names", "distill_stats", "get_distill_loss", "register_distill_loss", "EstimatorSpec", "FixedKLController", "GroupFilter", "KL_KINDS",
     "LOSS_AGG_MODES", "LossNorm", "Needs", "PolicyLossSpec", "RequiredParam", "aggregate_loss", "algorithm_needs",
     "apply_kl_in_reward", "compute_advantages", "entropy_from_logits", "estimator_names", "estimator_params",

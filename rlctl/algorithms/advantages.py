@@ -10,8 +10,11 @@ from __future__ import annotations
 
 from typing import Mapping
 
+import numpy as np
 import torch
 
+from .columns import COLUMNS, COMPONENTS, FLAG, RAW, SEQUENCE, TOKEN
+from .columns import column as column_of
 from .functional import group_index, group_sum, masked_sum, masked_whiten
 from .params import make_params, params_kwargs
 from .registry import AlgorithmError, get_estimator, register_estimator
@@ -20,19 +23,15 @@ from .registry import AlgorithmError, get_estimator, register_estimator
 def compute_advantages(name: str, *, token_level_rewards: torch.Tensor, response_mask: torch.Tensor,
                        group_ids=None, values: torch.Tensor | None = None,
                        reward_baselines: torch.Tensor | None = None, gamma: float = 1.0, lam: float = 1.0,
-                       norm_adv_by_std: bool = True, epsilon: float = 1e-6,
-                       ref_log_prob: torch.Tensor | None = None, old_log_prob: torch.Tensor | None = None,
-                       sum_pi_squared: torch.Tensor | None = None, reward_components: dict | None = None,
-                       rollout_is_weights: torch.Tensor | None = None, real_response: torch.Tensor | None = None,
-                       params: Mapping | None = None, columns: Mapping | None = None
-                       ) -> tuple[torch.Tensor, torch.Tensor]:
+                       norm_adv_by_std: bool = True, epsilon: float = 1e-6, params: Mapping | None = None,
+                       **columns) -> tuple[torch.Tensor, torch.Tensor]:
     """Run the estimator registered as `name`; returns (advantages, returns), [B, T] each, no grad.
 
-    Optional inputs reach only estimators that declare them: old_log_prob, sum_pi_squared and
-    rollout_is_weights [B, T]; reward_components {name: [B]} (those its params' reward_keys name, as
-    [K, B] with its reward_weights [K]); real_response [B] bool (SPIN). params: its own parameters
-    ([algorithm.params], checked against its dataclass); columns: the batch columns it `reads`.
-    Checks what it declares was given, with the right shapes; computes in at least float32.
+    columns: batch columns by name (old_log_prob=..., reward_components={name: [B]}, ...); the
+    estimator receives those it `reads`, each checked and shaped by its form in
+    rlctl.algorithms.columns (a [B, T] one zeroed on padding), and the others are ignored. values
+    and reward_baselines are two such columns, named here for callers. params: its own parameters
+    ([algorithm.params], checked against its dataclass). Computes in at least float32.
     """
     spec = get_estimator(name)
     own = params_kwargs(make_params(f"advantage estimator {name!r}", spec.params, params))
@@ -40,77 +39,70 @@ def compute_advantages(name: str, *, token_level_rewards: torch.Tensor, response
     dtype = torch.promote_types(rewards.dtype, torch.float32)
     valid = _mask_of(response_mask, rewards.shape)
     mask = valid.to(dtype)
-    zero = torch.zeros((), dtype=dtype, device=rewards.device)
-    rewards = torch.where(valid, rewards.to(dtype), zero)
-
-    def per_token(what: str, x) -> torch.Tensor:   # a required [B, T] input, in dtype, zero on padding
-        return torch.where(valid, _required(name, what, x, rewards.shape).to(dtype), zero)
-
-    if spec.needs_critic or values is not None:
-        values = per_token("values", values)
-    if spec.needs_greedy_baseline or reward_baselines is not None:
-        reward_baselines = _required(name, "reward_baselines", reward_baselines, rewards.shape[:1]).to(dtype)
+    rewards = torch.where(valid, rewards.to(dtype), torch.zeros((), dtype=dtype, device=rewards.device))
+    if unknown := [c for c in columns if c not in COLUMNS and c not in spec.reads]:
+        raise AlgorithmError(f"estimator {name!r} was given {unknown}, which it does not read and which are not batch "
+                             f"columns rlctl knows (rlctl.algorithms.COLUMNS)")
+    given = {**columns, **{k: x for k, x in (("values", values), ("reward_baselines", reward_baselines))
+                           if x is not None}}
+    shown = (*spec.reads, *(c for c in ("values", "reward_baselines") if c in given and c not in spec.reads))
+    inputs = {"values": None, "reward_baselines": None}
+    for column in shown:
+        inputs.update(_column_input(spec, column, given.get(column), valid, dtype, own))
     if spec.needs_group or group_ids is not None:
         group_ids = _group_ids(name, group_ids, rewards.shape[0])
-    extra = {}
-    # [B, T] log-probs of the sampled tokens: the reference's for estimators that need it; the
-    # rollout policy's (old) for those that declare it, and for reference users when given
-    needs_old = spec.needs_old_log_prob or spec.needs_sum_pi_squared
-    if spec.needs_reference:
-        extra["ref_log_prob"] = per_token("ref_log_prob", ref_log_prob)
-    if needs_old or (spec.needs_reference and old_log_prob is not None):
-        extra["old_log_prob"] = per_token("old_log_prob", old_log_prob)
-    if spec.needs_sum_pi_squared:
-        extra["sum_pi_squared"] = per_token("sum_pi_squared", sum_pi_squared)
-    if needs_old and rollout_is_weights is not None:
-        extra["rollout_is_weights"] = per_token("rollout_is_weights", rollout_is_weights)
-    extra.update(_per_sequence_inputs(spec, rewards.shape[0], dtype, own, reward_components=reward_components,
-                                      real_response=real_response))
-    extra.update(_read_columns(spec, columns or {}, rewards.shape[0]))
     with torch.no_grad():
         advantages, returns = spec.fn(token_level_rewards=rewards, response_mask=mask, group_ids=group_ids,
-                                      values=values, reward_baselines=reward_baselines, gamma=gamma, lam=lam,
-                                      norm_adv_by_std=norm_adv_by_std, epsilon=epsilon, **{**own, **extra})
+                                      gamma=gamma, lam=lam, norm_adv_by_std=norm_adv_by_std, epsilon=epsilon,
+                                      **{**own, **inputs})
     for what, out in (("advantages", advantages), ("returns", returns)):
         if not isinstance(out, torch.Tensor) or out.shape != rewards.shape:
             raise AlgorithmError(f"estimator {name!r} returned {what} that is not a [B, T] tensor of shape "
                                  f"{tuple(rewards.shape)}; fix the estimator")
+    zero = torch.zeros((), dtype=dtype, device=rewards.device)
     return torch.where(valid, advantages, zero), torch.where(valid, returns, zero)
 
 
-def _per_sequence_inputs(spec, batch: int, dtype, own: dict, *, reward_components, real_response) -> dict:
-    """The declared per-sequence inputs: reward_components [K, B] of the params' reward_keys (and
-    reward_weights [K] when given); real_response [B] bool (SPIN)."""
-    name, extra = spec.name, {}
-    keys = own["reward_keys"] if spec.needs_reward_components else ()
+def _column_input(spec, column: str, x, valid: torch.Tensor, dtype, own: dict) -> dict:
+    """{column: tensor} as the estimator receives a column it reads, by the column's form (see
+    rlctl.algorithms.columns); an optional column that is absent arrives as None."""
+    name, form, batch = spec.name, column_of(column).form, valid.shape[0]
+    if x is None and column_of(column).optional:
+        return {column: None}
+    if form == COMPONENTS:
+        return _components_input(name, x, batch, dtype, own)
+    if x is None and form == RAW:
+        raise AlgorithmError(f"estimator {name!r} reads the batch column {column!r}, which was not given")
+    x = torch.from_numpy(x) if isinstance(x, np.ndarray) else x   # the controller's batch holds numpy
+    if form == TOKEN:
+        zero = torch.zeros((), dtype=dtype, device=valid.device)
+        return {column: torch.where(valid, _required(name, column, x, valid.shape).to(dtype), zero)}
+    if form == SEQUENCE:
+        return {column: _required(name, column, x, (batch,)).to(dtype)}
+    if form == FLAG:
+        return {column: _required(name, column, x, (batch,)).bool()}
+    x = torch.as_tensor(x)
+    if x.dim() == 0 or x.shape[0] != batch:
+        raise AlgorithmError(f"column {column!r} for estimator {name!r} must have first dimension "
+                             f"{batch}, got shape {tuple(x.shape)}")
+    return {column: x}
+
+
+def _components_input(name: str, given, batch: int, dtype, own: dict) -> dict:
+    """reward_components [K, B] of the params' reward_keys (and reward_weights [K] when given) from
+    the reward's components {name: [B]}; nothing when its reward_keys are empty."""
+    keys, extra = own["reward_keys"], {}
     if keys:
-        missing = [k for k in keys if k not in (reward_components or {})]
+        missing = [k for k in keys if k not in (given or {})]
         if missing:
             raise AlgorithmError(f"estimator {name!r} needs the reward components {missing} (its reward_keys); "
                                  "the reward function must return them in its dict")
-        stacked = torch.stack([torch.as_tensor(reward_components[k]) for k in keys])
+        stacked = torch.stack([torch.as_tensor(given[k]) for k in keys])
         extra["reward_components"] = _components(name, stacked, batch).to(dtype)
         if own["reward_weights"]:
             extra["reward_weights"] = _required(name, "reward_weights", torch.as_tensor(own["reward_weights"]),
                                                 stacked.shape[:1]).to(dtype)
-    if spec.needs_real_response:
-        extra["real_response"] = _required(name, "real_response", real_response, (batch,)).bool()
     return extra
-
-
-def _read_columns(spec, columns: Mapping, batch: int) -> dict:
-    """The batch columns the estimator declares it `reads`, as tensors whose first dimension is B."""
-    out = {}
-    for column in spec.reads:
-        x = columns.get(column)
-        if x is None:
-            raise AlgorithmError(f"estimator {spec.name!r} reads the batch column {column!r}, which was not given")
-        x = torch.as_tensor(x)
-        if x.dim() == 0 or x.shape[0] != batch:
-            raise AlgorithmError(f"column {column!r} for estimator {spec.name!r} must have first dimension "
-                                 f"{batch}, got shape {tuple(x.shape)}")
-        out[column] = x
-    return out
 
 
 def _components(name: str, x, batch: int) -> torch.Tensor:
@@ -163,7 +155,7 @@ def _group_stats(scores: torch.Tensor, group_ids):
     return mean[index], std[index], count[index]
 
 
-@register_estimator("gae", needs_critic=True)
+@register_estimator("gae", reads=("values",))
 def gae(*, token_level_rewards, values, response_mask, gamma, lam, **_):
     """PPO's GAE: delta_t = r_t + gamma V_{t+1} - V_t, A_t = delta_t + gamma lam A_{t+1}.
 
@@ -226,7 +218,7 @@ def rloo(*, token_level_rewards, response_mask, group_ids, **_):
     return adv, adv
 
 
-@register_estimator("remax", needs_greedy_baseline=True)
+@register_estimator("remax", reads=("reward_baselines",))
 def remax(*, token_level_rewards, response_mask, reward_baselines, **_):
     """ReMax: returns_t = sum_{s >= t} r_s (undiscounted), A_t = returns_t - b, where b [B] is the
     score of the greedy rollout of the same prompt. With one outcome reward A_t = R - b on every token."""

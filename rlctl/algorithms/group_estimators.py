@@ -75,7 +75,7 @@ class GdpoParams:
                              "reward_keys: give one per key, or none (1 each)")
 
 
-@register_estimator("gdpo", needs_group=True, needs_reward_components=True, params=GdpoParams)
+@register_estimator("gdpo", needs_group=True, reads=("reward_components",), params=GdpoParams)
 def gdpo(*, token_level_rewards, response_mask, group_ids, norm_adv_by_std, epsilon, reward_components=None,
          reward_weights=None, **_):
     """GDPO (arXiv 2601.05242): normalise each reward component within its group before mixing.
@@ -99,8 +99,8 @@ def gdpo(*, token_level_rewards, response_mask, group_ids, norm_adv_by_std, epsi
     return adv, adv
 
 
-@register_estimator("optimal_token_baseline", needs_group=True, needs_old_log_prob=True,
-                    needs_sum_pi_squared=True)
+@register_estimator("optimal_token_baseline", needs_group=True,
+                    reads=("old_log_prob", "sum_pi_squared", "rollout_is_weights"))
 def optimal_token_baseline(*, token_level_rewards, response_mask, group_ids, old_log_prob, sum_pi_squared,
                            rollout_is_weights=None, **_):
     """Optimal Token Baseline (verl): a baseline per prompt group and time step, weighted by each

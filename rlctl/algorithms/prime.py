@@ -103,7 +103,7 @@ def prime_terms(*, token_level_rewards, response_mask, group_ids, rm_scores, rew
     return gt, dpo
 
 
-@register_estimator("prime", needs_group=True, needs_implicit_prm=True, params=PrimeParams, reads=("rm_scores",))
+@register_estimator("prime", needs_group=True, params=PrimeParams, reads=("rm_scores",))
 def prime_advantages(*, token_level_rewards, response_mask, group_ids, rm_scores, reward_gt_coef, reward_dpo_coef,
                      **_):
     """returns = reverse cumsum of (outcome RLOO x reward_gt_coef + process RLOO x reward_dpo_coef);

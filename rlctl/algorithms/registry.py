@@ -1,9 +1,10 @@
 """Name -> algorithm registries that reject duplicates, and what each algorithm needs.
 
 An advantage estimator or policy loss is a pure tensor function registered under a name together
-with a declaration of what it needs (a critic, a group of samples per prompt, a greedy baseline).
-The training loop and the config validator read those declarations through `algorithm_needs`,
-so no code outside this package ever branches on an algorithm's name.
+with the batch columns it reads (rlctl.algorithms.columns maps each to the pass that fills it) and,
+for an estimator, whether it compares a prompt's samples. The training loop and the config
+validator read what follows from those declarations through `algorithm_needs`, so no code outside
+this package ever branches on an algorithm's name.
 """
 
 from __future__ import annotations
@@ -12,35 +13,28 @@ import difflib
 from dataclasses import dataclass
 from typing import Callable
 
+from .columns import passes
 from .errors import AlgorithmError
 from .params import check_params_class, make_params
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class EstimatorSpec:
-    """An advantage estimator and what it needs from the rollout.
+    """An advantage estimator and what it reads from the rollout.
 
     fn is called with keyword arguments only: token_level_rewards, response_mask, group_ids,
-    values, reward_baselines, gamma, lam, norm_adv_by_std, epsilon, the fields of its `params`
-    dataclass (from [algorithm.params]) and the batch columns it `reads` (tensors, first dimension
-    B); it returns (advantages, returns), both [B, T]. Accept **kwargs to ignore what you do not use.
+    values, reward_baselines (None unless given or read), gamma, lam, norm_adv_by_std, epsilon, the
+    fields of its `params` dataclass (from [algorithm.params]) and the batch columns it `reads`
+    (rlctl.algorithms.columns: which pass fills each, and in what form it arrives); it returns
+    (advantages, returns), both [B, T]. Accept **kwargs to ignore what you do not use.
     """
 
     name: str
     fn: Callable
-    needs_critic: bool = False           # values [B, T] from a critic (and a critic to train)
-    needs_group: bool = False            # group_ids; rollout.n >= 2 for a meaningful baseline
-    needs_greedy_baseline: bool = False  # reward_baselines [B]: the score of a greedy rollout
-    needs_reference: bool = False        # ref_log_prob [B, T] (and old_log_prob): a reference model
-    needs_old_log_prob: bool = False     # old_log_prob [B, T] recomputed by the trainer, even when on-policy
-    needs_sum_pi_squared: bool = False   # sum_pi_squared [B, T]: sum_v pi(v)^2 at each response position
-    needs_reward_components: bool = False  # reward_components [K, B] (+ reward_weights [K]) from the reward
-    needs_real_response: bool = False   # real_response [B]: rows whose response is the data's reference
-                                        # answer, paired by group id with a generation (SPIN)
-    params: type | None = None          # frozen dataclass of its parameters ([algorithm.params]); with
-                                        # needs_reward_components it has reward_keys (and reward_weights)
-    reads: tuple[str, ...] = ()         # further batch columns it reads, passed by name (e.g. "scores")
-    needs_implicit_prm: bool = False    # rm_scores [B, T] from an implicit PRM trained online (PRIME)
+    reads: tuple[str, ...] = ()   # batch columns, by name: "values" (a critic), "ref_log_prob", "rm_scores", ...
+    needs_group: bool = False     # compares the samples of a prompt: rollout.n >= 2
+    params: type | None = None    # frozen dataclass of its parameters ([algorithm.params]); reading
+                                  # reward_components, it has reward_keys (and reward_weights)
 
     @property
     def min_group_size(self) -> int:
@@ -57,7 +51,7 @@ class RequiredParam:
     example: float
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class PolicyLossSpec:
     """A policy loss and what it declares about the actor settings it reads.
 
@@ -76,18 +70,19 @@ class PolicyLossSpec:
     corrects_rollout: bool = False      # weights tokens by pi_old / pi_rollout itself (reads rollout_log_prob):
                                         # rollout correction's IS weights are not applied on top
     params: type | None = None          # frozen dataclass of its parameters ([actor.loss_params])
-    reads: tuple[str, ...] = ()         # further batch columns [B, T] it reads, passed by name per micro-batch
+    reads: tuple[str, ...] = ()         # further batch columns it reads, passed by name per micro-batch
 
 
 @dataclass(frozen=True)
 class Needs:
-    """What a training run must set up, derived from declarations and the KL settings."""
+    """What a training run must set up: the passes that fill the columns its estimator and policy
+    loss read (rlctl.algorithms.columns), and the KL settings."""
 
     critic: bool
     reference: bool
     greedy_baseline: bool
     min_group_size: int
-    old_log_prob: bool = False       # the trainer must recompute old_log_prob (see EstimatorSpec)
+    old_log_prob: bool = False       # the trainer must recompute old_log_prob, even when on-policy
     sum_pi_squared: bool = False     # compute_log_prob must also return sum_pi_squared
     reward_components: bool = False  # the reward's named extras go to the estimator
     real_response: bool = False      # the data's reference answers join the batch beside the generations
@@ -114,30 +109,35 @@ def _lookup(kind: str, name: str, table: dict):
     raise AlgorithmError(f"unknown {kind} {name!r}: {hint}known: {', '.join(sorted(table))}")
 
 
-def register_estimator(name: str, *, needs_critic: bool = False, needs_group: bool = False,
-                       needs_greedy_baseline: bool = False,
-                       needs_reference: bool = False, needs_old_log_prob: bool = False,
-                       needs_sum_pi_squared: bool = False,
-                       needs_reward_components: bool = False,
-                       needs_real_response: bool = False, params: type | None = None,
-                       reads: tuple[str, ...] = (), needs_implicit_prm: bool = False) -> Callable[[Callable], Callable]:
+def register_estimator(name: str, *, reads: tuple[str, ...] = (), needs_group: bool = False,
+                       params: type | None = None, **flags) -> Callable[[Callable], Callable]:
     """Decorator: register an advantage estimator under `name`; a taken name is an error.
-    params: a frozen dataclass of its parameters (every field with a default); reads: batch columns."""
+    reads: the batch columns it reads (rlctl.algorithms.columns); needs_group: it compares a prompt's
+    samples; params: a frozen dataclass of its parameters (every field with a default)."""
     _check_new("advantage estimator", name, _ESTIMATORS)
+    if flags:   # the needs_* flags of before: a column says it now
+        raise AlgorithmError(f"advantage estimator {name!r}: {', '.join(sorted(flags))} is not a declaration; declare "
+                             "the batch columns it reads, e.g. reads=(\"values\",) for a critic's "
+                             "(rlctl.algorithms.COLUMNS lists them and the passes that fill them)")
+    reads = _check_reads(f"advantage estimator {name!r}", reads)
     check_params_class(f"advantage estimator {name!r}", params)
-    if needs_reward_components and not {"reward_keys", "reward_weights"} <= set(getattr(params, "__dataclass_fields__", ())):
-        raise AlgorithmError(f"advantage estimator {name!r} declares needs_reward_components: its params need the "
-                             "fields reward_keys (tuple[str, ...]) and reward_weights (tuple[float, ...])")
+    if "reward_components" in reads and \
+            not {"reward_keys", "reward_weights"} <= set(getattr(params, "__dataclass_fields__", ())):
+        raise AlgorithmError(f"advantage estimator {name!r} reads reward_components: its params need the fields "
+                             "reward_keys (tuple[str, ...]) and reward_weights (tuple[float, ...])")
 
     def decorator(fn: Callable) -> Callable:
         _check_new("advantage estimator", name, _ESTIMATORS)
-        _ESTIMATORS[name] = EstimatorSpec(name, fn, needs_critic, needs_group, needs_greedy_baseline,
-                                          needs_reference, needs_old_log_prob, needs_sum_pi_squared,
-                                          needs_reward_components, needs_real_response, params, tuple(reads),
-                                          needs_implicit_prm)
+        _ESTIMATORS[name] = EstimatorSpec(name=name, fn=fn, reads=reads, needs_group=needs_group, params=params)
         return fn
 
     return decorator
+
+
+def _check_reads(owner: str, reads) -> tuple[str, ...]:
+    if isinstance(reads, str) or not all(isinstance(c, str) and c for c in reads):
+        raise AlgorithmError(f"{owner}: reads must be a tuple of column names, got {reads!r}")
+    return tuple(reads)
 
 
 def register_policy_loss(name: str, *, loss_agg_mode: str | None = None, clip_higher: bool = False,
@@ -153,6 +153,7 @@ def register_policy_loss(name: str, *, loss_agg_mode: str | None = None, clip_hi
     what `rlctl config validate` checks for it (see PolicyLossSpec).
     """
     _check_new("policy loss", name, _POLICY_LOSSES)
+    reads = _check_reads(f"policy loss {name!r}", reads)
     check_params_class(f"policy loss {name!r}", params)
     for param in required:
         if params is None or param.key not in {f for f in params.__dataclass_fields__}:
@@ -160,8 +161,10 @@ def register_policy_loss(name: str, *, loss_agg_mode: str | None = None, clip_hi
 
     def decorator(fn: Callable) -> Callable:
         _check_new("policy loss", name, _POLICY_LOSSES)
-        _POLICY_LOSSES[name] = PolicyLossSpec(name, fn, loss_agg_mode, clip_higher, bypass_loss, tuple(required),
-                                              trust_region, corrects_rollout, params, tuple(reads))
+        _POLICY_LOSSES[name] = PolicyLossSpec(name=name, fn=fn, loss_agg_mode=loss_agg_mode, clip_higher=clip_higher,
+                                              bypass_loss=bypass_loss, required=tuple(required),
+                                              trust_region=trust_region, corrects_rollout=corrects_rollout,
+                                              params=params, reads=reads)
         return fn
 
     return decorator
@@ -183,18 +186,18 @@ def policy_loss_names() -> tuple[str, ...]:
     return tuple(_POLICY_LOSSES)
 
 
-def algorithm_needs(estimator: str, *, kl_in_reward: bool, use_kl_loss: bool) -> Needs:
-    """What to build for a run: the estimator's declaration plus the KL settings.
-
-    The reference model is needed when a KL term is computed (in the reward or as a loss) or when
-    the estimator declares it reads reference log-probs itself.
-    """
+def algorithm_needs(estimator: str, *, kl_in_reward: bool = False, use_kl_loss: bool = False,
+                    policy_loss: str | None = None) -> Needs:
+    """What to build for a run: the passes that fill the columns the estimator (and the policy loss,
+    when named) read, plus the KL settings, which read the reference model's log-probs."""
     spec = get_estimator(estimator)
-    return Needs(critic=spec.needs_critic, reference=bool(kl_in_reward or use_kl_loss or spec.needs_reference),
-                 greedy_baseline=spec.needs_greedy_baseline, min_group_size=spec.min_group_size,
-                 old_log_prob=spec.needs_old_log_prob or spec.needs_sum_pi_squared,
-                 sum_pi_squared=spec.needs_sum_pi_squared, reward_components=spec.needs_reward_components,
-                 real_response=spec.needs_real_response, implicit_prm=spec.needs_implicit_prm)
+    reads = (*spec.reads, *(get_policy_loss(policy_loss).reads if policy_loss is not None else ()))
+    made = passes(reads)
+    return Needs(critic="critic" in made, reference=bool(kl_in_reward or use_kl_loss or "reference" in made),
+                 greedy_baseline="greedy_baseline" in made, min_group_size=spec.min_group_size,
+                 old_log_prob="old_log_prob" in made, sum_pi_squared="sum_pi_squared" in reads,
+                 reward_components="reward_components" in made, real_response="real_response" in made,
+                 implicit_prm="implicit_prm" in made)
 
 
 def estimator_params(name: str, values=None):

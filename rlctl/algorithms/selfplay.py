@@ -74,8 +74,7 @@ class SpinParams:
             raise ValueError(f"dpo_beta must be > 0, got {self.dpo_beta}")
 
 
-@register_estimator("spin", needs_reference=True, needs_old_log_prob=True, needs_real_response=True,
-                    params=SpinParams)
+@register_estimator("spin", reads=("ref_log_prob", "old_log_prob", "real_response"), params=SpinParams)
 def spin_advantages(*, response_mask, group_ids, old_log_prob, ref_log_prob, real_response, dpo_beta, **_):
     """SPIN as per-sequence advantages: A_i = -2 d loss_pair / d log pi(y_i), from the policy's log-probs
     before the update (old_log_prob) and the opponent's (ref_log_prob), on every response token.

@@ -42,7 +42,7 @@ class VapoParams:
             raise ValueError(f"alpha must be >= 0, got {self.alpha}")
 
 
-@register_estimator("vapo", needs_critic=True, params=VapoParams)
+@register_estimator("vapo", reads=("values",), params=VapoParams)
 def vapo_advantages(*, token_level_rewards, values, response_mask, gamma, lam, lam_critic, alpha, **_):
     """Decoupled, length-adaptive GAE: returns = GAE(lam_critic) + V (the critic's targets), advantages =
     GAE(lam_policy) whitened over the batch's valid tokens; lam_policy per row from its length, or

@@ -2,9 +2,9 @@
 
 scores [B] (reward + overlong shaping) -> token_level_scores [B, T] on the last response token
 -> minus kl_coef x KL(old || ref) per token when KL is in the reward -> token_level_rewards
--> the configured estimator -> advantages, returns [B, T]. Everything the estimator needs
-(group ids, critic values, greedy baselines) is already in the batch; nothing here branches on
-the algorithm's name.
+-> the configured estimator -> advantages, returns [B, T]. The columns the estimator reads (critic
+values, greedy baselines, ...) are already in the batch: their passes ran because it declared them
+(rlctl.algorithms.COLUMNS); nothing here branches on the algorithm's name or lists its columns.
 """
 
 from __future__ import annotations
@@ -69,25 +69,10 @@ def compute_advantages(batch: Batch, config: Config, kl_ctrl) -> dict:
             kl_coef=kl_ctrl.value, kind=algo.kl_type)
         metrics.update({"actor/reward_kl": current_kl, "actor/kl_coef": kl_ctrl.value})
         kl_ctrl.update(current_kl, n_steps=len(batch))
-    optional = {}
-    if "values" in batch:
-        optional["values"] = torch.from_numpy(batch["values"])
-    if "reward_baselines" in batch:
-        optional["reward_baselines"] = torch.from_numpy(batch["reward_baselines"].astype(np.float32))
-    # read by the estimators that declare needing them (compute_advantages passes only those)
-    for key in ("ref_log_prob", "old_log_prob", "sum_pi_squared", "rollout_is_weights"):
-        if key in batch:
-            optional[key] = torch.from_numpy(batch[key])
-    prefix = "reward_component/"   # the reward's named components [B] each, stored by rollout.score
-    optional["reward_components"] = {k[len(prefix):]: torch.from_numpy(batch[k].astype(np.float32))
-                                     for k in batch.keys() if k.startswith(prefix)}
-    if "real_response" in batch:   # spin: which rows hold the data's reference answer
-        optional["real_response"] = torch.from_numpy(batch["real_response"].astype(bool))
-    columns = {c: batch[c] for c in algorithms.get_estimator(algo.name).reads if c in batch}
     advantages, returns = algorithms.compute_advantages(
         algo.name, token_level_rewards=rewards, response_mask=mask, group_ids=batch["uid"].tolist(),
         gamma=algo.gamma, lam=algo.lam, norm_adv_by_std=algo.norm_adv_by_std, params=algo.params,
-        columns=columns, **optional)
+        **read_columns(batch, algorithms.get_estimator(algo.name).reads))
     batch["token_level_rewards"] = rewards.numpy().astype(np.float32)
     batch["advantages"] = advantages.float().numpy()
     batch["returns"] = returns.float().numpy()
@@ -104,6 +89,18 @@ def compute_advantages(batch: Batch, config: Config, kl_ctrl) -> dict:
                     "critic/advantages/min": float(advantages[valid].min()) if valid.any() else 0.0,
                     "critic/returns/mean": float(returns[valid].mean()) if valid.any() else 0.0})
     return metrics
+
+
+def read_columns(batch: Batch, reads) -> dict:
+    """The batch columns an estimator `reads`, as the batch holds them (compute_advantages checks and
+    shapes each by its form in rlctl.algorithms.COLUMNS); reward_components: the reward's named
+    components {name: [B]}, which rollout.score stores as reward_component/<name> columns."""
+    out = {c: batch[c] for c in reads if c in batch}
+    if "reward_components" in reads:
+        prefix = "reward_component/"
+        out["reward_components"] = {k[len(prefix):]: batch[k].astype(np.float32) for k in batch.keys()
+                                    if k.startswith(prefix)}
+    return out
 
 
 def policy_filtration(batch: Batch, config: Config, seed: int) -> tuple[Batch, dict]:

@@ -87,12 +87,11 @@ def score(batch: Batch, reward_runner, tokenizer, components: tuple = ()) -> dic
 
 
 def reward_component_keys(config) -> tuple[str, ...]:
-    """The reward components the estimator mixes (its params' reward_keys when it declares
-    needs_reward_components), which score() stores as reward_component/<name> columns."""
-    spec = algorithms.get_estimator(config.algorithm.name)
-    if not spec.needs_reward_components:
+    """The reward components the estimator mixes (its params' reward_keys when it reads
+    reward_components), which score() stores as reward_component/<name> columns."""
+    if "reward_components" not in algorithms.get_estimator(config.algorithm.name).reads:
         return ()
-    return algorithms.estimator_params(spec.name, config.algorithm.params).reward_keys
+    return algorithms.estimator_params(config.algorithm.name, config.algorithm.params).reward_keys
 
 
 def decode_responses(batch: Batch, tokenizer) -> list[str]:

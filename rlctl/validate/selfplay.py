@@ -7,16 +7,15 @@ from __future__ import annotations
 from rlctl.config.checks import CheckContext
 from rlctl.config.loader import Problem
 from rlctl.config.schema import Config
-from rlctl.validate.training import estimator_needs
+from rlctl.validate.training import run_needs
 
 
 def check_selfplay(c: Config, ctx: CheckContext) -> list[Problem]:
     algo, actor = c.algorithm, c.actor
-    spec = estimator_needs(algo.name)
+    needs = run_needs(c)
     problems = []
     every = algo.ref_update_every
-    has_reference = spec.needs_reference or algo.kl_in_reward or actor.use_kl_loss
-    if every and not has_reference:
+    if every and not needs.reference:
         problems.append(Problem("algorithm.ref_update_every", f"is {every} but the run has no reference model to "
                                 "refresh (neither the estimator nor a KL term reads one): set it to 0"))
     if every and c.model.lora.rank > 0:
@@ -27,7 +26,7 @@ def check_selfplay(c: Config, ctx: CheckContext) -> list[Problem]:
         problems.append(Problem("run.save_every", f"{c.run.save_every} is not a multiple of "
                                 f"algorithm.ref_update_every = {every}: a checkpoint inside a self-play iteration "
                                 "cannot restore its opponent, so resume would refuse it; make it a multiple"))
-    if spec.needs_real_response:
+    if needs.real_response:
         if actor.policy_loss != "vanilla" or actor.loss_agg_mode != "seq-mean-token-sum":
             problems.append(Problem("actor.policy_loss", f"algorithm {algo.name!r} turns its pairwise loss into "
                                     "per-sequence advantages whose gradient is the loss's only with "

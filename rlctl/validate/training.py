@@ -20,11 +20,13 @@ from rlctl.config.plan import BatchPlan, batch_plan, step_plan, world_size
 from rlctl.config.schema import SEPARATE_ROLLOUT_MODES, Config
 
 
-def estimator_needs(name: str):
-    """The estimator's declared needs (critic, groups, greedy baseline) from the registry."""
-    from rlctl.algorithms import get_estimator
+def run_needs(c: Config):
+    """What the run starts (a critic, a reference, ...): the passes that fill the columns its estimator
+    and policy loss read, and its KL settings (rlctl.algorithms.algorithm_needs). Registered names only."""
+    from rlctl.algorithms import algorithm_needs
 
-    return get_estimator(name)
+    return algorithm_needs(c.algorithm.name, kl_in_reward=c.algorithm.kl_in_reward, use_kl_loss=c.actor.use_kl_loss,
+                           policy_loss=c.actor.policy_loss)
 
 
 def problems_at(problems: list[Problem], table: str) -> bool:
@@ -70,7 +72,7 @@ def check_batches(c: Config) -> tuple[list[Problem], BatchPlan]:
     over = (f"resources.workers = {workers}" if workers == c.resources.workers
             else f"the {workers} GPU workers (" + ("gpus_per_node - rollout_workers)" if separate
                                                   else "resources.nodes x gpus_per_node)"))
-    roles = ("actor", "critic") if estimator_needs(c.algorithm.name).needs_critic else ("actor",)
+    roles = ("actor", "critic") if run_needs(c).critic else ("actor",)
     for role in roles:
         sect, role_plan = getattr(c, role), batch_plan(c, role)
         mini = role_plan.prompts_per_mini_batch
@@ -100,15 +102,16 @@ def check_batches(c: Config) -> tuple[list[Problem], BatchPlan]:
 def check_algorithm(c: Config, ctx: CheckContext) -> list[Problem]:
     """What the estimator declares it needs (groups, reward components, a critic), and the
     algorithm keys that only make sense together."""
-    problems = []
-    spec = estimator_needs(c.algorithm.name)
+    from rlctl.algorithms import get_estimator
+
+    problems, spec, needs = [], get_estimator(c.algorithm.name), run_needs(c)
     if spec.needs_group and c.rollout.n < 2:
         problems.append(Problem("rollout.n", f"algorithm {c.algorithm.name!r} compares samples within a group of "
                                              f"the same prompt and needs rollout.n >= 2 (got {c.rollout.n})"))
     from rlctl.workers.loss_checks import params_problems_of
 
     problems += params_problems_of("algorithm.params", f"algorithm {c.algorithm.name!r}", spec, c.algorithm.params)
-    if spec.needs_reward_components and not problems_at(problems, "algorithm.params") and \
+    if needs.reward_components and not problems_at(problems, "algorithm.params") and \
             not estimator_params_of(c).reward_keys:
         problems.append(Problem("algorithm.params.reward_keys", f"algorithm {c.algorithm.name!r} normalises each "
                                 "reward component on its own: list the keys your reward function returns in its "
@@ -122,10 +125,10 @@ def check_algorithm(c: Config, ctx: CheckContext) -> list[Problem]:
             parse_rollout_rs(rc.rollout_rs, rc.rollout_rs_threshold)
         except AlgorithmError as err:
             problems.append(Problem("algorithm.rollout_correction.rollout_rs", str(err)))
-    if spec.needs_critic and "critic" not in ctx.raw:
+    if needs.critic and "critic" not in ctx.raw:
         problems.append(Problem("critic", f"algorithm {c.algorithm.name!r} trains a value model: add a [critic] "
                                           "section (e.g. lr = 1e-5)"))
-    if not spec.needs_critic and "critic" in ctx.raw:
+    if not needs.critic and "critic" in ctx.raw:
         problems.append(Problem("critic", f"[critic] is unused by algorithm {c.algorithm.name!r} and is ignored",
                                 severity="warning"))
     if c.rollout.temperature == 0 and c.rollout.n > 1:
@@ -205,7 +208,7 @@ def check_pf_ppo(c: Config, ctx: CheckContext) -> list[Problem]:
         return [Problem("algorithm.pf_ppo.reweight_method", "\"max_min\" keeps each prompt's best and worst sample, "
                         "which with rollout.n = 2 are both: nothing would be filtered. Use rollout.n >= 3 or "
                         "reweight_method = \"pow\" / \"max_random\"")]
-    if estimator_needs(algo.name).needs_real_response:
+    if run_needs(c).real_response:
         return [Problem("algorithm.use_pf_ppo", f"resamples rows, which would break the reference/generation pairs "
                         f"algorithm {algo.name!r} trains on: turn it off")]
     return []
@@ -237,7 +240,7 @@ def check_dynamic_sampling(c: Config, ctx: CheckContext) -> list[Problem]:
 def check_critic_pretrain(c: Config, ctx: CheckContext) -> list[Problem]:
     """critic.pretrain_steps needs a critic to pretrain; at total_steps or beyond the actor never trains."""
     steps = c.critic.pretrain_steps
-    if steps and not estimator_needs(c.algorithm.name).needs_critic:
+    if steps and not run_needs(c).critic:
         return [Problem("critic.pretrain_steps", f"algorithm {c.algorithm.name!r} trains no critic, so its "
                                                  f"{steps} value-pretraining steps would only hold the actor still: "
                                                  "set it to 0, or use a critic's estimator (gae, vapo)")]

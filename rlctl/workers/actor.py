@@ -63,9 +63,9 @@ class ActorRolloutRefWorker:
         self.tokenizer = load_tokenizer(config.model.path, config.model.trust_remote_code)
         self.eos_ids = eos_token_ids(config.model.path, self.tokenizer)
         self.temperature = config.rollout.temperature or 1.0  # log-probs of the sampling distribution
-        from rlctl.algorithms import get_estimator   # after the plugins: theirs may declare it too
+        from rlctl.algorithms import algorithm_needs   # after the plugins: theirs may read it too
 
-        self.sum_pi_squared = get_estimator(config.algorithm.name).needs_sum_pi_squared
+        self.sum_pi_squared = algorithm_needs(config.algorithm.name).sum_pi_squared
         # vision model over > 1 rank: a micro-batch without images still runs the vision tower
         self.vision_sync = self.world > 1 and has_vision_tower(self.actor.module)
         self.sp = ulysses.build_group(config.actor.ulysses_sequence_parallel_size, self.actor.module, self.world,
@@ -237,15 +237,13 @@ class ActorRolloutRefWorker:
         if "old_log_prob" not in batch and (ac.ppo_epochs > 1 or mini > 1):
             raise ConfigError("update_actor needs old_log_prob when it takes more than one optimizer step",
                               hint="call compute_log_prob first (it may be skipped only when on-policy)")
-        from rlctl.algorithms import get_policy_loss
+        from rlctl.algorithms import get_policy_loss, update_columns
 
         reads = get_policy_loss(ac.policy_loss).reads
         if missing := [c for c in reads if c not in batch]:
             raise ConfigError(f"actor.policy_loss = {ac.policy_loss!r} reads the batch column(s) {missing}, which the "
                               "batch does not hold", hint="declare only columns the rollout or reward fills")
-        keys = _MODEL_KEYS + ["response_mask", "advantages", "old_log_prob", "ref_log_prob", "rollout_is_weights",
-                              "rollout_log_prob", "teacher_log_prob", "teacher_topk_ids", "teacher_topk_log_prob",
-                              router_replay.COLUMN, *reads]
+        keys = _MODEL_KEYS + list(update_columns(reads))   # rlctl.algorithms.COLUMNS marks what the update takes
         rows, _, _ = ulysses.group_rows(batch, self.sp, mini)   # sp > 1: the sp group's rows, mini-batch-wise
         with ulysses.active(self.sp), router_replay.cleared_after(self.actor.module):
             metrics = run_updates(self.actor, rows, epochs=ac.ppo_epochs, mini_batches=mini,

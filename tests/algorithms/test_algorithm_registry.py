@@ -54,7 +54,7 @@ def test_a_user_estimator_runs_by_name_with_its_declared_needs():
         return adv, adv
 
     spec = get_estimator("test_registry_max_baseline")
-    assert spec.needs_group and spec.min_group_size == 2 and not spec.needs_critic
+    assert spec.needs_group and spec.min_group_size == 2 and spec.reads == ()
     rewards = torch.tensor([[0.0, 1.0], [0.0, 3.0], [2.0, 0.0]])
     mask = torch.tensor([[1, 1], [1, 1], [1, 0]])
     adv, _ = compute_advantages("test_registry_max_baseline", token_level_rewards=rewards, response_mask=mask,
@@ -86,12 +86,12 @@ def test_a_user_policy_loss_runs_by_name():
     assert loss.item() == 1.0 and metrics == {}
 
 
-def test_an_estimator_may_declare_it_needs_the_reference():
-    """needs_reference: the run loads a reference model without any KL term, and the estimator gets
-    ref_log_prob (and old_log_prob when the run has it), zeroed on padding."""
+def test_an_estimator_may_declare_it_reads_the_reference():
+    """reads ref_log_prob: the run loads a reference model without any KL term, and the estimator gets
+    ref_log_prob (and old_log_prob, which it reads too), zeroed on padding."""
     seen = {}
 
-    @register_estimator("kl_shaped_test", needs_reference=True)
+    @register_estimator("kl_shaped_test", reads=("ref_log_prob", "old_log_prob"))
     def kl_shaped(*, token_level_rewards, response_mask, ref_log_prob, old_log_prob=None, **_):
         seen.update(ref=ref_log_prob.clone(), old=old_log_prob)
         adv = token_level_rewards - 0.1 * (old_log_prob - ref_log_prob) if old_log_prob is not None \
@@ -99,7 +99,7 @@ def test_an_estimator_may_declare_it_needs_the_reference():
         return adv, adv
 
     needs = algorithm_needs("kl_shaped_test", kl_in_reward=False, use_kl_loss=False)
-    assert needs.reference and not needs.critic
+    assert needs.reference and needs.old_log_prob and not needs.critic
     assert not algorithm_needs("grpo", kl_in_reward=False, use_kl_loss=False).reference
     rewards, mask = torch.tensor([[0.0, 1.0, 0.0]]), torch.tensor([[1.0, 1.0, 0.0]])
     with pytest.raises(AlgorithmError, match="needs ref_log_prob"):

@@ -87,7 +87,7 @@ def test_needs_are_declared_not_guessed_from_names():
         run("gdpo", mask, junked, gids, reward_components={"a": torch.zeros(3)}, params={"reward_keys": ["a"]})
     with pytest.raises(AlgorithmError, match=r"needs the reward components \['b'\]"):
         run("gdpo", mask, junked, gids, reward_components={"a": torch.zeros(3)}, params={"reward_keys": ["a", "b"]})
-    assert get_estimator("gdpo").needs_reward_components
+    assert "reward_components" in get_estimator("gdpo").reads
 
 
 def _toy_inputs(name):

@@ -69,7 +69,7 @@ def test_the_estimator_whitens_the_summed_returns():
     rm_scores = torch.tensor([[0.2, 0.4, 99.0], [0.0, 0.3, 0.6]])
     adv, returns = compute_advantages("prime", token_level_rewards=rewards, response_mask=mask, group_ids=[0, 0],
                                       params={"reward_gt_coef": 2.0, "reward_dpo_coef": 1.0},
-                                      columns={"rm_scores": rm_scores})
+                                      rm_scores=rm_scores)
     # outcome: R = [1, 0] -> [1, -1] x 2 on the last tokens; process: as in the hand test above
     outcome = torch.tensor([[0.0, 2.0, 0.0], [0.0, 0.0, -2.0]])
     process = torch.tensor([[-0.2, 0.2, 0.0], [-0.6, 0.0, 0.6]])
@@ -83,7 +83,7 @@ def test_the_estimator_whitens_the_summed_returns():
 
 def test_prime_declares_its_prm_and_groups():
     spec = get_estimator("prime")
-    assert spec.needs_group and spec.needs_implicit_prm and spec.reads == ("rm_scores",)
+    assert spec.needs_group and spec.reads == ("rm_scores",)
     assert algorithm_needs("prime", kl_in_reward=False, use_kl_loss=False).implicit_prm
     assert not algorithm_needs("grpo", kl_in_reward=False, use_kl_loss=False).implicit_prm
 

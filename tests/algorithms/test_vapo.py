@@ -43,7 +43,7 @@ def test_advantages_use_each_rows_own_lambda():
     same, _ = compute_advantages("vapo", token_level_rewards=rewards, response_mask=mask, values=torch.zeros(2, 4),
                                  lam=0.9, params={"alpha": 0.0})
     torch.testing.assert_close(plain, same)
-    assert get_estimator("vapo").needs_critic
+    assert get_estimator("vapo").reads == ("values",)
 
 
 def loss_inputs():
