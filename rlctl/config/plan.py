@@ -57,6 +57,18 @@ def batch_plan(config, role: str = "actor") -> RolePlan:
                     micro_batches_per_optimizer_step=max(1, per_worker // section.micro_batch_size))
 
 
+def mini_batch_count(rows: int, *, world: int, sequences_per_mini: int, preset: int = 0) -> int:
+    """Mini-batches (optimizer steps per epoch) of a step's `rows` sequences over `world` workers: the
+    plan's sequences per mini-batch each (or `preset`, a count the rollout chose), so a short
+    (dynamic-sampling) batch gets fewer; lowered until the count splits the rows evenly over the
+    workers. The controller decides it here for each update (rlctl.controller.trainer.with_mini_batches);
+    a worker called without one asks the same."""
+    count = preset or max(1, rows // max(1, sequences_per_mini))
+    while count > 1 and rows % (world * count):
+        count -= 1
+    return count
+
+
 @dataclass(frozen=True, kw_only=True)
 class DataPlan:
     """What a plan knows once the training data is read (None before), and the node size."""

@@ -233,17 +233,15 @@ def with_mini_batches(batch, role: str, config, group):
     Mini-batches hold the batch plan's sequences (role.mini_batch_size prompts x rollout.n); a short
     (dynamic-sampling) batch gets fewer, and the count always divides the rows evenly over the workers.
     """
-    from rlctl.config.plan import batch_plan
+    from rlctl.config.plan import batch_plan, mini_batch_count
     from rlctl.runtime.batch import Batch
 
-    rows, world = len(batch), group.world_size
     per_mini = batch_plan(config, role).sequences_per_mini_batch
     if "real_response" in batch:   # SPIN: each generation travels with its reference-answer twin
         per_mini *= 2
     # an agent rollout's rows outnumber its episodes when some split; it set the plan's count itself
-    count = int(batch.meta["mini_batches"]) if "mini_batches" in batch.meta else max(1, rows // per_mini)
-    while count > 1 and rows % (world * count):
-        count -= 1
+    count = mini_batch_count(len(batch), world=group.world_size, sequences_per_mini=per_mini,
+                             preset=int(batch.meta.get("mini_batches", 0)))
     # a token budget: each mini-batch's rows spread over the workers by tokens (rlctl.runtime.balance)
     return balanced(Batch(batch.tensors, {**batch.meta, "mini_batches": count}),
                     getattr(config, role).micro_batch_max_tokens)

@@ -25,11 +25,11 @@ from rlctl.workers.vision import model_inputs
 def mini_batch_count(shard: Batch, *, world: int, sequences_per_mini: int) -> int:
     """Mini-batches in this update: batch.meta["mini_batches"] when the controller set it (the
     group then striped the rows so mini-batch k is the same on W ranks as on one), else the
-    batch plan's sequences per mini-batch each (rlctl.config.plan)."""
-    if "mini_batches" in shard.meta:
-        count = int(shard.meta["mini_batches"])
-    else:
-        count = max(1, round(len(shard) * world / max(1, sequences_per_mini)))
+    count the controller would have decided (rlctl.config.plan.mini_batch_count)."""
+    from rlctl.config.plan import mini_batch_count as planned
+
+    count = int(shard.meta["mini_batches"]) if "mini_batches" in shard.meta else \
+        planned(len(shard) * world, world=world, sequences_per_mini=sequences_per_mini)
     if count < 1 or len(shard) % count:
         raise ConfigError(f"{len(shard)} rows per worker do not split into {count} equal mini-batches",
                           hint="make data.batch_size a multiple of the mini-batch size (actor/critic.mini_batch_size)")

@@ -60,3 +60,29 @@ def test_a_token_budget_replaces_the_row_count_of_micro_batches():
     fixed = dataclasses.replace(c, actor=dataclasses.replace(c.actor, micro_batch_max_tokens=0))
     assert dict(step_plan(fixed).rows())["micro-batches per optimizer step (per worker)"] == 2
     assert [p.key for p in check_batches(fixed)[0]] == ["actor.micro_batch_size"]
+
+
+def test_the_mini_batch_count_is_decided_in_one_place():
+    """The controller (with_mini_batches) and a worker called without a count (mini_batch_count) both
+    ask rlctl.config.plan.mini_batch_count: the plan's sequences per mini-batch each, fewer for a short
+    batch, lowered until the rows split evenly over the workers; a rollout's own count is kept."""
+    from types import SimpleNamespace
+
+    import numpy as np
+
+    from rlctl.config.plan import mini_batch_count
+    from rlctl.controller.trainer import with_mini_batches
+    from rlctl.runtime.batch import Batch
+    from rlctl.workers.training import mini_batch_count as worker_count
+
+    assert mini_batch_count(32, world=2, sequences_per_mini=8) == 4       # 4 prompts x n 2 per step of 16 x 2
+    assert mini_batch_count(24, world=2, sequences_per_mini=8) == 3       # a short (dynamic-sampling) batch
+    assert mini_batch_count(20, world=4, sequences_per_mini=8) == 1       # 2 would leave 20 % 8 rows over
+    assert mini_batch_count(30, world=2, sequences_per_mini=8, preset=4) == 3   # 30 % 8: lowered to 3
+    c = config(data={"batch_size": 8}, rollout={"n": 2}, actor={"mini_batch_size": 2, "micro_batch_size": 1},
+               resources={"workers": 2})
+    for rows in (16, 12, 10):
+        batch = Batch({"response_mask": np.ones((rows, 3), dtype=np.int64)})
+        count = with_mini_batches(batch, "actor", c, SimpleNamespace(world_size=2)).meta["mini_batches"]
+        shard = Batch({"response_mask": np.ones((rows // 2, 3), dtype=np.int64)})
+        assert count == worker_count(shard, world=2, sequences_per_mini=4) == {16: 4, 12: 3, 10: 1}[rows]
