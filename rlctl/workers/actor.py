@@ -28,7 +28,7 @@ from rlctl.errors import ConfigError
 from rlctl.runtime import Batch, Dispatch, register
 from rlctl.models.loading import load_tokenizer
 from rlctl.runtime.policy import rollout_batch
-from rlctl.workers import fsdp, moe_aux, router_replay, ulysses
+from rlctl.workers import fsdp, moe_aux, router_replay
 from rlctl.workers.engine import TrainEngine, trained_role_methods
 from rlctl.workers.logprob import batched_response_outputs, response_log_probs
 from rlctl.workers.models import eos_token_ids, load_causal_lm, policy_engine
@@ -59,7 +59,7 @@ class ActorRolloutRefWorker:
         self.actor = policy_engine(config, total_steps)
         self.ref = None
         if with_ref and not self.lora:
-            self.ref = TrainEngine(load_causal_lm(config.model, dtype), None, compute_dtype=dtype)
+            self.ref = self.actor.frozen_twin(load_causal_lm(config.model, dtype))   # on the actor's sp group
         self.tokenizer = load_tokenizer(config.model.path, config.model.trust_remote_code)
         self.eos_ids = eos_token_ids(config.model.path, self.tokenizer)
         self.temperature = config.rollout.temperature or 1.0  # log-probs of the sampling distribution
@@ -68,10 +68,8 @@ class ActorRolloutRefWorker:
         self.sum_pi_squared = algorithm_needs(config.algorithm.name).sum_pi_squared
         # vision model over > 1 rank: a micro-batch without images still runs the vision tower
         self.vision_sync = self.world > 1 and has_vision_tower(self.actor.module)
-        self.sp = ulysses.build_group(config.actor.ulysses_sequence_parallel_size, self.actor.module, self.world,
-                                      "actor.ulysses_sequence_parallel_size")
         self.moe_aux_coef = moe_aux.resolve_coef(self.actor.module, config.actor.moe_aux_loss_coef,
-                                                 self.sp.size if self.sp else 1)   # 0: dense, or off
+                                                 self.actor.sp_size)   # 0: dense, or off
         self.replay = config.actor.router_replay and router_replay.install(self.actor.module)
         self._rollout = None
         # Engines with their own weight copy (vLLM, SGLang) get the trained weights before a
@@ -183,11 +181,11 @@ class ActorRolloutRefWorker:
     def _log_probs(self, engine: TrainEngine, batch: Batch, *, with_entropy: bool, adapter: bool = True,
                    with_sum_pi_squared: bool = False, **more) -> dict[str, np.ndarray]:
         off = self.actor.module.disable_adapter() if not adapter else contextlib.nullcontext()
-        rows, start, stop = ulysses.group_rows(batch, self.sp)   # sp > 1: the sp group's rows; ours at start
-        budget = self.cfg.actor.micro_batch_max_tokens * (self.sp.size if self.sp else 1)   # sp ranks split each
-        with engine.inference() as module, off, ulysses.active(self.sp):
+        rows, start, stop = engine.group_rows(batch)   # sp > 1: the sp group's rows; ours at start
+        budget = self.cfg.actor.micro_batch_max_tokens * engine.sp_size   # sp ranks split each
+        with engine.inference() as module, off:
             out = batched_response_outputs(module, engine.device, rows, self.cfg.actor.micro_batch_size,
-                                           max_tokens=budget,
+                                           max_tokens=budget, sp=engine.sp,
                                            temperature=self.temperature, with_entropy=with_entropy,
                                            with_sum_pi_squared=with_sum_pi_squared, **more)
         return {key: value[start:stop] for key, value in out.items()}
@@ -244,12 +242,11 @@ class ActorRolloutRefWorker:
             raise ConfigError(f"actor.policy_loss = {ac.policy_loss!r} reads the batch column(s) {missing}, which the "
                               "batch does not hold", hint="declare only columns the rollout or reward fills")
         keys = _MODEL_KEYS + list(update_columns(reads))   # rlctl.algorithms.COLUMNS marks what the update takes
-        rows, _, _ = ulysses.group_rows(batch, self.sp, mini)   # sp > 1: the sp group's rows, mini-batch-wise
-        with ulysses.active(self.sp), router_replay.cleared_after(self.actor.module):
+        rows, _, _ = self.actor.group_rows(batch, mini)   # sp > 1: the sp group's rows, mini-batch-wise
+        with router_replay.cleared_after(self.actor.module):
             metrics = run_updates(self.actor, rows, epochs=ac.ppo_epochs, mini_batches=mini,
                                   micro_batch_size=ac.micro_batch_size, horizon=self.cfg.data.max_response_length,
-                                  make_loss=self._policy_loss_fn, keys=keys, sp=self.sp.size if self.sp else 1,
-                                  max_tokens=ac.micro_batch_max_tokens)
+                                  make_loss=self._policy_loss_fn, keys=keys, max_tokens=ac.micro_batch_max_tokens)
         return {f"actor/{k}": v for k, v in router_replay.mismatch_share(metrics).items()}
 
     def _policy_loss_fn(self, norm):
@@ -266,7 +263,8 @@ class ActorRolloutRefWorker:
                                          mask.shape[1], temperature=self.temperature, with_entropy=True,
                                          entropy_grad=ac.entropy_coef > 0, gather_ids=micro.get("teacher_topk_ids"),
                                          vision=micro.get("vision"), moe_aux=self.moe_aux_coef > 0,
-                                         routes=router_replay.replay_of(micro) if self.replay else None)
+                                         routes=router_replay.replay_of(micro) if self.replay else None,
+                                         sp=self.actor.sp)
             log_prob = out["log_prob"]
             old = micro["old_log_prob"] if "old_log_prob" in micro else log_prob.detach()
             drift = trainer_engine_drift_sums(old, micro["rollout_log_prob"], mask) \

@@ -17,7 +17,7 @@ import torch
 
 from rlctl.config.plan import batch_plan
 from rlctl.runtime import Batch, Dispatch, register
-from rlctl.workers import fsdp, ulysses
+from rlctl.workers import fsdp
 from rlctl.workers.engine import OptimSpec, TrainEngine, trained_role_methods
 from rlctl.workers.logprob import batched_response_outputs, response_values
 from rlctl.workers.models import load_value_model
@@ -37,19 +37,19 @@ class CriticWorker:
         model = load_value_model(config.critic.model_path or config.model.path, config.model)
         self.critic = TrainEngine(model, OptimSpec.for_critic(config.critic, total_steps),
                                   compute_dtype=fsdp.resolve_dtype(config.model.dtype),
-                                  gradient_checkpointing=config.model.gradient_checkpointing)
+                                  gradient_checkpointing=config.model.gradient_checkpointing,
+                                  sequence_parallel_size=config.critic.ulysses_sequence_parallel_size,
+                                  parallel_key="critic")
         # vision model over > 1 rank: a micro-batch without images still runs the vision tower
         self.vision_sync = self.world > 1 and has_vision_tower(self.critic.module)
-        self.sp = ulysses.build_group(config.critic.ulysses_sequence_parallel_size, self.critic.module, self.world,
-                                      "critic.ulysses_sequence_parallel_size")
 
     @register(Dispatch.DP)
     def compute_values(self, batch: Batch) -> Batch:
-        rows, start, stop = ulysses.group_rows(batch, self.sp)   # sp > 1: the sp group's rows; ours at start
-        budget = self.cfg.critic.micro_batch_max_tokens * (self.sp.size if self.sp else 1)   # sp ranks split each
-        with self.critic.inference() as module, ulysses.active(self.sp):
+        rows, start, stop = self.critic.group_rows(batch)   # sp > 1: the sp group's rows; ours at start
+        budget = self.cfg.critic.micro_batch_max_tokens * self.critic.sp_size   # sp ranks split each
+        with self.critic.inference() as module:
             out = batched_response_outputs(module, self.critic.device, rows, self.cfg.critic.micro_batch_size,
-                                           max_tokens=budget,
+                                           max_tokens=budget, sp=self.critic.sp,
                                            forward=lambda *args, **kw: {"values": response_values(*args, **kw)})
         return Batch({key: value[start:stop] for key, value in out.items()}, batch.meta)
 
@@ -59,12 +59,10 @@ class CriticWorker:
         mini = mini_batch_count(batch, world=self.world,
                                 sequences_per_mini=batch_plan(self.cfg, "critic").sequences_per_mini_batch)
         keys = _MODEL_KEYS + ["response_mask", "values", "returns"]
-        rows, _, _ = ulysses.group_rows(batch, self.sp, mini)   # sp > 1: the sp group's rows, mini-batch-wise
-        with ulysses.active(self.sp):
-            metrics = run_updates(self.critic, rows, epochs=cc.ppo_epochs, mini_batches=mini,
-                                  micro_batch_size=cc.micro_batch_size, horizon=self.cfg.data.max_response_length,
-                                  make_loss=self._value_loss_fn, keys=keys, sp=self.sp.size if self.sp else 1,
-                                  max_tokens=cc.micro_batch_max_tokens)
+        rows, _, _ = self.critic.group_rows(batch, mini)   # sp > 1: the sp group's rows, mini-batch-wise
+        metrics = run_updates(self.critic, rows, epochs=cc.ppo_epochs, mini_batches=mini,
+                              micro_batch_size=cc.micro_batch_size, horizon=self.cfg.data.max_response_length,
+                              make_loss=self._value_loss_fn, keys=keys, max_tokens=cc.micro_batch_max_tokens)
         return {f"critic/{k}": v for k, v in metrics.items()}
 
     def _value_loss_fn(self, norm):
@@ -76,7 +74,7 @@ class CriticWorker:
             mask = micro["response_mask"]
             with tower_always_runs(self.critic.module, micro, self.vision_sync):
                 vpreds = response_values(self.critic.module, micro["input_ids"], micro["attention_mask"],
-                                         mask.shape[1], vision=micro.get("vision"))
+                                         mask.shape[1], vision=micro.get("vision"), sp=self.critic.sp)
             loss, metrics = value_loss(vpreds=vpreds, returns=micro["returns"], values=micro["values"],
                                        response_mask=mask, value_clip=cc.value_clip,
                                        loss_agg_mode=cc.loss_agg_mode, norm=norm)

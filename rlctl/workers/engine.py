@@ -4,6 +4,12 @@ One engine per trained model (the actor's policy, the critic). The engine owns w
 trainer needs and nothing algorithm-specific: the loss is a function handed to
 `train_mini_batch`, which runs gradient accumulation over micro-batches, clips the global
 gradient norm and skips the optimizer step when that norm is not finite (weights unchanged).
+
+It also owns how the model's work is split over the ranks beyond data parallelism
+(docs/parallelism.md): expert parallelism (MoE expert banks split over groups of ranks,
+rlctl.workers.expert_parallel) and sequence parallelism (`sp`: a packed micro-batch split along
+the sequence over groups of ranks, rlctl.workers.ulysses). Both groups are built here; the sp
+group is handed to each pass that runs the model (`sp=engine.sp`, `engine.group_rows`).
 """
 
 from __future__ import annotations
@@ -65,6 +71,14 @@ def checkpointing_kwargs(model: torch.nn.Module) -> dict:
     return kwargs
 
 
+def sequence_group(size: int, model: torch.nn.Module, key: str) -> ulysses.SPGroup | None:
+    """This rank's sequence-parallel group of `size` consecutive ranks for `model` (None when 1),
+    after the checks validate makes (rlctl.workers.ulysses_checks), repeated for a model that was
+    not on disk then; `key` names the config key in errors. The engine's, and a frozen model's
+    outside an engine (a distillation teacher, at the student's size)."""
+    return ulysses.build_group(size, model, fsdp.rank_and_world()[1], key)
+
+
 # A loss function gets one micro-batch (tensors on the device) and returns the micro-batch's share
 # of the mini-batch loss (already normalised by mini-batch counts) and float metrics.
 LossFn = Callable[[dict], "tuple[torch.Tensor, dict[str, float]]"]
@@ -76,10 +90,13 @@ class TrainEngine:
     compute_dtype: the dtype forward/backward run in; parameters stay float32 masters when
     trained (FSDP all-gathers them in compute_dtype; one rank uses autocast). optim=None makes a
     frozen engine (a reference model) whose parameters are kept in compute_dtype.
+    expert_parallel_size, sequence_parallel_size: the [actor] / [critic] keys (`parallel_key`
+    names the table in errors); 1 = off.
     """
 
     def __init__(self, model: torch.nn.Module, optim: OptimSpec | None, *, compute_dtype: torch.dtype,
-                 gradient_checkpointing: bool = False, expert_parallel_size: int = 1):
+                 gradient_checkpointing: bool = False, expert_parallel_size: int = 1,
+                 sequence_parallel_size: int = 1, parallel_key: str = "actor"):
         self.rank, self.world_size = fsdp.rank_and_world()
         self.compute_dtype, self.optim_spec = compute_dtype, optim
         self.device = fsdp.device()
@@ -115,6 +132,25 @@ class TrainEngine:
             self.optimizer = torch.optim.AdamW(groups, lr=optim.lr, weight_decay=optim.weight_decay, fused=True)
             self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda s: lr_factor(s, optim))
         model.train(optim is not None)
+        # sequence parallelism (Ulysses): this rank's group of ranks that split each packed micro-batch
+        self.sp = sequence_group(sequence_parallel_size, model, f"{parallel_key}.ulysses_sequence_parallel_size")
+
+    @property
+    def sp_size(self) -> int:
+        """Ranks that split each sequence (1: sequence parallelism is off)."""
+        return self.sp.size if self.sp is not None else 1
+
+    def group_rows(self, batch, mini_batches: int = 1):
+        """(rows, start, stop): the rows this rank's passes run on (sp > 1: its sp group's, the same on
+        each of the group's ranks, mini-batch by mini-batch) and where its own shard sits in them."""
+        return ulysses.group_rows(batch, self.sp, mini_batches)
+
+    def frozen_twin(self, model: torch.nn.Module) -> "TrainEngine":
+        """A frozen engine (a reference model) over `model`, in this engine's dtype, that runs its passes
+        on this engine's sp group: the two are used on the same rows."""
+        twin = TrainEngine(model, None, compute_dtype=self.compute_dtype)
+        twin.sp = self.sp
+        return twin
 
     # --- contexts ----------------------------------------------------------------------------
     def autocast(self):

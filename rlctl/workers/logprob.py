@@ -56,11 +56,12 @@ class Layout:
                          **{shared_prompt.KWARG: self.shared}, **kwargs)
 
 
-def choose_layout(model: torch.nn.Module, width: int, pack: bool | None = None) -> str:
+def choose_layout(model: torch.nn.Module, width: int, pack: bool | None = None,
+                  sp: ulysses.SPGroup | None = None) -> str:
     """"shared" where the model supports it, else "pack" under flash attention, else "trim";
-    `pack` (tests, tools) forces pack (True) or trim (False). Sequence parallelism always packs
-    (rlctl.workers.ulysses slices the packed row)."""
-    if ulysses.current() is not None:
+    `pack` (tests, tools) forces pack (True) or trim (False). Sequence parallelism (`sp`, the
+    engine's group) always packs (rlctl.workers.ulysses slices the packed row)."""
+    if sp is not None:
         return "pack"
     if pack is not None:
         return "pack" if pack else "trim"
@@ -69,45 +70,48 @@ def choose_layout(model: torch.nn.Module, width: int, pack: bool | None = None) 
     return "pack" if use_packing(model) else "trim"
 
 
-def pads_rows(model: torch.nn.Module, width: int) -> bool:
+def pads_rows(model: torch.nn.Module, width: int, sp: ulysses.SPGroup | None = None) -> bool:
     """Whether a micro-batch's forward runs on rows x longest row (the trim layout), not on its real
     tokens alone (shared, pack): the cost rlctl.workers.micro_batches budgets."""
-    return choose_layout(model, width) == "trim"
+    return choose_layout(model, width, sp=sp) == "trim"
 
 
-def inference_order(model: torch.nn.Module, attention_mask: np.ndarray) -> np.ndarray:
+def inference_order(model: torch.nn.Module, attention_mask: np.ndarray,
+                    sp: ulysses.SPGroup | None = None) -> np.ndarray:
     """Row order for forward-only micro-batches of [B, P+T] rows: as given (prompt-major) under the
     shared layout, so a prompt's samples meet in one micro-batch; else by real length, so the rows
     of a micro-batch pad little."""
-    if choose_layout(model, attention_mask.shape[1]) == "shared":
+    if choose_layout(model, attention_mask.shape[1], sp=sp) == "shared":
         return np.arange(len(attention_mask))
     return np.argsort(attention_mask.sum(1), kind="stable")
 
 
 def batched_response_outputs(model: torch.nn.Module, device: torch.device, batch, micro_batch_size: int, *,
-                             forward=None, max_tokens: int = 0, **kwargs) -> dict[str, np.ndarray]:
+                             forward=None, max_tokens: int = 0, sp: ulysses.SPGroup | None = None,
+                             **kwargs) -> dict[str, np.ndarray]:
     """`forward` (default response_log_probs) over a Batch of [B, P+T] rows in micro-batches of
     `micro_batch_size`, in inference_order (max_tokens > 0: micro-batches of at most that many
     tokens, rlctl.workers.micro_batches); its [b, T] outputs as numpy [B, T] in the batch's row
-    order. `forward(model, input_ids, attention_mask, T, **kwargs)` returns a dict of tensors; a
-    vision batch's rows also pass vision=rlctl.workers.vision.model_inputs(rows).
+    order. `forward(model, input_ids, attention_mask, T, sp=sp, **kwargs)` returns a dict of tensors
+    (`sp`: the engine's sequence-parallel group, or None); a vision batch's rows also pass
+    vision=rlctl.workers.vision.model_inputs(rows).
     The caller holds the contexts (no_grad, autocast, adapters). One loop for the actor, the
     critic and the one_step_off rollout rank, so equal weights give equal numbers."""
     forward = forward or response_log_probs
     width = batch["response_mask"].shape[1]
     if max_tokens:   # whole weights here: ranks may run different counts (no synced plan)
         groups = plan_micro_batches(batch["attention_mask"].sum(1), max_tokens=max_tokens, max_rows=micro_batch_size,
-                                    padded=pads_rows(model, batch["attention_mask"].shape[1]))
+                                    padded=pads_rows(model, batch["attention_mask"].shape[1], sp))
         order, micros = np.concatenate(groups), [batch.select(g) for g in groups]
     else:
-        order = inference_order(model, batch["attention_mask"])
+        order = inference_order(model, batch["attention_mask"], sp)
         micros = batch.select(order).split(micro_batch_size)
     parts: dict[str, list] = {}
     for micro in micros:
         t = micro.to_torch(device, keys=["input_ids", "attention_mask"])
         vision = model_inputs(micro, device)
         more = {"vision": vision} if vision else {}
-        for key, value in forward(model, t["input_ids"], t["attention_mask"], width, **more, **kwargs).items():
+        for key, value in forward(model, t["input_ids"], t["attention_mask"], width, sp=sp, **more, **kwargs).items():
             parts.setdefault(key, []).append(value.cpu().numpy())
     inverse = np.argsort(order)
     return {key: np.concatenate(values)[inverse] for key, values in parts.items()}
@@ -204,7 +208,8 @@ def response_log_probs(model: torch.nn.Module, input_ids: torch.Tensor, attentio
                        response_width: int, *, temperature: float = 1.0, with_entropy: bool = False,
                        entropy_grad: bool = False, with_sum_pi_squared: bool = False,
                        pack: bool | None = None, gather_ids: torch.Tensor | None = None,
-                       vision: dict | None = None, moe_aux: bool = False, routes=None) -> dict[str, torch.Tensor]:
+                       vision: dict | None = None, moe_aux: bool = False, routes=None,
+                       sp: ulysses.SPGroup | None = None) -> dict[str, torch.Tensor]:
     """log pi(response token) and entropy, both [b, T] float32, 0 on padding (+ sum_v pi(v)^2 when
     with_sum_pi_squared, for the optimal token baseline; + topk_log_prob [b, T, K], the log-probs of
     the token ids `gather_ids` [b, T, K] at each response position, for top-k distillation).
@@ -212,12 +217,14 @@ def response_log_probs(model: torch.nn.Module, input_ids: torch.Tensor, attentio
     moe_aux: + moe_aux_loss, the MoE router's load-balancing loss (a scalar; rlctl.workers.moe_aux).
     routes: router_replay.RECORD (+ routed_experts [b, T, L, k]) or a router_replay.Replay (+ its
     mismatch counts): rlctl.workers.router_replay.
+    sp: the engine's sequence-parallel group (rlctl.workers.ulysses): each rank runs its slice of the
+    packed rows, and every rank of the group gets all the outputs.
 
     temperature divides the logits (the sampling distribution of the rollout). The entropy is
     computed without gradient unless `entropy_grad` (an entropy bonus needs it).
     """
     logits, layout, rows = logits_and_rows(model, input_ids, attention_mask, response_width, pack, vision, moe_aux,
-                                           routes)
+                                           routes, sp=sp)
     valid = layout.response_valid
     bonus = entropy_grad and torch.is_grad_enabled()   # an entropy bonus needs the entropy's gradient
     log_prob, entropy = token_log_probs(logits, rows.local(layout.targets), temperature=temperature,
@@ -266,11 +273,10 @@ class _SPRows:
 
 
 def logits_and_rows(model, input_ids, attention_mask, response_width, pack=None, vision=None, moe_aux=False,
-                    routes=None):
+                    routes=None, *, sp: ulysses.SPGroup | None = None):
     """(logits [m, V] in the model's output dtype, layout, rows): m = M, or this rank's predictors
-    under sequence parallelism; rows.local(x) picks those of an [M, ...] tensor, rows.gather(y) puts the ranks'
-    [m, ...] outputs together into [M, ...] on every rank."""
-    sp = ulysses.current()
+    under sequence parallelism (`sp`); rows.local(x) picks those of an [M, ...] tensor, rows.gather(y) puts
+    the ranks' [m, ...] outputs together into [M, ...] on every rank."""
     if sp is None:
         logits, layout = response_logits(model, input_ids, attention_mask, response_width, pack=pack, vision=vision,
                                          moe_aux=moe_aux, routes=routes)
@@ -285,12 +291,12 @@ def logits_and_rows(model, input_ids, attention_mask, response_width, pack=None,
 
 
 def response_values(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                    response_width: int, *, pack: bool | None = None, vision: dict | None = None) -> torch.Tensor:
+                    response_width: int, *, pack: bool | None = None, vision: dict | None = None,
+                    sp: ulysses.SPGroup | None = None) -> torch.Tensor:
     """Critic values V(s) [b, T] float32 at the state before each response token, 0 on padding.
-    vision: as response_log_probs (the same images and M-RoPE positions as the actor's forward)."""
+    vision, sp: as response_log_probs (the same images and M-RoPE positions as the actor's forward)."""
     layout = make_layout(input_ids, attention_mask, response_width,
-                         layout=choose_layout(model, input_ids.shape[1], pack), vision=vision)
-    sp = ulysses.current()
+                         layout=choose_layout(model, input_ids.shape[1], pack, sp), vision=vision)
     if sp is None:
         values = layout.forward(model).logits[layout.pred_row, layout.pred_col, 0].float()   # [M]
         return _scatter(values, layout.response_valid)

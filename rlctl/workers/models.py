@@ -93,7 +93,8 @@ def apply_lora(model: torch.nn.Module, lora_cfg) -> torch.nn.Module:
 def policy_engine(config, total_steps: int):
     """The policy's TrainEngine, the one built for RL's actor and for SFT (an SFT checkpoint is resumed,
     merged and trained on as an actor checkpoint): model.path, LoRA adapters (seeded by run.seed: the
-    same init on every rank), AdamW and the schedule over total_steps."""
+    same init on every rank), AdamW and the schedule over total_steps, split over the ranks by
+    actor.expert_parallel_size and actor.ulysses_sequence_parallel_size."""
     from rlctl.workers import fsdp
     from rlctl.workers.engine import OptimSpec, TrainEngine
     from rlctl.workers.lora import check_targets
@@ -110,7 +111,8 @@ def policy_engine(config, total_steps: int):
     return TrainEngine(model, OptimSpec.for_actor(config.actor, total_steps),
                        compute_dtype=fsdp.resolve_dtype(config.model.dtype),
                        gradient_checkpointing=config.model.gradient_checkpointing,
-                       expert_parallel_size=config.actor.expert_parallel_size)
+                       expert_parallel_size=config.actor.expert_parallel_size,
+                       sequence_parallel_size=config.actor.ulysses_sequence_parallel_size)
 
 
 def eos_token_ids(path: str, tokenizer) -> list[int]:

@@ -14,10 +14,11 @@ ranks): each micro-batch adds sum(nll) / N_global x D, D = data-parallel ranks (
 gradients over ranks), so W ranks take the step one rank would, and how rows are cut into
 micro-batches changes nothing but float rounding.
 
-Sequence parallelism (actor.ulysses_sequence_parallel_size = S > 1, rlctl.workers.ulysses): the S
-ranks of a group pool their shards and each runs its 1/S of every packed micro-batch; the NLL of
-all the group's targets is gathered on each, and D = W / S (the S ranks' gradients sum to S x the
-group's, ulysses.gather_rows), so the step is the same as without it.
+Sequence parallelism (actor.ulysses_sequence_parallel_size = S > 1, rlctl.workers.ulysses; the
+policy engine's sp group): the S ranks of a group pool their shards and each runs its 1/S of every
+packed micro-batch; the NLL of all the group's targets is gathered on each, and D = W / S (the S
+ranks' gradients sum to S x the group's, ulysses.gather_rows), so the step is the same as without
+it.
 
 Mixture-of-experts policies: actor.expert_parallel_size splits the experts as in RL (the engine's
 all-to-all dispatch; every rank runs the same number of micro-batches, _micro_batches), and the
@@ -43,22 +44,23 @@ _KEYS = ["input_ids", "attention_mask", "loss_mask"]
 
 
 def target_nll(module: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-               loss_mask: torch.Tensor, *, pack: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+               loss_mask: torch.Tensor, *, pack: bool = False,
+               sp: ulysses.SPGroup | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """-log p(token) of every target token [K] (row-major) and the row each belongs to [K].
 
     Rows are right-padded; token t is predicted by the output at t - 1. pack=True runs the rows as
     one packed row (flash attention: varlen by position_ids), else trimmed to the longest row.
-    Under sequence parallelism (ulysses.active) the packed row is split over the sp group's ranks
-    and every rank gets all K values."""
-    nll, rows_of, _ = target_nll_and_aux(module, input_ids, attention_mask, loss_mask, pack=pack)
+    Under sequence parallelism (`sp`, the engine's group) the packed row is split over the sp
+    group's ranks and every rank gets all K values."""
+    nll, rows_of, _ = target_nll_and_aux(module, input_ids, attention_mask, loss_mask, pack=pack, sp=sp)
     return nll, rows_of
 
 
 def target_nll_and_aux(module: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                       loss_mask: torch.Tensor, *, pack: bool = False, moe_aux_loss: bool = False):
+                       loss_mask: torch.Tensor, *, pack: bool = False, moe_aux_loss: bool = False,
+                       sp: ulysses.SPGroup | None = None):
     """target_nll's (nll [K], rows [K]) and, with moe_aux_loss, the MoE router's load-balancing loss
     over the tokens the forward ran (prompts and targets, never padding; a scalar), else None."""
-    sp = ulysses.current()
     layout = make_layout(input_ids, attention_mask, input_ids.shape[1] - 1,
                          layout="pack" if pack or sp is not None else "trim")
     keep = loss_mask[:, 1:][layout.response_valid] > 0                      # [M] real tokens -> targets
@@ -89,10 +91,8 @@ class SFTWorker:
         self.rank, self.world = fsdp.rank_and_world()
         self.actor = policy_engine(config, total_steps)   # the actor's: checkpoints are the actor's
         self.pack = use_packing(self.actor.module)
-        self.sp = ulysses.build_group(config.actor.ulysses_sequence_parallel_size, self.actor.module, self.world,
-                                      "actor.ulysses_sequence_parallel_size")
         self.moe_aux_coef = moe_aux.resolve_coef(self.actor.module, config.actor.moe_aux_loss_coef,
-                                                 self.sp.size if self.sp else 1)   # 0: dense, or off
+                                                 self.actor.sp_size)   # 0: dense, or off
 
     def _micro_batches(self, shard: Batch) -> list[dict]:
         groups = synced_plan(shard["attention_mask"].sum(1), max_tokens=self.cfg.sft.micro_batch_max_tokens,
@@ -113,21 +113,21 @@ class SFTWorker:
         coefficient; the loss minimised is train/loss + coef x that)."""
         targets = float((batch["loss_mask"][:, 1:] > 0).sum())
         total = fsdp.all_reduce_sum([targets])[0]   # each rank's own shard: every target counted once
-        dp = self.world // (self.sp.size if self.sp else 1)
+        dp = self.world // self.actor.sp_size
         scale, norm = dp / max(total, 1.0), LossNorm(tokens=max(total, 1.0), dp_size=dp)
 
         def loss_fn(micro: dict):
             nll, _, aux = target_nll_and_aux(self.actor.module, micro["input_ids"], micro["attention_mask"],
-                                             micro["loss_mask"], pack=self.pack, moe_aux_loss=self.moe_aux_coef > 0)
+                                             micro["loss_mask"], pack=self.pack, moe_aux_loss=self.moe_aux_coef > 0,
+                                             sp=self.actor.sp)
             loss, metrics = nll.sum() * scale, {}
             metrics["nll"] = float(loss.detach())
             targets = micro["loss_mask"][:, 1:]   # its targets' share of the step's, as moe_aux weighs the actor's
             loss = moe_aux.add_aux_loss(loss, metrics, {moe_aux.METRIC: aux}, targets, norm, self.moe_aux_coef)
             return loss, metrics
 
-        rows, _, _ = ulysses.group_rows(batch, self.sp)   # sp > 1: the sp group's rows, the same on its ranks
-        with ulysses.active(self.sp):
-            out = self.actor.train_mini_batch(self._micro_batches(rows), loss_fn)
+        rows, _, _ = self.actor.group_rows(batch)   # sp > 1: the sp group's rows, the same on its ranks
+        out = self.actor.train_mini_batch(self._micro_batches(rows), loss_fn)
         lr = self.actor.lr()
         self.actor.end_train_step()
         sums = [sum(m.get(key, 0.0) for m in out["micro"]) for key in ("nll", moe_aux.METRIC)]
@@ -141,14 +141,15 @@ class SFTWorker:
         """Per-row summed NLL of the target tokens and their count: nll_sum, targets [B] float64. Micro-batches
         as in training (sft.micro_batch_max_tokens); whole weights, so ranks may run different counts
         (the ranks of an sp group run the same ones: they hold the same rows)."""
-        rows, start, stop = ulysses.group_rows(batch, self.sp)   # sp > 1: the group's rows; ours at start
+        rows, start, stop = self.actor.group_rows(batch)   # sp > 1: the group's rows; ours at start
         sums = np.zeros(len(rows), dtype=np.float64)
         groups = plan_micro_batches(rows["attention_mask"].sum(1), max_tokens=self.cfg.sft.micro_batch_max_tokens,
                                     max_rows=self.cfg.actor.micro_batch_size)
-        with self.actor.inference() as module, ulysses.active(self.sp):
+        with self.actor.inference() as module:
             for group in groups:
                 t = self._trimmed(rows, group)
-                nll, of = target_nll(module, t["input_ids"], t["attention_mask"], t["loss_mask"], pack=self.pack)
+                nll, of = target_nll(module, t["input_ids"], t["attention_mask"], t["loss_mask"], pack=self.pack,
+                                     sp=self.actor.sp)
                 np.add.at(sums, np.asarray(group)[of.cpu().numpy()], nll.double().cpu().numpy())
         counts = (batch["loss_mask"][:, 1:] > 0).sum(1).astype(np.float64)
         return Batch({"nll_sum": sums[start:stop], "targets": counts})

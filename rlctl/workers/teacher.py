@@ -19,6 +19,7 @@ import torch
 
 from rlctl.runtime import Batch, Dispatch, register
 from rlctl.workers import fsdp, ulysses
+from rlctl.workers.engine import sequence_group
 from rlctl.workers.logprob import batched_response_outputs, logits_and_rows, scatter_rows
 from rlctl.workers.models import load_causal_lm
 
@@ -34,9 +35,10 @@ class TeacherWorker:
         self.topk = min(config.distill.topk, self.model.config.vocab_size)
         self.micro_batch_size = config.actor.micro_batch_size
         # the student's sp size (the teacher pass is the reference pass of another model): each rank
-        # of an sp group runs its slice of the packed rows, as the actor does
-        self.sp = ulysses.build_group(config.actor.ulysses_sequence_parallel_size, self.model, fsdp.rank_and_world()[1],
-                                      "actor.ulysses_sequence_parallel_size")
+        # of an sp group runs its slice of the packed rows, as the actor does (a frozen model outside
+        # an engine: its group is built as the engine builds one)
+        self.sp = sequence_group(config.actor.ulysses_sequence_parallel_size, self.model,
+                                 "actor.ulysses_sequence_parallel_size")
 
     @register(Dispatch.DP)
     def compute_teacher_log_prob(self, batch: Batch) -> Batch:
@@ -44,17 +46,17 @@ class TeacherWorker:
         rows, start, stop = ulysses.group_rows(batch, self.sp)   # sp > 1: the sp group's rows; ours at start
         if len(rows) == 0:   # a rank's share of a teacher routed fewer rows than the group has ranks
             return Batch(empty_teacher_outputs(0, width, self.topk), batch.meta)
-        with torch.no_grad(), ulysses.active(self.sp):
+        with torch.no_grad():
             out = batched_response_outputs(self.model, self.device, rows, self.micro_batch_size,
-                                           forward=teacher_outputs, k=self.topk)
+                                           forward=teacher_outputs, k=self.topk, sp=self.sp)
         return Batch({key: value[start:stop] for key, value in out.items()}, batch.meta)
 
 
 def teacher_outputs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, response_width: int, *,
-                    k: int) -> dict[str, torch.Tensor]:
+                    k: int, sp: ulysses.SPGroup | None = None) -> dict[str, torch.Tensor]:
     """The teacher's log-prob of each response token and its top-k next tokens, at temperature 1
-    (under sequence parallelism each rank those of its slice, gathered on every rank)."""
-    logits, layout, rows = logits_and_rows(model, input_ids, attention_mask, response_width)
+    (under sequence parallelism, `sp`, each rank those of its slice, gathered on every rank)."""
+    logits, layout, rows = logits_and_rows(model, input_ids, attention_mask, response_width, sp=sp)
     log_probs = torch.log_softmax(logits.float(), -1)                      # [m, V]
     sampled = log_probs.gather(-1, rows.local(layout.targets)[:, None].long())   # [m, 1]
     top, ids = log_probs.topk(k, -1)                                       # [m, K]

@@ -39,10 +39,10 @@ def mini_batch_count(shard: Batch, *, world: int, sequences_per_mini: int) -> in
 def minibatch_norm(mini: Batch, *, horizon: int, sp: int = 1):
     """LossNorm of a mini-batch over all ranks: token and sequence counts summed by all-reduce.
 
-    sp > 1 (rlctl.workers.ulysses): the sp ranks of a group hold the same rows, so the sums count
-    each row sp times, and the data-parallel size is world / sp. The sp ranks' gradients sum to
-    sp x the group's gradient (ulysses.gather_rows), so FSDP's average over the world is still
-    the average over data-parallel groups."""
+    sp > 1 (the engine's sequence parallelism, rlctl.workers.ulysses): the sp ranks of a group hold
+    the same rows, so the sums count each row sp times, and the data-parallel size is world / sp. The
+    sp ranks' gradients sum to sp x the group's gradient (ulysses.gather_rows), so FSDP's average over
+    the world is still the average over data-parallel groups."""
     from rlctl.algorithms import LossNorm
 
     mask = mini["response_mask"] != 0
@@ -55,18 +55,18 @@ def minibatch_norm(mini: Batch, *, horizon: int, sp: int = 1):
 
 
 def run_updates(engine, shard: Batch, *, epochs: int, mini_batches: int, micro_batch_size: int,
-                horizon: int, make_loss: Callable, keys: list[str], sp: int = 1,
-                max_tokens: int = 0) -> dict[str, float]:
+                horizon: int, make_loss: Callable, keys: list[str], max_tokens: int = 0) -> dict[str, float]:
     """Train `engine` on `shard`; returns metrics averaged over optimizer steps and ranks.
 
     make_loss(norm) -> loss_fn(micro) -> (loss, metrics). Metrics named in ADDITIVE are shares
     of the mini-batch value (summed over micro-batches and ranks, / W); others are averaged.
-    sp: the sequence-parallel size; the shard is then the sp group's rows (ulysses.group_rows),
-    the same on its sp ranks, whose equal metrics the average over ranks keeps as they are.
+    Under the engine's sequence parallelism (engine.sp_size > 1) the shard is the sp group's rows
+    (engine.group_rows), the same on its sp ranks, whose equal metrics the average over ranks keeps.
     max_tokens > 0: micro-batches of at most that many tokens per worker (sp ranks split each
     micro-batch, so the group's hold sp x that), as many on every rank (micro_batches.synced_plan).
     """
     steps: list[dict[str, float]] = []
+    sp = engine.sp_size
     for _ in range(epochs):
         for mini in shard.chunk(mini_batches, even=True):
             norm = minibatch_norm(mini, horizon=horizon, sp=sp)
@@ -87,7 +87,7 @@ def _split(engine, mini: Batch, micro_batch_size: int, max_tokens: int) -> list[
         return mini.split(micro_batch_size)
     mask = mini["attention_mask"]
     groups = synced_plan(mask.sum(1), max_tokens=max_tokens, max_rows=micro_batch_size,
-                         padded=pads_rows(engine.module, mask.shape[1]))
+                         padded=pads_rows(engine.module, mask.shape[1], engine.sp))
     return [mini.select(g) for g in groups]
 
 

@@ -15,11 +15,16 @@ puts the S slices together on every rank, so the loss is the same on all of them
 keeps the rank's own slice of the gradient times S: the S ranks' parameter gradients then sum
 to S x dL/dtheta, which FSDP's average over dp x sp ranks turns into the dp-average it expects
 (the loss is normalised with dp_size = world / S, rlctl.workers.training).
+
+The training engine owns a model's sp group (rlctl.workers.engine.TrainEngine.sp, built by
+engine.sequence_group) and hands it to each pass that splits (rlctl.workers.logprob's `sp=`); a
+forward's attention function is bound to the group and the packed row's sequences for that forward.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 from dataclasses import dataclass
 from typing import Iterator
 
@@ -38,25 +43,6 @@ class SPGroup:
     rank: int
     size: int
     global_ranks: list[int]
-
-
-_state: dict = {"group": None, "lengths": None}
-
-
-def current() -> SPGroup | None:
-    """The sp group of the passes now running (None: sequence parallelism is off)."""
-    return _state["group"]
-
-
-@contextlib.contextmanager
-def active(group: SPGroup | None) -> Iterator[None]:
-    """Run the log-prob / value forwards inside under `group` (None or size 1: no-op)."""
-    previous = _state["group"]
-    _state["group"] = group if group is not None and group.size > 1 else None
-    try:
-        yield
-    finally:
-        _state["group"] = previous
 
 
 def build_group(size: int, model: torch.nn.Module, world: int, key: str = "ulysses_sequence_parallel_size"
@@ -239,8 +225,9 @@ def _masked_block(q, k, v, offset: int, window: int | None, scaling, dropout: fl
 
 
 def ulysses_attention(module, query, key, value, attention_mask=None, scaling=None, dropout=0.0,
-                      sliding_window=None, softcap=None, **kwargs):
-    """A transformers attention function: q [b, h, s/S, d], k/v [b, hk, s/S, d] -> ([b, s/S, h, d], None).
+                      sliding_window=None, softcap=None, *, sp: SPGroup, lengths: list[int], **kwargs):
+    """A transformers attention function (bound to `sp` and the packed row's sequence `lengths` by
+    _routed): q [b, h, s/S, d], k/v [b, hk, s/S, d] -> ([b, s/S, h, d], None).
 
     KV heads fewer than S are repeated to S first, each consecutively, so rank j's query heads
     (a slice inside one KV group) meet their own KV head."""
@@ -249,7 +236,6 @@ def ulysses_attention(module, query, key, value, attention_mask=None, scaling=No
     if variant := unsupported_attention(kwargs):
         raise ConfigError(f"{type(module).__name__} uses an attention variant ({variant}) that sequence "
                           "parallelism does not implement", hint="set actor.ulysses_sequence_parallel_size = 1")
-    sp, lengths = current(), _state["lengths"]
     kv_heads = key.shape[1]
     if kv_heads < sp.size:
         key = key.repeat_interleave(sp.size // kv_heads, dim=1)
@@ -264,25 +250,27 @@ def ulysses_attention(module, query, key, value, attention_mask=None, scaling=No
 
 
 @contextlib.contextmanager
-def _routed(config, lengths: list[int]) -> Iterator[None]:
+def _routed(config, attention) -> Iterator[None]:
+    """The model's attention is `attention` (ulysses_attention bound to a group and a packed row)
+    inside; its own again afterwards."""
     from transformers import AttentionInterface
 
-    AttentionInterface.register(ATTENTION, ulysses_attention)
+    AttentionInterface.register(ATTENTION, attention)
     previous = config._attn_implementation
     config._attn_implementation = ATTENTION
-    _state["lengths"] = lengths
     try:
         yield
     finally:
         config._attn_implementation = previous
-        _state["lengths"] = None
 
 
 def recompute_with_routing(context_fn, model: torch.nn.Module):
     """Gradient checkpointing: `context_fn` (torch.utils.checkpoint's, as
     rlctl.workers.shared_prompt.checkpoint_kwargs makes it) plus, for a layer whose forward ran
-    Ulysses attention, its recompute in backward under the same attention and packed sequences
-    (backward runs after `sliced_forward` has handed the model its own attention back)."""
+    Ulysses attention, its recompute in backward under the same attention, group and packed
+    sequences (backward runs after `sliced_forward` has handed the model its own attention back)."""
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
     from rlctl.workers.rollout.decoder import causal_lm_parts
 
     config = causal_lm_parts(model).config
@@ -291,14 +279,14 @@ def recompute_with_routing(context_fn, model: torch.nn.Module):
         forward, recompute = context_fn()
         if config._attn_implementation != ATTENTION:
             return forward, recompute
-        return forward, _recompute(recompute, config, _state["lengths"])   # entered in backward
+        return forward, _recompute(recompute, config, ALL_ATTENTION_FUNCTIONS[ATTENTION])   # entered in backward
 
     return both
 
 
 @contextlib.contextmanager
-def _recompute(recompute, config, lengths: list[int]) -> Iterator[None]:
-    with recompute, _routed(config, lengths):
+def _recompute(recompute, config, attention) -> Iterator[None]:
+    with recompute, _routed(config, attention):
         yield
 
 
@@ -332,7 +320,8 @@ def sliced_forward(model: torch.nn.Module, sp: SPGroup, input_ids: torch.Tensor,
     kwargs = {}
     if head_only_preds:
         kwargs["logits_to_keep"] = pred_col[bounds[sp.rank]:bounds[sp.rank + 1]] - start
-    with _routed(causal_lm_parts(model).config, sequence_lengths(positions[0])):
+    attention = functools.partial(ulysses_attention, sp=sp, lengths=sequence_lengths(positions[0]))
+    with _routed(causal_lm_parts(model).config, attention):
         out = model(input_ids=ids[:, start:start + width], position_ids=positions[:, start:start + width],
                     use_cache=False, **kwargs)
     return out, Slice(start=start, stop=start + width, bounds=bounds)

@@ -43,12 +43,12 @@ def _loss(out: dict, micro: dict) -> torch.Tensor:
     return -(out["log_prob"] * micro["advantages"] * mask).sum() / tokens - 0.01 * entropy
 
 
-def _policy_pass(model, micro: dict, width: int) -> dict:
+def _policy_pass(model, micro: dict, width: int, sp=None) -> dict:
     from rlctl.workers.logprob import response_log_probs
 
     model.zero_grad(set_to_none=True)
     out = response_log_probs(model, micro["input_ids"], micro["attention_mask"], width, with_entropy=True,
-                             entropy_grad=True, pack=False, temperature=0.7)
+                             entropy_grad=True, pack=False, temperature=0.7, sp=sp)
     loss = _loss(out, micro)
     loss.backward()
     grads = torch.cat([p.grad.flatten().float() for p in model.parameters() if p.grad is not None])
@@ -73,8 +73,7 @@ def _rank_main(rank, init_file, out_dir):
     for kv in (2, 1):
         model = _model(kv)
         one = _policy_pass(model, micro, width)
-        with ulysses.active(sp):
-            split = _policy_pass(model, micro, width)
+        split = _policy_pass(model, micro, width, sp=sp)
         dist.all_reduce(split["grad"])
         split["grad"] /= SP   # the S ranks' gradients sum to S x dL/dtheta (rlctl.workers.ulysses)
         for key in one:
@@ -83,8 +82,7 @@ def _rank_main(rank, init_file, out_dir):
     critic = _model(2, value=True).eval()   # the token classifier's head dropout off, as rlctl's critic has it
     with torch.no_grad():
         plain = response_values(critic, micro["input_ids"], micro["attention_mask"], width, pack=False)
-        with ulysses.active(sp):
-            split = response_values(critic, micro["input_ids"], micro["attention_mask"], width)
+        split = response_values(critic, micro["input_ids"], micro["attention_mask"], width, sp=sp)
     results["values"] = float((plain - split).abs().max())
     results["values_scale"] = float(plain.abs().max())
     results.update(_lora(sp, micro, width))
@@ -106,8 +104,7 @@ def _lora(sp, micro, width) -> dict:
             if "lora_B" in name:
                 param.normal_(0, 0.1)
     one = _policy_pass(model, micro, width)
-    with ulysses.active(sp):
-        split = _policy_pass(model, micro, width)
+    split = _policy_pass(model, micro, width, sp=sp)
     torch.distributed.all_reduce(split["grad"])
     split["grad"] /= SP
     return {"lora_log_prob": float((one["log_prob"] - split["log_prob"]).abs().max()),
@@ -122,8 +119,7 @@ def _checkpointed(sp, micro, width) -> dict:
     one = _policy_pass(_model(2), micro, width)
     model = _model(2)
     model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=checkpointing_kwargs(model))
-    with ulysses.active(sp):
-        split = _policy_pass(model, micro, width)
+    split = _policy_pass(model, micro, width, sp=sp)
     torch.distributed.all_reduce(split["grad"])
     split["grad"] /= SP
     return {"gc_log_prob": float((one["log_prob"] - split["log_prob"]).abs().max()),
@@ -135,8 +131,7 @@ def _bf16(sp, micro, width) -> dict:
     exact = _policy_pass(_model(2), micro, width)["log_prob"]
     model = _model(2).to(torch.bfloat16)
     one = _policy_pass(model, micro, width)
-    with ulysses.active(sp):
-        split = _policy_pass(model, micro, width)
+    split = _policy_pass(model, micro, width, sp=sp)
     return {"bf16_one_error": float((one["log_prob"] - exact).abs().max()),
             "bf16_sp_error": float((split["log_prob"] - exact).abs().max())}
 
@@ -148,8 +143,7 @@ def _planted_wrong_mask(sp, micro, width) -> dict:
     right = ulysses.sequence_lengths
     ulysses.sequence_lengths = lambda positions: [len(positions)]
     try:
-        with ulysses.active(sp):
-            wrong = _policy_pass(model, micro, width)
+        wrong = _policy_pass(model, micro, width, sp=sp)
     finally:
         ulysses.sequence_lengths = right
     return {"wrong_mask_log_prob": float((one["log_prob"] - wrong["log_prob"]).abs().max())}
@@ -160,8 +154,7 @@ def _windowed(sp, micro, width) -> dict:
     equals one rank in transformers' eager attention (log-probs and gradients)."""
     model = _gemma3()
     one = _policy_pass(model, micro, width)
-    with ulysses.active(sp):
-        split = _policy_pass(model, micro, width)
+    split = _policy_pass(model, micro, width, sp=sp)
     torch.distributed.all_reduce(split["grad"])
     split["grad"] /= SP
     return {"window_log_prob": float((one["log_prob"] - split["log_prob"]).abs().max()),

@@ -37,18 +37,19 @@ def _model(seed: int, scale: float = 1.0):
     return model
 
 
-def _teacher(model, micro: dict, width: int) -> dict:
+def _teacher(model, micro: dict, width: int, sp=None) -> dict:
     from rlctl.workers.teacher import teacher_outputs
 
     with torch.no_grad():
-        return teacher_outputs(model, micro["input_ids"], micro["attention_mask"], width, k=K)
+        return teacher_outputs(model, micro["input_ids"], micro["attention_mask"], width, k=K, sp=sp)
 
 
-def _student(model, micro: dict, width: int, ids: torch.Tensor) -> dict:
+def _student(model, micro: dict, width: int, ids: torch.Tensor, sp=None) -> dict:
     from rlctl.workers.logprob import response_log_probs
 
     model.zero_grad(set_to_none=True)
-    out = response_log_probs(model, micro["input_ids"], micro["attention_mask"], width, gather_ids=ids, pack=False)
+    out = response_log_probs(model, micro["input_ids"], micro["attention_mask"], width, gather_ids=ids, pack=False,
+                             sp=sp)
     mask = micro["response_mask"]
     loss = -(out["topk_log_prob"].exp().sum(-1) * mask).sum() / mask.sum() - (out["log_prob"] * mask).sum() / mask.sum()
     loss.backward()
@@ -68,14 +69,12 @@ def _rank_main(rank, init_file, out_dir):
     width = micro["response_mask"].shape[1]
     teacher = _model(1, scale=6.0)
     one = _teacher(teacher, micro, width)
-    with ulysses.active(sp):
-        split = _teacher(teacher, micro, width)
+    split = _teacher(teacher, micro, width, sp=sp)
     results = {f"teacher_{key}": float((one[key].double() - split[key].double()).abs().max()) for key in one}
     results["in_topk_share"] = float(one["in_teacher_topk"].float().sum() / micro["response_mask"].sum())
     student = _model(0)
     a = _student(student, micro, width, one["teacher_topk_ids"])
-    with ulysses.active(sp):
-        b = _student(student, micro, width, one["teacher_topk_ids"])
+    b = _student(student, micro, width, one["teacher_topk_ids"], sp=sp)
     dist.all_reduce(b["grad"])
     b["grad"] /= SP   # the S ranks' gradients sum to S x dL/dtheta (rlctl.workers.ulysses)
     results.update({f"student_{key}": float((a[key] - b[key]).abs().max()) for key in a})

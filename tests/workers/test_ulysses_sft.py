@@ -2,7 +2,7 @@
 
 Both ranks hold the same micro-batch of right-padded rows of odd real lengths whose prompts carry
 no loss (loss_mask 0), as rlctl.data.sft makes them. With sp = 2 each rank runs half of the packed
-row (rlctl.workers.sft.target_nll under ulysses.active); the per-token NLL, the mean loss and the
+row (rlctl.workers.sft.target_nll with the sp group); the per-token NLL, the mean loss and the
 summed gradients must equal the plain one-rank forward (trim layout, SDPA) within float32 rounding,
 for KV heads that split over the ranks and a KV head repeated (1 KV head, sp = 2). A micro-batch
 whose targets all sit in rank 0's half (rank 1 has none to predict) still gets the same numbers.
@@ -47,11 +47,11 @@ def sft_rows(lengths: list[int], prompts: list[int], width: int, seed: int = 0) 
             "loss_mask": torch.as_tensor(loss.astype(np.float32))}
 
 
-def _pass(model, micro: dict) -> dict:
+def _pass(model, micro: dict, sp=None) -> dict:
     from rlctl.workers.sft import target_nll
 
     model.zero_grad(set_to_none=True)
-    nll, rows = target_nll(model, micro["input_ids"], micro["attention_mask"], micro["loss_mask"], pack=False)
+    nll, rows = target_nll(model, micro["input_ids"], micro["attention_mask"], micro["loss_mask"], pack=False, sp=sp)
     loss = nll.sum() / len(nll)
     loss.backward()
     grads = torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None])
@@ -73,8 +73,7 @@ def _rank_main(rank, init_file, out_dir):
         model = _model(kv)
         for name, micro in cases.items():
             one = _pass(model, micro)
-            with ulysses.active(sp):
-                split = _pass(model, micro)
+            split = _pass(model, micro, sp=sp)
             dist.all_reduce(split["grad"])
             split["grad"] /= SP   # the S ranks' gradients sum to S x dL/dtheta (rlctl.workers.ulysses)
             for key in one:
