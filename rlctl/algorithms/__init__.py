@@ -31,7 +31,8 @@ from .dynamic_sampling import GroupFilter, filter_groups
 from .shaping import overlong_penalty, scores_to_token_rewards
 
 __all__ = [
-    "AdaptiveKLController", "AlgorithmError", "COLUMNS", "Column", "update_columns", "DistillLossSpec", "distill_advantages", "distill_loss",
+    "COLUMNS", "Column", "update_columns",
+    "AdaptiveKLController", "AlgorithmError", "DistillLossSpec", "distill_advantages", "distill_loss",
     "distill_loss_names", "distill_stats", "get_distill_loss", "register_distill_loss", "EstimatorSpec", "FixedKLController", "GroupFilter", "KL_KINDS",
     "LOSS_AGG_MODES", "LossNorm", "Needs", "PolicyLossSpec", "RequiredParam", "aggregate_loss", "algorithm_needs",
     "apply_kl_in_reward", "compute_advantages", "entropy_from_logits", "estimator_names", "estimator_params",

@@ -63,7 +63,7 @@ def test_optimal_token_baseline_with_rollout_correction(tmp_path, make_project, 
     rows = train(make_project, tmp_path, ["algorithm.name=optimal_token_baseline", "actor.policy_loss=dppo_tv",
                                           f'{rc}rollout_is="token"', f'{rc}rollout_rs="token_k1,seq_max_k3"',
                                           f'{rc}rollout_rs_threshold="0.5_2.0,0.01"'], 3)
-    # old_log_prob was recomputed (needs_old_log_prob, and rollout correction) although this is one
+    # old_log_prob was recomputed (the estimator reads it, and rollout correction) although this is one
     # on-policy update; sum_pi_squared reached the estimator (it raises without it)
     assert all("timing/old_log_prob_s" in r for r in rows), rows[0].keys()
     assert all(abs(r["critic/advantages/mean"]) < 10 for r in rows)
