@@ -45,29 +45,23 @@ def anchored(*, token_level_rewards, response_mask, group_ids, old_log_prob, ref
 NO_KL = ["algorithm.kl_in_reward=false", "actor.use_kl_loss=false"]
 
 
+def chosen(tag: str) -> list[str]:
+    """The overrides that pick the plugin: the one file that registers it, by name."""
+    return ['algorithm.plugins=["anchored.py"]', f"algorithm.name=anchored_{tag}", *NO_KL]
+
+
 @pytest.fixture
 def project(tmp_path):
     tag = uuid.uuid4().hex[:8]   # registries are per process: every test registers its own name
     (tmp_path / "anchored.py").write_text(ESTIMATOR.format(tag=tag))
-    (tmp_path / "rlctl.toml").write_text(f'''
-[model]
-path = "model"
-[data]
-train_files = ["train.parquet"]
-[algorithm]
-name = "anchored_{tag}"
-plugins = ["anchored.py"]
-[algorithm.params]
-beta = 1.0
-[rollout]
-n = 2
-''')
+    (tmp_path / "rlctl.toml").write_text('[model]\npath = "model"\n[data]\ntrain_files = ["train.parquet"]\n')
     return tmp_path, tag
 
 
 def test_its_columns_decide_what_the_run_starts_and_reach_it_through_the_controller(project):
     proj, tag = project
-    loaded = load_config(proj / "rlctl.toml", NO_KL, strict=False)
+    loaded = load_config(proj / "rlctl.toml", [*chosen(tag), "algorithm.params.beta=1.0", "rollout.n=2"],
+                         strict=False)
     problems, _ = validate(loaded, machine=False)   # imports the plugin, as `rlctl train` does
     assert [p for p in problems if p.key.startswith(("algorithm", "actor", "critic"))] == []
     needs = algorithms.algorithm_needs(f"anchored_{tag}")
@@ -99,8 +93,7 @@ def test_a_run_starts_the_reference_its_columns_read(tmp_path, make_project, ray
     proj = make_project(tmp_path, "grpo-gsm8k")
     (proj / "anchored.py").write_text(ESTIMATOR.format(tag=tag))
     (proj / "dense.py").write_text(DENSE_REWARD)
-    overrides = [*ONE_DENSE_STEP, *NO_KL, 'algorithm.plugins=["anchored.py"]', f"algorithm.name=anchored_{tag}",
-                 "algorithm.params.beta=0.5"]
+    overrides = [*ONE_DENSE_STEP, *chosen(tag), "algorithm.params.beta=0.5"]
     start_training(load_config(proj / "rlctl.toml", overrides), address=None, force=False)
     [row] = [json.loads(line) for line in (proj / "runs" / "grpo-gsm8k" / "metrics.jsonl").read_text().splitlines()]
     assert "timing/ref_s" in row and "timing/old_log_prob_s" in row   # the passes its columns name ran,
