@@ -47,7 +47,7 @@ def _micro(args):
     return ids, mask, mask[:, prompt:].float()
 
 
-def _measure(model, args) -> dict:
+def _measure(model, args, sp=None) -> dict:
     from rlctl.workers.logprob import response_log_probs
 
     ids, mask, response_mask = _micro(args)
@@ -65,7 +65,8 @@ def _measure(model, args) -> dict:
         model.zero_grad(set_to_none=True)
         start = time.perf_counter()
         with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-            out = response_log_probs(model, ids, mask, response_mask.shape[1], with_entropy=True, pack=False)
+            out = response_log_probs(model, ids, mask, response_mask.shape[1], with_entropy=True, pack=False,
+                                     sp=sp)
         loss = -(out["log_prob"] * response_mask).sum() / response_mask.sum()
         loss.backward()
         times.append(time.perf_counter() - start)
@@ -82,8 +83,7 @@ def _rank(rank, args, init_file, out):
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=2,
                             timeout=datetime.timedelta(seconds=600))
     sp = ulysses.new_groups(2)
-    with ulysses.active(sp):
-        result = _measure(_model(args), args)
+    result = _measure(_model(args), args, sp)
     out[rank] = result
     dist.destroy_process_group()
 

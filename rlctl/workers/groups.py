@@ -71,6 +71,8 @@ def start_workers(config, *, total_steps: int, needs) -> Workers:
         specs = {name: (role.worker_class(), kwargs) for name, kwargs in role.instances(run).items()}
         if not specs:
             continue
+        if role.trained and list(specs) != [role.name]:   # its checkpoint folder is <step>/<name>/
+            raise ValueError(f"trained role {role.name!r} must have one instance named {role.name!r}, not {list(specs)}")
         trained += list(specs) if role.trained else []
         if role.placement == ACTOR or (role.placement == BESIDE_ACTOR and config.resources.colocate):
             beside.update(specs)

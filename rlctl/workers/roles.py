@@ -47,7 +47,8 @@ class RunRoles:
 class Role:
     """One row of the table."""
 
-    name: str        # the row; a trained role's checkpoint folder <step>/<name>/; an own pool's group name
+    name: str        # the row; a trained role's checkpoint folder <step>/<name>/ (a trained role has one
+                     # instance, of this name); a pool of its own's group name
     worker: str      # "module:Class", imported when a run starts the role
     placement: str   # ACTOR | BESIDE_ACTOR | OWN_POOL
     trained: bool    # its state is saved in each checkpoint and restored on resume
