@@ -44,3 +44,12 @@ def test_a_config_starts_the_roles_its_algorithm_and_keys_ask_for():
     assert "rollout" in _started(off) and "rollout" not in plain
     rollout_row = next(r for r in ROLES if r.name == "rollout")
     assert rollout_row.resources(off) == pool_resources(off)[1] and rollout_row.resources(off).workers == 1
+
+
+def test_every_row_names_a_worker_class_that_imports():
+    """A row names its class as "module:Class" (the table imports no torch): a module moved or a class
+    renamed must fail here, not at a run's start."""
+    for role in ROLES:
+        cls = role.worker_class()
+        assert isinstance(cls, type) and cls.__name__ == role.worker.rpartition(":")[2], role.name
+        assert hasattr(cls, "save_checkpoint") == role.trained, role.name   # trained: the engine's three methods
