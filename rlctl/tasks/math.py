@@ -107,14 +107,20 @@ def verl_boxed(text: str) -> str | None:
     if "\\boxed " in text:
         return text.split("\\boxed ")[-1].split("$")[0]
     start = text.rfind("\\boxed")
-    if start < 0:
+    end = closing_brace(text, start) if start >= 0 else None
+    if end is None or not text.startswith("\\boxed{", start):
         return None
+    return text[start + len("\\boxed{"):end]
+
+
+def closing_brace(text: str, start: int) -> int | None:
+    """The index of the `}` at which the braces counted from `start` on first balance (the one that
+    closes the first `{` after it); None when they never do."""
     depth = 0
     for i in range(start, len(text)):
         depth += (text[i] == "{") - (text[i] == "}")
         if text[i] == "}" and depth == 0:
-            box = text[start:i + 1]
-            return box[len("\\boxed{"):-1] if box.startswith("\\boxed{") else None
+            return i
     return None
 
 

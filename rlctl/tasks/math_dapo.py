@@ -23,6 +23,7 @@ from __future__ import annotations
 import re
 
 from rlctl.data.sources import FileSource, PrepSource, RowError
+from rlctl.tasks.math import closing_brace
 
 DATA_SOURCES = ("math_dapo", "math", "math_dapo_reasoning")
 DATA_SOURCE_PREFIXES = ("aime",)   # verl: data_source.startswith("aime")
@@ -71,14 +72,8 @@ def normalize_final_answer(answer: str) -> str:
 def last_boxed(text: str) -> str | None:
     """The content of the last `\\boxed{...}` (nested braces kept); None without one or unclosed."""
     start = text.rfind("\\boxed{")
-    if start < 0:
-        return None
-    depth = 0
-    for i in range(start, len(text)):
-        depth += (text[i] == "{") - (text[i] == "}")
-        if text[i] == "}" and depth == 0:
-            return text[start + len("\\boxed{"):i]
-    return None
+    end = closing_brace(text, start) if start >= 0 else None
+    return None if end is None else text[start + len("\\boxed{"):end]
 
 
 def verify(solution_str: str, ground_truth: str, *, strict_box: bool = False) -> tuple[bool, str | None]:
