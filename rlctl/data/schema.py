@@ -17,8 +17,9 @@ REQUIRED = ("data_source", "prompt", "reward_model")
 OPTIONAL = ("ability", "extra_info")
 
 
-def arrow_schema():
-    """The schema `rlctl data prep` writes (extra_info carries split, index, question, answer)."""
+def arrow_schema(extra_info: tuple = ()):
+    """The schema `rlctl data prep` writes: extra_info carries split, index, question, answer, then a
+    task's own `extra_info` fields ((name, pyarrow type) pairs: reasoning-gym's task and metadata)."""
     import pyarrow as pa
 
     message = pa.struct([("role", pa.string()), ("content", pa.string())])
@@ -28,7 +29,7 @@ def arrow_schema():
         ("ability", pa.string()),
         ("reward_model", pa.struct([("style", pa.string()), ("ground_truth", pa.string())])),
         ("extra_info", pa.struct([("split", pa.string()), ("index", pa.int64()),
-                                  ("question", pa.string()), ("answer", pa.string())])),
+                                  ("question", pa.string()), ("answer", pa.string()), *extra_info])),
     ])
 
 

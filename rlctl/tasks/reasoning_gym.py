@@ -223,11 +223,7 @@ def arrow_schema():
 
     from rlctl.data.schema import arrow_schema as base
 
-    schema = base()
-    info = schema.field("extra_info").type
-    fields = [info.field(i) for i in range(info.num_fields)]
-    fields += [pa.field(name, pa.string()) for name in ("task", "config", "metadata")]
-    return schema.set(schema.get_field_index("extra_info"), pa.field("extra_info", pa.struct(fields)))
+    return base(extra_info=tuple((name, pa.string()) for name in ("task", "config", "metadata")))
 
 
 def notes(spec: str, args: dict | None, size: int, seed: int, splits: dict[str, list[dict]]) -> list[str]:

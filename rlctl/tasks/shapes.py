@@ -105,11 +105,8 @@ def arrow_schema():
     from rlctl.data.images import with_images_column
     from rlctl.data.schema import arrow_schema as row_schema
 
-    schema = row_schema()
-    extra = schema.field("extra_info").type
-    fields = [extra.field(i) for i in range(extra.num_fields)]
-    extra = pa.struct([*fields, ("colour", pa.string()), ("count", pa.int64()), ("shapes", pa.string())])
-    return with_images_column(schema.set(schema.get_field_index("extra_info"), pa.field("extra_info", extra)))
+    return with_images_column(row_schema(extra_info=(("colour", pa.string()), ("count", pa.int64()),
+                                                     ("shapes", pa.string()))))
 
 
 def baseline(splits: dict[str, list[dict]]) -> list[str]:

@@ -195,10 +195,7 @@ def arrow_schema():
 
     from rlctl.data.schema import arrow_schema as base
 
-    schema = base()
-    info = schema.field("extra_info").type
-    fields = [info.field(i) for i in range(info.num_fields)] + [pa.field("verifiers", pa.string())]
-    return schema.set(schema.get_field_index("extra_info"), pa.field("extra_info", pa.struct(fields)))
+    return base(extra_info=(("verifiers", pa.string()),))
 
 
 def source(env_id: str, args: dict | None, size: int | None) -> PrepSource:
