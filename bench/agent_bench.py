@@ -49,7 +49,7 @@ def main() -> None:
     from rlctl.serve.eval_turns import LocalTurns
     from rlctl.serve.source import load_model
     from rlctl.tasks.prep import PrepOptions, prepare
-    from rlctl.workers.models import eos_token_ids
+    from rlctl.workers.compute.models import eos_token_ids
 
     folder = Path(args.model_dir)
     model, tok = load_model(folder, "float32")

@@ -21,7 +21,7 @@ long sample holds the whole batch. Training a batch takes --train-ms.
                 bit for bit in tests/controller/test_async.py)
   async K=2/4   max_staleness 2 / 4, "wait"; async K=4 drop: the "drop" strategy
   ... partial   rollout.partial_rollout = true: generation in rounds of --chunk-tokens tokens on
-                rlctl's real PartialPool (rlctl.workers.partial_rollout); a sample is
+                rlctl's real PartialPool (rlctl.workers.rollout.partial); a sample is
                 --sample-tokens tokens long (a long one --tail-factor times that) and a round
                 lasts as long as its longest decode, so a long sample no longer holds its batch
 
@@ -95,7 +95,7 @@ class TimedGroup:
         to --chunk-tokens tokens; the round lasts as long as its longest decode. A sample's length
         (--sample-tokens, or --tail-factor times that with --tail-prob) is drawn when it starts and
         written as its first token, so later rounds know when it ends."""
-        from rlctl.workers.partial_rollout import PartialPool
+        from rlctl.workers.rollout.partial import PartialPool
 
         a, start = self.a, time.perf_counter()
         if self.partial is None:

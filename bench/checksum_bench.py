@@ -7,7 +7,7 @@ algorithm the way rlctl.checkpoint.manifest reads shards (1 MiB blocks, readinto
 prints GB/s per algorithm (the best of --repeat; one thread, so it is the cost per rank). Then
 what verification pays over a checkpoint folder of 4 such files (the manifest's crc32, a few files
 at a time in threads): all of it in one process (verify(hashes=True), what merge does), and what
-each rank pays at load, where the ranks split a role's files (rlctl.workers.checkpoint_io.
+each rank pays at load, where the ranks split a role's files (rlctl.workers.compute.checkpoint_io.
 verify_share: file i by rank i % world): 100 GB over --ranks ranks, at the rate one rank measured here.
 """
 

@@ -30,8 +30,8 @@ def _rank(rank, model_dir, init_file, out_file, ep, args):
     import torch.distributed as dist
     from transformers import AutoModelForCausalLM
 
-    from rlctl.workers.engine import OptimSpec, TrainEngine
-    from rlctl.workers.expert_parallel import expert_modules
+    from rlctl.workers.compute.engine import OptimSpec, TrainEngine
+    from rlctl.workers.parallel.expert_parallel import expert_modules
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=WORLD,

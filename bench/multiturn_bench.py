@@ -76,7 +76,7 @@ def main() -> None:
     from rlctl.controller.rollout import prompt_batch
     from rlctl.models.tiny import build_tiny_model
     from rlctl.multiturn.rollout import MultiTurnActor
-    from rlctl.workers.actor import ActorRolloutRefWorker
+    from rlctl.workers.roles.actor import ActorRolloutRefWorker
 
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
     work = Path(tempfile.mkdtemp(prefix="rlctl-mt-bench-"))

@@ -53,7 +53,7 @@ def main() -> None:
     from rlctl.data.sft import build_samples, collate
     from rlctl.models.tiny import build_tiny_model
     from rlctl.models.loading import load_tokenizer
-    from rlctl.workers.sft import SFTWorker
+    from rlctl.workers.roles.sft import SFTWorker
 
     tmp = Path(tempfile.mkdtemp(prefix="sft-bench-"))
     full = SHARED / "data" / "gsm8k"

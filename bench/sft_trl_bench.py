@@ -69,7 +69,7 @@ def run_rlctl(model: Path, samples, steps: int, threads: int) -> dict:
 
     from rlctl.config.schema import Config
     from rlctl.data.sft import collate
-    from rlctl.workers.sft import SFTWorker
+    from rlctl.workers.roles.sft import SFTWorker
 
     torch.set_num_threads(threads)
     c = Config()

@@ -3,10 +3,10 @@
     python bench/ulysses_bench.py [--rows 4] [--response 1024] [--hidden 256] [--layers 4]
 
 A Llama-style model from a config (no download), a micro-batch of `rows` sequences of a 16-token
-prompt and a `response`-token response, the actor's loss path (rlctl.workers.logprob.response_log_probs
+prompt and a `response`-token response, the actor's loss path (rlctl.workers.compute.logprob.response_log_probs
 with entropy). "activations" = bytes of the tensors autograd saves for backward (parameters excluded,
 each storage counted once) on one rank: the memory sequence parallelism divides. sp = 1 runs the
-layout rlctl uses without sp on SDPA (trim); sp = 2 runs two gloo ranks (rlctl.workers.ulysses).
+layout rlctl uses without sp on SDPA (trim); sp = 2 runs two gloo ranks (rlctl.workers.parallel.ulysses).
 Prints one JSON line per sp size.
 """
 
@@ -48,7 +48,7 @@ def _micro(args):
 
 
 def _measure(model, args, sp=None) -> dict:
-    from rlctl.workers.logprob import response_log_probs
+    from rlctl.workers.compute.logprob import response_log_probs
 
     ids, mask, response_mask = _micro(args)
     params = {p.untyped_storage().data_ptr() for p in model.parameters()}
@@ -77,7 +77,7 @@ def _measure(model, args, sp=None) -> dict:
 def _rank(rank, args, init_file, out):
     import torch.distributed as dist
 
-    from rlctl.workers import ulysses
+    from rlctl.workers.parallel import ulysses
 
     torch.set_num_threads(args.threads)
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=2,

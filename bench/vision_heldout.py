@@ -25,10 +25,10 @@ def main(model_dir: str, test_file: str) -> None:
     from rlctl.controller.rollout import prompt_batch
     from rlctl.controller.build import vision_data
     from rlctl.models.loading import load_tokenizer
-    from rlctl.workers.actor import pad_token_id, sample
-    from rlctl.workers.models import eos_token_ids
+    from rlctl.workers.compute.models import eos_token_ids
+    from rlctl.workers.compute.vision import with_pixels
+    from rlctl.workers.roles.actor import pad_token_id, sample
     from rlctl.workers.rollout.hf import HFRolloutEngine
-    from rlctl.workers.vision import with_pixels
 
     config = Config(model=ModelConfig(path=model_dir), data=DataConfig(image_key="images"))
     tokenizer = load_tokenizer(model_dir)

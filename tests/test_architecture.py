@@ -49,6 +49,9 @@ ONLY = {
     "algorithms": set(),
     "runtime": {name for name, layer in LAYERS.items() if layer <= 1},
 }
+# Inside workers: four folders on four floors (docs/architecture.md, "Inside workers/"); a folder
+# imports its own floor or lower, and every module sits in one of them.
+WORKER_FLOORS = {"roles": 4, "rollout": 3, "compute": 2, "parallel": 1}
 
 
 @dataclass(frozen=True)
@@ -202,6 +205,25 @@ def layer_violations(root: Path, layers: dict = LAYERS, only: dict = ONLY) -> li
     return out
 
 
+def worker_floor_violations(root: Path, floors: dict = WORKER_FLOORS) -> list[str]:
+    """Modules of workers/ outside the folders of WORKER_FLOORS, and imports from a lower folder to a
+    higher one."""
+    top = root / "workers"
+
+    def folder(module: str) -> str | None:
+        rel = modules(root)[module].relative_to(root)
+        return rel.parts[1] if rel.parts[0] == "workers" and len(rel.parts) > 2 else None
+
+    out = [f"{_where(root, m)} is in no folder of WORKER_FLOORS" for m, path in modules(root).items()
+           if path.is_relative_to(top) and path != top / "__init__.py" and folder(m) not in floors]
+    for imp in imports(root):
+        src, dst = folder(imp.source), folder(imp.target)
+        if src in floors and dst in floors and floors[dst] > floors[src]:
+            out.append(f"workers/{src} (floor {floors[src]}) imports workers/{dst} (floor {floors[dst]}): "
+                       f"{_edge(root, imp)}")
+    return out
+
+
 def _private(name: str) -> bool:
     return name.startswith("_") and not (name.startswith("__") and name.endswith("__"))
 
@@ -275,6 +297,11 @@ def test_packages_import_only_their_layer_or_lower():
     assert not (found := layer_violations(ROOT)), _report(found, "imports against the layer map (LAYERS, ONLY)")
 
 
+def test_worker_folders_import_only_their_floor_or_lower():
+    assert not (found := worker_floor_violations(ROOT)), _report(found, "imports against the workers' floors "
+                                                                        "(WORKER_FLOORS)")
+
+
 def test_no_private_names_across_packages():
     assert not (found := private_imports(ROOT)), _report(found, "private names used by another package "
                                                                 "(make them public or move the caller)")
@@ -291,7 +318,7 @@ def test_functions_are_short():
 def test_the_checks_see_the_whole_tree():
     """A moved root or a parser that skips files would make every check pass on nothing."""
     mods = modules(ROOT)
-    assert {"rlctl.config.loader", "rlctl.workers.actor", "rlctl.cli.main", "rlctl.doctor"} <= set(mods)
+    assert {"rlctl.config.loader", "rlctl.workers.roles.actor", "rlctl.cli.main", "rlctl.doctor"} <= set(mods)
     assert len(mods) > 100 and len(imports(ROOT)) > 300
 
 
@@ -317,7 +344,7 @@ CLEAN = {   # obeys every rule, with the allowed look-alikes of each violation
     "models/m.py": "from typing import TYPE_CHECKING\n\nif TYPE_CHECKING:   # same layer, no circle\n"
                    "    from rlctl.runtime.batch import Batch\n\n\ndef _helper():\n    pass\n\n\n" + _function("ok", 60),
     "workers/__init__.py": "",
-    "workers/w.py": "from rlctl.data import a\nfrom rlctl.models import m\n\nm.ok()\n",
+    "workers/roles/w.py": "from rlctl.data import a\nfrom rlctl.models import m\n\nm.ok()\n",
 }
 
 PLANTED = [   # (check, file added or replaced, its text, what the report must say)
@@ -333,8 +360,8 @@ PLANTED = [   # (check, file added or replaced, its text, what the report must s
      "rlctl/models/n.py:2 -> rlctl/data/b.py: run"),
     (package_cycles, "models/n.py", "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from rlctl.data.b import run\n",
      "package cycle: data, models"),
-    (layer_violations, "data/c.py", "from rlctl.workers.w import m\n",
-     "data (L2) imports workers (L6): rlctl/data/c.py:1 -> rlctl/workers/w.py: m"),
+    (layer_violations, "data/c.py", "from rlctl.workers.roles.w import m\n",
+     "data (L2) imports workers (L6): rlctl/data/c.py:1 -> rlctl/workers/roles/w.py: m"),
     (layer_violations, "config/schema.py", "def f():\n    from ..models import m\n",   # relative, in a function
      "config may import only ['__init__', 'errors', 'utils']: rlctl/config/schema.py:2 -> rlctl/models/m.py"),
     (layer_violations, "runtime/batch.py", "from rlctl.data import a\n",            # same layer, still not allowed
@@ -342,15 +369,20 @@ PLANTED = [   # (check, file added or replaced, its text, what the report must s
     (layer_violations, "errors.py", "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import rlctl.workers\n",
      "errors (L0) imports workers (L6): rlctl/errors.py:3 -> rlctl/workers/__init__.py"),
     (layer_violations, "newpkg.py", "x = 1\n", "package 'newpkg' (rlctl/newpkg.py) has no layer in LAYERS"),
-    (private_imports, "workers/w.py", "from rlctl.models.m import _helper\n",
-     "private name of models: rlctl/workers/w.py:1 -> rlctl/models/m.py: _helper (_helper)"),
-    (private_imports, "workers/w.py", "from rlctl.models import m\n\n\ndef f():\n    m._helper()\n",
-     "private name of models: rlctl/workers/w.py:5 -> rlctl/models/m.py: _helper"),
-    (private_imports, "workers/w.py", "import rlctl.models._impl\n", "rlctl/models/_impl.py (_impl)"),
+    (private_imports, "workers/roles/w.py", "from rlctl.models.m import _helper\n",
+     "private name of models: rlctl/workers/roles/w.py:1 -> rlctl/models/m.py: _helper (_helper)"),
+    (private_imports, "workers/roles/w.py", "from rlctl.models import m\n\n\ndef f():\n    m._helper()\n",
+     "private name of models: rlctl/workers/roles/w.py:5 -> rlctl/models/m.py: _helper"),
+    (private_imports, "workers/roles/w.py", "import rlctl.models._impl\n", "rlctl/models/_impl.py (_impl)"),
+    (worker_floor_violations, "workers/parallel/p.py", "def f():\n    from rlctl.workers.roles.w import x\n",
+     "workers/parallel (floor 1) imports workers/roles (floor 4): rlctl/workers/parallel/p.py:2 -> "
+     "rlctl/workers/roles/w.py: x"),
+    (worker_floor_violations, "workers/loose.py", "x = 1\n", "rlctl/workers/loose.py is in no folder of WORKER_FLOORS"),
     (long_files, "utils/fs.py", "x = 1\n" * 401, "rlctl/utils/fs.py: 401 lines (limit 400)"),
     (long_functions, "models/m.py", _function("too_long", 61), "rlctl/models/m.py:1 too_long: 61 lines (limit 60)"),
 ]
-CHECKS = [file_cycles, package_cycles, layer_violations, private_imports, long_files, long_functions]
+CHECKS = [file_cycles, package_cycles, layer_violations, worker_floor_violations, private_imports, long_files,
+          long_functions]
 
 
 def _plant(tmp_path: Path, files: dict) -> Path:

@@ -18,7 +18,7 @@ pytestmark = pytest.mark.slow   # it starts rank processes
 def _plant_and_report(rank: int, out: str) -> None:
     import torch.distributed as dist
 
-    from rlctl.workers import fsdp
+    from rlctl.workers.parallel import fsdp
 
     state = {"pid": os.getpid(), "env": os.environ.get("GLOO_RANKS_TEST"), "group": dist.is_initialized(),
              "shard_planted": getattr(fsdp.shard, "planted", False)}

@@ -56,7 +56,7 @@ class PolicyLossSpec:
     """A policy loss and what it declares about the actor settings it reads.
 
     loss_agg_mode set means the loss always aggregates that way (GSPO). The declarations are plain
-    data, read by the config checks (rlctl.workers.loss_checks) so no rule compares a loss's name;
+    data, read by the config checks (rlctl.workers.roles.loss_checks) so no rule compares a loss's name;
     a loss that declares nothing gets no rule about them."""
 
     name: str
@@ -66,7 +66,7 @@ class PolicyLossSpec:
     bypass_loss: bool = False           # is the loss bypass_mode's "ppo_clip" uses, so bypass replaces nothing
     required: tuple[RequiredParam, ...] = ()
     trust_region: bool = False          # bounds how far an update moves from old_log_prob (clip, penalty):
-                                        # what rollout.max_staleness > 1 needs (rlctl.workers.loss_checks)
+                                        # what rollout.max_staleness > 1 needs (rlctl.workers.roles.loss_checks)
     corrects_rollout: bool = False      # weights tokens by pi_old / pi_rollout itself (reads rollout_log_prob):
                                         # rollout correction's IS weights are not applied on top
     params: type | None = None          # frozen dataclass of its parameters ([actor.loss_params])

@@ -95,7 +95,7 @@ def vision_inputs(model, input_ids, mask, visions: list):
     import numpy as np
     import torch
 
-    from rlctl.workers.vision import prompt_positions, token_types
+    from rlctl.workers.compute.vision import prompt_positions, token_types
 
     device = input_ids.device
     rows = [v for v in visions if v is not None and "pixel_values" in v]

@@ -112,7 +112,7 @@ def verify(step_dir: str | os.PathLike, *, hashes: bool, content_of: Callable[[s
     """Problems with a checkpoint folder: missing manifest, missing or truncated files, and with
     hashes=True contents that differ from the manifest's checksums. [] means the checkpoint is intact.
     content_of(path): which files' contents to check (default all; resume leaves the role folders
-    to the ranks that load them, rlctl.workers.checkpoint_io)."""
+    to the ranks that load them, rlctl.workers.compute.checkpoint_io)."""
     step_dir = Path(step_dir)
     try:
         manifest = read_manifest(step_dir)

@@ -249,7 +249,7 @@ def _save_rounded(model, folder: Path, dtype, *, adapter: bool, max_shard_size) 
     import torch
 
     if adapter:
-        from rlctl.workers.lora import pin_adapted_targets
+        from rlctl.workers.compute.lora import pin_adapted_targets
 
         pin_adapted_targets(model)
         lora_params = [p for n, p in model.named_parameters() if "lora_" in n]

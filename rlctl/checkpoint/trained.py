@@ -87,8 +87,8 @@ def load_trained_model(step_dir: Path, config) -> torch.nn.Module:
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.hf_storage import HuggingFaceStorageReader
 
-    from rlctl.workers.checkpoint_io import read_engine_meta
-    from rlctl.workers.models import apply_lora, load_causal_lm
+    from rlctl.workers.compute.checkpoint_io import read_engine_meta
+    from rlctl.workers.compute.models import apply_lora, load_causal_lm
 
     engine_dir = Path(step_dir) / ACTOR_DIR
     read_engine_meta(engine_dir)

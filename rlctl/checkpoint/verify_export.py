@@ -21,6 +21,7 @@ from pathlib import Path
 import torch
 
 from rlctl.errors import CheckpointError
+from rlctl.models.anatomy import causal_lm_parts
 
 TOLERANCE = 1e-4
 PROMPTS = ("The capital of France is", "def fibonacci(n):\n    ", "12 * 7 = 84. 84 + 16 =")
@@ -57,8 +58,7 @@ def _forward(model: torch.nn.Module, prompt) -> torch.Tensor:
     if not isinstance(prompt, dict):
         return model(input_ids=torch.tensor([prompt])).logits[0]
     # the image prompt: with mm_token_type_ids (else silently 1-D positions) and no cached rope deltas
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    base.model.rope_deltas = None
+    causal_lm_parts(model).model.rope_deltas = None
     inputs = {k: torch.as_tensor(v)[None] if k in ("input_ids", "mm_token_type_ids") else torch.as_tensor(v)
               for k, v in prompt.items()}
     return model(**inputs).logits[0]
@@ -115,7 +115,7 @@ def load_written(folder: Path, *, adapter: bool, base_path: str, trust_remote_co
             return auto.from_pretrained(folder, dtype=torch.float32, trust_remote_code=trust_remote_code)
         from peft import PeftModel
 
-        from rlctl.workers.lora import quiet_moe_patterns
+        from rlctl.workers.compute.lora import quiet_moe_patterns
 
         base = auto.from_pretrained(base_path, dtype=torch.float32, trust_remote_code=trust_remote_code)
         with quiet_moe_patterns():

@@ -35,7 +35,7 @@ def world_size(resources, separate_rollout: bool = False) -> int:
     """Ranks of a worker group: nodes x gpus_per_node on GPUs, else resources.workers (also while
     gpus_per_node is still "auto", before start-up resolves it). `separate_rollout` (rollout.mode
     "one_step_off" / "async"): the actor's ranks, on GPUs those left beside the rollout group's
-    resources.rollout_workers GPUs (rlctl.workers.groups.pool_resources)."""
+    resources.rollout_workers GPUs (rlctl.workers.roles.table.pool_resources)."""
     gpus = resources.gpus_per_node
     if not isinstance(gpus, int) or gpus <= 0:
         return resources.workers

@@ -311,6 +311,12 @@ def distill_enabled(config) -> bool:
     return bool(d.teacher or d.teachers or d.teacher_url)
 
 
+def teacher_paths(config) -> dict[str, str]:
+    """name -> path of the teachers the workers load (distill.teacher is named "teacher")."""
+    d = config.distill
+    return dict(d.teachers) or ({"teacher": d.teacher} if d.teacher else {})
+
+
 @dataclass(frozen=True)
 class ResourcesConfig:
     address: str = opt("", "Ray address: empty = embedded Ray; 'auto' or 'ray://host:port' joins a cluster.")

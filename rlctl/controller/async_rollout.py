@@ -1,6 +1,6 @@
 """Asynchronous rollouts with bounded staleness (rollout.mode = "async").
 
-A separate rollout group (rlctl.workers.rollout_worker, as in one_step_off) generates batch after
+A separate rollout group (rlctl.workers.roles.rollout_worker, as in one_step_off) generates batch after
 batch with the weights it was last pushed, without waiting for the trainer; finished batches
 queue in a buffer and the trainer takes data.batch_size groups from its head as soon as they
 are there. When to generate, push and drop is rlctl.controller.async_schedule's (counts only):
@@ -20,7 +20,7 @@ the schedule's counts, the prompt loader's position (trainer_state.json), and, b
 pushes, the weights the rollout group holds; seeds are a pure function of (run.seed, batch
 index). Multi-turn batches run through rlctl.controller.async_turns.
 
-With rollout.partial_rollout each generation call is one round (rlctl.workers.partial_rollout):
+With rollout.partial_rollout each generation call is one round (rlctl.workers.rollout.partial):
 it admits a batch of prompts (or none: a round that only continues the unfinished samples, sent
 when the trainer needs groups and nothing else is generating) and returns the groups that
 finished; unfinished samples stay on their rollout rank across pushes, with per-token versions,
@@ -48,7 +48,7 @@ from rlctl.runtime.batch import Batch
 
 if TYPE_CHECKING:
     from rlctl.controller.setup import TrainSetup
-    from rlctl.workers.groups import Workers
+    from rlctl.workers.roles.groups import Workers
 
 STATE_FILE = "async_rollout.pkl"
 

@@ -17,7 +17,7 @@ async/idle_rollout counts the queue's thread: idle while it has no job, busy fro
 turn to its tagging (tool calls included).
 
 With rollout.partial_rollout, `generate_round` is one round of conversations (`TurnPool`, the
-multi-turn counterpart of rlctl.workers.partial_rollout.PartialPool, kept here beside the tools):
+multi-turn counterpart of rlctl.workers.rollout.partial.PartialPool, kept here beside the tools):
 admit the new prompts, run ONE turn of every live conversation with the weights the group holds
 now, then its tools or interaction, and return the groups whose rollout.n conversations have all
 ended. A push queued between two rounds therefore lands between two turns of a conversation.

@@ -19,7 +19,7 @@ from rlctl.controller.setup import TrainSetup
 if TYPE_CHECKING:  # heavy (torch, ray): the annotations only name them
     from rlctl.algorithms.registry import Needs
     from rlctl.runtime.policy import PolicyActor
-    from rlctl.workers.groups import Workers
+    from rlctl.workers.roles.groups import Workers
 
 
 def build_data(config: Config, setup_notices: list, tools: list[dict]):
@@ -110,7 +110,7 @@ def policy(config: Config, workers: Workers, tokenizer, base: Path, tools: list,
     if not config.rollout.multi_turn.enable:
         return actor
     from rlctl.multiturn.rollout import MultiTurnActor
-    from rlctl.workers.models import eos_token_ids
+    from rlctl.workers.compute.models import eos_token_ids
     from rlctl.workers.rollout.registry import rollout_engine_info
 
     multi = MultiTurnActor(actor, config, tokenizer, base, eos_token_ids(config.model.path, tokenizer), tools=tools,
@@ -127,7 +127,7 @@ def agent_policy(actor: PolicyActor, config: Config, tokenizer, base: Path, stac
     """Agent programs as the rollout (rlctl.agent): the endpoint serves the group's policy to the agents."""
     from rlctl.agent.rollout import AgentActor
     from rlctl.config.plan import batch_plan
-    from rlctl.workers.models import eos_token_ids
+    from rlctl.workers.compute.models import eos_token_ids
     from rlctl.workers.rollout.registry import rollout_engine_info
 
     agent = AgentActor(actor, config, tokenizer, base, eos_token_ids(config.model.path, tokenizer),
@@ -139,9 +139,9 @@ def agent_policy(actor: PolicyActor, config: Config, tokenizer, base: Path, stac
 
 def start_workers(config: Config, total_steps: int, needs: Needs, stack: ExitStack, address: str) -> Workers:
     """Embedded Ray (or the cluster at `address`) and the roles of the table the run has
-    (rlctl.workers.roles: the actor group, and the critic, PRM, teachers, ... when needed)."""
+    (rlctl.workers.roles.table: the actor group, and the critic, PRM, teachers, ... when needed)."""
     from rlctl.runtime.ray_env import ray_session
-    from rlctl.workers.groups import start_workers as start
+    from rlctl.workers.roles.groups import start_workers as start
 
     stack.enter_context(ray_session(address))
     workers = start(config, total_steps=total_steps, needs=needs)

@@ -1,7 +1,7 @@
 """Saving and restoring a run: what the trainer writes into a checkpoint, and how resume reads it.
 
 A checkpoint step folder holds actor/ (and critic/, prm/: each trained role of the role table,
-rlctl.workers.roles, its own folder): DCP shards of model + optimizer + schedule +
+rlctl.workers.roles.table, its own folder): DCP shards of model + optimizer + schedule +
 RNG per rank, written by the workers; trainer_state.json: global step, data-loader position,
 KL-controller value, the best-checkpoint record so far (run.best_metric); config.resolved.toml:
 the run's config. MANIFEST.json (written by the CheckpointManager, which makes the folder appear
@@ -31,8 +31,8 @@ STATE_FILE = "trainer_state.json"
 def checked_here(path: str) -> bool:
     """Whether the controller checks this checkpoint file's content before loading: not a trained
     role's shard (the role table's folders, actor/ critic/ prm/, which the ranks that load them check,
-    each its share of the files: rlctl.workers.checkpoint_io.verify_share)."""
-    from rlctl.workers.roles import role_folders
+    each its share of the files: rlctl.workers.compute.checkpoint_io.verify_share)."""
+    from rlctl.workers.roles.table import role_folders
 
     return not path.startswith(role_folders())
 

@@ -20,7 +20,7 @@ import torch
 from rlctl.config.schema import Config
 from rlctl.errors import DataError
 from rlctl.runtime.batch import Batch
-from rlctl.workers.distill_checks import row_teacher_keys
+from rlctl.workers.roles.distill_checks import row_teacher_keys
 
 SINGLE = "teacher"   # the name of distill.teacher (or teacher_url) in the per-teacher metrics
 INPUT_KEYS = ["input_ids", "attention_mask", "response_mask"]

@@ -1,6 +1,6 @@
 """One-step off-policy training (rollout.mode = "one_step_off"): generation overlaps training.
 
-A separate rollout group (rlctl.workers.rollout_worker) owns a copy of the policy. While the actor
+A separate rollout group (rlctl.workers.roles.rollout_worker) owns a copy of the policy. While the actor
 trains on batch k, that group generates batch k+1 with the weights it holds, those of update k-1:
 
     rollout group:  gen 1 (v0) | gen 2 (v0)        | load v1 | gen 3 (v1)        | load v2 | ...
@@ -43,7 +43,7 @@ from rlctl.runtime.batch import Batch
 if TYPE_CHECKING:
     from rlctl.controller.setup import TrainSetup
     from rlctl.runtime.worker_group import RoleHandle
-    from rlctl.workers.groups import Workers
+    from rlctl.workers.roles.groups import Workers
 
 PENDING_FILE = "pending_rollout.pkl"
 
@@ -154,7 +154,7 @@ def _turn_loop(setup: TrainSetup, group: RoleHandle):
     """The multi-turn loop over the rollout group, with its own tool runner and interaction (the
     actor's own loop may validate meanwhile; classes are created again, a file's instances shared)."""
     from rlctl.multiturn.rollout import MultiTurnActor
-    from rlctl.workers.models import eos_token_ids
+    from rlctl.workers.compute.models import eos_token_ids
     from rlctl.workers.rollout.registry import rollout_engine_info
 
     config = setup.config

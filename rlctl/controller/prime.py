@@ -1,5 +1,5 @@
 """PRIME's step on the controller: the implicit PRM learns from the batch's outcomes and scores its
-tokens (rlctl.workers.prime_rm), in the order algorithm.params.prm_update says.
+tokens (rlctl.workers.roles.prime_rm), in the order algorithm.params.prm_update says.
 
     "before": update_prm, then compute_rm_scores (verl's default: scores from the updated PRM)
     "after":  compute_rm_scores, then update_prm (scores from the PRM as it was before this step)

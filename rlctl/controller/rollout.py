@@ -184,7 +184,7 @@ def merge_round(acc: dict, new: dict, rounds: int) -> dict:
 def engine_copy_drift(generations: list[Batch]) -> dict:
     """rollout/engine_diff_mean and _max over the generations that arrived from a rollout group
     whose engine keeps its own weights (vLLM): its log-probs of the tokens it sampled against its
-    rank's float32 copy's, both after the same push (rlctl.workers.rollout_worker.engine_copy_drift_rows:
+    rank's float32 copy's, both after the same push (rlctl.workers.roles.rollout_worker.engine_copy_drift_rows:
     per-row columns of a whole batch, a partial round's meta). Unlike rollout/logprob_diff_*, this
     stays at kernel noise however stale the batch is, so rollout.max_logprob_diff applies in
     one_step_off and async too. {} for the hf engine."""

@@ -27,7 +27,7 @@ from rlctl.controller.offpolicy import OneStepOff
 if TYPE_CHECKING:
     from rlctl.controller.setup import RolloutSource, TrainSetup
     from rlctl.runtime.batch import Batch
-    from rlctl.workers.groups import Workers
+    from rlctl.workers.roles.groups import Workers
 
 
 class SyncRollout:

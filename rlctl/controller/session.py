@@ -3,7 +3,7 @@ and `RunState` (how far it got). `TrainSetup` and `SFTSetup` each hold one.
 
 The session also says what a checkpoint holds, so checkpointing (rlctl.controller.checkpointing)
 asks it rather than the kind of run: `roles`, the worker roles whose state is saved under
-<step>/<name>/ (the trained roles of the role table the run started, rlctl.workers.roles: the actor,
+<step>/<name>/ (the trained roles of the role table the run started, rlctl.workers.roles.table: the actor,
 and the critic or PRIME's PRM when the algorithm has one); `stateful`, the trainer-side
 state in trainer_state.json (the data loader, and the KL controller of an RL run); `extras`, what
 writes its own files into the step folder (the one-step-off rollout's batch in flight).

@@ -92,7 +92,7 @@ class TrainSetup:
     needs: Needs
     kl_ctrl: FixedKLController | AdaptiveKLController
     actor: PolicyActor
-    roles: dict[str, RoleHandle]          # every started role by name (rlctl.workers.roles)
+    roles: dict[str, RoleHandle]          # every started role by name (rlctl.workers.roles.table)
     reward: RewardSources
     teachers: Teachers | None = None      # distill: the teachers that score the student's tokens
     rollouts: RolloutSource = field(init=False)   # chosen by rollout.mode once the rest is built

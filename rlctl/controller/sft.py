@@ -104,7 +104,7 @@ def start_sft_workers(config: Config, total_steps: int, stack: ExitStack, addres
     from rlctl.runtime.ray_env import ray_session
     from rlctl.runtime.resource_pool import ResourcePool
     from rlctl.runtime.worker_group import WorkerGroup
-    from rlctl.workers.sft import SFTWorker
+    from rlctl.workers.roles.sft import SFTWorker
 
     stack.enter_context(ray_session(address))
     group = WorkerGroup(ResourcePool(config.resources, name="actor"),

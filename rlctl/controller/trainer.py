@@ -279,7 +279,7 @@ def update_drift(metrics: dict) -> dict:
 
 def logprob_diff_limit(config) -> tuple[float, str]:
     """rollout.max_logprob_diff, or its default for model.dtype ("auto": float32 on CPU, bfloat16 on
-    GPUs, as rlctl.workers.fsdp.resolve_dtype); and the dtype it was chosen for. With top-p / top-k on
+    GPUs, as rlctl.workers.parallel.fsdp.resolve_dtype); and the dtype it was chosen for. With top-p / top-k on
     there is no default (vLLM's log-probs are then of the filtered distribution, the trainer's not)."""
     dtype = config.model.dtype
     if dtype == "auto":

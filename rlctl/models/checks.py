@@ -1,4 +1,5 @@
-"""Config check of model.path: a model rlctl can load, whose context holds the longest sequence.
+"""Config check of model.path: a model rlctl can load, whose context holds the longest sequence;
+and its config.json as the other checks read it (model_config).
 
 Checks keep the contract of rlctl.config.checks: `check(config, ctx) -> list[Problem]`.
 """
@@ -6,6 +7,7 @@ Checks keep the contract of rlctl.config.checks: `check(config, ctx) -> list[Pro
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 from rlctl.config.checks import CheckContext
 from rlctl.config.loader import Problem
@@ -42,3 +44,14 @@ def check_model(c: Config, ctx: CheckContext) -> list[Problem]:
     if isinstance(ctx_len, int) and total > ctx_len:
         problems.append(Problem(key, f"{what}{total} exceeds the model's context of {ctx_len} tokens"))
     return problems
+
+
+def model_config(c: Config, ctx: CheckContext) -> dict | None:
+    """model.path's config.json when it is a readable local folder (check_model reports the rest):
+    what the checks of the workers read of the model (its heads, experts, vision tower)."""
+    path = Path(c.model.path).expanduser()
+    path = path if path.is_absolute() else ctx.base_dir / path
+    try:
+        return json.loads((path / "config.json").read_text())
+    except (OSError, ValueError):
+        return None

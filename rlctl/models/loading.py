@@ -9,6 +9,7 @@ import inspect
 import os
 
 from rlctl.errors import DataError
+from rlctl.models.anatomy import causal_lm_parts
 
 
 def quiet_transformers() -> None:
@@ -55,8 +56,7 @@ def with_cache(model, cache) -> dict:
     `past_key_values` to `cache` (the old name still works but warns on every call), 5.0-5.23 know
     only the old one. The same cache object either way, so the computation is the same. A peft
     wrapper passes the keyword on to its base model, whose signature decides."""
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    return {_cache_keyword(type(base)): cache}
+    return {_cache_keyword(type(causal_lm_parts(model))): cache}
 
 
 def cache_of(out):

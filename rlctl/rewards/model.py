@@ -1,6 +1,6 @@
 """reward.model as a reward source: the controller's side of the reward-model worker group.
 
-The workers (rlctl.workers.reward_model) render each chat with the reward model's own tokenizer;
+The workers (rlctl.workers.roles.reward_model) render each chat with the reward model's own tokenizer;
 here we only ship the prompt messages and the response text to them, split over their ranks.
 """
 

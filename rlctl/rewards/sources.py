@@ -40,7 +40,7 @@ class RewardSources:
         return configured_names(self.cfg)
 
     def attach_model(self, handle) -> None:
-        """The reward-model worker group (rlctl.workers.reward_model) scores from now on."""
+        """The reward-model worker group (rlctl.workers.roles.reward_model) scores from now on."""
         from rlctl.rewards.model import RewardModelSource
 
         self.others.append(RewardModelSource(handle, self.cfg.model))

@@ -2,7 +2,7 @@
 
 `PolicyActor` lists every call the RL controller makes on the policy (trainer, perf, checkpointing,
 one-step-off weight pushes). Two things implement it: `PolicyHandle`, the actor role of a worker
-group (rlctl.workers.actor.ActorRolloutRefWorker on every rank), and the multi-turn driver
+group (rlctl.workers.roles.actor.ActorRolloutRefWorker on every rank), and the multi-turn driver
 (rlctl.multiturn.rollout.MultiTurnActor), whose `generate` runs the turn loop. `TurnGenerator` is
 the part the turn loop itself drives: one `generate_turn` per turn over `world_size` ranks.
 `rollout_batch` builds the rows every generator returns (the actor's, the one-step-off rollout
@@ -24,7 +24,7 @@ MODEL_KEYS = ("input_ids", "attention_mask")   # the prompt columns a rollout ro
 
 
 class TurnGenerator(Protocol):
-    """One assistant turn on every rank (rlctl.workers.actor.ActorRolloutRefWorker.generate_turn)."""
+    """One assistant turn on every rank (rlctl.workers.roles.actor.ActorRolloutRefWorker.generate_turn)."""
 
     @property
     def world_size(self) -> int: ...
@@ -34,7 +34,7 @@ class TurnGenerator(Protocol):
 
 
 class PolicyActor(TurnGenerator, Protocol):
-    """The policy's calls, as the controller makes them (batch keys: rlctl.workers.actor)."""
+    """The policy's calls, as the controller makes them (batch keys: rlctl.workers.roles.actor)."""
 
     def generate(self, batch: Batch, *, seed: int, mode: str = "train") -> Batch: ...
 

@@ -42,7 +42,7 @@ class Engine:
                  allow_remote_images: bool = False):
         import torch
 
-        from rlctl.workers.vision import config_placeholder_ids
+        from rlctl.workers.compute.vision import config_placeholder_ids
 
         self.model, self.tokenizer = model, tokenizer
         # a vision-language model's processor (None: text only); remote image URLs fetched or refused

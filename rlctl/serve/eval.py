@@ -325,7 +325,7 @@ class _LocalRewardModel:
 
     def __init__(self, reward):
         from rlctl.config.schema import Config
-        from rlctl.workers.reward_model import RewardModelWorker
+        from rlctl.workers.roles.reward_model import RewardModelWorker
 
         self.worker = RewardModelWorker(Config(reward=reward))
 

@@ -23,7 +23,7 @@ def evaluate_agent(folder: Path, rows: list[dict], opts, temperature: float, len
     from rlctl.agent.runner import AgentRunner, plain
     from rlctl.serve.eval_turns import LocalTurns
     from rlctl.serve.source import load_model
-    from rlctl.workers.models import eos_token_ids
+    from rlctl.workers.compute.models import eos_token_ids
 
     model, tokenizer = load_model(folder, opts.dtype)
     eos = eos_token_ids(str(folder), tokenizer)

@@ -26,7 +26,7 @@ def evaluate_multi_turn(folder: Path, rows: list[dict], opts, temperature: float
     from rlctl.serve.source import context_room, load_model
     from rlctl.errors import UsageError
     from rlctl.models.vision import is_vision_model
-    from rlctl.workers.models import eos_token_ids
+    from rlctl.workers.compute.models import eos_token_ids
 
     if is_vision_model(folder):   # training is built (sync, hf); eval's prompts do not carry their images yet
         raise UsageError("rlctl eval of a multi-turn run of a vision-language model is not built yet (its prompts "
@@ -79,8 +79,8 @@ class LocalTurns:
                       log_probs: bool = False) -> Batch:
         import torch
 
+        from rlctl.workers.compute.vision import VISION_KEYS, pad_turn_positions
         from rlctl.workers.rollout.hf import kept_kv_args
-        from rlctl.workers.vision import VISION_KEYS, pad_turn_positions
 
         prompts = [row[m != 0].tolist() for row, m in zip(batch["input_ids"], batch["attention_mask"])]
         images = {"images": {k: list(batch[k]) for k in VISION_KEYS}} if VISION_KEYS[0] in batch else {}

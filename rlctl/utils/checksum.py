@@ -1,6 +1,6 @@
 """Checksums of checkpoint files: what MANIFEST.json records per file and how a file is checked
 against it, shared by the controller (rlctl.checkpoint.manifest) and the ranks that load shards
-(rlctl.workers.checkpoint_io).
+(rlctl.workers.compute.checkpoint_io).
 
 zlib.crc32 is the fastest stdlib checksum here (bench/checksum_bench.py: 3.4 GB/s a thread against
 sha256's 1.6 and blake2b's 0.9): it guards against corruption, not tampering. Manifests written

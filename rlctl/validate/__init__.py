@@ -28,14 +28,14 @@ from rlctl.validate.selfplay import check_selfplay
 from rlctl.validate.training import (check_algorithm, check_batches, check_best_metric, check_critic_pretrain,
                                      check_dynamic_sampling, check_kl, check_loggers, check_pf_ppo, check_registered,
                                      check_sft_best_metric)
-from rlctl.workers.distill_checks import check_distill, check_distill_teachers
-from rlctl.workers.expert_checks import check_expert_model, check_expert_parallel, check_router_replay_model
-from rlctl.workers.lora_checks import check_lora, check_lora_targets
-from rlctl.workers.loss_checks import check_policy_loss, check_staleness_loss
-from rlctl.workers.prime_checks import check_prime, check_prime_model
+from rlctl.workers.compute.lora_checks import check_lora, check_lora_targets
+from rlctl.workers.compute.vision_checks import check_vision
+from rlctl.workers.parallel.expert_checks import check_expert_model, check_expert_parallel, check_router_replay_model
+from rlctl.workers.parallel.ulysses_checks import check_ulysses, check_ulysses_model
+from rlctl.workers.roles.distill_checks import check_distill, check_distill_teachers
+from rlctl.workers.roles.loss_checks import check_policy_loss, check_staleness_loss
+from rlctl.workers.roles.prime_checks import check_prime, check_prime_model
 from rlctl.workers.rollout.checks import check_engine_installed, check_one_step_off, check_rollout_engine
-from rlctl.workers.ulysses_checks import check_ulysses, check_ulysses_model
-from rlctl.workers.vision_checks import check_vision
 
 __all__ = ["RL_CHECKS", "RL_MACHINE_CHECKS", "SFT_CHECKS", "SFT_MACHINE_CHECKS", "resolve_auto", "validate"]
 

@@ -108,7 +108,7 @@ def check_algorithm(c: Config, ctx: CheckContext) -> list[Problem]:
     if spec.needs_group and c.rollout.n < 2:
         problems.append(Problem("rollout.n", f"algorithm {c.algorithm.name!r} compares samples within a group of "
                                              f"the same prompt and needs rollout.n >= 2 (got {c.rollout.n})"))
-    from rlctl.workers.loss_checks import params_problems_of
+    from rlctl.workers.roles.loss_checks import params_problems_of
 
     problems += params_problems_of("algorithm.params", f"algorithm {c.algorithm.name!r}", spec, c.algorithm.params)
     if needs.reward_components and not problems_at(problems, "algorithm.params") and \

@@ -91,7 +91,7 @@ def calculator_schema() -> str:
 def policy(tool_model_dir):
     from rlctl.serve.eval_turns import LocalTurns
     from rlctl.serve.source import load_model
-    from rlctl.workers.models import eos_token_ids
+    from rlctl.workers.compute.models import eos_token_ids
 
     model, tok = load_model(tool_model_dir, "float32")
     eos = eos_token_ids(str(tool_model_dir), tok)

@@ -69,7 +69,7 @@ def test_a_multi_turn_episode_trains_on_exactly_the_tokens_verifiers_recorded(vf
     from rlctl.agent.verifiers_agent import episode_result, play
     from rlctl.serve.eval_turns import LocalTurns
     from rlctl.serve.source import load_model
-    from rlctl.workers.models import eos_token_ids
+    from rlctl.workers.compute.models import eos_token_ids
 
     model, tok = load_model(tiny_model_dir, "float32")
     eos = eos_token_ids(str(tiny_model_dir), tok)
@@ -211,7 +211,7 @@ def _play_rows(rows: list[dict], base: Path, model_dir: Path, temperature: float
     from rlctl.config.rollout_tables import AgentConfig
     from rlctl.serve.eval_turns import LocalTurns
     from rlctl.serve.source import load_model
-    from rlctl.workers.models import eos_token_ids
+    from rlctl.workers.compute.models import eos_token_ids
 
     model, tok = load_model(model_dir, "float32")
     eos = eos_token_ids(str(model_dir), tok)

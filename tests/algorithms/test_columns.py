@@ -41,7 +41,7 @@ def test_a_policy_losss_reads_count_too():
 
 
 def test_the_update_takes_what_it_took_by_hand():
-    from rlctl.workers import router_replay
+    from rlctl.workers.parallel import router_replay
 
     assert set(update_columns()) == {"response_mask", "advantages", "old_log_prob", "ref_log_prob",
                                      "rollout_is_weights", "rollout_log_prob", "teacher_log_prob", "teacher_topk_ids",

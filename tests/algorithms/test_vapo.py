@@ -97,7 +97,7 @@ def test_the_mini_batch_norm_counts_the_correct_rows_tokens():
     import numpy as np
 
     from rlctl.runtime.batch import Batch
-    from rlctl.workers.training import minibatch_norm
+    from rlctl.workers.compute.training import minibatch_norm
 
     mask = np.array([[1, 1, 1, 0], [1, 1, 1, 1], [1, 0, 0, 0]], dtype=np.float32)
     norm = minibatch_norm(Batch({"response_mask": mask, "acc": np.array([1.0, 0.0, 1.0])}), horizon=4)

@@ -82,7 +82,7 @@ def save_run(run_dir: Path, config, save_actor) -> None:
 
 
 def train_in_process(run_dir: Path, model_dir: Path, *, lora: bool) -> TrainedRun:
-    from rlctl.workers.actor import ActorRolloutRefWorker
+    from rlctl.workers.roles.actor import ActorRolloutRefWorker
 
     config = run_config(model_dir, lora=lora, workers=1)
     worker = ActorRolloutRefWorker(config, total_steps=4)
@@ -102,7 +102,7 @@ def train_on_ray(root: Path, cases: dict[str, tuple[Path, bool]]) -> dict[str, T
     from rlctl.runtime.ray_env import ray_session
     from rlctl.runtime.resource_pool import ResourcePool
     from rlctl.runtime.worker_group import WorkerGroup
-    from rlctl.workers.actor import ActorRolloutRefWorker
+    from rlctl.workers.roles.actor import ActorRolloutRefWorker
 
     configs = {name: run_config(model, lora=lora, workers=2) for name, (model, lora) in cases.items()}
     probe = fixed_batch(1).select_keys(["input_ids", "attention_mask", "response_mask"])

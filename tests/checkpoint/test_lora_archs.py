@@ -41,7 +41,7 @@ def _base(path):
 
 
 def _lora(path, **kw):
-    from rlctl.workers.models import apply_lora
+    from rlctl.workers.compute.models import apply_lora
 
     torch.manual_seed(0)
     model = apply_lora(_base(path), LoraConfig(rank=4, alpha=8.0, **kw))
@@ -72,7 +72,7 @@ def test_default_adapts_every_linear_layer_and_expert_bank(arch_dirs, arch):
 
 @pytest.mark.parametrize("arch", list(ARCHS))
 def test_the_usual_llama_names_fit_only_where_the_model_has_them(arch_dirs, arch):
-    from rlctl.workers.lora import meta_model, mismatch_message
+    from rlctl.workers.compute.lora import meta_model, mismatch_message
 
     message = mismatch_message(meta_model(arch_dirs[arch]), LLAMA_NAMES)
     if arch == "phi3":   # the case: o_proj and down_proj matched, the other five silently not
@@ -88,7 +88,7 @@ def test_the_usual_llama_names_fit_only_where_the_model_has_them(arch_dirs, arch
 def test_adapter_folder_lists_what_was_adapted_and_loads_back(arch_dirs, arch, tmp_path):
     from peft import PeftModel
 
-    from rlctl.workers.lora import pin_adapted_targets
+    from rlctl.workers.compute.lora import pin_adapted_targets
 
     model = _lora(arch_dirs[arch]).eval()
     pin_adapted_targets(model)
@@ -130,7 +130,7 @@ def test_a_step_trains_adapters_only_and_both_merges_load(arch_dirs, arch, tmp_p
 
     from rlctl.checkpoint.merge import merge_run
     from rlctl.checkpoint.trained import load_step_config, load_trained_model
-    from rlctl.workers.actor import ActorRolloutRefWorker
+    from rlctl.workers.roles.actor import ActorRolloutRefWorker
 
     model_dir = Path(arch_dirs[arch])
     config = run_config(model_dir, lora=True, workers=1)
@@ -166,7 +166,7 @@ def _fsdp_rank(rank, model_dir, init_file, out_dir):
 
     import torch.distributed as dist
 
-    from rlctl.workers.fsdp import shard, whole_weights
+    from rlctl.workers.parallel.fsdp import shard, whole_weights
     from rlctl.workers.rollout.weights import engine_weights
 
     torch.set_num_threads(1)

@@ -24,7 +24,7 @@ CASES = ["full-tied-1w", "lora-untied-1w", "full-untied-2w", "lora-tied-2w"]
 
 
 def probe_log_prob(model, run) -> np.ndarray:
-    from rlctl.workers.logprob import response_log_probs
+    from rlctl.workers.compute.logprob import response_log_probs
 
     t = {k: torch.from_numpy(v) for k, v in run.probe.items()}
     with torch.no_grad():
@@ -190,7 +190,7 @@ def test_two_worker_checkpoint_resumes_on_one_worker(trained_runs, name):
     """resources.workers may change on resume (a harmless change in compat): DCP reshards the
     2-rank model + optimizer shards into 1 rank and the policy is exactly the trained one."""
     from rlctl.runtime import Batch
-    from rlctl.workers.actor import ActorRolloutRefWorker
+    from rlctl.workers.roles.actor import ActorRolloutRefWorker
 
     run = trained_runs[name]
     worker = ActorRolloutRefWorker(run_config(run.model_dir, lora=run.lora, workers=1), total_steps=4)

@@ -16,7 +16,7 @@ from rlctl.cli.main import main
 @pytest.fixture(scope="module")
 def vlm_run(tmp_path_factory, tiny_vlm_dir):
     """One full fine-tuning step of the tiny VLM (lr 1e-2: the weights move), saved as the trainer saves."""
-    from rlctl.workers.actor import ActorRolloutRefWorker
+    from rlctl.workers.roles.actor import ActorRolloutRefWorker
 
     run_dir = tmp_path_factory.mktemp("vlm_run")
     config = run_config(tiny_vlm_dir, lora=False, workers=1)

@@ -82,7 +82,7 @@ def test_a_subset_that_all_matches_is_fine(tmp_path, tiny_model_dir):
 
 def test_the_actor_refuses_at_start_what_validate_could_not_see(phi3_dir):
     from rlctl.config.schema import Config, ModelConfig
-    from rlctl.workers.actor import ActorRolloutRefWorker
+    from rlctl.workers.roles.actor import ActorRolloutRefWorker
 
     names = tuple(json.loads(LLAMA_NAMES))
     config = Config(model=ModelConfig(path=phi3_dir, lora=LoraConfig(rank=8, target_modules=names)))

@@ -8,7 +8,7 @@ import dataclasses
 from rlctl.algorithms import RequiredParam, get_policy_loss, register_policy_loss
 from rlctl.config.checks import CheckContext
 from rlctl.config.schema import Config
-from rlctl.workers.loss_checks import check_policy_loss
+from rlctl.workers.roles.loss_checks import check_policy_loss
 
 
 @register_policy_loss("test_decl_plain")

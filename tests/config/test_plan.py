@@ -73,7 +73,7 @@ def test_the_mini_batch_count_is_decided_in_one_place():
     from rlctl.config.plan import mini_batch_count
     from rlctl.controller.trainer import with_mini_batches
     from rlctl.runtime.batch import Batch
-    from rlctl.workers.training import mini_batch_count as worker_count
+    from rlctl.workers.compute.training import mini_batch_count as worker_count
 
     assert mini_batch_count(32, world=2, sequences_per_mini=8) == 4       # 4 prompts x n 2 per step of 16 x 2
     assert mini_batch_count(24, world=2, sequences_per_mini=8) == 3       # a short (dynamic-sampling) batch

@@ -28,7 +28,7 @@ from rlctl.controller.async_schedule import AsyncSchedule
 from rlctl.controller.prompts import PromptLoader, PromptRow, PromptSet
 from rlctl.runtime.batch import Batch
 from rlctl.runtime.dispatch import Dispatch, split_arguments
-from rlctl.workers.partial_rollout import PartialPool
+from rlctl.workers.rollout.partial import PartialPool
 
 N = 2       # samples per prompt
 CHUNK = 3   # partial rollouts: tokens a sample decodes per round

@@ -1,4 +1,4 @@
-"""A new trained role is its worker class plus one row of the role table (rlctl.workers.roles):
+"""A new trained role is its worker class plus one row of the role table (rlctl.workers.roles.table):
 tests/support/toy_role.py's row, added to the table, is started beside the actor by `rlctl train`,
 saved into each checkpoint's toy/ folder and loaded back by `rlctl resume`, through the same code
 as the actor's and the critic's; the run around it is unchanged (resume reproduces it exactly)."""
@@ -33,11 +33,11 @@ def test_a_toy_trained_role_added_by_one_row_is_started_checkpointed_and_resumed
     import support.toy_role as toy_role
     from rlctl.controller.checkpointing import checked_here
     from rlctl.controller.run import start_training
-    from rlctl.workers import roles
+    from rlctl.workers.roles import table
     from test_resume import check_resume_reproduces
 
     ray.cloudpickle.register_pickle_by_value(toy_role)   # the workers get the test's class by value
-    monkeypatch.setattr(roles, "ROLES", roles.ROLES + (toy_role.TOY,))
+    monkeypatch.setattr(table, "ROLES", table.ROLES + (toy_role.TOY,))
     assert not checked_here("toy/model/shard-00000-model-00001-of-00001.safetensors")   # its ranks check it
 
     proj = make_project(tmp_path / "p", "grpo-arith-cpu")

@@ -70,7 +70,7 @@ def _step(worker, prompts, step: int, critic=None):
 
 @pytest.mark.slow   # trains 12 steps and a resumed copy: the fast tier's heaviest test otherwise
 def test_grpo_on_images_raises_the_reward_trains_the_tower_and_resumes_exactly(tiny_vlm_dir, shapes_dir, tmp_path):
-    from rlctl.workers.actor import ActorRolloutRefWorker
+    from rlctl.workers.roles.actor import ActorRolloutRefWorker
 
     config = _config(tiny_vlm_dir, shapes_dir / "train.parquet")
     worker = ActorRolloutRefWorker(config, total_steps=STEPS)
@@ -100,9 +100,9 @@ def test_a_vlm_critic_sees_the_images_with_the_rollouts_positions_through_ppo_st
     """PPO with GAE on images through the real actor and critic workers: the critic's values are
     finite, change when only the pixels change (it sees the image), and equal a plain transformers
     forward of the same model on the same row (its own processor-style inputs and M-RoPE positions)."""
-    from rlctl.workers.actor import ActorRolloutRefWorker
-    from rlctl.workers.critic import CriticWorker
-    from rlctl.workers.vision import token_types
+    from rlctl.workers.compute.vision import token_types
+    from rlctl.workers.roles.actor import ActorRolloutRefWorker
+    from rlctl.workers.roles.critic import CriticWorker
 
     config = _config(tiny_vlm_dir, shapes_dir / "train.parquet", prompts=4, n=2, algorithm="gae")
     actor, critic = ActorRolloutRefWorker(config, total_steps=3), CriticWorker(config, total_steps=3)

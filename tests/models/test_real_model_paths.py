@@ -105,7 +105,7 @@ def test_trainer_log_probs_equal_a_plain_forward_of_each_row(tok, model, dtype, 
     "bfloat16" runs) both sides round, so the limit is the max over tokens of their difference."""
     import numpy as np
 
-    from rlctl.workers.logprob import response_log_probs
+    from rlctl.workers.compute.logprob import response_log_probs
 
     prompts = prompt_ids(tok)
     eos = tok.convert_tokens_to_ids("<|im_end|>")

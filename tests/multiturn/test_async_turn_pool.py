@@ -38,7 +38,7 @@ def _setup(model_dir, tmp_path, ranks: int = 1):
     from rlctl.controller.rollout import prompt_batch
     from rlctl.multiturn.rollout import MultiTurnActor
     from rlctl.runtime.dispatch import collect_results, dispatch_mode, split_arguments
-    from rlctl.workers.rollout_worker import RolloutWorker
+    from rlctl.workers.roles.rollout_worker import RolloutWorker
 
     (tmp_path / "asker.py").write_text(ASKER)
     mt = MultiTurnConfig(enable=True, tools=("calculator",), interaction="asker.py:Asker", max_turns=3)

@@ -71,7 +71,7 @@ def test_qwen_vocabulary_matches_qwen25_ids(qwen_tiny):
 
 def worker_actor(model_dir: Path, tmp_path: Path, **mt):
     """The real actor worker (no Ray) behind MultiTurnActor, as one rank."""
-    from rlctl.workers.actor import ActorRolloutRefWorker
+    from rlctl.workers.roles.actor import ActorRolloutRefWorker
 
     (tmp_path / "user.py").write_text(USER)
     config = Config(model=ModelConfig(path=str(model_dir), dtype="float32"),

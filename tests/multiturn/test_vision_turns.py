@@ -27,7 +27,7 @@ CALL = '<tool_call>\n{"name": "zoom", "arguments": {"cell": 0}}\n</tool_call>'
 
 
 class ScriptedFirstTurn:
-    """The actor worker's generate_turn (rlctl.workers.actor, in this process: the sync rollout's
+    """The actor worker's generate_turn (rlctl.workers.roles.actor, in this process: the sync rollout's
     path) whose first call takes `script`'s tokens instead of sampling, and which returns
     rollout_log_prob: log softmax of the engine's logits at each token it returned."""
 
@@ -57,7 +57,7 @@ class ScriptedFirstTurn:
 @pytest.fixture(scope="module")
 def zoom_rollout(tiny_vlm_dir):
     from rlctl.config.schema import Config, ModelConfig
-    from rlctl.workers.actor import ActorRolloutRefWorker
+    from rlctl.workers.roles.actor import ActorRolloutRefWorker
 
     c = Config(model=ModelConfig(path=str(tiny_vlm_dir), dtype="float32"))
     turns = dataclasses.replace(c.rollout.multi_turn, enable=True, max_turns=2,
@@ -75,7 +75,7 @@ def _rollout(worker, c, first_turn: str, base: Path):
     from rlctl.models.vision import encode_prompt, load_processor
     from rlctl.multiturn.rollout import MultiTurnActor
     from rlctl.tasks.shapes import _draw
-    from rlctl.workers.models import eos_token_ids
+    from rlctl.workers.compute.models import eos_token_ids
 
     processor = load_processor(c.model.path)
     tokenizer = processor.tokenizer
@@ -107,7 +107,7 @@ def _log_probs(worker, batch: Batch) -> np.ndarray:
 
 
 def test_tool_images_reach_the_row_with_masked_pads(zoom_rollout):
-    from rlctl.workers.vision import token_types
+    from rlctl.workers.compute.vision import token_types
 
     worker, batch, vision, script = zoom_rollout
     model = worker.actor.module

@@ -54,7 +54,7 @@ def main() -> None:
     from rlctl.models.tiny import build_tiny_model
     from rlctl.runtime import Batch
     from rlctl.runtime.ray_env import ray_session
-    from rlctl.workers.groups import start_workers
+    from rlctl.workers.roles.groups import start_workers
     from rlctl.models.loading import load_tokenizer
 
     model = Path(tempfile.mkdtemp()) / "tiny"

@@ -50,7 +50,7 @@ def test_url_teacher_equals_the_in_process_teacher(teacher_server, tiny_model_di
 
     from rlctl.config.schema import Config, DistillConfig
     from rlctl.controller.teacher_client import TeacherClient
-    from rlctl.workers.teacher import teacher_outputs
+    from rlctl.workers.roles.teacher import teacher_outputs
 
     batch = _batch(tiny_model_dir)
     config = Config(distill=DistillConfig(teacher_url=teacher_server.base_url + "/v1",

@@ -54,9 +54,9 @@ def _shard(rank: int):
 def _rank_main(rank, model_dir, init_file, out_dir, ep, coef):
     import torch.distributed as dist
 
-    from rlctl.workers import fsdp
+    from rlctl.workers.parallel import fsdp
+    from rlctl.workers.roles.sft import SFTWorker
     from rlctl.workers.rollout.weights import engine_weights
-    from rlctl.workers.sft import SFTWorker
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=WORLD,

@@ -14,8 +14,8 @@ import torch
 from rlctl.config.schema import Config
 from rlctl.data.sft import SFTSample, collate, tokenize_conversation
 from rlctl.models.tiny import build_tokenizer
-from rlctl.workers.micro_batches import plan_micro_batches
-from rlctl.workers.sft import SFTWorker, target_nll
+from rlctl.workers.compute.micro_batches import plan_micro_batches
+from rlctl.workers.roles.sft import SFTWorker, target_nll
 
 
 def config(model_dir, **sft) -> Config:
@@ -81,7 +81,7 @@ def test_token_budget_micro_batches_match_one_padded_batch(tiny_model_dir, batch
 
 def test_validation_keeps_the_token_budget_and_the_nll(tiny_model_dir, batch, monkeypatch):
     """eval_nll cuts micro-batches as training does (sft.micro_batch_max_tokens), with the same per-row NLL."""
-    import rlctl.workers.sft as sft
+    import rlctl.workers.roles.sft as sft
 
     whole = SFTWorker(config(tiny_model_dir, micro_batch_max_tokens=0))
     budget = SFTWorker(config(tiny_model_dir, micro_batch_max_tokens=160))

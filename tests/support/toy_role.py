@@ -1,4 +1,4 @@
-"""A toy trained role, added to a run by one row of the role table (rlctl.workers.roles), to show
+"""A toy trained role, added to a run by one row of the role table (rlctl.workers.roles.table), to show
 that a new trained role is its worker class plus that row: start-up places it, every checkpoint
 saves it into <step>/toy/ and resume loads it back, with no other change to rlctl.
 
@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import os
 
-from rlctl.workers.engine import trained_role_methods
-from rlctl.workers.roles import BESIDE_ACTOR, Role
+from rlctl.workers.compute.engine import trained_role_methods
+from rlctl.workers.roles.table import BESIDE_ACTOR, Role
 
 
 class ToyWorker:
@@ -19,8 +19,8 @@ class ToyWorker:
         import torch
         import torch.distributed as dist
 
-        from rlctl.workers.engine import OptimSpec, TrainEngine
-        from rlctl.workers.models import load_causal_lm
+        from rlctl.workers.compute.engine import OptimSpec, TrainEngine
+        from rlctl.workers.compute.models import load_causal_lm
 
         model = load_causal_lm(config.model)
         seed = [int.from_bytes(os.urandom(4), "little")]

@@ -30,7 +30,7 @@ def sampled(engine, seed: int, prompts=PROMPTS) -> list:
 
 def trainer_log_probs(model, out: dict) -> list:
     """The transformers model's log-probs of the engine's greedy tokens (as the trainer computes them)."""
-    from rlctl.workers.logprob import response_log_probs
+    from rlctl.workers.compute.logprob import response_log_probs
 
     rows = []
     for prompt, resp, length in zip(PROMPTS, out["responses"], out["response_length"]):

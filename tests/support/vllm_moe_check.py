@@ -27,7 +27,7 @@ PROMPTS = {0: [[5, 6, 7, 8], [50, 60, 70]], 1: [[100, 3, 200, 9, 11], [21, 22]]}
 
 
 def _trainer_log_probs(trainer, prompts: list, out: dict) -> list:
-    from rlctl.workers.logprob import response_log_probs
+    from rlctl.workers.compute.logprob import response_log_probs
 
     rows = []
     with trainer.inference() as module:
@@ -42,8 +42,8 @@ def _rank_main(rank: int, model_a: str, model_b: str, port: int, out_dir: str) -
     from transformers import AutoModelForCausalLM
 
     from rlctl.errors import WorkerDiedError
-    from rlctl.workers.engine import OptimSpec, TrainEngine
-    from rlctl.workers.expert_parallel import split_modules
+    from rlctl.workers.compute.engine import OptimSpec, TrainEngine
+    from rlctl.workers.parallel.expert_parallel import split_modules
     from rlctl.workers.rollout.gpu import GPUEngineSpec
     from rlctl.workers.rollout.vllm import VLLMRolloutEngine
     from rlctl.workers.rollout.weights import engine_weights

@@ -16,7 +16,7 @@ from rlctl.runtime import Batch
 ray = pytest.importorskip("ray")
 
 from rlctl.runtime.ray_env import ray_session  # noqa: E402
-from rlctl.workers.groups import start_workers  # noqa: E402
+from rlctl.workers.roles.groups import start_workers  # noqa: E402
 
 pytestmark = pytest.mark.slow   # starts Ray, trains a run or starts a subprocess
 
@@ -40,7 +40,7 @@ def groups(cfg):
 
     import torch
 
-    from rlctl.workers.actor import ActorRolloutRefWorker
+    from rlctl.workers.roles.actor import ActorRolloutRefWorker
 
     with ray_session(num_cpus=2):
         two_cfg = dataclasses.replace(cfg, resources=dataclasses.replace(cfg.resources, workers=2))

@@ -8,7 +8,7 @@ import pytest
 
 from rlctl.config.checks import CheckContext
 from rlctl.config.schema import ActorConfig, Config, DistillConfig, ModelConfig, RolloutConfig, RunConfig
-from rlctl.workers.distill_checks import check_distill, check_distill_teachers
+from rlctl.workers.roles.distill_checks import check_distill, check_distill_teachers
 
 
 def problems(c: Config, base, machine: bool = False) -> list:

@@ -11,8 +11,8 @@ import torch
 from worker_fixtures import ragged_batch, run_config
 
 from rlctl.runtime import Batch
-from rlctl.workers.engine import OptimSpec, TrainEngine, lr_factor
-from rlctl.workers.logprob import response_log_probs
+from rlctl.workers.compute.engine import OptimSpec, TrainEngine, lr_factor
+from rlctl.workers.compute.logprob import response_log_probs
 
 T = 5
 
@@ -29,7 +29,7 @@ def test_lr_schedule_warmup_constant_and_cosine():
 
 def _engine(model_dir, *, grad_clip=1.0, gc=False, lr=1e-2):
     from rlctl.config.schema import ModelConfig
-    from rlctl.workers.models import load_causal_lm
+    from rlctl.workers.compute.models import load_causal_lm
 
     torch.set_num_threads(1)
     model = load_causal_lm(ModelConfig(path=str(model_dir)))
@@ -89,8 +89,8 @@ def test_gradient_checkpointing_changes_memory_not_math(tiny_model_dir):
 
 
 def test_lora_reference_is_the_base_model_with_adapters_off(tiny_model_dir, tmp_path):
-    from rlctl.workers.actor import ActorRolloutRefWorker
-    from rlctl.workers.models import load_causal_lm
+    from rlctl.workers.compute.models import load_causal_lm
+    from rlctl.workers.roles.actor import ActorRolloutRefWorker
 
     torch.set_num_threads(1)
     cfg = run_config(tiny_model_dir, model={"lora": {"rank": 4, "alpha": 8.0}},

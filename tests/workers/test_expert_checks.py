@@ -1,5 +1,5 @@
 """What validate says about actor.expert_parallel_size / actor.router_replay
-(rlctl.workers.expert_checks): what is built passes, what is not is refused in one line each."""
+(rlctl.workers.parallel.expert_checks): what is built passes, what is not is refused in one line each."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 
 from rlctl.config.checks import CheckContext
 from rlctl.config.schema import Config, ModelConfig
-from rlctl.workers.expert_checks import KEY, check_expert_model, check_expert_parallel, check_router_replay_model
+from rlctl.workers.parallel.expert_checks import KEY, check_expert_model, check_expert_parallel, check_router_replay_model
 
 
 @pytest.fixture(scope="module")
@@ -152,7 +152,7 @@ def test_only_the_tested_moe_families_are_split_and_gpt_oss_banks_with_biases_ar
     from transformers import AutoModelForCausalLM
 
     from rlctl.errors import ConfigError
-    from rlctl.workers import expert_parallel
+    from rlctl.workers.parallel import expert_parallel
 
     ctx = CheckContext(base_dir=tmp_path, raw={})
     ep = {"expert_parallel_size": 2}

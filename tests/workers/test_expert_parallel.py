@@ -35,7 +35,7 @@ def _forward_backward(model, rows: torch.Tensor, world: int) -> dict:
 
 
 def _whole_grads(model, groups) -> dict[str, np.ndarray]:
-    from rlctl.workers.expert_parallel import expert_modules, is_split
+    from rlctl.workers.parallel.expert_parallel import expert_modules, is_split
 
     grads = {}
     for name, p in model.named_parameters():
@@ -56,7 +56,7 @@ def _whole_grads(model, groups) -> dict[str, np.ndarray]:
 
 def _plant_misroute():
     """A dispatch bug: the first row a rank's experts receive goes to the wrong local expert."""
-    from rlctl.workers import expert_parallel
+    from rlctl.workers.parallel import expert_parallel
 
     original = expert_parallel.dispatch
 
@@ -77,7 +77,7 @@ def _sharded_rank(rank, model_dir, init_file, ep, plant=False):
     import torch.distributed as dist
     from transformers import AutoModelForCausalLM
 
-    from rlctl.workers import expert_parallel, fsdp
+    from rlctl.workers.parallel import expert_parallel, fsdp
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=WORLD,
@@ -96,7 +96,7 @@ def _sharded_rank(rank, model_dir, init_file, ep, plant=False):
 def _rank_main(rank, model_dir, init_file, out_dir, ep, plant):
     import torch.distributed as dist
 
-    from rlctl.workers import expert_parallel, fsdp
+    from rlctl.workers.parallel import expert_parallel, fsdp
 
     model, groups, local, rows = _sharded_rank(rank, model_dir, init_file, ep, plant)
     out = _forward_backward(model, rows, WORLD)
@@ -166,10 +166,10 @@ FAMILIES = {"qwen2_moe": {"num_experts": 4, "moe_intermediate_size": 16, "shared
 @pytest.mark.timeout(300)
 def test_ep2_equals_ep1_on_the_other_moe_families_it_accepts(tmp_path):
     """Qwen2-MoE (with its shared expert), Mixtral and OLMoE: the families validate accepts beside
-    Qwen3-MoE (rlctl.workers.expert_parallel.TESTED_FAMILIES) split at ep = 2 as at ep = 1."""
+    Qwen3-MoE (rlctl.workers.parallel.expert_parallel.TESTED_FAMILIES) split at ep = 2 as at ep = 1."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from rlctl.workers.expert_parallel import TESTED_FAMILIES
+    from rlctl.workers.parallel.expert_parallel import TESTED_FAMILIES
 
     assert set(FAMILIES) | {"qwen3_moe"} == set(TESTED_FAMILIES)
     for family, experts in FAMILIES.items():
@@ -196,12 +196,12 @@ def _engine_main(rank, model_dir, init_file, out_dir, ep):
     from rlctl.algorithms import policy_loss
     from rlctl.runtime.batch import Batch
     from rlctl.runtime.policy import rollout_batch
-    from rlctl.workers import fsdp
-    from rlctl.workers.engine import OptimSpec, TrainEngine
-    from rlctl.workers.logprob import batched_response_outputs, response_log_probs
+    from rlctl.workers.compute.engine import OptimSpec, TrainEngine
+    from rlctl.workers.compute.logprob import batched_response_outputs, response_log_probs
+    from rlctl.workers.compute.training import run_updates
+    from rlctl.workers.parallel import fsdp
     from rlctl.workers.rollout.hf import HFRolloutEngine
     from rlctl.workers.rollout.weights import engine_weights
-    from rlctl.workers.training import run_updates
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=WORLD,
@@ -258,7 +258,7 @@ def _planted_partial_push(module) -> str:
     """A push whose gather is broken (each rank keeps its own share of the bank) must raise."""
     from unittest import mock
 
-    from rlctl.workers import expert_parallel
+    from rlctl.workers.parallel import expert_parallel
     from rlctl.workers.rollout.weights import engine_weights
 
     with mock.patch.object(expert_parallel, "_gather_bank", lambda m, p: getattr(m, p).detach()):
@@ -284,7 +284,7 @@ def test_one_grpo_step_of_the_engine_at_ep2_equals_ep1_and_its_checkpoint_loads_
     a tiny gradient shows in the weights (measured: 3e-6 at lr 1e-2, clipped)."""
     from transformers import AutoModelForCausalLM
 
-    from rlctl.workers.engine import OptimSpec, TrainEngine
+    from rlctl.workers.compute.engine import OptimSpec, TrainEngine
     from rlctl.workers.rollout.weights import engine_weights
 
     ep2, ep1 = _run_engine(tiny_moe_dir, tmp_path, 2), _run_engine(tiny_moe_dir, tmp_path, 1)
@@ -313,14 +313,14 @@ def test_one_grpo_step_of_the_engine_at_ep2_equals_ep1_and_its_checkpoint_loads_
 
 
 def _aux_main(rank, model_dir, init_file, out_dir, ep):
-    """The update's MoE term (rlctl.workers.moe_aux) on this rank's padded prompt ++ response rows:
+    """The update's MoE term (rlctl.workers.parallel.moe_aux) on this rank's padded prompt ++ response rows:
     a token-mean -log pi plus coef x aux, backward, expert grads reduced; rank 0 saves the global
     aux metric and every gradient."""
     import torch.distributed as dist
 
     from rlctl.algorithms import LossNorm, aggregate_loss
-    from rlctl.workers import expert_parallel, fsdp, moe_aux
-    from rlctl.workers.logprob import response_log_probs
+    from rlctl.workers.compute.logprob import response_log_probs
+    from rlctl.workers.parallel import expert_parallel, fsdp, moe_aux
 
     model, groups, local, rows = _sharded_rank(rank, model_dir, init_file, ep)
     mask = torch.ones_like(rows)

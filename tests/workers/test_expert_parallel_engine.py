@@ -39,8 +39,8 @@ def _rows(rank: int) -> torch.Tensor:
 
 
 def _count_dispatches() -> list:
-    """Count the expert exchanges (rlctl.workers.expert_parallel.dispatch calls) from now on."""
-    from rlctl.workers import expert_parallel
+    """Count the expert exchanges (rlctl.workers.parallel.expert_parallel.dispatch calls) from now on."""
+    from rlctl.workers.parallel import expert_parallel
 
     calls, original = [], expert_parallel.dispatch
 
@@ -58,8 +58,8 @@ def _ckpt_main(rank, model_dir, init_file, out_dir, checkpointing):
     import torch.distributed as dist
     from transformers import AutoModelForCausalLM
 
-    from rlctl.workers import expert_parallel, fsdp
-    from rlctl.workers.engine import OptimSpec, TrainEngine
+    from rlctl.workers.compute.engine import OptimSpec, TrainEngine
+    from rlctl.workers.parallel import expert_parallel, fsdp
 
     _init(rank, init_file)
     spec = OptimSpec(lr=1e-2, weight_decay=0.0, grad_clip=0.0, warmup_steps=0, total_steps=1)
@@ -118,8 +118,8 @@ def _ref_main(rank, model_dir, init_file, out_dir):
 
     from rlctl.config.schema import Config
     from rlctl.runtime.batch import Batch
-    from rlctl.workers import fsdp
-    from rlctl.workers.actor import ActorRolloutRefWorker
+    from rlctl.workers.parallel import fsdp
+    from rlctl.workers.roles.actor import ActorRolloutRefWorker
     from rlctl.workers.rollout.weights import engine_weights
 
     _init(rank, init_file)

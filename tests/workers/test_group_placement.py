@@ -1,4 +1,4 @@
-"""Where the groups of rollout.mode = "one_step_off" / "async" are placed (rlctl.workers.roles.
+"""Where the groups of rollout.mode = "one_step_off" / "async" are placed (rlctl.workers.roles.table.
 pool_resources -> rlctl.runtime.resource_pool.ResourcePool). No GPU on the test machine: the GPU
 case checks only the resource specs the groups would be created with (gpus_per_node given as a
 number, so nothing asks CUDA), not a run on GPUs."""
@@ -12,7 +12,7 @@ import pytest
 from rlctl.config.schema import Config
 from rlctl.errors import ConfigError
 from rlctl.runtime.resource_pool import ResourcePool
-from rlctl.workers.roles import pool_resources
+from rlctl.workers.roles.table import pool_resources
 
 
 def config(mode: str, **resources) -> Config:

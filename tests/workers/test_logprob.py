@@ -7,7 +7,7 @@ import pytest
 import torch
 from worker_fixtures import ragged_batch
 
-from rlctl.workers.logprob import make_layout, response_log_probs, response_values
+from rlctl.workers.compute.logprob import make_layout, response_log_probs, response_values
 
 T = 5
 
@@ -68,7 +68,7 @@ def test_layouts_hold_no_padding():
 
 def test_values_sit_at_the_state_before_each_response_token(tiny_model_dir):
     from rlctl.config.schema import ModelConfig
-    from rlctl.workers.models import load_value_model
+    from rlctl.workers.compute.models import load_value_model
 
     torch.manual_seed(0)
     critic = load_value_model(str(tiny_model_dir), ModelConfig(path=str(tiny_model_dir))).eval()

@@ -17,7 +17,7 @@ import torch
 from worker_fixtures import ragged_batch, run_config
 
 from rlctl.runtime import Batch
-from rlctl.workers.micro_batches import plan_micro_batches
+from rlctl.workers.compute.micro_batches import plan_micro_batches
 
 T = 12
 BUDGET = 40   # tokens: rows here hold 2-18 real tokens, so 2-8 rows a micro-batch
@@ -60,8 +60,8 @@ def _cfg(tiny_model_dir, budget: int, **actor):
 
 @pytest.mark.parametrize("loss_agg_mode", ["token-mean", "seq-mean-token-sum"])
 def test_actor_token_budget_equals_fixed_rows(tiny_model_dir, monkeypatch, loss_agg_mode):
-    from rlctl.workers import logprob, training
-    from rlctl.workers.actor import ActorRolloutRefWorker
+    from rlctl.workers.compute import logprob, training
+    from rlctl.workers.roles.actor import ActorRolloutRefWorker
 
     torch.set_num_threads(1)
     plans = []   # what the passes planned, one entry per call of the planner
@@ -94,7 +94,7 @@ def test_actor_token_budget_equals_fixed_rows(tiny_model_dir, monkeypatch, loss_
 
 
 def test_critic_token_budget_equals_fixed_rows(tiny_model_dir):
-    from rlctl.workers.critic import CriticWorker
+    from rlctl.workers.roles.critic import CriticWorker
 
     torch.set_num_threads(1)
     fixed, budget = (CriticWorker(_cfg(tiny_model_dir, b), total_steps=2) for b in (0, BUDGET))
@@ -120,7 +120,7 @@ def _two_rank_main(rank: int, init_file: str, model_dir: str, out_dir: str) -> N
     from rlctl.runtime import Dispatch
     from rlctl.runtime.balance import balance_rows, balanced, restore_order
     from rlctl.runtime.dispatch import collect_results, split_arguments
-    from rlctl.workers.actor import ActorRolloutRefWorker
+    from rlctl.workers.roles.actor import ActorRolloutRefWorker
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=2,
@@ -162,7 +162,7 @@ def _long_first_batch() -> Batch:
 def test_two_ranks_with_a_token_budget_train_like_one_rank_with_fixed_rows(tiny_model_dir, tmp_path):
     from support.gloo_ranks import run_ranks
 
-    from rlctl.workers.actor import ActorRolloutRefWorker
+    from rlctl.workers.roles.actor import ActorRolloutRefWorker
 
     batch = _long_first_batch()
     tokens = batch["attention_mask"].sum(1)   # the plain split's rank parts of mini-batch 1: rows 0-2 and 3-5

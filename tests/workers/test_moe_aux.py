@@ -1,4 +1,4 @@
-"""The MoE load-balancing loss in the update (rlctl.workers.moe_aux), in one process on a tiny
+"""The MoE load-balancing loss in the update (rlctl.workers.parallel.moe_aux), in one process on a tiny
 Qwen3-MoE: it is transformers' aux_loss over the real tokens only (the padded trim layout and the
 packed layout give the same value, a forward over the padding another), coefficient 0 leaves the
 loss and its gradients exactly as without it, and the coefficient comes from the model's config
@@ -11,8 +11,8 @@ import torch
 
 from rlctl.algorithms import LossNorm, aggregate_loss
 from rlctl.errors import ConfigError
-from rlctl.workers import moe_aux
-from rlctl.workers.logprob import response_log_probs
+from rlctl.workers.compute.logprob import response_log_probs
+from rlctl.workers.parallel import moe_aux
 
 PROMPT, RESPONSE = 5, 4
 

@@ -1,4 +1,4 @@
-"""Partial rollouts on two async rollout ranks (rlctl.workers.partial_rollout), real Ray actors: a
+"""Partial rollouts on two async rollout ranks (rlctl.workers.rollout.partial), real Ray actors: a
 sample cut by a weight push keeps its tokens and continues on the new weights, every token carries
 the version that sampled it, and its rollout_log_prob is that version's log-prob of it (checked
 against the actor at v1 and the rollout rank put back on v0); each rank's pool a checkpoint saves
@@ -17,7 +17,7 @@ from rlctl.runtime.batch import object_array
 ray = pytest.importorskip("ray")
 
 from rlctl.runtime.ray_env import ray_session  # noqa: E402
-from rlctl.workers.groups import start_workers  # noqa: E402
+from rlctl.workers.roles.groups import start_workers  # noqa: E402
 
 pytestmark = pytest.mark.slow   # starts Ray, trains a run or starts a subprocess
 

@@ -21,7 +21,7 @@ def prm_batch() -> Batch:
 
 
 def test_the_prm_starts_as_its_reference_and_learns_alone(tiny_model_dir):
-    from rlctl.workers.prime_rm import ImplicitPRMWorker
+    from rlctl.workers.roles.prime_rm import ImplicitPRMWorker
 
     cfg = run_config(tiny_model_dir, algorithm={"name": "prime"})
     cfg = dataclasses.replace(cfg, algorithm=dataclasses.replace(cfg.algorithm,
@@ -57,7 +57,7 @@ def test_a_score_label_outside_zero_one_stops_in_one_line():
 def test_validate_refuses_what_the_prm_is_not_built_for():
     from rlctl.config.checks import CheckContext
     from rlctl.config.schema import Config
-    from rlctl.workers.prime_checks import check_prime
+    from rlctl.workers.roles.prime_checks import check_prime
 
     def keys(name, **rollout):
         c = Config()
@@ -75,7 +75,7 @@ def test_validate_refuses_a_vision_language_model(tmp_path):
 
     from rlctl.config.checks import CheckContext
     from rlctl.config.schema import Config, ModelConfig
-    from rlctl.workers.prime_checks import check_prime_model
+    from rlctl.workers.roles.prime_checks import check_prime_model
 
     for name, extra in (("text", {}), ("vlm", {"vision_config": {"depth": 1}})):
         (tmp_path / name).mkdir()
@@ -96,7 +96,7 @@ def test_the_controller_orders_update_and_scoring(tiny_model_dir, update):
     score with the PRM as it starts (equal to its reference: every process reward 0), "before" with the
     PRM its update just moved; "none" never trains it."""
     from rlctl.controller.prime import process_rewards
-    from rlctl.workers.prime_rm import ImplicitPRMWorker
+    from rlctl.workers.roles.prime_rm import ImplicitPRMWorker
 
     cfg = run_config(tiny_model_dir, algorithm={"name": "prime"})
     cfg = dataclasses.replace(cfg, algorithm=dataclasses.replace(cfg.algorithm, params={

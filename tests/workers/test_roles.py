@@ -1,4 +1,4 @@
-"""The role table (rlctl.workers.roles): which roles a config starts, where, and the checkpoint
+"""The role table (rlctl.workers.roles.table): which roles a config starts, where, and the checkpoint
 folders the trained ones own (their names are the layout every saved run folder has: resume of an
 old run reads them)."""
 
@@ -8,7 +8,7 @@ import dataclasses
 
 from rlctl.algorithms import algorithm_needs
 from rlctl.config import schema
-from rlctl.workers.roles import ACTOR, BESIDE_ACTOR, OWN_POOL, ROLES, RunRoles, pool_resources, role_folders
+from rlctl.workers.roles.table import ACTOR, BESIDE_ACTOR, OWN_POOL, ROLES, RunRoles, pool_resources, role_folders
 
 
 def _config(**sections) -> schema.Config:

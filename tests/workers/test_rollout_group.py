@@ -16,7 +16,7 @@ from rlctl.runtime import Batch
 ray = pytest.importorskip("ray")
 
 from rlctl.runtime.ray_env import ray_session  # noqa: E402
-from rlctl.workers.groups import start_workers  # noqa: E402
+from rlctl.workers.roles.groups import start_workers  # noqa: E402
 
 
 def _prompts(count: int = 4, width: int = 6, seed: int = 0) -> Batch:

@@ -1,4 +1,4 @@
-"""Router replay (rlctl.workers.router_replay) in one process on a tiny Qwen3-MoE (4 experts, top-2,
+"""Router replay (rlctl.workers.parallel.router_replay) in one process on a tiny Qwen3-MoE (4 experts, top-2,
 2 MoE layers): replaying the routes the model itself chose gives bit for bit the loss, log-probs,
 aux loss and every gradient of replay off; planted routes change exactly the planted tokens'
 log-probs, the mismatch counts exactly the planted (token, layer) pairs, and the router keeps its
@@ -15,8 +15,8 @@ import torch
 
 from rlctl.algorithms import LossNorm, aggregate_loss
 from rlctl.errors import ConfigError
-from rlctl.workers import moe_aux, router_replay
-from rlctl.workers.logprob import response_log_probs
+from rlctl.workers.compute.logprob import response_log_probs
+from rlctl.workers.parallel import moe_aux, router_replay
 from support.gloo_ranks import run_ranks
 
 PROMPT, RESPONSE = 5, 6
@@ -119,7 +119,7 @@ def test_planted_routes_change_exactly_their_tokens_and_the_mismatch_counts_them
 def test_gradient_checkpointing_recomputes_with_the_replayed_routes(tiny_moe_dir, pack):
     """The recompute in backward runs the routers again: it must replay the same routes (else the
     gradients would be of another sub-network) and count nothing twice."""
-    from rlctl.workers.engine import checkpointing_kwargs
+    from rlctl.workers.compute.engine import checkpointing_kwargs
 
     model = _model(tiny_moe_dir, True)
     routes = _recorded(model, pack)
@@ -181,7 +181,7 @@ def _replay_rank(rank, model_dir, init_file, out_dir, ep):
     import torch.distributed as dist
     from test_expert_parallel import WIDTH, WORLD, _sharded_rank, _whole_grads
 
-    from rlctl.workers import expert_parallel, fsdp
+    from rlctl.workers.parallel import expert_parallel, fsdp
 
     model, groups, local, rows = _sharded_rank(rank, model_dir, init_file, ep)
     router_replay.install(model)

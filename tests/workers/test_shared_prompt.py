@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from rlctl.workers.logprob import choose_layout, make_layout, response_log_probs, response_values
+from rlctl.workers.compute.logprob import choose_layout, make_layout, response_log_probs, response_values
 
 P, T = 9, 6
 
@@ -76,7 +76,7 @@ def test_gradient_checkpointing_falls_back_to_rows(tiny_model_dir):
 
 def test_critic_values_match_row_by_row(tiny_model_dir):
     from rlctl.config.schema import ModelConfig
-    from rlctl.workers.models import load_value_model
+    from rlctl.workers.compute.models import load_value_model
 
     torch.manual_seed(0)
     critic = load_value_model(str(tiny_model_dir), ModelConfig(path=str(tiny_model_dir))).eval()
@@ -89,7 +89,7 @@ def test_critic_values_match_row_by_row(tiny_model_dir):
 
 def test_lora_policy_and_its_reference_match_row_by_row(tiny_model_dir):
     from rlctl.config.schema import LoraConfig, ModelConfig
-    from rlctl.workers.models import apply_lora, load_causal_lm
+    from rlctl.workers.compute.models import apply_lora, load_causal_lm
 
     torch.manual_seed(0)
     model = apply_lora(load_causal_lm(ModelConfig(path=str(tiny_model_dir))), LoraConfig(rank=4))
@@ -110,8 +110,8 @@ def test_checkpointed_engine_recomputes_with_shared_attention(tiny_model_dir):
     """The engine's gradient checkpointing re-enters shared-prompt attention in backward, so a
     checkpointed model keeps the shared layout and still gets the row-by-row gradients."""
     from rlctl.config.schema import ModelConfig
-    from rlctl.workers.engine import OptimSpec, TrainEngine
-    from rlctl.workers.models import load_causal_lm
+    from rlctl.workers.compute.engine import OptimSpec, TrainEngine
+    from rlctl.workers.compute.models import load_causal_lm
 
     spec = OptimSpec(lr=1e-3, weight_decay=0.0, grad_clip=0.0, warmup_steps=0, total_steps=1)
     engine = TrainEngine(load_causal_lm(ModelConfig(path=str(tiny_model_dir))), spec, compute_dtype=torch.float32,
@@ -128,7 +128,7 @@ def test_checkpointed_engine_recomputes_with_shared_attention(tiny_model_dir):
 def test_grouped_attention_equals_torch_attention_with_gradients(causal):
     """The half-precision CPU path (plain matmuls, each KV head's query heads stacked) is the same
     math as scaled_dot_product_attention with grouped KV heads: checked in float32, where both are exact."""
-    from rlctl.workers.shared_prompt import _grouped_attention, _sdpa
+    from rlctl.workers.compute.shared_prompt import _grouped_attention, _sdpa
 
     g = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(shape, generator=g, requires_grad=True) for shape in
@@ -147,7 +147,7 @@ def test_grouped_attention_equals_torch_attention_with_gradients(causal):
 
 
 def test_bfloat16_autocast_takes_the_matmul_path_and_stays_close_to_float32(lm, monkeypatch):
-    from rlctl.workers import shared_prompt
+    from rlctl.workers.compute import shared_prompt
 
     taken = []
     grouped = shared_prompt._grouped_attention

@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 import torch
 
-from rlctl.workers import ulysses
+from rlctl.workers.parallel import ulysses
 from support.gloo_ranks import run_ranks
 
 SP = 2
@@ -44,7 +44,7 @@ def _loss(out: dict, micro: dict) -> torch.Tensor:
 
 
 def _policy_pass(model, micro: dict, width: int, sp=None) -> dict:
-    from rlctl.workers.logprob import response_log_probs
+    from rlctl.workers.compute.logprob import response_log_probs
 
     model.zero_grad(set_to_none=True)
     out = response_log_probs(model, micro["input_ids"], micro["attention_mask"], width, with_entropy=True,
@@ -60,7 +60,7 @@ def _rank_main(rank, init_file, out_dir):
     import torch.distributed as dist
     from worker_fixtures import ragged_batch
 
-    from rlctl.workers.logprob import response_values
+    from rlctl.workers.compute.logprob import response_values
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=SP,
@@ -75,7 +75,7 @@ def _rank_main(rank, init_file, out_dir):
         one = _policy_pass(model, micro, width)
         split = _policy_pass(model, micro, width, sp=sp)
         dist.all_reduce(split["grad"])
-        split["grad"] /= SP   # the S ranks' gradients sum to S x dL/dtheta (rlctl.workers.ulysses)
+        split["grad"] /= SP   # the S ranks' gradients sum to S x dL/dtheta (rlctl.workers.parallel.ulysses)
         for key in one:
             results[f"kv{kv}_{key}"] = float((one[key] - split[key]).abs().max())
         results[f"kv{kv}_grad_scale"] = float(one["grad"].abs().max())
@@ -114,7 +114,7 @@ def _lora(sp, micro, width) -> dict:
 def _checkpointed(sp, micro, width) -> dict:
     """Gradient checkpointing as the engine enables it (TrainEngine; here without FSDP): the
     recompute in backward runs Ulysses attention too."""
-    from rlctl.workers.engine import checkpointing_kwargs
+    from rlctl.workers.compute.engine import checkpointing_kwargs
 
     one = _policy_pass(_model(2), micro, width)
     model = _model(2)

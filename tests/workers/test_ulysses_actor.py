@@ -24,7 +24,7 @@ from rlctl.runtime import Batch
 ray = pytest.importorskip("ray")
 
 from rlctl.runtime.ray_env import ray_session  # noqa: E402
-from rlctl.workers.groups import start_workers  # noqa: E402
+from rlctl.workers.roles.groups import start_workers  # noqa: E402
 
 T = 5
 ACTOR = {"lr": 1e-2, "micro_batch_size": 2, "entropy_coef": 0.01, "use_kl_loss": True, "kl_loss_coef": 0.1}
@@ -42,7 +42,7 @@ def _weights(actor, path, cfg):
 def test_sp2_grpo_step_equals_one_rank_and_its_checkpoint_continues_at_sp1(tiny_model_dir, tmp_path):
     import torch
 
-    from rlctl.workers.actor import ActorRolloutRefWorker
+    from rlctl.workers.roles.actor import ActorRolloutRefWorker
 
     cfg = run_config(tiny_model_dir, actor=ACTOR, rollout={"n": 2}, data={"batch_size": 4, "max_response_length": T},
                      algorithm={"name": "grpo"})
@@ -88,7 +88,7 @@ def _critic_equals_one_rank(two, cfg):
     """critic.ulysses_sequence_parallel_size = 2: values and a value update as one rank's critic."""
     import dataclasses
 
-    from rlctl.workers.critic import CriticWorker
+    from rlctl.workers.roles.critic import CriticWorker
 
     one = CriticWorker(dataclasses.replace(cfg, critic=dataclasses.replace(cfg.critic, ulysses_sequence_parallel_size=1)),
                        total_steps=4)

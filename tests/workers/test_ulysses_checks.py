@@ -1,4 +1,4 @@
-"""What validate says about actor/critic.ulysses_sequence_parallel_size (rlctl.workers.ulysses_checks)."""
+"""What validate says about actor/critic.ulysses_sequence_parallel_size (rlctl.workers.parallel.ulysses_checks)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import json
 
 from rlctl.config.checks import CheckContext
 from rlctl.config.schema import Config, ModelConfig
-from rlctl.workers.ulysses_checks import check_ulysses, check_ulysses_model
+from rlctl.workers.parallel.ulysses_checks import check_ulysses, check_ulysses_model
 
 
 def _config(path, sp=2, workers=2, **changes) -> Config:

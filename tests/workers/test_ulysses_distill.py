@@ -1,6 +1,6 @@
 """On-policy distillation under Ulysses sequence parallelism on two real gloo ranks against one rank.
 
-The teacher pass (rlctl.workers.teacher.teacher_outputs) at sp = 2 gives the teacher's log-prob of
+The teacher pass (rlctl.workers.roles.teacher.teacher_outputs) at sp = 2 gives the teacher's log-prob of
 each sampled token, its top-k ids and log-probs, and whether the sampled token is among them, as
 one rank does; the student's top-k log-probs at the teacher's ids (response_log_probs gather_ids,
 read by the forward_kl_topk and jsd losses) and their gradients equal one rank's within float32
@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 import torch
 
-from rlctl.workers import ulysses
+from rlctl.workers.parallel import ulysses
 from support.gloo_ranks import run_ranks
 
 SP = 2
@@ -38,14 +38,14 @@ def _model(seed: int, scale: float = 1.0):
 
 
 def _teacher(model, micro: dict, width: int, sp=None) -> dict:
-    from rlctl.workers.teacher import teacher_outputs
+    from rlctl.workers.roles.teacher import teacher_outputs
 
     with torch.no_grad():
         return teacher_outputs(model, micro["input_ids"], micro["attention_mask"], width, k=K, sp=sp)
 
 
 def _student(model, micro: dict, width: int, ids: torch.Tensor, sp=None) -> dict:
-    from rlctl.workers.logprob import response_log_probs
+    from rlctl.workers.compute.logprob import response_log_probs
 
     model.zero_grad(set_to_none=True)
     out = response_log_probs(model, micro["input_ids"], micro["attention_mask"], width, gather_ids=ids, pack=False,
@@ -76,7 +76,7 @@ def _rank_main(rank, init_file, out_dir):
     a = _student(student, micro, width, one["teacher_topk_ids"])
     b = _student(student, micro, width, one["teacher_topk_ids"], sp=sp)
     dist.all_reduce(b["grad"])
-    b["grad"] /= SP   # the S ranks' gradients sum to S x dL/dtheta (rlctl.workers.ulysses)
+    b["grad"] /= SP   # the S ranks' gradients sum to S x dL/dtheta (rlctl.workers.parallel.ulysses)
     results.update({f"student_{key}": float((a[key] - b[key]).abs().max()) for key in a})
     results["student_grad_scale"] = float(a["grad"].abs().max())
     np.savez(os.path.join(out_dir, f"rank{rank}.npz"), **results)

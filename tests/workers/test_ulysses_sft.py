@@ -2,7 +2,7 @@
 
 Both ranks hold the same micro-batch of right-padded rows of odd real lengths whose prompts carry
 no loss (loss_mask 0), as rlctl.data.sft makes them. With sp = 2 each rank runs half of the packed
-row (rlctl.workers.sft.target_nll with the sp group); the per-token NLL, the mean loss and the
+row (rlctl.workers.roles.sft.target_nll with the sp group); the per-token NLL, the mean loss and the
 summed gradients must equal the plain one-rank forward (trim layout, SDPA) within float32 rounding,
 for KV heads that split over the ranks and a KV head repeated (1 KV head, sp = 2). A micro-batch
 whose targets all sit in rank 0's half (rank 1 has none to predict) still gets the same numbers.
@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 import torch
 
-from rlctl.workers import ulysses
+from rlctl.workers.parallel import ulysses
 from support.gloo_ranks import run_ranks
 
 SP = 2
@@ -48,7 +48,7 @@ def sft_rows(lengths: list[int], prompts: list[int], width: int, seed: int = 0) 
 
 
 def _pass(model, micro: dict, sp=None) -> dict:
-    from rlctl.workers.sft import target_nll
+    from rlctl.workers.roles.sft import target_nll
 
     model.zero_grad(set_to_none=True)
     nll, rows = target_nll(model, micro["input_ids"], micro["attention_mask"], micro["loss_mask"], pack=False, sp=sp)
@@ -75,7 +75,7 @@ def _rank_main(rank, init_file, out_dir):
             one = _pass(model, micro)
             split = _pass(model, micro, sp=sp)
             dist.all_reduce(split["grad"])
-            split["grad"] /= SP   # the S ranks' gradients sum to S x dL/dtheta (rlctl.workers.ulysses)
+            split["grad"] /= SP   # the S ranks' gradients sum to S x dL/dtheta (rlctl.workers.parallel.ulysses)
             for key in one:
                 results[f"{name}_kv{kv}_{key}"] = float((one[key] - split[key]).abs().max())
             results[f"{name}_kv{kv}_targets"] = float(len(split["nll"]) - len(one["nll"]))

@@ -14,7 +14,7 @@ import torch.distributed as dist
 import rlctl.utils.checksum as checksum
 from rlctl.checkpoint.manifest import write_manifest
 from rlctl.utils.net import free_port
-from rlctl.workers.checkpoint_io import verify_share   # imported before the fork: the ranks start at once
+from rlctl.workers.compute.checkpoint_io import verify_share   # imported before the fork: the ranks start at once
 
 pytestmark = pytest.mark.slow   # starts Ray, trains a run or starts a subprocess
 

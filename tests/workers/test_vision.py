@@ -1,4 +1,4 @@
-"""Vision inputs through the rollout and the update (rlctl.workers.vision) on a tiny Qwen2.5-VL.
+"""Vision inputs through the rollout and the update (rlctl.workers.compute.vision) on a tiny Qwen2.5-VL.
 
 The proofs: the log-probs the trainer computes from the batch equal the ones the hf engine
 sampled with (rows with two images, one image and none, n samples each), and the same check
@@ -14,9 +14,9 @@ import torch
 
 from rlctl.runtime.batch import Batch, object_array
 from rlctl.runtime.policy import rollout_batch
-from rlctl.workers.logprob import batched_response_outputs
+from rlctl.workers.compute.logprob import batched_response_outputs
+from rlctl.workers.compute.vision import has_vision_tower, language_model_linears, vision_tower
 from rlctl.workers.rollout import hf as hf_engine
-from rlctl.workers.vision import has_vision_tower, language_model_linears, vision_tower
 
 N, T = 2, 6
 
@@ -87,7 +87,7 @@ def _batch(prompts, pixels, grids, out) -> Batch:
 
 
 def _log_probs(model, batch: Batch, pack: bool | None = None) -> np.ndarray:
-    from rlctl.workers.logprob import response_log_probs
+    from rlctl.workers.compute.logprob import response_log_probs
 
     with torch.no_grad():
         return batched_response_outputs(model, torch.device("cpu"), batch, 4,
@@ -118,7 +118,7 @@ def test_training_log_probs_equal_the_rollouts_and_dropping_vision_inputs_is_cau
 def test_an_entropy_bonus_on_a_vlm_has_finite_gradients(tiny_vlm):
     """The placeholders the policy may not sample are masked with a finite logit: -inf made the
     entropy bonus's gradient NaN (0 * -inf in backward), and every step was skipped."""
-    from rlctl.workers.logprob import response_log_probs
+    from rlctl.workers.compute.logprob import response_log_probs
 
     prompts, pixels, grids = _rows(tiny_vlm)
     out = hf_engine.HFRolloutEngine(tiny_vlm, pad_token_id=0, eos_token_ids=[1]).generate(
@@ -126,7 +126,7 @@ def test_an_entropy_bonus_on_a_vlm_has_finite_gradients(tiny_vlm):
         images={"pixel_values": pixels, "image_grid_thw": grids})
     rows = _prompt_rows(prompts, pixels, grids)
     batch = rollout_batch(rows, out, 1, width=rows["input_ids"].shape[1], pad=0)
-    from rlctl.workers.vision import model_inputs
+    from rlctl.workers.compute.vision import model_inputs
 
     t = batch.to_torch(keys=["input_ids", "attention_mask"])
     lp = response_log_probs(tiny_vlm, t["input_ids"], t["attention_mask"], 3, with_entropy=True, entropy_grad=True,
@@ -138,8 +138,8 @@ def test_an_entropy_bonus_on_a_vlm_has_finite_gradients(tiny_vlm):
 
 def test_lora_default_adapts_the_language_model_and_freeze_keeps_the_tower(tiny_vlm_dir):
     from rlctl.config.schema import LoraConfig, ModelConfig
-    from rlctl.workers.models import apply_lora, load_causal_lm
-    from rlctl.workers.vision import freeze_vision_tower
+    from rlctl.workers.compute.models import apply_lora, load_causal_lm
+    from rlctl.workers.compute.vision import freeze_vision_tower
 
     model = load_causal_lm(ModelConfig(path=str(tiny_vlm_dir)))
     assert has_vision_tower(model)

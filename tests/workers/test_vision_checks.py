@@ -1,4 +1,4 @@
-"""What validate says about a vision-language model.path (rlctl.workers.vision_checks), vLLM's
+"""What validate says about a vision-language model.path (rlctl.workers.compute.vision_checks), vLLM's
 image path (CPU refused; one placeholder per image sent, vLLM expands it) and the exit code."""
 
 from __future__ import annotations
@@ -7,9 +7,9 @@ import dataclasses
 
 from rlctl.config.checks import CheckContext
 from rlctl.config.schema import Config, ModelConfig
+from rlctl.workers.compute.vision_checks import check_vision
 from rlctl.workers.rollout.vllm import collapse_runs, vision_requests, vllm_sampling_args
 from rlctl.workers.rollout.vllm_platform import cpu_refusal
-from rlctl.workers.vision_checks import check_vision
 
 
 def _config(path, **changes) -> Config:

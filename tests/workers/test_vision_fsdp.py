@@ -24,12 +24,12 @@ def _rank_main(rank, model_dir, init_file, out_dir):
 
     from rlctl.runtime.batch import Batch, object_array
     from rlctl.runtime.policy import rollout_batch
-    from rlctl.workers.engine import OptimSpec, TrainEngine
-    from rlctl.workers.fsdp import fsdp_units
-    from rlctl.workers.logprob import response_log_probs
+    from rlctl.workers.compute.engine import OptimSpec, TrainEngine
+    from rlctl.workers.compute.logprob import response_log_probs
+    from rlctl.workers.compute.training import run_updates
+    from rlctl.workers.compute.vision import tower_always_runs
+    from rlctl.workers.parallel.fsdp import fsdp_units
     from rlctl.workers.rollout.hf import HFRolloutEngine
-    from rlctl.workers.training import run_updates
-    from rlctl.workers.vision import tower_always_runs
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=WORLD,

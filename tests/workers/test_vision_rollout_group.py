@@ -22,7 +22,7 @@ ray = pytest.importorskip("ray")
 
 from rlctl.runtime import Batch  # noqa: E402
 from rlctl.runtime.ray_env import ray_session  # noqa: E402
-from rlctl.workers.groups import start_workers  # noqa: E402
+from rlctl.workers.roles.groups import start_workers  # noqa: E402
 
 pytestmark = pytest.mark.slow   # starts Ray, trains a run or starts a subprocess
 
@@ -44,7 +44,7 @@ def _prompts(config, tokenizer) -> Batch:
 def _plain_log_probs(model, rows: Batch) -> np.ndarray:
     """log pi(response token) [B, T] by transformers' own forward of each row alone: its pixels,
     grids and token types, no position_ids (the model's get_rope_index), placeholders banned."""
-    from rlctl.workers.vision import ban_placeholders, placeholder_ids, token_types
+    from rlctl.workers.compute.vision import ban_placeholders, placeholder_ids, token_types
 
     width = rows["responses"].shape[1]
     out = np.zeros(rows["response_mask"].shape, np.float32)

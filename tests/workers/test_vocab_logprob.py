@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from rlctl.algorithms import entropy_from_logits, log_probs_from_logits
-from rlctl.workers import vocab_logprob
-from rlctl.workers.vocab_logprob import token_log_probs
+from rlctl.workers.compute import vocab_logprob
+from rlctl.workers.compute.vocab_logprob import token_log_probs
 
 
 def plain(logits, labels, temperature):

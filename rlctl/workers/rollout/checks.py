@@ -12,6 +12,7 @@ import importlib.util
 from rlctl.config.checks import CheckContext
 from rlctl.config.loader import Problem
 from rlctl.config.schema import SEPARATE_ROLLOUT_MODES, Config
+from rlctl.models.checks import model_config
 from rlctl.workers.rollout.registry import rollout_engine_info, sharding_engines
 from rlctl.workers.rollout.vllm_platform import cpu_refusal
 
@@ -67,7 +68,7 @@ def check_one_step_off(c: Config, ctx: CheckContext) -> list[Problem]:
 
 def _gpu_split_problems(c: Config, mode: str, gpus: int) -> list[Problem]:
     """On GPUs the rollout group takes resources.rollout_workers GPUs of the one node, one a rank,
-    and the actor the other gpus_per_node - rollout_workers (rlctl.workers.groups.pool_resources)."""
+    and the actor the other gpus_per_node - rollout_workers (rlctl.workers.roles.table.pool_resources)."""
     res = c.resources
     if res.nodes > 1:
         return [Problem("resources.nodes", f"{res.nodes}: \"{mode}\" on GPUs splits one node's GPUs between the "
@@ -138,16 +139,3 @@ def check_engine_installed(c: Config, ctx: CheckContext) -> list[Problem]:
         if why:
             return [Problem("rollout.engine", f"{engine.name!r} on CPU: {why}")]
     return []
-
-
-def model_config(c: Config, ctx: CheckContext) -> dict | None:
-    """model.path's config.json when it is a readable local folder (check_model reports the rest)."""
-    import json
-    from pathlib import Path
-
-    path = Path(c.model.path).expanduser()
-    path = path if path.is_absolute() else ctx.base_dir / path
-    try:
-        return json.loads((path / "config.json").read_text())
-    except (OSError, ValueError):
-        return None

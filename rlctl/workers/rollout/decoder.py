@@ -17,30 +17,6 @@ import torch.nn.functional as F
 
 from rlctl.models.loading import cache_of, with_cache
 
-SUPPORTED_TYPES = ("llama", "qwen2", "qwen3", "mistral")
-
-
-def causal_lm_parts(model: torch.nn.Module) -> torch.nn.Module:
-    """The HF *ForCausalLM under a peft wrapper (LoRA layers stay in place inside it)."""
-    return model.get_base_model() if hasattr(model, "get_base_model") else model
-
-
-def fast_path_supported(lm: torch.nn.Module, max_len: int) -> bool:
-    """True when `lm` has the Llama layout DecoderRunner relies on and no sliding window bites."""
-    cfg = getattr(lm, "config", None)
-    core = getattr(lm, "model", None)
-    if cfg is None or core is None or getattr(cfg, "model_type", None) not in SUPPORTED_TYPES:
-        return False
-    if not all(hasattr(core, a) for a in ("embed_tokens", "layers", "norm", "rotary_emb")):
-        return False
-    if any(t != "full_attention" for t in getattr(cfg, "layer_types", None) or ()):
-        return False
-    rope = getattr(cfg, "rope_parameters", None) or getattr(cfg, "rope_scaling", None) or {}
-    if rope.get("rope_type", rope.get("type")) == "dynamic":  # RoPE changes with the length
-        return False
-    window = getattr(cfg, "sliding_window", None) if getattr(cfg, "use_sliding_window", True) else None
-    return window is None or window >= max_len
-
 
 def kv_dtype(weight: torch.Tensor) -> torch.dtype:
     """The KV cache's dtype: the weights' own, or autocast's when it is on (float32 master weights
@@ -206,7 +182,7 @@ class DecoderRunner:
 class HFCacheRunner:
     """Any HF causal LM: its own forward with a DynamicCache (slower, but always right).
 
-    A vision-language model gets `vision` at prefill (rlctl.workers.vision.engine_vision: the
+    A vision-language model gets `vision` at prefill (rlctl.workers.compute.vision.engine_vision: the
     prompts' pixel_values, image_grid_thw, M-RoPE positions [3, B, P] and deltas [B]); decode then
     places token t of a row at prompt_len + t + delta on all three M-RoPE axes, as the model does."""
 

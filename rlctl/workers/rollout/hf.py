@@ -20,7 +20,7 @@ decoder (Llama-style models) reuses; other architectures prefill in full, as bef
 
 FSDP2: a sharded model all-gathers parameters in every forward, and ranks that ran a different
 number of decode steps (their rows finish at different times) would deadlock on those
-collectives. So generation runs inside `rlctl.workers.fsdp.whole_weights`: every FSDP unit is
+collectives. So generation runs inside `rlctl.workers.parallel.fsdp.whole_weights`: every FSDP unit is
 all-gathered once (`unshard`, the same calls in the same order on every rank) and kept whole
 with reshard-after-forward off, so decoding runs no collective at all, for any number of steps
 per rank; afterwards the trainer's settings come back and the units reshard. Peak memory during
@@ -36,14 +36,14 @@ import numpy as np
 import torch
 
 from rlctl.errors import UsageError
-from rlctl.workers.fsdp import whole_weights
+from rlctl.models.anatomy import causal_lm_parts, llama_layout
+from rlctl.workers.compute.vision import (POSITION_IDS, ban_placeholders, engine_vision, placeholder_ids,
+                                          rollout_positions)
+from rlctl.workers.parallel.fsdp import whole_weights
 from rlctl.workers.rollout.base import (RESPONSE_LENGTH, RESPONSE_MASK, RESPONSES,
                                         TRUNCATED, RolloutEngine, check_sampling_args)
-from rlctl.workers.rollout.decoder import (DecoderRunner, HFCacheRunner, causal_lm_parts,
-                                           fast_path_supported)
+from rlctl.workers.rollout.decoder import DecoderRunner, HFCacheRunner
 from rlctl.workers.rollout.token_sampling import sample_tokens
-from rlctl.workers.vision import (POSITION_IDS, ban_placeholders, engine_vision, placeholder_ids,
-                                  rollout_positions)
 
 
 class HFRolloutEngine(RolloutEngine):
@@ -82,7 +82,7 @@ class HFRolloutEngine(RolloutEngine):
         kv_lookup (one key per prompt, -1 = none): continue from the KV a previous call kept under
         that key; kv_store (one key per response row, -1 = none): keep this call's rows' KV.
         images (vision-language models): {pixel_values, image_grid_thw}, one entry per prompt (None
-        without an image, rlctl.workers.vision); the result then also holds position_ids
+        without an image, rlctl.workers.compute.vision); the result then also holds position_ids
         [B*n, 3, P+T], the M-RoPE positions the rows were sampled with. log_probs: also return
         rollout_log_prob [B*n, T], log softmax(logits / temperature) of each sampled token (the
         trainer's log-prob, before top-k / top-p; temperature 1 when greedy), 0 after the end."""
@@ -222,7 +222,7 @@ class HFRolloutEngine(RolloutEngine):
 
     def _runner(self, max_new_tokens: int, max_len: int, vision: bool = False):
         lm = causal_lm_parts(self.model)
-        if self.fast and not vision and fast_path_supported(lm, max_len):
+        if self.fast and not vision and llama_layout(lm, max_len):
             return DecoderRunner(lm, max_new_tokens)
         return HFCacheRunner(self.model)
 

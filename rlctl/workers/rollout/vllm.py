@@ -44,11 +44,11 @@ import numpy as np
 
 from rlctl.errors import UsageError, WorkerDiedError
 from rlctl.utils.torch_extras import child_env
+from rlctl.workers.compute.vision import config_placeholder_ids
 from rlctl.workers.rollout import vllm_platform as platform
 from rlctl.workers.rollout.base import RolloutEngine, check_sampling_args
 from rlctl.workers.rollout.gpu import (GPUEngineSpec, check_tensor_parallel, pack_responses, request_seeds, require,
                                        share_requests)
-from rlctl.workers.vision import config_placeholder_ids
 
 SLEEP_LEVEL = 2  # drop weights and KV cache: the trainer's weights are pushed after every wake
 
@@ -85,7 +85,7 @@ def vllm_sampling_args(*, n: int, max_new_tokens: int, temperature: float, top_p
                        greedy: bool, seed: int, eos_token_ids: list[int], banned: list[int] = ()) -> dict[str, Any]:
     """Keyword arguments of `vllm.SamplingParams` for one prompt's n samples. Greedy decoding asks
     for one sample (vLLM rejects n > 1 with temperature 0); the engine repeats it n times. `banned`:
-    token ids never sampled (a VLM's placeholders, rlctl.workers.vision.placeholder_ids), by a logit
+    token ids never sampled (a VLM's placeholders, rlctl.workers.compute.vision.placeholder_ids), by a logit
     bias of -100 (their probability e^-100 of the rest; the trainer scores them at -inf)."""
     if not greedy and temperature > 2.0:
         raise UsageError(f"vLLM samples with temperature <= 2, got {temperature}", hint="lower rollout.temperature")
@@ -258,7 +258,7 @@ class VLLMRolloutEngine(RolloutEngine):
 
     def _experts(self) -> int:
         """Routed experts per MoE layer of the engine's model (0: dense); each engine holds them all."""
-        from rlctl.workers.expert_parallel import experts_per_layer
+        from rlctl.workers.parallel.expert_parallel import experts_per_layer
 
         return experts_per_layer(self.llm.llm_engine.vllm_config.model_config.hf_config)
 

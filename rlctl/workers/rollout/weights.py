@@ -102,15 +102,15 @@ def engine_weights(model: torch.nn.Module, *, dtype: torch.dtype | None = None,
                    tied_embeddings: bool | None = None) -> Iterator[tuple[str, torch.Tensor]]:
     """(HF name, tensor) for every weight an inference engine needs, LoRA merged.
 
-    Call on every rank, in the same order: inside `rlctl.workers.fsdp.whole_weights(model)` the
+    Call on every rank, in the same order: inside `rlctl.workers.parallel.fsdp.whole_weights(model)` the
     parameters are whole (no per-tensor collectives); outside it DTensors and expert-parallel banks
-    are gathered one by one (rlctl.workers.expert_parallel.whole_parameter). `dtype`: the engine's
+    are gathered one by one (rlctl.workers.parallel.expert_parallel.whole_parameter). `dtype`: the engine's
     (None = as trained). `tied_embeddings`: drop `lm_head.weight` (None = the model config's).
     """
     if tied_embeddings is None:
         config = getattr(model, "config", None)
         tied_embeddings = bool(getattr(config, "tie_word_embeddings", False))
-    from rlctl.workers.expert_parallel import whole_parameter
+    from rlctl.workers.parallel.expert_parallel import whole_parameter
 
     modules = dict(model.named_modules())
     for name, param in model.named_parameters():

@@ -227,7 +227,7 @@ def _lora_model(model_dir):
     from transformers import AutoModelForCausalLM
 
     from rlctl.config.schema import LoraConfig
-    from rlctl.workers.models import apply_lora
+    from rlctl.workers.compute.models import apply_lora
 
     torch.manual_seed(0)
     model = apply_lora(AutoModelForCausalLM.from_pretrained(model_dir), LoraConfig(rank=4, alpha=16.0))
@@ -253,7 +253,7 @@ def _rank_main(rank, model_dir, init_file, out_dir, lora):
     import torch.distributed as dist
     from torch.distributed.tensor import DTensor
 
-    from rlctl.workers.fsdp import shard, whole_weights
+    from rlctl.workers.parallel.fsdp import shard, whole_weights
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=2)

@@ -72,7 +72,7 @@ def test_engine_uses_the_trained_weights(gpu_model_dir, single_rank_world, engin
     moved), and the new samples' do again (the engine got the new weights)."""
     from rlctl.controller.trainer import rollout_drift
     from rlctl.runtime import Batch
-    from rlctl.workers.actor import ActorRolloutRefWorker
+    from rlctl.workers.roles.actor import ActorRolloutRefWorker
 
     worker = ActorRolloutRefWorker(_config(gpu_model_dir, engine), total_steps=4)
     before = worker.generate(_prompts(), seed=3)
@@ -95,7 +95,7 @@ def test_engine_uses_the_trained_weights(gpu_model_dir, single_rank_world, engin
 @pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU")
 def test_cuda_actor_trains_in_bf16_and_generates_with_hf(gpu_model_dir):
     from rlctl.runtime import Batch
-    from rlctl.workers.actor import ActorRolloutRefWorker
+    from rlctl.workers.roles.actor import ActorRolloutRefWorker
 
     worker = ActorRolloutRefWorker(_config(gpu_model_dir, "hf"), total_steps=4)
     assert worker.actor.device.type == "cuda" and worker.actor.compute_dtype == torch.bfloat16
@@ -110,7 +110,7 @@ def _nccl_rank(rank, model_dir, port, out_dir):
     import torch.distributed as dist
 
     from rlctl.runtime import Batch
-    from rlctl.workers.actor import ActorRolloutRefWorker
+    from rlctl.workers.roles.actor import ActorRolloutRefWorker
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE="2",
                       LOCAL_RANK=str(rank))
@@ -146,7 +146,7 @@ def _vllm_tp_rank(rank, model_dir, port, out_dir):
 
     from rlctl.controller.trainer import rollout_drift
     from rlctl.runtime import Batch
-    from rlctl.workers.actor import ActorRolloutRefWorker
+    from rlctl.workers.roles.actor import ActorRolloutRefWorker
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE="2",
                       LOCAL_RANK=str(rank))

@@ -45,7 +45,7 @@ class CopyEngine(RolloutEngine):
 
     def generate(self, prompt_ids, *, n, max_new_tokens, temperature=1.0, top_p=1.0, top_k=0, generator=None,
                  greedy=False):
-        from rlctl.workers.logprob import response_log_probs
+        from rlctl.workers.compute.logprob import response_log_probs
         from rlctl.workers.rollout.hf import HFRolloutEngine
 
         self.events.append("generate")
@@ -87,7 +87,7 @@ def prompts() -> Batch:
 @pytest.mark.parametrize("model,lora", [("tied", False), ("untied", True)], ids=["full-tied", "lora-untied"])
 def test_engine_generates_with_the_trained_weights(tiny_model_dir, tiny_untied_model_dir, model, lora):
     from rlctl.controller.trainer import rollout_drift
-    from rlctl.workers.actor import ActorRolloutRefWorker
+    from rlctl.workers.roles.actor import ActorRolloutRefWorker
 
     model_dir = tiny_model_dir if model == "tied" else tiny_untied_model_dir
     worker = ActorRolloutRefWorker(config(model_dir, lora), total_steps=4)
@@ -130,7 +130,7 @@ def test_without_an_old_log_prob_pass_the_update_measures_the_engine_s_drift(tin
     # on-policy with one optimizer step no old_log_prob pass runs (recompute_old_log_prob): the
     # update's own forward, before its optimizer step, gives the drift a separate pass would
     from rlctl.controller.trainer import rollout_drift, update_drift
-    from rlctl.workers.actor import ActorRolloutRefWorker
+    from rlctl.workers.roles.actor import ActorRolloutRefWorker
 
     worker = ActorRolloutRefWorker(config(tiny_model_dir, lora=False), total_steps=4)
     worker._rollout = CopyEngine(tiny_model_dir, worker.eos_ids)
@@ -237,7 +237,7 @@ def test_engine_copy_drift_covers_every_rank_of_a_generation_and_every_round():
     ranks' rows (meta would keep rank 0's only), partial rounds report in meta, hf reports nothing."""
     from rlctl.controller.rollout import engine_copy_drift
     from rlctl.runtime import Batch
-    from rlctl.workers.rollout_worker import engine_copy_drift_rows as rows_drift
+    from rlctl.workers.roles.rollout_worker import engine_copy_drift_rows as rows_drift
 
     copy = np.zeros((2, 3))
     mask = np.array([[1, 1, 0], [1, 0, 0]])

@@ -12,13 +12,7 @@ from pathlib import Path
 
 from rlctl.config.checks import CheckContext, resolve_path
 from rlctl.config.loader import Problem
-from rlctl.config.schema import Config, distill_enabled
-
-
-def teacher_paths(c: Config) -> dict[str, str]:
-    """name -> path of the teachers the workers load (distill.teacher is named "teacher")."""
-    d = c.distill
-    return dict(d.teachers) or ({"teacher": d.teacher} if d.teacher else {})
+from rlctl.config.schema import Config, distill_enabled, teacher_paths
 
 
 def row_teacher_keys(rows, key: str) -> list:

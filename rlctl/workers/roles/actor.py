@@ -28,15 +28,15 @@ from rlctl.errors import ConfigError
 from rlctl.runtime import Batch, Dispatch, register
 from rlctl.models.loading import load_tokenizer
 from rlctl.runtime.policy import rollout_batch
-from rlctl.workers import fsdp, moe_aux, router_replay
-from rlctl.workers.engine import TrainEngine, trained_role_methods
-from rlctl.workers.logprob import batched_response_outputs, response_log_probs
-from rlctl.workers.models import eos_token_ids, load_causal_lm, policy_engine
-from rlctl.workers.rollout.hf import kept_kv_args
-from rlctl.workers.training import mini_batch_count, run_updates, trainer_engine_drift_sums
-from rlctl.workers.vision import (IMAGES, PIXEL_VALUES, POSITION_IDS, VISION_KEYS, batch_positions,
+from rlctl.workers.compute.engine import TrainEngine, trained_role_methods
+from rlctl.workers.compute.logprob import batched_response_outputs, response_log_probs
+from rlctl.workers.compute.models import eos_token_ids, load_causal_lm, policy_engine
+from rlctl.workers.compute.training import mini_batch_count, run_updates, trainer_engine_drift_sums
+from rlctl.workers.compute.vision import (IMAGES, PIXEL_VALUES, POSITION_IDS, VISION_KEYS, batch_positions,
                                   has_vision_tower, pad_turn_positions, tower_always_runs, with_pixels,
                                   without_images)
+from rlctl.workers.parallel import fsdp, moe_aux, router_replay
+from rlctl.workers.rollout.hf import kept_kv_args
 
 _MODEL_KEYS = ["input_ids", "attention_mask"]
 
@@ -347,7 +347,7 @@ def sample(engine, batch: Batch, rollout_cfg, *, n: int, max_new_tokens: int, te
     so a run with the same seeds and ranks generates the same tokens (the actor's and the
     one_step_off rollout rank's generate alike)."""
     prompts = [row[mask != 0].tolist() for row, mask in zip(batch["input_ids"], batch["attention_mask"])]
-    if PIXEL_VALUES in batch:   # a vision-language batch: each prompt's images (rlctl.workers.vision;
+    if PIXEL_VALUES in batch:   # a vision-language batch: each prompt's images (rlctl.workers.compute.vision;
         # a multi-turn turn carries its arrays only, no PIL column)
         extra["images"] = {key: list(batch[key]) for key in (*VISION_KEYS, IMAGES) if key in batch}
     generator = torch.Generator(device=device)

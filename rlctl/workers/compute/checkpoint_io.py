@@ -25,8 +25,8 @@ import torch
 import torch.distributed as dist
 
 from rlctl.errors import CheckpointError, CorruptCheckpointError
-from rlctl.workers import fsdp
-from rlctl.workers.expert_parallel import local_state, sharded_state
+from rlctl.workers.parallel import fsdp
+from rlctl.workers.parallel.expert_parallel import local_state, sharded_state
 
 FORMAT = 1
 

@@ -18,10 +18,10 @@ import numpy as np
 import torch
 
 from rlctl.runtime import Batch, Dispatch, register
-from rlctl.workers import fsdp, ulysses
-from rlctl.workers.engine import sequence_group
-from rlctl.workers.logprob import batched_response_outputs, logits_and_rows, scatter_rows
-from rlctl.workers.models import load_causal_lm
+from rlctl.workers.compute.engine import sequence_group
+from rlctl.workers.compute.logprob import batched_response_outputs, logits_and_rows, scatter_rows
+from rlctl.workers.compute.models import load_causal_lm
+from rlctl.workers.parallel import fsdp, ulysses
 
 
 class TeacherWorker:

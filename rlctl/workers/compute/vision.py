@@ -25,6 +25,7 @@ from typing import Iterator
 import numpy as np
 import torch
 
+from rlctl.models.anatomy import causal_lm_parts
 from rlctl.models.vision import IMAGES, cached_processor, without_images  # noqa: F401 (re-exported)
 from rlctl.runtime.batch import Batch, object_array
 
@@ -44,7 +45,7 @@ def has_vision_tower(model: torch.nn.Module) -> bool:
 def _core(model: torch.nn.Module) -> torch.nn.Module:
     """The multimodal base (Qwen2_5_VLModel: `visual`, `language_model`, `get_rope_index`) under
     peft's and the ForConditionalGeneration wrappers."""
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    base = causal_lm_parts(model)
     return base.model if hasattr(base, "model") and hasattr(base.model, "get_rope_index") else base
 
 

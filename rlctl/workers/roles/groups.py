@@ -1,4 +1,4 @@
-"""Starting a run's workers from its config and the role table (rlctl.workers.roles): the actor
+"""Starting a run's workers from its config and the role table (rlctl.workers.roles.table): the actor
 group, and every other role the run has, in the actor's processes or in a pool of its own.
 
     workers = start_workers(cfg, total_steps=N, needs=algorithm_needs(...))
@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 from rlctl.runtime.resource_pool import ResourcePool
 from rlctl.runtime.worker_group import RoleHandle, WorkerGroup
-from rlctl.workers.roles import ACTOR, BESIDE_ACTOR, ROLES, TEACHER_ROLE, RunRoles
+from rlctl.workers.roles.table import ACTOR, BESIDE_ACTOR, ROLES, TEACHER_ROLE, RunRoles
 
 
 @dataclass

@@ -73,7 +73,7 @@ def vision_value_model(path: str, model_cfg, dtype: torch.dtype = torch.float32)
 def lora_config(lora_cfg, model: torch.nn.Module | None = None):
     from peft import LoraConfig
 
-    from rlctl.workers.lora import peft_targets
+    from rlctl.workers.compute.lora import peft_targets
 
     return LoraConfig(r=lora_cfg.rank, lora_alpha=lora_cfg.alpha, lora_dropout=lora_cfg.dropout,
                       target_modules=peft_targets(lora_cfg.target_modules, model), task_type="CAUSAL_LM", bias="none")
@@ -81,10 +81,10 @@ def lora_config(lora_cfg, model: torch.nn.Module | None = None):
 
 def apply_lora(model: torch.nn.Module, lora_cfg) -> torch.nn.Module:
     """Wrap with peft adapters; only the adapters train, the base weights stay frozen (a
-    vision-language model's "all-linear": the language model's projections, rlctl.workers.lora)."""
+    vision-language model's "all-linear": the language model's projections, rlctl.workers.compute.lora)."""
     from peft import get_peft_model
 
-    from rlctl.workers.lora import quiet_moe_patterns
+    from rlctl.workers.compute.lora import quiet_moe_patterns
 
     with quiet_moe_patterns():
         return get_peft_model(model, lora_config(lora_cfg, model))
@@ -95,14 +95,14 @@ def policy_engine(config, total_steps: int):
     merged and trained on as an actor checkpoint): model.path, LoRA adapters (seeded by run.seed: the
     same init on every rank), AdamW and the schedule over total_steps, split over the ranks by
     actor.expert_parallel_size and actor.ulysses_sequence_parallel_size."""
-    from rlctl.workers import fsdp
-    from rlctl.workers.engine import OptimSpec, TrainEngine
-    from rlctl.workers.lora import check_targets
+    from rlctl.workers.compute.engine import OptimSpec, TrainEngine
+    from rlctl.workers.compute.lora import check_targets
+    from rlctl.workers.parallel import fsdp
 
     torch.manual_seed(config.run.seed)
     model = load_causal_lm(config.model)
     if config.model.freeze_vision_tower:
-        from rlctl.workers.vision import freeze_vision_tower
+        from rlctl.workers.compute.vision import freeze_vision_tower
 
         freeze_vision_tower(model)
     if config.model.lora.rank > 0:

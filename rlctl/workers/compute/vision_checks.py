@@ -1,4 +1,4 @@
-"""Config checks of training a vision-language model (rlctl.workers.vision): what is built for one
+"""Config checks of training a vision-language model (rlctl.workers.compute.vision): what is built for one
 so far (rollout.mode one_step_off / async: the hf engine, whole batches; multi-turn: sync and the
 hf engine), model.freeze_vision_tower
 on a model that has no vision tower, and a text-only critic beside a vision-language policy.
@@ -15,7 +15,7 @@ from rlctl.algorithms import algorithm_needs
 from rlctl.config.checks import CheckContext
 from rlctl.config.loader import Problem
 from rlctl.config.schema import Config
-from rlctl.workers.rollout.checks import model_config
+from rlctl.models.checks import model_config
 
 
 def check_vision(c: Config, ctx: CheckContext) -> list[Problem]:

@@ -29,12 +29,12 @@ from typing import Iterator
 import torch
 
 from rlctl.errors import ConfigError
-from rlctl.workers.expert_parallel import expert_modules
+from rlctl.workers.parallel.expert_parallel import expert_modules
 
 KEY = "actor.router_replay"
 COLUMN = "routed_experts"          # uint8 / int16 [B, T, L, k]
 RECORD = "record"                  # response_log_probs(routes=RECORD): the pass records its routes
-MISMATCH, PAIRS = "router_mismatch_pairs", "router_pairs"   # additive update metrics (rlctl.workers.training)
+MISMATCH, PAIRS = "router_mismatch_pairs", "router_pairs"   # additive update metrics (rlctl.workers.compute.training)
 # model type -> its router, whose forward is softmax -> top-k -> optional renormalisation (transformers 5)
 REPLAYABLE = {"qwen3_moe": "Qwen3MoeTopKRouter", "qwen2_moe": "Qwen2MoeTopKRouter", "olmoe": "OlmoeTopKRouter"}
 _PLAN = "_rlctl_route_plan"
@@ -123,7 +123,7 @@ def replay_of(micro: dict) -> Replay:
 
 
 def start(model: torch.nn.Module, layout, routes) -> _Plan:
-    """Set the plan of the coming forward on `layout` (rlctl.workers.logprob.Layout): routes = RECORD
+    """Set the plan of the coming forward on `layout` (rlctl.workers.compute.logprob.Layout): routes = RECORD
     or a Replay. It stays set (a gradient-checkpointing recompute replays it) until `clear`."""
     width = layout.input_ids.shape[-1]
     positions = layout.pred_row * width + layout.pred_col                  # [M]

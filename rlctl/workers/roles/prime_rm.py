@@ -16,11 +16,11 @@ from __future__ import annotations
 import torch
 
 from rlctl.runtime import Batch, Dispatch, register
-from rlctl.workers import fsdp
-from rlctl.workers.engine import OptimSpec, TrainEngine, trained_role_methods
-from rlctl.workers.logprob import batched_response_outputs, response_log_probs
-from rlctl.workers.models import load_causal_lm
-from rlctl.workers.training import mini_batch_count, run_updates
+from rlctl.workers.compute.engine import OptimSpec, TrainEngine, trained_role_methods
+from rlctl.workers.compute.logprob import batched_response_outputs, response_log_probs
+from rlctl.workers.compute.models import load_causal_lm
+from rlctl.workers.compute.training import mini_batch_count, run_updates
+from rlctl.workers.parallel import fsdp
 
 _KEYS = ["input_ids", "attention_mask", "response_mask", "prm_ref_log_prob", "prm_label"]
 

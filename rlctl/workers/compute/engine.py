@@ -7,8 +7,8 @@ gradient norm and skips the optimizer step when that norm is not finite (weights
 
 It also owns how the model's work is split over the ranks beyond data parallelism
 (docs/parallelism.md): expert parallelism (MoE expert banks split over groups of ranks,
-rlctl.workers.expert_parallel) and sequence parallelism (`sp`: a packed micro-batch split along
-the sequence over groups of ranks, rlctl.workers.ulysses). Both groups are built here; the sp
+rlctl.workers.parallel.expert_parallel) and sequence parallelism (`sp`: a packed micro-batch split along
+the sequence over groups of ranks, rlctl.workers.parallel.ulysses). Both groups are built here; the sp
 group is handed to each pass that runs the model (`sp=engine.sp`, `engine.group_rows`).
 """
 
@@ -21,8 +21,10 @@ from typing import Callable, Iterator
 
 import torch
 
-from rlctl.workers import fsdp, shared_prompt, ulysses
-from rlctl.workers.checkpoint_io import load_engine, save_engine
+from rlctl.workers.compute import shared_prompt
+
+from rlctl.workers.compute.checkpoint_io import load_engine, save_engine
+from rlctl.workers.parallel import fsdp, ulysses
 
 
 @dataclass(frozen=True)
@@ -65,7 +67,7 @@ def lr_factor(step: int, spec: OptimSpec) -> float:
 
 def checkpointing_kwargs(model: torch.nn.Module) -> dict:
     """torch.utils.checkpoint arguments: layers that ran shared-prompt or Ulysses attention
-    recompute with it in backward (rlctl.workers.shared_prompt, rlctl.workers.ulysses)."""
+    recompute with it in backward (rlctl.workers.compute.shared_prompt, rlctl.workers.parallel.ulysses)."""
     kwargs = shared_prompt.checkpoint_kwargs(model)
     kwargs["context_fn"] = ulysses.recompute_with_routing(kwargs["context_fn"], model)
     return kwargs
@@ -73,7 +75,7 @@ def checkpointing_kwargs(model: torch.nn.Module) -> dict:
 
 def sequence_group(size: int, model: torch.nn.Module, key: str) -> ulysses.SPGroup | None:
     """This rank's sequence-parallel group of `size` consecutive ranks for `model` (None when 1),
-    after the checks validate makes (rlctl.workers.ulysses_checks), repeated for a model that was
+    after the checks validate makes (rlctl.workers.parallel.ulysses_checks), repeated for a model that was
     not on disk then; `key` names the config key in errors. The engine's, and a frozen model's
     outside an engine (a distillation teacher, at the student's size)."""
     return ulysses.build_group(size, model, fsdp.rank_and_world()[1], key)
@@ -108,7 +110,7 @@ class TrainEngine:
         # expert parallelism (MoE): this rank's share of the expert banks, left out of FSDP
         self.expert_groups, self.expert_params = None, []
         if expert_parallel_size > 1:
-            from rlctl.workers import expert_parallel
+            from rlctl.workers.parallel import expert_parallel
 
             self.expert_groups = expert_parallel.new_groups(expert_parallel_size)
             self.expert_params = expert_parallel.split_experts(model, self.expert_groups)
@@ -202,7 +204,7 @@ class TrainEngine:
         """The global gradient norm, clipped; expert banks summed over their replicas first."""
         if self.expert_groups is None:
             return fsdp.total_grad_norm(self.params, self.optim_spec.grad_clip)
-        from rlctl.workers import expert_parallel
+        from rlctl.workers.parallel import expert_parallel
 
         expert_parallel.reduce_expert_grads(self.expert_params, self.expert_groups)
         return fsdp.total_grad_norm(self.dense_params, self.optim_spec.grad_clip, extra=self.expert_params,

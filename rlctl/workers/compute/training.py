@@ -16,10 +16,10 @@ import torch
 
 from rlctl.errors import ConfigError
 from rlctl.runtime.batch import Batch
-from rlctl.workers import fsdp
-from rlctl.workers.logprob import pads_rows
-from rlctl.workers.micro_batches import synced_plan
-from rlctl.workers.vision import model_inputs
+from rlctl.workers.compute.logprob import pads_rows
+from rlctl.workers.compute.micro_batches import synced_plan
+from rlctl.workers.compute.vision import model_inputs
+from rlctl.workers.parallel import fsdp
 
 
 def mini_batch_count(shard: Batch, *, world: int, sequences_per_mini: int) -> int:
@@ -39,7 +39,7 @@ def mini_batch_count(shard: Batch, *, world: int, sequences_per_mini: int) -> in
 def minibatch_norm(mini: Batch, *, horizon: int, sp: int = 1):
     """LossNorm of a mini-batch over all ranks: token and sequence counts summed by all-reduce.
 
-    sp > 1 (the engine's sequence parallelism, rlctl.workers.ulysses): the sp ranks of a group hold
+    sp > 1 (the engine's sequence parallelism, rlctl.workers.parallel.ulysses): the sp ranks of a group hold
     the same rows, so the sums count each row sp times, and the data-parallel size is world / sp. The
     sp ranks' gradients sum to sp x the group's gradient (ulysses.gather_rows), so FSDP's average over
     the world is still the average over data-parallel groups."""
@@ -93,7 +93,7 @@ def _split(engine, mini: Batch, micro_batch_size: int, max_tokens: int) -> list[
 
 def _micro(rows: Batch, device, keys: list[str]) -> dict:
     """A micro-batch's tensors on the device; a vision batch's images and M-RoPE positions under
-    "vision" (rlctl.workers.vision.model_inputs), which the loss passes to the forward."""
+    "vision" (rlctl.workers.compute.vision.model_inputs), which the loss passes to the forward."""
     micro = rows.to_torch(device, keys=[k for k in keys if k in rows])
     vision = model_inputs(rows, device)
     if vision:
@@ -104,7 +104,7 @@ def _micro(rows: Batch, device, keys: list[str]) -> dict:
 ADDITIVE = ("loss", "pg_loss", "entropy", "kl_loss", "vf_loss", "moe_aux_loss",
             # the rollout engine's log-probs against the update's own (rlctl.controller.trainer.update_drift)
             "drift_abs_sum", "drift_prob_sum", "drift_kl_sum", "drift_tokens",
-            # router replay's mismatched and all (response token, MoE layer) pairs (rlctl.workers.router_replay)
+            # router replay's mismatched and all (response token, MoE layer) pairs (rlctl.workers.parallel.router_replay)
             "router_mismatch_pairs", "router_pairs")
 LARGEST = ("drift_abs_max",)   # the largest over micro-batches and ranks
 

@@ -1,4 +1,4 @@
-"""Config checks of PRIME's implicit PRM (rlctl.workers.prime_rm, rlctl.controller.prime).
+"""Config checks of PRIME's implicit PRM (rlctl.workers.roles.prime_rm, rlctl.controller.prime).
 
 Its parameters (beta_train > 0, the coefficients, prm_lr, prm_update, prm_label) are checked against
 PrimeParams by the generic [algorithm.params] check; here, what the PRM is not built for is refused
@@ -32,7 +32,7 @@ def check_prime(c: Config, ctx: CheckContext) -> list[Problem]:
 def check_prime_model(c: Config, ctx: CheckContext) -> list[Problem]:
     """Machine pass: the PRM scores text tokens only; a vision-language model.path is refused."""
     from rlctl.algorithms import algorithm_needs
-    from rlctl.workers.rollout.checks import model_config
+    from rlctl.models.checks import model_config
 
     if not algorithm_needs(c.algorithm.name, policy_loss=c.actor.policy_loss).implicit_prm:
         return []

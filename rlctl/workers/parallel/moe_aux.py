@@ -6,7 +6,7 @@ Switch Transformer's E * sum_e f_e * P_e over every layer's router, f_e the shar
 assignments that go to expert e and P_e its mean router probability, over the tokens the mask keeps;
 their own training loss adds `router_aux_loss_coef * aux_loss`. The update adds the same term,
 computed by the model itself over the tokens its forward runs (prompt and response, never padding:
-rlctl.workers.logprob's layouts drop it), so it is the same at any actor.expert_parallel_size (the
+rlctl.workers.compute.logprob's layouts drop it), so it is the same at any actor.expert_parallel_size (the
 router is dense; only the experts are split).
 
 Each micro-batch's term is weighted by its share of the mini-batch's response tokens, as the
@@ -19,7 +19,7 @@ from __future__ import annotations
 import torch
 
 from rlctl.errors import ConfigError
-from rlctl.workers.expert_parallel import experts_per_layer
+from rlctl.workers.parallel.expert_parallel import experts_per_layer
 
 KEY = "actor.moe_aux_loss_coef"
 METRIC = "moe_aux_loss"   # logged as actor/moe_aux_loss

@@ -16,7 +16,7 @@ Batch keys: generate  in: input_ids, attention_mask [B, P] left-padded prompts (
 columns)  out: as ActorRolloutRefWorker.generate, plus rollout_log_prob [B*n, T] float32 and
 policy_version [B*n] int64. A vision-language model's prompts carry their PIL `images`; the
 rows come back with pixel_values, image_grid_thw and the M-RoPE position_ids the hf engine
-sampled with (rlctl.workers.vision), which rollout_log_prob and every later forward read.
+sampled with (rlctl.workers.compute.vision), which rollout_log_prob and every later forward read.
 
 Multi-turn rollouts (rlctl.multiturn.rollout on the controller) call `generate_turn` once per turn,
 as on the actor group, then `tag_rollout` on the finished batch for the same two columns. The
@@ -40,11 +40,11 @@ import torch
 from rlctl.models.loading import load_tokenizer
 from rlctl.runtime import Batch, Dispatch, register
 from rlctl.runtime.policy import rollout_batch
-from rlctl.workers import fsdp
-from rlctl.workers.actor import _clip_to_limits, pad_token_id, sample
-from rlctl.workers.logprob import batched_response_outputs
-from rlctl.workers.models import eos_token_ids, load_causal_lm
-from rlctl.workers.vision import with_pixels, without_images
+from rlctl.workers.compute.logprob import batched_response_outputs
+from rlctl.workers.compute.models import eos_token_ids, load_causal_lm
+from rlctl.workers.compute.vision import with_pixels, without_images
+from rlctl.workers.parallel import fsdp
+from rlctl.workers.roles.actor import _clip_to_limits, pad_token_id, sample
 
 
 def engine_copy_drift_rows(engine_log_prob: np.ndarray | None, copy_log_prob: np.ndarray, mask: np.ndarray) -> dict:
@@ -142,7 +142,7 @@ class RolloutWorker:
 
     @register(Dispatch.DP)
     def generate_round(self, prompts: Batch | None, *, seed: int) -> tuple[Batch, dict]:
-        """One round of partial rollouts (rlctl.workers.partial_rollout) on this rank's own pool:
+        """One round of partial rollouts (rlctl.workers.rollout.partial) on this rank's own pool:
         admit its share of `prompts` (None: continue the pool only), decode every unfinished sample
         for up to rollout.partial_chunk tokens with this rank's weights, return the groups that
         finished (possibly none: an empty Batch) and the rank's meta: pool_rows, pool_oldest,
@@ -206,7 +206,7 @@ class RolloutWorker:
             self.pool.load_state_dict(state)
 
     def _new_pool(self):
-        from rlctl.workers.partial_rollout import PartialPool
+        from rlctl.workers.rollout.partial import PartialPool
 
         rc, data = self.cfg.rollout, self.cfg.data
         return PartialPool(n=rc.n, chunk=rc.partial_chunk, width=data.max_prompt_length,

@@ -1,4 +1,4 @@
-"""Config checks of actor.expert_parallel_size, actor.router_replay and actor.moe_aux_loss_coef (rlctl.workers.expert_parallel).
+"""Config checks of actor.expert_parallel_size, actor.router_replay and actor.moe_aux_loss_coef (rlctl.workers.parallel.expert_parallel).
 
 What expert parallelism does not cover yet is refused here, before anything starts, rather than
 run with experts silently whole or wrong. Checks keep the contract of rlctl.config.checks:
@@ -59,12 +59,12 @@ def check_expert_model(c: Config, ctx: CheckContext) -> list[Problem]:
     ep, sp = c.actor.expert_parallel_size, c.actor.ulysses_sequence_parallel_size
     if ep == 1 and (sp == 1 or c.actor.moe_aux_loss_coef == 0):
         return []
-    from rlctl.workers.expert_parallel import experts_per_layer
+    from rlctl.workers.parallel.expert_parallel import experts_per_layer
 
     config = _model_config(c, ctx)
     if config is None:
         return []
-    from rlctl.workers import moe_aux
+    from rlctl.workers.parallel import moe_aux
 
     if why := moe_aux.sp_refusal(moe_aux.configured_coef(config, c.actor.moe_aux_loss_coef), sp):
         return [Problem(moe_aux.KEY, why)]
@@ -76,7 +76,7 @@ def check_expert_model(c: Config, ctx: CheckContext) -> list[Problem]:
                              "for mixture-of-experts models; set it to 1")]
     if experts % ep:
         return [Problem(KEY, f"{ep} does not divide the model's {experts} experts per layer; pick a divisor")]
-    from rlctl.workers.expert_parallel import family_problem
+    from rlctl.workers.parallel.expert_parallel import family_problem
 
     why = family_problem(getattr(config.get_text_config(), "model_type", config.model_type))
     return [Problem(KEY, f"{ep}: {why}")] if why else []
@@ -127,8 +127,8 @@ def check_router_replay_model(c: Config, ctx: CheckContext) -> list[Problem]:
     config = _model_config(c, ctx)
     if config is None:
         return []
-    from rlctl.workers.expert_parallel import experts_per_layer
-    from rlctl.workers.router_replay import REPLAYABLE
+    from rlctl.workers.parallel.expert_parallel import experts_per_layer
+    from rlctl.workers.parallel.router_replay import REPLAYABLE
 
     if experts_per_layer(config) == 0:
         return [Problem(REPLAY, f"true but {c.model.path} ({config.model_type}) has no experts: router replay is for "

@@ -5,7 +5,7 @@ The token at column P+j is predicted by the model output at the previous real to
 each real response token we gather the output of its predecessor. Three ways to drop padding:
 
   shared (Llama-style models, the default there): one row [1, N] holding each distinct prompt
-      once, followed by the responses that continue it (rlctl.workers.shared_prompt): the n
+      once, followed by the responses that continue it (rlctl.workers.compute.shared_prompt): the n
       samples of a prompt pay for its tokens once, and nothing is padding.
   pack (other flash-attention models): all real tokens of the micro-batch in one row [1, N]
       with position_ids restarting at 0 per sequence; transformers then runs varlen attention.
@@ -24,10 +24,11 @@ import numpy as np
 import torch
 
 from rlctl.errors import ConfigError, DataError
-from rlctl.workers import router_replay, shared_prompt, ulysses
-from rlctl.workers.micro_batches import plan_micro_batches
-from rlctl.workers.vision import POSITION_IDS, ban_placeholders, model_inputs, placeholder_ids
-from rlctl.workers.vocab_logprob import token_log_probs
+from rlctl.workers.compute import shared_prompt
+from rlctl.workers.compute.micro_batches import plan_micro_batches
+from rlctl.workers.compute.vision import POSITION_IDS, ban_placeholders, model_inputs, placeholder_ids
+from rlctl.workers.compute.vocab_logprob import token_log_probs
+from rlctl.workers.parallel import router_replay, ulysses
 
 
 @dataclass
@@ -43,8 +44,8 @@ class Layout:
     response_valid: torch.Tensor   # [b, T] bool, where the M values go back
     shared: shared_prompt.SharedPrompt | None = None  # the attention plan of the shared layout
     images: dict | None = None     # vision models: pixel_values and image_grid_thw of the rows' images
-    aux_loss: torch.Tensor | None = None  # MoE: the forward's router load-balancing loss (rlctl.workers.moe_aux)
-    routes: dict | None = None     # router replay's outputs of the forward (rlctl.workers.router_replay)
+    aux_loss: torch.Tensor | None = None  # MoE: the forward's router load-balancing loss (rlctl.workers.parallel.moe_aux)
+    routes: dict | None = None     # router replay's outputs of the forward (rlctl.workers.parallel.router_replay)
 
     def forward(self, model: torch.nn.Module, **kwargs):
         """model(...) on this layout; the shared layout routes attention through its plan."""
@@ -60,7 +61,7 @@ def choose_layout(model: torch.nn.Module, width: int, pack: bool | None = None,
                   sp: ulysses.SPGroup | None = None) -> str:
     """"shared" where the model supports it, else "pack" under flash attention, else "trim";
     `pack` (tests, tools) forces pack (True) or trim (False). Sequence parallelism (`sp`, the
-    engine's group) always packs (rlctl.workers.ulysses slices the packed row)."""
+    engine's group) always packs (rlctl.workers.parallel.ulysses slices the packed row)."""
     if sp is not None:
         return "pack"
     if pack is not None:
@@ -72,7 +73,7 @@ def choose_layout(model: torch.nn.Module, width: int, pack: bool | None = None,
 
 def pads_rows(model: torch.nn.Module, width: int, sp: ulysses.SPGroup | None = None) -> bool:
     """Whether a micro-batch's forward runs on rows x longest row (the trim layout), not on its real
-    tokens alone (shared, pack): the cost rlctl.workers.micro_batches budgets."""
+    tokens alone (shared, pack): the cost rlctl.workers.compute.micro_batches budgets."""
     return choose_layout(model, width, sp=sp) == "trim"
 
 
@@ -91,10 +92,10 @@ def batched_response_outputs(model: torch.nn.Module, device: torch.device, batch
                              **kwargs) -> dict[str, np.ndarray]:
     """`forward` (default response_log_probs) over a Batch of [B, P+T] rows in micro-batches of
     `micro_batch_size`, in inference_order (max_tokens > 0: micro-batches of at most that many
-    tokens, rlctl.workers.micro_batches); its [b, T] outputs as numpy [B, T] in the batch's row
+    tokens, rlctl.workers.compute.micro_batches); its [b, T] outputs as numpy [B, T] in the batch's row
     order. `forward(model, input_ids, attention_mask, T, sp=sp, **kwargs)` returns a dict of tensors
     (`sp`: the engine's sequence-parallel group, or None); a vision batch's rows also pass
-    vision=rlctl.workers.vision.model_inputs(rows).
+    vision=rlctl.workers.compute.vision.model_inputs(rows).
     The caller holds the contexts (no_grad, autocast, adapters). One loop for the actor, the
     critic and the one_step_off rollout rank, so equal weights give equal numbers."""
     forward = forward or response_log_probs
@@ -120,7 +121,7 @@ def batched_response_outputs(model: torch.nn.Module, device: torch.device, batch
 def make_layout(input_ids: torch.Tensor, attention_mask: torch.Tensor, response_width: int, *,
                 pack: bool = False, layout: str | None = None, vision: dict | None = None) -> Layout:
     """The unpadded model input of a micro-batch; layout "shared" | "pack" | "trim" (else from `pack`).
-    vision (rlctl.workers.vision.model_inputs): the rows' M-RoPE positions [3, b, P+T] move with
+    vision (rlctl.workers.compute.vision.model_inputs): the rows' M-RoPE positions [3, b, P+T] move with
     their tokens (trim: [3, b, L_max]; pack: [4, 1, N], row 0 the per-sequence text positions that
     mark the boundaries, as transformers' Qwen2.5-VL reads a packed row) and the images ride along."""
     layout = layout or ("pack" if pack else "trim")
@@ -213,11 +214,11 @@ def response_log_probs(model: torch.nn.Module, input_ids: torch.Tensor, attentio
     """log pi(response token) and entropy, both [b, T] float32, 0 on padding (+ sum_v pi(v)^2 when
     with_sum_pi_squared, for the optimal token baseline; + topk_log_prob [b, T, K], the log-probs of
     the token ids `gather_ids` [b, T, K] at each response position, for top-k distillation).
-    vision: a vision-language batch's images and M-RoPE positions (rlctl.workers.vision.model_inputs).
-    moe_aux: + moe_aux_loss, the MoE router's load-balancing loss (a scalar; rlctl.workers.moe_aux).
+    vision: a vision-language batch's images and M-RoPE positions (rlctl.workers.compute.vision.model_inputs).
+    moe_aux: + moe_aux_loss, the MoE router's load-balancing loss (a scalar; rlctl.workers.parallel.moe_aux).
     routes: router_replay.RECORD (+ routed_experts [b, T, L, k]) or a router_replay.Replay (+ its
-    mismatch counts): rlctl.workers.router_replay.
-    sp: the engine's sequence-parallel group (rlctl.workers.ulysses): each rank runs its slice of the
+    mismatch counts): rlctl.workers.parallel.router_replay.
+    sp: the engine's sequence-parallel group (rlctl.workers.parallel.ulysses): each rank runs its slice of the
     packed rows, and every rank of the group gets all the outputs.
 
     temperature divides the logits (the sampling distribution of the rollout). The entropy is

@@ -1,4 +1,4 @@
-"""Config checks of actor/critic.ulysses_sequence_parallel_size (rlctl.workers.ulysses).
+"""Config checks of actor/critic.ulysses_sequence_parallel_size (rlctl.workers.parallel.ulysses).
 
 Config pass: the ranks split into sp groups, and what is not built with sequence parallelism yet
 (float16) is refused in one line. Machine pass: the attention heads of the model, and of the
@@ -15,10 +15,9 @@ import dataclasses
 from rlctl.config.checks import CheckContext
 from rlctl.config.loader import Problem
 from rlctl.config.plan import world_size
-from rlctl.config.schema import SEPARATE_ROLLOUT_MODES, Config, distill_enabled
-from rlctl.workers.distill_checks import teacher_paths
-from rlctl.workers.rollout.checks import model_config
-from rlctl.workers.ulysses import attention_variant_problem, head_problem
+from rlctl.config.schema import SEPARATE_ROLLOUT_MODES, Config, distill_enabled, teacher_paths
+from rlctl.models.checks import model_config
+from rlctl.workers.parallel.ulysses import attention_variant_problem, head_problem
 
 ACTOR_KEY = "actor.ulysses_sequence_parallel_size"
 CRITIC_KEY = "critic.ulysses_sequence_parallel_size"

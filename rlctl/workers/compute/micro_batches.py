@@ -8,7 +8,7 @@ A micro-batch's cost is what its forward runs on:
                   (shared-prompt runs each prompt once, so it costs at most this); rows keep their
                   order, so a prompt's samples stay together for the shared-prompt layout
 Micro-batches only change how a mini-batch's rows are grouped: the losses are normalised by counts
-of the whole mini-batch (rlctl.workers.training.minibatch_norm), so the loss and gradients are those
+of the whole mini-batch (rlctl.workers.compute.training.minibatch_norm), so the loss and gradients are those
 of fixed-row micro-batches up to float rounding.
 """
 
@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from rlctl.workers import fsdp
+from rlctl.workers.parallel import fsdp
 
 
 def plan_micro_batches(lengths: np.ndarray, *, max_tokens: int, max_rows: int, count: int | None = None,

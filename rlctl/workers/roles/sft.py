@@ -14,7 +14,7 @@ ranks): each micro-batch adds sum(nll) / N_global x D, D = data-parallel ranks (
 gradients over ranks), so W ranks take the step one rank would, and how rows are cut into
 micro-batches changes nothing but float rounding.
 
-Sequence parallelism (actor.ulysses_sequence_parallel_size = S > 1, rlctl.workers.ulysses; the
+Sequence parallelism (actor.ulysses_sequence_parallel_size = S > 1, rlctl.workers.parallel.ulysses; the
 policy engine's sp group): the S ranks of a group pool their shards and each runs its 1/S of every
 packed micro-batch; the NLL of all the group's targets is gathered on each, and D = W / S (the S
 ranks' gradients sum to S x the group's, ulysses.gather_rows), so the step is the same as without
@@ -22,7 +22,7 @@ it.
 
 Mixture-of-experts policies: actor.expert_parallel_size splits the experts as in RL (the engine's
 all-to-all dispatch; every rank runs the same number of micro-batches, _micro_batches), and the
-loss adds the router's load-balancing loss as the actor's update does (rlctl.workers.moe_aux), each
+loss adds the router's load-balancing loss as the actor's update does (rlctl.workers.parallel.moe_aux), each
 micro-batch's term weighted by its share of the step's target tokens (x D), as its NLL is.
 """
 
@@ -33,12 +33,12 @@ import torch
 
 from rlctl.runtime import Batch, Dispatch, register
 from rlctl.algorithms import LossNorm
-from rlctl.workers import fsdp, moe_aux, ulysses
-from rlctl.workers.logprob import make_layout, use_packing
-from rlctl.workers.micro_batches import plan_micro_batches, synced_plan
-from rlctl.workers.vocab_logprob import token_log_probs
-from rlctl.workers.engine import trained_role_methods
-from rlctl.workers.models import policy_engine
+from rlctl.workers.compute.engine import trained_role_methods
+from rlctl.workers.compute.logprob import make_layout, use_packing
+from rlctl.workers.compute.micro_batches import plan_micro_batches, synced_plan
+from rlctl.workers.compute.models import policy_engine
+from rlctl.workers.compute.vocab_logprob import token_log_probs
+from rlctl.workers.parallel import fsdp, moe_aux, ulysses
 
 _KEYS = ["input_ids", "attention_mask", "loss_mask"]
 

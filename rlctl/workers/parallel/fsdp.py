@@ -73,7 +73,7 @@ def shard(model: torch.nn.Module, *, param_dtype: torch.dtype | None = None,
 
     param_dtype (e.g. bf16) is the compute dtype: parameters stay fp32 masters and are all-gathered
     in param_dtype; gradients are reduced in fp32. `ignored` parameters stay plain local tensors
-    (expert-parallel banks: rlctl.workers.expert_parallel).
+    (expert-parallel banks: rlctl.workers.parallel.expert_parallel).
     """
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
@@ -100,13 +100,13 @@ def fsdp_units(model: torch.nn.Module) -> list[torch.nn.Module]:
 @contextlib.contextmanager
 def whole_weights(model: torch.nn.Module) -> Iterator[None]:
     """Inference with every FSDP unit all-gathered once (same calls, same order on every rank), and
-    expert-parallel banks gathered whole (rlctl.workers.expert_parallel.whole_experts).
+    expert-parallel banks gathered whole (rlctl.workers.parallel.expert_parallel.whole_experts).
 
     With the parameters whole and reshard-after-forward off, forward runs no collective, so ranks
     may run different numbers of micro-batches (uneven splits) without deadlocking. Peak memory
     is one full copy of the weights per rank, as during generation. Plain modules pass through.
     """
-    from rlctl.workers.expert_parallel import whole_experts
+    from rlctl.workers.parallel.expert_parallel import whole_experts
 
     units = fsdp_units(model)
     if not units:
@@ -123,7 +123,7 @@ def copy_weights(dst: torch.nn.Module, src: torch.nn.Module) -> None:
     keeps dst's shard of it (dst unsplit: the reference)."""
     from torch.distributed.tensor import distribute_tensor
 
-    from rlctl.workers.expert_parallel import whole_parameter
+    from rlctl.workers.parallel.expert_parallel import whole_parameter
 
     modules = dict(src.named_modules())
     with torch.no_grad():

@@ -13,8 +13,8 @@ LoRA adapters and FSDP hooks run unchanged) lets prompt tokens see their prompt 
 response tokens see their prompt plus their own earlier tokens. The result is the row-by-row one
 (the same math, float summation order aside) for N = sum P_g + sum T_r tokens instead of
 sum (P_r + T_r); gradients flowing into a shared prompt sum over its responses, as they would.
-Works for Llama-style models (rlctl.workers.rollout.decoder.fast_path_supported); others keep
-the row-by-row layouts of rlctl.workers.logprob. Gradient checkpointing recomputes layers in
+Works for Llama-style models (rlctl.models.anatomy.llama_layout); others keep
+the row-by-row layouts of rlctl.workers.compute.logprob. Gradient checkpointing recomputes layers in
 backward, after `attention` has handed the model its own attention back: models checkpointed
 with `checkpoint_kwargs` re-enter it for the recompute; others fall back to row-by-row.
 """
@@ -23,10 +23,11 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass
-from typing import Iterator
 
 import torch
 import torch.nn.functional as F
+
+from rlctl.models.anatomy import attention_as, causal_lm_parts, llama_layout
 
 ATTENTION = "rlctl_shared_prompt"
 KWARG = "rlctl_shared_prompt"
@@ -51,40 +52,25 @@ class SharedPrompt:
 def supported(model: torch.nn.Module, max_len: int) -> bool:
     """Llama-style attention through transformers' attention interface (causal LMs and their token
     classifiers keep the decoder stack at `.model`), no gradient checkpointing."""
-    from rlctl.workers.rollout.decoder import causal_lm_parts, fast_path_supported
-
     lm = causal_lm_parts(model)
     checkpointed = any(getattr(m, "gradient_checkpointing", False) is True for m in lm.modules())
     if checkpointed and not getattr(lm, "_rlctl_shared_recompute", False):
         return False
-    return fast_path_supported(lm, max_len)
+    return llama_layout(lm, max_len)
 
 
 def attention(model: torch.nn.Module):
     """Route the model's attention through `shared_prompt_attention` for one forward call."""
-    from rlctl.workers.rollout.decoder import causal_lm_parts
-
     return _routed(causal_lm_parts(model).config)
 
 
-@contextlib.contextmanager
-def _routed(config) -> Iterator[None]:
-    from transformers import AttentionInterface
-
-    AttentionInterface.register(ATTENTION, shared_prompt_attention)
-    previous = config._attn_implementation
-    config._attn_implementation = ATTENTION
-    try:
-        yield
-    finally:
-        config._attn_implementation = previous
+def _routed(config):
+    return attention_as(config, ATTENTION, shared_prompt_attention)
 
 
 def checkpoint_kwargs(model: torch.nn.Module) -> dict:
     """torch.utils.checkpoint arguments for `gradient_checkpointing_enable`: a layer whose forward
     ran shared-prompt attention recomputes under it too (context_fn's second context)."""
-    from rlctl.workers.rollout.decoder import causal_lm_parts
-
     lm = causal_lm_parts(model)
     config = lm.config
 

@@ -17,7 +17,7 @@ import torch
 
 from rlctl.errors import DataError
 from rlctl.runtime import Batch, Dispatch, register
-from rlctl.workers import fsdp
+from rlctl.workers.parallel import fsdp
 
 
 class RewardModelWorker:

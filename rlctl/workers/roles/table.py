@@ -1,12 +1,12 @@
 """The role table: every worker role a training run may start, where it runs, and which folder of
-a checkpoint it owns. Start-up (rlctl.workers.groups.start_workers), checkpointing and resume
+a checkpoint it owns. Start-up (rlctl.workers.roles.groups.start_workers), checkpointing and resume
 (rlctl.controller.checkpointing) read this table and nothing else about the roles.
 
     for role in ROLES:
         role.instances(RunRoles(config, total_steps, needs))   # {} when the run has none of it
 
 A new role is its worker class plus one row here. A trained role (`trained=True`) keeps a
-TrainEngine and lists the engine's save/load/FLOPs methods once (rlctl.workers.engine.trained_role_methods);
+TrainEngine and lists the engine's save/load/FLOPs methods once (rlctl.workers.compute.engine.trained_role_methods);
 its state is saved under <step>/<name>/ of each checkpoint and loaded from there on resume.
 
 Where a role runs (`placement`):
@@ -24,7 +24,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable
 
-from rlctl.config.schema import SEPARATE_ROLLOUT_MODES
+from rlctl.config.schema import SEPARATE_ROLLOUT_MODES, teacher_paths
 
 if TYPE_CHECKING:
     from rlctl.algorithms.registry import Needs
@@ -82,8 +82,7 @@ def _reward_model(run: RunRoles) -> dict:
 def teacher_instances(run: RunRoles) -> dict:
     """One role per teacher of distill.teacher / [distill.teachers] (a single teacher is named
     "teacher"); none for a teacher_url (the controller calls it) or without distillation."""
-    d = run.config.distill
-    paths = dict(d.teachers) or ({"teacher": d.teacher} if d.teacher else {})
+    paths = teacher_paths(run.config)
     return {TEACHER_ROLE + name: {"config": run.config, "path": path} for name, path in paths.items()}
 
 
@@ -118,23 +117,23 @@ def pool_resources(config):
 
 # In start order; the actor's row is first (its group is the one the others join).
 ROLES: tuple[Role, ...] = (
-    Role("actor", "rlctl.workers.actor:ActorRolloutRefWorker", ACTOR, trained=True, instances=_actor,
+    Role("actor", "rlctl.workers.roles.actor:ActorRolloutRefWorker", ACTOR, trained=True, instances=_actor,
          resources=lambda config: pool_resources(config)[0]),
-    Role("critic", "rlctl.workers.critic:CriticWorker", BESIDE_ACTOR, trained=True,
+    Role("critic", "rlctl.workers.roles.critic:CriticWorker", BESIDE_ACTOR, trained=True,
          instances=_when("critic", "critic")),
-    Role("prm", "rlctl.workers.prime_rm:ImplicitPRMWorker", BESIDE_ACTOR, trained=True,   # PRIME's implicit PRM
+    Role("prm", "rlctl.workers.roles.prime_rm:ImplicitPRMWorker", BESIDE_ACTOR, trained=True,   # PRIME's implicit PRM
          instances=_when("implicit_prm", "prm")),
-    Role("reward_model", "rlctl.workers.reward_model:RewardModelWorker", BESIDE_ACTOR, trained=False,
+    Role("reward_model", "rlctl.workers.roles.reward_model:RewardModelWorker", BESIDE_ACTOR, trained=False,
          instances=_reward_model),
-    Role("teacher", "rlctl.workers.teacher:TeacherWorker", BESIDE_ACTOR, trained=False, instances=teacher_instances),
-    Role("rollout", "rlctl.workers.rollout_worker:RolloutWorker", OWN_POOL, trained=False, instances=_rollout,
+    Role("teacher", "rlctl.workers.roles.teacher:TeacherWorker", BESIDE_ACTOR, trained=False, instances=teacher_instances),
+    Role("rollout", "rlctl.workers.roles.rollout_worker:RolloutWorker", OWN_POOL, trained=False, instances=_rollout,
          resources=lambda config: pool_resources(config)[1]),
 )
 
 
 def role_folders() -> tuple[str, ...]:
     """The checkpoint folders the trained roles own ("actor/", "critic/", "prm/"): the ranks that
-    load them check their contents (rlctl.workers.checkpoint_io.verify_share)."""
+    load them check their contents (rlctl.workers.compute.checkpoint_io.verify_share)."""
     return tuple(f"{role.name}/" for role in ROLES if role.trained)
 
 

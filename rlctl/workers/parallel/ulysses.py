@@ -1,7 +1,7 @@
 """Ulysses sequence parallelism: one packed micro-batch split along the sequence over S ranks.
 
 The S ranks of an sp group hold the same micro-batch. Its real tokens are packed into one row
-[1, N] (rlctl.workers.logprob's "pack" layout: position_ids restart at 0 per sequence), padded to
+[1, N] (rlctl.workers.compute.logprob's "pack" layout: position_ids restart at 0 per sequence), padded to
 N' = a multiple of S, and rank r runs the model on columns [r N'/S, (r+1) N'/S). Everything but
 attention is per token, so it runs on the slice unchanged (RoPE reads the slice's position_ids).
 Attention needs every token: an all-to-all turns q/k/v [1, h, N'/S, d] into [1, h/S, N', d]
@@ -14,10 +14,10 @@ Each rank then computes its slice's per-token outputs (log-probs, entropy) and `
 puts the S slices together on every rank, so the loss is the same on all of them. Its backward
 keeps the rank's own slice of the gradient times S: the S ranks' parameter gradients then sum
 to S x dL/dtheta, which FSDP's average over dp x sp ranks turns into the dp-average it expects
-(the loss is normalised with dp_size = world / S, rlctl.workers.training).
+(the loss is normalised with dp_size = world / S, rlctl.workers.compute.training).
 
-The training engine owns a model's sp group (rlctl.workers.engine.TrainEngine.sp, built by
-engine.sequence_group) and hands it to each pass that splits (rlctl.workers.logprob's `sp=`); a
+The training engine owns a model's sp group (rlctl.workers.compute.engine.TrainEngine.sp, built by
+engine.sequence_group) and hands it to each pass that splits (rlctl.workers.compute.logprob's `sp=`); a
 forward's attention function is bound to the group and the packed row's sequences for that forward.
 """
 
@@ -31,6 +31,8 @@ from typing import Iterator
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+
+from rlctl.models.anatomy import attention_as, causal_lm_parts
 
 ATTENTION = "rlctl_ulysses"
 
@@ -48,7 +50,7 @@ class SPGroup:
 def build_group(size: int, model: torch.nn.Module, world: int, key: str = "ulysses_sequence_parallel_size"
                 ) -> SPGroup | None:
     """This rank's group of `size` ranks (None when 1) for `model`, after the checks validate makes
-    (rlctl.workers.ulysses_checks), repeated here for a model that was not on disk then."""
+    (rlctl.workers.parallel.ulysses_checks), repeated here for a model that was not on disk then."""
     from rlctl.errors import ConfigError
 
     if size == 1:
@@ -249,29 +251,18 @@ def ulysses_attention(module, query, key, value, attention_mask=None, scaling=No
     return heads_to_seq(out, sp).transpose(1, 2).contiguous(), None
 
 
-@contextlib.contextmanager
-def _routed(config, attention) -> Iterator[None]:
+def _routed(config, attention):
     """The model's attention is `attention` (ulysses_attention bound to a group and a packed row)
     inside; its own again afterwards."""
-    from transformers import AttentionInterface
-
-    AttentionInterface.register(ATTENTION, attention)
-    previous = config._attn_implementation
-    config._attn_implementation = ATTENTION
-    try:
-        yield
-    finally:
-        config._attn_implementation = previous
+    return attention_as(config, ATTENTION, attention)
 
 
 def recompute_with_routing(context_fn, model: torch.nn.Module):
     """Gradient checkpointing: `context_fn` (torch.utils.checkpoint's, as
-    rlctl.workers.shared_prompt.checkpoint_kwargs makes it) plus, for a layer whose forward ran
+    rlctl.workers.compute.shared_prompt.checkpoint_kwargs makes it) plus, for a layer whose forward ran
     Ulysses attention, its recompute in backward under the same attention, group and packed
     sequences (backward runs after `sliced_forward` has handed the model its own attention back)."""
     from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
-
-    from rlctl.workers.rollout.decoder import causal_lm_parts
 
     config = causal_lm_parts(model).config
 
@@ -307,8 +298,6 @@ def sliced_forward(model: torch.nn.Module, sp: SPGroup, input_ids: torch.Tensor,
     sequence of its own). Returns (model output, Slice); the output's logits are those of this
     rank's predictor columns (pred_col must be sorted, as the pack layout makes it) when
     head_only_preds, else of every column of the slice."""
-    from rlctl.workers.rollout.decoder import causal_lm_parts
-
     n = input_ids.shape[1]
     padded = -(-n // sp.size) * sp.size
     extra = torch.arange(padded - n, device=input_ids.device)[None]

@@ -2,10 +2,10 @@
 
 The critic is the base model with a Linear(hidden, 1) head (transformers' token-classification
 class, head dropout off; a vision-language model: its own class with a 1-wide head,
-rlctl.workers.models.vision_value_model), trained in full (LoRA applies to the actor only). Its value for
+rlctl.workers.compute.models.vision_value_model), trained in full (LoRA applies to the actor only). Its value for
 response token j is the head's output at the token before it, the state the policy acted in,
 aligned like the actor's log-probs. A vision-language batch's images and M-RoPE positions
-(rlctl.workers.vision) reach its forward exactly as they reach the actor's.
+(rlctl.workers.compute.vision) reach its forward exactly as they reach the actor's.
 
 Batch keys:  compute_values  in: input_ids, attention_mask, response_mask   out: values [B, T]
              update_critic   in: input_ids, attention_mask, response_mask, values, returns
@@ -17,12 +17,12 @@ import torch
 
 from rlctl.config.plan import batch_plan
 from rlctl.runtime import Batch, Dispatch, register
-from rlctl.workers import fsdp
-from rlctl.workers.engine import OptimSpec, TrainEngine, trained_role_methods
-from rlctl.workers.logprob import batched_response_outputs, response_values
-from rlctl.workers.models import load_value_model
-from rlctl.workers.training import mini_batch_count, run_updates
-from rlctl.workers.vision import has_vision_tower, tower_always_runs
+from rlctl.workers.compute.engine import OptimSpec, TrainEngine, trained_role_methods
+from rlctl.workers.compute.logprob import batched_response_outputs, response_values
+from rlctl.workers.compute.models import load_value_model
+from rlctl.workers.compute.training import mini_batch_count, run_updates
+from rlctl.workers.compute.vision import has_vision_tower, tower_always_runs
+from rlctl.workers.parallel import fsdp
 
 _MODEL_KEYS = ["input_ids", "attention_mask"]
 

@@ -38,7 +38,7 @@ def peft_targets(targets, model: torch.nn.Module | None = None) -> str | list[st
     peft's own "all-linear" would also adapt the vision tower (its MLP shares the LM's names)."""
     if not is_all_linear(targets):
         return list(targets)
-    from rlctl.workers.vision import language_model_linears
+    from rlctl.workers.compute.vision import language_model_linears
 
     return (language_model_linears(model) if model is not None else None) or ALL_LINEAR
 

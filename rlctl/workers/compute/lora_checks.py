@@ -1,5 +1,5 @@
 """Config checks of model.lora: sane rank/alpha/lr, and in the machine pass every target module
-matches a layer of the model (read on the meta device by rlctl.workers.lora, no weights).
+matches a layer of the model (read on the meta device by rlctl.workers.compute.lora, no weights).
 
 Checks keep the contract of rlctl.config.checks: `check(config, ctx) -> list[Problem]`.
 """
@@ -36,7 +36,7 @@ def check_lora_targets(c: Config, ctx: CheckContext) -> list[Problem]:
     downloaded) is checked by the workers at train start instead; "all-linear" matches any model."""
     from rlctl.errors import DataError
     from rlctl.models.hub import resolve_model
-    from rlctl.workers.lora import is_all_linear, meta_model, mismatch_message
+    from rlctl.workers.compute.lora import is_all_linear, meta_model, mismatch_message
 
     lora = c.model.lora
     if lora.rank == 0 or not lora.target_modules or is_all_linear(lora.target_modules):

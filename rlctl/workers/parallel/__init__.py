@@ -1,0 +1,1 @@
+"""Splitting a model over ranks: FSDP, Ulysses sequence parallelism, expert parallelism (and MoE routing)."""
