@@ -246,3 +246,39 @@ def test_an_environment_that_cannot_load_is_one_line_exit_3(vf_calc, tmp_path):
     with pytest.raises(DataError, match="vf-calc cannot load its questions") as e:
         prepare("verifiers:vf-calc", PrepOptions(out=tmp_path / "d", args={"fail": "load"}))
     assert e.value.exit_code == 3 and "\n" not in str(e.value)
+
+
+@pytest.fixture(scope="module")
+def sum_feedback():
+    """examples/environments/sum_feedback importable, as `pip install -e` of it would make it."""
+    root = str(Path(__file__).resolve().parents[2] / "examples" / "environments" / "sum_feedback")
+    sys.path.insert(0, root)
+    yield root
+    sys.path.remove(root)
+
+
+def test_the_sum_feedback_example_gives_a_wrong_answer_a_feedback_turn_in_process(sum_feedback, tmp_path,
+                                                                                  tiny_model_dir, monkeypatch):
+    from rlctl.tasks.verifiers_env import generate
+    from transformers import AutoTokenizer
+
+    from sum_feedback.taskset import RIGHT_BUT_WORDY, WRONG, score
+
+    assert (score("17", "17"), score("7 + 10 = 17", "17"), score("17 or 18", "17"), score("", "17")) == \
+        (1.0, 0.5, 0.0, 0.0)
+    rows = generate("sum-feedback", {"num_tasks": 2, **TURN}, None, 0, 0.0)["train"]
+    assert [r["prompt"][0]["content"].startswith("What is ") for r in rows] == [True, True]
+
+    def no_process(*args, **kwargs):
+        raise AssertionError(f"the in-process harness started a process: {args[:2]}")
+
+    monkeypatch.setattr(asyncio, "create_subprocess_exec", no_process)
+    eps = _play_rows(rows, tmp_path, tiny_model_dir)
+    tok = AutoTokenizer.from_pretrained(tiny_model_dir)
+    for ep in eps:   # the random model never answers with the sum alone: it is told so and answers again
+        assert ep.failure == "", ep.failure
+        assert len(ep.calls) == 2 and ep.metrics["vf_turns"] == 2.0 and ep.reward == ep.metrics["vf_correct"]
+        # the feedback is the environment's turn: in a row's masked tokens, or a later row's prompt
+        context = tok.decode([t for s in ep.sequences
+                              for t in [*s.prompt_ids, *(t for t, m in zip(s.response_ids, s.response_mask) if not m)]])
+        assert WRONG in context or RIGHT_BUT_WORDY in context

@@ -1,0 +1,4 @@
+from sum_feedback.harness import InProcessChatHarness
+from sum_feedback.taskset import SumFeedbackEnv, SumFeedbackTaskset
+
+__all__ = ["SumFeedbackTaskset", "SumFeedbackEnv", "InProcessChatHarness"]
