@@ -96,3 +96,35 @@ def test_validate_refuses_verifiers_rows_without_the_built_in_agent(tmp_path):
                                                                  'rollout.agent.reward="sum"'])
     (problem,) = check_verifiers_rows(scorer.config, ctx)
     assert problem.key == "rollout.agent.reward"
+
+
+def test_the_feedback_recipe_validates_and_reads_what_its_headers_prep_writes(tmp_path):
+    import shlex
+    from pathlib import Path
+
+    from rlctl.agent.verifiers_agent import check_verifiers_rows
+    from rlctl.config.checks import CheckContext
+    from rlctl.config.loader import load_config
+    from rlctl.project import write_project
+    from rlctl.tasks.prep import out_dir
+    from rlctl.validate import validate
+
+    package = str(Path(__file__).resolve().parents[2] / "examples" / "environments" / "sum_feedback")
+    sys.path.insert(0, package)   # as `pip install -e` of it would make it importable
+    try:
+        write_project(tmp_path / "p", "grpo-verifiers-feedback-smollm2-cpu", "models/m")
+        header = (tmp_path / "p" / "rlctl.toml").read_text().split("# data: rlctl data prep ", 1)[1].splitlines()[0]
+        words = shlex.split(header)
+        spec, val = words[0], float(words[words.index("--val-fraction") + 1])
+        args = json.loads(words[words.index("--args") + 1])
+        opts = PrepOptions(val_fraction=val, args=args)
+        prepare(spec, PrepOptions(out=tmp_path / "p" / out_dir(spec, opts), val_fraction=val, args=args))
+    finally:
+        sys.path.remove(package)
+    loaded = load_config(tmp_path / "p" / "rlctl.toml")
+    problems, _ = validate(loaded, machine=False)
+    assert [f"{p.key}: {p.message}" for p in problems if p.severity == "error"] == []
+    assert check_verifiers_rows(loaded.config, CheckContext(base_dir=tmp_path / "p", raw={})) == []
+    for files in (loaded.config.data.train_files, loaded.config.data.val_files):
+        (path,) = files
+        assert (tmp_path / "p" / path).is_file()
