@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -76,6 +77,18 @@ def test_init_writes_project_and_refuses_overwrite(tmp_path, tiny_model_dir):
     assert (proj / "reward.py").read_text() == "# my edits\n"
     forced = rlctl("init", proj, "--recipe", "ppo-gsm8k", "--force")
     assert forced.returncode == 0 and "gae" in (proj / "rlctl.toml").read_text()
+
+
+def test_every_recipes_data_line_is_commands_the_readme_can_show():
+    """init's README shows a recipe's `# data:` line in a bash block as the command to run: prose there
+    (a note in parentheses) would be a broken command; notes go on the header's later lines."""
+    from rlctl.recipes import list_recipes
+
+    for recipe in list_recipes():
+        for command in recipe.data_command.split("&&"):
+            words = shlex.split(command)
+            assert words[:3] == ["rlctl", "data", "prep"] and not any(w.startswith("(") for w in words), \
+                f"{recipe.name}: {recipe.data_command}"
 
 
 def test_init_hints_the_command_that_makes_the_recipes_own_model(tmp_path, monkeypatch):
