@@ -7,34 +7,22 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import pyarrow as pa
-import pyarrow.parquet as pq
 import pytest
 from support.cli import rlctl_here
+from support.dapo_rows import write_hub_copy
 
 from rlctl.config.loader import load_config
-from rlctl.tasks.math_dapo import dapo_prompt
 from rlctl.validate import validate
 
 FIXTURES = Path(__file__).parents[1] / "fixtures" / "verl"
-PROBLEMS = [(f"What is {a} + {b}?", str(a + b)) for a, b in ((2, 3), (10, 7), (6, 6), (1, 8), (4, 9), (3, 3))]
-
-
-def _hub_copy(root: Path, name: str, repeats: int) -> Path:
-    (root / "data").mkdir(parents=True)
-    rows = [{"data_source": "math_dapo", "prompt": [{"content": dapo_prompt(q), "role": "user"}], "ability": "MATH",
-             "reward_model": {"ground_truth": a, "style": "rule-lighteval/MATH_v2"}, "extra_info": {"index": f"{r}-{i}"}}
-            for r in range(repeats) for i, (q, a) in enumerate(PROBLEMS)]
-    pq.write_table(pa.Table.from_pylist(rows), root / "data" / name)
-    return root
 
 
 def test_the_converted_dapo_script_validates(tmp_path, tiny_model_dir, monkeypatch):
     proj = tmp_path / "proj"
     proj.mkdir()
-    assert rlctl_here("data", "prep", "dapo-math-17k", "--source", _hub_copy(tmp_path / "dapo", "dapo-math-17k.parquet", 2),
-                      cwd=proj).returncode == 0
-    assert rlctl_here("data", "prep", "aime24", "--source", _hub_copy(tmp_path / "aime", "aime-2024.parquet", 4),
+    dapo = write_hub_copy(tmp_path / "dapo", "dapo-math-17k.parquet", 2)
+    assert rlctl_here("data", "prep", "dapo-math-17k", "--source", dapo, cwd=proj).returncode == 0
+    assert rlctl_here("data", "prep", "aime24", "--source", write_hub_copy(tmp_path / "aime", "aime-2024.parquet", 4),
                       cwd=proj).returncode == 0
     monkeypatch.setenv("TRAIN_FILE", "data/dapo-math-17k/train.parquet")
     monkeypatch.setenv("TEST_FILE", "data/aime24/test.parquet")
@@ -48,7 +36,7 @@ def test_the_converted_dapo_script_validates(tmp_path, tiny_model_dir, monkeypat
 def test_dapo_math_cpu_recipe_trains(tmp_path, tiny_model_dir, ray_cluster):
     proj = tmp_path / "proj"
     assert rlctl_here("init", proj, "--recipe", "dapo-math-17k-cpu", "--model", tiny_model_dir).returncode == 0
-    prep = rlctl_here("data", "prep", "dapo-math-17k", "--source", _hub_copy(tmp_path / "dapo", "d.parquet", 3),
+    prep = rlctl_here("data", "prep", "dapo-math-17k", "--source", write_hub_copy(tmp_path / "dapo", "d.parquet", 3),
                       "--limit", "4", cwd=proj)
     assert prep.returncode == 0, prep.stderr
     train = rlctl_here("train", "run.total_steps=2", "run.save_every=0", "data.max_response_length=24",

@@ -10,17 +10,11 @@ import json
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from support.dapo_rows import verl_rows
 
 from rlctl.cli.main import main
 from rlctl.rewards.builtin import default_compute_score
 from rlctl.tasks.math_dapo import PROMPT_PREFIX, PROMPT_SUFFIX, dapo_prompt
-
-
-def _verl_rows(problems: list[tuple[str, str]], repeats: int) -> list[dict]:
-    return [{"data_source": "math_dapo", "prompt": [{"content": dapo_prompt(q), "role": "user"}], "ability": "MATH",
-             "reward_model": {"ground_truth": a, "style": "rule-lighteval/MATH_v2"},
-             "extra_info": {"index": f"{rep}-{i}"}}
-            for rep in range(repeats) for i, (q, a) in enumerate(problems)]
 
 
 def _rows(path):
@@ -31,7 +25,7 @@ def test_dapo_math_17k_drops_repeats_and_keeps_the_template(tmp_path, capsys):
     src = tmp_path / "DAPO-Math-17k"
     (src / "data").mkdir(parents=True)
     problems = [("What is 2+2?", "4"), ("Find $x$ if $x^2=9$ and $x>0$.", "3"), ("How many primes are below 10?", "4")]
-    pq.write_table(pa.Table.from_pylist(_verl_rows(problems, 4)), src / "data" / "dapo-math-17k.parquet")
+    pq.write_table(pa.Table.from_pylist(verl_rows(problems, 4)), src / "data" / "dapo-math-17k.parquet")
     (src / "README.md").write_text("# DAPO-Math-17k\n")
     out = tmp_path / "out"
     assert main(["data", "prep", "dapo-math-17k", "--source", str(src), "--out", str(out), "--format", "json"]) == 0
@@ -49,7 +43,7 @@ def test_dapo_math_17k_drops_repeats_and_keeps_the_template(tmp_path, capsys):
 def test_aime24_from_verl_rows_is_a_test_split(tmp_path):
     src = tmp_path / "AIME-2024"
     (src / "data").mkdir(parents=True)
-    pq.write_table(pa.Table.from_pylist(_verl_rows([("Find the answer.", "204"), ("Another.", "25")], 32)),
+    pq.write_table(pa.Table.from_pylist(verl_rows([("Find the answer.", "204"), ("Another.", "25")], 32)),
                    src / "data" / "aime-2024.parquet")
     out = tmp_path / "aime24"
     assert main(["data", "prep", "aime24", "--source", str(src), "--out", str(out)]) == 0
@@ -87,7 +81,7 @@ def test_aime25_and_math500_from_problem_answer_files(tmp_path):
 def test_a_verl_row_without_a_user_message_is_a_counted_bad_row(tmp_path, capsys):
     src = tmp_path / "src"
     (src / "data").mkdir(parents=True)
-    rows = _verl_rows([("What is 1+1?", "2")], 1) + [{**_verl_rows([("x", "1")], 1)[0], "prompt": []}]
+    rows = verl_rows([("What is 1+1?", "2")], 1) + [{**verl_rows([("x", "1")], 1)[0], "prompt": []}]
     pq.write_table(pa.Table.from_pylist(rows), src / "data" / "d.parquet")
     assert main(["data", "prep", "dapo-math-17k", "--source", str(src), "--out", str(tmp_path / "o")]) == 3
     assert "d.parquet[1]: 'prompt' is not a list of chat messages" in capsys.readouterr().err
