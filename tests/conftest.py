@@ -102,6 +102,19 @@ def tool_model_dir(tiny_model_dir, tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def vllm_tool_model_dir(tmp_path_factory) -> Path:
+    """tool_model_dir's training on a tiny model with heads of 32 (2 x 64, 2 heads, 1 KV head): vLLM's CPU
+    attention runs only some head sizes and the default tiny model's 16 is not one of them."""
+    from support.tool_model import train_tool_caller
+
+    from rlctl.models.tiny import build_tiny_model
+
+    root = tmp_path_factory.mktemp("vllm_tool_caller")
+    build_tiny_model(root / "base", layers=2, hidden=64, heads=2, kv_heads=1, seed=0)
+    return train_tool_caller(root / "base", root / "model")
+
+
+@pytest.fixture(scope="session")
 def tiny_untied_model_dir(tmp_path_factory) -> Path:
     from rlctl.models.tiny import build_tiny_model
 

@@ -23,17 +23,6 @@ from rlctl.project import write_project
 pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.usefixtures("vllm_installed")]
 
 
-@pytest.fixture(scope="module")
-def vllm_tool_model_dir(tmp_path_factory):
-    from support.tool_model import train_tool_caller
-
-    from rlctl.models.tiny import build_tiny_model
-
-    root = tmp_path_factory.mktemp("vllm_agent_tool_caller")
-    build_tiny_model(root / "base", layers=2, hidden=64, heads=2, kv_heads=1, seed=0)
-    return train_tool_caller(root / "base", root / "model")
-
-
 def test_a_tool_agent_trains_on_vllm_with_merged_calls_and_matching_log_probs(tmp_path, vllm_tool_model_dir,
                                                                              ray_cluster):
     proj = tmp_path / "proj"

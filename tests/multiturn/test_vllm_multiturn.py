@@ -20,17 +20,6 @@ from rlctl.controller.run import resume_training, start_training
 pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.usefixtures("vllm_installed")]
 
 
-@pytest.fixture(scope="module")
-def vllm_tool_model_dir(tmp_path_factory):
-    from support.tool_model import train_tool_caller
-
-    from rlctl.models.tiny import build_tiny_model
-
-    root = tmp_path_factory.mktemp("vllm_tool_caller")
-    build_tiny_model(root / "base", layers=2, hidden=64, heads=2, kv_heads=1, seed=0)
-    return train_tool_caller(root / "base", root / "model")
-
-
 def test_calculator_through_a_vllm_rollout_group_keeps_its_transcripts_and_resumes_exactly(
         tmp_path, vllm_tool_model_dir, ray_cluster):
     proj = project(tmp_path / "p", vllm_tool_model_dir, "grpo-gsm8k")
