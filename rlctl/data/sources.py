@@ -9,6 +9,7 @@ the user's own jsonl / csv / parquet files (`file_source`).
 
 from __future__ import annotations
 
+import random
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -61,6 +62,18 @@ class Generated:
     default_val_fraction: float
     arrow_schema: Callable | None = None  # more columns than rlctl's row schema (calc-tools' transcripts)
     notes: Callable | None = None         # {split: rows} -> lines for the prep report (a no-image baseline)
+
+
+def seeded_splits(items: list, seed: int, val_fraction: float, *, noun: str, hint: str) -> dict[str, list]:
+    """`items` in a seeded random order, the first round(len * val_fraction) as "test" and the rest as
+    "train" (an empty split left out): generated prep's --val-fraction. One that leaves no training
+    item is a UsageError (exit 2) counting the items as `noun`, with `hint`."""
+    order = list(items)
+    random.Random(seed).shuffle(order)
+    n_test = round(len(order) * val_fraction)
+    if val_fraction and len(order) - n_test < 1:
+        raise UsageError(f"--val-fraction {val_fraction} leaves no training rows ({len(order)} {noun})", hint=hint)
+    return {split: chosen for split, chosen in (("train", order[n_test:]), ("test", order[:n_test])) if chosen}
 
 
 @dataclass(frozen=True)

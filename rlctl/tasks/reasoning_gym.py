@@ -35,10 +35,9 @@ from __future__ import annotations
 import ast
 import functools
 import json
-import random
 import re
 
-from rlctl.data.sources import Generated, PrepSource, rule_row
+from rlctl.data.sources import Generated, PrepSource, rule_row, seeded_splits
 from rlctl.errors import UsageError
 
 NAME = "reasoning-gym"                  # `rlctl data prep reasoning-gym:TASK`
@@ -207,14 +206,10 @@ def generate(spec: str, args: dict | None, size: int, seed: int, val_fraction: f
             seen.add(entry["question"])
             entries.append((task, entry))
             drawn += 1
-    random.Random(seed).shuffle(entries)
-    n_test = round(len(entries) * val_fraction)
-    if val_fraction and len(entries) - n_test < 1:
-        raise UsageError(f"--val-fraction {val_fraction} leaves no training rows ({len(entries)} questions)",
-                         hint="pass a larger --size or a smaller --val-fraction.")
-    splits = {"train": entries[n_test:], "test": entries[:n_test]}
+    splits = seeded_splits(entries, seed, val_fraction, noun="questions",
+                           hint="pass a larger --size or a smaller --val-fraction.")
     return {split: [_row(task, configs[task], entry, split, i) for i, (task, entry) in enumerate(chosen)]
-            for split, chosen in splits.items() if chosen}
+            for split, chosen in splits.items()}
 
 
 def arrow_schema():

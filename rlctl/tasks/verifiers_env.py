@@ -17,9 +17,8 @@ and tool-call loop), a renderer over the model's chat template that parses herme
 from __future__ import annotations
 
 import json
-import random
 
-from rlctl.data.sources import Generated, PrepSource, rule_row
+from rlctl.data.sources import Generated, PrepSource, rule_row, seeded_splits
 from rlctl.errors import DataError, UsageError
 
 NAME = "verifiers"
@@ -178,15 +177,10 @@ def _row(env_id: str, spec: dict, task, split: str, index: int) -> dict:
 def generate(env_id: str, args: dict | None, size: int | None, seed: int, val_fraction: float) -> dict:
     spec = env_spec(env_id, args)
     tasks = _tasks(load_env(spec["config"]), env_id, size)
-    order = list(range(len(tasks)))
-    random.Random(seed).shuffle(order)
-    n_test = round(len(tasks) * val_fraction)
-    if val_fraction and len(tasks) - n_test < 1:
-        raise UsageError(f"--val-fraction {val_fraction} leaves no training rows ({len(tasks)} tasks)",
-                         hint="pass a smaller --val-fraction, or 0 to keep every task for training.")
-    splits = {"train": order[n_test:], "test": order[:n_test]}
-    return {split: [_row(env_id, spec, tasks[t], split, i) for i, t in enumerate(chosen)]
-            for split, chosen in splits.items() if chosen}
+    splits = seeded_splits(tasks, seed, val_fraction, noun="tasks",
+                           hint="pass a smaller --val-fraction, or 0 to keep every task for training.")
+    return {split: [_row(env_id, spec, task, split, i) for i, task in enumerate(chosen)]
+            for split, chosen in splits.items()}
 
 
 def arrow_schema():
