@@ -224,8 +224,10 @@ def pytest_sessionstart(session):
 
 @pytest.hookimpl(trylast=True)   # after `-m` has deselected: the fast tier keeps the collection order
 def pytest_collection_modifyitems(session, config, items):
-    """Module order: first those that train in the shared Ray (`ray_cluster`), then the other slow ones,
-    then the fast-only ones; collection order within each group, a module's tests kept together.
+    """Module order: first the `long` ones (one worker takes each while the other starts on the rest:
+    last, one would keep a worker busy for minutes after the other is done), then those that train in
+    the shared Ray (`ray_cluster`), then the other slow ones, then the fast-only ones; collection
+    order within each group, a module's tests kept together.
     pytest-xdist hands whole files (--dist loadfile) to whichever worker is free, in this order, so each
     worker runs its shared-Ray modules one after another: one Ray start, and rank processes parked by
     one module's runs reused by the next (a slow module without the fixture stops that Ray first). The
@@ -233,7 +235,8 @@ def pytest_collection_modifyitems(session, config, items):
     worker busy while the other waits."""
     group: dict = {}
     for item in items:
-        rank = 2 if item.get_closest_marker("slow") is None else 0 if "ray_cluster" in item.fixturenames else 1
+        rank = (2 if item.get_closest_marker("slow") is None else -1 if item.get_closest_marker("long")
+                else 0 if "ray_cluster" in item.fixturenames else 1)
         group[item.path] = min(rank, group.get(item.path, 2))
     items.sort(key=lambda item: group[item.path])   # stable: each group keeps its order
 

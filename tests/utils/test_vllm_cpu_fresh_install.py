@@ -35,7 +35,7 @@ from rlctl.utils.torch_extras import EXTRAS, FIX
 
 # pytest-timeout's limit counts the venv's set-up too: ~1-2 min of pip, ~3 min for training and serving on
 # an idle 2-core machine, several times that on a loaded one
-pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.usefixtures("vllm_installed"), pytest.mark.timeout(2400)]
+pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.long, pytest.mark.usefixtures("vllm_installed"), pytest.mark.timeout(2400)]
 
 REPO = Path(__file__).resolve().parents[2]
 TORCH = importlib.metadata.version("torch").split("+")[0]   # the README's `pip install torch==2.13.0`
