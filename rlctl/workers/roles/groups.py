@@ -15,7 +15,8 @@ from dataclasses import dataclass, field
 
 from rlctl.runtime.resource_pool import ResourcePool
 from rlctl.runtime.worker_group import RoleHandle, WorkerGroup
-from rlctl.workers.roles.table import ACTOR, BESIDE_ACTOR, ROLES, TEACHER_ROLE, RunRoles
+from rlctl.workers.roles import table
+from rlctl.workers.roles.table import ACTOR, BESIDE_ACTOR, TEACHER_ROLE, RunRoles
 
 
 @dataclass
@@ -67,7 +68,7 @@ def start_workers(config, *, total_steps: int, needs) -> Workers:
     holds all their models); the other roles each in a pool of its own, named after its row."""
     run = RunRoles(config, total_steps, needs)
     beside, apart, trained = {}, [], []
-    for role in ROLES:
+    for role in table.ROLES:   # read at each start: a row added after import (a test's) counts
         specs = {name: (role.worker_class(), kwargs) for name, kwargs in role.instances(run).items()}
         if not specs:
             continue
@@ -78,7 +79,7 @@ def start_workers(config, *, total_steps: int, needs) -> Workers:
             beside.update(specs)
         else:
             apart.append((role, specs))
-    actor_row = next(role for role in ROLES if role.placement == ACTOR)
+    actor_row = next(role for role in table.ROLES if role.placement == ACTOR)
     groups = [WorkerGroup(ResourcePool(actor_row.resources(config), name="actor"), beside, name="actor")]
     try:
         for role, specs in apart:
