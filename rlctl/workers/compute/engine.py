@@ -22,7 +22,6 @@ from typing import Callable, Iterator
 import torch
 
 from rlctl.workers.compute import shared_prompt
-
 from rlctl.workers.compute.checkpoint_io import load_engine, save_engine
 from rlctl.workers.parallel import fsdp, ulysses
 
