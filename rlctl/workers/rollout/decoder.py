@@ -3,7 +3,8 @@
 `DecoderRunner` drives Llama-style models (Llama, Qwen2, Qwen3, Mistral) through their own
 submodules (norms, projections, MLP), so LoRA layers and the trained weights are used as they
 are, but owns the parts that cost time in HF's forward: one preallocated KV buffer written in
-place, RoPE tables computed once, GQA decode attention without repeating K/V, no mask building.
+place, RoPE tables computed once, GQA decode attention without repeating K/V, no mask building,
+and on CPU the plain linear layers packed once per generate (rlctl.workers.rollout.packed).
 `HFCacheRunner` is the fallback for any other architecture: HF forward with a DynamicCache.
 
 Both share one protocol: prefill(prompt batch) -> last logits; decode(tokens) -> logits;
@@ -16,6 +17,7 @@ import torch
 import torch.nn.functional as F
 
 from rlctl.models.loading import cache_of, with_cache
+from rlctl.workers.rollout.packed import linear_or_module
 
 
 def kv_dtype(weight: torch.Tensor) -> torch.dtype:
@@ -66,6 +68,11 @@ class DecoderRunner:
         self.cos, self.sin = cos[0], sin[0]  # [P + T, D]
         self.batch, self.n, self.generated = batch, n, 0
         self.slot = torch.arange(batch * n, device=self.device)
+        # the linears' dtype as autocast would run them: it casts float32 weights only
+        weight = self.core.embed_tokens.weight
+        linear = self.dtype if weight.dtype == torch.float32 else weight.dtype
+        self.proj = [_Projections(layer, linear, batch * n) for layer in self.layers]
+        self.head = linear_or_module([self.lm.lm_head], linear, batch * n)
 
     def prefill(self, input_ids: torch.Tensor, valid: torch.Tensor, n: int,
                 past: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
@@ -95,10 +102,11 @@ class DecoderRunner:
         h = self.core.embed_tokens(input_ids)
         for i, layer in enumerate(self.layers):
             attn = layer.self_attn
-            x = layer.input_layernorm(h)
-            q = attn.q_proj(x).view(batch, plen, self.heads, self.head_dim)
-            k = attn.k_proj(x).view(batch, plen, self.kv_heads, self.head_dim)
-            v = attn.v_proj(x).view(batch, plen, self.kv_heads, self.head_dim)
+            proj = self.proj[i]
+            q, k, v = proj.qkv(layer.input_layernorm(h))
+            q = q.view(batch, plen, self.heads, self.head_dim)
+            k = k.view(batch, plen, self.kv_heads, self.head_dim)
+            v = v.view(batch, plen, self.kv_heads, self.head_dim)
             if self.has_qk_norm:
                 q, k = attn.q_norm(q), attn.k_norm(k)
             q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
@@ -108,9 +116,9 @@ class DecoderRunner:
                 self.kp[i, :, :, :cached], self.vp[i, :, :, :cached] = past[0][i], past[1][i]
                 k, v = self.kp[i], self.vp[i]
             out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=self.scale, enable_gqa=True)
-            h = h + attn.o_proj(out.transpose(1, 2).reshape(batch, plen, -1))
-            h = h + layer.mlp(layer.post_attention_layernorm(h))
-        return self.lm.lm_head(self.core.norm(h[:, -1]))
+            h = h + proj.o(out.transpose(1, 2).reshape(batch, plen, -1))
+            h = h + proj.mlp(layer.post_attention_layernorm(h))
+        return self.head(self.core.norm(h[:, -1]))
 
     def decode(self, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """One step for the live rows: tokens [A], positions [A] -> logits [A, V]."""
@@ -119,19 +127,19 @@ class DecoderRunner:
         cos, sin = self.cos[positions].unsqueeze(1), self.sin[positions].unsqueeze(1)  # [A,1,D]
         h = self.core.embed_tokens(tokens)
         for i, layer in enumerate(self.layers):
-            attn = layer.self_attn
-            x = layer.input_layernorm(h)
-            q = attn.q_proj(x).view(rows, self.heads, self.head_dim)
-            k = attn.k_proj(x).view(rows, self.kv_heads, self.head_dim)
+            attn, proj = layer.self_attn, self.proj[i]
+            q, k, v = proj.qkv(layer.input_layernorm(h))
+            q = q.view(rows, self.heads, self.head_dim)
+            k = k.view(rows, self.kv_heads, self.head_dim)
             if self.has_qk_norm:
                 q, k = attn.q_norm(q), attn.k_norm(k)
             self.kg[i, :rows, :, col] = _rope(k, cos, sin)
-            self.vg[i, :rows, :, col] = attn.v_proj(x).view(rows, self.kv_heads, self.head_dim)
+            self.vg[i, :rows, :, col] = v.view(rows, self.kv_heads, self.head_dim)
             q = _rope(q, cos, sin).view(rows, self.kv_heads, self.group, self.head_dim)
             out = self._attention(i, q, rows)
-            h = h + attn.o_proj(out.reshape(rows, -1))
-            h = h + layer.mlp(layer.post_attention_layernorm(h))
-        return self.lm.lm_head(self.core.norm(h))
+            h = h + proj.o(out.reshape(rows, -1))
+            h = h + proj.mlp(layer.post_attention_layernorm(h))
+        return self.head(self.core.norm(h))
 
     def _attention(self, i: int, q: torch.Tensor, rows: int) -> torch.Tensor:
         """softmax over [prompt keys ++ own generated keys] for q [A, kv, G, D] -> [A, kv, G, D].
@@ -177,6 +185,27 @@ class DecoderRunner:
             self.kg[:, j, :, :cols].copy_(self.kg[:, src, :, :cols])
             self.vg[:, j, :, :cols].copy_(self.vg[:, src, :, :cols])
         self.slot = self.slot[keep]
+
+
+class _Projections:
+    """One decoder layer's linear layers as the runner calls them: qkv(x) -> (q, k, v), o(x), and
+    mlp(x) = down(act(gate(x)) * up(x)) (the layer's own MLP forward where it is not that shape),
+    each packed once for this generate where rlctl.workers.rollout.packed can."""
+
+    def __init__(self, layer: torch.nn.Module, dtype: torch.dtype, rows: int):
+        attn, mlp = layer.self_attn, layer.mlp
+        self.qkv = linear_or_module([attn.q_proj, attn.k_proj, attn.v_proj], dtype, rows)
+        self.o = linear_or_module([attn.o_proj], dtype, rows)
+        self.mlp = mlp
+        if all(hasattr(mlp, a) for a in ("gate_proj", "up_proj", "down_proj", "act_fn")):
+            gate_up = linear_or_module([mlp.gate_proj, mlp.up_proj], dtype, rows)
+            down, act = linear_or_module([mlp.down_proj], dtype, rows), mlp.act_fn
+
+            def gated(x: torch.Tensor) -> torch.Tensor:
+                gate, up = gate_up(x)
+                return down(act(gate) * up)
+
+            self.mlp = gated
 
 
 class HFCacheRunner:
