@@ -1,7 +1,7 @@
 """Next-token sampling for a serving batch whose rows belong to different requests.
 
-The filters and the Gumbel-max draw are the rollout engine's (rlctl.workers.rollout.token_sampling);
-what serving adds is one generator per row: a request with a `seed` draws its noise from its
+The filters and the CDF draw are the rollout engine's (rlctl.workers.rollout.token_sampling);
+what serving adds is one generator per row: a request with a `seed` draws its uniform from its
 own generator, so it gets the same tokens whoever else shares the batch. Unseeded rows share
 the server's generator.
 """
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from rlctl.workers.rollout.token_sampling import apply_top_k, apply_top_p, gumbel_noise
+from rlctl.workers.rollout.token_sampling import apply_top_k, apply_top_p, draw, uniforms
 
 
 def sample_next_tokens(logits: torch.Tensor, temperature: torch.Tensor, top_p: torch.Tensor,
@@ -19,8 +19,8 @@ def sample_next_tokens(logits: torch.Tensor, temperature: torch.Tensor, top_p: t
     """Next token ids [B] from logits [B, V]; rows with temperature 0 are greedy.
 
     temperature [B], top_p [B] in (0, 1], top_k [B] long (0 = off); generators[b] is row b's own
-    generator or None. Sampling is argmax(logits / T + g) with Gumbel noise g, after top-k then
-    top-p filtering (HF's order).
+    generator or None. Sampling draws from softmax(logits / T) (token_sampling.draw), after top-k
+    then top-p filtering (HF's order).
     """
     greedy = temperature <= 0
     if bool(greedy.all()):
@@ -30,13 +30,12 @@ def sample_next_tokens(logits: torch.Tensor, temperature: torch.Tensor, top_p: t
         scaled = apply_top_k(scaled, top_k)
     if bool((top_p < 1).any()):
         scaled = apply_top_p(scaled, top_p)
-    rows, vocab = scaled.shape
-    noise = torch.empty_like(scaled)
+    u = torch.empty(scaled.shape[0], device=scaled.device)
     shared = [b for b, g in enumerate(generators) if g is None]
     if shared:
-        noise[shared] = gumbel_noise(torch.Size((len(shared), vocab)), default_generator, scaled.device)
+        u[shared] = uniforms(len(shared), default_generator, scaled.device)
     for b, g in enumerate(generators):
         if g is not None:
-            noise[b] = gumbel_noise(torch.Size((vocab,)), g, scaled.device)
-    sampled = (scaled + noise).argmax(dim=-1)
+            u[b] = uniforms(1, g, scaled.device)[0]
+    sampled = draw(scaled, u)
     return torch.where(greedy, logits.argmax(dim=-1), sampled)

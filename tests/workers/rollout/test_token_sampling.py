@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from rlctl.workers.rollout.token_sampling import apply_top_k, apply_top_p, sample_tokens
+from rlctl.workers.rollout.token_sampling import apply_top_k, apply_top_p, draw, sample_tokens
 
 
 def test_top_k_keeps_k_largest_per_row():
@@ -81,3 +81,11 @@ def test_any_logit_dtype_gives_int64_tokens(dtype):
     out = sample_tokens(torch.randn(3, 10).to(dtype), temperature=0.8, top_p=0.9, top_k=5,
                         generator=torch.Generator().manual_seed(0))
     assert out.dtype == torch.int64 and out.shape == (3,)
+
+
+def test_draw_never_takes_a_filtered_token_even_at_the_edges():
+    scaled = torch.tensor([[float("-inf"), 0.0, float("-inf"), 1.0, float("-inf")]] * 4)
+    u = torch.tensor([0.0, 0.3, 0.9999999, 1.0])   # 1.0 stands for a u x total rounded up to the total
+    tokens = draw(scaled, u)
+    assert tokens.tolist()[0] == 1 and tokens.tolist()[-1] == 3
+    assert set(tokens.tolist()) <= {1, 3}
