@@ -5,8 +5,9 @@ CPU matmul spends as much time re-blocking the weight into the kernel's layout a
 on every call. Within one `generate` the weights do not change, so `FusedLinear` casts them to
 the step's dtype and blocks them once (`torch.ops.mkldnn._reorder_linear_weight`), fusing the
 projections that read the same input (q, k, v; gate, up) into one matmul each. On SmolLM2-135M's
-shapes at 32 rows (2 threads, AVX-512-BF16) that is 1.5x faster in bfloat16, with results bitwise
-equal to F.linear, and 1.3-3x in float32, within float32 rounding of it (docs/benchmarks.md).
+shapes at 32 rows (2 threads, AVX-512-BF16) the matmuls take up to 1.6x less time in bfloat16, with
+results bitwise equal to F.linear, and up to 2.8x less in float32 (the vocabulary head), within
+float32 rounding of it; a decode step 1.25-1.5x less (bench/decode_bench.py, docs/benchmarks.md).
 
 Only plain `nn.Linear` modules on CPU are packed: a LoRA or quantized layer, a GPU, or a torch
 without oneDNN keeps the module's own forward (`FusedLinear.of` returns None), so what runs is

@@ -1,0 +1,163 @@
+#!/usr/bin/env python3
+"""The hf engine's generate on a real model, with and without packed linears, in one process.
+
+  .venv/bin/python bench/decode_bench.py --model-dir models/smollm2 --data data/gsm8k/train.parquet
+        [--prompts 4 --n 8 --max-new 160] [--rounds 3] [--profile]
+
+The first --prompts prompts of a parquet (rendered as training renders them) x --n samples, <= --max-new
+tokens, T = 1, bf16 autocast over float32 weights (as the actor's rank runs it; --dtype float32 for
+none), --threads threads. Rounds alternate unpacked and packed (rlctl.workers.rollout.packed) on the
+same generator seed, so a slow spell hits both and the tokens must be equal; each prints the whole
+generate, the decode steps' sum and median (ms at the median live rows) and the rest (prefill,
+sampling, row drops), then the generation floor (rlctl.utils.roofline) of the packed round's rows.
+Then `sample_tokens` alone on [rows, vocab] logits, and each of the model's decode matmuls at the
+live-row count (rows x in x out: q/k/v fused, o, gate/up fused, down, lm_head) plain (F.linear) and
+packed (FusedLinear), in float32 and bfloat16. --profile: torch.profiler's top operations of one
+packed generate instead.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model-dir", required=True)
+    ap.add_argument("--data", required=True, help="a verl-schema parquet (e.g. rlctl data prep gsm8k's train)")
+    ap.add_argument("--prompts", type=int, default=4)
+    ap.add_argument("--n", type=int, default=8)
+    ap.add_argument("--max-new", type=int, default=160)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float32"))
+    ap.add_argument("--profile", action="store_true")
+    a = ap.parse_args(argv)
+
+    import pyarrow.parquet as pq
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from rlctl.data.dataset import chat_prompt_ids
+    from rlctl.utils.flops import ModelShape, matmul_peak
+    from rlctl.utils.roofline import MemoryShape, generation_floor, read_bandwidth
+    from rlctl.workers.rollout import decoder, packed
+    from rlctl.workers.rollout.hf import HFRolloutEngine
+    from rlctl.workers.rollout.token_sampling import sample_tokens
+
+    torch.set_num_threads(a.threads)
+    tok = AutoTokenizer.from_pretrained(a.model_dir)
+    model = AutoModelForCausalLM.from_pretrained(a.model_dir, dtype=torch.float32)
+    rows = pq.read_table(a.data).slice(0, a.prompts).to_pylist()
+    prompts = [chat_prompt_ids(list(r["prompt"]), tok) for r in rows]
+    engine = HFRolloutEngine(model, pad_token_id=tok.pad_token_id or 0, eos_token_ids=[tok.eos_token_id])
+    autocast = torch.autocast("cpu", dtype=torch.bfloat16, enabled=a.dtype == "bfloat16")
+
+    steps: list[tuple[int, float]] = []   # (live rows, seconds) of each decode step
+    decode = decoder.DecoderRunner.decode
+
+    def timed_decode(self, tokens, positions):
+        t0 = time.perf_counter()
+        out = decode(self, tokens, positions)
+        steps.append((tokens.shape[0], time.perf_counter() - t0))
+        return out
+
+    decoder.DecoderRunner.decode = timed_decode
+    real_of = packed.FusedLinear.of.__func__
+
+    def generate(seed: int, packing: bool):
+        packed.FusedLinear.of = classmethod(real_of if packing else (lambda cls, *x, **k: None))
+        steps.clear()
+        with autocast:
+            t0 = time.perf_counter()
+            out = engine.generate(prompts, n=a.n, max_new_tokens=a.max_new, temperature=1.0,
+                                  generator=torch.Generator().manual_seed(seed))
+        return time.perf_counter() - t0, out
+
+    generate(0, True)   # warm-up: allocator, oneDNN kernels
+    if a.profile:
+        from torch.profiler import ProfilerActivity, profile
+
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            generate(1, True)
+        print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=25))
+        return 0
+    lengths = None
+    for r in range(a.rounds):
+        tokens = {}
+        for name, packing in (("unpacked", False), ("packed", True)):
+            wall, out = generate(r + 1, packing)
+            tokens[name] = out["responses"]
+            dec = [s for _, s in steps]
+            live = statistics.median(n for n, _ in steps) if steps else 0
+            print(f"round {r} {name:8s}: generate {wall:.2f} s, {int(out['response_length'].sum())} tokens, "
+                  f"{len(dec)} decode steps {sum(dec):.2f} s (median {statistics.median(dec) * 1e3:.1f} ms at "
+                  f"{live:.0f} live rows), rest {wall - sum(dec):.2f} s", flush=True)
+            lengths = out["response_length"].tolist()
+        same = bool((tokens["packed"] == tokens["unpacked"]).all())
+        print(f"round {r}: the same tokens packed and unpacked: {same}")
+    cfg = json.loads((Path(a.model_dir) / "config.json").read_text())
+    peak, bandwidth = matmul_peak("cpu", a.dtype), read_bandwidth("cpu")
+    floor = generation_floor(MemoryShape.from_hf_config(cfg, dtype_bytes=2 if a.dtype == "bfloat16" else 4),
+                             ModelShape.from_hf_config(cfg), [len(p) for p in prompts for _ in range(a.n)],
+                             lengths, group_size=a.n, ranks=1, peak_flops=peak, bandwidth=bandwidth)
+    print(f"floor of the last round's rows: {floor['floor_s']:.2f} s (FLOPs {floor['flops_s']:.2f} s at "
+          f"{peak / 1e9:.0f} GFLOP/s, bytes {floor['bytes_s']:.2f} s at {bandwidth / 1e9:.1f} GB/s)")
+    logits = torch.randn(a.prompts * a.n, model.config.vocab_size) * 3
+    g = torch.Generator().manual_seed(0)
+    for _ in range(3):
+        sample_tokens(logits, generator=g)
+    t0 = time.perf_counter()
+    for _ in range(20):
+        sample_tokens(logits, generator=g)
+    print(f"sample_tokens on [{logits.shape[0]} x {logits.shape[1]}] logits: "
+          f"{(time.perf_counter() - t0) / 20 * 1e3:.2f} ms a call")
+    matmuls(model, a.prompts * a.n)
+    return 0
+
+
+def matmuls(model, rows: int) -> None:
+    """Each decode matmul of the model's first layer and head at `rows` rows: F.linear against
+    FusedLinear, float32 and bfloat16, microseconds a call (median of 5 timings of 20 calls)."""
+    import torch
+
+    from rlctl.workers.rollout import packed
+
+    layer = model.model.layers[0]
+    att, mlp = layer.self_attn, layer.mlp
+    groups = {"qkv": [att.q_proj, att.k_proj, att.v_proj], "o": [att.o_proj],
+              "gate_up": [mlp.gate_proj, mlp.up_proj], "down": [mlp.down_proj], "lm_head": [model.lm_head]}
+
+    def timed(fn) -> float:
+        fn()
+        runs = []
+        for _ in range(5):
+            t0 = time.perf_counter()
+            for _ in range(20):
+                fn()
+            runs.append((time.perf_counter() - t0) / 20)
+        return statistics.median(runs) * 1e6
+
+    for dtype in (torch.float32, torch.bfloat16):
+        for name, mods in groups.items():
+            weight = torch.cat([m.weight.detach() for m in mods]).to(dtype)
+            x = torch.randn(rows, weight.shape[1]).to(dtype)
+            fused = packed.FusedLinear.of(mods, dtype, rows)
+            plain_us = timed(lambda: torch.nn.functional.linear(x, weight))
+            packed_us = timed(lambda: fused(x)) if fused is not None else float("nan")
+            print(f"{str(dtype).removeprefix('torch.'):8s} {name:8s} [{rows} x {weight.shape[1]}] x "
+                  f"[{weight.shape[1]} x {weight.shape[0]}]: F.linear {plain_us:.0f} us, packed {packed_us:.0f} us")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
