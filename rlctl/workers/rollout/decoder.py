@@ -57,6 +57,8 @@ class DecoderRunner:
         self.max_new = max_new_tokens
         weight = self.core.embed_tokens.weight
         self.dtype, self.device = kv_dtype(weight), weight.device
+        # the linears' dtype as autocast would run them: it casts float32 weights only
+        self.linear_dtype = self.dtype if weight.dtype == torch.float32 else weight.dtype
 
     def _allocate(self, batch: int, n: int, plen: int) -> None:
         layers, kv, dim = len(self.layers), self.kv_heads, self.head_dim
@@ -68,11 +70,8 @@ class DecoderRunner:
         self.cos, self.sin = cos[0], sin[0]  # [P + T, D]
         self.batch, self.n, self.generated = batch, n, 0
         self.slot = torch.arange(batch * n, device=self.device)
-        # the linears' dtype as autocast would run them: it casts float32 weights only
-        weight = self.core.embed_tokens.weight
-        linear = self.dtype if weight.dtype == torch.float32 else weight.dtype
-        self.proj = [_Projections(layer, linear, batch * n) for layer in self.layers]
-        self.head = linear_or_module([self.lm.lm_head], linear, batch * n)
+        self.proj = [_Projections(layer, self.linear_dtype, batch * n) for layer in self.layers]
+        self.head = linear_or_module([self.lm.lm_head], self.linear_dtype, batch * n)
 
     def prefill(self, input_ids: torch.Tensor, valid: torch.Tensor, n: int,
                 past: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:

@@ -62,8 +62,12 @@ def test_fast_decoder_samples_the_same_tokens_packed_and_unpacked(tiny_model_dir
 
     made = []
     real_of = packed.FusedLinear.of.__func__
-    monkeypatch.setattr(packed.FusedLinear, "of", classmethod(lambda cls, *a, **k: made.append(real_of(cls, *a, **k))
-                                                             or made[-1]))
+
+    def recording_of(cls, *args, **kwargs):
+        made.append(real_of(cls, *args, **kwargs))
+        return made[-1]
+
+    monkeypatch.setattr(packed.FusedLinear, "of", classmethod(recording_of))
     with_packing = sample()
     assert made and all(isinstance(f, packed.FusedLinear) for f in made)   # every linear ran packed
     monkeypatch.setattr(packed.FusedLinear, "of", classmethod(lambda cls, *a, **k: None))
