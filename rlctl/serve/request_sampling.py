@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from rlctl.workers.rollout.token_sampling import apply_top_k, apply_top_p, draw, uniforms
+from rlctl.workers.rollout.token_sampling import apply_top_k, apply_top_p, draw, scaled_logits, uniforms
 
 
 def sample_next_tokens(logits: torch.Tensor, temperature: torch.Tensor, top_p: torch.Tensor,
@@ -25,7 +25,7 @@ def sample_next_tokens(logits: torch.Tensor, temperature: torch.Tensor, top_p: t
     greedy = temperature <= 0
     if bool(greedy.all()):
         return logits.argmax(dim=-1)
-    scaled = logits.float() / torch.where(greedy, 1.0, temperature).unsqueeze(-1)
+    scaled = scaled_logits(logits, temperature, greedy)
     if bool((top_k > 0).any()):
         scaled = apply_top_k(scaled, top_k)
     if bool((top_p < 1).any()):

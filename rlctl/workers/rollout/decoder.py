@@ -13,11 +13,13 @@ select(rows) keeps only those rows (finished sequences stop costing compute).
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn.functional as F
 
 from rlctl.models.loading import cache_of, with_cache
-from rlctl.workers.rollout.packed import linear_or_module
+from rlctl.workers.rollout.packed import FusedLinear, linear_or_module
 
 
 def kv_dtype(weight: torch.Tensor) -> torch.dtype:
@@ -41,9 +43,13 @@ class DecoderRunner:
     """Prefill + decode for Llama-style models; the n samples of a prompt share its KV cache.
 
     Prompt cache kp/vp [layers, B, kv, P, D] is stored once per prompt (left-padded; pad keys get
-    a -inf bias); the generated cache kg/vg [layers, rows, kv, T, D] holds each live row's own
-    tokens, live rows first (select() moves survivors to the front). `slot` [A] is each live
-    row's original row, so its prompt is slot // n.
+    a -inf bias); the generated cache holds each live row's own tokens, live rows first (select()
+    moves survivors to the front): values vg [layers, rows, kv, T, D], keys kg transposed,
+    [layers, rows, kv, D, T], so that the first t generated keys of a row are a [D, t] matrix with
+    a plain row stride (a [t, D] slice of a longer buffer, transposed, made bf16 matmuls copy it
+    first: 2.2x slower at t = 80). `slot` [A] is each live row's original row, so its prompt is
+    slot // n; `in_order` says slot is still 0..B*n-1 (no row has ended), when attention needs no
+    scatter into the prompts' layout.
     """
 
     def __init__(self, lm: torch.nn.Module, max_new_tokens: int):
@@ -64,13 +70,17 @@ class DecoderRunner:
         layers, kv, dim = len(self.layers), self.kv_heads, self.head_dim
         new = dict(dtype=self.dtype, device=self.device)
         self.kp, self.vp = (torch.empty(layers, batch, kv, plen, dim, **new) for _ in range(2))
-        self.kg, self.vg = (torch.empty(layers, batch * n, kv, self.max_new, dim, **new) for _ in range(2))
+        self.kg = torch.empty(layers, batch * n, kv, dim, self.max_new, **new)
+        self.vg = torch.empty(layers, batch * n, kv, self.max_new, dim, **new)
         positions = torch.arange(plen + self.max_new, device=self.device).unsqueeze(0)
         cos, sin = self.core.rotary_emb(self.core.embed_tokens.weight[:1], positions)
         self.cos, self.sin = cos[0], sin[0]  # [P + T, D]
         self.batch, self.n, self.generated = batch, n, 0
-        self.slot = torch.arange(batch * n, device=self.device)
-        self.proj = [_Projections(layer, self.linear_dtype, batch * n) for layer in self.layers]
+        self.slot, self.in_order = torch.arange(batch * n, device=self.device), True
+        # q's 1/sqrt(D) goes into the packed q weights where that is exact (a power of two) and
+        # nothing normalises q after the projection (q_norm would undo it)
+        fold = 1.0 if self.has_qk_norm else self.scale
+        self.proj = [_Projections(layer, self.linear_dtype, batch * n, fold) for layer in self.layers]
         self.head = linear_or_module([self.lm.lm_head], self.linear_dtype, batch * n)
 
     def prefill(self, input_ids: torch.Tensor, valid: torch.Tensor, n: int,
@@ -114,7 +124,7 @@ class DecoderRunner:
             if past is not None:
                 self.kp[i, :, :, :cached], self.vp[i, :, :, :cached] = past[0][i], past[1][i]
                 k, v = self.kp[i], self.vp[i]
-            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=self.scale, enable_gqa=True)
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=proj.q_scale, enable_gqa=True)
             h = h + proj.o(out.transpose(1, 2).reshape(batch, plen, -1))
             h = h + proj.mlp(layer.post_attention_layernorm(h))
         return self.head(self.core.norm(h[:, -1]))
@@ -125,41 +135,55 @@ class DecoderRunner:
         self.generated += 1
         cos, sin = self.cos[positions].unsqueeze(1), self.sin[positions].unsqueeze(1)  # [A,1,D]
         h = self.core.embed_tokens(tokens)
+        heads, kv, dim = self.heads, self.kv_heads, self.head_dim
         for i, layer in enumerate(self.layers):
             attn, proj = layer.self_attn, self.proj[i]
-            q, k, v = proj.qkv(layer.input_layernorm(h))
-            q = q.view(rows, self.heads, self.head_dim)
-            k = k.view(rows, self.kv_heads, self.head_dim)
+            qkv = proj.qkv_joined(layer.input_layernorm(h)).view(rows, heads + 2 * kv, dim)
             if self.has_qk_norm:
-                q, k = attn.q_norm(q), attn.k_norm(k)
-            self.kg[i, :rows, :, col] = _rope(k, cos, sin)
-            self.vg[i, :rows, :, col] = v.view(rows, self.kv_heads, self.head_dim)
-            q = _rope(q, cos, sin).view(rows, self.kv_heads, self.group, self.head_dim)
-            out = self._attention(i, q, rows)
+                q = _rope(attn.q_norm(qkv[:, :heads]), cos, sin)
+                k = _rope(attn.k_norm(qkv[:, heads:heads + kv]), cos, sin)
+            else:   # q and k side by side in the projection's output: one RoPE for both
+                qk = _rope(qkv[:, :heads + kv], cos, sin)
+                q, k = qk[:, :heads], qk[:, heads:]
+            self.kg[i, :rows, :, :, col] = k
+            self.vg[i, :rows, :, col] = qkv[:, heads + kv:]
+            out = self._attention(i, q.reshape(rows, kv, self.group, dim), rows, proj.q_scale)
             h = h + proj.o(out.reshape(rows, -1))
             h = h + proj.mlp(layer.post_attention_layernorm(h))
         return self.head(self.core.norm(h))
 
-    def _attention(self, i: int, q: torch.Tensor, rows: int) -> torch.Tensor:
-        """softmax over [prompt keys ++ own generated keys] for q [A, kv, G, D] -> [A, kv, G, D].
+    def _attention(self, i: int, q: torch.Tensor, rows: int, scale: float) -> torch.Tensor:
+        """softmax over [prompt keys ++ own generated keys] for q [A, kv, G, D] -> [A, kv, G, D]
+        (scores times `scale`: what the projection did not already put into q).
 
         Prompt part, per prompt: the queries of all its n samples, [B, kv, n*G, D], against its
         keys [B, kv, P, D] in one matmul, so the prompt cache is read once per prompt, not once
-        per sample. Generated part, per row: [A, kv, G, D] against [A, kv, t, D].
+        per sample. Generated part, per row: [A, kv, G, D] against its keys [A, kv, D, t].
         """
         b, n, kv, g, d = self.batch, self.n, self.kv_heads, self.group, self.head_dim
-        kg, vg = self.kg[i, :rows, :, : self.generated], self.vg[i, :rows, :, : self.generated]
-        grouped = q.new_zeros(b * n, kv, g, d).index_copy_(0, self.slot, q)
+        kg, vg = self.kg[i, :rows, :, :, : self.generated], self.vg[i, :rows, :, : self.generated]
+        grouped = q if self.in_order else q.new_zeros(b * n, kv, g, d).index_copy_(0, self.slot, q)
         grouped = grouped.view(b, n, kv, g, d).transpose(1, 2).reshape(b, kv, n * g, d)
-        prompt_scores = torch.matmul(grouped, self.kp[i].transpose(-1, -2)).mul_(self.scale).add_(self.prompt_bias)
+        prompt_scores = torch.matmul(grouped, self.kp[i].transpose(-1, -2))
+        own_scores = torch.matmul(q, kg)
+        if scale != 1.0:
+            prompt_scores.mul_(scale)
+            own_scores.mul_(scale)
+        prompt_scores.add_(self.prompt_bias)
         plen = prompt_scores.shape[-1]
-        prompt_scores = prompt_scores.view(b, kv, n, g, plen).transpose(1, 2).reshape(b * n, kv, g, plen)[self.slot]
-        own_scores = torch.matmul(q, kg.transpose(-1, -2)).mul_(self.scale)
+        prompt_scores = prompt_scores.view(b, kv, n, g, plen).transpose(1, 2).reshape(b * n, kv, g, plen)
+        if not self.in_order:
+            prompt_scores = prompt_scores[self.slot]
         probs = torch.softmax(torch.cat([prompt_scores, own_scores], dim=-1), dim=-1)
-        prompt_probs = probs.new_zeros(b * n, kv, g, plen).index_copy_(0, self.slot, probs[..., :plen])
-        prompt_probs = prompt_probs.view(b, n, kv, g, plen).transpose(1, 2).reshape(b, kv, n * g, plen)
+        prompt_probs = probs[..., :plen]
+        if not self.in_order:
+            prompt_probs = probs.new_zeros(b * n, kv, g, plen).index_copy_(0, self.slot, prompt_probs)
+        prompt_probs = prompt_probs.reshape(b, n, kv, g, plen).transpose(1, 2).reshape(b, kv, n * g, plen)
         prompt_out = torch.matmul(prompt_probs, self.vp[i]).view(b, kv, n, g, d).transpose(1, 2)
-        return prompt_out.reshape(b * n, kv, g, d)[self.slot] + torch.matmul(probs[..., plen:], vg)
+        prompt_out = prompt_out.reshape(b * n, kv, g, d)
+        if not self.in_order:
+            prompt_out = prompt_out[self.slot]
+        return prompt_out + torch.matmul(probs[..., plen:], vg)
 
     def prompt_kv(self, prompt: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Prompt `prompt`'s real keys and values, [layers, kv, tokens, D] each."""
@@ -170,7 +194,8 @@ class DecoderRunner:
         """Copies of the generated KV of live rows `live` (indices into the live rows), keyed by
         their original row (`rows`: each live row's original row), [layers, kv, generated, D]."""
         cols = self.generated
-        return {int(rows[i]): (self.kg[:, i, :, :cols].clone(), self.vg[:, i, :, :cols].clone())
+        return {int(rows[i]): (self.kg[:, i, :, :, :cols].transpose(-1, -2).contiguous(),
+                               self.vg[:, i, :, :cols].clone())
                 for i in live.tolist()}
 
     def select(self, keep: torch.Tensor) -> None:
@@ -181,19 +206,31 @@ class DecoderRunner:
         cols = self.generated
         for j in (keep != torch.arange(len(keep), device=keep.device)).nonzero().squeeze(-1).tolist():
             src = int(keep[j])
-            self.kg[:, j, :, :cols].copy_(self.kg[:, src, :, :cols])
+            self.kg[:, j, :, :, :cols].copy_(self.kg[:, src, :, :, :cols])
             self.vg[:, j, :, :cols].copy_(self.vg[:, src, :, :cols])
         self.slot = self.slot[keep]
+        self.in_order = False
 
 
 class _Projections:
-    """One decoder layer's linear layers as the runner calls them: qkv(x) -> (q, k, v), o(x), and
-    mlp(x) = down(act(gate(x)) * up(x)) (the layer's own MLP forward where it is not that shape),
-    each packed once for this generate where rlctl.workers.rollout.packed can."""
+    """One decoder layer's linear layers as the runner calls them: qkv(x) -> (q, k, v),
+    qkv_joined(x) -> [..., q ++ k ++ v], o(x), and mlp(x) = down(act(gate(x)) * up(x)) (the
+    layer's own MLP forward where it is not that shape), each packed once for this generate where
+    rlctl.workers.rollout.packed can.
 
-    def __init__(self, layer: torch.nn.Module, dtype: torch.dtype, rows: int):
+    q_fold: the attention scale to multiply into the packed q weights when that is exact (a power
+    of two, as 1/8 for head_dim 64: the scores are then bitwise the unscaled ones times it);
+    q_scale is what attention must still apply (1.0 when folded, else the attention scale)."""
+
+    def __init__(self, layer: torch.nn.Module, dtype: torch.dtype, rows: int, q_fold: float = 1.0):
         attn, mlp = layer.self_attn, layer.mlp
-        self.qkv = linear_or_module([attn.q_proj, attn.k_proj, attn.v_proj], dtype, rows)
+        modules = [attn.q_proj, attn.k_proj, attn.v_proj]
+        self.q_scale = float(attn.scaling)
+        folded = FusedLinear.of(modules, dtype, rows, row_scale=(q_fold, 1.0, 1.0)) if _exact(q_fold) else None
+        if folded is not None:
+            self.qkv, self.q_scale = folded, self.q_scale / q_fold
+        else:
+            self.qkv = linear_or_module(modules, dtype, rows)
         self.o = linear_or_module([attn.o_proj], dtype, rows)
         self.mlp = mlp
         if all(hasattr(mlp, a) for a in ("gate_proj", "up_proj", "down_proj", "act_fn")):
@@ -205,6 +242,18 @@ class _Projections:
                 return down(act(gate) * up)
 
             self.mlp = gated
+
+    def qkv_joined(self, x: torch.Tensor) -> torch.Tensor:
+        """q ++ k ++ v along the last dim: the packed matmul's output itself, else the three joined."""
+        if isinstance(self.qkv, FusedLinear):
+            return self.qkv.joined(x)
+        return torch.cat(self.qkv(x), dim=-1)
+
+
+def _exact(factor: float) -> bool:
+    """Multiplying by `factor` is exact in binary floating point (a power of two other than 1)."""
+    mantissa, _ = math.frexp(factor)
+    return factor != 1.0 and factor > 0 and mantissa == 0.5
 
 
 class HFCacheRunner:

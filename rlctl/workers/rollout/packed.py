@@ -36,28 +36,40 @@ class FusedLinear:
     __call__(x [..., K]) returns the outputs split by module (a tuple) or, for one module, the
     output itself, in `dtype` (x is cast to it, as autocast would)."""
 
-    def __init__(self, modules: Sequence[torch.nn.Linear], dtype: torch.dtype, rows_hint: int):
-        weight = torch.cat([m.weight.detach().to(dtype) for m in modules])          # [sum N, K]
+    def __init__(self, modules: Sequence[torch.nn.Linear], dtype: torch.dtype, rows_hint: int,
+                 row_scale: Sequence[float] | None = None):
+        scale = row_scale or [1.0] * len(modules)
+        weight = torch.cat([_scaled(m.weight.detach().to(dtype), f) for m, f in zip(modules, scale)])   # [sum N, K]
         biases = [m.bias for m in modules]
         self.bias = None if all(b is None for b in biases) else torch.cat(
-            [(b.detach() if b is not None else m.weight.new_zeros(m.out_features)).to(dtype)
-             for b, m in zip(biases, modules)])
+            [_scaled((b.detach() if b is not None else m.weight.new_zeros(m.out_features)).to(dtype), f)
+             for b, m, f in zip(biases, modules, scale)])
         self.weight = torch.ops.mkldnn._reorder_linear_weight(weight, max(1, rows_hint))
         self.dtype, self.sizes = dtype, [m.out_features for m in modules]
 
     @classmethod
-    def of(cls, modules: Sequence[torch.nn.Module], dtype: torch.dtype, rows_hint: int) -> "FusedLinear | None":
+    def of(cls, modules: Sequence[torch.nn.Module], dtype: torch.dtype, rows_hint: int,
+           row_scale: Sequence[float] | None = None) -> "FusedLinear | None":
         """The packed form of `modules`, or None where it would not be the same function (not all
-        plain nn.Linear of one input size, or not on a CPU with oneDNN)."""
+        plain nn.Linear of one input size, or not on a CPU with oneDNN). row_scale: one factor per
+        module, multiplied into its weight and bias (module i's output comes out times it)."""
         if not all(type(m) is torch.nn.Linear and not hasattr(m.weight, "device_mesh") for m in modules):
             return None   # LoRA / quantized layers, or FSDP shards (DTensors) outside whole_weights
         if len({m.in_features for m in modules}) != 1 or not packing_available(modules[0].weight.device, dtype):
             return None
-        return cls(modules, dtype, rows_hint)
+        return cls(modules, dtype, rows_hint, row_scale)
+
+    def joined(self, x: torch.Tensor) -> torch.Tensor:
+        """The modules' outputs side by side, [..., sum N], as the one matmul gives them."""
+        return torch.ops.mkldnn._linear_pointwise(x.to(self.dtype), self.weight, self.bias, "none", [], "")
 
     def __call__(self, x: torch.Tensor):
-        out = torch.ops.mkldnn._linear_pointwise(x.to(self.dtype), self.weight, self.bias, "none", [], "")
+        out = self.joined(x)
         return out if len(self.sizes) == 1 else out.split(self.sizes, dim=-1)
+
+
+def _scaled(t: torch.Tensor, factor: float) -> torch.Tensor:
+    return t if factor == 1.0 else t * factor
 
 
 def linear_or_module(modules: Sequence[torch.nn.Module], dtype: torch.dtype, rows_hint: int):

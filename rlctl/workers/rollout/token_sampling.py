@@ -60,12 +60,23 @@ def uniforms(rows: int, generator: torch.Generator | None, device: torch.device)
     return torch.rand(rows, generator=generator, device=gen_device, dtype=torch.float32).to(device)
 
 
+def scaled_logits(logits: torch.Tensor, temperature: torch.Tensor, greedy: torch.Tensor) -> torch.Tensor:
+    """logits [B, V] / temperature [B] as a new float32 tensor (rows where `greedy` divided by 1),
+    for draw to overwrite. At a decode step's [32 x 49,152] a full-size temporary costs more than
+    the arithmetic (fresh pages), so this is the one it takes; T = 1 everywhere divides nothing."""
+    scaled = logits.to(torch.float32, copy=True)
+    divisor = torch.where(greedy, 1.0, temperature)
+    if not bool((divisor == 1).all()):
+        scaled.div_(divisor.unsqueeze(-1))
+    return scaled
+
+
 def draw(scaled: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     """Token ids [B] drawn from softmax(scaled [B, V]) by inverting each row's CDF at u [B]: the
     first token whose cumulative mass is above u x the row's total. A filtered (-inf) token adds
     no mass, so it is never the first above, and a u within rounding of the total takes the last
-    token that has mass."""
-    cdf = (scaled - scaled.amax(-1, keepdim=True)).exp_().cumsum_(-1)   # [B, V], unnormalised
+    token that has mass. `scaled` is overwritten (it becomes the unnormalised CDF)."""
+    cdf = scaled.sub_(scaled.amax(-1, keepdim=True)).exp_().cumsum_(-1)   # [B, V], unnormalised
     picked = torch.searchsorted(cdf, (u.unsqueeze(-1) * cdf[:, -1:]).contiguous(), right=True).squeeze(-1)
     if bool((picked < cdf.shape[-1]).all()):
         return picked
@@ -82,13 +93,12 @@ def sample_tokens(logits: torch.Tensor, *, temperature: RowParam = 1.0, top_p: R
     greedy, a uniform is drawn for every row, so the generator advances the same whatever the mix.
     """
     rows, device = logits.shape[0], logits.device
-    logits = logits.float()
     temp = _per_row(temperature, rows, torch.float32, device)
     greedy = temp <= 0
     if bool(greedy.all()):
         return logits.argmax(dim=-1)
     u = uniforms(rows, generator, device)
-    scaled = logits / torch.where(greedy, 1.0, temp).unsqueeze(-1)
+    scaled = scaled_logits(logits, temp, greedy)
     k = _per_row(top_k, rows, torch.int64, device)
     if bool((k > 0).any()):
         scaled = apply_top_k(scaled, k)

@@ -16,13 +16,13 @@ def test_the_last_live_rows_fill_the_finished_places():
 
 
 def test_select_copies_only_the_moved_rows():
-    runner = DecoderRunner.__new__(DecoderRunner)   # the cache part alone: [layers, rows, kv, T, D]
-    runner.kg = torch.arange(2 * 7 * 1 * 4 * 2, dtype=torch.float32).view(2, 7, 1, 4, 2)
-    runner.vg = -runner.kg.clone()
+    runner = DecoderRunner.__new__(DecoderRunner)   # the cache part alone: keys [layers, rows, kv, D, T], values [.., T, D]
+    runner.kg = torch.arange(2 * 7 * 1 * 2 * 4, dtype=torch.float32).view(2, 7, 1, 2, 4)
+    runner.vg = -runner.kg.transpose(-1, -2).clone()
     runner.slot, runner.generated = torch.arange(7) * 10, 3
     before_k, before_v = runner.kg.clone(), runner.vg.clone()
     keep = keep_order(torch.tensor([False, True, False, False, True, False, False]))
     runner.select(keep)
-    assert torch.equal(runner.kg[:, :5, :, :3], before_k[:, keep, :, :3])
+    assert torch.equal(runner.kg[:, :5, :, :, :3], before_k[:, keep, :, :, :3])
     assert torch.equal(runner.vg[:, :5, :, :3], before_v[:, keep, :, :3])
-    assert runner.slot.tolist() == [0, 50, 20, 30, 60]
+    assert runner.slot.tolist() == [0, 50, 20, 30, 60] and not runner.in_order
