@@ -77,10 +77,9 @@ class DecoderRunner:
         self.cos, self.sin = cos[0], sin[0]  # [P + T, D]
         self.batch, self.n, self.generated = batch, n, 0
         self.slot, self.in_order = torch.arange(batch * n, device=self.device), True
-        # q's 1/sqrt(D) goes into the packed q weights where that is exact (a power of two) and
-        # nothing normalises q after the projection (q_norm would undo it)
-        fold = 1.0 if self.has_qk_norm else self.scale
-        self.proj = [_Projections(layer, self.linear_dtype, batch * n, fold) for layer in self.layers]
+        # q_norm would undo a scale folded into q's weights
+        self.proj = [_Projections(layer, self.linear_dtype, batch * n, fold_q_scale=not self.has_qk_norm)
+                     for layer in self.layers]
         self.head = linear_or_module([self.lm.lm_head], self.linear_dtype, batch * n)
 
     def prefill(self, input_ids: torch.Tensor, valid: torch.Tensor, n: int,
@@ -218,19 +217,17 @@ class _Projections:
     layer's own MLP forward where it is not that shape), each packed once for this generate where
     rlctl.workers.rollout.packed can.
 
-    q_fold: the attention scale to multiply into the packed q weights when that is exact (a power
-    of two, as 1/8 for head_dim 64: the scores are then bitwise the unscaled ones times it);
+    fold_q_scale: multiply the attention scale into the packed q weights where that is exact (a
+    power of two, as 1/8 for head_dim 64: the scores are then bitwise the unscaled ones times it);
     q_scale is what attention must still apply (1.0 when folded, else the attention scale)."""
 
-    def __init__(self, layer: torch.nn.Module, dtype: torch.dtype, rows: int, q_fold: float = 1.0):
+    def __init__(self, layer: torch.nn.Module, dtype: torch.dtype, rows: int, fold_q_scale: bool = False):
         attn, mlp = layer.self_attn, layer.mlp
-        modules = [attn.q_proj, attn.k_proj, attn.v_proj]
-        self.q_scale = float(attn.scaling)
-        folded = FusedLinear.of(modules, dtype, rows, row_scale=(q_fold, 1.0, 1.0)) if _exact(q_fold) else None
-        if folded is not None:
-            self.qkv, self.q_scale = folded, self.q_scale / q_fold
-        else:
-            self.qkv = linear_or_module(modules, dtype, rows)
+        modules, scale = [attn.q_proj, attn.k_proj, attn.v_proj], float(attn.scaling)
+        folded = (FusedLinear.of(modules, dtype, rows, row_scale=(scale, 1.0, 1.0))
+                  if fold_q_scale and _power_of_two(scale) else None)
+        self.qkv = folded if folded is not None else linear_or_module(modules, dtype, rows)
+        self.q_scale = 1.0 if folded is not None else scale
         self.o = linear_or_module([attn.o_proj], dtype, rows)
         self.mlp = mlp
         if all(hasattr(mlp, a) for a in ("gate_proj", "up_proj", "down_proj", "act_fn")):
@@ -250,10 +247,9 @@ class _Projections:
         return torch.cat(self.qkv(x), dim=-1)
 
 
-def _exact(factor: float) -> bool:
-    """Multiplying by `factor` is exact in binary floating point (a power of two other than 1)."""
-    mantissa, _ = math.frexp(factor)
-    return factor != 1.0 and factor > 0 and mantissa == 0.5
+def _power_of_two(factor: float) -> bool:
+    """Multiplying by `factor` is exact in binary floating point."""
+    return factor > 0 and math.frexp(factor)[0] == 0.5
 
 
 class HFCacheRunner:
