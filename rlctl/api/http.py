@@ -34,6 +34,7 @@ POLL_S = 0.2  # how often a waiting handler checks whether its client is still t
 LINGER_S = 2.0  # after refusing a body: read (and drop) it this long so the client sees our answer
 DEFAULT_MAX_BODY_BYTES = 4 << 20
 DEFAULT_READ_TIMEOUT_S = 30.0
+MAX_JSON_DEPTH = 64  # objects and arrays inside each other; a deeper body is a 400 before anything walks it
 
 
 class _ClientGone(Exception):
@@ -68,6 +69,11 @@ class OpenAIServer(ThreadingHTTPServer):
         """(the tag of the caller a path names, the route inside it): "" and the path itself here; the
         agent endpoint (rlctl.agent.endpoint) serves each episode under its own prefix."""
         return "", path
+
+    def authorize(self, tag: str, header: str) -> None:
+        """Raise a 401 unless `header` is `Bearer <key>` with the server's key (the agent endpoint: the
+        key of the episode `tag` names, and that episode still running)."""
+        check_bearer(header, self.api_key_digest)
 
     def wait_idle(self, timeout: float) -> bool:
         with self._idle:
@@ -180,8 +186,8 @@ class _Handler(BaseHTTPRequestHandler):
             self._only(method, "GET")
             self._send_json(200, {"status": "ok", **self.server.engine.load()})
             return
-        self._authorize()
         self.tag, path = self.server.scope(path)
+        self.server.authorize(self.tag, self.headers.get("Authorization", ""))
         if path == "/inference/v1/generate" and hasattr(self.server.engine, "generate_ids"):
             self._only(method, "POST")   # vLLM's token endpoint: token ids in, token ids and log-probs out
             self._send_json(200, self.server.engine.generate_ids(self._read_json(), self.tag))
@@ -220,16 +226,6 @@ class _Handler(BaseHTTPRequestHandler):
         if method != allowed:
             raise APIError(405, f"use {allowed} for {self.path}", code="method_not_allowed")
 
-    def _authorize(self) -> None:
-        expected = self.server.api_key_digest
-        if expected is None:
-            return
-        given = self.headers.get("Authorization", "")  # http.client decoded the header as latin-1
-        digest = hashlib.sha256(given.removeprefix("Bearer ").encode("latin-1", "replace")).digest()
-        if not (hmac.compare_digest(digest, expected) and given.startswith("Bearer ")):
-            raise APIError(401, "Incorrect or missing API key: send 'Authorization: Bearer <key>'",
-                           type="authentication_error", code="invalid_api_key")
-
     def _read_json(self) -> dict:
         length = self.headers.get("Content-Length")
         if self.headers.get("Transfer-Encoding", "").lower() == "chunked" or length is None:
@@ -251,6 +247,10 @@ class _Handler(BaseHTTPRequestHandler):
             body = json.loads(raw)
         except (UnicodeDecodeError, json.JSONDecodeError) as e:
             raise APIError(400, f"invalid JSON body: {e}", code="invalid_json") from None
+        except RecursionError:   # deeper than the parser's own limit (the interpreter's recursion limit)
+            raise _too_deep() from None
+        if _nests_deeper(body, MAX_JSON_DEPTH):
+            raise _too_deep()
         if not isinstance(body, dict):
             raise APIError(400, "the JSON body must be an object", code="invalid_json")
         return body
@@ -389,6 +389,35 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _sse(self, obj: dict) -> None:
         self.wfile.write(b"data: " + json.dumps(obj).encode() + b"\n\n")
+
+
+def check_bearer(header: str, expected: bytes | None) -> None:
+    """401 unless `header` is `Bearer <key>` whose sha256 is `expected` (None: no key required). Digests
+    are compared, not keys: equal length whatever was sent, so the time says nothing."""
+    if expected is None:
+        return
+    digest = hashlib.sha256(header.removeprefix("Bearer ").encode("latin-1", "replace")).digest()
+    if not (hmac.compare_digest(digest, expected) and header.startswith("Bearer ")):  # latin-1: as http.client decoded it
+        raise APIError(401, "Incorrect or missing API key: send 'Authorization: Bearer <key>'",
+                       type="authentication_error", code="invalid_api_key")
+
+
+def _nests_deeper(value, limit: int) -> bool:
+    """Whether objects and arrays nest more than `limit` deep (the body itself is level 1); iterative,
+    so a deep body costs no stack, and it stops at the first level too deep."""
+    stack = [(value, 1)] if isinstance(value, (dict, list)) else []
+    while stack:
+        node, depth = stack.pop()
+        if depth > limit:
+            return True
+        children = node.values() if isinstance(node, dict) else node
+        stack.extend((c, depth + 1) for c in children if isinstance(c, (dict, list)))
+    return False
+
+
+def _too_deep() -> APIError:
+    return APIError(400, f"the JSON body nests objects and arrays more than {MAX_JSON_DEPTH} deep",
+                    code="invalid_json")
 
 
 def _too_large(length: int, limit: int) -> APIError:

@@ -100,6 +100,14 @@ def test_bad_completion_prompts_are_400(server):
         _assert_openai_error(*_post(server, "/v1/completions", {"model": "tiny", "prompt": prompt}), 400)
 
 
+def test_json_nested_too_deep_is_400(server):
+    """Past MAX_JSON_DEPTH (64) levels, and far past the parser's own recursion limit: a 400, not a 500."""
+    for depth in (65, 100_000):
+        body = json.dumps({**CHAT, "x": 0}).replace("0}", "[" * (depth - 1) + "]" * (depth - 1) + "}")
+        _assert_openai_error(*_raw(server, "POST", "/v1/chat/completions", body.encode()), 400)
+    assert _post(server, "/v1/chat/completions", {**CHAT, "x": json.loads("[" * 63 + "]" * 63)})[0] == 200
+
+
 def test_oversized_body_is_413(server):
     big = json.dumps({**CHAT, "messages": [{"role": "user", "content": "x" * (5 << 20)}]}).encode()
     _assert_openai_error(*_raw(server, "POST", "/v1/chat/completions", big), 413)
