@@ -3,8 +3,9 @@
 Every way a body can be wrong becomes an `APIError` with a 4xx status and OpenAI's error shape
 ({"error": {"message", "type", "param", "code"}}), so clients raise their usual exceptions.
 Unknown fields are ignored (like vLLM); known fields the built-in engine cannot honour
-(logprobs, penalties, a forced tool_choice) are refused rather than silently dropped. Tools are
-checked and turned into `tool_calls` by rlctl.api.tools.
+(logprobs, penalties) are refused rather than silently dropped. Tools are checked and turned into
+`tool_calls` by rlctl.api.tools; a forced tool_choice and `response_format` JSON are decoded under a
+grammar (rlctl.api.constraints).
 """
 
 from __future__ import annotations
@@ -71,12 +72,21 @@ def _refuse_unsupported(body: dict) -> None:
     for key in ("presence_penalty", "frequency_penalty"):
         if body.get(key) not in (None, 0, 0.0):
             raise APIError(400, f"'{key}' is not supported by the built-in engine", param=key)
-    fmt = body.get("response_format")
-    if fmt is not None and not (isinstance(fmt, dict) and fmt.get("type") == "text"):
-        raise APIError(400, "'response_format' other than text is not supported", param="response_format")
 
 
-def _sampling(body: dict, prompt_lens: list[int], context: int, max_n: int, default_max) -> tuple:
+def _grammar(body: dict, spec: ToolSpec | None = None) -> str | None:
+    """The grammar the answer is decoded under: a forced tool_choice's or response_format's."""
+    from rlctl.api.constraints import response_format_spec
+
+    fmt = response_format_spec(body)
+    if fmt is not None and spec is not None and spec.grammar is not None:
+        raise APIError(400, "a forced 'tool_choice' and a JSON 'response_format' cannot both shape one answer; "
+                            "send one of them", param="response_format")
+    return fmt if fmt is not None else (spec.grammar if spec is not None else None)
+
+
+def _sampling(body: dict, prompt_lens: list[int], context: int, max_n: int, default_max,
+              grammar: str | None = None) -> tuple:
     temperature = float(_field(body, "temperature", (int, float), 1.0))
     _in_range("temperature", temperature, 0.0, 2.0)
     top_p = float(_field(body, "top_p", (int, float), 1.0))
@@ -110,7 +120,8 @@ def _sampling(body: dict, prompt_lens: list[int], context: int, max_n: int, defa
                        param=key, code="context_length_exceeded")
     ignore_eos = _field(body, "ignore_eos", (bool,), False)
     params = SamplingParams(max_tokens=max_tokens, temperature=temperature, top_p=top_p,
-                            top_k=max(top_k, 0), n=n, stop=tuple(stop), seed=seed, ignore_eos=ignore_eos)
+                            top_k=max(top_k, 0), n=n, stop=tuple(stop), seed=seed, ignore_eos=ignore_eos,
+                            grammar=grammar)
     stream = _field(body, "stream", (bool,), False)
     options = _field(body, "stream_options", (dict,), {})
     include_usage = bool(options.get("include_usage", False))
@@ -155,6 +166,7 @@ def parse_chat(body: dict, engine, max_n: int) -> ParsedRequest:
     from rlctl.api.tools import check_template, parse_tools
 
     spec = parse_tools(body)
+    grammar = _grammar(body, spec)
     messages, images = _images(messages, engine)
     messages = [_message(m, i) for i, m in enumerate(messages)]
     if not getattr(engine.tokenizer, "chat_template", None):
@@ -169,7 +181,7 @@ def parse_chat(body: dict, engine, max_n: int) -> ParsedRequest:
             prompt = engine.encode_chat(messages, tools=tools)
     except Exception as e:  # a template can raise on roles it does not know (jinja raise_exception)
         raise APIError(400, f"the chat template rejected these messages: {e}", param="messages") from e
-    params, stream, usage = _sampling(body, [len(prompt)], engine.context_length, max_n, None)
+    params, stream, usage = _sampling(body, [len(prompt)], engine.context_length, max_n, None, grammar)
     return ParsedRequest("chat", [prompt], params, stream, usage, spec, visions=[vision] if vision else None)
 
 
@@ -212,7 +224,7 @@ def parse_completion(body: dict, engine, max_n: int) -> ParsedRequest:
     if any(len(p) == 0 for p in prompts):
         raise APIError(400, "'prompt' must not be empty", param="prompt")
     params, stream, usage = _sampling(body, [len(p) for p in prompts], engine.context_length,
-                                      max_n, COMPLETION_DEFAULT_MAX_TOKENS)
+                                      max_n, COMPLETION_DEFAULT_MAX_TOKENS, _grammar(body))
     if len(prompts) * params.n > max_n:
         raise APIError(400, f"prompts x n = {len(prompts) * params.n} exceeds this server's limit "
                             f"of {max_n} sequences per request", param="prompt")

@@ -22,6 +22,7 @@ class SamplingParams:
     stop: tuple[str, ...] = ()
     seed: int | None = None
     ignore_eos: bool = False  # vLLM extension: keep going past EOS (benchmarks, fixed-length tests)
+    grammar: str | None = None  # decode under this grammar spec (rlctl.workers.rollout.grammar)
 
 
 @dataclass

@@ -2,8 +2,9 @@
 messages, and turn a choice's text into `tool_calls` with the parser training uses (hermes).
 
     request   tools=[{"type": "function", "function": {"name", "description", "parameters"}}]
-              tool_choice = "auto" (default) | "none"; "required" and a named function are a 400:
-              the built-in engine cannot force a call (it has no constrained decoding)
+              tool_choice = "auto" (default) | "none" | "required" (one call of one of the tools) |
+              {"type": "function", "function": {"name": N}} (one call of N): a forced choice is decoded
+              under a grammar (rlctl.api.constraints), so the answer is a call that parses
     prompt    the chat template renders the tools (`apply_chat_template(messages, tools=...)`), also
               with "none", so the prompt is the same; "none" only turns the parsing off
     answer    a choice that stopped on its own and whose text holds well-formed calls becomes
@@ -22,6 +23,7 @@ from dataclasses import dataclass
 
 from rlctl.multiturn.formats import openai_tool_calls, parse_tool_calls
 from rlctl.api.api_error import APIError
+from rlctl.api.constraints import tool_call_spec
 
 CALL_START = "<tool_call>"
 _NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
@@ -30,7 +32,8 @@ _NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
 @dataclass(frozen=True)
 class ToolSpec:
     tools: list[dict]  # as the client sent them, checked: what the template renders
-    parse: bool        # tool_choice "auto": read calls out of the answers
+    parse: bool        # tool_choice "auto" or forced: read calls out of the answers
+    grammar: str | None = None  # a forced tool_choice: the spec of the call (rlctl.api.constraints)
 
 
 def _bad(param: str, message: str) -> APIError:
@@ -40,7 +43,8 @@ def _bad(param: str, message: str) -> APIError:
 def parse_tools(body: dict) -> ToolSpec | None:
     """The request's tools and tool_choice, checked; None when the request has no tools."""
     tools, choice = body.get("tools"), body.get("tool_choice")
-    if body.get("parallel_tool_calls") is False:
+    forced = choice == "required" or isinstance(choice, dict)   # a forced choice is one call: never parallel
+    if body.get("parallel_tool_calls") is False and not forced:
         raise _bad("parallel_tool_calls", "'parallel_tool_calls': false is not supported by the built-in "
                                           "engine (it returns every call the model writes); leave it out")
     if tools is None or tools == []:
@@ -57,11 +61,24 @@ def parse_tools(body: dict) -> ToolSpec | None:
         return ToolSpec(tools, parse=True)
     if choice == "none":
         return ToolSpec(tools, parse=False)
-    if choice == "required" or isinstance(choice, dict):
-        what = "'required'" if choice == "required" else "a named function"
-        raise _bad("tool_choice", f"tool_choice {what} is not supported by the built-in engine (it cannot force "
-                                  "a call); use \"auto\" or \"none\", or serve with --engine vllm")
-    raise _bad("tool_choice", f"'tool_choice' must be \"auto\" or \"none\", got {json.dumps(choice)[:60]}")
+    if choice == "required":   # one call, also with parallel_tool_calls true (the grammar writes one)
+        return ToolSpec(tools, parse=True, grammar=tool_call_spec(tools))
+    if isinstance(choice, dict):
+        return ToolSpec(tools, parse=True, grammar=tool_call_spec([_named(choice, tools, names)]))
+    raise _bad("tool_choice", "'tool_choice' must be \"auto\", \"none\", \"required\" or "
+                              '{"type": "function", "function": {"name": ...}}, got ' + json.dumps(choice)[:60])
+
+
+def _named(choice: dict, tools: list[dict], names: list[str]) -> dict:
+    """The tool a named tool_choice picks."""
+    fn = choice.get("function")
+    name = fn.get("name") if isinstance(fn, dict) else None
+    if choice.get("type", "function") != "function" or not isinstance(name, str):
+        raise _bad("tool_choice", 'a named tool_choice is {"type": "function", "function": {"name": ...}}')
+    if name not in names:
+        raise _bad("tool_choice", f"tool_choice names {json.dumps(name)[:60]}, which is not in 'tools' "
+                                  f"({', '.join(names)})")
+    return tools[names.index(name)]
 
 
 def _check_tool(tool, i: int) -> str:

@@ -25,6 +25,7 @@ class _Row:
     index: int
     stream: TextStream
     generator: object  # torch.Generator | None
+    matcher: object = None  # xgrammar.GrammarMatcher of a request decoded under a grammar, else None
     tokens: int = 0
     last_token: int = -1
     done: bool = False
@@ -62,6 +63,7 @@ class Engine:
         self.cancelled_rows = 0  # rows dropped because their client went away
         self._default_generator = torch.Generator(device=model.device)
         self._default_generator.seed()
+        self._grammars = None  # rlctl.workers.rollout.grammar.GrammarCompiler, built by the first grammar
         self._thread = threading.Thread(target=self._loop, name="rlctl-scheduler", daemon=True)
         self._thread.start()
 
@@ -185,7 +187,16 @@ class Engine:
         if p.seed is not None:
             generator = torch.Generator(device=self.model.device)
             generator.manual_seed(_row_seed(p.seed, choice))
-        return _Row(request, request.index_base + choice, TextStream(self._decode, p.stop), generator)
+        matcher = self._matcher(p.grammar) if p.grammar else None
+        return _Row(request, request.index_base + choice, TextStream(self._decode, p.stop), generator, matcher)
+
+    def _matcher(self, spec: str):
+        from rlctl.workers.rollout.grammar import GrammarCompiler, vocab_size_of
+
+        with self.tokenizer_lock:
+            if self._grammars is None:
+                self._grammars = GrammarCompiler(self.tokenizer, vocab_size_of(self.model), self.eos_ids)
+            return self._grammars.matcher(spec)
 
     def _decode(self, ids: list[int]) -> str:
         with self.tokenizer_lock:
@@ -195,10 +206,13 @@ class Engine:
         import torch
 
         from rlctl.serve.request_sampling import sample_next_tokens
+        from rlctl.workers.rollout import grammar
 
         rows, device = self._rows, logits.device
         if self.banned:
             logits = logits.index_fill(-1, torch.tensor(self.banned, device=device), float("-inf"))
+        matchers = [r.matcher for r in rows]
+        logits = grammar.constrained(logits, matchers)
         params = [r.request.params for r in rows]
         tokens = sample_next_tokens(
             logits,
@@ -207,6 +221,7 @@ class Engine:
             torch.tensor([p.top_k for p in params], dtype=torch.long, device=device),
             [r.generator for r in rows], self._default_generator,
         ).tolist()
+        grammar.accept(matchers, tokens)
         for row, token in zip(rows, tokens):
             self._advance(row, token)
         keep = [i for i, r in enumerate(rows) if not r.done]
