@@ -55,7 +55,7 @@ def sapo(*, old_log_prob, log_prob, advantages, response_mask, norm, tau_pos, ta
                   "ppo_kl": masked_mean(-log_ratio.detach(), response_mask).item()}
 
 
-@register_policy_loss("cispo")
+@register_policy_loss("cispo", open_low=True)
 def cispo(*, old_log_prob, log_prob, advantages, response_mask, clip_ratio_low, clip_ratio_high, loss_agg_mode,
           norm, rollout_is_weights=None, **_):
     """CISPO (MiniMax-M1, arXiv 2506.13585): clip the IS weight, never drop a token's gradient.

@@ -71,6 +71,8 @@ class PolicyLossSpec:
                                         # rollout correction's IS weights are not applied on top
     params: type | None = None          # frozen dataclass of its parameters ([actor.loss_params])
     reads: tuple[str, ...] = ()         # further batch columns it reads, passed by name per micro-batch
+    open_low: bool = False              # clip_ratio_low >= 1 is meaningful: 1 - low <= 0 leaves the ratio no
+                                        # lower bound (CISPO only weights by it; verl's examples use low = 10)
 
 
 @dataclass(frozen=True)
@@ -143,7 +145,7 @@ def _check_reads(owner: str, reads) -> tuple[str, ...]:
 def register_policy_loss(name: str, *, loss_agg_mode: str | None = None, clip_higher: bool = False,
                          bypass_loss: bool = False, required: tuple[RequiredParam, ...] = (),
                          trust_region: bool = False, corrects_rollout: bool = False, params: type | None = None,
-                         reads: tuple[str, ...] = ()) -> Callable[[Callable], Callable]:
+                         reads: tuple[str, ...] = (), open_low: bool = False) -> Callable[[Callable], Callable]:
     """Decorator: register a policy loss under `name`; a taken name is an error.
 
     fn is called with keyword arguments only: old_log_prob, log_prob, advantages, response_mask,
@@ -164,7 +166,7 @@ def register_policy_loss(name: str, *, loss_agg_mode: str | None = None, clip_hi
         _POLICY_LOSSES[name] = PolicyLossSpec(name=name, fn=fn, loss_agg_mode=loss_agg_mode, clip_higher=clip_higher,
                                               bypass_loss=bypass_loss, required=tuple(required),
                                               trust_region=trust_region, corrects_rollout=corrects_rollout,
-                                              params=params, reads=reads)
+                                              params=params, reads=reads, open_low=open_low)
         return fn
 
     return decorator

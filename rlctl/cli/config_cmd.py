@@ -212,17 +212,11 @@ def from_verl_cmd(
 
     Example: rlctl config from-verl data.train_batch_size=256 actor_rollout_ref.actor.optim.lr=1e-6 --out grpo.toml
     """
-    from rlctl.config.from_verl import checked, convert, to_toml
-    from rlctl.config.verl_script import read_launch
+    from rlctl.config.from_verl import convert_launch
 
-    launch = read_launch(list(words))
-    conversion = convert(launch)
-    if model:
-        conversion.values["model.path"], conversion.sources["model.path"] = model, "--model"
-    typed = checked(conversion)
+    text, typed, conversion = convert_launch(list(words), known_algorithms(), model)
     if out.exists() and not force:
         raise UsageError(f"{out} already exists", hint="pass --force to overwrite it, or --out another file.")
-    text = to_toml(typed, conversion, words[0] if "=" not in words[0] else "verl overrides")
     from rlctl.utils.atomic_files import write_files
 
     write_files(out.parent if str(out.parent) else Path("."), {out.name: text.encode("utf-8")},
@@ -232,6 +226,15 @@ def from_verl_cmd(
     emit(report, fmt)
     if fmt == "text":
         _print_not_honoured(report)
+
+
+def known_algorithms():
+    """rlctl's registered estimators and losses, for from-verl (the config layer does not import them)."""
+    from rlctl.algorithms import estimator_names, get_estimator, policy_loss_names
+    from rlctl.config.from_verl import KnownAlgorithms
+
+    return KnownAlgorithms(estimators=estimator_names(), losses=policy_loss_names(),
+                           grouped=frozenset(n for n in estimator_names() if get_estimator(n).needs_group))
 
 
 def _print_not_honoured(report: dict) -> None:

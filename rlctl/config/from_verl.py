@@ -12,14 +12,17 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import re
 from dataclasses import dataclass
 from typing import Any
 
-from rlctl.config.verl_rules import ALSO_SETS, RULES, SAME, VERL_DEFAULTS
+from rlctl.config.verl_rules import ALSO_SETS, EMPTY_DEFAULTS, RULES, SAME, VERL_DEFAULTS, Rule
+from rlctl.config.verl_script import Launch
+from rlctl.config.verl_semantics import adjust
+from rlctl.config.verl_sft import ENGINE_SFT_DEFAULTS, FSDP_SFT_DEFAULTS, SFT_DEFAULTS, SFT_RULES, torchrun_resources
+from rlctl.errors import UsageError
 
 _A = "actor_rollout_ref"
-from rlctl.config.verl_script import Launch
-from rlctl.errors import UsageError
 
 
 def parse_value(text: str) -> Any:
@@ -42,11 +45,19 @@ def parse_value(text: str) -> Any:
     return t
 
 
-def rule_for(key: str) -> Rule | None:
-    for rule in RULES:
-        if rule.verl == key or (rule.verl.endswith(".*") and key.startswith(rule.verl[:-1])):
-            return rule
-    return None
+def rule_for(key: str, rules: tuple = RULES) -> Rule | None:
+    """The rule of `key`: its own, else the first family (`prefix.*`) it belongs to."""
+    exact = next((rule for rule in rules if rule.verl == key), None)
+    return exact or next((rule for rule in rules if rule.verl.endswith(".*") and key.startswith(rule.verl[:-1])),
+                         None)
+
+
+@dataclass(frozen=True)
+class KnownAlgorithms:
+    """rlctl's registered algorithm names (given by the caller: config does not import algorithms)."""
+    estimators: tuple = ()
+    losses: tuple = ()
+    grouped: frozenset = frozenset()   # estimators that compare samples of one prompt (need rollout.n >= 2)
 
 
 @dataclass
@@ -56,25 +67,43 @@ class Conversion:
     not_honoured: list      # (verl key, value as written, why)
 
 
-def convert(launch: Launch) -> Conversion:
-    """Map every override; UsageError for a key rlctl does not know as verl's."""
+_TABLES = {"actor.loss_params": None, "algorithm.params": "gdpo_"}   # dict targets: leaf = the verl key's last word
+
+
+def convert(launch: Launch, known: KnownAlgorithms) -> Conversion:
+    """Map every override; UsageError for a key neither rlctl nor a `+key` addition accounts for."""
+    _recipe_check(launch.entry, known)
+    rules = SFT_RULES if launch.sft else RULES
     values = {key: parse_value(text) for key, text in launch.overrides}
     out, sources, skipped = {}, {}, []
     for key, text in launch.overrides:
-        rule = rule_for(key)
+        rule = rule_for(key, rules)
+        if rule is None and key in launch.added:   # hydra appends it; verl's code may never read it
+            skipped.append((key, text, "a +key addition with no rlctl equivalent"))
+            continue
         if rule is None:
-            close = difflib.get_close_matches(key, [r.verl for r in RULES if not r.verl.endswith("*")], n=1)
+            known = [r.verl for r in rules if not r.verl.endswith("*")]
+            close = difflib.get_close_matches(key, known, n=1)
             raise UsageError(f"unknown verl key {key!r}" + (f" (did you mean {close[0]!r}?)" if close else ""),
-                             hint="check the spelling against verl's trainer config; docs/verl.md lists every "
-                                  "key rlctl reads.")
+                             hint="check the spelling against verl's trainer config (verl refuses a key it does not "
+                                  "have unless written +key); docs/verl.md lists every key rlctl reads.")
         if not rule.rlctl:
             skipped.append((key, text, rule.why))
+            continue
+        if values[key] == "" and key in EMPTY_DEFAULTS and not launch.sft:   # `trainer.nnodes=$NNODES`, unset
+            values[key] = EMPTY_DEFAULTS[key]
+            skipped.append((key, "''", f"empty in the launch (an unset environment variable?): verl's default "
+                                       f"{EMPTY_DEFAULTS[key]} is written"))
+        elif values[key] == "":
+            skipped.append((key, "''", "empty in the launch (an unset environment variable?): rlctl's default "
+                                       "applies; set it in the file"))
             continue
         value = rule.convert(values[key], values) if rule.convert else values[key]
         if value is None:
             continue
-        if rule.rlctl == "actor.loss_params":   # verl's policy_loss.<knob> -> [actor.loss_params] <knob>
-            out.setdefault(rule.rlctl, {})[key.rsplit(".", 1)[1]] = value
+        if rule.rlctl in _TABLES:   # verl's policy_loss.<knob> -> [actor.loss_params] <knob>
+            leaf = key.rsplit(".", 1)[1].removeprefix(_TABLES[rule.rlctl] or "")
+            out.setdefault(rule.rlctl, {})[leaf] = value
             sources[rule.rlctl] = key
             continue
         for target in (key if rule.rlctl == SAME else rule.rlctl, ALSO_SETS.get(key)):
@@ -84,11 +113,43 @@ def convert(launch: Launch) -> Conversion:
         skipped.append((launch_key, "$(...)", "its value comes from a shell command: set it by hand"))
     for option in launch.options:
         skipped.append((option, "", "hydra's own option: rlctl reads no verl YAML"))
+    if launch.sft:
+        _sft_defaults(out, sources, values, launch)
+        return Conversion(out, sources, skipped)
     for target, (default, verl_key) in VERL_DEFAULTS.items():
         if target not in out and verl_key not in values:
             out[target], sources[target] = default, "verl default"
     _inherited(out, sources, values)
+    megatron = any("megatron" in o for o in launch.options) or any(".megatron." in k for k in values)
+    adjust(out, sources, values, skipped, megatron, known.grouped)
     return Conversion(out, sources, skipped)
+
+
+def _recipe_check(entry: str, known: KnownAlgorithms) -> None:
+    """`recipe.<name>.main_*`: converted when rlctl has <name> (an estimator, a loss, DAPO's preset
+    or GMPO's geo_mean loss)."""
+    m = re.search(r"recipe\.(\w+)\.main_\w+", entry)
+    if not m or m.group(1) in ("dapo", "gmpo") or m.group(1) in known.estimators + known.losses:
+        return
+    raise UsageError(f"{entry} is verl's {m.group(1)} recipe trainer: rlctl has no {m.group(1)!r} algorithm "
+                     "(rlctl's: " + ", ".join(known.estimators) + ")",
+                     hint="start from the closest rlctl recipe (rlctl init --list), or register the algorithm "
+                          "in a plugin (docs/algorithms.md).")
+
+
+def _sft_defaults(out: dict, sources: dict, values: dict, launch: Launch) -> None:
+    """verl's SFT defaults where rlctl's differ, then the GPUs torchrun starts."""
+    engine = not launch.entry.endswith("fsdp_sft_trainer")
+    defaults = {**SFT_DEFAULTS, **(ENGINE_SFT_DEFAULTS if engine else FSDP_SFT_DEFAULTS)}
+    if engine:   # the engine trainer packs micro-batches by tokens unless data.use_dynamic_bsz=false
+        defaults.pop("sft.micro_batch_max_tokens") if values.get("data.use_dynamic_bsz") is False else None
+    for key, value in torchrun_resources(launch.launcher).items():
+        if key not in out:
+            out[key], sources[key] = value, "torchrun"
+    for target, (default, verl_key) in defaults.items():
+        if target not in out and verl_key not in values:
+            out[target], sources[target] = default, "verl default"
+    out["run.kind"], sources["run.kind"] = "sft", f"verl's SFT trainer ({launch.entry})"
 
 
 def _inherited(out: dict, sources: dict, values: dict) -> None:
@@ -133,23 +194,52 @@ def checked(conversion: Conversion) -> dict:
     return typed
 
 
+def convert_launch(words: list[str], known: KnownAlgorithms, model: str | None = None
+                   ) -> tuple[str, dict, Conversion]:
+    """`rlctl config from-verl WORDS`: (the rlctl.toml text, its typed values, the conversion)."""
+    from rlctl.config.verl_script import read_launch
+
+    conversion = convert(read_launch(list(words)), known)
+    if model:
+        conversion.values["model.path"], conversion.sources["model.path"] = model, "--model"
+    typed = checked(conversion)
+    return to_toml(typed, conversion, words[0] if "=" not in words[0] else "verl overrides"), typed, conversion
+
+
 def to_toml(typed: dict, conversion: Conversion, origin: str) -> str:
-    """The rlctl.toml text: the mapped keys by table, each commented with the verl key it came from,
+    """The rlctl.toml text, built as a tomlkit document (the loader's library) so every value is
+    quoted as TOML needs: the mapped keys by table, each commented with the verl key it came from,
     and the keys rlctl does not honour as comments at the top."""
     import tomlkit
 
-    lines = [f"# converted by `rlctl config from-verl` from {origin}"]
+    doc = tomlkit.document()
+    doc.add(tomlkit.comment(_one_line(f"converted by `rlctl config from-verl` from {origin}")))
     if conversion.not_honoured:
-        lines.append("# verl keys rlctl does not honour (docs/verl.md says why):")
-        lines += [f"#   {key}={value}: {why}".rstrip() for key, value, why in conversion.not_honoured]
-    tables: dict[str, list[str]] = {}
-    for key in sorted(typed, key=_section_order):
+        doc.add(tomlkit.comment("verl keys rlctl does not honour (docs/verl.md says why):"))
+        for key, value, why in conversion.not_honoured:
+            doc.add(tomlkit.comment("  " + _one_line(f"{key}={value}: {why}")))
+    leaves = {}
+    for key, value in typed.items():   # a table value ([actor.loss_params]) becomes its own table
+        items = value.items() if key in _TABLES and isinstance(value, dict) else [(None, value)]
+        for leaf, item in items:
+            leaves[f"{key}.{leaf}" if leaf else key] = (item, conversion.sources[key])
+    for key in sorted(leaves, key=_section_order):
         table, leaf = key.rsplit(".", 1)
-        item = tomlkit.item(typed[key]).as_string()
-        tables.setdefault(table, []).append(f"{leaf} = {item}  # {conversion.sources[key]}")
-    for table, entries in tables.items():
-        lines += ["", f"[{table}]", *entries]
-    return "\n".join(lines) + "\n"
+        container = doc
+        for part in table.split("."):
+            if part not in container:
+                container.add(part, tomlkit.table())
+            container = container[part]
+        value, source = leaves[key]
+        item = tomlkit.item(list(value) if isinstance(value, tuple) else value)
+        item.comment(_one_line(source))
+        container.add(leaf, item)
+    return tomlkit.dumps(doc)
+
+
+def _one_line(text: str) -> str:
+    """A comment's text on one line, without control characters (a NUL from a script stays out)."""
+    return " ".join("".join(c if c.isprintable() else " " for c in str(text)).split())
 
 
 _ORDER = ("run", "model", "data", "algorithm", "actor", "critic", "rollout", "reward", "resources")

@@ -132,7 +132,8 @@ class ActorConfig:
     ulysses_sequence_parallel_size: int = opt(1, "Ranks that split each sequence (1 = off; docs/parallelism.md).", ge=1)
     policy_loss: str = opt("vanilla", "Policy loss (built-ins, or one registered by a plugin).",
                            choices=POLICY_LOSSES, extensible=True)
-    clip_ratio_low: float = opt(0.2, "PPO clip below 1 (ratio >= 1 - low).", ge=0, lt=1)
+    clip_ratio_low: float = opt(0.2, "PPO clip below 1 (ratio >= 1 - low); < 1 except for a loss whose ratio only "
+                                      "weights (cispo: >= 1 = no lower bound).", ge=0)
     clip_ratio_high: float = opt(0.2, "PPO clip above 1 (ratio <= 1 + high); DAPO clip-higher uses 0.28.", ge=0)
     clip_ratio_c: float = opt(3.0, "Dual-clip bound for negative advantages (> 1).", gt=1)
     loss_agg_mode: str = opt("token-mean", "How token losses are aggregated.", choices=LOSS_AGG_MODES)

@@ -26,15 +26,15 @@ class Rule:
     why: str = ""                     # not honoured: the reason; honoured: what differs
 
 
-def _files(value, _):
+def files(value, _):
     return [value] if isinstance(value, str) else value
 
 
-def _never_is_zero(value, _):
+def never_is_zero(value, _):
     return 0 if isinstance(value, int) and value < 0 else value
 
 
-def _loggers(value, _):
+def loggers(value, _):
     names = [value] if isinstance(value, str) else list(value or [])
     kept = [n for n in names if n in ("console", "wandb", "tensorboard")]
     return kept + ["jsonl"]   # metrics.jsonl feeds rlctl status and rlctl view
@@ -44,7 +44,8 @@ def _token_budget(flag_key: str, length_key: str, verl_default: int):
     def convert(value, values):
         if not values.get(flag_key, False):
             return None
-        return int(values.get(length_key, verl_default))
+        length = values.get(length_key)
+        return int(length) if isinstance(length, int) else verl_default   # "" (an unset variable): verl's default
     return convert
 
 
@@ -79,9 +80,62 @@ def _warmup(value, _):
     return None if value is None or value < 0 else value
 
 
+def _dtype(value, _):
+    return {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32", "half": "float16", "float": "float32"}.get(
+        str(value).lower(), value)
+
+
+def _router_replay(value, _):
+    return str(value).upper() in ("R2", "R3")   # R2: the log-prob pass's routing, R3: the rollout's
+
+
+def _is_upper(value, _):
+    """rollout_is_threshold: a number, or verl's "lower_upper" string (the upper bound truncates)."""
+    if isinstance(value, str) and "_" in value:
+        return float(value.rsplit("_", 1)[1])
+    return value
+
+
+def _as_list(value, _):
+    return [value] if isinstance(value, (str, int, float)) else list(value or [])
+
+
+def _distill_on(values: dict) -> bool:
+    return any(values.get(f"{p}.{flag}") is True for p in (f"{_A}.distillation", "distillation")
+               for flag in ("enabled", "enable"))
+
+
+def _if_distill(value, values):
+    return value if _distill_on(values) else None
+
+
+_DISTILL_LOSSES = {"k1": "k1", "k3": "k3", "low_var_kl": "k3", "forward_kl_topk": "forward_kl_topk",
+                   "forward_kl": "forward_kl_topk", "jsd": "jsd", "jsd_topk": "jsd"}
+
+
+def _distill_loss(value, values):
+    """verl's distillation loss_mode -> distill.loss; verl's reverse-KL modes are rlctl's k1 (policy gradient)."""
+    if not _distill_on(values):
+        return None
+    return _DISTILL_LOSSES.get(str(value).rstrip("+"), "k1")
+
+
+def _distill_rules(prefix: str) -> tuple:
+    return (Rule(f"{prefix}.enabled", "", why="turns [distill] on (distill.teacher is written)"),
+            Rule(f"{prefix}.enable", "", why="turns [distill] on (distill.teacher is written)"),
+            Rule(f"{prefix}.teacher_model.path", "distill.teacher", _if_distill),
+            Rule(f"{prefix}.teacher_model.model_path", "distill.teacher", _if_distill),
+            Rule(f"{prefix}.loss_mode", "distill.loss", _distill_loss,
+                 "k3 / forward_kl_topk / jsd(_topk) kept; verl's reverse-KL modes are rlctl's k1 (policy gradient)"),
+            Rule(f"{prefix}.jsd_beta", "distill.beta", _if_distill),
+            Rule(f"{prefix}.topk", "distill.topk", _if_distill),
+            Rule(f"{prefix}.*", why="rlctl's teacher runs beside the trainer with the student's settings "
+                                    "(no separate micro-batches, Megatron or engine for it)"))
+
+
 _SPECIAL = (
-    Rule("data.train_files", "data.train_files", _files),
-    Rule("data.val_files", "data.val_files", _files),
+    Rule("data.train_files", "data.train_files", files),
+    Rule("data.val_files", "data.val_files", files),
     Rule("data.val_batch_size", "data.val_batch_size"),
     Rule("data.shuffle", "data.shuffle"),
     Rule("data.max_prompt_length", "data.max_prompt_length"),
@@ -155,9 +209,9 @@ _SPECIAL = (
     Rule("reward_model.reward_kwargs.max_resp_len", "", why="rlctl's overlong shaping reads data.max_response_length"),
     Rule("trainer.val_before_train", "run.val_before_train"),
     Rule("trainer.critic_warmup", "critic.pretrain_steps"),
-    Rule("trainer.save_freq", "run.save_every", _never_is_zero, "-1 (never) is 0 (only at the end)"),
-    Rule("trainer.test_freq", "run.val_every", _never_is_zero, "-1 (never) is 0 (only at the end)"),
-    Rule("trainer.logger", "run.loggers", _loggers, "console / wandb / tensorboard kept, jsonl added"),
+    Rule("trainer.save_freq", "run.save_every", never_is_zero, "-1 (never) is 0 (only at the end)"),
+    Rule("trainer.test_freq", "run.val_every", never_is_zero, "-1 (never) is 0 (only at the end)"),
+    Rule("trainer.logger", "run.loggers", loggers, "console / wandb / tensorboard kept, jsonl added"),
     Rule("trainer.total_training_steps", "run.total_steps", lambda v, _: v or None),
     Rule("trainer.project_name", "", why="rlctl names a run by run.name only (wandb's project: WANDB_PROJECT)"),
     Rule("trainer.resume_mode", "", why="resume a run with `rlctl resume RUN_DIR`"),
@@ -189,7 +243,6 @@ _SPECIAL = (
     Rule("critic.enable", "", why="the estimator decides: gae trains a critic"),
     Rule("algorithm.rollout_correction.*", SAME, why="verl's names"),
     Rule("algorithm.pf_ppo.*", SAME, why="verl's names"),
-    Rule("algorithm.gdpo_reward_keys", "", why="set [algorithm.params] for gdpo (docs/algorithms.md)"),
     *(_overlong("reward.reward_kwargs.overlong_buffer_cfg", leaf) for leaf in ("enable", "len", "penalty_factor")),
     Rule("reward.reward_kwargs.overlong_buffer_cfg.log", "", why="rlctl logs the overlong share always"),
     Rule("reward.reward_kwargs.max_resp_len", "", why="rlctl's overlong shaping reads data.max_response_length"),
@@ -208,6 +261,23 @@ _SPECIAL = (
     Rule(f"{_A}.model.lora_adapter_path", "", why="start from a merged model (rlctl merge --lora merge)"),
     Rule(f"{_A}.model.exclude_modules", "", why="list the layers that get adapters in model.lora.target_modules"),
     Rule("trainer.ref_update_freq", "algorithm.ref_update_every"),
+    Rule(f"{_A}.model.torch_dtype", "model.dtype", _dtype),
+    Rule(f"{_A}.actor.freeze_vision_tower", "model.freeze_vision_tower"),
+    Rule(f"{_A}.actor.router_replay.mode", "actor.router_replay", _router_replay,
+         "R2 / R3 -> true (rlctl replays the routing the rollout or log-prob pass chose)"),
+    Rule(f"{_A}.actor.router_replay.*", why="rlctl records and replays routing itself"),
+    Rule(f"{_A}.actor.tau_pos", "actor.loss_params", why="SAPO's gate temperature, [actor.loss_params]"),
+    Rule(f"{_A}.actor.tau_neg", "actor.loss_params", why="SAPO's gate temperature, [actor.loss_params]"),
+    Rule("algorithm.rollout_correction.rollout_is_threshold", "algorithm.rollout_correction.rollout_is_threshold",
+         _is_upper, "verl's \"lower_upper\" string: the upper bound truncates the weights (as verl's IS does)"),
+    Rule("algorithm.gdpo_reward_keys", "algorithm.params", _as_list, "[algorithm.params] reward_keys of gdpo"),
+    Rule("algorithm.gdpo_reward_weights", "algorithm.params", _as_list, "[algorithm.params] reward_weights of gdpo"),
+    *_distill_rules(f"{_A}.distillation"),
+    *_distill_rules("distillation"),
+    Rule("critic.model.trust_remote_code", "", why="the critic loads with model.trust_remote_code"),
+    Rule("critic.optim.lr_warmup_steps_ratio", "", why="rlctl counts warm-up in steps: set critic.warmup_steps"),
+    Rule("critic.optim.*", "", why="rlctl's AdamW for the critic takes lr, warmup_steps and weight_decay"),
+    Rule("critic.profiler.*", "", why="no profiler hooks in rlctl"),
     Rule("reward_model.overlong_buffer.log", "", why="rlctl logs the overlong share always"),
 )
 # whole families of engine and cluster knobs with no rlctl equivalent
@@ -266,8 +336,6 @@ _FAMILIES = (
     Rule("data.dataloader_num_workers", why="rlctl reads its prompts in the controller"),
     Rule("data.apply_chat_template_kwargs.*", why="rlctl renders the model's chat template as it is"),
     Rule("data.image_patch_size", why="rlctl reads it from the model's processor"),
-    Rule("distillation.*", why="write [distill] by hand (docs/distillation.md): rlctl's teacher runs beside the "
-                               "trainer, not in verl's inference pool"),
     Rule("hydra.*", why="rlctl reads no verl YAML"),
     Rule("actor@actor_rollout_ref.actor", why="hydra's config group choice: rlctl reads no verl YAML"),
     Rule("critic.fsdp.*", why="rlctl shards with FSDP2 and picks its own settings"),
@@ -290,6 +358,14 @@ _FAMILIES = (
     Rule("trainer.rl_logging_board_dir", why="not built in rlctl"),
     Rule("trainer.rollout_data_dir", why="run.log_rollouts writes every sample into the run folder"),
     Rule("trainer.log_freq", why="rlctl logs every step"),
+    Rule(f"{_A}.rollout.prometheus.*", why="rlctl's rollout exports no Prometheus metrics (see metrics.jsonl)"),
+    Rule(f"{_A}.rollout.trace.*", why="rlctl writes run.log_rollouts into the run folder; no tracing backend"),
+    Rule(f"{_A}.rollout.over_sample_rate", why="rlctl waits for every sample of a step (no over-sampling)"),
+    Rule(f"{_A}.model.fused_kernel_options.*", why="rlctl computes log-probs in row chunks itself"),
+    Rule(f"{_A}.model.external_lib", why="rlctl loads the model's own modeling code (model.trust_remote_code)"),
+    Rule("critic.model.*", why="the critic loads like the actor (FSDP2, the actor's dtype and kernels)"),
+    Rule("data.sampler.*", why="rlctl samples prompts in a seeded order; a curriculum sampler class is not loaded"),
+    Rule("data.datagen.*", why="rlctl reads prompts from parquet; a data generator class is not loaded"),
     Rule("reward_model.*", why="a reward model is reward.model = PATH; PRIME's implicit PRM is [algorithm.params] "
                                "(docs/algorithms.md)"),
 )
@@ -306,6 +382,8 @@ VERL_DEFAULTS = {
     "run.val_before_train": (True, "trainer.val_before_train"),
     "data.train_files": (["~/data/rlhf/gsm8k/train.parquet"], "data.train_files"),
 }
+# a key the launch leaves empty (`trainer.n_gpus_per_node=$SLURM_GPUS_PER_NODE` outside Slurm) -> verl's own default
+EMPTY_DEFAULTS = {"trainer.n_gpus_per_node": 8, "trainer.nnodes": 1}
 # verl's clip_ratio is both bounds
 ALSO_SETS = {f"{_A}.actor.clip_ratio": "actor.clip_ratio_high"}
 

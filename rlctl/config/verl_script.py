@@ -6,9 +6,14 @@ verl's examples/ and recipe/ scripts set shell variables (`n=16`, `export LR=${L
 `read_launch` follows that much bash: comments, continuations, quoted values over several lines,
 assignments, arrays (`=( )`, `+=( )`, `"${NAME[@]}"`), `$VAR` / `${VAR}` / `${VAR:-default}` /
 `${VAR:=default}`, `$1`, integer `$((...))`, the environment for variables the script does not set,
-and the script's own arguments for `$@` (the words given after the script). The body of an `if` is
-read as if its condition held (the last assignment wins), here-documents are skipped, and the command
-ends at a pipe, `;`, `&&` or a redirection. A `$(command)` is not run: a value that needs one is reported, not guessed.
+and the script's own arguments for `$@` / `${@:2}` (the words given after the script), and
+`${VAR//from/to}`. `if` and `case` blocks are followed where their condition can be read
+(rlctl.config.verl_flow), here-documents are skipped, and the command ends at a pipe, `;`, `&&` or
+a redirection. A `$(command)` is not run: a value that needs one is reported, not guessed.
+
+The command found is a trainer (verl's PPO-family mains, `recipe.<name>.main_*`, or its SFT
+trainers under torchrun); a script that runs only another verl tool (the model merger, generation,
+eval) is answered with NotATrainer, naming the rlctl command that does that job.
 """
 
 from __future__ import annotations
@@ -21,11 +26,29 @@ import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from rlctl.config.verl_flow import Flow, split_words
 from rlctl.errors import UsageError
 
 # the entry points of verl's trainers; the words after one are its overrides
-ENTRY_POINTS = re.compile(r"(^|[\s/.])(main_ppo|main_dapo|main_grpo|main_prime|main_spin|main_sppo|main_gspo)(\.py)?$")
-_ASSIGN = re.compile(r"^(?:export\s+|local\s+|readonly\s+|declare\s+(?:-\w+\s+)?)?([A-Za-z_][A-Za-z0-9_]*)=(.*)$")
+ENTRY_POINTS = re.compile(r"(^|[\s/.])(main_ppo|main_ppo_split|main_dapo|main_grpo|main_prime|main_spin|main_sppo|"
+                          r"main_gspo|fsdp_sft_trainer|sft_trainer|recipe\.\w+\.main_\w+)(\.py)?$")
+SFT_ENTRY = re.compile(r"(^|[\s/.])(fsdp_sft_trainer|sft_trainer)(\.py)?$")
+# verl's other tools -> the rlctl command that does the same job
+OTHER_TOOLS = (
+    (re.compile(r"(^|[\s/.])(model_merger|legacy_model_merger)(\.py)?$"),
+     "verl's model merger: `rlctl merge RUN_DIR --to-hf OUT` writes a Hugging Face folder from an rlctl run"),
+    (re.compile(r"(^|[\s/.])main_generation(_server)?(\.py)?$"),
+     "verl's generation main: `rlctl eval MODEL --data FILE --samples-out OUT` generates (and scores) responses"),
+    (re.compile(r"(^|[\s/.])main_eval(\.py)?$"), "verl's eval main: `rlctl eval MODEL --data FILE` scores a model"),
+    (re.compile(r"(^|[\s/.])converter_hf_to_mcore(\.py)?$"),
+     "verl's Hugging Face -> Megatron converter: rlctl trains from the Hugging Face folder as it is"),
+)
+
+
+class NotATrainer(UsageError):
+    """The script runs a verl tool that is not a trainer: the message names rlctl's command for its job."""
+_ASSIGN = re.compile(r"^(?:export\s+|local\s+|readonly\s+|declare\s+(?:-\w+\s+)?)?([A-Za-z_][A-Za-z0-9_]*)=(.*)$",
+                     re.DOTALL)   # a quoted value may run over lines
 _VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*|\d+)(?:(:?[-=])((?:[^{}]|\{[^{}]*\})*))?\}|\$([A-Za-z_][A-Za-z0-9_]*|\d)")
 _ARRAY_REF = re.compile(r'"?\$\{([A-Za-z_][A-Za-z0-9_]*)\[[@*]\]\}"?')
 _ARRAY_ASSIGN = re.compile(r"^(?:export\s+|local\s+|declare\s+(?:-\w+\s+)?)?([A-Za-z_][A-Za-z0-9_]*)(\+?)=\((.*)\)\s*$",
@@ -44,6 +67,12 @@ class Launch:
     unresolved: list[str] = field(default_factory=list)              # keys whose value needs a shell command
     options: list[str] = field(default_factory=list)                 # hydra's own flags (--config-name ...)
     entry: str = ""
+    added: set[str] = field(default_factory=set)                      # keys written `+key=value` (hydra's append)
+    launcher: list[str] = field(default_factory=list)                 # the words before the entry (torchrun ...)
+
+    @property
+    def sft(self) -> bool:
+        return bool(SFT_ENTRY.search(self.entry))
 
 
 def _arith(expr: str, variables: dict) -> str:
@@ -101,8 +130,29 @@ def expand(text: str, variables: dict, args: list[str]) -> str:
     return "".join(part if part.startswith("'") else _expand_part(part, variables, args) for part in parts)
 
 
+_ARGS_FROM = re.compile(r'"?\$\{[@*]:(\d+)(?::(\d+))?\}"?')
+_REPLACE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(//?)([^/{}]*)/([^{}]*)\}")
+
+
+def _replaced(m, variables: dict) -> str:
+    """`${VAR//from/to}` (every match) or `${VAR/from/to}` (the first), `from` taken literally."""
+    value = variables.get(m.group(1), os.environ.get(m.group(1), ""))
+    value = " ".join(value) if isinstance(value, list) else value
+    return value.replace(m.group(3), m.group(4), -1 if m.group(2) == "//" else 1) if m.group(3) else value
+
+
+def _args_from(m, args: list[str]) -> str:
+    """`${@:N}` / `${@:N:LEN}`: the script's arguments from $N on."""
+    start = max(int(m.group(1)) - 1, 0)
+    chosen = args[start:start + int(m.group(2))] if m.group(2) else args[start:]
+    return " ".join(shlex.quote(a) for a in chosen)
+
+
 def _expand_part(text: str, variables: dict, args: list[str]) -> str:
+    text = _ARGS_FROM.sub(lambda m: _args_from(m, args), text)
+    text = _REPLACE.sub(lambda m: _replaced(m, variables), text)
     text = text.replace('"$@"', " ".join(shlex.quote(a) for a in args)).replace("$@", " ".join(args))
+    text = re.sub(r"\$#(?![A-Za-z_{])", str(len(args)), text)   # the number of arguments
     text = text.replace("$*", " ".join(args))
     text = _arith_all(text, variables)
     text = _ARRAY_REF.sub(lambda m: _array_words(m, variables), text)
@@ -178,9 +228,14 @@ def _words(line: str) -> list[str]:
 
 
 def read_script(text: str, args: list[str], where: str) -> Launch:
-    """The overrides of the first verl trainer command in a shell script."""
+    """The overrides of the first verl trainer command in a shell script (NotATrainer when it runs
+    only another verl tool)."""
     variables: dict[str, str | list[str]] = {}
-    for line in logical_lines(text):
+    flow, other, said = Flow(lambda cond: split_words(expand(cond, variables, args))), None, ""
+    for logical in logical_lines(text):
+        line = flow.line(logical)
+        if not line:
+            continue
         line = _KEYWORDS.sub("", line).strip() if _KEYWORDS.match(line) else line
         array = _ARRAY_ASSIGN.match(line)
         if array:   # NAME=( words ) or NAME+=( words )
@@ -194,12 +249,27 @@ def read_script(text: str, args: list[str], where: str) -> Launch:
             if ENTRY_POINTS.search(line.split("#")[0]):
                 raise
             continue   # a line bash reads that shlex cannot (it sets nothing verl reads)
+        if words and words[0] == "shift":   # `shift 2`: $@ and $1 move on
+            args = args[int(words[1]) if len(words) > 1 and words[1].isdigit() else 1:]
+            continue
+        if words and words[0] == "echo":
+            said = " ".join(words[1:])
+        if words and words[0] == "exit" and words[1:2] not in ([], ["0"]) and flow.certain():
+            raise UsageError(f"{Path(where).name} stops before its trainer (`{' '.join(words)}`"
+                             + (f" after printing {said!r}" if said else "") + ")",
+                             hint="pass the arguments the script asks for after its path, as you would to bash.")
         at = next((i for i, w in enumerate(words) if " " not in w and ENTRY_POINTS.search(w)), None)
         if at is not None:
             rest = words[at + 1:]
             end = next((i for i, w in enumerate(rest) if _STOP.match(w)), len(rest))
-            return _launch(rest[:end], entry=words[at])
+            launch = _launch(rest[:end], entry=words[at])
+            launch.launcher = words[:at]
+            return launch
+        other = other or next((job for w in words for pattern, job in OTHER_TOOLS if pattern.search(w)), None)
         _assign(line, variables, args)
+    if other:
+        raise NotATrainer(f"{Path(where).name} runs no trainer: it runs {other}",
+                          hint="rlctl config from-verl converts verl's training launches (main_ppo, the SFT trainer).")
     raise UsageError(f"{where} runs no verl trainer (no `python3 -m verl.trainer.main_ppo ...` line)",
                      hint="pass the script that launches verl, or the key=value overrides themselves.")
 
@@ -229,12 +299,18 @@ def _launch(words: list[str], entry: str = "") -> Launch:
             launch.options[-1] += f" {word}"
             continue
         if word.startswith("-"):
-            launch.options.append(word)
+            launch.options.append(word.replace(UNRESOLVED, "$(...)"))
             continue
+        if not word.strip():
+            raise UsageError("the command has a word that is only whitespace (a backslash before a space, as in "
+                             "`\\  # comment`): bash passes it to verl, whose hydra refuses it too",
+                             hint="end the line with the backslash, and put the comment on a line of its own.")
         if "=" not in word:
             raise UsageError(f"{word!r} is not a verl override (key=value)",
                              hint="verl's trainer takes key=value words, e.g. data.train_batch_size=256.")
         key, value = word.split("=", 1)
+        if key.startswith("+") and not key.startswith("++"):
+            launch.added.add(key.lstrip("+"))
         key = key.lstrip("+~")   # hydra's append (+key) / force (++key) / delete (~key) marks
         if UNRESOLVED in value:
             launch.unresolved.append(key)

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 from support.cli import rlctl_here
 
+from rlctl.cli.config_cmd import known_algorithms
 from rlctl.config.from_verl import checked, convert, key_table, parse_value, to_toml
 from rlctl.config.verl_rules import RULES, SAME, VERL_DEFAULTS
 from rlctl.config.loader import LEAF_KEYS, load_config
@@ -19,7 +20,7 @@ DOCS = Path(__file__).parents[2] / "docs" / "verl.md"
 
 
 def _values(words, monkeypatch=None):
-    conversion = convert(read_launch([str(w) for w in words]))
+    conversion = convert(read_launch([str(w) for w in words]), known_algorithms())
     return checked(conversion), conversion
 
 
@@ -121,7 +122,7 @@ def test_command_writes_the_file_and_lists_what_it_skips(tmp_path, monkeypatch):
     out = tmp_path / "rlctl.toml"
     result = rlctl_here("config", "from-verl", FIXTURES / "run_dapo_math.sh", "--model", "models/x", "--out", out)
     assert result.returncode == 0, result.stderr
-    assert 'path = "models/x"  # --model' in out.read_text()
+    assert 'path = "models/x" # --model' in out.read_text()
     assert "does not honour" in result.stdout and "data.gen_batch_size" in result.stdout
     again = rlctl_here("config", "from-verl", "data.train_batch_size=8", "--out", out)
     assert again.returncode == 2 and "already exists" in again.stderr

@@ -22,6 +22,9 @@ def check_policy_loss(c: Config, ctx: CheckContext) -> list[Problem]:
     if c.actor.clip_ratio_high < c.actor.clip_ratio_low and loss.clip_higher:
         problems.append(Problem("actor.clip_ratio_high", "is below clip_ratio_low; DAPO's clip-higher uses "
                                                          "high >= low (e.g. 0.28 vs 0.2)", severity="warning"))
+    if c.actor.clip_ratio_low >= 1 and not loss.open_low:
+        problems.append(Problem("actor.clip_ratio_low", f"{c.actor.clip_ratio_low} must be < 1: policy_loss "
+                                f"\"{loss.name}\" clips the ratio below at 1 - low, which must stay above 0"))
     if c.algorithm.rollout_correction.bypass_mode:
         problems += _bypass_problems(c, loss)
     bad = params_problems_of("actor.loss_params", f"policy_loss {loss.name!r}", loss, c.actor.loss_params)
