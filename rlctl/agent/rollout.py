@@ -158,21 +158,23 @@ def failures(batch: Batch) -> list[str]:
 
 def score_episodes(batch: Batch, reward_runner) -> dict:
     """`scores` [R] from the episodes' rewards, by rollout.agent.reward: "agent" (the agent's own; a
-    failed episode 0), "scorer" (reward.function or the row's built-in on the last answer) or "sum".
-    Also acc, response_text (the answer) and the agent/* metrics."""
+    failed episode 0), "scorer" (reward.function or the row's built-in on the last answer, once per
+    episode) or "sum". Also acc, response_text (the answer) and the agent/* metrics."""
     mode = batch.meta["agent_reward_mode"]
     agent = np.nan_to_num(batch["agent_reward"].astype(np.float64), nan=0.0)
     answers = [str(a) for a in batch["agent_answer"]]
     metrics = dict(batch.meta.get("agent_metrics", {}))
     acc = None
     if mode in ("scorer", "sum"):
-        items = [{"data_source": ds, "solution_str": a, "ground_truth": gt, "extra_info": ei, "prompt_str": "",
-                  "messages": m} for ds, a, gt, ei, m in zip(batch["data_source"], answers, batch["ground_truth"],
-                                                             batch["extra_info"], batch["messages"])]
+        first, of_row = _episodes_of(batch)
+        items = [{"data_source": batch["data_source"][r], "solution_str": answers[r],
+                  "ground_truth": batch["ground_truth"][r], "extra_info": batch["extra_info"][r], "prompt_str": "",
+                  "messages": batch["messages"][r]} for r in first]
         result = reward_runner.score(items)
-        scored = np.where(batch["agent_failure"].astype(bool), 0.0, result.scores)
+        scored = np.where(batch["agent_failure"].astype(bool), 0.0, result.scores[of_row])
         scores = scored if mode == "scorer" else agent + scored
         acc = result.extras.get("acc")
+        acc = acc[of_row] if acc is not None else None
         metrics.update(result.metrics)
     else:
         scores = agent
@@ -180,3 +182,14 @@ def score_episodes(batch: Batch, reward_runner) -> dict:
     batch["acc"] = (np.nan_to_num(acc, nan=0.0) if acc is not None else (scores > 0)).astype(np.float32)
     batch["response_text"] = object_array(answers)
     return metrics
+
+
+def _episodes_of(batch: Batch) -> tuple[np.ndarray, np.ndarray]:
+    """(each episode's first row [E], each row's episode among them [R]; a padding row, which no mean or
+    group counts, takes the first episode's)."""
+    ids = batch["agent_episode"]
+    real = np.flatnonzero(ids >= 0)
+    _, first, inverse = np.unique(ids[real], return_index=True, return_inverse=True)
+    of_row = np.zeros(len(ids), dtype=np.int64)
+    of_row[real] = inverse
+    return real[first], of_row

@@ -15,7 +15,8 @@ import torch
 
 from .columns import COLUMNS, COMPONENTS, FLAG, RAW, SEQUENCE, TOKEN
 from .columns import column as column_of
-from .functional import group_index, group_sum, masked_sum, masked_whiten
+from .episodes import EpisodeFold
+from .functional import group_index, group_sum, masked_whiten, sequence_scores
 from .params import make_params, params_kwargs
 from .registry import AlgorithmError, get_estimator, register_estimator
 
@@ -24,7 +25,7 @@ def compute_advantages(name: str, *, token_level_rewards: torch.Tensor, response
                        group_ids=None, values: torch.Tensor | None = None,
                        reward_baselines: torch.Tensor | None = None, gamma: float = 1.0, lam: float = 1.0,
                        norm_adv_by_std: bool = True, epsilon: float = 1e-6, params: Mapping | None = None,
-                       **columns) -> tuple[torch.Tensor, torch.Tensor]:
+                       episode_ids=None, **columns) -> tuple[torch.Tensor, torch.Tensor]:
     """Run the estimator registered as `name`; returns (advantages, returns), [B, T] each, no grad.
 
     columns: batch columns by name (old_log_prob=..., reward_components={name: [B]}, ...); the
@@ -32,14 +33,18 @@ def compute_advantages(name: str, *, token_level_rewards: torch.Tensor, response
     rlctl.algorithms.columns (a [B, T] one zeroed on padding), and the others are ignored. values
     and reward_baselines are two such columns, named here for callers. params: its own parameters
     ([algorithm.params], checked against its dataclass). Computes in at least float32.
+
+    episode_ids [B]: rows with one id are one sample (an agent episode that became several rows): the
+    estimator sees each episode as one row, its rows one after another (rlctl.algorithms.episodes), so
+    it counts once in its group; a negative id marks a padding row (zeros). An episode with no valid
+    token (it made no model call) is a sample with nothing to train: its score sits on its first row's
+    first position (as scores_to_token_rewards puts it) and still counts in its group (sequence_scores).
     """
     spec = get_estimator(name)
     own = params_kwargs(make_params(f"advantage estimator {name!r}", spec.params, params))
     rewards = _as_matrix("token_level_rewards", token_level_rewards)
     dtype = torch.promote_types(rewards.dtype, torch.float32)
     valid = _mask_of(response_mask, rewards.shape)
-    mask = valid.to(dtype)
-    rewards = torch.where(valid, rewards.to(dtype), torch.zeros((), dtype=dtype, device=rewards.device))
     if unknown := [c for c in columns if c not in COLUMNS and c not in spec.reads]:
         raise AlgorithmError(f"estimator {name!r} was given {unknown}, which it does not read and which are not batch "
                              f"columns rlctl knows (rlctl.algorithms.COLUMNS)")
@@ -51,16 +56,52 @@ def compute_advantages(name: str, *, token_level_rewards: torch.Tensor, response
         inputs.update(_column_input(spec, column, given.get(column), valid, dtype, own))
     if spec.needs_group or group_ids is not None:
         group_ids = _group_ids(name, group_ids, rewards.shape[0])
+    fold = EpisodeFold.of(episode_ids, rewards.shape[0]) if episode_ids is not None else None
+    if fold is not None and fold.identity:
+        fold = None
+    if fold is not None:
+        if group_ids is not None:
+            fold.check_groups(group_ids)
+            group_ids = fold.rows(group_ids)
+        inputs = {k: _fold_input(fold, k, x, rewards.shape) for k, x in inputs.items()}
+        rewards, valid_in = fold.tokens(rewards), fold.tokens(valid)
+    else:
+        valid_in = valid
     with torch.no_grad():
-        advantages, returns = spec.fn(token_level_rewards=rewards, response_mask=mask, group_ids=group_ids,
-                                      gamma=gamma, lam=lam, norm_adv_by_std=norm_adv_by_std, epsilon=epsilon,
-                                      **{**own, **inputs})
+        advantages, returns = spec.fn(token_level_rewards=_scored(rewards, valid_in, dtype, episode_ids is not None),
+                                      response_mask=valid_in.to(dtype), group_ids=group_ids, gamma=gamma, lam=lam,
+                                      norm_adv_by_std=norm_adv_by_std, epsilon=epsilon, **{**own, **inputs})
     for what, out in (("advantages", advantages), ("returns", returns)):
         if not isinstance(out, torch.Tensor) or out.shape != rewards.shape:
             raise AlgorithmError(f"estimator {name!r} returned {what} that is not a [B, T] tensor of shape "
                                  f"{tuple(rewards.shape)}; fix the estimator")
-    zero = torch.zeros((), dtype=dtype, device=rewards.device)
+    if fold is not None:
+        advantages, returns = fold.unfold(advantages, valid.shape[1]), fold.unfold(returns, valid.shape[1])
+    zero = torch.zeros((), dtype=dtype, device=valid.device)
     return torch.where(valid, advantages, zero), torch.where(valid, returns, zero)
+
+
+def _scored(rewards: torch.Tensor, valid: torch.Tensor, dtype, episodes: bool) -> torch.Tensor:
+    """The rewards an estimator sees: those on valid tokens, zeros elsewhere; with episodes, an episode
+    without any valid token keeps the score on its first position (it counts in its group: sequence_scores)."""
+    kept = valid.clone()
+    if episodes:
+        kept[:, 0] |= ~valid.any(-1)
+    return torch.where(kept, rewards.to(dtype), torch.zeros((), dtype=dtype, device=rewards.device))
+
+
+def _fold_input(fold: EpisodeFold, column: str, x, shape):
+    """A column as the folded estimator receives it: a [B, T] one folded like the rewards, a per-row one
+    the episode's first row's (reward_components [K, B] along B)."""
+    if x is None:
+        return None
+    if column == "reward_components":
+        return fold.rows(x, dim=1)
+    if column_of(column).form == TOKEN:
+        return fold.tokens(x)
+    if column == "reward_weights":
+        return x
+    return fold.rows(x)
 
 
 def _column_input(spec, column: str, x, valid: torch.Tensor, dtype, own: dict) -> dict:
@@ -191,7 +232,7 @@ def grpo(*, token_level_rewards, response_mask, group_ids, norm_adv_by_std, epsi
     (A_i = R_i - mean_g R). A group of one uses verl's convention mean 0, std 1: A_i = R_i / (1 + eps)
     (R_i with Dr. GRPO) -- the raw score, not 0.
     """
-    scores = masked_sum(token_level_rewards, response_mask, dim=-1)               # [B]
+    scores = sequence_scores(token_level_rewards, response_mask)               # [B]
     adv = grpo_scores(scores, group_ids, norm_adv_by_std, epsilon).unsqueeze(-1) * response_mask
     return adv, adv
 
@@ -211,7 +252,7 @@ def grpo_scores(scores: torch.Tensor, group_ids, norm_adv_by_std: bool, epsilon:
 def rloo(*, token_level_rewards, response_mask, group_ids, **_):
     """RLOO: A_i = R_i - mean_{j != i} R_j = n/(n-1) (R_i - mean_g R), broadcast over tokens.
     A group of one has no other sample: A_i = R_i (verl's `rloo` convention)."""
-    scores = masked_sum(token_level_rewards, response_mask, dim=-1)
+    scores = sequence_scores(token_level_rewards, response_mask)
     mean, _, count = _group_stats(scores, group_ids)
     loo = (scores - mean) * count / (count - 1).clamp(min=1)
     adv = torch.where(count > 1, loo, scores).unsqueeze(-1) * response_mask
@@ -247,7 +288,7 @@ def reinforce_plus_plus(*, token_level_rewards, response_mask, gamma, **_):
 def reinforce_plus_plus_baseline(*, token_level_rewards, response_mask, group_ids, **_):
     """REINFORCE++-baseline: A_i = R_i - mean_g R broadcast over tokens, then whitened over all valid
     tokens of the batch. A group of one has baseline 0 (verl's convention); returns = advantages."""
-    scores = masked_sum(token_level_rewards, response_mask, dim=-1)
+    scores = sequence_scores(token_level_rewards, response_mask)
     mean, _, count = _group_stats(scores, group_ids)
     centred = scores - torch.where(count > 1, mean, torch.zeros_like(mean))
     adv = masked_whiten(centred.unsqueeze(-1) * response_mask, response_mask)

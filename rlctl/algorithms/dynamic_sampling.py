@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .episodes import member_rows
 from .functional import group_index
 from .registry import AlgorithmError
 
@@ -33,14 +34,16 @@ class GroupFilter:
         return len(self.dropped_groups)
 
 
-def filter_groups(group_ids, metric, *, band: tuple[float, float] | None = None, truncated=None) -> GroupFilter:
+def filter_groups(group_ids, metric, *, band: tuple[float, float] | None = None, truncated=None,
+                  episode_ids=None) -> GroupFilter:
     """Keep the groups whose per-sequence `metric` [B] has nonzero spread (population std > 0).
 
     As in verl's DAPO trainer, a group of one is always kept (it has no spread to measure) and a
     larger group whose metric holds NaN is dropped (NaN > 0 is false).
     band = (lo, hi): keep instead the groups whose mean metric lies in [lo, hi], both ends
     included as in verl's PRIME recipe (a NaN mean is outside). truncated: bool [B]; a group with
-    any truncated response is dropped as well (PRIME's filter_truncate).
+    any truncated response is dropped as well (PRIME's filter_truncate). episode_ids [B]: rows with one id
+    are one sample (an agent episode's rows, which share its metric): spread and mean are over episodes.
     """
     if band is not None and not band[0] <= band[1]:
         raise AlgorithmError(f"band must be (lo, hi) with lo <= hi, got {tuple(band)}")
@@ -49,12 +52,14 @@ def filter_groups(group_ids, metric, *, band: tuple[float, float] | None = None,
     ids = group_ids.tolist() if hasattr(group_ids, "tolist") else list(group_ids)
     index, n_groups = group_index(ids)
     index = index.numpy()
+    member = np.zeros(len(ids), dtype=bool)          # the rows that stand for the samples
+    member[member_rows(ids, episode_ids)] = True
     id_of: dict = {}                                  # dense group -> its id, first-seen order
     for g, gid in zip(index.tolist(), ids):
         id_of.setdefault(g, gid)
     keep_group = np.zeros(n_groups, dtype=bool)
     for g in range(n_groups):
-        members = values[index == g]
+        members = values[(index == g) & member]
         if band is not None:
             keep_group[g] = bool(band[0] <= members.mean() <= band[1])
         else:

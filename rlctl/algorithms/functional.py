@@ -21,6 +21,14 @@ def masked_sum(values: torch.Tensor, mask: torch.Tensor, dim=None) -> torch.Tens
     return kept.sum() if dim is None else kept.sum(dim=dim)
 
 
+def sequence_scores(token_level_rewards: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:
+    """R_i [B]: the sum of row i's rewards over its valid tokens. A row with no valid token (an agent
+    episode that made no model call: rewarded, nothing to train) scores the reward on its first
+    position, where scores_to_token_rewards puts it, so it still counts in its group."""
+    valid = _valid(response_mask)
+    return torch.where(valid.any(-1), masked_sum(token_level_rewards, valid, dim=-1), token_level_rewards[:, 0])
+
+
 def masked_count(mask: torch.Tensor, dim=None) -> torch.Tensor:
     valid = _valid(mask)
     return valid.sum() if dim is None else valid.sum(dim=dim)

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import torch
 
 from .advantages import _group_stats, grpo_scores
-from .functional import group_index, group_size, group_sum, masked_sum, masked_whiten
+from .functional import group_index, group_size, group_sum, masked_whiten, sequence_scores
 from .registry import AlgorithmError, register_estimator
 
 
@@ -22,7 +22,7 @@ def grpo_passk(*, token_level_rewards, response_mask, group_ids, norm_adv_by_std
     """Pass@k training (Chen et al. 2025, arXiv 2503.19595): only the best sample of each group
     learns, with A = R_max - R_second (divided by the group's unbiased std + eps when
     norm_adv_by_std); every other sample gets 0. Ties at the top give 0. Groups of one are an error."""
-    scores = masked_sum(token_level_rewards, response_mask, dim=-1)                 # [B]
+    scores = sequence_scores(token_level_rewards, response_mask)                 # [B]
     index, n_groups = group_index(group_ids)
     adv = torch.zeros_like(scores)
     for g in range(n_groups):
@@ -43,7 +43,7 @@ def opo(*, token_level_rewards, response_mask, group_ids, **_):
     """OPO (Hao et al. 2025, arXiv 2505.23585): the optimal baseline for on-policy updates,
     b_g = sum_i |y_i| R_i / sum_i |y_i| (length-weighted mean); A_i = R_i - b_g on every token.
     A group of one has baseline 0 (verl's convention)."""
-    scores = masked_sum(token_level_rewards, response_mask, dim=-1)
+    scores = sequence_scores(token_level_rewards, response_mask)
     lengths = response_mask.sum(-1)
     index, n_groups = group_index(group_ids, scores.device)
     count = group_size(index, n_groups)
@@ -57,7 +57,7 @@ def gpg(*, token_level_rewards, response_mask, group_ids, **_):
     """GPG (Chu et al. 2025, arXiv 2504.02546): A_i = alpha (R_i - mean_g R), alpha = B / (number of
     samples with a non-zero score, at least 1) corrects for groups that carry no gradient.
     A group of one has mean 0. (verl's f_norm is fixed at 1.)"""
-    scores = masked_sum(token_level_rewards, response_mask, dim=-1)
+    scores = sequence_scores(token_level_rewards, response_mask)
     mean, _, count = _group_stats(scores, group_ids)
     alpha = scores.shape[0] / torch.count_nonzero(scores).clamp(min=1).to(scores.dtype)
     adv = (alpha * (scores - torch.where(count > 1, mean, torch.zeros_like(mean)))).unsqueeze(-1) * response_mask
@@ -86,14 +86,13 @@ def gdpo(*, token_level_rewards, response_mask, group_ids, norm_adv_by_std, epsi
     component is the score itself (verl's fallback).
     """
     if reward_components is None:
-        components = [masked_sum(token_level_rewards, response_mask, dim=-1)]
+        components = [sequence_scores(token_level_rewards, response_mask)]
     else:
         components = list(reward_components)
     weights = reward_weights if reward_weights is not None and len(reward_weights) else torch.ones(len(components))
     mixed = torch.zeros_like(token_level_rewards)
-    has_tokens = response_mask.sum(-1) > 0   # a row without tokens scores 0 in its group, as in verl
-    for w, component in zip(weights, components):
-        scores = torch.where(has_tokens, component.to(token_level_rewards.dtype), 0.0)
+    for w, component in zip(weights, components):   # a sample without tokens (no model call) counts too
+        scores = component.to(token_level_rewards.dtype)
         mixed = mixed + w * (grpo_scores(scores, group_ids, norm_adv_by_std, epsilon).unsqueeze(-1) * response_mask)
     adv = masked_whiten(mixed, response_mask) * response_mask
     return adv, adv

@@ -15,7 +15,8 @@ from dataclasses import dataclass
 
 import torch
 
-from .functional import _valid, group_index, group_size, group_sum, masked_mean, masked_sum, masked_whiten
+from .functional import (_valid, group_index, group_size, group_sum, masked_mean, masked_sum, masked_whiten,
+                         sequence_scores)
 from .registry import AlgorithmError, register_estimator
 
 PRM_UPDATES = ("before", "after", "none")   # train the PRM, then score / score, then train / never train
@@ -95,10 +96,10 @@ def prime_terms(*, token_level_rewards, response_mask, group_ids, rm_scores, rew
     """(outcome term, process term), [B, T] each, before the reverse cumsum: the outcome reward R_i
     (the row's summed token-level reward) RLOO'd on its last token x reward_gt_coef, and the PRM's
     process rewards RLOO'd on every token x reward_dpo_coef."""
-    outcome = masked_sum(token_level_rewards, response_mask, dim=-1)
+    outcome = sequence_scores(token_level_rewards, response_mask).unsqueeze(-1)   # [B, 1]
+    loo = masked_rloo(outcome, torch.ones_like(outcome, dtype=torch.bool), group_ids)   # every sample, tokens or not
     last = last_token_mask(response_mask)
-    outcome_tokens = torch.where(last, outcome.unsqueeze(-1), torch.zeros_like(token_level_rewards))
-    gt = masked_rloo(outcome_tokens, last, group_ids) * reward_gt_coef
+    gt = torch.where(last, loo, torch.zeros_like(token_level_rewards)) * reward_gt_coef
     dpo = masked_rloo(rm_scores.to(token_level_rewards.dtype), response_mask, group_ids) * reward_dpo_coef
     return gt, dpo
 

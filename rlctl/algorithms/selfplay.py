@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 
 from .aggregation import aggregate_loss
-from .functional import group_index, group_size, masked_sum
+from .functional import group_index, group_size, masked_sum, sequence_scores
 from .registry import AlgorithmError, register_estimator, register_policy_loss
 
 
@@ -105,7 +105,7 @@ def win_rates(scores: torch.Tensor, group_ids) -> torch.Tensor:
 def sppo_advantages(*, token_level_rewards, response_mask, group_ids, **_):
     """SPPO's target without eta: P_hat(y > pi_t) - 1/2 on every response token (the sppo policy loss
     multiplies by its sppo_eta). Groups of one have win rate 1/2 against themselves: target 0."""
-    scores = masked_sum(token_level_rewards, response_mask, dim=-1)
+    scores = sequence_scores(token_level_rewards, response_mask)
     index, n_groups = group_index(group_ids, scores.device)
     if bool((group_size(index, n_groups) < 2).any()):
         raise AlgorithmError("sppo estimates win rates within a prompt's samples: set rollout.n >= 2")

@@ -15,8 +15,10 @@ def scores_to_token_rewards(scores, response_mask: torch.Tensor) -> torch.Tensor
     """Put each sequence's score on its last valid response token: [B] -> [B, T] (float32 or wider).
 
     An outcome reward belongs to the whole response, and the last token is where every estimator
-    (GAE, REINFORCE++, ReMax, GRPO's row sum) expects it. A row with no valid token gets no reward
-    (verl would write it to the last padding position). Add KL afterwards with apply_kl_in_reward.
+    (GAE, REINFORCE++, ReMax, GRPO's row sum) expects it. A row with no valid token (an agent episode
+    that made no model call) gets it on its first position, where compute_advantages with episode_ids
+    counts it in its group and nothing trains on it (verl writes it to the last padding position).
+    Add KL afterwards with apply_kl_in_reward.
     """
     valid = response_mask if response_mask.dtype == torch.bool else response_mask != 0
     scores = torch.as_tensor(scores, device=response_mask.device)
@@ -26,6 +28,7 @@ def scores_to_token_rewards(scores, response_mask: torch.Tensor) -> torch.Tensor
     dtype = torch.promote_types(scores.dtype, torch.float32)
     seen = valid.long().cumsum(-1)
     last = valid & (seen == seen[:, -1:])             # the valid position after which no valid one follows
+    last[:, 0] |= seen[:, -1] == 0                    # no valid position: the first
     return torch.where(last, scores.to(dtype).unsqueeze(-1), torch.zeros((), dtype=dtype, device=valid.device))
 
 

@@ -60,6 +60,9 @@ def compute_advantages(batch: Batch, config: Config, kl_ctrl) -> dict:
     """Add token_level_rewards, advantages and returns to `batch`; return metrics."""
     mask = torch.from_numpy(batch["response_mask"].astype(np.float32))
     scores, metrics = shaped_scores(batch, config)
+    episodes = batch["agent_episode"] if "agent_episode" in batch else None   # agent rollouts: groups of episodes
+    if episodes is not None:
+        scores = on_last_rows(scores, episodes)
     rewards = algorithms.scores_to_token_rewards(torch.from_numpy(scores), mask).float()
     algo = config.algorithm
     if algo.kl_in_reward:
@@ -72,7 +75,7 @@ def compute_advantages(batch: Batch, config: Config, kl_ctrl) -> dict:
     advantages, returns = algorithms.compute_advantages(
         algo.name, token_level_rewards=rewards, response_mask=mask, group_ids=batch["uid"].tolist(),
         gamma=algo.gamma, lam=algo.lam, norm_adv_by_std=algo.norm_adv_by_std, params=algo.params,
-        **read_columns(batch, algorithms.get_estimator(algo.name).reads))
+        episode_ids=episodes, **read_columns(batch, algorithms.get_estimator(algo.name).reads))
     batch["token_level_rewards"] = rewards.numpy().astype(np.float32)
     batch["advantages"] = advantages.float().numpy()
     batch["returns"] = returns.float().numpy()
@@ -89,6 +92,15 @@ def compute_advantages(batch: Batch, config: Config, kl_ctrl) -> dict:
                     "critic/advantages/min": float(advantages[valid].min()) if valid.any() else 0.0,
                     "critic/returns/mean": float(returns[valid].mean()) if valid.any() else 0.0})
     return metrics
+
+
+def on_last_rows(scores: np.ndarray, episodes: np.ndarray) -> np.ndarray:
+    """Each agent episode's score on its last row only, 0 on its others: compute_advantages folds an
+    episode's rows into one (rlctl.algorithms.episodes), where the outcome must count once, at the end."""
+    last = {int(e): row for row, e in enumerate(episodes.tolist())}
+    keep = np.zeros(len(scores), dtype=bool)
+    keep[list(last.values())] = True
+    return np.where(keep, scores, 0.0)
 
 
 def read_columns(batch: Batch, reads) -> dict:

@@ -86,6 +86,17 @@ def score(batch: Batch, reward_runner, tokenizer, components: tuple = ()) -> dic
     return dict(result.metrics)
 
 
+def episode_rows(batch: Batch) -> np.ndarray:
+    """The rows that stand for a rollout's samples, one each: every row, or with agent programs each
+    episode's first row (an episode may span several rows, all with its reward; padding rows are none).
+    Means over samples (reward/mean, acc, validation) take these rows."""
+    if "agent_episode" not in batch:
+        return np.arange(len(batch))
+    ids = batch["agent_episode"]
+    first = np.sort(np.unique(ids, return_index=True)[1])
+    return first[ids[first] >= 0]
+
+
 def reward_component_keys(config) -> tuple[str, ...]:
     """The reward components the estimator mixes (its params' reward_keys when it reads
     reward_components), which score() stores as reward_component/<name> columns."""
@@ -151,7 +162,8 @@ def sampling_filter(batch: Batch, ds) -> algorithms.GroupFilter:
     metric = batch["acc"] if ds.metric == "acc" else batch["scores"]
     band = (ds.accuracy_lower_bound, ds.accuracy_upper_bound) if ds.filter_accuracy else None
     return algorithms.filter_groups(batch["uid"].tolist(), metric, band=band,
-                                    truncated=batch["truncated"] if ds.filter_truncate else None)
+                                    truncated=batch["truncated"] if ds.filter_truncate else None,
+                                    episode_ids=batch["agent_episode"] if "agent_episode" in batch else None)
 
 
 def align_prompt_width(batches: list[Batch], pad_token_id: int) -> list[Batch]:

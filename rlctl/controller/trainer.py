@@ -193,6 +193,7 @@ class Trainer:
             part = rollout.generate(setup.actor, rows, seed=setup.seed_for(step, -1 - i), tag=f"val{step}.{i}",
                                     pad_token_id=setup.pad_token_id, mode="val")
             rollout.score(part, setup.reward, setup.tokenizer)
+            part = part.select(rollout.episode_rows(part))   # one row per sample (agent episode)
             parts.append(part.select_keys([k for k in ("data_source", "scores", "acc", "response_length", "uid")
                                            if k in part]))
         out = validation_metrics(parts)
@@ -206,8 +207,7 @@ class Trainer:
         generated = float(mask.sum())
         prompt_tokens = float(batch["attention_mask"][:, :batch["prompts"].shape[1]].sum())
         return {
-            "reward/mean": float(batch["scores"].mean()), "reward/std": float(batch["scores"].std()),
-            "reward/acc": float(batch["acc"].mean()),
+            **reward_metrics(batch),
             "response_length/mean": float(lengths.mean()), "response_length/max": float(lengths.max()),
             "response_length/clip_ratio": float((lengths >= self.config.data.max_response_length).mean()),
             "prompt_length/mean": prompt_tokens / len(batch),
@@ -225,6 +225,15 @@ class Trainer:
             raise NumericalError(f"non-finite loss or gradients in {self.bad_steps} steps in a row (last: step "
                                  f"{step}); the weights were left unchanged",
                                  hint="lower actor.lr, set actor.grad_clip, or use model.dtype = \"float32\".")
+
+
+def reward_metrics(batch) -> dict:
+    """reward/mean, reward/std and reward/acc over the rollout's samples: an agent episode counts once,
+    however many rows it became (rlctl.controller.rollout.episode_rows)."""
+    samples = rollout.episode_rows(batch)
+    scores = batch["scores"][samples]
+    return {"reward/mean": float(scores.mean()), "reward/std": float(scores.std()),
+            "reward/acc": float(batch["acc"][samples].mean())}
 
 
 def with_mini_batches(batch, role: str, config, group):

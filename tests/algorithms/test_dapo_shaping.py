@@ -9,10 +9,10 @@ import torch
 from rlctl.algorithms import AlgorithmError, filter_groups, overlong_penalty, scores_to_token_rewards
 
 
-def test_scores_land_on_the_last_valid_token():
+def test_scores_land_on_the_last_valid_token_or_the_first_of_a_row_without_any():
     mask = torch.tensor([[1, 1, 0, 0], [1, 1, 1, 1], [0, 0, 0, 0], [1, 0, 1, 0]])
     out = scores_to_token_rewards([1.0, 2.0, 3.0, 4.0], mask)
-    expected = torch.tensor([[0, 1.0, 0, 0], [0, 0, 0, 2.0], [0, 0, 0, 0], [0, 0, 4.0, 0]])
+    expected = torch.tensor([[0, 1.0, 0, 0], [0, 0, 0, 2.0], [3.0, 0, 0, 0], [0, 0, 4.0, 0]])
     assert out.dtype == torch.float32 and torch.equal(out, expected)
     out64 = scores_to_token_rewards(torch.tensor([1.0, 2.0, 3.0, 4.0], dtype=torch.float64), mask.bool())
     assert out64.dtype == torch.float64 and torch.equal(out64, expected.double())

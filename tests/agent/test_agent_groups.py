@@ -1,0 +1,67 @@
+"""Groups are episodes, through the controller: agent episodes as episode_batch makes them rows, scored by
+score_episodes, advantages by the controller's compute_advantages, reward metrics by the trainer's.
+Plain data, hand-computed cases (the issue's numbers)."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import numpy as np
+
+from rlctl.agent.episodes import Call, Episode
+from rlctl.agent.rollout import agent_metrics, episode_batch, pad_rows, score_episodes
+from rlctl.config.schema import Config
+from rlctl.controller.advantage import compute_advantages
+from rlctl.controller.trainer import reward_metrics
+from rlctl.runtime.batch import Batch, object_array
+
+
+def played(index: int, reward: float, calls: list[tuple[list[int], list[int]]]) -> Episode:
+    ep = Episode(index=index, row={})
+    for prompt, completion in calls:
+        ep.record(Call(prompt, completion, [-0.5] * len(completion), "stop", merged=ep.continues(prompt)))
+    ep.reward = reward
+    return ep
+
+
+def rows_of(episodes: list[Episode], n: int, pad_to: int = 1) -> Batch:
+    prompts = Batch({"input_ids": np.array([[0, 5, 6]]), "attention_mask": np.array([[0, 1, 1]]),
+                     "uid": object_array(["u0"]), "data_source": object_array(["d"]),
+                     "ground_truth": object_array(["4"]), "extra_info": object_array([{}]),
+                     "messages": object_array([[]])})
+    out = pad_rows(episode_batch(prompts, episodes, n, width=4, response_width=6, pad=0, log_probs=False), pad_to)
+    out.meta.update(agent_reward_mode="agent", agent_metrics=agent_metrics(episodes))
+    score_episodes(out, reward_runner=None)
+    return out
+
+
+def grpo() -> Config:
+    base = Config()
+    return dataclasses.replace(base, algorithm=dataclasses.replace(base.algorithm, name="grpo", norm_adv_by_std=True))
+
+
+def test_an_episode_split_into_three_rows_counts_once():
+    won = played(0, 1.0, [([5, 6], [1, 2])])
+    lost = played(1, 0.0, [([5, 6], [1]), ([9], [2]), ([8, 8], [3, 4])])    # history rewritten twice: 3 rows
+    batch = rows_of([won, lost], 2, pad_to=8)                                # + 4 padding rows
+    assert batch["agent_episode"].tolist() == [0, 1, 1, 1, -1, -1, -1, -1]
+    compute_advantages(batch, grpo(), None)
+    adv, mask = batch["advantages"], batch["response_mask"] > 0
+    assert np.allclose(adv[0][mask[0]], 1 / math.sqrt(2), atol=1e-5)
+    for r in (1, 2, 3):
+        assert np.allclose(adv[r][mask[r]], -1 / math.sqrt(2), atol=1e-5)
+    assert not adv[4:].any()
+    assert reward_metrics(batch) == {"reward/mean": 0.5, "reward/std": 0.5, "reward/acc": 0.5}
+
+
+def test_episodes_that_made_no_call_count_in_their_group():
+    # (1, 1, 0, 0): the 1s answered without calling the model (one row each, nothing to train)
+    episodes = [played(0, 1.0, []), played(1, 1.0, []), played(2, 0.0, [([5, 6], [1, 2])]),
+                played(3, 0.0, [([5, 6], [3])])]
+    batch = rows_of(episodes, 4)
+    assert batch["response_mask"][:2].sum() == 0
+    compute_advantages(batch, grpo(), None)
+    adv, mask = batch["advantages"], batch["response_mask"] > 0
+    assert np.allclose(adv[mask], -0.5 / math.sqrt(1 / 3), atol=1e-5)     # -0.866 on every calling token
+    assert reward_metrics(batch)["reward/mean"] == 0.5
