@@ -22,7 +22,7 @@ import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-from rlctl.api import protocol
+from rlctl.api import lora_routes, protocol
 from rlctl.api.deadline import DeadlineReader
 from rlctl.api.requests import Request, ServingEngine
 from rlctl.api.prompt_logprobs import prompt_logprobs, requested_k
@@ -99,6 +99,7 @@ class _Handler(BaseHTTPRequestHandler):
     received = 0  # bytes read from the client for the current request
     responded = False  # a status line went out for the current request
     tag = ""  # who the request is from, by its path (OpenAIServer.scope)
+    adapter = ""  # the LoRA adapter the request's `model` named ("" = the base model)
 
     def setup(self):
         super().setup()
@@ -192,28 +193,27 @@ class _Handler(BaseHTTPRequestHandler):
             self._only(method, "POST")   # vLLM's token endpoint: token ids in, token ids and log-probs out
             self._send_json(200, self.server.engine.generate_ids(self._read_json(), self.tag))
             return
-        if path == "/v1/models":
+        if path == "/v1/models" or path.startswith("/v1/models/"):   # the base model and its LoRA adapters
             self._only(method, "GET")
-            self._send_json(200, {"object": "list", "data": [self._model_card()]})
+            self._send_json(200, lora_routes.models_answer(self.server, self._model_card(), path))
             return
-        if path.startswith("/v1/models/"):
-            self._only(method, "GET")
-            name = path[len("/v1/models/"):]
-            if name != self.server.model_name:
-                raise APIError(404, f"The model '{name}' does not exist", code="model_not_found")
-            self._send_json(200, self._model_card())
+        if path in lora_routes.ROUTES:   # vLLM's /v1/load_lora_adapter, /v1/unload_lora_adapter
+            self._only(method, "POST")
+            self._send_json(200, lora_routes.handle(self.server.engine, path, self._read_json()),
+                            content_type="text/plain; charset=utf-8")
             return
         if path in ("/v1/chat/completions", "/v1/completions"):
             self._only(method, "POST")
             body = self._read_json()
-            if not self.server.any_model:
-                protocol.check_model(body, self.server.model_name)
+            self.adapter = "" if self.server.any_model else lora_routes.adapter_of(body, self.server)
             engine, max_n = self.server.engine, self.server.engine.max_rows
             parsed = (protocol.parse_chat(body, engine, max_n) if path.endswith("chat/completions")
                       else protocol.parse_completion(body, engine, max_n))
             k = requested_k(body, self.server.prompt_logprobs) if parsed.kind == "completion" else 0
             if k and parsed.stream:
                 raise APIError(400, "'prompt_logprobs' is answered only without 'stream'", param="prompt_logprobs")
+            if k and self.adapter:
+                raise APIError(400, "'prompt_logprobs' is answered for the base model only", param="prompt_logprobs")
             if k:
                 parsed.prompt_logprobs = [prompt_logprobs(engine, p, k) for p in parsed.prompts
                                           for _ in range(parsed.params.n)]
@@ -273,11 +273,12 @@ class _Handler(BaseHTTPRequestHandler):
         return {"id": self.server.model_name, "object": "model", "created": self.server.created,
                 "owned_by": "rlctl", "max_model_len": self.server.engine.context_length}
 
-    def _send_json(self, status: int, body: dict, *, close: bool = False) -> None:
-        data = json.dumps(body).encode()
+    def _send_json(self, status: int, body: dict | str, *, close: bool = False,
+                   content_type: str = "application/json") -> None:
+        data = body.encode() if isinstance(body, str) else json.dumps(body).encode()
         try:
             self.send_response(status)
-            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Type", content_type)
             self.send_header("Content-Length", str(len(data)))
             if close:
                 self.send_header("Connection", "close")
@@ -292,7 +293,7 @@ class _Handler(BaseHTTPRequestHandler):
         events: queue.Queue = queue.Queue()
         n = parsed.params.n
         visions = parsed.visions or [None] * len(parsed.prompts)
-        requests = [Request(p, parsed.params, events, index_base=i * n, vision=v, tag=self.tag)
+        requests = [Request(p, parsed.params, events, index_base=i * n, vision=v, tag=self.tag, adapter=self.adapter)
                     for i, (p, v) in enumerate(zip(parsed.prompts, visions))]
         self.server.track(+1)
         try:
@@ -339,11 +340,11 @@ class _Handler(BaseHTTPRequestHandler):
             finish[ev.index] = ev.finish_reason
         use = protocol.usage(sum(len(r.prompt_ids) for r in requests), sum(tokens))
         rid = protocol.new_id(parsed.kind)
-        self._send_json(200, protocol.response(parsed.kind, rid, self.server.model_name,
+        self._send_json(200, protocol.response(parsed.kind, rid, self.adapter or self.server.model_name,
                                                list(zip(texts, finish)), use, parsed.tools, parsed.prompt_logprobs))
 
     def _stream(self, parsed, requests, events) -> None:
-        kind, model, rid = parsed.kind, self.server.model_name, protocol.new_id(parsed.kind)
+        kind, model, rid = parsed.kind, self.adapter or self.server.model_name, protocol.new_id(parsed.kind)
         total = len(requests) * parsed.params.n
         self.send_response(200)
         self.send_header("Content-Type", "text/event-stream")
@@ -374,7 +375,7 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _stream_tools(self, stream: ToolCallStream, rid: str, ev) -> None:
         """Content while no call has started; at the end the held-back rest, as tool_calls or content."""
-        model = self.server.model_name
+        model = self.adapter or self.server.model_name
         text = stream.push(ev.text)
         if ev.finish_reason is None:
             if text:

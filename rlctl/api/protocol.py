@@ -54,15 +54,6 @@ def _in_range(key: str, value, lo, hi) -> None:
         raise APIError(400, f"'{key}' must be between {lo} and {hi}, got {value}", param=key)
 
 
-def check_model(body: dict, served_name: str) -> None:
-    model = _field(body, "model", (str,), nullable=False) if "model" in body else None
-    if model is None:
-        raise APIError(400, "'model' is required", param="model")
-    if model != served_name:
-        raise APIError(404, f"The model '{model}' does not exist; this server serves '{served_name}'",
-                       param="model", code="model_not_found")
-
-
 def _refuse_unsupported(body: dict) -> None:
     """Fields whose meaning we cannot honour: better a clear 400 than a silently different answer."""
     for key in ("logprobs", "top_logprobs", "echo", "suffix", "functions", "logit_bias"):

@@ -45,6 +45,7 @@ class Request:
     index_base: int = 0  # choice index of this request's first row (batched completion prompts)
     vision: dict | None = None  # a VLM prompt's image arrays (rlctl.models.vision.encode_prompt)
     tag: str = ""  # the caller its path named (OpenAIServer.scope): the agent endpoint's episode
+    adapter: str = ""  # the LoRA adapter the request's `model` named ("" = the base model)
     cancelled: threading.Event = field(default_factory=threading.Event)
 
     def cancel(self) -> None:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
+from typing import List, Optional
 
 import typer
 
@@ -35,39 +35,59 @@ def serve(
                                              "many top tokens, e.g. for a distillation teacher (0 = refuse)."),
     allow_remote_images: bool = flag("--allow-remote-images",
                                      help="hf: fetch http(s) image_url parts (default: data: URLs only)."),
+    lora: Optional[List[str]] = typer.Option(None, "--lora", help="NAME=DIR: serve the PEFT LoRA adapter in DIR "
+                                             "as model NAME (repeatable; hf and vllm)."),
+    max_loras: Optional[int] = typer.Option(None, min=1, help="LoRA adapters held at once, incl. ones loaded at "
+                                            "run time with /v1/load_lora_adapter (default: 4, or the --lora count)."),
+    max_lora_rank: Optional[int] = typer.Option(None, min=1, help="Largest adapter rank (default: the largest "
+                                                "--lora rank, at least 16; vllm: one of its allowed ranks)."),
 ) -> None:
     """Serve a model over an OpenAI-compatible HTTP API (/v1/chat/completions, /v1/completions).
 
-    Words after `--` go to the vllm/sglang server unchanged.
+    Words after `--` go to the vllm/sglang server unchanged. A request's `model` picks the base model or
+    a LoRA adapter; a LoRA run folder serves its base model with the run's adapter under the run's name.
 
     Example: rlctl serve runs/grpo/merged --port 8000 --api-key secret
-    """
-    from rlctl.errors import UsageError
-    from rlctl.serve.external import LaunchSpec, build_command, engine_env, gpu_count, pick_engine, run_child
-    from rlctl.serve.server import check_bind, serve_builtin
-    from rlctl.serve.source import DTYPES, model_folder
 
-    if dtype not in DTYPES:
-        raise UsageError(f"--dtype {dtype!r} is not one of {', '.join(DTYPES)}")
+    Example: rlctl serve models/smollm2 --lora sql=adapters/sql --lora chat=adapters/chat
+    """
+    from rlctl.serve.adapters import lora_plan
+    from rlctl.serve.external import LaunchSpec, gpu_count, run_external
+    from rlctl.serve.server import check_bind, serve_builtin
+    from rlctl.serve.source import serve_source
+
+    chosen = _engine_for(engine, dtype, ctx.args, tensor_parallel_size)
     check_bind(host, api_key, insecure)
-    chosen = pick_engine(engine, tensor_parallel_size=tensor_parallel_size)
-    if chosen == "hf" and ctx.args:
-        raise UsageError(f"extra arguments {' '.join(ctx.args)} only apply to --engine vllm or sglang")
-    if chosen == "hf" and tensor_parallel_size > 1:
-        raise UsageError("--tensor-parallel-size > 1 needs --engine vllm or sglang")
-    name = served_model_name or model.resolve().name
-    with model_folder(model, step) as folder:
+    with serve_source(model, step, served_model_name) as (folder, name, run_adapter):
+        plan = lora_plan(chosen, lora or [], Path(folder), name, run_adapter=run_adapter, max_loras=max_loras,
+                         max_rank=max_lora_rank)
         if chosen == "hf":
             code = serve_builtin(folder, host=host, port=port, model_name=name, api_key=api_key,
                                  max_concurrency=max_concurrency, dtype=dtype, prompt_logprobs=prompt_logprobs,
                                  limits={"max_body_bytes": max_body_bytes, "read_timeout_s": read_timeout_s},
-                                 allow_remote_images=allow_remote_images)
+                                 allow_remote_images=allow_remote_images, lora=plan)
         else:
             spec = LaunchSpec(str(folder), host, port, name, api_key, tensor_parallel_size, dtype, max_concurrency,
                               cpu=gpu_count() == 0)
-            code = run_child(build_command(chosen, spec, tuple(ctx.args)), env=engine_env(chosen, folder))
+            code = run_external(chosen, spec, folder, tuple(ctx.args), plan)
     if code:
         raise typer.Exit(code)
+
+
+def _engine_for(engine: str, dtype: str, extra: list[str], tensor_parallel_size: int) -> str:
+    """The engine `serve` runs, once --dtype and the engine's own options make sense for it."""
+    from rlctl.errors import UsageError
+    from rlctl.serve.external import pick_engine
+    from rlctl.serve.source import DTYPES
+
+    if dtype not in DTYPES:
+        raise UsageError(f"--dtype {dtype!r} is not one of {', '.join(DTYPES)}")
+    chosen = pick_engine(engine, tensor_parallel_size=tensor_parallel_size)
+    if chosen == "hf" and extra:
+        raise UsageError(f"extra arguments {' '.join(extra)} only apply to --engine vllm or sglang")
+    if chosen == "hf" and tensor_parallel_size > 1:
+        raise UsageError("--tensor-parallel-size > 1 needs --engine vllm or sglang")
+    return chosen
 
 
 def eval_cmd(

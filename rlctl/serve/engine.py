@@ -4,15 +4,23 @@ Requests are queued by HTTP threads; one scheduler thread owns the model. Each l
 waiting requests (all n choices of a request together, while the batch has room), prefills them
 in one forward, appends them to the running decode batch, then runs one decode step for every
 row. Finished or cancelled rows leave at once, so a long request never holds a short one back.
+
+With LoRA adapters (rlctl.serve.adapters), each row carries its adapter's slot and one step
+decodes rows of every adapter together (rlctl.models.lora_slots: one gathered LoRA matmul per
+layer); loading and unloading run on the scheduler thread between steps (`_call`).
 """
 
 from __future__ import annotations
 
 import collections
+import concurrent.futures
+import contextlib
 import logging
 import threading
 from dataclasses import dataclass
+from pathlib import Path
 
+from rlctl.api.api_error import APIError
 from rlctl.api.requests import Event, Request
 from rlctl.api.textstream import TextStream
 
@@ -26,6 +34,7 @@ class _Row:
     stream: TextStream
     generator: object  # torch.Generator | None
     matcher: object = None  # xgrammar.GrammarMatcher of a request decoded under a grammar, else None
+    slot: int = 0  # LoRA adapter slot (0 = the base model)
     tokens: int = 0
     last_token: int = -1
     done: bool = False
@@ -40,12 +49,14 @@ class Engine:
     """Owns model + tokenizer; `submit` is thread-safe, generation happens on the scheduler thread."""
 
     def __init__(self, model, tokenizer, *, max_rows: int = 32, max_waiting: int = 1024, processor=None,
-                 allow_remote_images: bool = False):
+                 allow_remote_images: bool = False, adapters=None):
         import torch
 
         from rlctl.workers.compute.vision import config_placeholder_ids
 
         self.model, self.tokenizer = model, tokenizer
+        self.adapters = adapters  # rlctl.serve.adapters.ServedAdapters, or None: no LoRA
+        self._calls: collections.deque = collections.deque()  # (fn, future) to run between steps
         # a vision-language model's processor (None: text only); remote image URLs fetched or refused
         self.processor, self.allow_remote_images = processor, allow_remote_images
         self.banned = config_placeholder_ids(model.config) if processor is not None else []
@@ -98,6 +109,35 @@ class Engine:
             self._cond.notify()
         return True
 
+    def load_adapter(self, name: str, folder: str, replace: bool = False) -> None:
+        """Read and check the adapter here (file I/O), then put it in a slot between two steps."""
+        from rlctl.errors import DataError
+
+        try:
+            adapter = self.adapters.read(name, folder)
+        except DataError as e:
+            missing = not Path(folder).is_dir()   # vLLM's LoRAAdapterNotFoundError is a 404 too
+            raise APIError(404 if missing else 400, e.message, code="adapter_not_found" if missing else None) from None
+        self._call(lambda: self.adapters.add(adapter, self._busy_slots(), replace))
+
+    def unload_adapter(self, name: str) -> None:
+        self._call(lambda: self.adapters.remove(name))
+
+    def _call(self, fn):
+        """Run fn on the scheduler thread between two steps; its result, or its exception re-raised."""
+        future: concurrent.futures.Future = concurrent.futures.Future()
+        with self._cond:
+            if self._stopping:
+                raise APIError(503, "the server is shutting down", type="server_error")
+            self._calls.append((fn, future))
+            self._cond.notify()
+        return future.result()
+
+    def _busy_slots(self) -> set[int]:
+        held = {r.slot for r in self._rows}
+        held.update(self.adapters.slot_of(r.adapter) or 0 for r in self._waiting)
+        return held - {0}
+
     @property
     def stopping(self) -> bool:
         return self._stopping
@@ -128,16 +168,27 @@ class Engine:
     def _loop(self) -> None:
         while True:
             with self._cond:
-                while not self._waiting and not self._rows and not self._stopping:
+                while not self._waiting and not self._rows and not self._stopping and not self._calls:
                     self._cond.wait()
+                self._run_calls()
                 if self._stopping and not self._rows:
                     return
                 admitted = self._admit()
+                if not admitted and not self._rows:   # woken only for a load or unload
+                    continue
             try:
                 self._step(admitted)
             except Exception as e:  # a model failure must not kill the server: fail those requests
                 log.exception("generation failed")
                 self._fail_all(admitted, f"generation failed: {type(e).__name__}: {e}")
+
+    def _run_calls(self) -> None:
+        while self._calls:
+            fn, future = self._calls.popleft()
+            try:
+                future.set_result(fn())
+            except BaseException as e:  # noqa: BLE001 - handed to the caller's thread
+                future.set_exception(e)
 
     def _admit(self) -> list[Request]:
         admitted, room = [], self.max_rows - len(self._rows)
@@ -148,6 +199,10 @@ class Engine:
                 continue
             if request.params.n > room:
                 break
+            if request.adapter and self.adapters.slot_of(request.adapter) is None:   # unloaded while queued
+                _abort(self._waiting.popleft(), f"the LoRA adapter '{request.adapter}' was unloaded "
+                                                "before this request started", 404)
+                continue
             admitted.append(self._waiting.popleft())
             room -= request.params.n
         return admitted
@@ -160,16 +215,19 @@ class Engine:
         logits = None
         if self._rows:
             last = torch.tensor([r.last_token for r in self._rows], dtype=torch.long)
-            logits = self._batch.decode(self.model, last)
+            with self._lora_rows([r.slot for r in self._rows]):
+                logits = self._batch.decode(self.model, last)
         if admitted:
             # Prefill each prompt once, then copy its KV rows for the request's n choices.
-            new_batch, new_logits = DecodeBatch.prefill(self.model, [r.prompt_ids for r in admitted], self.pad_id,
-                                                        [r.vision for r in admitted])
+            slots = [self.adapters.slot_of(r.adapter) if r.adapter else 0 for r in admitted]
+            with self._lora_rows(slots):
+                new_batch, new_logits = DecodeBatch.prefill(self.model, [r.prompt_ids for r in admitted],
+                                                            self.pad_id, [r.vision for r in admitted])
             copies = [k for k, req in enumerate(admitted) for _ in range(req.params.n)]
             if len(copies) > len(admitted):
                 new_batch.keep(copies)
                 new_logits = new_logits[copies]
-            new_rows = [self._new_row(req, i) for req in admitted for i in range(req.params.n)]
+            new_rows = [self._new_row(req, i, slot) for req, slot in zip(admitted, slots) for i in range(req.params.n)]
             if self._rows:
                 self._batch.extend(new_batch)
                 logits = torch.cat([logits, new_logits], dim=0)
@@ -179,7 +237,10 @@ class Engine:
             self.peak_rows = max(self.peak_rows, len(self._rows))
         self._sample_and_emit(logits)
 
-    def _new_row(self, request: Request, choice: int) -> _Row:
+    def _lora_rows(self, slots: list[int]):
+        return self.adapters.lora.rows(slots) if self.adapters is not None else contextlib.nullcontext()
+
+    def _new_row(self, request: Request, choice: int, slot: int = 0) -> _Row:
         import torch
 
         p = request.params
@@ -188,7 +249,8 @@ class Engine:
             generator = torch.Generator(device=self.model.device)
             generator.manual_seed(_row_seed(p.seed, choice))
         matcher = self._matcher(p.grammar) if p.grammar else None
-        return _Row(request, request.index_base + choice, TextStream(self._decode, p.stop), generator, matcher)
+        return _Row(request, request.index_base + choice, TextStream(self._decode, p.stop), generator, matcher,
+                    slot)
 
     def _matcher(self, spec: str):
         from rlctl.workers.rollout.grammar import GrammarCompiler, vocab_size_of

@@ -149,6 +149,17 @@ def engine_env(engine: str, folder) -> dict[str, str]:
     return {**env, **server_env()}
 
 
+def run_external(engine: str, spec: LaunchSpec, folder, extra: tuple[str, ...], lora: dict | None) -> int:
+    """Run `engine`'s server for `spec` until it exits; `lora`: rlctl.serve.adapters.lora_plan's plan."""
+    env = engine_env(engine, folder)
+    if lora:   # vLLM's /v1/load_lora_adapter and /v1/unload_lora_adapter exist only with this set
+        from rlctl.serve.adapters import vllm_lora_args
+
+        extra = tuple(vllm_lora_args(lora)) + extra
+        env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = "True"
+    return run_child(build_command(engine, spec, extra), env=env)
+
+
 def run_child(argv: list[str], *, grace_s: float = 30.0, env: dict | None = None) -> int:
     """Run argv with inherited stdio, forwarding SIGINT/SIGTERM; returns its exit code.
 

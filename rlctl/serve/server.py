@@ -51,8 +51,9 @@ def make_server(engine, host: str, port: int, *, model_name: str, api_key: str |
 
 def serve_builtin(folder: Path, *, host: str, port: int, model_name: str, api_key: str | None,
                   max_concurrency: int, dtype: str, drain_s: float = 10.0, limits: dict | None = None,
-                  prompt_logprobs: int = 0, allow_remote_images: bool = False) -> int:
-    """Load the model, serve until a signal, let running requests finish (up to drain_s), return 0."""
+                  prompt_logprobs: int = 0, allow_remote_images: bool = False, lora: dict | None = None) -> int:
+    """Load the model, serve until a signal, let running requests finish (up to drain_s), return 0.
+    `lora`: {"adapters": [(name, folder)], "slots": N, "max_rank": R} (rlctl.serve.adapters), or None."""
     from rlctl.serve.engine import Engine
     from rlctl.serve.source import load_model, load_processor_of
 
@@ -61,11 +62,12 @@ def serve_builtin(folder: Path, *, host: str, port: int, model_name: str, api_ke
     try:
         model, tokenizer = load_model(folder, dtype)
         processor = load_processor_of(folder)
+        adapters = _served_adapters(model, model_name, lora) if lora else None
     except BaseException:
         server.server_close()
         raise
     engine = server.engine = Engine(model, tokenizer, max_rows=max_concurrency, processor=processor,
-                                    allow_remote_images=allow_remote_images)
+                                    allow_remote_images=allow_remote_images, adapters=adapters)
     server.prompt_logprobs = prompt_logprobs
     stopping = threading.Event()
 
@@ -92,6 +94,20 @@ def serve_builtin(folder: Path, *, host: str, port: int, model_name: str, api_ke
             signal.signal(s, handler)
     log.info("stopped")
     return 0
+
+
+def _served_adapters(model, model_name: str, lora: dict):
+    """The --lora adapters checked against the loaded model and put in their slots."""
+    from rlctl.serve.adapters import ServedAdapters, check_adapters
+
+    dtype = next(model.parameters()).dtype
+    adapters = check_adapters(lora["adapters"], model, model_name, lora["max_rank"], dtype)
+    rank = lora["max_rank"] or max([16, *(a.rank for a in adapters)])
+    served = ServedAdapters(model, model_name, slots=lora["slots"], max_rank=rank)
+    for adapter in adapters:
+        served.add(adapter, busy=set())
+        log.info("LoRA adapter %r (rank %d) from %s", adapter.name, adapter.rank, adapter.path)
+    return served
 
 
 def _url_host(host: str) -> str:

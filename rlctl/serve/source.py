@@ -49,6 +49,38 @@ def model_folder(path: str | Path, step: int | None = None):
         yield Path(out or Path(tmp) / "model")
 
 
+@contextlib.contextmanager
+def serve_source(path: str | Path, step: int | None = None, served_name: str | None = None):
+    """Yield (model folder, its served name, the run's adapter as (name, adapter folder) or None).
+    A LoRA run folder is served as its base model (by the base's folder name) plus its adapter,
+    unmerged (rlctl merge --lora adapter), named `served_name` or the run's name; anything else as
+    model_folder exports it, named `served_name` or the folder's name."""
+    from rlctl.checkpoint.run_folder import is_run_folder
+
+    path = Path(path)
+    name = served_name or path.resolve().name
+    if not path.is_dir() or is_model_dir(path) or not is_run_folder(path):
+        with model_folder(path, step) as folder:
+            yield folder, name, None
+        return
+    from rlctl.checkpoint.merge import merge_run, pick_checkpoint
+    from rlctl.checkpoint.trained import load_step_config
+    from rlctl.models.hub import resolve_model
+
+    config = load_step_config(pick_checkpoint(path, step)[0].path)
+    if config.model.lora.rank == 0:
+        with model_folder(path, step) as folder:
+            yield folder, name, None
+        return
+    base = resolve_model(config.model.path, Path.cwd()).folder
+    if base is None:
+        raise DataError(f"the base model of {path} ({config.model.path}) is not on this machine",
+                        hint="download it first (`rlctl model get` or `hf download`)")
+    with tempfile.TemporaryDirectory(prefix="rlctl-serve-") as tmp:
+        merge_run(path, Path(tmp) / "adapter", step=step, lora="adapter")
+        yield base, base.name, (name, Path(tmp) / "adapter")
+
+
 def resolve_dtype(name: str, device: str):
     """Torch dtype for `--dtype`; auto = bfloat16 on GPU (float16 when bf16 is missing), float32 on CPU."""
     import torch

@@ -25,14 +25,29 @@ def test_head_size_16_is_refused_in_one_line(tiny_model_dir):
         "use --engine hf" in lines[0]
 
 
-def test_vllm_serves_chat_and_completions_to_the_openai_client(vllm_tiny_model_dir):
+def test_an_adapter_for_another_base_is_refused_before_vllm_starts(vllm_tiny_model_dir, tiny_model_dir, tmp_path):
+    from support.lora_adapters import make_adapter
+
+    adapter = make_adapter(tiny_model_dir, tmp_path / "small", rank=4, targets=["q_proj"], seed=0)
+    result = subprocess.run([*RLCTL, "serve", str(vllm_tiny_model_dir), "--engine", "vllm", "--lora",
+                             f"small={adapter}"], capture_output=True, text=True, timeout=120)
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert result.returncode == 3 and len(lines) == 1, result.stderr
+    assert "adapter 'small' does not fit" in lines[0] and "[64, 64]" in lines[0] and "[256, 256]" in lines[0]
+
+
+def test_vllm_serves_chat_and_completions_to_the_openai_client(vllm_tiny_model_dir, tmp_path):
+    """One vLLM start for the plain API and for LoRA adapters (--lora, and vLLM's runtime routes)."""
     import openai
+    from support.lora_adapters import make_adapter, peft_greedy
 
     from rlctl.utils.net import free_port
 
+    adapter = make_adapter(vllm_tiny_model_dir, tmp_path / "ad", rank=8, targets="all-linear", seed=3)
     port = free_port("127.0.0.1")
     proc = subprocess.Popen([*RLCTL, "serve", str(vllm_tiny_model_dir), "--engine", "vllm", "--port", str(port),
-                             "--served-model-name", "tiny", "--api-key", "k", "--", "--enforce-eager",
+                             "--served-model-name", "tiny", "--api-key", "k", "--lora", f"ad={adapter}",
+                             "--", "--enforce-eager",
                              "--max-model-len", "512", "--max-num-batched-tokens", "512"],
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
@@ -40,7 +55,7 @@ def test_vllm_serves_chat_and_completions_to_the_openai_client(vllm_tiny_model_d
         deadline = time.monotonic() + 400
         while True:
             try:
-                assert [m.id for m in client.models.list()] == ["tiny"]
+                assert [m.id for m in client.models.list()] == ["tiny", "ad"]
                 break
             except openai.APIConnectionError:
                 assert proc.poll() is None, proc.communicate()[1][-3000:]
@@ -60,8 +75,25 @@ def test_vllm_serves_chat_and_completions_to_the_openai_client(vllm_tiny_model_d
         long = client.completions.create(model="tiny", prompt=[[100] * 240, [101] * 240], max_tokens=2, n=4,
                                          temperature=1.0, seed=1)
         assert len(long.choices) == 8
+        _check_adapters(client, openai, adapter, peft_greedy(vllm_tiny_model_dir, adapter, "Once upon", 8))
         with pytest.raises(openai.AuthenticationError):
             openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="wrong", max_retries=0).models.list()
     finally:
         proc.send_signal(signal.SIGINT)
         assert proc.wait(120) == 0
+
+
+def _check_adapters(client, openai, adapter, expected: str) -> None:
+    """A request's model picks the adapter (peft's own answer, greedy), vLLM's load/unload routes
+    work on rlctl's child, and a name nobody loaded is a 404, never the base's answer."""
+    base = client.completions.create(model="tiny", prompt="Once upon", max_tokens=8, temperature=0)
+    answer = client.completions.create(model="ad", prompt="Once upon", max_tokens=8, temperature=0)
+    assert answer.choices[0].text == expected != base.choices[0].text
+    with pytest.raises(openai.NotFoundError):
+        client.completions.create(model="ad2", prompt="Once upon", max_tokens=2)
+    assert "added successfully" in client.post("/load_lora_adapter", cast_to=str,
+                                               body={"lora_name": "ad2", "lora_path": str(adapter)})
+    again = client.completions.create(model="ad2", prompt="Once upon", max_tokens=8, temperature=0)
+    assert again.choices[0].text == expected
+    assert "removed successfully" in client.post("/unload_lora_adapter", body={"lora_name": "ad2"}, cast_to=str)
+    assert [m.id for m in client.models.list()] == ["tiny", "ad"]
