@@ -210,10 +210,9 @@ class _Handler(BaseHTTPRequestHandler):
             parsed = (protocol.parse_chat(body, engine, max_n) if path.endswith("chat/completions")
                       else protocol.parse_completion(body, engine, max_n))
             k = requested_k(body, self.server.prompt_logprobs) if parsed.kind == "completion" else 0
-            if k and parsed.stream:
-                raise APIError(400, "'prompt_logprobs' is answered only without 'stream'", param="prompt_logprobs")
-            if k and self.adapter:
-                raise APIError(400, "'prompt_logprobs' is answered for the base model only", param="prompt_logprobs")
+            if k and (parsed.stream or self.adapter):
+                raise APIError(400, "'prompt_logprobs' is answered only " + ("for the base model" if self.adapter
+                                                                            else "without 'stream'"), param="prompt_logprobs")
             if k:
                 parsed.prompt_logprobs = [prompt_logprobs(engine, p, k) for p in parsed.prompts
                                           for _ in range(parsed.params.n)]
