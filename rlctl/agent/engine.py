@@ -8,7 +8,10 @@ model, or once the oldest waiting call has waited `max_wait_s`: with agents that
 their calls within that time, the same episodes batch the same way every time, so a seeded run
 samples the same tokens again (exact resume). Each call's budget comes from its episode
 (rlctl.agent.episodes): a call that cannot fit is a 400 (context_length_exceeded), one past
-`max_calls` a 429 that also fails the episode; both reach the agent as the OpenAI client's errors.
+`max_calls` (counting the episode's calls still waiting or being generated) a 429 that also fails the
+episode; both reach the agent as the OpenAI client's errors. A call belongs to its episode while the
+episode runs: when the episode ends (or times out) its waiting calls are answered 410 and dropped, and
+one being generated then is answered 410 and not recorded.
 
 Sampling follows the run (rollout.temperature / top_p / top_k in training, val_temperature in
 validation and eval): the trainer's log-probs assume those, so a request's own temperature or
@@ -17,14 +20,17 @@ top_p is accepted and not applied. Its max_tokens and stop strings are applied.
 
 from __future__ import annotations
 
+import json
 import queue
 import threading
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 
 from rlctl.agent.episodes import Call, Episode
+from rlctl.api import protocol
 from rlctl.api.api_error import APIError
 from rlctl.api.requests import Event, Request, SamplingParams
 from rlctl.api.textstream import TextStream
@@ -70,6 +76,8 @@ class AgentEngine:
         self.stopping = False
         self._episodes: dict[str, Episode] = {}
         self._waiting: list[_Waiting] = []
+        self._generating: list[_Waiting] = []   # the flush being sampled, until each call is answered
+        self.vocab_size = vocab_size(tokenizer)
         self._mode, self._seed, self._flushes = "train", 0, 0
         self.generated_calls = 0
         self.error: Exception | None = None   # a generation that raised: the rollout re-raises it
@@ -88,8 +96,17 @@ class AgentEngine:
         self.lock.notify_all()
 
     def close(self, tag: str) -> None:
+        """Under `lock`: the episode ends; its calls still waiting are refused, never generated."""
         self._episodes.pop(tag, None)
+        for w in self._waiting:
+            if w.request.tag == tag:
+                _refuse(w.request, 410, ENDED)
+        self._waiting = [w for w in self._waiting if w.request.tag != tag]
         self.lock.notify_all()
+
+    def live(self, tag: str) -> bool:
+        with self.lock:
+            return tag in self._episodes
 
     def stop(self) -> None:
         with self.lock:
@@ -116,8 +133,8 @@ class AgentEngine:
                 return False
             episode = self._episodes.get(request.tag)
             if episode is None:
-                _refuse(request, 410, "this episode has ended; its endpoint takes no more calls")
-            elif len(episode.calls) + sum(w.episode is episode for w in self._waiting) >= self.limits.max_calls:
+                _refuse(request, 410, ENDED)
+            elif self._calls_of(episode) >= self.limits.max_calls:
                 episode.failure = episode.failure or "max_calls"
                 _refuse(request, 429, f"this episode made rollout.agent.max_calls = {self.limits.max_calls} calls")
             else:
@@ -125,28 +142,16 @@ class AgentEngine:
                 self.lock.notify_all()
         return True
 
+    def _calls_of(self, episode: Episode) -> int:
+        """Under `lock`: the episode's calls answered, waiting and being generated (what max_calls counts)."""
+        return len(episode.calls) + sum(w.episode is episode for w in (*self._waiting, *self._generating))
+
     def generate_ids(self, body: dict, tag: str) -> dict:
         """vLLM's POST /inference/v1/generate, in vLLM's own shape (what verifiers' train client, through the
         `renderers` package, sends and parses): {"token_ids": [...], "sampling_params": {"max_tokens", "stop",
         "stop_token_ids", ...}} in; {"request_id", "choices": [{"token_ids", "logprobs": {"content": [{"token":
         "token_id:<id>", "logprob"}]}, "finish_reason"}]} out. stop_token_ids end a completion as EOS does."""
-        ids = body.get("token_ids")
-        if not isinstance(ids, list) or not ids or not all(isinstance(t, int) and not isinstance(t, bool) for t in ids):
-            raise APIError(400, "'token_ids' must be a non-empty list of integers", param="token_ids")
-        sp = body.get("sampling_params") or {}
-        if not isinstance(sp, dict):
-            raise APIError(400, "'sampling_params' must be an object", param="sampling_params")
-        max_tokens = sp.get("max_tokens") or self.context_length - len(ids)
-        if not isinstance(max_tokens, int) or max_tokens < 1:
-            raise APIError(400, "'sampling_params.max_tokens' must be a positive integer", param="sampling_params")
-        stop = sp.get("stop") or ()
-        stop_ids = sp.get("stop_token_ids") or []
-        if not isinstance(stop_ids, list) or not all(isinstance(t, int) for t in stop_ids):
-            raise APIError(400, "'sampling_params.stop_token_ids' must be a list of integers", param="sampling_params")
-        request = Request(list(ids), SamplingParams(max_tokens=max_tokens, stop=tuple([stop] if isinstance(stop, str)
-                                                                                         else stop)),
-                          queue.Queue(), tag=tag)
-        request.stop_ids = frozenset(stop_ids)   # read by _finish beside the run's EOS ids
+        request = parse_generate(body, self.vocab_size, self.context_length, tag)
         self.submit(request)
         event = request.events.get()
         if event.error:
@@ -180,6 +185,7 @@ class AgentEngine:
                     _refuse(w.request, 503, "the rollout is over")
                 self._waiting = []
                 return None
+            self._generating = []   # the last flush is answered
             live = [w for w in self._waiting if not w.request.cancelled.is_set()]
             self._waiting = live
             if live:
@@ -187,7 +193,7 @@ class AgentEngine:
                 everyone = all(id(e) in waiting_on for e in self._episodes.values())
                 left = self.limits.max_wait_s - (time.monotonic() - min(w.since for w in live))
                 if everyone or left <= 0:
-                    self._waiting = []
+                    self._waiting, self._generating = [], live
                     return _Flush(sorted(live, key=lambda w: (w.episode.index, w.since)))
                 self.lock.wait(timeout=left)
             else:
@@ -196,6 +202,8 @@ class AgentEngine:
     def _generate(self, flush: _Flush) -> None:
         lim = self.limits
         ready = []
+        with self.lock:   # an episode that ended since the flush formed: its call is not generated
+            flush.waiting = [w for w in flush.waiting if self._answerable(w)]
         for w in flush.waiting:
             budget = w.episode.budget(w.request.prompt_ids, lim.prompt_length, lim.response_length)
             if budget < 1:
@@ -203,6 +211,8 @@ class AgentEngine:
                                         f"room in its sequence (data.max_prompt_length {lim.prompt_length} + "
                                         f"data.max_response_length {lim.response_length}): shorten the history",
                         code="context_length_exceeded")
+                with self.lock:
+                    self._settle(w)
                 continue
             flush.limits.append(min(w.request.params.max_tokens, budget))
             flush.merged.append(w.episode.continues(w.request.prompt_ids))
@@ -219,10 +229,25 @@ class AgentEngine:
             call = Call(list(w.request.prompt_ids), ids, lps, finish,
                         merged=merged and w.episode.continues(w.request.prompt_ids))
             with self.lock:
+                if not self._answerable(w):   # its episode ended while it was sampled: not recorded
+                    continue
                 w.episode.record(call)
                 w.episode.answer = text
+                self._settle(w)
             self.generated_calls += 1
             w.request.events.put(_CallEvent(0, text, len(ids), finish, call=call))
+
+    def _answerable(self, w: _Waiting) -> bool:
+        """Under `lock`: whether the call's episode still runs; if not, the call is refused."""
+        if self._episodes.get(w.request.tag) is w.episode:
+            return True
+        _refuse(w.request, 410, ENDED)
+        self._settle(w)
+        return False
+
+    def _settle(self, w: _Waiting) -> None:
+        """Under `lock`: the call is answered; it no longer counts as being generated."""
+        self._generating = [g for g in self._generating if g is not w]
 
     def _sample(self, prompts: list[list[int]], limits: list[int]) -> dict:
         """One generate_turn over every rank: rows padded to a multiple of the world (dummy rows of one
@@ -268,6 +293,40 @@ class AgentEngine:
             return self.tokenizer.decode(ids, skip_special_tokens=True)
 
 
+def parse_generate(body: dict, vocab: int, context: int, tag: str) -> Request:
+    """The token endpoint's body checked as rlctl.api.protocol checks the OpenAI routes' (a bad field is
+    a 400 to that call alone): token ids and stop_token_ids within the model's vocabulary, stop strings
+    as the chat route takes them, max_tokens a positive integer (default: the rest of the context)."""
+    ids = protocol.token_ids(body.get("token_ids"), vocab, "token_ids")
+    sp = body.get("sampling_params") or {}
+    if not isinstance(sp, dict):
+        raise APIError(400, "'sampling_params' must be an object", param="sampling_params")
+    if len(ids) >= context:
+        raise APIError(400, f"This model's maximum context length is {context} tokens, but the prompt has "
+                            f"{len(ids)}; shorten the prompt", param="token_ids", code="context_length_exceeded")
+    max_tokens = sp.get("max_tokens")
+    max_tokens = context - len(ids) if max_tokens is None else max_tokens
+    if not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 1:
+        raise APIError(400, "'sampling_params.max_tokens' must be a positive integer", param="sampling_params")
+    stop = protocol.stop_strings(sp.get("stop"), "sampling_params.stop")
+    stop_ids = sp.get("stop_token_ids") or []
+    stop_ids = protocol.token_ids(stop_ids, vocab, "sampling_params.stop_token_ids") if stop_ids else []
+    request = Request(ids, SamplingParams(max_tokens=max_tokens, stop=stop), queue.Queue(), tag=tag)
+    request.stop_ids = frozenset(stop_ids)   # read by _finish beside the run's EOS ids
+    return request
+
+
+def vocab_size(tokenizer) -> int:
+    """Token ids the policy can take: its config's vocab_size (embedding rows, often padded past the
+    tokenizer's ids, and a policy can sample any of them), at least the tokenizer's length."""
+    config = Path(getattr(tokenizer, "name_or_path", "") or "") / "config.json"
+    rows = 0
+    if config.is_file():
+        data = json.loads(config.read_text())
+        rows = data.get("vocab_size") or (data.get("text_config") or {}).get("vocab_size") or 0
+    return max(int(rows), len(tokenizer))
+
+
 def _runs_of_equal(prompts: list[list[int]], limits: list[int]) -> int:
     """k when the calls are consecutive runs of k equal (prompt, limit) pairs, all of one length, else 1."""
     runs, start = [], 0
@@ -281,6 +340,9 @@ def _runs_of_equal(prompts: list[list[int]], limits: list[int]) -> int:
 @dataclass
 class _CallEvent(Event):
     call: Call | None = None   # the recorded call, for the token endpoint's answer
+
+
+ENDED = "this episode has ended; its endpoint takes no more calls"
 
 
 def _refuse(request: Request, status: int, message: str, code: str | None = None) -> None:

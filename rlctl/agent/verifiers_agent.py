@@ -20,11 +20,10 @@ from __future__ import annotations
 
 import json
 import math
-import os
 
 from rlctl.tasks.verifiers_env import PREFIX, load_env
 
-KEY_VAR = "RLCTL_AGENT_API_KEY"   # verifiers' client configs read the key from an environment variable
+NO_KEY_VAR = "RLCTL_AGENT_NO_KEY"   # verifiers reads a key from an environment variable: this unset one
 MODEL = "policy"                  # the name GET /v1/models lists (rlctl.agent.endpoint.MODEL_NAME)
 _ENVS: dict[str, object] = {}     # one loaded Env per environment config, for the process's life
 
@@ -45,8 +44,10 @@ def task_of(env, data: dict):
 def model_context(client, spec: dict, tokenizer: str | None):
     from verifiers.v1.clients import ModelContext, TrainClientConfig
 
-    os.environ[KEY_VAR] = client.api_key   # the run's one key; the same for every episode
-    config = TrainClientConfig(base_url=str(client.base_url).rstrip("/"), api_key_var=KEY_VAR,
+    # The episode's own key goes in a header of its client config, not in os.environ: concurrent episodes
+    # each have their own, and no key stays in the controller's environment.
+    config = TrainClientConfig(base_url=str(client.base_url).rstrip("/"), api_key_var=NO_KEY_VAR,
+                               headers={"Authorization": f"Bearer {client.api_key}"},
                                renderer=spec.get("renderer"), renderer_model_name=tokenizer)
     return ModelContext(model=MODEL, client=config)
 

@@ -10,7 +10,6 @@ the bytes in: a slowloris holds one thread for that long at most, never the othe
 from __future__ import annotations
 
 import hashlib
-import hmac
 import io
 import json
 import logging
@@ -24,6 +23,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from rlctl.api import lora_routes, protocol
 from rlctl.api.deadline import DeadlineReader
+from rlctl.api.guards import check_bearer, json_object, too_large
 from rlctl.api.requests import Request, ServingEngine
 from rlctl.api.prompt_logprobs import prompt_logprobs, requested_k
 from rlctl.api.api_error import APIError
@@ -34,7 +34,6 @@ POLL_S = 0.2  # how often a waiting handler checks whether its client is still t
 LINGER_S = 2.0  # after refusing a body: read (and drop) it this long so the client sees our answer
 DEFAULT_MAX_BODY_BYTES = 4 << 20
 DEFAULT_READ_TIMEOUT_S = 30.0
-MAX_JSON_DEPTH = 64  # objects and arrays inside each other; a deeper body is a 400 before anything walks it
 
 
 class _ClientGone(Exception):
@@ -139,7 +138,7 @@ class _Handler(BaseHTTPRequestHandler):
         """`Expect: 100-continue` with a body over the limit: the 413 goes out before any body."""
         length = self.headers.get("Content-Length", "").strip()
         if length.isdigit() and int(length) > self.server.max_body_bytes:
-            self._send_json(413, _too_large(int(length), self.server.max_body_bytes).body(), close=True)
+            self._send_json(413, too_large(int(length), self.server.max_body_bytes).body(), close=True)
             return False
         return super().handle_expect_100()
 
@@ -236,23 +235,13 @@ class _Handler(BaseHTTPRequestHandler):
         if length < 0:
             raise APIError(400, "Content-Length must be a non-negative integer", code="bad_content_length")
         if length > self.server.max_body_bytes:
-            raise _too_large(length, self.server.max_body_bytes)
+            raise too_large(length, self.server.max_body_bytes)
         raw = self.rfile.read(length)
         if len(raw) < length:
             raise _ClientGone()
         self._body_read = True
         self._request_read()
-        try:
-            body = json.loads(raw)
-        except (UnicodeDecodeError, json.JSONDecodeError) as e:
-            raise APIError(400, f"invalid JSON body: {e}", code="invalid_json") from None
-        except RecursionError:   # deeper than the parser's own limit (the interpreter's recursion limit)
-            raise _too_deep() from None
-        if _nests_deeper(body, MAX_JSON_DEPTH):
-            raise _too_deep()
-        if not isinstance(body, dict):
-            raise APIError(400, "the JSON body must be an object", code="invalid_json")
-        return body
+        return json_object(raw)
 
     def _linger(self) -> None:
         """After refusing a request whose body we did not read: drop what the client still sends,
@@ -389,37 +378,3 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _sse(self, obj: dict) -> None:
         self.wfile.write(b"data: " + json.dumps(obj).encode() + b"\n\n")
-
-
-def check_bearer(header: str, expected: bytes | None) -> None:
-    """401 unless `header` is `Bearer <key>` whose sha256 is `expected` (None: no key required). Digests
-    are compared, not keys: equal length whatever was sent, so the time says nothing."""
-    if expected is None:
-        return
-    digest = hashlib.sha256(header.removeprefix("Bearer ").encode("latin-1", "replace")).digest()
-    if not (hmac.compare_digest(digest, expected) and header.startswith("Bearer ")):  # latin-1: as http.client decoded it
-        raise APIError(401, "Incorrect or missing API key: send 'Authorization: Bearer <key>'",
-                       type="authentication_error", code="invalid_api_key")
-
-
-def _nests_deeper(value, limit: int) -> bool:
-    """Whether objects and arrays nest more than `limit` deep (the body itself is level 1); iterative,
-    so a deep body costs no stack, and it stops at the first level too deep."""
-    stack = [(value, 1)] if isinstance(value, (dict, list)) else []
-    while stack:
-        node, depth = stack.pop()
-        if depth > limit:
-            return True
-        children = node.values() if isinstance(node, dict) else node
-        stack.extend((c, depth + 1) for c in children if isinstance(c, (dict, list)))
-    return False
-
-
-def _too_deep() -> APIError:
-    return APIError(400, f"the JSON body nests objects and arrays more than {MAX_JSON_DEPTH} deep",
-                    code="invalid_json")
-
-
-def _too_large(length: int, limit: int) -> APIError:
-    return APIError(413, f"request body of {length} bytes exceeds the limit of {limit} bytes "
-                         "(rlctl serve --max-body-bytes)", code="request_too_large")

@@ -89,10 +89,7 @@ def _sampling(body: dict, prompt_lens: list[int], context: int, max_n: int, defa
     n = _field(body, "n", (int,), 1)
     _in_range("n", n, 1, max_n)
     seed = _field(body, "seed", (int,), None)
-    stop = _field(body, "stop", (str, list), [])
-    stop = [stop] if isinstance(stop, str) else stop
-    if len(stop) > MAX_STOP or not all(isinstance(s, str) for s in stop):
-        raise APIError(400, f"'stop' must be a string or a list of at most {MAX_STOP} strings", param="stop")
+    stop = stop_strings(body.get("stop"), "stop")
     key = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
     max_tokens = _field(body, key, (int,), None)
     longest = max(prompt_lens)
@@ -117,6 +114,32 @@ def _sampling(body: dict, prompt_lens: list[int], context: int, max_n: int, defa
     options = _field(body, "stream_options", (dict,), {})
     include_usage = bool(options.get("include_usage", False))
     return params, stream, include_usage
+
+
+def stop_strings(value, param: str) -> tuple[str, ...]:
+    """`stop` as OpenAI takes it: null, a string, or a list of at most MAX_STOP strings."""
+    stop = [] if value is None else [value] if isinstance(value, str) else value
+    if not isinstance(stop, list) or len(stop) > MAX_STOP or not all(isinstance(s, str) for s in stop):
+        raise APIError(400, f"'{param}' must be a string or a list of at most {MAX_STOP} strings, got "
+                            f"{_short(value)}", param=param)
+    return tuple(stop)
+
+
+def token_ids(value, vocab: int, param: str) -> list[int]:
+    """A non-empty list of token ids, each in [0, vocab): one outside would index past the embedding."""
+    if not isinstance(value, list) or not value or not all(isinstance(t, int) and not isinstance(t, bool)
+                                                           for t in value):
+        raise APIError(400, f"'{param}' must be a non-empty list of integers", param=param)
+    bad = next((t for t in value if not 0 <= t < vocab), None)
+    if bad is not None:
+        raise APIError(400, f"'{param}' holds token id {bad}, outside this model's vocabulary [0, {vocab})",
+                       param=param)
+    return list(value)
+
+
+def _short(value) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def _message(message, i: int) -> dict:

@@ -181,25 +181,31 @@ def test_failing_agents_are_contained_and_counted(endpoint, name, limits, failur
         assert all(len(ep.calls) == 4 for ep in eps)
 
 
-def test_key_route_and_loopback(endpoint):
+def test_each_episode_has_its_own_key_and_an_ended_one_is_gone(endpoint):
     engine, server, _ = endpoint
     assert server.server_address[0] == "127.0.0.1"
-    ep = Episode(index=0, row=ROW)
+    tags = [server.new_tag() for _ in range(2)]
+    eps = [Episode(index=0, row=ROW) for _ in tags]
     with engine.lock:
-        engine.open("ep0", ep)
-    url = server.base_url("ep0") + "/chat/completions"
+        for tag, ep in zip(tags, eps):
+            engine.open(tag, ep)
+    url = server.base_url(tags[0]) + "/chat/completions"
     body = json.dumps({"model": "x", "messages": ROW["prompt"], "max_tokens": 2}).encode()
-    for headers in ({}, {"Authorization": "Bearer wrong"}):
+    for key in (None, "wrong", server.key(tags[1])):   # none, a made-up one, the other live episode's
+        headers = {"Content-Type": "application/json", **({"Authorization": f"Bearer {key}"} if key else {})}
         with pytest.raises(urllib.error.HTTPError) as e:
-            urllib.request.urlopen(urllib.request.Request(url, body, headers={"Content-Type": "application/json",
-                                                                              **headers}), timeout=30)
+            urllib.request.urlopen(urllib.request.Request(url, body, headers=headers), timeout=30)
         assert e.value.code == 401
-    client = openai.OpenAI(base_url=server.base_url("ep-unknown"), api_key=server.key, max_retries=0)
-    with pytest.raises(openai.APIStatusError) as gone:
+    client = openai.OpenAI(base_url=server.base_url(tags[0]), api_key=server.key(tags[0]), max_retries=0)
+    assert client.models.list().data[0].model_extra["max_model_len"] == 1024 + 256
+    with engine.lock:
+        engine.close(tags[0])
+    with pytest.raises(openai.APIStatusError) as gone:   # its own key, after its episode ended
         client.chat.completions.create(model="x", messages=ROW["prompt"], max_tokens=2)
+    assert gone.value.status_code == 410 and not eps[0].calls and engine.generated_calls == 0
+    with pytest.raises(openai.APIStatusError) as gone:
+        client.models.list()
     assert gone.value.status_code == 410
-    models = openai.OpenAI(base_url=server.base_url("ep0"), api_key=server.key, max_retries=0).models.list()
-    assert models.data[0].model_extra["max_model_len"] == 1024 + 256
 
 
 def test_token_endpoint_merges_exactly_and_stream_and_stop_work(endpoint, policy):
@@ -207,15 +213,16 @@ def test_token_endpoint_merges_exactly_and_stream_and_stop_work(endpoint, policy
     _, tok, *_ = policy
     ep = Episode(index=0, row=ROW)
     engine.begin(seed=0, mode="val")
+    tag = server.new_tag()
     with engine.lock:
-        engine.open("ep0", ep)
+        engine.open(tag, ep)
     prompt = engine.encode_chat(ROW["prompt"])
-    url = f"http://127.0.0.1:{server.port}/e/ep0/inference/v1/generate"
+    url = f"http://127.0.0.1:{server.port}/e/{tag}/inference/v1/generate"
 
     def generate(ids: list[int]) -> dict:
         body = json.dumps({"token_ids": ids, "sampling_params": {"max_tokens": 8}}).encode()
         request = urllib.request.Request(url, body, headers={"Content-Type": "application/json",
-                                                             "Authorization": f"Bearer {server.key}"})
+                                                             "Authorization": f"Bearer {server.key(tag)}"})
         return json.loads(urllib.request.urlopen(request, timeout=60).read())["choices"][0]
 
     one = generate(prompt)
@@ -227,7 +234,7 @@ def test_token_endpoint_merges_exactly_and_stream_and_stop_work(endpoint, policy
     two = generate(prompt + one["token_ids"] + extra)
     assert [c.merged for c in ep.calls] == [False, True]
     assert ep.sequences[0].response_mask == [1] * len(one["token_ids"]) + [0] * len(extra) + [1] * len(two["token_ids"])
-    client = openai.OpenAI(base_url=server.base_url("ep0"), api_key=server.key, max_retries=0)
+    client = openai.OpenAI(base_url=server.base_url(tag), api_key=server.key(tag), max_retries=0)
     chunks = list(client.chat.completions.create(model="m", messages=ROW["prompt"], max_tokens=8, stream=True))
     streamed = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert streamed == tok.decode(ep.calls[-1].completion_ids, skip_special_tokens=True)

@@ -82,11 +82,12 @@ def test_a_multi_turn_episode_trains_on_exactly_the_tokens_verifiers_recorded(vf
         assert row["prompt"] == [{"role": "user", "content": "What is 2 + 2?"}]
         ep = Episode(index=0, row=row)
         engine.begin(seed=0, mode="val")
+        tag = server.new_tag()
         with engine.lock:
-            engine.open("ep0", ep)
+            engine.open(tag, ep)
 
         async def episode():
-            async with openai.AsyncOpenAI(base_url=server.base_url("ep0"), api_key=server.key,
+            async with openai.AsyncOpenAI(base_url=server.base_url(tag), api_key=server.key(tag),
                                           max_retries=0) as client:
                 return await play(client, row, tokenizer=str(tiny_model_dir))
 
