@@ -133,6 +133,21 @@ def test_a_second_ctrl_c_kills_every_running_command_and_what_it_started(endpoin
     assert endpoint[0].load()["episodes"] == 0
 
 
+def test_after_one_ctrl_c_the_step_finishes_and_what_commands_started_dies(endpoint, pids):   # noqa: F811
+    """The first Ctrl-C only asks the run to stop at its safe point after the step: the step's episodes
+    finish (a command runs in its own session: the terminal's SIGINT does not reach it) and each
+    command's group is killed as it exits."""
+    from rlctl.controller.signals import StopFlag
+
+    threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGINT)).start()
+    with StopFlag() as stop:
+        eps = run_command(endpoint, "leaves.py", episodes=3, concurrency=1)
+        time.sleep(0.5)
+    assert stop.signum == signal.SIGINT
+    assert [(e.failure, e.reward) for e in eps] == [("", 1.0)] * 3
+    all_gone(pids, 3)
+
+
 def test_a_command_printing_megabytes_is_read_in_bounded_memory(endpoint):   # noqa: F811
     tracemalloc.start()
     try:
