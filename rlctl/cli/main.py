@@ -51,9 +51,10 @@ from rlctl.cli import merge_cmd as _merge_cmd  # noqa: E402
 from rlctl.cli import serve_cmd as _serve_cmd  # noqa: E402
 from rlctl.cli import sandbox_cmd as _sandbox_cmd  # noqa: E402
 from rlctl.cli import view_cmd as _view_cmd  # noqa: E402
+from rlctl.cli import tinker_cmd as _tinker_cmd  # noqa: E402
 
 for _module in (_project, _data_cmd, _config_cmd, _train_cmd, _model_cmd, _merge_cmd, _serve_cmd, _sandbox_cmd,
-                _view_cmd):
+                _view_cmd, _tinker_cmd):
     _module.register(app)
 
 

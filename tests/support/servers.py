@@ -26,11 +26,13 @@ def send_json(handler, body: dict, status: int = 200) -> None:
 
 
 class ServerProcess:
-    """`rlctl serve` in a child process; `stderr_lines` collects its log for failure messages."""
+    """`rlctl serve` (or another serving `command`, whose log line `url_line` finds the URL in) in a
+    child process; `stderr_lines` collects its log for failure messages."""
 
-    def __init__(self, args: list[str], timeout_s: float = 90.0):
+    def __init__(self, args: list[str], timeout_s: float = 90.0, *, command: str = "serve",
+                 url_line: re.Pattern = URL_LINE):
         cmd = [sys.executable, "-c", "import sys; from rlctl.cli.main import main; sys.exit(main())",
-               "serve", *args]
+               command, *args]
         self.proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True,
                                      env={**os.environ, "OMP_NUM_THREADS": "1"})
         self.stderr_lines: list[str] = []
@@ -38,7 +40,7 @@ class ServerProcess:
         deadline = time.monotonic() + timeout_s
         for line in self.proc.stderr:
             self.stderr_lines.append(line)
-            match = URL_LINE.search(line)
+            match = url_line.search(line)
             if match:
                 self.base_url = match.group(1)
                 break

@@ -1,0 +1,259 @@
+"""What the routes do: sessions, training runs, samplers and saved states, by the SDK's ids.
+
+Ids follow the SDK's own conventions (it derives a model id from the session and its counter):
+session `s-<hex>`, training run `<session>:train:<n>`, sampler `<session>:sample:<n>`.
+Handlers that touch a model submit a job to the worker (rlctl.tinker.futures) and return its
+request id; the rest answer at once.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import uuid
+from collections import OrderedDict
+from pathlib import Path
+
+from rlctl.tinker import state as saved
+from rlctl.tinker.base import BaseModel, LoraSpec
+from rlctl.tinker.futures import Futures, Reply
+from rlctl.tinker.sampling import Sampler, parse_params, prompt_logprobs, sample
+from rlctl.tinker.training import TrainingRun
+from rlctl.tinker.wire import PROTO, ForwardBackward, TinkerError, encode_forward_backward, encode_sample
+
+log = logging.getLogger("rlctl.tinker")
+MAX_SAMPLERS = 32       # adapter snapshots kept for sampling clients; the oldest is dropped beyond
+
+
+class Service:
+    def __init__(self, bases: dict[str, BaseModel], state_dir: Path, max_samplers: int = MAX_SAMPLERS):
+        self.bases, self.state_dir, self.max_samplers = bases, Path(state_dir), max_samplers
+        self.futures = Futures()
+        self.runs: dict[str, TrainingRun] = {}
+        self.samplers: OrderedDict[str, Sampler] = OrderedDict()
+        self.evicted: set[str] = set()
+        self._lock = threading.Lock()
+
+    # -- sessions and discovery (answered at once) --------------------------------------------
+    def create_session(self, body: dict) -> dict:
+        return {"type": "create_session", "session_id": f"s-{uuid.uuid4().hex[:12]}"}
+
+    def capabilities(self) -> dict:
+        return {"supported_models": [{"model_name": b.name, "max_context_length": b.max_context, "trainable": True,
+                                      "sampleable": True} for b in self.bases.values()]}
+
+    def base(self, name: str | None) -> BaseModel:
+        found = self.bases.get(name or "")
+        if found is None:
+            raise TinkerError(f"unknown base_model {name!r}; this server has {', '.join(self.bases)} "
+                              "(start rlctl tinker with --model for others)", status=404)
+        return found
+
+    def run(self, model_id: str | None) -> TrainingRun:
+        found = self.runs.get(model_id or "")
+        if found is None:
+            raise TinkerError(f"unknown model_id {model_id!r}: no training client of that id on this server", status=404)
+        return found
+
+    def get_info(self, body: dict) -> dict:
+        run = self.run(body.get("model_id"))
+        return {"type": "get_info", "model_id": run.model_id, "model_name": run.base.name, "is_lora": True,
+                "lora_rank": run.spec.rank,
+                "model_data": {"arch": run.base.arch, "model_name": run.base.name, "tokenizer_id": str(run.base.path)}}
+
+    # -- training clients ---------------------------------------------------------------------
+    def create_model(self, body: dict) -> dict:
+        base = self.base(body.get("base_model"))
+        _check_optimizer(body.get("optimizer_config"))
+        lora = body.get("lora_config") or {}
+        if int(lora.get("rank", 0)) < 1:
+            raise TinkerError("lora_config.rank must be >= 1: rlctl tinker trains LoRA adapters only")
+        spec = LoraSpec(int(lora["rank"]), lora.get("seed"), bool(lora.get("train_mlp", True)),
+                        bool(lora.get("train_attn", True)), bool(lora.get("train_unembed", True)))
+        model_id = f"{body['session_id']}:train:{body['model_seq_id']}"
+
+        def job() -> Reply:
+            self._new_run(model_id, base, spec)
+            return Reply({"type": "create_model", "model_id": model_id})
+        return self._future(job, model_id=model_id)
+
+    def _new_run(self, model_id: str, base: BaseModel, spec: LoraSpec) -> TrainingRun:
+        if model_id in self.runs:
+            raise TinkerError(f"model_id {model_id!r} exists already", status=409)
+        run = self.runs[model_id] = TrainingRun(model_id, base, spec)
+        log.info("training client %s: LoRA rank %d on %s", model_id, spec.rank, base.name)
+        return run
+
+    def forward_backward(self, req: ForwardBackward) -> dict:
+        run = self.run(req.model_id)
+
+        def job() -> Reply:
+            outputs, metrics = run.forward_backward(req)
+            return Reply(encode_forward_backward(outputs, metrics), PROTO)
+        return self._future(job, model_id=run.model_id, gate=(run.model_id, req.seq_id))
+
+    def optim_step(self, body: dict) -> dict:
+        run = self.run(body.get("model_id"))
+        params = body.get("adam_params") or body.get("optimizer_params") or body.get("optim_params") or {}
+        return self._future(lambda: Reply({"metrics": run.optim_step(params)}), model_id=run.model_id,
+                            gate=_gate(run.model_id, body))
+
+    # -- saved states -------------------------------------------------------------------------
+    def save_weights(self, body: dict) -> dict:
+        run = self.run(body.get("model_id"))
+        name = saved.check_name(body.get("path") or f"step-{uuid.uuid4().hex[:8]}")
+
+        def job() -> Reply:
+            path = self._save(run, "weights", name, with_optimizer=True)
+            return Reply({"type": "save_weights", "path": path})
+        return self._future(job, model_id=run.model_id, gate=_gate(run.model_id, body))
+
+    def _save(self, run: TrainingRun, kind: str, name: str, *, with_optimizer: bool) -> str:
+        meta = {"base_model": run.base.name, "base_path": str(run.base.path), "model_id": run.model_id,
+                "lora": run.spec.as_dict(), "steps": run.steps}
+        return saved.save(self.state_dir, run.model_id, kind, name, adapter_state=run.base.adapter_state(run.adapter),
+                          adapter_config=run.base.adapter_config(run.adapter), meta=meta,
+                          optimizer=run.optimizer.state_dict() if with_optimizer else None)
+
+    def load_weights(self, body: dict) -> dict:
+        folder = saved.folder_of(self.state_dir, body.get("path") or "")
+        with_optimizer = bool(body.get("optimizer"))
+        if body.get("model_id"):     # load_state into an existing training client
+            run = self.run(body["model_id"])
+            return self._future(lambda: self._load_into(run, folder, with_optimizer), model_id=run.model_id,
+                                gate=_gate(run.model_id, body))
+        model_id = f"{body['session_id']}:train:{body['model_seq_id']}"
+
+        def create() -> Reply:
+            meta, _, _ = saved.load(folder, optimizer=False)
+            base = self.base(body.get("base_model") or meta["base_model"])
+            return self._load_into(self._new_run(model_id, base, saved.spec_of(meta)), folder, with_optimizer)
+        return self._future(create, model_id=model_id)
+
+    def _load_into(self, run: TrainingRun, folder: Path, with_optimizer: bool) -> Reply:
+        meta, state, optimizer = saved.load(folder, optimizer=with_optimizer)
+        if meta["base_model"] != run.base.name or saved.spec_of(meta).rank != run.spec.rank:
+            raise TinkerError(f"{folder} holds a rank-{meta['lora']['rank']} adapter of {meta['base_model']}; this training "
+                              f"client is rank {run.spec.rank} on {run.base.name}")
+        run.base.load_adapter_state(run.adapter, state)
+        if optimizer is not None:
+            run.optimizer.load_state_dict(optimizer)
+            run.steps = int(meta.get("steps", 0))
+        for p in run.params:
+            p.grad = None
+        return Reply({"type": "load_weights", "path": saved.tinker_path(meta["model_id"], folder.parent.name, folder.name),
+                      "model_id": run.model_id})
+
+    # -- sampling -----------------------------------------------------------------------------
+    def save_weights_for_sampler(self, body: dict) -> dict:
+        run = self.run(body.get("model_id"))
+        name = body.get("path")
+        sampler_id = None if name else f"{run.model_id.split(':')[0]}:sample:{body.get('sampling_session_seq_id')}"
+
+        def job() -> Reply:
+            if name:
+                path = self._save(run, "sampler_weights", saved.check_name(name), with_optimizer=False)
+                return Reply({"type": "save_weights_for_sampler", "path": path})
+            self._add_sampler(sampler_id, run.base, run.base.adapter_state(run.adapter), run.base.adapter_config(run.adapter))
+            return Reply({"type": "save_weights_for_sampler", "sampling_session_id": sampler_id})
+        return self._future(job, model_id=run.model_id, gate=_gate(run.model_id, body))
+
+    def create_sampling_session(self, body: dict) -> dict:
+        sampler_id = f"{body['session_id']}:sample:{body['sampling_session_seq_id']}"
+        path = body.get("model_path")
+        if not path:
+            self._keep_sampler(Sampler(sampler_id, self.base(body.get("base_model")), None))
+            return {"type": "create_sampling_session", "sampling_session_id": sampler_id}
+        folder = saved.folder_of(self.state_dir, path)
+        meta, state, _ = saved.load(folder, optimizer=False)
+        base = self.base(meta["base_model"])
+        from peft import LoraConfig
+
+        config = LoraConfig.from_pretrained(str(folder))
+        done = self.futures.wait(self.futures.submit(lambda: Reply(self._add_sampler(sampler_id, base, state, config, path))),
+                                 600)
+        if isinstance(done, TinkerError):
+            raise done
+        return {"type": "create_sampling_session", "sampling_session_id": sampler_id}
+
+    def _add_sampler(self, sampler_id: str, base: BaseModel, state: dict, config, path: str | None = None) -> dict:
+        adapter = base.new_adapter_name("s")
+        base.model.add_adapter(adapter, config)
+        base.load_adapter_state(adapter, state)
+        self._keep_sampler(Sampler(sampler_id, base, adapter, path))
+        return {}
+
+    def _keep_sampler(self, sampler: Sampler) -> None:
+        with self._lock:
+            self.samplers[sampler.sampler_id] = sampler
+            while len(self.samplers) > self.max_samplers:
+                old_id, old = self.samplers.popitem(last=False)
+                self.evicted.add(old_id)
+                if old.adapter is not None:
+                    self.futures.submit(lambda o=old: Reply(o.base.delete_adapter(o.adapter)))
+
+    def sampler(self, sampler_id: str | None) -> Sampler:
+        with self._lock:
+            found = self.samplers.get(sampler_id or "")
+        if found is None:
+            why = (f"was evicted: this server keeps the {self.max_samplers} newest sampling clients' weights "
+                   "(--max-samplers); create a new sampling client" if sampler_id in self.evicted
+                   else "is unknown to this server")
+            raise TinkerError(f"sampling session {sampler_id!r} {why}", status=404)
+        return found
+
+    def get_sampler(self, sampler_id: str) -> dict:
+        s = self.sampler(sampler_id)
+        return {"sampler_id": s.sampler_id, "base_model": s.base.name, "model_path": s.model_path}
+
+    def asample(self, body: dict) -> dict:
+        if body.get("model_path") or not body.get("sampling_session_id"):
+            raise TinkerError("sample requests name a sampling_session_id (create the SamplingClient through the SDK)")
+        s = self.sampler(body["sampling_session_id"])
+        prompt = _prompt_tokens(body.get("prompt") or {})
+        n = int(body.get("num_samples", 1))
+        if n < 1 or not prompt:
+            raise TinkerError("sample needs a non-empty prompt and num_samples >= 1")
+        if max(prompt) >= s.base.vocab_size or min(prompt) < 0:
+            raise TinkerError(f"the prompt holds token ids outside the vocabulary [0, {s.base.vocab_size})")
+        for key in ("topk_prompt_logprobs", "topk_sample_logprobs", "prompt_alt_tokens_k"):
+            if body.get(key):
+                raise TinkerError(f"{key} is not served by rlctl tinker (plain prompt and sample log-probs are)")
+        params = parse_params(body.get("sampling_params") or {}, s.base, len(prompt))
+        want_prompt_lp = bool(body.get("prompt_logprobs"))
+
+        def job() -> Reply:
+            self.sampler(s.sampler_id)      # still there: evicted while queued fails in one line too
+            sequences = sample(s, prompt, n, params)
+            return Reply(encode_sample(sequences, prompt_logprobs(s, prompt) if want_prompt_lp else None), PROTO)
+        out = self._future(job)
+        # the SDK names each returned sequence by these (StableReinforce's references; nothing here uses them)
+        out["sample_sequence_ids"] = [f"{out['request_id']}:{i}" for i in range(n)]
+        return out
+
+    # -- futures ------------------------------------------------------------------------------
+    def _future(self, job, *, model_id: str | None = None, gate: tuple[str, int] | None = None) -> dict:
+        out = {"request_id": self.futures.submit(job, gate)}
+        if model_id:
+            out["model_id"] = model_id
+        return out
+
+
+def _gate(model_id: str, body: dict) -> tuple[str, int] | None:
+    seq = body.get("seq_id")
+    return None if seq is None else (model_id, int(seq))
+
+
+def _check_optimizer(config: dict | None) -> None:
+    kind = (config or {}).get("type", "adamw")
+    if kind != "adamw":
+        raise TinkerError(f"optimizer {kind!r} is not served by rlctl tinker: only Adam (adamw)")
+
+
+def _prompt_tokens(prompt: dict) -> list[int]:
+    tokens: list[int] = []
+    for chunk in prompt.get("chunks") or []:
+        if chunk.get("type", "encoded_text") != "encoded_text":
+            raise TinkerError(f"only token (encoded_text) prompt chunks are supported, not {chunk.get('type')!r}")
+        tokens.extend(int(t) for t in chunk.get("tokens") or [])
+    return tokens

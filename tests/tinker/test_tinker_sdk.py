@@ -1,0 +1,265 @@
+"""`rlctl tinker` driven by the official tinker SDK on the tiny model: one server for the module.
+
+Training, the RL losses against their written formulas, sampling log-probs against the trainer's,
+exact resume, two clients on one base, and bad input (each fails alone; the server goes on)."""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pytest
+
+tinker = pytest.importorskip("tinker")
+from tinker import types  # noqa: E402
+
+from support.servers import ServerProcess  # noqa: E402
+
+pytestmark = pytest.mark.slow
+URL = re.compile(r"Tinker API for .* on (http://[^ ;]+)")
+KEY = "tml-rlctl-tests"
+MAX_SAMPLERS = 6
+
+
+@pytest.fixture(scope="module")
+def server(tiny_model_dir, tmp_path_factory):
+    state = tmp_path_factory.mktemp("tinker_state")
+    proc = ServerProcess(["--model", str(tiny_model_dir), "--port", "0", "--api-key", KEY, "--state-dir", str(state),
+                          "--max-samplers", str(MAX_SAMPLERS)], timeout_s=120, command="tinker", url_line=URL)
+    proc.state_dir = state
+    yield proc
+    proc.stop()
+
+
+@pytest.fixture(scope="module")
+def service(server):
+    client = tinker.ServiceClient(base_url=server.base_url, api_key=KEY)
+    yield client
+    client.close("success").result()
+
+
+@pytest.fixture(scope="module")
+def base(tiny_model_dir) -> str:
+    return str(tiny_model_dir.resolve())
+
+
+def sl_datum(tokenizer, text: str, prompt_chars: int = 6) -> types.Datum:
+    """Prompt + completion shifted by one token; weight 1 on the completion's targets only."""
+    ids = tokenizer.encode(text)
+    n_prompt = len(tokenizer.encode(text[:prompt_chars]))
+    weights = [0.0 if i + 1 < n_prompt else 1.0 for i in range(len(ids) - 1)]
+    return types.Datum(model_input=types.ModelInput.from_ints(ids[:-1]),
+                       loss_fn_inputs={"target_tokens": ids[1:], "weights": weights})
+
+
+def adapter_tensors(server, path: str) -> dict[str, np.ndarray]:
+    from safetensors.numpy import load_file
+
+    model_id, kind, name = path[len("tinker://"):].split("/")
+    return load_file(str(server.state_dir / model_id.replace(":", "-") / kind / name / "adapter_model.safetensors"))
+
+
+def test_supervised_loss_falls(service, base):
+    tc = service.create_lora_training_client(base_model=base, rank=8, seed=0).result()
+    data = [sl_datum(tc.get_tokenizer(), t) for t in ("Q: 2+2? A: 4", "Q: 3+3? A: 6", "Q: 1+4? A: 5")]
+    losses = []
+    for _ in range(8):
+        fb = tc.forward_backward(data, "cross_entropy")
+        tc.optim_step(types.AdamParams(learning_rate=2e-2)).result()
+        out = fb.result()
+        losses.append(out.metrics["loss:sum"])
+        summed = -sum(float(np.dot(o["logprobs"].to_numpy(), d.loss_fn_inputs["weights"].to_numpy()))
+                      for o, d in zip(out.loss_fn_outputs, data))
+        assert out.metrics["loss:sum"] == pytest.approx(summed, rel=1e-5)   # a sum, weighted, no mean
+    assert losses[-1] < 0.5 * losses[0], losses
+
+
+def _rl_datum(sampler, tokenizer, advantage: float):
+    prompt = tokenizer.encode("Say hi:")
+    seq = sampler.sample(types.ModelInput.from_ints(prompt), 1,
+                         types.SamplingParams(max_tokens=6, temperature=1.0, seed=3)).result().sequences[0]
+    full = prompt + seq.tokens
+    n_prompt = len(prompt) - 1
+    pad = [0.0] * n_prompt
+    return types.Datum(model_input=types.ModelInput.from_ints(full[:-1]),
+                       loss_fn_inputs={"target_tokens": full[1:], "logprobs": pad + list(seq.logprobs),
+                                       "advantages": pad + [advantage] * len(seq.tokens)})
+
+
+def _expected(loss: str, lp: np.ndarray, q: np.ndarray, adv: np.ndarray, cfg: dict) -> float:
+    """docs/tinker.md's formulas, written again here from the docs."""
+    r = np.exp(lp - q)
+    lo, hi = cfg.get("clip_low_threshold", 0.8), cfg.get("clip_high_threshold", 1.2)
+    per = {"importance_sampling": -r * adv,
+           "ppo": -np.minimum(r * adv, np.clip(r, lo, hi) * adv),
+           "cispo": -np.clip(r, lo, hi) * lp * adv,
+           "dro": -(lp * adv - 0.5 * cfg.get("beta", 0.0) * (lp - q) ** 2)}[loss]
+    return float(per.sum())
+
+
+@pytest.mark.parametrize("loss,cfg", [("importance_sampling", {}), ("ppo", {"clip_low_threshold": 0.9}),
+                                      ("cispo", {}), ("dro", {"beta": 0.1})])
+def test_rl_step_with_each_loss(service, base, loss, cfg):
+    tc = service.create_lora_training_client(base_model=base, rank=4, seed=1).result()
+    sampler = tc.save_weights_and_get_sampling_client().result()
+    datum = _rl_datum(sampler, tc.get_tokenizer(), advantage=1.0)
+    # one step moves the policy off the sampler, so the ratio is no longer 1 at the second call
+    for _ in range(2):
+        out = tc.forward_backward([datum], loss, loss_fn_config=cfg or None).result()
+        tc.optim_step(types.AdamParams(learning_rate=1e-2)).result()
+    x = {k: v.to_numpy() for k, v in datum.loss_fn_inputs.items()}
+    lp = out.loss_fn_outputs[0]["logprobs"].to_numpy()
+    # every position counts (dro's penalty too where the advantage is 0), as the formulas are written
+    expected = _expected(loss, lp, x["logprobs"], x["advantages"], cfg)
+    assert out.metrics["loss:sum"] == pytest.approx(expected, rel=1e-4, abs=1e-5)
+
+
+def test_sampling_logprobs_match_the_trainer(service, base):
+    tc = service.create_lora_training_client(base_model=base, rank=4, seed=2).result()
+    tok = tc.get_tokenizer()
+    tc.forward_backward([sl_datum(tok, "Q: 7+1? A: 8")], "cross_entropy").result()
+    tc.optim_step(types.AdamParams(learning_rate=1e-2)).result()
+    sampler = tc.save_weights_and_get_sampling_client().result()
+    prompt = tok.encode("Q: 5+2? A:")
+    res = sampler.sample(types.ModelInput.from_ints(prompt), 3, types.SamplingParams(max_tokens=8, seed=7),
+                         include_prompt_logprobs=True).result()
+    assert len(res.sequences) == 3
+    for seq in res.sequences:
+        full = prompt + seq.tokens
+        datum = types.Datum(model_input=types.ModelInput.from_ints(full[:-1]),
+                            loss_fn_inputs={"target_tokens": full[1:], "weights": [0.0] * (len(full) - 1)})
+        trainer = tc.forward([datum], "cross_entropy").result().loss_fn_outputs[0]["logprobs"].to_numpy()
+        np.testing.assert_allclose(seq.logprobs, trainer[len(prompt) - 1:], atol=1e-4)
+        np.testing.assert_allclose(res.prompt_logprobs[1:], trainer[:len(prompt) - 1], atol=1e-4)
+    assert res.prompt_logprobs[0] is None
+    again = sampler.compute_logprobs(types.ModelInput.from_ints(prompt)).result()
+    np.testing.assert_allclose(again[1:], res.prompt_logprobs[1:], atol=1e-6)
+    same_seed = sampler.sample(types.ModelInput.from_ints(prompt), 3, types.SamplingParams(max_tokens=8, seed=7)).result()
+    assert [s.tokens for s in same_seed.sequences] == [s.tokens for s in res.sequences]
+
+
+def _step(tc, data):
+    tc.forward_backward(data, "cross_entropy").result()
+    tc.optim_step(types.AdamParams(learning_rate=1e-2, weight_decay=0.01, grad_clip_norm=1.0)).result()
+
+
+def test_resume_from_state_is_bitwise_exact(server, service, base):
+    tc = service.create_lora_training_client(base_model=base, rank=4, seed=3).result()
+    data = [sl_datum(tc.get_tokenizer(), "Q: 9+9? A: 18")]
+    _step(tc, data)
+    _step(tc, data)
+    mid = tc.save_state("mid").result().path
+    _step(tc, data)
+    straight = adapter_tensors(server, tc.save_state("straight").result().path)
+    resumed = service.create_training_client_from_state_with_optimizer(mid).result()
+    _step(resumed, data)
+    again = adapter_tensors(server, resumed.save_state("resumed").result().path)
+    assert straight.keys() == again.keys()
+    for k in straight:
+        assert np.array_equal(straight[k], again[k]), k
+    # weights only: the same weights, a fresh optimizer, so the next step differs
+    fresh = service.create_training_client_from_state(mid).result()
+    _step(fresh, data)
+    other = adapter_tensors(server, fresh.save_state("fresh").result().path)
+    assert any(not np.array_equal(straight[k], other[k]) for k in straight)
+
+
+def test_two_training_clients_on_one_base_do_not_disturb_each_other(server, service, base):
+    a = service.create_lora_training_client(base_model=base, rank=4, seed=5).result()
+    b = service.create_lora_training_client(base_model=base, rank=8, seed=6).result()
+    alone = service.create_lora_training_client(base_model=base, rank=4, seed=5).result()
+    tok = a.get_tokenizer()
+    da, db = [sl_datum(tok, "Q: 1+1? A: 2")], [sl_datum(tok, "zzzz yyyy xxxx")]
+    fa = a.forward_backward(da, "cross_entropy")          # a's gradient waits while b trains a full step
+    b.forward_backward(db, "cross_entropy").result()
+    b.optim_step(types.AdamParams(learning_rate=5e-2)).result()
+    fa.result()
+    a.optim_step(types.AdamParams(learning_rate=1e-2)).result()
+    _step_plain = alone.forward_backward(da, "cross_entropy")
+    _step_plain.result()
+    alone.optim_step(types.AdamParams(learning_rate=1e-2)).result()
+    wa = adapter_tensors(server, a.save_state("a").result().path)
+    walone = adapter_tensors(server, alone.save_state("alone").result().path)
+    for k in wa:
+        assert np.array_equal(wa[k], walone[k]), k
+
+
+def test_named_sampler_weights_open_by_path(service, base):
+    tc = service.create_lora_training_client(base_model=base, rank=4, seed=8).result()
+    _step(tc, [sl_datum(tc.get_tokenizer(), "Q: 4+4? A: 8")])
+    path = tc.save_weights_for_sampler("final").result().path
+    assert path.endswith("/sampler_weights/final")
+    prompt = types.ModelInput.from_ints(tc.get_tokenizer().encode("Q: 4+4?"))
+    by_path = service.create_sampling_client(model_path=path).result().compute_logprobs(prompt).result()
+    ephemeral = tc.save_weights_and_get_sampling_client().result().compute_logprobs(prompt).result()
+    np.testing.assert_allclose(by_path[1:], ephemeral[1:], atol=1e-6)
+
+
+# -- bad input: the request fails in one line, the server and the other clients go on --------------
+
+def _one_line(err: BaseException) -> str:
+    text = str(err)
+    assert "\n" not in text, text
+    return text
+
+
+def test_unknown_base_model_and_optimizer_are_refused(service, base):
+    with pytest.raises(Exception) as e:
+        service.create_lora_training_client(base_model="no/such-model", rank=4).result()
+    assert "unknown base_model 'no/such-model'" in _one_line(e.value) and base in str(e.value)
+    with pytest.raises(Exception) as e:
+        service.create_lora_training_client(base_model=base, rank=4, optimizer=types.DimuonOptimizerConfig()).result()
+    assert "optimizer 'dimuon' is not served" in _one_line(e.value)
+
+
+@pytest.mark.parametrize("loss,needle", [("stable_reinforce", "'stable_reinforce' is not supported"),
+                                         ("gspo", "'gspo' is not supported"), ("nope", "unknown loss_fn 'nope'")])
+def test_unsupported_loss_fails_that_request_only(service, base, loss, needle):
+    tc = service.create_lora_training_client(base_model=base, rank=4).result()
+    datum = sl_datum(tc.get_tokenizer(), "Q: 1+2? A: 3")
+    with pytest.raises(tinker.RequestFailedError) as e:
+        tc.forward_backward([datum], loss).result()
+    assert needle in _one_line(e.value)
+    assert tc.forward_backward([datum], "cross_entropy").result().metrics["loss:sum"] > 0   # the client goes on
+
+
+def test_datum_whose_lengths_disagree_and_bad_optimizer_params(service, base):
+    tc = service.create_lora_training_client(base_model=base, rank=4).result()
+    ids = tc.get_tokenizer().encode("Q: 1+2? A: 3")
+    bad = types.Datum(model_input=types.ModelInput.from_ints(ids[:-1]), loss_fn_inputs={"target_tokens": ids})
+    with pytest.raises(tinker.RequestFailedError) as e:
+        tc.forward_backward([bad], "cross_entropy").result()
+    assert "loss_fn_inputs['target_tokens'] has shape" in _one_line(e.value)
+    with pytest.raises(tinker.RequestFailedError) as e:
+        tc.optim_step(types.DimuonParams(learning_rate=1e-3)).result()
+    assert "optim_step takes AdamParams only" in _one_line(e.value)
+    with pytest.raises(tinker.RequestFailedError) as e:
+        tc.forward_backward([sl_datum(tc.get_tokenizer(), "Q: 1+2? A: 3")], "dro").result()
+    assert "lacks loss_fn_inputs logprobs, advantages" in _one_line(e.value)
+
+
+def test_unknown_and_evicted_samplers(service, base):
+    with pytest.raises(Exception) as e:
+        service.create_sampling_client(model_path="tinker://nope:train:0/sampler_weights/x").result()
+    assert "no saved state at tinker://nope:train:0/sampler_weights/x" in _one_line(e.value)
+    tc = service.create_lora_training_client(base_model=base, rank=4).result()
+    first = tc.save_weights_and_get_sampling_client().result()
+    for _ in range(MAX_SAMPLERS):
+        tc.save_weights_and_get_sampling_client().result()
+    prompt = types.ModelInput.from_ints([1, 2, 3])
+    with pytest.raises(Exception) as e:
+        first.sample(prompt, 1, types.SamplingParams(max_tokens=2)).result()
+    assert "was evicted" in _one_line(e.value)
+
+
+def test_a_body_that_does_not_decode_is_a_400_and_the_server_goes_on(server, service, base):
+    import httpx
+
+    for body, headers in ((b"\xff\xfe not protobuf", {}), (b"not zstd", {"Content-Encoding": "zstd"})):
+        r = httpx.post(f"{server.base_url}/api/v1/forward_backward", content=body,
+                       headers={"X-API-Key": KEY, "Content-Type": "application/x-protobuf", **headers})
+        assert r.status_code == 400 and r.json()["category"] == "user", r.text
+        assert "forward_backward body" in r.json()["error"]
+    assert httpx.post(f"{server.base_url}/api/v1/create_session", json={}, headers={"X-API-Key": "tml-wrong"}).status_code == 401
+    tc = service.create_lora_training_client(base_model=base, rank=4).result()
+    assert tc.forward([sl_datum(tc.get_tokenizer(), "still here")], "cross_entropy").result().loss_fn_outputs
