@@ -21,7 +21,7 @@ import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-from rlctl.api import lora_routes, protocol
+from rlctl.api import lora_routes, protocol, responses
 from rlctl.api.deadline import DeadlineReader
 from rlctl.api.guards import check_bearer, json_object, too_large
 from rlctl.api.requests import Request, ServingEngine
@@ -217,6 +217,10 @@ class _Handler(BaseHTTPRequestHandler):
                                           for _ in range(parsed.params.n)]
             self._generate(parsed)
             return
+        if path == "/v1/responses":
+            self._only(method, "POST")
+            responses.answer(self, self._read_json())   # translated to the chat path (rlctl.api.responses)
+            return
         raise APIError(404, f"no route {method} {path}", code="not_found")
 
     # ---- request plumbing ---------------------------------------------------------------------
@@ -277,7 +281,7 @@ class _Handler(BaseHTTPRequestHandler):
             self.close_connection = True
 
     # ---- generation ---------------------------------------------------------------------------
-    def _generate(self, parsed: protocol.ParsedRequest) -> None:
+    def _generate(self, parsed: protocol.ParsedRequest, reply=None) -> None:   # reply(requests, events)
         events: queue.Queue = queue.Queue()
         n = parsed.params.n
         visions = parsed.visions or [None] * len(parsed.prompts)
@@ -291,7 +295,9 @@ class _Handler(BaseHTTPRequestHandler):
                         raise APIError(503, "the server is shutting down", type="server_error")
                     raise APIError(429, "the server is busy (request queue full); retry later",
                                    type="server_error", code="server_busy")
-            if parsed.stream:
+            if reply is not None:
+                reply(requests, events)
+            elif parsed.stream:
                 self._stream(parsed, requests, events)
             else:
                 self._collect(parsed, requests, events)
@@ -334,12 +340,7 @@ class _Handler(BaseHTTPRequestHandler):
     def _stream(self, parsed, requests, events) -> None:
         kind, model, rid = parsed.kind, self.adapter or self.server.model_name, protocol.new_id(parsed.kind)
         total = len(requests) * parsed.params.n
-        self.send_response(200)
-        self.send_header("Content-Type", "text/event-stream")
-        self.send_header("Cache-Control", "no-cache")
-        self.send_header("Connection", "close")  # the stream ends when we close the socket
-        self.close_connection = True
-        self.end_headers()
+        self._start_stream()
         if kind == "chat":
             for i in range(total):
                 self._sse(protocol.chunk(kind, rid, model, i, None, None, role=True))
@@ -360,6 +361,14 @@ class _Handler(BaseHTTPRequestHandler):
             use = protocol.usage(sum(len(r.prompt_ids) for r in requests), sum(tokens))
             self._sse(protocol.usage_chunk(kind, rid, model, use))
         self.wfile.write(b"data: [DONE]\n\n")
+
+    def _start_stream(self) -> None:
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.send_header("Cache-Control", "no-cache")
+        self.send_header("Connection", "close")  # the stream ends when we close the socket
+        self.close_connection = True
+        self.end_headers()
 
     def _stream_tools(self, stream: ToolCallStream, rid: str, ev) -> None:
         """Content while no call has started; at the end the held-back rest, as tool_calls or content."""
