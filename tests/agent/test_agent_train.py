@@ -88,12 +88,28 @@ def test_the_agent_run_merges_to_a_hugging_face_folder(run, tmp_path):
     assert (tmp_path / "hf" / "config.json").is_file()
 
 
-def test_a_command_agent_trains_a_step(project, ray_cluster, tmp_path):
+BAD_FIRST = """
+import http.client, json, os, runpy, urllib.parse
+url = urllib.parse.urlsplit(os.environ["OPENAI_BASE_URL"])
+conn = http.client.HTTPConnection(url.hostname, url.port, timeout=60)
+for body in ({"token_ids": [1, 10**7]}, {"token_ids": [1, 2], "sampling_params": {"stop": [5]}}):
+    conn.request("POST", url.path.removesuffix("/v1") + "/inference/v1/generate", json.dumps(body),
+                 {"Authorization": "Bearer " + os.environ["OPENAI_API_KEY"], "Content-Type": "application/json"})
+    answer = conn.getresponse()
+    assert (answer.status, answer.read() and True) == (400, True)
+runpy.run_path("revise_cmd.py", run_name="__main__")
+"""
+
+
+def test_a_command_agent_trains_and_its_bad_requests_fail_alone(project, ray_cluster, tmp_path):
+    """revise_cmd.py, each episode first sending the token endpoint an out-of-vocabulary id and a
+    non-string stop (each once ended the run with exit 4): both are 400s and both steps train."""
     proj = tmp_path / "cmd"
     shutil.copytree(project, proj, ignore=shutil.ignore_patterns("runs"))
     shutil.copy(EXAMPLES / "revise_cmd.py", proj)
+    (proj / "bad_first.py").write_text(BAD_FIRST)
     start_training(load_config(proj / "rlctl.toml", SMALL + [
-        "run.total_steps=1", "run.save_every=0", "rollout.agent.function=",
-        f'rollout.agent.command=["{sys.executable}", "revise_cmd.py"]']), address=None, force=False)
+        "run.total_steps=2", "run.save_every=0", "rollout.agent.function=",
+        f'rollout.agent.command=["{sys.executable}", "bad_first.py"]']), address=None, force=False)
     got = rows(proj / "runs" / "grpo-agent-smollm2-cpu")
-    assert got[0]["agent/calls"] == 2.0 and got[0]["agent/failed"] == 0.0
+    assert [(r["agent/calls"], r["agent/failed"]) for r in got] == [(2.0, 0.0)] * 2
