@@ -266,4 +266,13 @@ def key_table() -> str:
              "`critic.ppo_mini_batch_size`, ... (GAE runs) |",
              "| `critic.micro_batch_max_tokens` | 32768 when the actor's `use_dynamic_bsz` is on | "
              "`critic.use_dynamic_bsz` |"]
+    rows += ["", "verl's SFT trainers (`verl.trainer.fsdp_sft_trainer`, `verl.trainer.sft_trainer`): the keys", "",
+             "| verl key | rlctl key | notes |", "|---|---|---|"]
+    rows += [f"| `{r.verl}` | " + (f"`{r.rlctl}`" if r.rlctl else "not honoured") + f" | {r.why} |" for r in SFT_RULES]
+    rows += ["", "and verl's SFT defaults written when a launch does not set the key:", "",
+             "| rlctl key | verl's default | verl key |", "|---|---|---|"]
+    rows += [f"| `{key}` | `{default}` | `{verl}` |" for key, (default, verl) in
+             {**SFT_DEFAULTS, **FSDP_SFT_DEFAULTS}.items()]
+    rows += [f"| `{key}` | `{default}` (`sft_trainer` only) | `{verl}` |" for key, (default, verl) in
+             ENGINE_SFT_DEFAULTS.items()]
     return "\n".join(rows) + "\n"

@@ -38,7 +38,7 @@ OTHER_TOOLS = (
     (re.compile(r"(^|[\s/.])(model_merger|legacy_model_merger)(\.py)?$"),
      "verl's model merger: `rlctl merge RUN_DIR --to-hf OUT` writes a Hugging Face folder from an rlctl run"),
     (re.compile(r"(^|[\s/.])main_generation(_server)?(\.py)?$"),
-     "verl's generation main: `rlctl eval MODEL --data FILE --samples-out OUT` generates (and scores) responses"),
+     "verl's generation main: `rlctl eval MODEL --data FILE --out OUT.jsonl` generates (and scores) responses"),
     (re.compile(r"(^|[\s/.])main_eval(\.py)?$"), "verl's eval main: `rlctl eval MODEL --data FILE` scores a model"),
     (re.compile(r"(^|[\s/.])converter_hf_to_mcore(\.py)?$"),
      "verl's Hugging Face -> Megatron converter: rlctl trains from the Hugging Face folder as it is"),

@@ -95,9 +95,10 @@ def _batches(out: dict, sources: dict, values: dict, notes: list, role: str, mod
     if (mini * n) % world or batch % mini:
         chosen = _nearest_mini(batch, n, world, per_rank * dp)
         out[mini_key], sources[mini_key] = chosen, verl_key
-        notes.append((verl_key, str(mini), f"verl floors {mini} x n {n} / {dp} ranks to {per_rank} sequences per rank "
-                      f"({per_rank * dp} an update); rlctl's mini-batch is whole prompts split evenly over {world} "
-                      f"workers: {chosen} prompts ({chosen * n} sequences)"))
+        how = "floors" if mini * n % dp else "splits"
+        notes.append((verl_key, str(mini), f"verl {how} {mini} x n {n} over {dp} data-parallel ranks to {per_rank} "
+                      f"sequences per rank ({per_rank * dp} an update); rlctl's mini-batch is whole prompts split "
+                      f"evenly over {world} workers: {chosen} prompts ({chosen * n} sequences)"))
         mini = chosen
     per_worker = mini * n // world
     if micro is None:   # verl's launch left it to the token budget or its default: rlctl's default must still fit

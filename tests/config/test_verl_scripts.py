@@ -156,7 +156,7 @@ def test_verl_floors_where_rlctl_needs_whole_prompts(tmp_path):
     text, typed, conversion = convert_launch(words)
     # verl: 10 x 5 // 8 = 6 per rank, 48 sequences an update; rlctl: 8 prompts x 5 = 40 split over 8
     assert typed["actor.mini_batch_size"] == 8
-    assert any("floors 10 x n 5 / 8 ranks to 6" in why for _, _, why in conversion.not_honoured)
+    assert any("floors 10 x n 5 over 8 data-parallel ranks to 6" in why for _, _, why in conversion.not_honoured)
     assert _problems(text, tmp_path) == []
 
 
