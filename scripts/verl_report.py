@@ -32,7 +32,9 @@ def scripts_of(verl: Path, rev: str, skip: tuple, into: Path) -> tuple[list[Path
     """The examples/ launch scripts (copied under `into` when read from a bare git dir) and the commit."""
     bare = (verl / "HEAD").is_file() and (verl / "objects").is_dir()
     git = ["git", "--git-dir", str(verl if bare else verl / ".git")]
-    commit = subprocess.run([*git, "rev-parse", "--short", rev], capture_output=True, text=True).stdout.strip()
+    commit = ""
+    if bare or (verl / ".git").exists():
+        commit = subprocess.run([*git, "rev-parse", "--short", rev], capture_output=True, text=True).stdout.strip()
     if bare:
         names = subprocess.run([*git, "ls-tree", "-r", "--name-only", rev, "examples"], capture_output=True,
                                text=True, check=True).stdout.split()

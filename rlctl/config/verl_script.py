@@ -309,7 +309,7 @@ def _launch(words: list[str], entry: str = "") -> Launch:
             raise UsageError(f"{word!r} is not a verl override (key=value)",
                              hint="verl's trainer takes key=value words, e.g. data.train_batch_size=256.")
         key, value = word.split("=", 1)
-        if key.startswith("+") and not key.startswith("++"):
+        if key.startswith("+"):   # +key adds, ++key adds or overrides: either may be a key verl's YAML lacks
             launch.added.add(key.lstrip("+"))
         key = key.lstrip("+~")   # hydra's append (+key) / force (++key) / delete (~key) marks
         if UNRESOLVED in value:

@@ -129,6 +129,7 @@ def test_gdpo_reward_keys_from_hydra_additions_and_sglang_tp():
                                          "reward_weights": [1.0, 0.5]}
     assert typed["rollout.engine"] == "vllm" and typed["rollout.tensor_parallel_size"] == 2
     assert "tensor-parallel 1" in skipped["actor_rollout_ref.rollout.name"]
+    assert "+key addition" in skipped["reward.reward_kwargs.component_log"]   # ++key: added or forced, never fatal
 
 
 @pytest.mark.parametrize("name, says", [("merge_checkpoint.sh", "`rlctl merge RUN_DIR --to-hf OUT`"),
