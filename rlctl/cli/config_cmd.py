@@ -202,7 +202,7 @@ def from_verl_cmd(
     force: bool = flag("--force", help="Overwrite --out if it exists."),
     fmt: str = format_option("text", "json", help="text or json."),
 ) -> None:
-    """Turn a verl launch (python3 -m verl.trainer.main_ppo key=value ...) into an rlctl.toml.
+    """Turn a verl launch (main_ppo, a recipe's main, or torchrun of its SFT trainer) into an rlctl.toml.
 
     Every override becomes rlctl's key, verl's defaults that differ from rlctl's are written when the
     script relied on them, and each key rlctl does not honour is listed with the reason (in the file
@@ -211,6 +211,8 @@ def from_verl_cmd(
     Example: rlctl config from-verl examples/grpo_trainer/run_qwen2-7b.sh --model models/smollm2
 
     Example: rlctl config from-verl data.train_batch_size=256 actor_rollout_ref.actor.optim.lr=1e-6 --out grpo.toml
+
+    Example: rlctl config from-verl examples/sft/gsm8k/run_qwen_05_sp2.sh 8 ckpt --out sft.toml   (an SFT launch)
     """
     from rlctl.config.from_verl import convert_launch
 
