@@ -65,6 +65,7 @@ class Flow:
         self.frames: list[_Frame] = []
         self.words_of = words_of   # expands a condition's text into words (the script's variables)
         self.pending_if: str | None = None
+        self.closing = False   # the last line ended its block (`...; fi`): popped before the next line
 
     def active(self) -> bool:
         return all(f.active for f in self.frames)
@@ -74,6 +75,10 @@ class Flow:
         return all(f.active and f.known for f in self.frames)
 
     def line(self, text: str) -> str | None:
+        if self.closing:
+            self.closing = False
+            if self.frames:
+                self.frames.pop()
         stripped = text.strip()
         if self.pending_if is not None and re.match(r"^then\b", stripped):
             kind, self.pending_if = self.pending_if, None
@@ -96,10 +101,8 @@ class Flow:
         if self.frames and self.frames[-1].kind == "case":
             return self._case_body(stripped)
         if re.search(r";\s*fi$", stripped) and self.frames:   # `a=1; fi` closing a one-line body
-            body = re.sub(r";\s*fi$", "", stripped)
-            run = self.active()
-            self.frames.pop()
-            return body if run else None
+            self.closing = True   # the caller may still ask certain() about this body
+            return re.sub(r";\s*fi$", "", stripped) if self.active() else None
         return stripped if self.active() else None
 
     def _if(self, text: str) -> str | None:

@@ -202,3 +202,23 @@ def test_a_table_value_is_written_as_a_toml_table():
     parsed = tomllib.loads(text)
     assert parsed["actor"]["loss_params"] == {"tau_pos": 1.0}
     assert parsed["run"]["name"] == 'a "quoted" name # not a comment'
+
+
+@pytest.mark.parametrize("words, held", [
+    (["[", "fsdp", "=", "fsdp", "]"], True), (["[[", "megatron", "==", "meg*", "]]"], True),
+    (["[", "a", "!=", "a", "]"], False), (["[", "-z", "", "]"], True), (["[", "-n", "", "]"], False),
+    (["[", "1", "-lt", "2", "]"], True), (["test", "3", "-ge", "4"], False),
+    (["[", "-f", "x", "]"], None), (["command", "-v", "nvidia-smi"], None)])
+def test_conditions_rlctl_can_read(words, held):
+    from rlctl.config.verl_flow import condition
+
+    assert condition(words) is held
+
+
+def test_an_unreadable_condition_counts_as_taken(tmp_path):
+    """`if command -v x` cannot be evaluated: both branches' assignments apply, the last wins (as before)."""
+    script = tmp_path / "run.sh"
+    script.write_text("if command -v nvidia-smi; then\n  N=8\nelse\n  N=0\nfi\n"
+                      "if [ -f /nonexistent ]; then exit 1; fi\n"
+                      "python3 -m verl.trainer.main_ppo trainer.n_gpus_per_node=$N\n")
+    assert read_launch([str(script)]).overrides == [("trainer.n_gpus_per_node", "0")]
