@@ -24,6 +24,7 @@
 # rlctl sandbox check
 # rlctl serve
 # rlctl status
+# rlctl tinker
 # rlctl train
 # rlctl view
 _rlctl_completion() {

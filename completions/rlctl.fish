@@ -24,6 +24,7 @@
 # rlctl sandbox check
 # rlctl serve
 # rlctl status
+# rlctl tinker
 # rlctl train
 # rlctl view
 complete --command rlctl --no-files --arguments "(env _RLCTL_COMPLETE=complete_fish _TYPER_COMPLETE_FISH_ACTION=get-args _TYPER_COMPLETE_ARGS=(commandline -cp) rlctl)" --condition "env _RLCTL_COMPLETE=complete_fish _TYPER_COMPLETE_FISH_ACTION=is-args _TYPER_COMPLETE_ARGS=(commandline -cp) rlctl"

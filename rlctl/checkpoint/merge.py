@@ -194,11 +194,11 @@ def _export(step_dir: Path, config, tmp: Path, *, dtype: str, lora: str, max_sha
 def _export_quiet(step_dir: Path, config, tmp: Path, *, dtype: str, lora: str, max_shard_size) -> tuple:
     from rlctl.checkpoint import verify_export as V
     from rlctl.checkpoint.trained import load_trained_model
-    from rlctl.models.loading import load_tokenizer
+    from rlctl.models.loading import policy_tokenizer
     from rlctl.models.vision import is_vision_model, load_processor
 
     model = load_trained_model(step_dir, config)
-    tokenizer = load_tokenizer(config.model.path, config.model.trust_remote_code)
+    tokenizer = policy_tokenizer(config.model)
     processor = load_processor(config.model.path) if is_vision_model(config.model.path) else None
     prompts = V.prompt_ids(tokenizer) + (V.vision_prompts(processor) if processor is not None else [])
     trained = V.logits_of(model, prompts)

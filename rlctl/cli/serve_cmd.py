@@ -13,6 +13,20 @@ MODEL_ARG = typer.Argument(..., help="A Hugging Face model folder, or a run fold
                            show_default=False)
 
 
+def _chat_template(value: Optional[Path]) -> Optional[Path]:
+    """--chat-template: a file (or the name of one rlctl ships), checked to render a conversation."""
+    if value is None:
+        return None
+    from rlctl.models.chat_template import checked_template
+
+    return checked_template(str(value), Path.cwd(), "--chat-template")
+
+
+CHAT_TEMPLATE = typer.Option(None, "--chat-template", callback=_chat_template, help="A Jinja chat template file "
+                             "rendering chats instead of the model's own, as vLLM's flag (rlctl ships "
+                             "smollm2-tools.jinja: SmolLM2 with tools).")
+
+
 def serve(
     ctx: typer.Context,
     model: Path = MODEL_ARG,
@@ -41,6 +55,7 @@ def serve(
                                             "run time with /v1/load_lora_adapter (default: 4, or the --lora count)."),
     max_lora_rank: Optional[int] = typer.Option(None, min=1, help="Largest adapter rank (default: the largest "
                                                 "--lora rank, at least 16; vllm: one of its allowed ranks)."),
+    chat_template: Optional[Path] = CHAT_TEMPLATE,
 ) -> None:
     """Serve a model over an OpenAI-compatible HTTP API (/v1/chat/completions, /v1/completions).
 
@@ -65,10 +80,10 @@ def serve(
             code = serve_builtin(folder, host=host, port=port, model_name=name, api_key=api_key,
                                  max_concurrency=max_concurrency, dtype=dtype, prompt_logprobs=prompt_logprobs,
                                  limits={"max_body_bytes": max_body_bytes, "read_timeout_s": read_timeout_s},
-                                 allow_remote_images=allow_remote_images, lora=plan)
+                                 allow_remote_images=allow_remote_images, lora=plan, chat_template=chat_template)
         else:
             spec = LaunchSpec(str(folder), host, port, name, api_key, tensor_parallel_size, dtype, max_concurrency,
-                              cpu=gpu_count() == 0)
+                              cpu=gpu_count() == 0, chat_template=str(chat_template or ""))
             code = run_external(chosen, spec, folder, tuple(ctx.args), plan)
     if code:
         raise typer.Exit(code)

@@ -67,6 +67,9 @@ class ModelConfig:
     trust_remote_code: bool = opt(False, "Allow model code from the hub (runs that code).")
     freeze_vision_tower: bool = opt(False, "Vision-language models: train the language model only; the vision "
                                            "tower (and its merger) keeps its weights.")
+    chat_template: str = opt("", "A Jinja chat template file (relative to rlctl.toml, or one rlctl ships: "
+                                 "smollm2-tools.jinja) rendering every chat instead of the model's own: training, "
+                                 "rollout, eval; `rlctl merge` saves it with the tokenizer.", path=True)
     lora: LoraConfig = field(default_factory=LoraConfig, metadata={"help": "LoRA adapters."})
 
 

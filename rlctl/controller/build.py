@@ -25,9 +25,9 @@ if TYPE_CHECKING:  # heavy (torch, ray): the annotations only name them
 def build_data(config: Config, setup_notices: list, tools: list[dict]):
     """Tokenizer, training prompt loader and validation prompts (rendered once, up front); `tools`:
     the multi-turn tools' schemas, which the prompts show."""
-    from rlctl.models.loading import load_tokenizer
+    from rlctl.models.loading import policy_tokenizer
 
-    tokenizer = load_tokenizer(config.model.path, config.model.trust_remote_code)
+    tokenizer = policy_tokenizer(config.model)
     train = render_prompts(read_rows([Path(p) for p in config.data.train_files]), tokenizer,
                            config.data.max_prompt_length, config.data.overlong_prompts, tools=tools,
                            vision=vision_data(config, config.data.train_files))

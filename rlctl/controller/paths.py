@@ -21,9 +21,12 @@ def resolve_paths(config: Config, base: Path) -> Config:
 
     from rlctl.models.hub import looks_local
 
+    from rlctl.models.chat_template import resolve
+
     model_path = config.model.path
     if looks_local(model_path, base):
         model_path = absolute(model_path)
+    template = str(resolve(config.model.chat_template, base).resolve()) if config.model.chat_template else ""
     data = dataclasses.replace(config.data, train_files=tuple(map(absolute, config.data.train_files)),
                                val_files=tuple(map(absolute, config.data.val_files)))
     reward = config.reward
@@ -42,7 +45,7 @@ def resolve_paths(config: Config, base: Path) -> Config:
     local = {name: absolute(p) if looks_local(p, base) else p for name, p in d.teachers.items()}
     distill = dataclasses.replace(d, teachers=local, teacher=absolute(d.teacher) if d.teacher and
                                   looks_local(d.teacher, base) else d.teacher)
-    return dataclasses.replace(config, model=dataclasses.replace(config.model, path=model_path), data=data,
+    return dataclasses.replace(config, model=dataclasses.replace(config.model, path=model_path, chat_template=template), data=data,
                                reward=reward, run=run, algorithm=algorithm, distill=distill,
                                rollout=dataclasses.replace(config.rollout, multi_turn=multi_turn, agent=agent))
 

@@ -57,9 +57,9 @@ class SFTSetup:
 def load_samples(config: Config, notices: list):
     """Tokenizer, training samples and validation samples."""
     from rlctl.data.sft import build_samples
-    from rlctl.models.loading import load_tokenizer
+    from rlctl.models.loading import policy_tokenizer
 
-    tokenizer = load_tokenizer(config.model.path, config.model.trust_remote_code)
+    tokenizer = policy_tokenizer(config.model)
     train = build_samples([Path(p) for p in config.data.train_files], tokenizer, config.sft)
     for what, count in (("truncated to sft.max_length", train.truncated),
                         ("dropped: no target token", train.no_target)):

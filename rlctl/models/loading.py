@@ -46,6 +46,14 @@ def load_tokenizer(path: str | os.PathLike, trust_remote_code: bool | None = Fal
                         hint=f"pass {key} a local model folder (rlctl model tiny OUT makes one).") from None
 
 
+def policy_tokenizer(model):
+    """The policy's tokenizer (`model` is the config's [model], its paths absolute): model.path's, rendering
+    chats with model.chat_template when one is set (rlctl.models.chat_template)."""
+    from rlctl.models.chat_template import use_template
+
+    return use_template(load_tokenizer(model.path, model.trust_remote_code), model.chat_template)
+
+
 @functools.lru_cache(maxsize=None)
 def _cache_keyword(model_type: type) -> str:
     return "cache" if "cache" in inspect.signature(model_type.forward).parameters else "past_key_values"

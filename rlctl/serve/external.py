@@ -37,6 +37,7 @@ class LaunchSpec:
     dtype: str = "auto"
     max_concurrency: int | None = None
     cpu: bool = False      # no GPU: an engine's CPU build (CPU_BUILDS), with its CPU arguments
+    chat_template: str = ""  # a checked template file rendering chats instead of the model's own
 
 
 def build_command(engine: str, spec: LaunchSpec, extra: tuple[str, ...] = (),
@@ -62,6 +63,8 @@ def build_command(engine: str, spec: LaunchSpec, extra: tuple[str, ...] = (),
         argv += ["--api-key", spec.api_key]
     if spec.max_concurrency:
         argv += [concurrency_flag, str(spec.max_concurrency)]
+    if spec.chat_template:   # vLLM's and SGLang's flag alike
+        argv += ["--chat-template", spec.chat_template]
     if spec.cpu and engine in CPU_BUILDS:   # vLLM: the CPU platform's differences (vllm_platform)
         from rlctl.workers.rollout.vllm_platform import SERVER_ARGS
 

@@ -51,9 +51,12 @@ def make_server(engine, host: str, port: int, *, model_name: str, api_key: str |
 
 def serve_builtin(folder: Path, *, host: str, port: int, model_name: str, api_key: str | None,
                   max_concurrency: int, dtype: str, drain_s: float = 10.0, limits: dict | None = None,
-                  prompt_logprobs: int = 0, allow_remote_images: bool = False, lora: dict | None = None) -> int:
+                  prompt_logprobs: int = 0, allow_remote_images: bool = False, lora: dict | None = None,
+                  chat_template: Path | None = None) -> int:
     """Load the model, serve until a signal, let running requests finish (up to drain_s), return 0.
-    `lora`: {"adapters": [(name, folder)], "slots": N, "max_rank": R} (rlctl.serve.adapters), or None."""
+    `lora`: {"adapters": [(name, folder)], "slots": N, "max_rank": R} (rlctl.serve.adapters), or None.
+    `chat_template`: a checked template file rendering chats instead of the model's own (--chat-template)."""
+    from rlctl.models.chat_template import use_template
     from rlctl.serve.engine import Engine
     from rlctl.serve.source import load_model, load_processor_of
 
@@ -62,6 +65,8 @@ def serve_builtin(folder: Path, *, host: str, port: int, model_name: str, api_ke
     try:
         model, tokenizer = load_model(folder, dtype)
         processor = load_processor_of(folder)
+        for renderer in filter(None, (tokenizer, processor)):   # a VLM renders with its processor
+            use_template(renderer, chat_template)
         adapters = _served_adapters(model, model_name, lora) if lora else None
     except BaseException:
         server.server_close()

@@ -19,6 +19,7 @@ from rlctl.config.plan import BatchPlan, SFTPlan, sft_plan
 from rlctl.data.checks import check_data_files, plan_with_rows, val_data_sources
 from rlctl.data.image_checks import check_image_data
 from rlctl.data.sft_checks import check_sft_batch, check_sft_keys, check_sft_section_unused
+from rlctl.models.chat_template import check_chat_template
 from rlctl.models.checks import check_model
 from rlctl.multiturn.checks import check_multi_turn
 from rlctl.rewards.checks import check_overlong, check_reward, check_reward_function, check_reward_model
@@ -48,11 +49,11 @@ RL_CHECKS = (check_algorithm, check_dynamic_sampling, check_overlong, check_kl, 
 RL_MACHINE_CHECKS = (check_model, check_lora_targets, check_engine_installed, check_loggers, check_cuda,
                      check_gpu_workers, check_cpu_split, check_distill_teachers, check_vision,
                      check_image_data, check_expert_model, check_ulysses_model, check_prime_model,
-                     check_router_replay_model, check_verifiers_rows)
+                     check_router_replay_model, check_verifiers_rows, check_chat_template)
 SFT_CHECKS = (check_sft_keys, check_sft_batch, check_lora, check_sft_best_metric, check_distill, check_expert_parallel,
               check_ulysses)
 SFT_MACHINE_CHECKS = (check_model, check_lora_targets, check_loggers, check_cuda, check_gpu_workers,
-                      check_expert_model, check_ulysses_model)
+                      check_expert_model, check_ulysses_model, check_chat_template)
 
 
 def validate(loaded: LoadedConfig, *, machine: bool = True, reach_services: bool = True

@@ -26,7 +26,7 @@ import torch
 from rlctl.config.plan import batch_plan
 from rlctl.errors import ConfigError
 from rlctl.runtime import Batch, Dispatch, register
-from rlctl.models.loading import load_tokenizer
+from rlctl.models.loading import policy_tokenizer
 from rlctl.runtime.policy import rollout_batch
 from rlctl.workers.compute.engine import TrainEngine, trained_role_methods
 from rlctl.workers.compute.logprob import batched_response_outputs, response_log_probs
@@ -60,7 +60,7 @@ class ActorRolloutRefWorker:
         self.ref = None
         if with_ref and not self.lora:
             self.ref = self.actor.frozen_twin(load_causal_lm(config.model, dtype))   # on the actor's sp group
-        self.tokenizer = load_tokenizer(config.model.path, config.model.trust_remote_code)
+        self.tokenizer = policy_tokenizer(config.model)
         self.eos_ids = eos_token_ids(config.model.path, self.tokenizer)
         self.temperature = config.rollout.temperature or 1.0  # log-probs of the sampling distribution
         from rlctl.algorithms import algorithm_needs   # after the plugins: theirs may read it too

@@ -37,7 +37,7 @@ import time
 import numpy as np
 import torch
 
-from rlctl.models.loading import load_tokenizer
+from rlctl.models.loading import policy_tokenizer
 from rlctl.runtime import Batch, Dispatch, register
 from rlctl.runtime.policy import rollout_batch
 from rlctl.workers.compute.logprob import batched_response_outputs
@@ -75,7 +75,7 @@ class RolloutWorker:
         self.model.requires_grad_(False)
         self.model.eval()
         self.dtype = fsdp.resolve_dtype(config.model.dtype)
-        self.tokenizer = load_tokenizer(config.model.path, config.model.trust_remote_code)
+        self.tokenizer = policy_tokenizer(config.model)
         self.eos_ids = eos_token_ids(config.model.path, self.tokenizer)
         self.pad = pad_token_id(self.tokenizer, self.eos_ids)
         # the copy's loader (HF names, numpy); it generates too unless rollout.engine keeps its own weights
