@@ -144,3 +144,16 @@ def test_what_cannot_be_honoured_is_one_400(client, extra, param, words):
         client.responses.create(**{"model": "tiny", "input": QUESTION, **extra})
     body = err.value.body
     assert body["param"] == param and words in body["message"], body
+
+
+@pytest.mark.slow
+def test_a_forced_call_and_structured_output_come_through_the_grammar(client):
+    forced = _respond(client, "hello", tool_choice={"type": "function", "name": "calculator"}, temperature=1.0,
+                      max_output_tokens=200)
+    assert [item.type for item in forced.output] == ["function_call"] and forced.output[0].name == "calculator"
+    assert set(json.loads(forced.output[0].arguments)) == {"expression"}
+    schema = {"type": "object", "properties": {"answer": {"type": "integer"}}, "required": ["answer"],
+              "additionalProperties": False}
+    shaped = _respond(client, QUESTION, tools=[], max_output_tokens=200, temperature=1.0,
+                      text={"format": {"type": "json_schema", "name": "result", "schema": schema, "strict": True}})
+    assert shaped.status == "completed" and isinstance(json.loads(shaped.output_text)["answer"], int)
