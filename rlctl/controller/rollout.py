@@ -128,17 +128,19 @@ def rollout(setup, step: int) -> tuple[Batch, dict]:
     kept: list[Batch] = []
     metrics: dict = {}
     have, rounds, reward_s = 0, 0, 0.0
+    pushes: dict = {}
     while True:
         rounds += 1
         batch = generate(setup.actor, setup.loader.next_batch(), seed=setup.seed_for(step, rounds),
                          tag=f"{step}.{rounds}", pad_token_id=setup.pad_token_id)
+        pushes = weight_sync_metrics(pushes, batch.meta)
         start = time.perf_counter()
         metrics = merge_round(metrics, score(batch, setup.reward, setup.tokenizer, reward_component_keys(config)),
                                rounds)
         reward_s += time.perf_counter() - start
         metrics["timing/reward_s"] = reward_s  # part of timing/gen_s (the rollout phase)
         if not ds.enable:
-            return batch, metrics
+            return batch, {**metrics, **pushes}
         keep = sampling_filter(batch, ds)
         if keep.num_kept:
             kept.append(batch.select(np.flatnonzero(keep.keep)))
@@ -151,8 +153,18 @@ def rollout(setup, step: int) -> tuple[Batch, dict]:
         groups -= 1  # every worker trains on the same number of rows
     full = full.slice(0, groups * n)
     metrics.update({"dynamic_sampling/rounds": rounds, "dynamic_sampling/groups": float(min(have, want)),
-                    "dynamic_sampling/short": float(have < want)})
+                    "dynamic_sampling/short": float(have < want), **pushes})
     return full, metrics
+
+
+def weight_sync_metrics(so_far: dict, meta: dict) -> dict:
+    """perf/weight_sync_s and perf/weight_sync_mb: what the weight pushes before this step's
+    generations took (the actor's generate reports its push in the batch's meta)."""
+    out = dict(so_far)
+    for key in ("weight_sync_s", "weight_sync_mb"):
+        if key in meta:
+            out[f"perf/{key}"] = out.get(f"perf/{key}", 0.0) + float(meta[key])
+    return out
 
 
 def sampling_filter(batch: Batch, ds) -> algorithms.GroupFilter:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from contextlib import ExitStack
 from pathlib import Path
 
@@ -40,6 +41,9 @@ def _check(loaded: LoadedConfig) -> None:
 
     problems, _ = validate(loaded, reach_services=False)
     errors = [p for p in problems if p.severity == "error"]
+    for p in problems:   # the run does other than the config asks (model.lora.sync): say so, once
+        if p.severity == "warning" and p.key == "model.lora.sync" and not errors:
+            print(f"warning: {p.format()}", file=sys.stderr)
     if errors and all(p.kind == DATA_PROBLEM for p in errors):   # bad rows or images: a data error (exit 3)
         raise DataError("; ".join(p.format() for p in errors) + " (nothing was started)")
     if len(errors) == 1:   # one problem, one line

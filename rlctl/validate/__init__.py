@@ -30,6 +30,7 @@ from rlctl.validate.training import (check_algorithm, check_batches, check_best_
                                      check_dynamic_sampling, check_kl, check_loggers, check_pf_ppo, check_registered,
                                      check_sft_best_metric)
 from rlctl.workers.compute.lora_checks import check_lora, check_lora_targets
+from rlctl.workers.rollout.adapter_sync_checks import check_adapter_sync
 from rlctl.workers.compute.vision_checks import check_vision
 from rlctl.workers.parallel.expert_checks import check_expert_model, check_expert_parallel, check_router_replay_model
 from rlctl.workers.parallel.ulysses_checks import check_ulysses, check_ulysses_model
@@ -46,8 +47,8 @@ RL_CHECKS = (check_algorithm, check_dynamic_sampling, check_overlong, check_kl, 
              check_staleness_loss, check_rollout_engine, check_one_step_off, check_lora, check_reward,
              check_multi_turn, check_agent, check_distill, check_selfplay, check_expert_parallel, check_ulysses, check_pf_ppo,
              check_critic_pretrain, check_prime)
-RL_MACHINE_CHECKS = (check_model, check_lora_targets, check_engine_installed, check_loggers, check_cuda,
-                     check_gpu_workers, check_cpu_split, check_distill_teachers, check_vision,
+RL_MACHINE_CHECKS = (check_model, check_lora_targets, check_adapter_sync, check_engine_installed, check_loggers,
+                     check_cuda, check_gpu_workers, check_cpu_split, check_distill_teachers, check_vision,
                      check_image_data, check_expert_model, check_ulysses_model, check_prime_model,
                      check_router_replay_model, check_verifiers_rows, check_chat_template)
 SFT_CHECKS = (check_sft_keys, check_sft_batch, check_lora, check_sft_best_metric, check_distill, check_expert_parallel,

@@ -83,6 +83,22 @@ def unmatched_targets(model: torch.nn.Module, targets) -> list[str]:
     return [t for t in targets if not any(_matches(t, name, kind) for name, kind in adaptable.items())]
 
 
+def adapted_modules(model: torch.nn.Module, targets) -> list[str]:
+    """Full names of the modules `targets` gives adapters (an expert bank: the module holding it);
+    "all-linear": every linear layer and bank but the output head."""
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    out: dict[str, None] = {}
+    for name, kind in _adaptable(model).items():
+        module = model.get_submodule(name) if kind == "module" else None
+        if is_all_linear(targets):
+            if module is head or isinstance(module, torch.nn.Embedding):
+                continue
+        elif not any(_matches(t, name, kind) for t in targets):
+            continue
+        out[name if kind == "module" else name.rpartition(".")[0]] = None
+    return list(out)
+
+
 def _fused_into(target: str, name: str) -> bool:
     """q_proj -> qkv_proj, up_proj -> gate_up_proj: the fused layer that holds `target`'s weights."""
     part, whole = target.removesuffix("_proj"), name.removesuffix("_proj")

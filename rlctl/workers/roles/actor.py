@@ -76,6 +76,8 @@ class ActorRolloutRefWorker:
         # generate whenever they changed (the engine's weights_version: an update, a checkpoint
         # load) or were dropped (sleep).
         self._engine_version = 0
+        self._adapter_sync = False   # model.lora.sync = "adapter" in effect (rlctl.workers.rollout.adapter_sync)
+        self._sync_stats: dict = {}   # the last push's weight_sync_s / weight_sync_mb, for the next batch's meta
 
     # --- rollout -------------------------------------------------------------------------------
     def rollout_engine(self):
@@ -83,10 +85,14 @@ class ActorRolloutRefWorker:
             from rlctl.workers.rollout.gpu import GPUEngineSpec
             from rlctl.workers.rollout.registry import make_rollout_engine, rollout_engine_info
 
+            from rlctl.workers.rollout.adapter_sync import adapter_sync_on
+
             spec = None
             if rollout_engine_info(self.cfg.rollout.engine).owns_weights:
+                self._adapter_sync = adapter_sync_on(self.cfg, self.actor.module)
                 spec = GPUEngineSpec.from_config(self.cfg, str(self.actor.compute_dtype).removeprefix("torch."),
-                                                 vision=has_vision_tower(self.actor.module))
+                                                 vision=has_vision_tower(self.actor.module),
+                                                 lora_rank=self.cfg.model.lora.rank if self._adapter_sync else 0)
             self._rollout = make_rollout_engine(self.cfg.rollout.engine, self.actor.module, spec=spec,
                                                 pad_token_id=self._pad_id(), eos_token_ids=self.eos_ids)
         return self._rollout
@@ -94,11 +100,13 @@ class ActorRolloutRefWorker:
     def _ready_engine(self):
         """The rollout engine, awake and holding the latest trained weights."""
         engine = self.rollout_engine()
+        self._sync_stats = {"weight_sync_s": 0.0, "weight_sync_mb": 0.0}   # the trainer's module, or up to date
         if engine.owns_weights and self._engine_version != self.actor.weights_version:
-            from rlctl.workers.rollout.weights import engine_weights
+            from rlctl.workers.rollout.adapter_sync import push_weights
 
             engine.wake()
-            engine.update_weights(engine_weights(self.actor.module, dtype=self.actor.compute_dtype))
+            self._sync_stats = push_weights(engine, self.actor.module, self.cfg, adapter=self._adapter_sync,
+                                            version=self.actor.weights_version, dtype=self.actor.compute_dtype)
             self._engine_version = self.actor.weights_version
         return engine
 
@@ -123,7 +131,10 @@ class ActorRolloutRefWorker:
         out = self._sample(batch, n, self.cfg.data.max_response_length, temperature, seed)
         if PIXEL_VALUES in batch and POSITION_IDS not in out:   # an engine that keeps its own (vLLM)
             out[POSITION_IDS] = batch_positions(self.actor.module, batch, n, self.cfg.data.max_response_length)
-        return rollout_batch(without_images(batch), out, n, width=self.cfg.data.max_prompt_length, pad=self._pad_id())
+        rows = rollout_batch(without_images(batch), out, n, width=self.cfg.data.max_prompt_length, pad=self._pad_id())
+        rows.meta.update(self._sync_stats)   # perf/weight_sync_* of the push this generation waited for
+        self._sync_stats = {}
+        return rows
 
     @register(Dispatch.DP)
     def generate_turn(self, batch: Batch, *, seed: int, mode: str = "train", n: int = 1, width: int = 0,

@@ -37,14 +37,16 @@ class GPUEngineSpec:
     trust_remote_code: bool = False
     enforce_eager: bool = False          # vLLM: no torch.compile / CUDA graphs (faster start, slower steps)
     vision: bool = False                 # a vision-language model (the engine loads its processor)
+    lora_rank: int = 0                   # > 0: LoRA enabled, the trainer pushes adapters (model.lora.sync)
 
     @classmethod
-    def from_config(cls, config, dtype: str, *, vision: bool = False) -> "GPUEngineSpec":
+    def from_config(cls, config, dtype: str, *, vision: bool = False, lora_rank: int = 0) -> "GPUEngineSpec":
         rc, dc = config.rollout, config.data
         return cls(model_path=config.model.path, dtype=dtype, gpu_memory_utilization=rc.gpu_memory_utilization,
                    tensor_parallel_size=rc.tensor_parallel_size,
                    max_model_len=dc.max_prompt_length + dc.max_response_length, seed=config.run.seed,
-                   trust_remote_code=config.model.trust_remote_code, enforce_eager=rc.enforce_eager, vision=vision)
+                   trust_remote_code=config.model.trust_remote_code, enforce_eager=rc.enforce_eager, vision=vision,
+                   lora_rank=lora_rank)
 
 
 def require(engine: str) -> None:

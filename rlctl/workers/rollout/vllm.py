@@ -38,6 +38,7 @@ mode, the device, the CPU's head sizes), nowhere else.
 from __future__ import annotations
 
 import os
+import shutil
 from typing import Any, Iterable, Iterator, Mapping
 
 import numpy as np
@@ -64,7 +65,19 @@ def vllm_engine_args(spec: GPUEngineSpec) -> dict[str, Any]:
             # log-probs after temperature, like the trainer's (the default is the raw logits')
             "logprobs_mode": "processed_logprobs",
             "disable_custom_all_reduce": spec.tensor_parallel_size > 1,
-            **platform.platform_engine_args(spec.gpu_memory_utilization)}
+            **platform.platform_engine_args(spec.gpu_memory_utilization), **lora_engine_args(spec.lora_rank)}
+
+
+def lora_engine_args(rank: int) -> dict[str, Any]:
+    """LoRA on, for a trainer that pushes adapters (rlctl.workers.rollout.adapter_sync): one adapter
+    generates at a time (the newest policy version), and the one it replaces stays loaded until the
+    new one is in (max_cpu_loras 2). max_lora_rank: the smallest rank vLLM takes that holds `rank`."""
+    if rank == 0:
+        return {}
+    from rlctl.models.lora_adapter import VLLM_RANKS
+
+    return {"enable_lora": True, "max_loras": 1, "max_cpu_loras": 2,
+            "max_lora_rank": next(r for r in VLLM_RANKS if r >= rank)}
 
 
 def launcher_env() -> dict[str, str]:
@@ -174,6 +187,8 @@ class VLLMRolloutEngine(RolloutEngine):
             os.environ.update({**launcher_env(), **child_env()})
             self.llm = LLM(**vllm_engine_args(spec))
         self.asleep, self.broken = False, ""
+        self.adapter = None   # the LoRARequest of the pushed policy version (model.lora.sync = "adapter")
+        self._adapter_root = None
         hf = self.llm.llm_engine.vllm_config.model_config.hf_config
         self.banned = config_placeholder_ids(hf) if spec.vision else []   # a VLM's placeholders: never sampled
         self.sleep_drops_weights = platform.can_sleep()
@@ -214,7 +229,7 @@ class VLLMRolloutEngine(RolloutEngine):
                   for s, cap in zip(seeds, caps)]
         requests = vision_requests(prompt_ids, images, self._image_token_id()) if images else \
             [{"prompt_token_ids": list(p)} for p in prompt_ids]
-        outputs = self.llm.generate(requests, params, use_tqdm=False)
+        outputs = self.llm.generate(requests, params, use_tqdm=False, lora_request=self.adapter)
         completions = request_completions(outputs[mine], n)
         return pack_responses([c.token_ids for c in completions], max_new_tokens=max_new_tokens,
                               pad_token_id=self.pad_token_id, eos_token_ids=self.eos_token_ids,
@@ -248,6 +263,34 @@ class VLLMRolloutEngine(RolloutEngine):
             raise WorkerDiedError("the vLLM engine was sent an empty weight push",
                                   hint="the trainer's model has no parameters to push; this is a bug in rlctl")
 
+    def update_adapter(self, tensors: dict, config: dict, version: int) -> None:
+        """Generate from now on with this LoRA adapter ({PEFT name: tensor}, adapter_config) on the
+        engine's base weights, under the new name policy-v<version> (vLLM keys its prefix cache by
+        adapter: a new name never reuses KV of the previous one); the previous adapter is dropped.
+        A failed load leaves the engine broken, as a failed weight push does."""
+        from vllm.lora.request import LoRARequest
+
+        from rlctl.workers.rollout.adapter_sync import ADAPTER_NAME, adapter_root, write_adapter
+
+        self._usable()
+        self.wake()
+        if self._adapter_root is None:
+            self._adapter_root = adapter_root()
+        name = ADAPTER_NAME.format(version=version)
+        try:
+            folder = write_adapter(self._adapter_root, name, tensors, config)
+            request = LoRARequest(name, int(version) + 1, str(folder), load_inplace=True)
+            self.llm.llm_engine.add_lora(request)   # loads it now: a bad adapter fails here, not mid-rollout
+        except Exception as e:
+            self.broken = f"loading adapter {name} failed: {type(e).__name__}: {e}"
+            raise WorkerDiedError(f"the vLLM engine did not take the pushed adapter: {self.broken}",
+                                  hint="resume the run from its last checkpoint (rlctl resume), or set "
+                                       "model.lora.sync = \"merged\"") from e
+        old, self.adapter = self.adapter, request
+        if old is not None and old.lora_int_id != request.lora_int_id:
+            self.llm.llm_engine.remove_lora(old.lora_int_id)
+            shutil.rmtree(old.lora_path, ignore_errors=True)
+
     def forget_cache(self) -> None:
         """Empty the prefix cache: after a push (no KV of the old weights is reused) and at an async
         checkpoint (the run goes on from the cold cache a resumed run starts with)."""
@@ -266,8 +309,11 @@ class VLLMRolloutEngine(RolloutEngine):
         return bool(getattr(self.llm.llm_engine.vllm_config.model_config.hf_config, "tie_word_embeddings", False))
 
     def sleep(self) -> None:
+        """GPU: free the KV cache and the weights (level 2). With adapters pushed (spec.lora_rank) the
+        base weights are never pushed again, so they go to CPU memory instead (level 1), and the
+        trainer re-pushes the adapter after the wake (sleep_drops_weights)."""
         if self.sleep_drops_weights and not self.asleep:
-            self.llm.sleep(level=SLEEP_LEVEL)
+            self.llm.sleep(level=1 if self.spec.lora_rank else SLEEP_LEVEL)
             self.asleep = True
 
     def wake(self) -> None:
@@ -277,3 +323,5 @@ class VLLMRolloutEngine(RolloutEngine):
 
     def close(self) -> None:
         self.llm = None
+        if self._adapter_root is not None:
+            shutil.rmtree(self._adapter_root, ignore_errors=True)
