@@ -29,7 +29,7 @@ from pathlib import Path
 
 import numpy as np
 
-from rlctl.agent.episodes import Call, Episode
+from rlctl.agent.episodes import CONTEXT_LENGTH, Call, Episode
 from rlctl.api import protocol
 from rlctl.api.api_error import APIError
 from rlctl.api.requests import Event, Request, SamplingParams
@@ -207,10 +207,11 @@ class AgentEngine:
         for w in flush.waiting:
             budget = w.episode.budget(w.request.prompt_ids, lim.prompt_length, lim.response_length)
             if budget < 1:
+                w.episode.refused = CONTEXT_LENGTH   # an episode that then fails is told which keys to raise
                 _refuse(w.request, 400, f"this call's prompt has {len(w.request.prompt_ids)} tokens and leaves no "
                                         f"room in its sequence (data.max_prompt_length {lim.prompt_length} + "
                                         f"data.max_response_length {lim.response_length}): shorten the history",
-                        code="context_length_exceeded")
+                        code=CONTEXT_LENGTH)
                 with self.lock:
                     self._settle(w)
                 continue

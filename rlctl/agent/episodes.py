@@ -20,6 +20,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+CONTEXT_LENGTH = "context_length_exceeded"   # the endpoint's 400 for a call that cannot fit its sequence
+
 
 @dataclass
 class Call:
@@ -61,6 +63,7 @@ class Episode:
     reward: float | None = None
     metrics: dict = field(default_factory=dict)
     failure: str = ""               # why it failed ("" = it did not): raised, timeout, max_calls, no reward, ...
+    refused: str = ""               # the code of the endpoint's last refusal of one of its calls (a 400's)
     answer: str = ""                # the last completion's text (what a scorer reads)
 
     def continues(self, prompt_ids: list[int]) -> bool:

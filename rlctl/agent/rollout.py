@@ -20,6 +20,7 @@ import numpy as np
 
 from rlctl.agent.engine import AgentEngine, EngineLimits
 from rlctl.agent.episodes import Episode, Sequence, layout
+from rlctl.agent.failures import failure_text
 from rlctl.agent.endpoint import AgentServer
 from rlctl.agent.runner import AgentRunner
 from rlctl.runtime.batch import Batch, object_array
@@ -110,7 +111,7 @@ def episode_batch(prompts: Batch, episodes: list[Episode], n: int, *, width: int
                                  np.float32),
         "agent_answer": object_array([ep.answer for ep, _ in placed]),
         "agent_episode": np.array([ep.index for ep, _ in placed], np.int64),
-        "agent_failure": object_array([ep.failure for ep, _ in placed]),
+        "agent_failure": object_array([failure_text(ep.failure, ep.refused) for ep, _ in placed]),
         "agent_info": object_array([dict(ep.metrics) for ep, _ in placed]),
     })
     if log_probs:
@@ -150,12 +151,6 @@ def agent_metrics(episodes: list[Episode]) -> dict:
     return out
 
 
-def failures(batch: Batch) -> list[str]:
-    """The distinct failure reasons of a rollout's episodes (for the console's one-line note)."""
-    reasons = {str(f) for f, e in zip(batch["agent_failure"], batch["agent_episode"]) if f and e >= 0}
-    return sorted(reasons)
-
-
 def score_episodes(batch: Batch, reward_runner) -> dict:
     """`scores` [R] from the episodes' rewards, by rollout.agent.reward: "agent" (the agent's own; a
     failed episode 0), "scorer" (reward.function or the row's built-in on the last answer, once per
@@ -184,12 +179,20 @@ def score_episodes(batch: Batch, reward_runner) -> dict:
     return metrics
 
 
+def first_rows(batch: Batch) -> np.ndarray:
+    """Each episode's first row, in row order (padding rows are no episode's)."""
+    return _episodes_of(batch)[0]
+
+
 def _episodes_of(batch: Batch) -> tuple[np.ndarray, np.ndarray]:
-    """(each episode's first row [E], each row's episode among them [R]; a padding row, which no mean or
-    group counts, takes the first episode's)."""
+    """(each episode's first row [E], in row order; each row's episode among them [R]: a padding row,
+    which no mean or group counts, takes the first episode's)."""
     ids = batch["agent_episode"]
     real = np.flatnonzero(ids >= 0)
     _, first, inverse = np.unique(ids[real], return_index=True, return_inverse=True)
+    order = np.argsort(first, kind="stable")
+    rank = np.empty_like(order)
+    rank[order] = np.arange(len(order))
     of_row = np.zeros(len(ids), dtype=np.int64)
-    of_row[real] = inverse
-    return real[first], of_row
+    of_row[real] = rank[inverse]
+    return real[first[order]], of_row

@@ -92,9 +92,9 @@ def episode_rows(batch: Batch) -> np.ndarray:
     Means over samples (reward/mean, acc, validation) take these rows."""
     if "agent_episode" not in batch:
         return np.arange(len(batch))
-    ids = batch["agent_episode"]
-    first = np.sort(np.unique(ids, return_index=True)[1])
-    return first[ids[first] >= 0]
+    from rlctl.agent.rollout import first_rows
+
+    return first_rows(batch)
 
 
 def reward_component_keys(config) -> tuple[str, ...]:

@@ -4,7 +4,8 @@ One JSON object per line: `prompt_ids` and `response_ids` (no padding), `respons
 token the model generated, 0 = tool or interaction text or template glue), `messages` (the whole
 conversation; for a single-turn sample the prompt plus the decoded response), `score`, the row's
 uid, data_source and acc, multi-turn's `num_turns`, `turn_scores`, `tool_rewards`, `finish` and
-`tool_calls` ({name, arguments, error} per call), and per response token `log_probs` (the
+`tool_calls` ({name, arguments, error} per call), agent programs' `agent_episode` (the rows of one
+episode share it) and a failed episode's `agent_failure`, and per response token `log_probs` (the
 update's old log-probs) and `advantages`, rounded to 4 decimals (`rlctl view` shades tokens by
 them). A resumed run rewrites the steps it repeats.
 """
@@ -38,6 +39,10 @@ def rollout_records(batch) -> list[dict]:
                   "response_ids": batch["responses"][r, :length].tolist(),
                   "response_mask": batch["response_mask"][r, :length].astype(np.int64).tolist(),
                   "messages": messages, "score": float(batch["scores"][r]), "acc": float(batch["acc"][r])}
+        if "agent_episode" in batch:   # agent programs: the episode a row belongs to, and why it failed
+            record["agent_episode"] = int(batch["agent_episode"][r])
+            if batch["agent_failure"][r]:
+                record["agent_failure"] = str(batch["agent_failure"][r])
         if "multi_turn" in batch:
             info = batch["multi_turn"][r]
             record.update(num_turns=info["num_turns"], turn_scores=info["turn_scores"],

@@ -134,6 +134,8 @@ class TrainSetup:
 
     def log_step(self, step: int, metrics: dict, batch) -> None:
         self.session.logger.log(step, metrics)
+        if "agent_episode" in batch:   # agent rollouts: the rows padding the batch are no samples
+            batch = batch.select(np.flatnonzero(batch["agent_episode"] >= 0))
         k = min(self.config.run.log_samples, len(batch))
         if k:
             prompts = self.tokenizer.batch_decode([row[m != 0].tolist() for row, m in
@@ -145,6 +147,10 @@ class TrainSetup:
                 sample["response_length"] = int(batch["response_mask"][r].sum())
                 if "acc" in batch:
                     sample["acc"] = float(batch["acc"][r])
+            if "agent_failure" in batch:   # a failed agent episode's reason
+                for sample, failure in zip(samples, batch["agent_failure"][:k]):
+                    if failure:
+                        sample["agent_failure"] = str(failure)
             if "policy_version" in batch:   # one_step_off: the weights (update count) that generated each
                 for sample, version in zip(samples, batch["policy_version"][:k]):
                     sample["policy_version"] = int(version)

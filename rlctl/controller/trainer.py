@@ -41,6 +41,7 @@ class Trainer:
         self.config = setup.config
         self.bad_steps = 0
         self.flops = None   # rlctl.controller.perf.StepFlops, measured when fit starts
+        self.agent_failures = None   # rlctl.agent.failures.FailureWatch, with agent programs
 
     def fit(self, stop: StopFlag) -> None:
         from rlctl.controller.perf import StepFlops
@@ -62,11 +63,7 @@ class Trainer:
             timing, start = {}, time.perf_counter()
             with phase(timing, "gen"):
                 batch, metrics = setup.rollouts.next(step)
-            if metrics.get("dynamic_sampling/short"):
-                groups, rounds = int(metrics["dynamic_sampling/groups"]), int(metrics["dynamic_sampling/rounds"])
-                setup.display.print(f"step {step}: dynamic sampling found {groups} of {config.data.batch_size} "
-                                    f"informative groups in {rounds} rounds "
-                                    "(algorithm.dynamic_sampling.max_gen_batches); training on those")
+            self.tell_rollout(step, batch, metrics)
             if setup.needs.greedy_baseline:
                 with phase(timing, "greedy_baseline"):
                     self.add_greedy_baseline(batch, step)
@@ -115,6 +112,21 @@ class Trainer:
             if step == setup.total_steps or (config.run.save_every and step % config.run.save_every == 0) or new_best:
                 checkpointing.save(setup.session, step)
             stop.check()
+
+    def tell_rollout(self, step: int, batch, metrics: dict) -> None:
+        """The console's lines about a rollout: dynamic sampling short of informative groups; failed agent
+        episodes with each reason's count (every episode failing in several steps in a row stops the run)."""
+        display = self.setup.display
+        if metrics.get("dynamic_sampling/short"):
+            groups, rounds = int(metrics["dynamic_sampling/groups"]), int(metrics["dynamic_sampling/rounds"])
+            display.print(f"step {step}: dynamic sampling found {groups} of {self.config.data.batch_size} "
+                          f"informative groups in {rounds} rounds (algorithm.dynamic_sampling.max_gen_batches); "
+                          "training on those")
+        if "agent_failure" in batch:
+            from rlctl.agent.failures import FailureWatch
+
+            self.agent_failures = self.agent_failures or FailureWatch(display.print)
+            self.agent_failures.step(step, batch["agent_failure"][rollout.episode_rows(batch)])
 
     def log_probs(self, batch, step: int, metrics: dict, timing: dict):
         """old_log_prob (recomputed, or the rollout's in bypass mode), ref_log_prob (the opponent first

@@ -20,7 +20,7 @@ _SLOT = "/*RLCTL_VIEW_DATA*/"
 # sample fields in the page, in this order (the JS reads them by position: 64k samples as objects
 # would repeat every key 64k times)
 FIELDS = ("step", "i", "source", "score", "acc", "length", "turns", "calls", "errors", "prompt", "messages",
-          "segments", "mask_runs", "extra")
+          "segments", "mask_runs", "extra", "failure")
 
 
 def report_data(run: RunView) -> dict:

@@ -5,6 +5,7 @@
     score, acc       the reward and its accuracy (None when not logged)
     length           response tokens (None when only text was logged), chars   response characters
     turns, calls, errors   assistant turns, tool calls and failed tool calls (0 single-turn)
+    failure          why the sample's agent episode failed ("" when it did not, or it is no agent's)
     prompt           the prompt's text (its messages joined): "the same prompt across steps" keys on it
     messages         [{role, content, gen, tool_calls?}] the whole conversation; gen = written by the model
     segments         [[mask, text], ...] the response decoded in runs of equal response_mask (1 = generated,
@@ -23,7 +24,8 @@ import operator
 import re
 
 _KNOWN = {"step", "uid", "data_source", "score", "acc", "response_length", "prompt_ids", "response_ids", "response_mask", "messages",
-          "num_turns", "tool_calls", "prompt", "response", "log_probs", "advantages", "index", "sample", "correct"}
+          "num_turns", "tool_calls", "prompt", "response", "log_probs", "advantages", "index", "sample", "correct",
+          "agent_failure"}
 
 
 def rollout_sample(rec: dict, step: int, i: int, file: str, *, length: int, runs: list[list[int]],
@@ -107,7 +109,8 @@ def eval_sample(row: dict, i: int) -> dict:
 def _base(step: int, i: int, row: dict, messages: list[dict]) -> dict:
     return {"step": step, "i": i, "uid": row.get("uid"), "source": str(row.get("data_source") or ""),
             "score": _number(row.get("score")), "acc": _number(row.get("acc")), "length": None,
-            "turns": 1, "calls": 0, "errors": 0, "messages": messages, "segments": None, "mask_runs": None,
+            "turns": 1, "calls": 0, "errors": 0, "failure": str(row.get("agent_failure") or ""),
+            "messages": messages, "segments": None, "mask_runs": None,
             "file": None, "tokens": [],
             "extra": {k: _finite(v) for k, v in row.items() if k not in _KNOWN}}
 
@@ -193,8 +196,9 @@ def parse_filter(text: str):
 
 def search_text(sample: dict) -> str:
     if "_text" not in sample:
-        sample["_text"] = "\n".join([sample["source"]] + [str(m["content"]) + " " + " ".join(m.get("tool_calls", []))
-                                                          for m in sample["messages"]]).lower()
+        sample["_text"] = "\n".join([sample["source"], sample.get("failure", "")] +
+                                    [str(m["content"]) + " " + " ".join(m.get("tool_calls", []))
+                                     for m in sample["messages"]]).lower()
     return sample["_text"]
 
 

@@ -42,6 +42,8 @@ def conversation_text(run: RunView, sample: dict, shade: str = SHADES[0], record
     text.append(f"step {sample['step']}  sample {sample['i']}  {sample['source']}   score {score}{acc}", style="bold")
     text.append(f"   turns {sample['turns']}  tool calls {sample['calls']}  tool errors {sample['errors']}"
                 + ("" if sample["length"] is None else f"  response tokens {sample['length']}") + "\n")
+    if sample.get("failure"):
+        text.append(f"  episode failed: {sample['failure']}\n", style="bold red")
     for key, value in sample["extra"].items():
         text.append(f"  {key}: ", style="dim")
         text.append(f"{_short(value)}\n")

@@ -6,7 +6,9 @@ agent endpoint on loopback, parquet from `rlctl data prep arith`. The tiny model
 not re-tokenise to what it sampled, so its episodes also exercise split rows and the padding of a batch
 to whole mini-batches. The run trains, resumes from a middle checkpoint to the same metrics and weights
 bit for bit (the endpoint batches the same calls the same way every time), and merges; the same agent
-as a `command` (examples/agents/revise_cmd.py, a process per episode) trains a step too.
+as a `command` (examples/agents/revise_cmd.py, a process per episode) trains a step too. An agent whose
+every call is too long for a row fails every episode: each step says so in one line naming the keys to raise,
+samples.jsonl and the rollouts dump carry the reason, and the third such step stops the run (exit 5).
 """
 
 from __future__ import annotations
@@ -21,8 +23,10 @@ import torch
 from safetensors.torch import load_file
 from support.cli import rlctl_here
 
+from rlctl.agent.failures import CONTEXT_REASON
 from rlctl.config.loader import load_config
 from rlctl.controller.run import resume_training, start_training
+from rlctl.errors import RewardError
 from rlctl.project import write_project
 
 pytestmark = pytest.mark.slow
@@ -113,3 +117,37 @@ def test_a_command_agent_trains_and_its_bad_requests_fail_alone(project, ray_clu
         f'rollout.agent.command=["{sys.executable}", "bad_first.py"]']), address=None, force=False)
     got = rows(proj / "runs" / "grpo-agent-smollm2-cpu")
     assert [(r["agent/calls"], r["agent/failed"]) for r in got] == [(2.0, 0.0)] * 2
+
+
+TOO_LONG = """
+async def run(client, row):
+    # a user turn longer than a row holds (data.max_prompt_length + data.max_response_length): refused with a 400
+    messages = list(row["prompt"]) + [{"role": "user", "content": "pad " * 400}]
+    await client.chat.completions.create(model="policy", messages=messages, max_tokens=8)
+    return 1.0
+"""
+
+
+def test_a_run_whose_every_episode_fails_says_why_and_stops_with_exit_5(project, ray_cluster, tmp_path, capfd):
+    proj = tmp_path / "failing"
+    shutil.copytree(project, proj, ignore=shutil.ignore_patterns("runs"))
+    (proj / "too_long.py").write_text(TOO_LONG)
+    with pytest.raises(RewardError) as stop:
+        start_training(load_config(proj / "rlctl.toml", SMALL + [
+            "run.total_steps=5", "run.save_every=0", "run.log_rollouts=true",
+            "rollout.agent.function=too_long.py:run"]), address=None, force=False)
+    assert stop.value.exit_code == 5
+    assert stop.value.message.startswith("every agent episode failed in 3 steps in a row (steps 1-3)")
+    assert f"12 of 12 agent episodes failed: {CONTEXT_REASON} (x12)" in stop.value.message
+    said = [line for line in capfd.readouterr().out.splitlines() if "agent episodes failed" in line]
+    assert [line.split(":")[0] for line in said] == ["step 1", "step 2", "step 3"]
+    assert f"4 of 4 agent episodes failed: {CONTEXT_REASON} (x4)" in said[0]
+    run = proj / "runs" / "grpo-agent-smollm2-cpu"
+    samples = [json.loads(line) for line in (run / "samples.jsonl").read_text().splitlines()]
+    assert [s["step"] for s in samples] == [1] * 4 + [2] * 4       # step 3 stopped before it trained or logged
+    assert all(s["agent_failure"].startswith(CONTEXT_REASON) and "BadRequestError" in s["agent_failure"]
+               for s in samples)
+    dumped = [json.loads(line) for line in (run / "rollouts" / "step_1.jsonl").read_text().splitlines()]
+    assert len(dumped) == 4 and all(r["agent_failure"].startswith(CONTEXT_REASON) for r in dumped)
+    info = json.loads((run / "run.json").read_text())
+    assert info["status"] == "failed" and info["exit_code"] == 5
