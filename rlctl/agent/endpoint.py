@@ -19,6 +19,7 @@ import secrets
 import threading
 
 from rlctl.agent.engine import AgentEngine
+from rlctl.agent.episodes import CONTEXT_LENGTH
 from rlctl.api.api_error import APIError
 from rlctl.api.guards import check_bearer
 from rlctl.api.http import OpenAIServer
@@ -67,6 +68,11 @@ class AgentServer(OpenAIServer):
         check_bearer(header, hashlib.sha256(self.key(tag).encode()).digest())
         if not self.engine.live(tag):
             raise APIError(410, "this episode has ended; its endpoint takes no more calls", code="episode_ended")
+
+    def refused(self, tag: str, error: APIError) -> None:
+        """A call too long for its row (the parser's 400 context_length_exceeded): noted on its episode."""
+        if error.code == CONTEXT_LENGTH:
+            self.engine.note_refusal(tag, error.code)
 
     def close(self) -> None:
         self.engine.stop()

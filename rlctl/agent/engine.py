@@ -104,6 +104,12 @@ class AgentEngine:
         self._waiting = [w for w in self._waiting if w.request.tag != tag]
         self.lock.notify_all()
 
+    def note_refusal(self, tag: str, code: str) -> None:
+        """A call of the episode `tag` was refused with `code` before it reached the engine."""
+        with self.lock:
+            if tag in self._episodes:
+                self._episodes[tag].refused = code
+
     def live(self, tag: str) -> bool:
         with self.lock:
             return tag in self._episodes

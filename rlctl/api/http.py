@@ -74,6 +74,9 @@ class OpenAIServer(ThreadingHTTPServer):
         key of the episode `tag` names, and that episode still running)."""
         check_bearer(header, self.api_key_digest)
 
+    def refused(self, tag: str, error: APIError) -> None:
+        """A request of the caller `tag` was answered with `error` (the agent endpoint notes it on the episode)."""
+
     def wait_idle(self, timeout: float) -> bool:
         with self._idle:
             return self._idle.wait_for(lambda: self._active == 0, timeout)
@@ -168,6 +171,7 @@ class _Handler(BaseHTTPRequestHandler):
         try:
             self._route(method, self.path.split("?", 1)[0].rstrip("/") or "/")
         except APIError as e:
+            self.server.refused(self.tag, e)
             # An unread body would be parsed as the next request on this connection: close it.
             unread = not self._body_read and self.headers.get("Content-Length", "0").strip() not in ("", "0")
             chunked = "chunked" in self.headers.get("Transfer-Encoding", "").lower()

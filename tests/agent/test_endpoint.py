@@ -19,7 +19,8 @@ import torch
 
 from rlctl.agent.engine import AgentEngine, EngineLimits
 from rlctl.agent.endpoint import AgentServer
-from rlctl.agent.episodes import Episode
+from rlctl.agent.episodes import CONTEXT_LENGTH, Episode
+from rlctl.agent.failures import CONTEXT_REASON, failure_text
 from rlctl.agent.rollout import agent_metrics
 from rlctl.agent.runner import AgentRunner
 from rlctl.config.rollout_tables import AgentConfig
@@ -75,6 +76,12 @@ async def flooding(client, row):
 
 async def no_reward(client, row):
     return {"score": 1.0}
+
+async def too_long(client, row):
+    """A prompt longer than a row holds (data.max_prompt_length + data.max_response_length): a 400."""
+    await client.chat.completions.create(model="m", messages=[{"role": "user", "content": "pad " * 2000}],
+                                         max_tokens=2)
+    return 1.0
 '''
 
 
@@ -179,6 +186,12 @@ def test_failing_agents_are_contained_and_counted(endpoint, name, limits, failur
     assert agent_metrics(eps)["agent/failed"] == 1.0
     if name == "flooding":
         assert all(len(ep.calls) == 4 for ep in eps)
+
+
+def test_a_call_too_long_for_its_row_fails_its_episode_with_the_keys_to_raise(endpoint):
+    for ep in play(endpoint, "too_long"):
+        assert ep.failure.startswith("raised BadRequestError") and ep.refused == CONTEXT_LENGTH
+        assert failure_text(ep.failure, ep.refused).startswith(CONTEXT_REASON)
 
 
 def test_each_episode_has_its_own_key_and_an_ended_one_is_gone(endpoint):
