@@ -42,9 +42,6 @@ def _not_built(c: Config) -> list[tuple[str, str, str]]:
                     "the agent runs its own loop: set rollout.multi_turn.enable = false"))
     if c.rollout.mode != "sync":
         out.append(("rollout.mode", f"rollout.mode = {c.rollout.mode!r}", "use rollout.mode = \"sync\""))
-    if c.algorithm.dynamic_sampling.enable:
-        out.append(("algorithm.dynamic_sampling.enable", "dynamic sampling (episodes make a varying number of rows)",
-                    "set algorithm.dynamic_sampling.enable = false"))
     try:
         needs = algorithms.algorithm_needs(c.algorithm.name, policy_loss=c.actor.policy_loss)
     except Exception:   # an unknown name is check_registered's to report

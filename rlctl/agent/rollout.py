@@ -61,12 +61,37 @@ class AgentActor(PolicyHandle):
         out = episode_batch(batch, episodes, n, width=self.config.data.max_prompt_length,
                             response_width=self.config.data.max_response_length, pad=self.pad,
                             log_probs=self.engine_log_probs)
-        if mode == "train":
-            out = pad_rows(out, self.role.world_size * self.minibatches)
-            out.meta["mini_batches"] = self.minibatches
+        if mode == "train" and not self.config.algorithm.dynamic_sampling.enable:   # else join_groups pads
+            out = self.whole(out)
         out.meta["agent_reward_mode"] = rc.agent.reward
         out.meta["agent_metrics"] = agent_metrics(episodes)
         return out
+
+
+    def whole(self, batch: Batch) -> Batch:
+        """The batch padded to whole mini-batches on every rank (pad_rows), which sets their count."""
+        out = pad_rows(batch, self.role.world_size * self.minibatches)
+        out.meta["mini_batches"] = self.minibatches
+        return out
+
+    def join_groups(self, rounds: list[Batch], groups: int) -> Batch:
+        """Dynamic sampling's kept rounds as one training batch: the first `groups` groups (first_groups),
+        padded to whole mini-batches."""
+        return self.whole(first_groups(rounds, groups))
+
+
+def first_groups(rounds: list[Batch], groups: int) -> Batch:
+    """The rows of the first `groups` groups of `rounds` (each group its episodes, whatever number of rows
+    they became), episode ids renumbered so that no two rounds share one."""
+    parts, offset = [], 0
+    for batch in rounds:
+        part = Batch(dict(batch.tensors), batch.meta)
+        part["agent_episode"] = batch["agent_episode"] + offset
+        offset += int(batch["agent_episode"].max(initial=-1)) + 1
+        parts.append(part)
+    joined = Batch.concat(parts)
+    wanted = list(dict.fromkeys(joined["uid"].tolist()))[:groups]
+    return joined.select(np.flatnonzero(np.isin(joined["uid"], wanted)))
 
 
 def agent_rows(batch: Batch) -> list[dict]:

@@ -124,7 +124,7 @@ def rollout(setup, step: int) -> tuple[Batch, dict]:
     `setup` is the TrainSetup: actor group, prompt loader, reward runner, tokenizer, config.
     """
     config = setup.config
-    ds, n, want = config.algorithm.dynamic_sampling, config.rollout.n, config.data.batch_size
+    ds, want = config.algorithm.dynamic_sampling, config.data.batch_size
     kept: list[Batch] = []
     metrics: dict = {}
     have, rounds, reward_s = 0, 0, 0.0
@@ -147,11 +147,8 @@ def rollout(setup, step: int) -> tuple[Batch, dict]:
             have += keep.num_kept
         if have >= want or rounds >= ds.max_gen_batches:
             break
-    full = Batch.concat(align_prompt_width(kept, setup.pad_token_id)) if kept else batch
-    groups = min(have, want) if kept else want
-    while groups > 1 and (groups * n) % setup.actor.world_size:
-        groups -= 1  # every worker trains on the same number of rows
-    full = full.slice(0, groups * n)
+    full = training_batch(setup, align_prompt_width(kept, setup.pad_token_id) if kept else [batch],
+                          min(have, want) if kept else want)
     metrics.update({"dynamic_sampling/rounds": rounds, "dynamic_sampling/groups": float(min(have, want)),
                     "dynamic_sampling/short": float(have < want), **pushes})
     return full, metrics
@@ -165,6 +162,18 @@ def weight_sync_metrics(so_far: dict, meta: dict) -> dict:
         if key in meta:
             out[f"perf/{key}"] = out.get(f"perf/{key}", 0.0) + float(meta[key])
     return out
+
+
+def training_batch(setup, rounds: list[Batch], groups: int) -> Batch:
+    """Dynamic sampling's kept rounds as the step's batch: its first `groups` groups, as many as every
+    worker can train the same number of rows of; agent episodes in whole groups of however many rows,
+    padded to whole mini-batches (rlctl.agent.rollout.AgentActor.join_groups)."""
+    if "agent_episode" in rounds[0]:
+        return setup.actor.join_groups(rounds, groups)
+    n = setup.config.rollout.n
+    while groups > 1 and (groups * n) % setup.actor.world_size:
+        groups -= 1  # every worker trains on the same number of rows
+    return Batch.concat(rounds).slice(0, groups * n)
 
 
 def sampling_filter(batch: Batch, ds) -> algorithms.GroupFilter:

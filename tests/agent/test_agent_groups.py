@@ -10,7 +10,8 @@ import math
 import numpy as np
 
 from rlctl.agent.episodes import Call, Episode
-from rlctl.agent.rollout import agent_metrics, episode_batch, pad_rows, score_episodes
+from rlctl.agent.rollout import agent_metrics, episode_batch, first_groups, pad_rows, score_episodes
+from rlctl.controller.rollout import sampling_filter
 from rlctl.config.schema import Config
 from rlctl.controller.advantage import compute_advantages
 from rlctl.controller.trainer import reward_metrics
@@ -25,11 +26,12 @@ def played(index: int, reward: float, calls: list[tuple[list[int], list[int]]]) 
     return ep
 
 
-def rows_of(episodes: list[Episode], n: int, pad_to: int = 1) -> Batch:
-    prompts = Batch({"input_ids": np.array([[0, 5, 6]]), "attention_mask": np.array([[0, 1, 1]]),
-                     "uid": object_array(["u0"]), "data_source": object_array(["d"]),
-                     "ground_truth": object_array(["4"]), "extra_info": object_array([{}]),
-                     "messages": object_array([[]])})
+def rows_of(episodes: list[Episode], n: int, pad_to: int = 1, uids: tuple = ("u0",)) -> Batch:
+    k = len(uids)
+    prompts = Batch({"input_ids": np.array([[0, 5, 6]] * k), "attention_mask": np.array([[0, 1, 1]] * k),
+                     "uid": object_array(list(uids)), "data_source": object_array(["d"] * k),
+                     "ground_truth": object_array(["4"] * k), "extra_info": object_array([{}] * k),
+                     "messages": object_array([[]] * k)})
     out = pad_rows(episode_batch(prompts, episodes, n, width=4, response_width=6, pad=0, log_probs=False), pad_to)
     out.meta.update(agent_reward_mode="agent", agent_metrics=agent_metrics(episodes))
     score_episodes(out, reward_runner=None)
@@ -65,3 +67,20 @@ def test_episodes_that_made_no_call_count_in_their_group():
     adv, mask = batch["advantages"], batch["response_mask"] > 0
     assert np.allclose(adv[mask], -0.5 / math.sqrt(1 / 3), atol=1e-5)     # -0.866 on every calling token
     assert reward_metrics(batch)["reward/mean"] == 0.5
+
+
+def test_dynamic_sampling_keeps_whole_groups_of_episodes_from_several_rounds():
+    split = [([5, 6], [1]), ([9], [2])]                  # every episode: two rows
+    ds = Config().algorithm.dynamic_sampling
+    first = rows_of([played(0, 1.0, split), played(1, 0.0, split), played(2, 1.0, split), played(3, 1.0, split)],
+                    2, uids=("r1-0", "r1-1"))
+    keep = sampling_filter(first, ds)                    # r1-1's two episodes both scored 1: no spread
+    assert keep.kept_groups == ("r1-0",) and keep.keep.tolist() == [True] * 4 + [False] * 4
+    second = rows_of([played(0, 0.0, split), played(1, 1.0, split), played(2, 0.0, split), played(3, 1.0, split)],
+                     2, uids=("r2-0", "r2-1"))
+    joined = first_groups([first.select(np.flatnonzero(keep.keep)), second], 2)
+    assert joined["uid"].tolist() == ["r1-0"] * 4 + ["r2-0"] * 4
+    assert joined["agent_episode"].tolist() == [0, 0, 1, 1, 2, 2, 3, 3]   # round 2 numbered after round 1
+    compute_advantages(joined, grpo(), None)
+    assert np.allclose(joined["advantages"][:, 0], [1 / math.sqrt(2)] * 2 + [-1 / math.sqrt(2)] * 4
+                       + [1 / math.sqrt(2)] * 2, atol=1e-5)

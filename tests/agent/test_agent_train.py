@@ -6,7 +6,8 @@ agent endpoint on loopback, parquet from `rlctl data prep arith`. The tiny model
 not re-tokenise to what it sampled, so its episodes also exercise split rows and the padding of a batch
 to whole mini-batches. The run trains, resumes from a middle checkpoint to the same metrics and weights
 bit for bit (the endpoint batches the same calls the same way every time), and merges; the same agent
-as a `command` (examples/agents/revise_cmd.py, a process per episode) trains a step too. An agent whose
+as a `command` (examples/agents/revise_cmd.py, a process per episode) trains a step too, and so does a run
+with dynamic sampling (whole groups of episodes, padded after the join). An agent whose
 every call is too long for a row fails every episode: each step says so in one line naming the keys to raise,
 samples.jsonl and the rollouts dump carry the reason, and the third such step stops the run (exit 5).
 """
@@ -117,6 +118,18 @@ def test_a_command_agent_trains_and_its_bad_requests_fail_alone(project, ray_clu
         f'rollout.agent.command=["{sys.executable}", "bad_first.py"]']), address=None, force=False)
     got = rows(proj / "runs" / "grpo-agent-smollm2-cpu")
     assert [(r["agent/calls"], r["agent/failed"]) for r in got] == [(2.0, 0.0)] * 2
+
+
+def test_dynamic_sampling_trains_whole_groups_of_episodes(project, ray_cluster, tmp_path):
+    proj = tmp_path / "dapo"
+    shutil.copytree(project, proj, ignore=shutil.ignore_patterns("runs"))
+    start_training(load_config(proj / "rlctl.toml", SMALL + [   # a band of [0, 1] keeps every group
+        "run.total_steps=1", "run.save_every=0", "algorithm.dynamic_sampling.enable=true",
+        "algorithm.dynamic_sampling.filter_accuracy=true", "algorithm.dynamic_sampling.accuracy_lower_bound=0",
+        "algorithm.dynamic_sampling.accuracy_upper_bound=1"]), address=None, force=False)
+    got = rows(proj / "runs" / "grpo-agent-smollm2-cpu")
+    assert got[0]["dynamic_sampling/groups"] == 2.0 and got[0]["dynamic_sampling/short"] == 0.0
+    assert got[0]["agent/calls"] == 2.0 and "actor/pg_loss" in got[0]
 
 
 TOO_LONG = """
