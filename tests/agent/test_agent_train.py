@@ -125,7 +125,8 @@ def test_dynamic_sampling_trains_whole_groups_of_episodes(project, ray_cluster, 
     shutil.copytree(project, proj, ignore=shutil.ignore_patterns("runs"))
     start_training(load_config(proj / "rlctl.toml", SMALL + [   # a band of [0, 1] keeps every group
         "run.total_steps=1", "run.save_every=0", "algorithm.dynamic_sampling.enable=true",
-        "algorithm.dynamic_sampling.filter_accuracy=true", "algorithm.dynamic_sampling.accuracy_lower_bound=0",
+        "algorithm.dynamic_sampling.filter_accuracy=true", "algorithm.dynamic_sampling.metric=acc",
+        "algorithm.dynamic_sampling.accuracy_lower_bound=0",
         "algorithm.dynamic_sampling.accuracy_upper_bound=1"]), address=None, force=False)
     got = rows(proj / "runs" / "grpo-agent-smollm2-cpu")
     assert got[0]["dynamic_sampling/groups"] == 2.0 and got[0]["dynamic_sampling/short"] == 0.0
