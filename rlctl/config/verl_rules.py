@@ -247,6 +247,8 @@ _SPECIAL = (
     Rule("reward.reward_kwargs.overlong_buffer_cfg.log", "", why="rlctl logs the overlong share always"),
     Rule("reward.reward_kwargs.max_resp_len", "", why="rlctl's overlong shaping reads data.max_response_length"),
     Rule("reward.reward_manager.*", "", why="rlctl's reward runner covers naive / dapo / prime"),
+    Rule("reward.reward_kwargs.*", "", why="a reward manager's keyword (verl's naive manager does not pass it to "
+                                           "compute_score); rlctl's built-in scorers take reward.format_score"),
     Rule("reward.custom_reward_function.path", "reward.function", _reward_function, "path:name"),
     Rule("reward.custom_reward_function.name", "reward.function", lambda v, _: None, "with its path"),
     Rule("reward.num_workers", "reward.workers"),

@@ -92,7 +92,7 @@ def test_sapo_case_block_and_empty_environment_defaults():
     assert tomllib.loads(text)["actor"]["loss_params"] == {"tau_pos": 1.0, "tau_neg": 1.05}
     assert typed["resources.gpus_per_node"] == 8 and typed["resources.nodes"] == 1   # '' -> verl's defaults
     assert "verl's default 8" in skipped["trainer.n_gpus_per_node"]
-    assert "+key addition" in skipped["reward.reward_kwargs.format_score"]          # hydra adds it: never fatal
+    assert "naive manager does not pass it" in skipped["reward.reward_kwargs.format_score"]   # +key: never fatal
     assert typed["reward.overlong.buffer_len"] == 512
     assert "critic.model.ulysses_sequence_parallel_size" not in skipped            # the gae branch is not taken
 
@@ -129,7 +129,7 @@ def test_gdpo_reward_keys_from_hydra_additions_and_sglang_tp():
                                          "reward_weights": [1.0, 0.5]}
     assert typed["rollout.engine"] == "vllm" and typed["rollout.tensor_parallel_size"] == 2
     assert "tensor-parallel 1" in skipped["actor_rollout_ref.rollout.name"]
-    assert "+key addition" in skipped["reward.reward_kwargs.component_log"]   # ++key: added or forced, never fatal
+    assert "+key addition" in skipped["experiment.tracker.tag"]   # ++key: added or forced, never fatal
 
 
 @pytest.mark.parametrize("name, says", [("merge_checkpoint.sh", "`rlctl merge RUN_DIR --to-hf OUT`"),
