@@ -77,38 +77,8 @@ def convert(launch: Launch, known: KnownAlgorithms) -> Conversion:
     values = {key: parse_value(text) for key, text in launch.overrides}
     out, sources, skipped = {}, {}, []
     for key, text in launch.overrides:
-        rule = rule_for(key, rules)
-        if rule is None and key in launch.added:   # hydra appends it; verl's code may never read it
-            skipped.append((key, text, "a +key addition with no rlctl equivalent"))
-            continue
-        if rule is None:
-            known = [r.verl for r in rules if not r.verl.endswith("*")]
-            close = difflib.get_close_matches(key, known, n=1)
-            raise UsageError(f"unknown verl key {key!r}" + (f" (did you mean {close[0]!r}?)" if close else ""),
-                             hint="check the spelling against verl's trainer config (verl refuses a key it does not "
-                                  "have unless written +key); docs/verl.md lists every key rlctl reads.")
-        if not rule.rlctl:
-            skipped.append((key, text, rule.why))
-            continue
-        if values[key] == "" and key in EMPTY_DEFAULTS and not launch.sft:   # `trainer.nnodes=$NNODES`, unset
-            values[key] = EMPTY_DEFAULTS[key]
-            skipped.append((key, "''", f"empty in the launch (an unset environment variable?): verl's default "
-                                       f"{EMPTY_DEFAULTS[key]} is written"))
-        elif values[key] == "":
-            skipped.append((key, "''", "empty in the launch (an unset environment variable?): rlctl's default "
-                                       "applies; set it in the file"))
-            continue
-        value = rule.convert(values[key], values) if rule.convert else values[key]
-        if value is None:
-            continue
-        if rule.rlctl in _TABLES:   # verl's policy_loss.<knob> -> [actor.loss_params] <knob>
-            leaf = key.rsplit(".", 1)[1].removeprefix(_TABLES[rule.rlctl] or "")
-            out.setdefault(rule.rlctl, {})[leaf] = value
-            sources[rule.rlctl] = key
-            continue
-        for target in (key if rule.rlctl == SAME else rule.rlctl, ALSO_SETS.get(key)):
-            if target:
-                out[target], sources[target] = value, key
+        rule = rule_for(key, rules) or _unknown(key, rules, launch)
+        _map(key, text, rule, values, launch.sft, (out, sources, skipped))
     for launch_key in launch.unresolved:
         skipped.append((launch_key, "$(...)", "its value comes from a shell command: set it by hand"))
     for option in launch.options:
@@ -123,6 +93,44 @@ def convert(launch: Launch, known: KnownAlgorithms) -> Conversion:
     megatron = any("megatron" in o for o in launch.options) or any(".megatron." in k for k in values)
     adjust(out, sources, values, skipped, megatron, known.grouped)
     return Conversion(out, sources, skipped)
+
+
+def _unknown(key: str, rules: tuple, launch: Launch) -> Rule:
+    """A key no rule names: listed when hydra adds it (`+key`: verl's code may never read it), else
+    refused as verl's hydra refuses a key its config lacks."""
+    if key in launch.added:
+        return Rule(key, why="a +key addition with no rlctl equivalent")
+    close = difflib.get_close_matches(key, [r.verl for r in rules if not r.verl.endswith("*")], n=1)
+    raise UsageError(f"unknown verl key {key!r}" + (f" (did you mean {close[0]!r}?)" if close else ""),
+                     hint="check the spelling against verl's trainer config (verl refuses a key it does not "
+                          "have unless written +key); docs/verl.md lists every key rlctl reads.")
+
+
+def _map(key: str, text: str, rule: Rule, values: dict, sft: bool, into: tuple) -> None:
+    """One override into (out, sources, skipped): its rlctl key and value, or why it is not honoured."""
+    out, sources, skipped = into
+    if not rule.rlctl:
+        skipped.append((key, text, rule.why))
+        return
+    if values[key] == "" and key in EMPTY_DEFAULTS and not sft:   # `trainer.nnodes=$NNODES`, NNODES unset
+        values[key] = EMPTY_DEFAULTS[key]
+        skipped.append((key, "''", f"empty in the launch (an unset environment variable?): verl's default "
+                                   f"{EMPTY_DEFAULTS[key]} is written"))
+    elif values[key] == "":
+        skipped.append((key, "''", "empty in the launch (an unset environment variable?): rlctl's default "
+                                   "applies; set it in the file"))
+        return
+    value = rule.convert(values[key], values) if rule.convert else values[key]
+    if value is None:
+        return
+    if rule.rlctl in _TABLES:   # verl's policy_loss.<knob> -> [actor.loss_params] <knob>
+        leaf = key.rsplit(".", 1)[1].removeprefix(_TABLES[rule.rlctl] or "")
+        out.setdefault(rule.rlctl, {})[leaf] = value
+        sources[rule.rlctl] = key
+        return
+    for target in (key if rule.rlctl == SAME else rule.rlctl, ALSO_SETS.get(key)):
+        if target:
+            out[target], sources[target] = value, key
 
 
 def _recipe_check(entry: str, known: KnownAlgorithms) -> None:
