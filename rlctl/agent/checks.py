@@ -42,6 +42,9 @@ def _not_built(c: Config) -> list[tuple[str, str, str]]:
                     "the agent runs its own loop: set rollout.multi_turn.enable = false"))
     if c.rollout.mode != "sync":
         out.append(("rollout.mode", f"rollout.mode = {c.rollout.mode!r}", "use rollout.mode = \"sync\""))
+    if c.algorithm.use_pf_ppo:
+        out.append(("algorithm.use_pf_ppo", "PF-PPO (it resamples a group's rows, and an episode may be several)",
+                    "set algorithm.use_pf_ppo = false"))
     try:
         needs = algorithms.algorithm_needs(c.algorithm.name, policy_loss=c.actor.policy_loss)
     except Exception:   # an unknown name is check_registered's to report

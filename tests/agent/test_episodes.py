@@ -119,6 +119,9 @@ def test_what_agent_rollouts_are_not_built_with_is_refused_in_one_line_each(tmp_
         c.rollout.multi_turn, enable=True)), algorithm=dataclasses.replace(c.algorithm, name="remax"))
     keys = [p.key for p in check_agent(c, ctx)]
     assert keys == ["rollout.multi_turn.enable", "rollout.mode", "algorithm.name"]
+    pf = agent_config(agent={"function": "a.py:run"})
+    pf = dataclasses.replace(pf, algorithm=dataclasses.replace(pf.algorithm, use_pf_ppo=True))
+    assert [p.key for p in check_agent(pf, ctx)] == ["algorithm.use_pf_ppo"]
 
 
 def test_the_machine_pass_loads_the_agent(tmp_path):
