@@ -93,3 +93,18 @@ def test_an_eval_file_as_a_page(tmp_path, browser):
         "answer </script><b>1</b>"
     assert browser.eval("document.querySelectorAll('tr.detail b').length") == \
         browser.eval("document.querySelectorAll('tr.detail .kv b').length")
+
+
+def test_a_failed_agent_episodes_reason_shows_on_its_sample(tmp_path, browser):
+    run = tmp_path / "run"
+    (run / "rollouts").mkdir(parents=True)
+    (run / "metrics.jsonl").write_text(json.dumps({"step": 1, "reward/mean": 0.0}) + "\n")
+    record = {"uid": "u0", "data_source": "d", "prompt_ids": [1, 2], "response_ids": [3], "response_mask": [1],
+              "messages": [{"role": "user", "content": "2+2?"}, {"role": "assistant", "content": "5"}],
+              "score": 0.0, "acc": 0.0, "agent_episode": 0, "agent_failure": "timeout"}
+    (run / "rollouts" / "step_1.jsonl").write_text(json.dumps(record) + "\n")
+    assert main(["view", str(run), "--html", str(tmp_path / "run.html")]) == 0
+    browser.open((tmp_path / "run.html").as_uri())
+    assert count(browser) == "1 of 1 samples"
+    browser.click("#samples tbody tr.sample")
+    assert browser.eval("document.querySelector('tr.detail .failure').textContent") == "episode failed: timeout"
