@@ -76,6 +76,7 @@ def test_three_steps_in_a_row_of_only_failed_episodes_stop_the_run_with_exit_5()
 def test_the_rollouts_dump_and_rlctl_view_show_a_failed_episodes_reason(tmp_path):
     from rlctl.view.data import load_source
     from rlctl.view.html import report_data
+    from rlctl.view.samples import parse_filter
     from rlctl.view.screens import conversation_text
 
     batch = rollout([episode(0), episode(1, REFUSED, CONTEXT_LENGTH)])
@@ -91,5 +92,7 @@ def test_the_rollouts_dump_and_rlctl_view_show_a_failed_episodes_reason(tmp_path
     failed = view.samples[2]
     assert failed["failure"].startswith(CONTEXT_REASON) and not view.samples[0]["failure"]
     assert "episode failed: " + CONTEXT_REASON in conversation_text(view, failed, "off").plain
+    found = parse_filter("context_length_exceeded")                      # the filter box finds a reason's words
+    assert found(failed) and not found(view.samples[0])
     page = report_data(view)
     assert page["samples"][2][page["fields"].index("failure")] == failed["failure"]

@@ -106,5 +106,7 @@ def test_a_failed_agent_episodes_reason_shows_on_its_sample(tmp_path, browser):
     assert main(["view", str(run), "--html", str(tmp_path / "run.html")]) == 0
     browser.open((tmp_path / "run.html").as_uri())
     assert count(browser) == "1 of 1 samples"
+    browser.type("#search", "timeout")   # the filter box finds a reason as a word
+    browser.wait_for("document.getElementById('count').textContent.startsWith('1 of')")
     browser.click("#samples tbody tr.sample")
     assert browser.eval("document.querySelector('tr.detail .failure').textContent") == "episode failed: timeout"
