@@ -67,7 +67,7 @@ def serve_builtin(folder: Path, *, host: str, port: int, model_name: str, api_ke
         processor = load_processor_of(folder)
         for renderer in filter(None, (tokenizer, processor)):   # a VLM renders with its processor
             use_template(renderer, chat_template)
-        adapters = _served_adapters(model, model_name, lora) if lora else None
+        adapters = served_adapters(model, model_name, lora) if lora else None
     except BaseException:
         server.server_close()
         raise
@@ -101,7 +101,7 @@ def serve_builtin(folder: Path, *, host: str, port: int, model_name: str, api_ke
     return 0
 
 
-def _served_adapters(model, model_name: str, lora: dict):
+def served_adapters(model, model_name: str, lora: dict):
     """The --lora adapters checked against the loaded model and put in their slots."""
     from rlctl.serve.adapters import ServedAdapters, check_adapters
 

@@ -23,11 +23,11 @@ def adapters(tiny_model_dir, tmp_path_factory):
 def _served(model_dir, adapters, slots=3):
     from transformers import AutoModelForCausalLM
 
-    from rlctl.serve.server import _served_adapters
+    from rlctl.serve.server import served_adapters
 
     model = AutoModelForCausalLM.from_pretrained(model_dir).eval()
     plan = {"adapters": list(adapters.items()), "slots": slots, "max_rank": None}
-    return model, _served_adapters(model, "tiny", plan)
+    return model, served_adapters(model, "tiny", plan)
 
 
 def test_rows_of_different_adapters_in_one_forward_match_peft(tiny_model_dir, adapters):
