@@ -46,7 +46,7 @@ def _not_built(c: Config) -> list[tuple[str, str, str]]:
         out.append(("algorithm.use_pf_ppo", "PF-PPO (it resamples a group's rows, and an episode may be several)",
                     "set algorithm.use_pf_ppo = false"))
     try:
-        needs = algorithms.algorithm_needs(c.algorithm.name, policy_loss=c.actor.policy_loss)
+        needs = algorithms.run_needs(c)
     except Exception:   # an unknown name is check_registered's to report
         return out
     if needs.greedy_baseline or needs.real_response:

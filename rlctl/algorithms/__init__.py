@@ -24,7 +24,7 @@ from .prime import PrimeParams, masked_rloo, prime_process_rewards, prime_prm_lo
 from .selfplay import sppo_loss, spin_loss, win_rates   # (registers spin, sppo)
 from .registry import (AlgorithmError, EstimatorSpec, Needs, PolicyLossSpec, RequiredParam, algorithm_needs,
                        estimator_names, estimator_params, get_estimator, get_policy_loss, loss_params,
-                       policy_loss_names, register_estimator, register_policy_loss)
+                       policy_loss_names, register_estimator, register_policy_loss, run_needs)
 from .pf_ppo import REWEIGHT_METHODS, pf_ppo_resample, pf_ppo_weights
 from .rollout_correction import rollout_correction
 from .dynamic_sampling import GroupFilter, filter_groups
@@ -35,6 +35,7 @@ __all__ = [
     "AdaptiveKLController", "AlgorithmError", "DistillLossSpec", "distill_advantages", "distill_loss",
     "distill_loss_names", "distill_stats", "get_distill_loss", "register_distill_loss", "EstimatorSpec", "FixedKLController", "GroupFilter", "KL_KINDS",
     "LOSS_AGG_MODES", "LossNorm", "Needs", "PolicyLossSpec", "RequiredParam", "aggregate_loss", "algorithm_needs",
+    "run_needs",
     "apply_kl_in_reward", "compute_advantages", "entropy_from_logits", "estimator_names", "estimator_params",
     "filter_groups", "loss_params",
     "get_estimator", "get_policy_loss", "group_index", "kl_penalty", "log_probs_from_logits",

@@ -202,6 +202,16 @@ def algorithm_needs(estimator: str, *, kl_in_reward: bool = False, use_kl_loss: 
                  implicit_prm="implicit_prm" in made)
 
 
+def run_needs(config) -> Needs:
+    """The run's needs, the one way every part of rlctl asks (the controller computes them once per
+    run and hands them to the roles): the columns its estimator and its policy loss read, plugins'
+    included (import them first), and its KL settings. `config`: an rlctl Config (duck-typed here,
+    so this package imports nothing of rlctl's)."""
+    algo, actor = config.algorithm, config.actor
+    return algorithm_needs(algo.name, kl_in_reward=algo.kl_in_reward, use_kl_loss=actor.use_kl_loss,
+                           policy_loss=actor.policy_loss)
+
+
 def estimator_params(name: str, values=None):
     """The estimator's params dataclass instance for the [algorithm.params] table `values` (None when it
     declares none); AlgorithmError listing every problem."""

@@ -72,8 +72,7 @@ def build_setup(loaded: LoadedConfig, run_dir: Path, stack: ExitStack, *, addres
     tokenizer, loader, val_rows, train = build_data(config, notices, [t.schema for t in tools])
     total = config.run.total_steps or loader.steps_per_epoch * config.run.total_epochs
     algo = config.algorithm
-    needs = algorithms.algorithm_needs(algo.name, kl_in_reward=algo.kl_in_reward,
-                                       use_kl_loss=config.actor.use_kl_loss, policy_loss=config.actor.policy_loss)
+    needs = algorithms.run_needs(config)   # once per run: the roles and the loop are handed these
     kl_ctrl = algorithms.make_kl_controller(algo.kl_ctrl, kl_coef=algo.kl_coef, target_kl=algo.kl_target,
                                             horizon=algo.kl_horizon)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id

@@ -7,10 +7,11 @@ from __future__ import annotations
 from rlctl.config.checks import CheckContext
 from rlctl.config.loader import Problem
 from rlctl.config.schema import Config
-from rlctl.validate.training import run_needs
 
 
 def check_selfplay(c: Config, ctx: CheckContext) -> list[Problem]:
+    from rlctl.algorithms import run_needs
+
     algo, actor = c.algorithm, c.actor
     needs = run_needs(c)
     problems = []

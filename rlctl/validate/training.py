@@ -20,15 +20,6 @@ from rlctl.config.plan import BatchPlan, batch_plan, step_plan, world_size
 from rlctl.config.schema import SEPARATE_ROLLOUT_MODES, Config
 
 
-def run_needs(c: Config):
-    """What the run starts (a critic, a reference, ...): the passes that fill the columns its estimator
-    and policy loss read, and its KL settings (rlctl.algorithms.algorithm_needs). Registered names only."""
-    from rlctl.algorithms import algorithm_needs
-
-    return algorithm_needs(c.algorithm.name, kl_in_reward=c.algorithm.kl_in_reward, use_kl_loss=c.actor.use_kl_loss,
-                           policy_loss=c.actor.policy_loss)
-
-
 def problems_at(problems: list[Problem], table: str) -> bool:
     return any(p.key == table or p.key.startswith(table + ".") for p in problems)
 
@@ -66,6 +57,8 @@ def check_registered(config: Config, ctx: CheckContext) -> tuple[list[Problem], 
 
 def check_batches(c: Config) -> tuple[list[Problem], BatchPlan]:
     """Each training role's mini- and micro-batches divide the step's batch over its workers."""
+    from rlctl.algorithms import run_needs
+
     problems = []
     separate = c.rollout.mode in SEPARATE_ROLLOUT_MODES
     n, workers = c.rollout.n, world_size(c.resources, separate)
@@ -102,7 +95,7 @@ def check_batches(c: Config) -> tuple[list[Problem], BatchPlan]:
 def check_algorithm(c: Config, ctx: CheckContext) -> list[Problem]:
     """What the estimator declares it needs (groups, reward components, a critic), and the
     algorithm keys that only make sense together."""
-    from rlctl.algorithms import get_estimator
+    from rlctl.algorithms import get_estimator, run_needs
 
     problems, spec, needs = [], get_estimator(c.algorithm.name), run_needs(c)
     if spec.needs_group and c.rollout.n < 2:
@@ -196,6 +189,8 @@ def best_metric_problems(c: Config, data_sources=None, known=None) -> list[Probl
 def check_pf_ppo(c: Config, ctx: CheckContext) -> list[Problem]:
     """PF-PPO filters each prompt's samples against each other (rlctl.algorithms.pf_ppo): refuse the
     settings under which it would change nothing, or break what the estimator pairs up."""
+    from rlctl.algorithms import run_needs
+
     algo, n = c.algorithm, c.rollout.n
     if not algo.use_pf_ppo:
         written = (ctx.raw.get("algorithm") or {}).get("pf_ppo")
@@ -239,6 +234,8 @@ def check_dynamic_sampling(c: Config, ctx: CheckContext) -> list[Problem]:
 
 def check_critic_pretrain(c: Config, ctx: CheckContext) -> list[Problem]:
     """critic.pretrain_steps needs a critic to pretrain; at total_steps or beyond the actor never trains."""
+    from rlctl.algorithms import run_needs
+
     steps = c.critic.pretrain_steps
     if steps and not run_needs(c).critic:
         return [Problem("critic.pretrain_steps", f"algorithm {c.algorithm.name!r} trains no critic, so its "

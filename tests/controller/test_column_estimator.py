@@ -1,7 +1,9 @@
-"""A new estimator that reads existing batch columns is one file: it names the columns (`reads=`), and
-the run starts the passes that fill them (rlctl.algorithms.COLUMNS), the controller hands them over,
-validate and the actor's update follow, with no line of rlctl naming it. Here it reads the old and
-the reference log-probs, so a run with no KL term at all still loads the reference model."""
+"""A new estimator or policy loss that reads existing batch columns is one file: it names the columns
+(`reads=`), and the run starts the passes that fill them (rlctl.algorithms.COLUMNS), the controller
+hands them over, validate and the actor's update follow, with no line of rlctl naming it. Here the
+estimator reads the old and the reference log-probs, so a run with no KL term at all still loads the
+reference model, and the policy loss reads sum_pi_squared, which the estimator does not: the run's
+needs (computed once, from both) reach the actor, whose log-prob pass then returns it."""
 
 from __future__ import annotations
 
@@ -17,6 +19,7 @@ from rlctl.config.loader import load_config
 from rlctl.controller.advantage import compute_advantages
 from rlctl.runtime.batch import Batch
 from rlctl.validate import validate
+from rlctl.workers.roles.table import ROLES, RunRoles
 
 ESTIMATOR = '''
 from dataclasses import dataclass
@@ -42,18 +45,38 @@ def anchored(*, token_level_rewards, response_mask, group_ids, old_log_prob, ref
     return adv, adv
 '''
 
+POLICY_LOSS = '''
+from rlctl.algorithms import aggregate_loss, register_policy_loss
+
+
+@register_policy_loss("peaked_{tag}", reads=("sum_pi_squared",))
+def peaked(*, log_prob, advantages, response_mask, sum_pi_squared, loss_agg_mode, norm, **_):
+    """REINFORCE with each token weighted by how peaked the sampling policy was there:
+    sum_v pi_old(v)^2, in (0, 1] (1: all mass on one token)."""
+    loss = aggregate_loss(-advantages * sum_pi_squared * log_prob, response_mask, loss_agg_mode, norm=norm)
+    peak = (sum_pi_squared * response_mask).sum() / response_mask.sum().clamp(min=1)
+    return loss, {{"peak": float(peak)}}
+'''
+
 NO_KL = ["algorithm.kl_in_reward=false", "actor.use_kl_loss=false"]
 
 
 def chosen(tag: str) -> list[str]:
-    """The overrides that pick the plugin: the one file that registers it, by name."""
-    return ['algorithm.plugins=["anchored.py"]', f"algorithm.name=anchored_{tag}", *NO_KL]
+    """The overrides that pick the plugins: the files that register them, by name."""
+    return ['algorithm.plugins=["anchored.py", "peaked.py"]', f"algorithm.name=anchored_{tag}",
+            f"actor.policy_loss=peaked_{tag}", *NO_KL]
+
+
+def write_plugins(folder, tag: str) -> None:
+    """The estimator's and the policy loss's files, registering names of this tag."""
+    (folder / "anchored.py").write_text(ESTIMATOR.format(tag=tag))
+    (folder / "peaked.py").write_text(POLICY_LOSS.format(tag=tag))
 
 
 @pytest.fixture
 def project(tmp_path):
     tag = uuid.uuid4().hex[:8]   # registries are per process: every test registers its own name
-    (tmp_path / "anchored.py").write_text(ESTIMATOR.format(tag=tag))
+    write_plugins(tmp_path, tag)
     (tmp_path / "rlctl.toml").write_text('[model]\npath = "model"\n[data]\ntrain_files = ["train.parquet"]\n')
     return tmp_path, tag
 
@@ -64,9 +87,12 @@ def test_its_columns_decide_what_the_run_starts_and_reach_it_through_the_control
                          strict=False)
     problems, _ = validate(loaded, machine=False)   # imports the plugin, as `rlctl train` does
     assert [p for p in problems if p.key.startswith(("algorithm", "actor", "critic"))] == []
-    needs = algorithms.algorithm_needs(f"anchored_{tag}")
+    needs = algorithms.run_needs(loaded.config)
     assert needs.reference and needs.old_log_prob and needs.min_group_size == 2   # without any KL term
+    assert needs.sum_pi_squared and not algorithms.algorithm_needs(f"anchored_{tag}").sum_pi_squared   # the loss's
     assert not (needs.critic or needs.greedy_baseline or needs.implicit_prm)
+    [actor] = [role for role in ROLES if role.name == "actor"]   # the actor is handed them, not left to guess
+    assert actor.instances(RunRoles(loaded.config, 1, needs))["actor"]["needs"] == needs
     assert {"old_log_prob", "ref_log_prob"} <= set(algorithms.update_columns())   # the actor's update gets them
 
     mask = np.array([[1, 1, 0], [1, 1, 1], [1, 0, 0], [1, 1, 0]], dtype=np.int64)
@@ -85,13 +111,13 @@ def test_its_columns_decide_what_the_run_starts_and_reach_it_through_the_control
 
 
 @pytest.mark.slow
-def test_a_run_starts_the_reference_its_columns_read(tmp_path, make_project, ray_cluster):
+def test_a_run_starts_the_passes_its_estimator_and_loss_read(tmp_path, make_project, ray_cluster):
     from support.dense_reward import DENSE_REWARD, ONE_DENSE_STEP
     from rlctl.controller.run import start_training
 
     tag = uuid.uuid4().hex[:8]
     proj = make_project(tmp_path, "grpo-gsm8k")
-    (proj / "anchored.py").write_text(ESTIMATOR.format(tag=tag))
+    write_plugins(proj, tag)
     (proj / "dense.py").write_text(DENSE_REWARD)
     overrides = [*ONE_DENSE_STEP, *chosen(tag), "algorithm.params.beta=0.5"]
     start_training(load_config(proj / "rlctl.toml", overrides), address=None, force=False)
@@ -99,3 +125,4 @@ def test_a_run_starts_the_reference_its_columns_read(tmp_path, make_project, ray
     assert "timing/ref_s" in row and "timing/old_log_prob_s" in row   # the passes its columns name ran,
     assert "actor/reward_kl" not in row and "actor/kl_loss" not in row   # with no KL term asking for them
     assert row["critic/advantages/max"] > 0 > row["critic/advantages/min"]   # centred within each prompt
+    assert 0 < row["actor/peak"] <= 1   # the loss got sum_pi_squared from the old_log_prob pass

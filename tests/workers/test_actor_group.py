@@ -46,7 +46,7 @@ def groups(cfg):
         two_cfg = dataclasses.replace(cfg, resources=dataclasses.replace(cfg.resources, workers=2))
         two = start_workers(two_cfg, total_steps=4, needs=needs(reference=True, critic=True))
         torch.set_num_threads(1)
-        yield ActorRolloutRefWorker(cfg, total_steps=4, with_ref=True), two
+        yield ActorRolloutRefWorker(cfg, total_steps=4, needs=needs(reference=True)), two
 
 
 def _train_batch(one):

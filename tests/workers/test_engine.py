@@ -8,7 +8,7 @@ import math
 import numpy as np
 import pytest
 import torch
-from worker_fixtures import ragged_batch, run_config
+from worker_fixtures import needs, ragged_batch, run_config
 
 from rlctl.runtime import Batch
 from rlctl.workers.compute.engine import OptimSpec, TrainEngine, lr_factor
@@ -95,7 +95,7 @@ def test_lora_reference_is_the_base_model_with_adapters_off(tiny_model_dir, tmp_
     torch.set_num_threads(1)
     cfg = run_config(tiny_model_dir, model={"lora": {"rank": 4, "alpha": 8.0}},
                      actor={"lr": 5e-2, "micro_batch_size": 2}, rollout={"n": 2}, data={"batch_size": 2})
-    worker = ActorRolloutRefWorker(cfg, total_steps=4, with_ref=True)
+    worker = ActorRolloutRefWorker(cfg, total_steps=4, needs=needs(reference=True))
     assert worker.ref is None                      # LoRA: no second copy of the weights
     batch = Batch(ragged_batch(rows=4, response_width=T))
     base = load_causal_lm(cfg.model).eval()

@@ -116,6 +116,7 @@ def _ref_main(rank, model_dir, init_file, out_dir):
     sync_reference; saves both models' whole weights and log-probs on this rank's rows."""
     import torch.distributed as dist
 
+    from rlctl.algorithms import run_needs
     from rlctl.config.schema import Config
     from rlctl.runtime.batch import Batch
     from rlctl.workers.parallel import fsdp
@@ -126,7 +127,7 @@ def _ref_main(rank, model_dir, init_file, out_dir):
     c = Config()
     config = dataclasses.replace(c, model=dataclasses.replace(c.model, path=model_dir, dtype="float32"),
                                  actor=dataclasses.replace(c.actor, lr=1e-2, expert_parallel_size=2))
-    worker = ActorRolloutRefWorker(config, total_steps=1, with_ref=True)
+    worker = ActorRolloutRefWorker(config, total_steps=1, needs=dataclasses.replace(run_needs(config), reference=True))
     rows = _rows(rank)
 
     def loss_fn(micro):

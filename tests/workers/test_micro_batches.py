@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from worker_fixtures import ragged_batch, run_config
+from worker_fixtures import needs, ragged_batch, run_config
 
 from rlctl.runtime import Batch
 from rlctl.workers.compute.micro_batches import plan_micro_batches
@@ -69,7 +69,7 @@ def test_actor_token_budget_equals_fixed_rows(tiny_model_dir, monkeypatch, loss_
         real = getattr(module, name)
         monkeypatch.setattr(module, name, lambda *a, real=real, **k: plans.append(real(*a, **k)) or plans[-1])
     fixed, budget = (ActorRolloutRefWorker(_cfg(tiny_model_dir, b, loss_agg_mode=loss_agg_mode), total_steps=2,
-                                           with_ref=True) for b in (0, BUDGET))
+                                           needs=needs(reference=True)) for b in (0, BUDGET))
     batch = _batch()
     batch.meta["mini_batches"] = 2                      # two optimizer steps of 6 rows each
     a, b = fixed.compute_log_prob(batch), budget.compute_log_prob(batch)
@@ -125,7 +125,7 @@ def _two_rank_main(rank: int, init_file: str, model_dir: str, out_dir: str) -> N
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=2,
                             timeout=datetime.timedelta(seconds=120))
-    worker = ActorRolloutRefWorker(_cfg(model_dir, BUDGET), total_steps=2, with_ref=True)
+    worker = ActorRolloutRefWorker(_cfg(model_dir, BUDGET), total_steps=2, needs=needs(reference=True))
     batch = _long_first_batch()
 
     def parts(mode, flagged):
@@ -172,7 +172,7 @@ def test_two_ranks_with_a_token_budget_train_like_one_rank_with_fixed_rows(tiny_
     run_ranks(_two_rank_main, (str(tmp_path / "pg"), str(tiny_model_dir), str(tmp_path)), 2)
     got = json.loads((tmp_path / "rank0.json").read_text())
     torch.set_num_threads(1)
-    one = ActorRolloutRefWorker(_cfg(tiny_model_dir, 0), total_steps=2, with_ref=True)
+    one = ActorRolloutRefWorker(_cfg(tiny_model_dir, 0), total_steps=2, needs=needs(reference=True))
     np.testing.assert_allclose(got["old"], one.compute_log_prob(batch)["old_log_prob"], atol=1e-6)
     for two in got["metrics"]:
         metrics = one.update_actor(batch)

@@ -31,8 +31,8 @@ def test_the_trained_roles_own_the_folders_every_saved_run_has():
 
 def test_a_config_starts_the_roles_its_algorithm_and_keys_ask_for():
     plain = _started(_config())
-    assert list(plain) == ["actor"] and plain["actor"]["with_ref"] is False and plain["actor"]["total_steps"] == 7
-    assert _started(_config(actor=schema.ActorConfig(use_kl_loss=True)))["actor"]["with_ref"] is True
+    assert list(plain) == ["actor"] and plain["actor"]["needs"].reference is False and plain["actor"]["total_steps"] == 7
+    assert _started(_config(actor=schema.ActorConfig(use_kl_loss=True)))["actor"]["needs"].reference is True
     assert list(_started(_config(), "gae")) == ["actor", "critic"]
     assert list(_started(_config(), "prime")) == ["actor", "prm"]
     assert "reward_model" in _started(_config(reward=schema.RewardConfig(model="rm")))

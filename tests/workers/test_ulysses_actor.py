@@ -54,7 +54,7 @@ def test_sp2_grpo_step_equals_one_rank_and_its_checkpoint_continues_at_sp1(tiny_
         two = workers.actor
         torch.set_num_threads(1)
         _critic_equals_one_rank(workers.critic, dataclasses.replace(cfg, critic=sp_cfg.critic))
-        one = ActorRolloutRefWorker(cfg, total_steps=4, with_ref=True)
+        one = ActorRolloutRefWorker(cfg, total_steps=4, needs=needs(reference=True))
         batch = Batch(ragged_batch(rows=8, response_width=T, seed=3))
         batch = batch.union(one.compute_log_prob(batch))
         batch = batch.union(one.compute_ref_log_prob(batch))

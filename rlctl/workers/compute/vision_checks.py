@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from rlctl.algorithms import algorithm_needs
+from rlctl.algorithms import run_needs
 from rlctl.config.checks import CheckContext
 from rlctl.config.loader import Problem
 from rlctl.config.schema import Config
@@ -44,7 +44,7 @@ def check_vision(c: Config, ctx: CheckContext) -> list[Problem]:
                                 "built for rollout.mode = \"sync\" with rollout.engine = \"hf\" only, not "
                                 f"{c.rollout.mode!r} / {c.rollout.engine!r} (the other paths do not carry a "
                                 "conversation's images between turns yet); set those, or multi_turn.enable = false"))
-    if algorithm_needs(c.algorithm.name, policy_loss=c.actor.policy_loss).critic and c.critic.model_path:
+    if run_needs(c).critic and c.critic.model_path:
         critic = model_config(dataclasses.replace(c, model=dataclasses.replace(c.model, path=c.critic.model_path)), ctx)
         if critic is not None and critic.get("vision_config") is None:
             problems.append(Problem("critic.model_path", f"{c.critic.model_path} is a text-only model "

@@ -45,27 +45,28 @@ class ActorRolloutRefWorker:
     """The policy on one rank. `config` is rlctl.config.schema.Config with model.path resolved.
 
     total_steps: training steps of the run (the cosine schedule's length).
-    with_ref: the run needs reference log-probs (a KL term in the reward or the loss).
+    needs: the run's rlctl.algorithms.Needs, computed once by the controller (`reference`: keep the
+    reference's log-probs; `sum_pi_squared`: compute_log_prob returns it); None: this config's
+    (rlctl.algorithms.run_needs), for a worker built outside a run.
     """
 
-    def __init__(self, config, *, total_steps: int = 0, with_ref: bool = False):
+    def __init__(self, config, *, total_steps: int = 0, needs=None):
+        from rlctl.algorithms import run_needs
         from rlctl.plugins import import_plugins
 
         import_plugins(config.algorithm.plugins)   # a user's policy loss runs here (absolute paths)
-        self.cfg, self.with_ref = config, with_ref
+        needs = needs if needs is not None else run_needs(config)   # after the plugins: they may name it
+        self.cfg, self.with_ref, self.sum_pi_squared = config, needs.reference, needs.sum_pi_squared
         self.rank, self.world = fsdp.rank_and_world()
         self.lora = config.model.lora.rank > 0
         dtype = fsdp.resolve_dtype(config.model.dtype)
         self.actor = policy_engine(config, total_steps)
         self.ref = None
-        if with_ref and not self.lora:
+        if self.with_ref and not self.lora:
             self.ref = self.actor.frozen_twin(load_causal_lm(config.model, dtype))   # on the actor's sp group
         self.tokenizer = policy_tokenizer(config.model)
         self.eos_ids = eos_token_ids(config.model.path, self.tokenizer)
         self.temperature = config.rollout.temperature or 1.0  # log-probs of the sampling distribution
-        from rlctl.algorithms import algorithm_needs   # after the plugins: theirs may read it too
-
-        self.sum_pi_squared = algorithm_needs(config.algorithm.name).sum_pi_squared
         # vision model over > 1 rank: a micro-batch without images still runs the vision tower
         self.vision_sync = self.world > 1 and has_vision_tower(self.actor.module)
         self.moe_aux_coef = moe_aux.resolve_coef(self.actor.module, config.actor.moe_aux_loss_coef,
@@ -204,7 +205,7 @@ class ActorRolloutRefWorker:
     @register(Dispatch.DP)
     def compute_log_prob(self, batch: Batch) -> Batch:
         """old_log_prob [B, T] and entropy [B, T] under the current policy (+ sum_pi_squared [B, T]
-        when the estimator declares it needs it; + routed_experts [B, T, L, k] with router replay)."""
+        when the estimator or policy loss reads it; + routed_experts [B, T, L, k] with router replay)."""
         out = self._log_probs(self.actor, batch, with_entropy=True, with_sum_pi_squared=self.sum_pi_squared,
                               **({"routes": router_replay.RECORD} if self.replay else {}))
         out["old_log_prob"] = out.pop("log_prob")
@@ -219,7 +220,7 @@ class ActorRolloutRefWorker:
             out = self._log_probs(self.ref, batch, with_entropy=False)
         else:
             raise ConfigError("this actor was built without a reference model",
-                              hint="start the workers with with_ref=True when a KL term is used")
+                              hint="start the workers with needs.reference when a KL term is used")
         return Batch({"ref_log_prob": out["log_prob"]}, batch.meta)
 
     @register(Dispatch.ALL)

@@ -50,7 +50,7 @@ def params_problems_of(table: str, owner: str, spec, values) -> list[Problem]:
 
 def _bypass_problems(c: Config, loss) -> list[Problem]:
     """bypass_mode takes old_log_prob from the rollout engine and brings its own loss."""
-    from rlctl.algorithms import algorithm_needs
+    from rlctl.algorithms import run_needs
     from rlctl.workers.rollout.registry import rollout_engine_info
 
     rc, problems = c.algorithm.rollout_correction, []
@@ -58,7 +58,7 @@ def _bypass_problems(c: Config, loss) -> list[Problem]:
         problems.append(Problem("algorithm.rollout_correction.bypass_mode", "takes the rollout engine's log-probs "
                                 "as old_log_prob, and the hf engine of rollout.mode = \"sync\" reports none: use "
                                 "rollout.mode = \"one_step_off\" or a vLLM/SGLang engine"))
-    if algorithm_needs(c.algorithm.name, policy_loss=c.actor.policy_loss).sum_pi_squared:
+    if run_needs(c).sum_pi_squared:
         problems.append(Problem("algorithm.rollout_correction.bypass_mode", "skips the trainer's log-prob pass, "
                                 f"which gives algorithm {c.algorithm.name!r} its sum_pi_squared: turn bypass_mode "
                                 "off"))

@@ -14,9 +14,9 @@ from rlctl.config.schema import Config
 
 
 def check_prime(c: Config, ctx: CheckContext) -> list[Problem]:
-    from rlctl.algorithms import algorithm_needs
+    from rlctl.algorithms import run_needs
 
-    if not algorithm_needs(c.algorithm.name, policy_loss=c.actor.policy_loss).implicit_prm:
+    if not run_needs(c).implicit_prm:
         return []
     name, problems = c.algorithm.name, []
     if c.rollout.mode != "sync":
@@ -31,10 +31,10 @@ def check_prime(c: Config, ctx: CheckContext) -> list[Problem]:
 
 def check_prime_model(c: Config, ctx: CheckContext) -> list[Problem]:
     """Machine pass: the PRM scores text tokens only; a vision-language model.path is refused."""
-    from rlctl.algorithms import algorithm_needs
+    from rlctl.algorithms import run_needs
     from rlctl.models.checks import model_config
 
-    if not algorithm_needs(c.algorithm.name, policy_loss=c.actor.policy_loss).implicit_prm:
+    if not run_needs(c).implicit_prm:
         return []
     hf = model_config(c, ctx)
     if hf is None or hf.get("vision_config") is None:   # not readable here (check_model reports it), or text

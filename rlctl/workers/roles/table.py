@@ -64,7 +64,7 @@ class Role:
 
 
 def _actor(run: RunRoles) -> dict:
-    return {"actor": {"config": run.config, "total_steps": run.total_steps, "with_ref": run.needs.reference}}
+    return {"actor": {"config": run.config, "total_steps": run.total_steps, "needs": run.needs}}
 
 
 def _when(need: str, name: str) -> Callable[[RunRoles], dict]:
