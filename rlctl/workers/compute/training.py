@@ -102,7 +102,7 @@ def _micro(rows: Batch, device, keys: list[str]) -> dict:
 
 
 ADDITIVE = ("loss", "pg_loss", "entropy", "kl_loss", "vf_loss", "moe_aux_loss",
-            # the rollout engine's log-probs against the update's own (rlctl.controller.trainer.update_drift)
+            # the rollout engine's log-probs against the update's own (rlctl.controller.drift.update_drift)
             "drift_abs_sum", "drift_prob_sum", "drift_kl_sum", "drift_tokens",
             # router replay's mismatched and all (response token, MoE layer) pairs (rlctl.workers.parallel.router_replay)
             "router_mismatch_pairs", "router_pairs")
@@ -113,7 +113,7 @@ def trainer_engine_drift_sums(log_prob: torch.Tensor, engine_log_prob: torch.Ten
     """A micro-batch's share of the drift between a rollout engine's log-probs of its samples and
     the trainer's, both before the update (on-policy, one optimizer step: the update's own forward
     gives the trainer's, so no separate old_log_prob pass). Sums over response tokens and the
-    largest difference; rlctl.controller.trainer.update_drift turns them into rollout/* metrics."""
+    largest difference; rlctl.controller.drift.update_drift turns them into rollout/* metrics."""
     on = mask > 0
     own, engine = log_prob.detach()[on].double(), engine_log_prob[on].double()
     diff = (own - engine).abs()

@@ -165,7 +165,7 @@ def test_the_actor_pushes_only_the_adapter_and_the_engine_follows_every_update(t
     import numpy as np
     from test_weight_sync import config, prompts
 
-    from rlctl.controller.trainer import rollout_drift
+    from rlctl.controller.drift import rollout_drift
     from rlctl.runtime import Batch
     from rlctl.workers.roles.actor import ActorRolloutRefWorker
 

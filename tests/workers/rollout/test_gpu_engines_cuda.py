@@ -70,7 +70,7 @@ def test_engine_uses_the_trained_weights(gpu_model_dir, single_rank_world, engin
     """Log-prob probe: the engine's log-probs of its own samples match the trainer's before an
     update; after a large update the old samples' engine log-probs no longer do (the weights
     moved), and the new samples' do again (the engine got the new weights)."""
-    from rlctl.controller.trainer import rollout_drift
+    from rlctl.controller.drift import rollout_drift
     from rlctl.runtime import Batch
     from rlctl.workers.roles.actor import ActorRolloutRefWorker
 
@@ -144,7 +144,7 @@ def _vllm_tp_rank(rank, model_dir, port, out_dir):
 
     import torch.distributed as dist
 
-    from rlctl.controller.trainer import rollout_drift
+    from rlctl.controller.drift import rollout_drift
     from rlctl.runtime import Batch
     from rlctl.workers.roles.actor import ActorRolloutRefWorker
 

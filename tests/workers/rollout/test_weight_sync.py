@@ -86,7 +86,7 @@ def prompts() -> Batch:
 
 @pytest.mark.parametrize("model,lora", [("tied", False), ("untied", True)], ids=["full-tied", "lora-untied"])
 def test_engine_generates_with_the_trained_weights(tiny_model_dir, tiny_untied_model_dir, model, lora):
-    from rlctl.controller.trainer import rollout_drift
+    from rlctl.controller.drift import rollout_drift
     from rlctl.workers.roles.actor import ActorRolloutRefWorker
 
     model_dir = tiny_model_dir if model == "tied" else tiny_untied_model_dir
@@ -129,7 +129,7 @@ def test_engine_generates_with_the_trained_weights(tiny_model_dir, tiny_untied_m
 def test_without_an_old_log_prob_pass_the_update_measures_the_engine_s_drift(tiny_model_dir):
     # on-policy with one optimizer step no old_log_prob pass runs (recompute_old_log_prob): the
     # update's own forward, before its optimizer step, gives the drift a separate pass would
-    from rlctl.controller.trainer import rollout_drift, update_drift
+    from rlctl.controller.drift import rollout_drift, update_drift
     from rlctl.workers.roles.actor import ActorRolloutRefWorker
 
     worker = ActorRolloutRefWorker(config(tiny_model_dir, lora=False), total_steps=4)
@@ -160,7 +160,7 @@ def test_without_an_old_log_prob_pass_the_update_measures_the_engine_s_drift(tin
 
 
 def test_drift_metric_by_hand():
-    from rlctl.controller.trainer import rollout_drift
+    from rlctl.controller.drift import rollout_drift
 
     batch = Batch({"response_mask": np.array([[1, 1, 0], [1, 0, 0]], dtype=np.float32),
                    "old_log_prob": np.array([[-1.0, -2.0, 0.0], [-0.5, 0.0, 0.0]], dtype=np.float32),
@@ -188,9 +188,8 @@ def test_old_log_probs_are_recomputed_only_for_more_than_one_optimizer_step(tiny
 
 def test_drift_beyond_rollout_max_logprob_diff_stops_the_run_naming_the_step(tiny_model_dir):
     import dataclasses
-    from types import SimpleNamespace
 
-    from rlctl.controller.trainer import Trainer, logprob_diff_limit
+    from rlctl.controller.drift import check_drift, logprob_diff_limit
     from rlctl.errors import NumericalError
 
     base = config(tiny_model_dir, lora=False)
@@ -203,19 +202,19 @@ def test_drift_beyond_rollout_max_logprob_diff_stops_the_run_naming_the_step(tin
     assert logprob_diff_limit(with_dtype("bfloat16", max_logprob_diff=0.2)) == (0.2, "bfloat16")
     assert logprob_diff_limit(with_dtype("float32", top_p=0.9))[0] == float("inf")  # engine's are filtered
 
-    trainer = Trainer(SimpleNamespace(config=with_dtype("bfloat16")))
-    trainer.check_drift(1, {"rollout/logprob_diff_mean": 0.004})   # bf16 noise: goes on
+    bf16 = with_dtype("bfloat16")
+    check_drift(bf16, 1, {"rollout/logprob_diff_mean": 0.004})   # bf16 noise: goes on
     with pytest.raises(NumericalError) as err:
-        trainer.check_drift(2, {"rollout/logprob_diff_mean": 0.8, "rollout/logprob_diff_max": 3.0})
+        check_drift(bf16, 2, {"rollout/logprob_diff_mean": 0.8, "rollout/logprob_diff_max": 3.0})
     assert err.value.exit_code == 5 and "\n" not in err.value.message
     assert err.value.message.startswith("step 2: the vllm engine's log-probs of its samples differ from the "
                                         "trainer's by 0.8 nats per token on average (max 3)")
     assert "rollout.max_logprob_diff = 0.05 (bfloat16)" in err.value.message
     # a separate rollout group (one_step_off, async): its engine against its rank's copy, same push
     engine = "rollout/engine_diff_mean"
-    trainer.check_drift(3, {engine: 0.004, "rollout/logprob_diff_mean": 0.8}, engine)   # stale, engine follows
+    check_drift(bf16, 3, {engine: 0.004, "rollout/logprob_diff_mean": 0.8}, engine)   # stale, engine follows
     with pytest.raises(NumericalError) as err:
-        trainer.check_drift(4, {engine: 0.3, "rollout/engine_diff_max": 2.0}, engine)
+        check_drift(bf16, 4, {engine: 0.3, "rollout/engine_diff_max": 2.0}, engine)
     assert err.value.message.startswith("step 4: the vllm engine's log-probs of its samples differ from the "
                                         "rollout rank's copy's by 0.3 nats per token on average (max 2)")
 
