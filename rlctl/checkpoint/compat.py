@@ -206,7 +206,8 @@ def _has_critic(saved_config: dict) -> bool:
     try:
         from rlctl.algorithms import algorithm_needs
 
-        return algorithm_needs(saved_config["algorithm"]["name"], kl_in_reward=False, use_kl_loss=False).critic
+        # a saved config.resolved.toml as a dict: the same reads as run_needs (KL settings start no critic)
+        return algorithm_needs(saved_config["algorithm"]["name"], policy_loss=saved_config["actor"]["policy_loss"]).critic
     except Exception:  # an estimator this process does not know: assume the worst
         return True
 

@@ -1,7 +1,7 @@
 """Starting a run's workers from its config and the role table (rlctl.workers.roles.table): the actor
 group, and every other role the run has, in the actor's processes or in a pool of its own.
 
-    workers = start_workers(cfg, total_steps=N, needs=algorithm_needs(...))
+    workers = start_workers(cfg, total_steps=N, needs=run_needs(cfg))   # rlctl.algorithms, once per run
     workers.actor.generate(batch, seed=..., mode="train")     # RoleHandle calls
     workers.critic.compute_values(batch)                      # None when no critic is needed
     workers.trained()                                         # the roles a checkpoint holds, by folder
@@ -63,7 +63,7 @@ class Workers:
 
 
 def start_workers(config, *, total_steps: int, needs) -> Workers:
-    """Every role of the table the run has (`needs`: rlctl.algorithms.algorithm_needs): the ACTOR and,
+    """Every role of the table the run has (`needs`: rlctl.algorithms.run_needs): the ACTOR and,
     when resources.colocate, the BESIDE_ACTOR roles in the actor group's ranks (one process per rank
     holds all their models); the other roles each in a pool of its own, named after its row."""
     run = RunRoles(config, total_steps, needs)

@@ -40,7 +40,7 @@ class RunRoles:
 
     config: Config
     total_steps: int   # training steps of the run (a trained role's LR schedule)
-    needs: Needs       # the algorithm's declarations (rlctl.algorithms.algorithm_needs)
+    needs: Needs       # the run's, computed once (rlctl.algorithms.run_needs)
 
 
 @dataclass(frozen=True)
