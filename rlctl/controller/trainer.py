@@ -129,16 +129,18 @@ class Trainer:
     def validate(self, step: int) -> dict:
         """Greedy (val_temperature) generation on data.val_files; reward and accuracy per data source."""
         setup, config = self.setup, self.config
-        parts = []
+        parts, lengths = [], []
         for i in range(0, len(setup.val_rows), config.data.val_batch_size):
             rows = setup.val_rows[i:i + config.data.val_batch_size]
             part = rollout.generate(setup.actor, rows, seed=setup.seed_for(step, -1 - i), tag=f"val{step}.{i}",
                                     pad_token_id=setup.pad_token_id, mode="val")
             rollout.score(part, setup.reward, setup.tokenizer)
+            lengths.append(part["response_length"])
             part = part.select(rollout.episode_rows(part))   # one row per sample (agent episode)
             parts.append(part.select_keys([k for k in ("data_source", "scores", "acc", "response_length", "uid")
                                            if k in part]))
         out = validation_metrics(parts)
+        out["val/response_length/mean"] = float(np.concatenate(lengths).mean())   # per row, as in training
         setup.display.print(validation_line(step, out))
         return out
 
