@@ -3,12 +3,14 @@ agent endpoint and returns their sequences as training rows (rlctl.runtime.polic
 
 Rows: one per sequence of an episode (rlctl.agent.episodes: one when every call continued the last,
 more when the agent rewrote its history), each with its episode's reward and the `uid` of the prompt
-it came from, so rollout.n episodes make the group of a group estimator. An episode that made no
-call gets one row of its prompt with an empty (masked) response, so its reward still counts in its
-group. Columns besides the single-turn ones: agent_reward [R] (NaN: none), agent_answer [R] (the
-episode's last completion text, what reward.function reads), agent_episode [R] (-1 on padding rows),
-agent_failure [R]. When rows outnumber rollout.n x prompts, copies of real rows with response_mask 0
-and a uid of their own pad the batch to whole mini-batches on every rank; they add nothing to a loss.
+it came from; agent_episode tells the rows of one episode, so a group estimator counts each of the
+rollout.n episodes once (rlctl.algorithms.episodes). An episode that made no call gets one row of
+its prompt with an empty (masked) response, so its reward still counts in its group. Columns besides
+the single-turn ones: agent_reward [R] (NaN: none), agent_answer [R] (the episode's last completion
+text, what reward.function reads), agent_episode [R] (-1 on padding rows), agent_failure [R] (why it
+failed: rlctl.agent.failures). When rows outnumber rollout.n x prompts, copies of real rows with
+response_mask 0 and a uid of their own pad the batch to whole mini-batches on every rank; they add
+nothing to a loss and are no sample of any group or mean.
 """
 
 from __future__ import annotations
