@@ -83,8 +83,8 @@ def checked_template(value: str, base: Path, flag: str) -> Path:
 
 
 def use_template(tokenizer, path: str | Path | None):
-    """`tokenizer` rendering with the template in `path` (None: its own)."""
-    if path:
+    """`tokenizer` (or a processor) rendering with the template in `path` ("" / None: its own)."""
+    if path and tokenizer is not None:
         tokenizer.chat_template = Path(path).read_text(encoding="utf-8")
     return tokenizer
 
@@ -93,6 +93,11 @@ def check_chat_template(c: Config, ctx: CheckContext) -> list[Problem]:
     """model.chat_template names a file that renders a conversation (machine pass: it reads the file)."""
     if not c.model.chat_template:
         return []
+    from rlctl.models.checks import model_config
+
+    if (model_config(c, ctx) or {}).get("vision_config") is not None:   # its processor renders the prompts
+        return [Problem("model.chat_template", "is not applied to a vision-language model's processor yet; "
+                                               "leave it out (the processor's own template renders the chats)")]
     problem = template_problem(resolve(c.model.chat_template, ctx.base_dir), c.model.chat_template)
     return [Problem("model.chat_template", problem)] if problem else []
 

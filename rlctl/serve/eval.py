@@ -35,6 +35,7 @@ class EvalOptions:
     step: int | None = None
     config: str | None = None  # an rlctl.toml whose reward and multi-turn settings replace the model's run's
     agent: str | None = None  # "file.py:name": play this agent program (rlctl.serve.eval_agent)
+    chat_template: str = ""  # the template file chats are rendered with ("": the model folder's own)
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -137,6 +138,17 @@ def _project_dir(run_dir: Path, config) -> Path:
     return run_dir.resolve()
 
 
+def _settings(model_path: Path, opts: EvalOptions):
+    """(the run's or --config's config or None, the folder its paths are relative to, `opts` with --config's
+    model.chat_template: a run's folders carry their template, a plain model folder may not)."""
+    config, base = eval_config(opts.config) if opts.config else run_config(model_path)
+    if opts.config and config.model.chat_template:
+        from rlctl.models.chat_template import resolve
+
+        opts = replace(opts, chat_template=str(resolve(config.model.chat_template, base)))
+    return config, base, opts
+
+
 def run_eval(model_path: str | Path, data_file: str | Path, opts: EvalOptions, out_path: Path) -> dict:
     """Generate, score, write one JSON line per sample to `out_path`; returns the summary."""
     from rlctl.data.dataset import load_rows
@@ -144,7 +156,7 @@ def run_eval(model_path: str | Path, data_file: str | Path, opts: EvalOptions, o
     from rlctl.serve.source import model_folder
 
     model_path = Path(model_path)
-    config, run_dir = eval_config(opts.config) if opts.config else run_config(model_path)
+    config, run_dir, opts = _settings(model_path, opts)
     image_key = config.data.image_key if config is not None else "images"
     if not Path(data_file).is_file():   # before load_rows, whose hint speaks of data.train_files
         raise DataError(f"--data {data_file} is not a file",
@@ -177,7 +189,7 @@ def run_eval(model_path: str | Path, data_file: str | Path, opts: EvalOptions, o
                 samples = evaluate_multi_turn(folder, rows, opts, temperature, opts.max_new_tokens or default_max,
                                               config, run_dir)
             else:
-                tokenizer, prompt_ids, visions = _prompts(folder, rows, image_key)
+                tokenizer, prompt_ids, visions = _prompts(folder, rows, image_key, opts.chat_template)
                 samples = _single_turn_samples(rows, tokenizer.batch_decode(prompt_ids), _generate(
                     folder, prompt_ids, opts, temperature, opts.max_new_tokens or default_max, visions))
         if reward.model:   # loaded once the policy is done with
@@ -215,18 +227,20 @@ def _reward_label(reward) -> str:
     return " + ".join(entry.label(reward) for entry in configured(reward))
 
 
-def _prompts(folder: Path, rows: list[dict], image_key: str):
+def _prompts(folder: Path, rows: list[dict], image_key: str, chat_template: str):
     """(tokenizer, prompt ids as training renders them, per row its image arrays or None: all None
     for a text model). A vision-language model's prompts go through its processor, images checked
-    and decoded as training reads them (rlctl.data.images)."""
+    and decoded as training reads them (rlctl.data.images). `chat_template`: a file replacing the
+    folder's own template ("": none)."""
     from rlctl.data.dataset import chat_prompt_ids
+    from rlctl.models.chat_template import use_template
     from rlctl.serve.source import load_processor_of
 
-    processor = load_processor_of(folder)
+    processor = use_template(load_processor_of(folder), chat_template)
     if processor is None:
         from transformers import AutoTokenizer
 
-        tokenizer = AutoTokenizer.from_pretrained(folder)
+        tokenizer = use_template(AutoTokenizer.from_pretrained(folder), chat_template)
         return tokenizer, [chat_prompt_ids(row["prompt"], tokenizer) for row in rows], [None] * len(rows)
     from rlctl.data.images import load_vision_row
     from rlctl.models.vision import encode_prompt, processor_max_pixels

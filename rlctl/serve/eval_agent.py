@@ -25,7 +25,7 @@ def evaluate_agent(folder: Path, rows: list[dict], opts, temperature: float, len
     from rlctl.serve.source import load_model
     from rlctl.workers.compute.models import eos_token_ids
 
-    model, tokenizer = load_model(folder, opts.dtype)
+    model, tokenizer = load_model(folder, opts.dtype, chat_template=opts.chat_template)
     eos = eos_token_ids(str(folder), tokenizer)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos[0]
     turns = LocalTurns(model, pad_token_id=pad, eos_token_ids=eos, temperature=temperature, top_p=opts.top_p)

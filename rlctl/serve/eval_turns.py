@@ -33,7 +33,7 @@ def evaluate_multi_turn(folder: Path, rows: list[dict], opts, temperature: float
                          "would reach the model without their images)",
                          hint="use the run's validation metrics (run.val_every, data.val_files): validation "
                               "runs the multi-turn loop with the images")
-    model, tokenizer = load_model(folder, opts.dtype)
+    model, tokenizer = load_model(folder, opts.dtype, chat_template=opts.chat_template)
     eos = eos_token_ids(str(folder), tokenizer)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos[0]
     config = dataclasses.replace(config, rollout=dataclasses.replace(config.rollout, n=opts.n),

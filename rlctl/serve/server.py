@@ -65,7 +65,7 @@ def serve_builtin(folder: Path, *, host: str, port: int, model_name: str, api_ke
     try:
         model, tokenizer = load_model(folder, dtype)
         processor = load_processor_of(folder)
-        for renderer in filter(None, (tokenizer, processor)):   # a VLM renders with its processor
+        for renderer in (tokenizer, processor):   # a VLM renders with its processor
             use_template(renderer, chat_template)
         adapters = served_adapters(model, model_name, lora) if lora else None
     except BaseException:

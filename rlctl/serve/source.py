@@ -94,8 +94,9 @@ def resolve_dtype(name: str, device: str):
     return torch.float32
 
 
-def load_model(folder: Path, dtype: str = "auto", device: str | None = None):
-    """(model, tokenizer) in eval mode on `device` (cuda when available, else cpu)."""
+def load_model(folder: Path, dtype: str = "auto", device: str | None = None, chat_template: str = ""):
+    """(model, tokenizer) in eval mode on `device` (cuda when available, else cpu); the tokenizer renders
+    chats with the `chat_template` file when one is given (rlctl eval --config's model.chat_template)."""
     import torch
     from transformers import AutoModelForCausalLM, AutoModelForImageTextToText, AutoTokenizer
 
@@ -109,7 +110,9 @@ def load_model(folder: Path, dtype: str = "auto", device: str | None = None):
     except (OSError, ValueError) as e:
         raise DataError(f"cannot load a model from {folder}: {e}",
                         hint="is it a complete Hugging Face folder (config, weights, tokenizer)?") from None
-    return model.to(device).eval(), tokenizer
+    from rlctl.models.chat_template import use_template
+
+    return model.to(device).eval(), use_template(tokenizer, chat_template)
 
 
 def load_processor_of(folder: Path):

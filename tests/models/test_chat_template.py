@@ -116,3 +116,36 @@ def test_vllm_and_sglang_get_the_template_as_their_own_flag():
     for engine in ("vllm", "sglang"):
         argv = build_command(engine, LaunchSpec("m", "127.0.0.1", 8000, "m", chat_template="/t/x.jinja"))
         assert argv[argv.index("--chat-template") + 1] == "/t/x.jinja"
+
+
+@pytest.mark.slow   # the reward runner's process starts, though the agent's own reward scores
+def test_eval_with_a_config_renders_a_plain_model_s_chats_with_its_template(tmp_path, tiny_model_dir):
+    """`rlctl eval MODEL --config rlctl.toml --agent ...`: the agent's calls are rendered with the config's
+    template (the agent reports the prompt tokens the endpoint counted)."""
+    from rlctl.data.schema import arrow_schema
+    from rlctl.models.loading import load_tokenizer
+    from rlctl.serve.eval import EvalOptions, run_eval
+
+    row = {"data_source": "t", "prompt": [{"role": "user", "content": "hi"}], "ability": "x",
+           "reward_model": {"style": "rule", "ground_truth": "1"}, "extra_info": {}}
+    pq.write_table(pa.Table.from_pylist([row], schema=arrow_schema()), tmp_path / "rows.parquet")
+    (tmp_path / "mine.jinja").write_text(TEMPLATE)
+    _project(tmp_path, tiny_model_dir, "mine.jinja")
+    (tmp_path / "agent.py").write_text(
+        "async def run(client, row):\n"
+        "    r = await client.chat.completions.create(model='m', messages=row['prompt'], max_tokens=1)\n"
+        "    return float(r.usage.prompt_tokens)\n")
+    opts = EvalOptions(engine="hf", max_new_tokens=1, config=str(tmp_path / "rlctl.toml"),
+                       agent=f"{tmp_path / 'agent.py'}:run")
+    run_eval(tiny_model_dir, tmp_path / "rows.parquet", opts, tmp_path / "out.jsonl")
+    expected = load_tokenizer(tiny_model_dir)("[user] hi[assistant]", add_special_tokens=False)["input_ids"]
+    assert json.loads((tmp_path / "out.jsonl").read_text())["score"] == len(expected)
+
+
+def test_a_vision_language_model_s_template_is_refused_until_its_processor_takes_it(tmp_path, tiny_vlm_dir):
+    from rlctl.config.checks import CheckContext
+
+    (tmp_path / "mine.jinja").write_text(TEMPLATE)
+    config = Config(model=ModelConfig(path=str(tiny_vlm_dir), chat_template="mine.jinja"))
+    [problem] = ct.check_chat_template(config, CheckContext(base_dir=tmp_path, raw={}))
+    assert problem.key == "model.chat_template" and "vision-language" in problem.message
