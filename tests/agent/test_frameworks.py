@@ -26,9 +26,10 @@ pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLES = REPO / "examples" / "agents" / "frameworks"
 VENV_PYTHON = REPO / ".venv-agents" / "bin" / "python"
-FRAMEWORKS = {"langgraph": "langgraph.prebuilt, langchain_openai"}   # folder -> what its agent imports
+FRAMEWORKS = {"langgraph": "langgraph.prebuilt, langchain_openai", "openai-agents": "agents",
+              "pydantic-ai": "pydantic_ai", "smolagents": "smolagents"}   # folder -> what its agent imports
 STEPS = 2
-TINY = ["model.dtype=float32", "data.max_prompt_length=768", "data.max_response_length=256", "data.batch_size=2",
+TINY = ["model.dtype=float32", "model.chat_template=", "data.max_prompt_length=768", "data.max_response_length=1024", "data.batch_size=2",
         "rollout.n=2", "actor.mini_batch_size=2", "actor.micro_batch_size=4", "rollout.agent.concurrency=4",
         "run.val_before_train=false", "data.val_files=[]", "run.save_every=0", "run.keep_last=0",
         f"run.total_steps={STEPS}"]
