@@ -15,7 +15,10 @@ one being generated then is answered 410 and not recorded.
 
 Sampling follows the run (rollout.temperature / top_p / top_k in training, val_temperature in
 validation and eval): the trainer's log-probs assume those, so a request's own temperature or
-top_p is accepted and not applied. Its max_tokens and stop strings are applied.
+top_p is accepted and not applied. Its max_tokens and stop strings are applied, and so are a forced
+tool_choice and a JSON response_format: the call is decoded under their grammar on the ranks
+(rlctl.workers.rollout.grammar), its recorded log-probs those of the masked distribution it was
+drawn from (docs/agents.md).
 """
 
 from __future__ import annotations
@@ -35,7 +38,7 @@ from rlctl.api.api_error import APIError
 from rlctl.api.requests import Event, Request, SamplingParams
 from rlctl.api.textstream import TextStream
 from rlctl.data.dataset import chat_prompt_ids
-from rlctl.runtime.batch import Batch
+from rlctl.runtime.batch import Batch, object_array
 
 
 @dataclass
@@ -226,7 +229,8 @@ class AgentEngine:
             ready.append(w)
         if not ready:
             return
-        out = self._sample([w.request.prompt_ids for w in ready], flush.limits)
+        out = self._sample([w.request.prompt_ids for w in ready], flush.limits,
+                           [w.request.params.grammar or "" for w in ready])
         for j, (w, merged) in enumerate(zip(ready, flush.merged)):
             length = int(out["response_length"][j])
             ids = out["responses"][j, :length].tolist()
@@ -256,13 +260,15 @@ class AgentEngine:
         """Under `lock`: the call is answered; it no longer counts as being generated."""
         self._generating = [g for g in self._generating if g is not w]
 
-    def _sample(self, prompts: list[list[int]], limits: list[int]) -> dict:
+    def _sample(self, prompts: list[list[int]], limits: list[int], grammars: list[str]) -> dict:
         """One generate_turn over every rank: rows padded to a multiple of the world (dummy rows of one
         token, dropped again); returns the real rows' columns. When the calls come in runs of k equal
-        (prompt, limit) pairs, as the first calls of a prompt's rollout.n episodes do, each run is one
-        input with n = k samples: its prefill is shared, as in the built-in single-turn rollout."""
-        k = _runs_of_equal(prompts, limits)
-        prompts, limits = prompts[::k], limits[::k]
+        (prompt, limit, grammar), as the first calls of a prompt's rollout.n episodes do, each run is one
+        input with n = k samples: its prefill is shared, as in the built-in single-turn rollout. A call
+        with a forced tool_choice or a JSON response_format carries its grammar spec in the `grammar`
+        column ("" = none; the column only when some call has one)."""
+        k = _runs_of_equal([(p, g) for p, g in zip(prompts, grammars)], limits)
+        prompts, limits, grammars = prompts[::k], limits[::k], grammars[::k]
         world = self.turns.world_size
         rows = len(prompts) * k
         padded = prompts + [[self.pad_id]] * (-len(prompts) % world)
@@ -276,7 +282,10 @@ class AgentEngine:
             seed = int(np.random.SeedSequence([self._seed, self._flushes]).generate_state(1)[0])
             self._flushes += 1
             mode = self._mode
-        batch = Batch({"input_ids": ids, "attention_mask": mask, "max_new_tokens": np.asarray(caps, dtype=np.int64)})
+        columns = {"input_ids": ids, "attention_mask": mask, "max_new_tokens": np.asarray(caps, dtype=np.int64)}
+        if any(grammars):
+            columns["grammar"] = object_array(grammars + [""] * (-len(prompts) % world))
+        batch = Batch(columns)
         out = self.turns.generate_turn(batch, seed=seed, mode=mode, n=k, width=max(caps), log_probs=True)
         return {k: out[k][:rows] for k in ("responses", "response_length", "truncated", "rollout_log_prob")}
 
@@ -334,7 +343,7 @@ def vocab_size(tokenizer) -> int:
     return max(int(rows), len(tokenizer))
 
 
-def _runs_of_equal(prompts: list[list[int]], limits: list[int]) -> int:
+def _runs_of_equal(prompts: list, limits: list[int]) -> int:
     """k when the calls are consecutive runs of k equal (prompt, limit) pairs, all of one length, else 1."""
     runs, start = [], 0
     for i in range(1, len(prompts) + 1):

@@ -28,7 +28,8 @@ def evaluate_agent(folder: Path, rows: list[dict], opts, temperature: float, len
     model, tokenizer = load_model(folder, opts.dtype, chat_template=opts.chat_template)
     eos = eos_token_ids(str(folder), tokenizer)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos[0]
-    turns = LocalTurns(model, pad_token_id=pad, eos_token_ids=eos, temperature=temperature, top_p=opts.top_p)
+    turns = LocalTurns(model, pad_token_id=pad, eos_token_ids=eos, temperature=temperature, top_p=opts.top_p,
+                       tokenizer=tokenizer)
     engine = AgentEngine(turns, tokenizer, eos_ids=eos, pad_id=pad,
                          limits=EngineLimits(lengths[0], lengths[1], agent.max_calls, agent.max_wait_s))
     server = AgentServer(engine)

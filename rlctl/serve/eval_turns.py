@@ -69,10 +69,11 @@ class LocalTurns:
     world_size = 1
 
     def __init__(self, model, *, pad_token_id: int, eos_token_ids: list[int], temperature: float,
-                 top_p: float = 1.0):
+                 top_p: float = 1.0, tokenizer=None):
         from rlctl.workers.rollout.hf import HFRolloutEngine
 
-        self.engine = HFRolloutEngine(model, pad_token_id=pad_token_id, eos_token_ids=eos_token_ids)
+        self.engine = HFRolloutEngine(model, pad_token_id=pad_token_id, eos_token_ids=eos_token_ids,
+                                      tokenizer=tokenizer)
         self.temperature, self.top_p = temperature, top_p
 
     def generate_turn(self, batch: Batch, *, seed: int, mode: str = "train", n: int = 1, width: int = 0,
@@ -80,6 +81,7 @@ class LocalTurns:
         import torch
 
         from rlctl.workers.compute.vision import VISION_KEYS, pad_turn_positions
+        from rlctl.workers.rollout.grammar import grammar_args
         from rlctl.workers.rollout.hf import kept_kv_args
 
         prompts = [row[m != 0].tolist() for row, m in zip(batch["input_ids"], batch["attention_mask"])]
@@ -88,5 +90,6 @@ class LocalTurns:
         generator = torch.Generator(device=next(self.engine.model.parameters()).device).manual_seed(seed)
         out = self.engine.generate(prompts, n=n, max_new_tokens=max(limits), temperature=self.temperature,
                                    top_p=self.top_p, generator=generator, greedy=self.temperature == 0,
-                                   limits=limits, log_probs=log_probs, **kept_kv_args(batch), **images)
+                                   limits=limits, log_probs=log_probs, **kept_kv_args(batch), **grammar_args(batch),
+                                   **images)
         return Batch(pad_turn_positions(out, batch["input_ids"].shape[1]))

@@ -165,3 +165,31 @@ def test_a_run_whose_every_episode_fails_says_why_and_stops_with_exit_5(project,
     assert len(dumped) == 4 and all(r["agent_failure"].startswith(CONTEXT_REASON) for r in dumped)
     info = json.loads((run / "run.json").read_text())
     assert info["status"] == "failed" and info["exit_code"] == 5
+
+
+FORCED_AGENT = '''
+import json
+
+TOOLS = [{"type": "function", "function": {"name": "answer", "parameters": {
+    "type": "object", "properties": {"value": {"type": "string", "maxLength": 4}}, "required": ["value"]}}}]
+
+async def forced(client, row):
+    """pydantic-ai's and smolagents' request: the answer must be a call (tool_choice "required")."""
+    out = await client.chat.completions.create(model="policy", messages=row["prompt"], tools=TOOLS,
+                                               tool_choice="required", max_tokens=100)
+    call = out.choices[0].message.tool_calls[0]
+    value = json.loads(call.function.arguments)["value"]
+    return float(value.strip() == str(row["reward_model"]["ground_truth"]).strip())
+'''
+
+
+def test_a_forced_tool_call_agent_trains_a_step(project, ray_cluster, tmp_path):
+    """The grammar travels with the call to the actor rank: every episode's forced call parses."""
+    proj = tmp_path / "forced"
+    shutil.copytree(project, proj, ignore=shutil.ignore_patterns("runs"))
+    (proj / "forced.py").write_text(FORCED_AGENT)
+    start_training(load_config(proj / "rlctl.toml", SMALL + [   # byte tokens: the tools ~600, a call ~70
+        "data.max_prompt_length=1024", "data.max_response_length=100", "run.total_steps=1", "run.save_every=0",
+        "rollout.agent.function=forced.py:forced"]), address=None, force=False)
+    got = rows(proj / "runs" / "grpo-agent-smollm2-cpu")[0]
+    assert got["agent/calls"] == 1.0 and got["agent/failed"] == 0.0 and "actor/pg_loss" in got

@@ -36,6 +36,7 @@ from rlctl.workers.compute.vision import (IMAGES, PIXEL_VALUES, POSITION_IDS, VI
                                   has_vision_tower, pad_turn_positions, tower_always_runs, with_pixels,
                                   without_images)
 from rlctl.workers.parallel import fsdp, moe_aux, router_replay
+from rlctl.workers.rollout.grammar import grammar_args
 from rlctl.workers.rollout.hf import kept_kv_args
 
 _MODEL_KEYS = ["input_ids", "attention_mask"]
@@ -95,7 +96,8 @@ class ActorRolloutRefWorker:
                                                  vision=has_vision_tower(self.actor.module),
                                                  lora_rank=self.cfg.model.lora.rank if self._adapter_sync else 0)
             self._rollout = make_rollout_engine(self.cfg.rollout.engine, self.actor.module, spec=spec,
-                                                pad_token_id=self._pad_id(), eos_token_ids=self.eos_ids)
+                                                pad_token_id=self._pad_id(), eos_token_ids=self.eos_ids,
+                                                tokenizer=self.tokenizer)
         return self._rollout
 
     def _ready_engine(self):
@@ -143,13 +145,14 @@ class ActorRolloutRefWorker:
         """One assistant turn of a multi-turn rollout (rlctl.multiturn.rollout): continue each row's
         tokens (input_ids/attention_mask, left-padded) with n samples of at most max_new_tokens[row]
         tokens, at the mode's temperature. Optional columns kv_lookup [rows] and kv_store [rows, n]:
-        the hf engine's kept-KV keys (HFRolloutEngine.generate). Returns responses [rows*n, T],
+        the hf engine's kept-KV keys (HFRolloutEngine.generate); grammar [rows] (object, "" = none): the
+        spec each row is decoded under (rlctl.workers.rollout.grammar). Returns responses [rows*n, T],
         response_length, truncated (+ rollout_log_prob from GPU engines); T = `width` (the largest
         max_new_tokens of the whole call, the same on every rank, so the ranks' parts concatenate).
         log_probs: rollout_log_prob from the hf engine too (the agent endpoint answers them)."""
         _, temperature = self._mode(mode)
         limits = [int(x) for x in batch["max_new_tokens"]]
-        kv = {**kept_kv_args(batch), **({"log_probs": True} if log_probs else {})}
+        kv = {**kept_kv_args(batch), **grammar_args(batch), **({"log_probs": True} if log_probs else {})}
         out = self._sample(batch, n, max(width, *limits), temperature, seed, limits=limits, kv=kv)
         out = pad_turn_positions(out, batch["input_ids"].shape[1])   # a VLM's rows: every rank's the same width
         return Batch(_clip_to_limits(out, np.repeat(limits, n), self.eos_ids, self._pad_id()))

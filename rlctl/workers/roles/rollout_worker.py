@@ -79,7 +79,8 @@ class RolloutWorker:
         self.eos_ids = eos_token_ids(config.model.path, self.tokenizer)
         self.pad = pad_token_id(self.tokenizer, self.eos_ids)
         # the copy's loader (HF names, numpy); it generates too unless rollout.engine keeps its own weights
-        self.copy = HFRolloutEngine(self.model, pad_token_id=self.pad, eos_token_ids=self.eos_ids, own_weights=True)
+        self.copy = HFRolloutEngine(self.model, pad_token_id=self.pad, eos_token_ids=self.eos_ids, own_weights=True,
+                                    tokenizer=self.tokenizer)
         own = rollout_engine_info(config.rollout.engine).owns_weights
         self.engine = self._own_engine(config) if own else self.copy
         self.temperature = config.rollout.temperature or 1.0   # log-probs of the sampling distribution
@@ -220,13 +221,15 @@ class RolloutWorker:
         the actor's own group validates."""
         if mode != "train":
             raise ValueError(f"the one_step_off rollout group generates training batches only, not mode {mode!r}")
+        from rlctl.workers.rollout.grammar import grammar_args
         from rlctl.workers.rollout.hf import kept_kv_args
 
         limits = [int(x) for x in batch["max_new_tokens"]]
         with self._autocast(generating=True):
             out = sample(self.engine, batch, self.cfg.rollout, n=n, max_new_tokens=max(width, *limits),
                          temperature=self.cfg.rollout.temperature, seed=seed, rank=self.rank, device=self.device,
-                         limits=limits, **kept_kv_args(batch), **({"log_probs": True} if log_probs else {}))
+                         limits=limits, **kept_kv_args(batch), **grammar_args(batch),
+                         **({"log_probs": True} if log_probs else {}))
         return Batch(_clip_to_limits(out, np.repeat(limits, n), self.eos_ids, self.pad))
 
     @register(Dispatch.DP)

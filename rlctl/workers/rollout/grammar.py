@@ -127,3 +127,11 @@ def accept(matchers: Sequence, tokens: Sequence[int]) -> None:
     for m, token in zip(matchers, tokens):
         if m is not None and not m.is_terminated() and not m.accept_token(int(token)):
             raise RuntimeError(f"token {int(token)} was sampled outside its row's grammar")
+
+
+def grammar_args(batch) -> dict:
+    """generate()'s `grammars` from a generate_turn batch's optional `grammar` column (one spec per
+    row, "" for none: rlctl.agent.engine); {} when the caller constrains nothing."""
+    if "grammar" not in batch:
+        return {}
+    return {"grammars": [str(g) or None for g in batch["grammar"]]}

@@ -42,6 +42,7 @@ from rlctl.workers.compute.vision import (POSITION_IDS, ban_placeholders, engine
 from rlctl.workers.parallel.fsdp import whole_weights
 from rlctl.workers.rollout.base import (RESPONSE_LENGTH, RESPONSE_MASK, RESPONSES,
                                         TRUNCATED, RolloutEngine, check_sampling_args)
+from rlctl.workers.rollout import grammar
 from rlctl.workers.rollout.decoder import DecoderRunner, HFCacheRunner
 from rlctl.workers.rollout.token_sampling import sample_tokens
 
@@ -54,7 +55,7 @@ class HFRolloutEngine(RolloutEngine):
     """
 
     def __init__(self, model: torch.nn.Module, *, pad_token_id: int, eos_token_ids: list[int],
-                 fast: bool = True, own_weights: bool = False, reuse_kv: bool = True):
+                 fast: bool = True, own_weights: bool = False, reuse_kv: bool = True, tokenizer=None):
         if not eos_token_ids:
             raise UsageError("the hf rollout engine needs at least one EOS token id",
                              hint="set eos_token_id in the model's generation_config.json")
@@ -69,6 +70,7 @@ class HFRolloutEngine(RolloutEngine):
         self.banned = placeholder_ids(model)   # vision placeholder tokens: never sampled
         self.last_stats: dict[str, float] = {}
         self._log_prob_temperature: float | None = None
+        self.tokenizer, self._grammars = tokenizer, None   # grammar masks need the tokenizer's strings
 
     per_prompt_limits = True
 
@@ -77,7 +79,8 @@ class HFRolloutEngine(RolloutEngine):
                  generator: torch.Generator | None = None,
                  greedy: bool = False, limits: list[int] | None = None,
                  kv_lookup: list[int] | None = None, kv_store: list[int] | None = None,
-                 images: dict | None = None, log_probs: bool = False) -> dict[str, np.ndarray]:
+                 images: dict | None = None, log_probs: bool = False,
+                 grammars: list[str | None] | None = None) -> dict[str, np.ndarray]:
         """RolloutEngine.generate; `limits` caps each prompt's responses at its own token count.
         kv_lookup (one key per prompt, -1 = none): continue from the KV a previous call kept under
         that key; kv_store (one key per response row, -1 = none): keep this call's rows' KV.
@@ -85,7 +88,9 @@ class HFRolloutEngine(RolloutEngine):
         without an image, rlctl.workers.compute.vision); the result then also holds position_ids
         [B*n, 3, P+T], the M-RoPE positions the rows were sampled with. log_probs: also return
         rollout_log_prob [B*n, T], log softmax(logits / temperature) of each sampled token (the
-        trainer's log-prob, before top-k / top-p; temperature 1 when greedy), 0 after the end."""
+        trainer's log-prob, before top-k / top-p; temperature 1 when greedy), 0 after the end.
+        grammars: one spec per prompt or None (rlctl.workers.rollout.grammar): its rows sample under
+        that grammar's mask, and their rollout_log_prob is of that masked distribution (as vLLM's)."""
         check_sampling_args(prompt_ids, n, max_new_tokens, temperature, top_p, top_k)
         params = dict(temperature=0.0 if greedy else float(temperature), top_p=float(top_p),
                       top_k=int(top_k), generator=generator)
@@ -95,8 +100,9 @@ class HFRolloutEngine(RolloutEngine):
         self.model.eval()  # no dropout while sampling; restored for the trainer afterwards
         try:
             with whole_weights(self.model), torch.no_grad():
+                matchers = self._matchers(grammars, n)
                 responses, lengths, steps, token_lp = self._sample(prompt_ids, n, max_new_tokens, params, limits,
-                                                                   kv_lookup, kv_store, images)
+                                                                   kv_lookup, kv_store, images, matchers)
         finally:
             self.model.train(was_training)
         out = _to_numpy(responses, lengths, self.eos_token_ids)
@@ -109,9 +115,9 @@ class HFRolloutEngine(RolloutEngine):
         return out
 
     def _sample(self, prompt_ids: list[list[int]], n: int, max_new_tokens: int,
-                params: dict[str, Any], limits: list[int] | None = None,
-                kv_lookup: list[int] | None = None,
-                kv_store: list[int] | None = None, images: dict | None = None) -> tuple[torch.Tensor, torch.Tensor, int]:
+                params: dict[str, Any], limits: list[int] | None = None, kv_lookup: list[int] | None = None,
+                kv_store: list[int] | None = None, images: dict | None = None,
+                matchers: list | None = None) -> tuple[torch.Tensor, torch.Tensor, int]:
         """The decode loop. Returns responses [B*n, T] (pad after EOS), lengths [B*n], steps, and
         each sampled token's log-prob [B*n, T] when generate asked for them (else None)."""
         device = _device_of(self.model)
@@ -143,10 +149,10 @@ class HFRolloutEngine(RolloutEngine):
         lp_temp = self._log_prob_temperature
         token_lp = None if lp_temp is None else torch.zeros(rows, max_new_tokens, device=device)
         for step in range(max_new_tokens):
-            tokens = _sample_in_row_order(ban_placeholders(logits, self.banned), active, params)
+            tokens, drawn_from = self._next_tokens(logits, active, params, matchers)
             responses[active, step] = tokens
             if token_lp is not None:
-                token_lp[active, step] = torch.log_softmax(logits.float() / lp_temp, -1).gather(
+                token_lp[active, step] = torch.log_softmax(drawn_from.float() / lp_temp, -1).gather(
                     -1, tokens.unsqueeze(-1)).squeeze(-1)
             lengths[active] = step + 1
             if step + 1 == max_new_tokens:
@@ -168,6 +174,29 @@ class HFRolloutEngine(RolloutEngine):
                 kept.update(runner.snapshot(torch.arange(len(active), device=device), active))
             self._keep(prompt_ids, responses, lengths, n, runner, kept, kv_store)
         return responses, lengths, step + 1, token_lp
+
+    def _next_tokens(self, logits: torch.Tensor, active: torch.Tensor, params: dict, matchers: list | None):
+        """Each live row's next token [A] and the logits its log-prob is read from [A, V]: placeholders
+        banned; a row with a grammar samples under its mask (its matcher then takes the token) and its
+        log-prob is of that masked, renormalised distribution. Free rows: the very logits they had."""
+        if matchers is None:
+            return _sample_in_row_order(ban_placeholders(logits, self.banned), active, params), logits
+        live = [matchers[r] for r in active.tolist()]
+        masked = grammar.constrained(ban_placeholders(logits, self.banned), live)
+        tokens = _sample_in_row_order(masked, active, params)
+        grammar.accept(live, tokens.tolist())
+        return tokens, masked
+
+    def _matchers(self, grammars: list[str | None] | None, n: int) -> list | None:
+        """One grammar matcher per response row (None: a free row); None when no prompt has a grammar."""
+        if not grammars or not any(grammars):
+            return None
+        if self.tokenizer is None:
+            raise UsageError("this hf rollout engine was built without a tokenizer and cannot decode under a grammar")
+        if self._grammars is None:
+            self._grammars = grammar.GrammarCompiler(self.tokenizer, grammar.vocab_size_of(self.model),
+                                                     self.eos_token_ids)
+        return [self._grammars.matcher(g) if g else None for g in grammars for _ in range(n)]
 
     def _take_past(self, prompt_ids: list[list[int]], lookup: list[int] | None, device: torch.device):
         """Pop the kept KV of each prompt's key (when its ids are a prefix of the prompt): returns
