@@ -1,7 +1,8 @@
 """The OpenAI Agents SDK itself as a command agent on the agent endpoint, with its defaults: an `Agent` with a
-`function_tool`, `Runner.run_sync` / `Runner.run_streamed`, the default OpenAI provider (the Responses API,
-`POST /v1/responses`, reading OPENAI_BASE_URL and OPENAI_API_KEY). Two settings differ from a fresh Agent:
-the model's name, and tracing off (its exporter would send every run to OpenAI's servers). Each episode
+`function_tool` and nothing else (its default model name and that model's settings), `Runner.run_sync` /
+`Runner.run_streamed`, the default OpenAI provider (the Responses API, `POST /v1/responses`, reading
+OPENAI_BASE_URL and OPENAI_API_KEY). Only its tracing is off, from the environment
+(OPENAI_AGENTS_DISABLE_TRACING=1: its exporter would send every run to OpenAI's servers). Each episode
 calls the tool and answers, and its two calls merge into one training sequence.
 
 The SDK runs in .venv-agents (scripts/setup.sh installs it there, apart from rlctl's own environment as
@@ -29,7 +30,7 @@ pytestmark = pytest.mark.slow
 SDK_AGENT = '''
 import asyncio, json, sys
 
-from agents import Agent, Runner, function_tool, set_tracing_disabled
+from agents import Agent, Runner, function_tool
 
 
 @function_tool
@@ -49,9 +50,8 @@ async def streamed(agent, question):
     return result
 
 
-set_tracing_disabled(True)
 row = json.loads(sys.stdin.readline())
-agent = Agent(name="calculator", model="policy", tools=[calculator])
+agent = Agent(name="calculator", tools=[calculator])
 question = row["prompt"][-1]["content"]
 if sys.argv[1] == "stream":
     result = asyncio.run(streamed(agent, question))
@@ -76,7 +76,8 @@ def sdk_python() -> str:
 
 
 @pytest.mark.parametrize("mode", ["run", "stream"])
-def test_the_agents_sdk_with_its_defaults_trains_on_the_endpoint(endpoint, mode):   # noqa: F811
+def test_the_agents_sdk_with_its_defaults_trains_on_the_endpoint(endpoint, mode, monkeypatch):   # noqa: F811
+    monkeypatch.setenv("OPENAI_AGENTS_DISABLE_TRACING", "1")   # the command inherits it
     engine, server, base = endpoint
     program = base / "sdk" / "agent.py"   # not beside test_endpoint's agents.py, which would shadow the SDK's `agents`
     program.parent.mkdir(exist_ok=True)
