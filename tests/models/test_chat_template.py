@@ -149,3 +149,15 @@ def test_a_vision_language_model_s_template_is_refused_until_its_processor_takes
     config = Config(model=ModelConfig(path=str(tiny_vlm_dir), chat_template="mine.jinja"))
     [problem] = ct.check_chat_template(config, CheckContext(base_dir=tmp_path, raw={}))
     assert problem.key == "model.chat_template" and "vision-language" in problem.message
+
+
+def test_the_verifiers_agent_s_own_rendering_is_not_silently_left_with_another_template(tmp_path, tiny_model_dir):
+    from rlctl.config.checks import CheckContext
+    from rlctl.config.rollout_tables import AgentConfig
+    from rlctl.config.schema import RolloutConfig
+
+    (tmp_path / "mine.jinja").write_text(TEMPLATE)
+    config = Config(model=ModelConfig(path=str(tiny_model_dir), chat_template="mine.jinja"),
+                    rollout=RolloutConfig(agent=AgentConfig(function="verifiers")))
+    [problem] = ct.check_chat_template(config, CheckContext(base_dir=tmp_path, raw={}))
+    assert "verifiers agent" in problem.message
