@@ -11,7 +11,8 @@ from rlctl.cli.common import emit, flag, format_option
 
 
 def merge(
-    run_dir: Path = typer.Argument(..., help="The run folder (<output_dir>/<run name>).", show_default=False),
+    run_dir: Path = typer.Argument(..., help="The run folder (<output_dir>/<run name>), or a LoRA adapter folder "
+                                   "(an rlctl tinker state).", show_default=False),
     to_hf: Path = typer.Option(..., "--to-hf", help="Folder to write the Hugging Face model into.",
                                show_default=False),
     step: Optional[int] = typer.Option(None, "--step", min=0, help="Checkpoint step (default: the newest valid)."),
@@ -35,9 +36,10 @@ def merge(
 
     if private and not push_to_hub:
         raise UsageError("--private only applies with --push-to-hub REPO")
-    from rlctl.checkpoint.merge import merge_run, push_to_hub as push
+    from rlctl.checkpoint.adapter_merge import merge_folder
+    from rlctl.checkpoint.merge import push_to_hub as push
 
-    result = merge_run(run_dir, to_hf, step=step, best=best, dtype=dtype, lora=lora, force=force)
+    result = merge_folder(run_dir, to_hf, step=step, best=best, dtype=dtype, lora=lora, force=force)
     if result.warning:
         typer.echo(result.warning, err=True)
     v = result.verification

@@ -84,7 +84,7 @@ class BaseModel:
     def adapter_state(self, name: str) -> dict[str, torch.Tensor]:
         from peft import get_peft_model_state_dict
 
-        return {k: v.detach().clone() for k, v in get_peft_model_state_dict(self.model, adapter_name=name).items()}
+        return {k: v.detach().clone() for k, v in get_peft_model_state_dict(self.model, adapter_name=name, save_embedding_layers=False).items()}
 
     def load_adapter_state(self, name: str, state: dict[str, torch.Tensor]) -> None:
         from peft import set_peft_model_state_dict

@@ -74,6 +74,28 @@ def test_supervised_loss_falls(service, base):
     assert losses[-1] < 0.5 * losses[0], losses
 
 
+def test_client_side_custom_loss_dpo_style(service, base):
+    """forward_backward_custom: the SDK differentiates the loss locally and sends -dC/dlogprobs as
+    cross_entropy weights (any real numbers): the chosen answer's margin over the rejected one grows."""
+    import torch
+
+    tc = service.create_lora_training_client(base_model=base, rank=4, seed=4).result()
+    tok = tc.get_tokenizer()
+    pair = [sl_datum(tok, "Q: 2+3? A: 5"), sl_datum(tok, "Q: 2+3? A: 9")]
+
+    def dpo(data, logprobs):
+        w = [torch.tensor(d.loss_fn_inputs["weights"].to_numpy()) for d in data]
+        margin = (logprobs[0] * w[0]).sum() - (logprobs[1] * w[1]).sum()
+        return -torch.nn.functional.logsigmoid(margin), {"margin:mean": float(margin.detach())}
+
+    margins = []
+    for _ in range(3):
+        out = tc.forward_backward_custom(pair, dpo).result()
+        tc.optim_step(types.AdamParams(learning_rate=1e-2)).result()
+        margins.append(out.metrics["margin:mean"])
+    assert margins[-1] > margins[0], margins
+
+
 def _rl_datum(sampler, tokenizer, advantage: float):
     prompt = tokenizer.encode("Say hi:")
     seq = sampler.sample(types.ModelInput.from_ints(prompt), 1,
@@ -263,3 +285,46 @@ def test_a_body_that_does_not_decode_is_a_400_and_the_server_goes_on(server, ser
     assert httpx.post(f"{server.base_url}/api/v1/create_session", json={}, headers={"X-API-Key": "tml-wrong"}).status_code == 401
     tc = service.create_lora_training_client(base_model=base, rank=4).result()
     assert tc.forward([sl_datum(tc.get_tokenizer(), "still here")], "cross_entropy").result().loss_fn_outputs
+
+
+# -- a saved state outside the server: merged to a Hugging Face folder, served as an adapter ----------
+
+def _state_folder(server, path: str):
+    model_id, kind, name = path[len("tinker://"):].split("/")
+    return server.state_dir / model_id.replace(":", "-") / kind / name
+
+
+def test_a_saved_state_merges_and_serves(server, service, base, tmp_path):
+    import httpx
+    from support.cli import rlctl_here
+
+    tc = service.create_lora_training_client(base_model=base, rank=4, seed=9).result()
+    tok = tc.get_tokenizer()
+    # trained until the answer is the clear argmax: greedy decoding by two engines may part ways at
+    # the near-ties of a random model, never at a confident token
+    for _ in range(8):
+        tc.forward_backward([sl_datum(tok, "Q: 6+1? A: 7")], "cross_entropy").result()
+        tc.optim_step(types.AdamParams(learning_rate=2e-2)).result()
+    folder = _state_folder(server, tc.save_state("to-merge").result().path)
+    prompt = tok.encode("Q: 6+1? A:")
+    greedy = tc.save_weights_and_get_sampling_client().result().sample(
+        types.ModelInput.from_ints(prompt), 1, types.SamplingParams(max_tokens=2, temperature=0.0)).result()
+    want = tok.decode(greedy.sequences[0].tokens)
+    assert want == " 7", want
+    for mode in ("merge", "adapter"):
+        r = rlctl_here("merge", str(folder), "--to-hf", str(tmp_path / mode), "--lora", mode)
+        assert r.returncode == 0 and "verified" in r.stdout, r.stderr
+    served = ServerProcess([base, "--port", "0", "--lora", f"tk={folder}"])
+    try:
+        for model in ("tk",):
+            body = {"model": model, "prompt": prompt, "max_tokens": 2, "temperature": 0}
+            text = httpx.post(f"{served.base_url}/v1/completions", json=body, timeout=60).json()["choices"][0]["text"]
+            assert text == want
+    finally:
+        served.stop()
+    merged = ServerProcess([str(tmp_path / "merge"), "--port", "0"])
+    try:
+        body = {"model": "merge", "prompt": prompt, "max_tokens": 2, "temperature": 0}
+        assert httpx.post(f"{merged.base_url}/v1/completions", json=body, timeout=60).json()["choices"][0]["text"] == want
+    finally:
+        merged.stop()
