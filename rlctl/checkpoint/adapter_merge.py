@@ -45,7 +45,7 @@ def merge_adapter_folder(folder: Path, out: Path, *, dtype: str, lora: str, max_
     from rlctl.checkpoint import merge as M
 
     base_path = json.loads((folder / ADAPTER_CONFIG).read_text()).get("base_model_name_or_path") or ""
-    if not Path(base_path).is_dir():
+    if not base_path or not Path(base_path).is_dir():
         raise CheckpointError(f"{folder}'s adapter names base model {base_path!r}, which is not a local folder",
                               hint=f"put the base model there, or edit base_model_name_or_path in {folder / ADAPTER_CONFIG}")
     meta = json.loads((folder / TINKER_META).read_text()) if (folder / TINKER_META).is_file() else {}

@@ -61,7 +61,7 @@ class BaseModel:
     def add_adapter(self, name: str, spec: LoraSpec) -> list[torch.nn.Parameter]:
         """A fresh adapter (lora_B = 0, so it starts as the base model); its trainable tensors in
         a fixed order (optimizer state saved by one process loads into another)."""
-        from peft import LoraConfig, PeftModel, get_peft_model
+        from peft import LoraConfig
 
         config = LoraConfig(r=spec.rank, lora_alpha=LORA_ALPHA, lora_dropout=0.0, bias="none",
                             target_modules=self._targets(spec), task_type="CAUSAL_LM")
@@ -69,11 +69,19 @@ class BaseModel:
         with rng:
             if spec.seed is not None:
                 torch.manual_seed(spec.seed)
-            if isinstance(self.model, PeftModel):
-                self.model.add_adapter(name, config)
-            else:
-                self.model = get_peft_model(self.model, config, adapter_name=name)
+            self.attach(name, config)
         return self.adapter_params(name)
+
+    def attach(self, name: str, config) -> None:
+        """Add a peft adapter under `name` (the first one wraps the model). Its config names the base
+        folder, so a saved adapter opens on its own (peft records it for the first adapter only)."""
+        from peft import PeftModel, get_peft_model
+
+        config.base_model_name_or_path = str(self.path.resolve())
+        if isinstance(self.model, PeftModel):
+            self.model.add_adapter(name, config)
+        else:
+            self.model = get_peft_model(self.model, config, adapter_name=name)
 
     def adapter_params(self, name: str) -> list[torch.nn.Parameter]:
         return [p for n, p in self.model.named_parameters() if f".{name}." in n and ".lora_" in n]

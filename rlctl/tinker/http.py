@@ -20,7 +20,7 @@ from rlctl.tinker.service import Service
 from rlctl.tinker.wire import PROTO, TinkerError, decode_forward_backward
 
 log = logging.getLogger("rlctl.tinker")
-POLL_S = 20.0                  # a retrieve_future waits this long for the result before "try_again"
+POLL_S = 40.0                  # a retrieve_future waits this long before "try_again" (the SDK gives up on one after 45 s)
 MAX_BODY = 512 << 20           # forward_backward bodies of long batches are large
 
 # Answered at once, without the worker: the SDK's session bookkeeping. Telemetry is accepted and

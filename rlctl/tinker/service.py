@@ -178,7 +178,7 @@ class Service:
 
     def _add_sampler(self, sampler_id: str, base: BaseModel, state: dict, config, path: str | None = None) -> dict:
         adapter = base.new_adapter_name("s")
-        base.model.add_adapter(adapter, config)
+        base.attach(adapter, config)
         base.load_adapter_state(adapter, state)
         self._keep_sampler(Sampler(sampler_id, base, adapter, path))
         return {}

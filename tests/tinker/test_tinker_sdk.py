@@ -294,37 +294,39 @@ def _state_folder(server, path: str):
     return server.state_dir / model_id.replace(":", "-") / kind / name
 
 
+def _assert_same_greedy(sampler, prompt: list[int], want: list[int], got: list[int]) -> None:
+    """Two engines' greedy answers agree, or part at a tie: at the first token where they differ,
+    both tokens have the same log-prob under the sampler (a broken adapter would pick a token the
+    trained weights rank well below the top)."""
+    same = next((i for i, (a, b) in enumerate(zip(want, got)) if a != b), None)
+    if same is None:
+        assert got[:len(want)] == want[:len(got)]
+        return
+    lp = [sampler.compute_logprobs(types.ModelInput.from_ints(prompt + seq[:same + 1])).result()[-1] for seq in (want, got)]
+    assert lp[0] == pytest.approx(lp[1], abs=1e-3), (want, got, lp)
+
+
 def test_a_saved_state_merges_and_serves(server, service, base, tmp_path):
     import httpx
     from support.cli import rlctl_here
 
     tc = service.create_lora_training_client(base_model=base, rank=4, seed=9).result()
     tok = tc.get_tokenizer()
-    # trained until the answer is the clear argmax: greedy decoding by two engines may part ways at
-    # the near-ties of a random model, never at a confident token
-    for _ in range(8):
-        tc.forward_backward([sl_datum(tok, "Q: 6+1? A: 7")], "cross_entropy").result()
-        tc.optim_step(types.AdamParams(learning_rate=2e-2)).result()
+    for _ in range(3):
+        _step(tc, [sl_datum(tok, "Q: 6+1? A: 7")])
     folder = _state_folder(server, tc.save_state("to-merge").result().path)
     prompt = tok.encode("Q: 6+1? A:")
-    greedy = tc.save_weights_and_get_sampling_client().result().sample(
-        types.ModelInput.from_ints(prompt), 1, types.SamplingParams(max_tokens=2, temperature=0.0)).result()
-    want = tok.decode(greedy.sequences[0].tokens)
-    assert want == " 7", want
+    sampler = tc.save_weights_and_get_sampling_client().result()
+    want = sampler.sample(types.ModelInput.from_ints(prompt), 1,
+                          types.SamplingParams(max_tokens=6, temperature=0.0, stop=[])).result().sequences[0].tokens
     for mode in ("merge", "adapter"):
         r = rlctl_here("merge", str(folder), "--to-hf", str(tmp_path / mode), "--lora", mode)
         assert r.returncode == 0 and "verified" in r.stdout, r.stderr
-    served = ServerProcess([base, "--port", "0", "--lora", f"tk={folder}"])
-    try:
-        for model in ("tk",):
-            body = {"model": model, "prompt": prompt, "max_tokens": 2, "temperature": 0}
+    for args, model in (([base, "--lora", f"tk={folder}"], "tk"), ([str(tmp_path / "merge")], "merge")):
+        served = ServerProcess([*args, "--port", "0"])
+        try:
+            body = {"model": model, "prompt": prompt, "max_tokens": 6, "temperature": 0, "ignore_eos": True}
             text = httpx.post(f"{served.base_url}/v1/completions", json=body, timeout=60).json()["choices"][0]["text"]
-            assert text == want
-    finally:
-        served.stop()
-    merged = ServerProcess([str(tmp_path / "merge"), "--port", "0"])
-    try:
-        body = {"model": "merge", "prompt": prompt, "max_tokens": 2, "temperature": 0}
-        assert httpx.post(f"{merged.base_url}/v1/completions", json=body, timeout=60).json()["choices"][0]["text"] == want
-    finally:
-        merged.stop()
+        finally:
+            served.stop()
+        _assert_same_greedy(sampler, prompt, want, tok.encode(text.split("\ufffd")[0]))   # bytes that decode whole

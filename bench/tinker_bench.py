@@ -1,0 +1,106 @@
+"""What the Tinker protocol costs: forward_backward + optim_step and sample tokens/s through
+`rlctl tinker` (the official SDK over HTTP, protobuf bodies, futures) against the same work done
+in-process by the same engine objects the server uses (rlctl.tinker.training / sampling).
+
+    python bench/tinker_bench.py MODEL_DIR [--batch 8] [--length 128] [--steps 3] [--samples 8] [--tokens 32]
+
+Starts `rlctl tinker` on a free port itself and stops it at the end. Prints one JSON line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+
+import numpy as np
+
+URL = re.compile(r"Tinker API for .* on (http://[^ ;]+)")
+
+
+def datums(n: int, length: int, vocab: int, seed: int = 0):
+    rng = np.random.default_rng(seed)
+    return [rng.integers(10, vocab - 10, size=length + 1) for _ in range(n)]
+
+
+def through_server(model_dir: str, seqs, args) -> dict:
+    import tinker
+    from tinker import types
+
+    cmd = [sys.executable, "-m", "rlctl", "tinker", "--model", model_dir, "--port", "0", "--state-dir", "/tmp/tinker-bench"]
+    proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
+    url = next(m.group(1) for line in proc.stderr if (m := URL.search(line)))
+    try:
+        service = tinker.ServiceClient(base_url=url, api_key="tml-bench")
+        tc = service.create_lora_training_client(base_model=os.path.abspath(model_dir), rank=16, seed=0).result()
+        data = [types.Datum(model_input=types.ModelInput.from_ints(s[:-1].tolist()),
+                            loss_fn_inputs={"target_tokens": s[1:].tolist(), "weights": [1.0] * (len(s) - 1)}) for s in seqs]
+        train_s = timed(args.steps, lambda: (tc.forward_backward(data, "cross_entropy").result(),
+                                             tc.optim_step(types.AdamParams(learning_rate=1e-5)).result()))
+        sampler = tc.save_weights_and_get_sampling_client().result()
+        prompt = types.ModelInput.from_ints(seqs[0][:32].tolist())
+        params = types.SamplingParams(max_tokens=args.tokens, temperature=1.0, stop=[], seed=1)
+        sample_s = timed(args.steps, lambda: sampler.sample(prompt, args.samples, params).result())
+        service.close("success").result()
+    finally:
+        proc.terminate()
+        proc.wait(30)
+    return {"train_s": train_s, "sample_s": sample_s}
+
+
+def in_process(model_dir: str, seqs, args) -> dict:
+    from rlctl.tinker.base import BaseModel, LoraSpec
+    from rlctl.tinker.sampling import Sampler, parse_params, sample
+    from rlctl.tinker.training import TrainingRun
+    from rlctl.tinker.wire import Datum, ForwardBackward
+
+    base = BaseModel(os.path.abspath(model_dir), model_dir)
+    run = TrainingRun("bench", base, LoraSpec(16, seed=0))
+    req = ForwardBackward("bench", 1, "cross_entropy", {}, False,
+                          [Datum(s[:-1].astype(np.int64), {"target_tokens": s[1:].astype(np.int64),
+                                                           "weights": np.ones(len(s) - 1, np.float32)}) for s in seqs])
+    train_s = timed(args.steps, lambda: (run.forward_backward(req), run.optim_step({"learning_rate": 1e-5})))
+    sampler = Sampler("bench", base, run.adapter)
+    params = parse_params({"max_tokens": args.tokens, "temperature": 1.0, "stop": [], "seed": 1}, base, 32)
+    sample_s = timed(args.steps, lambda: sample(sampler, seqs[0][:32].tolist(), args.samples, params))
+    return {"train_s": train_s, "sample_s": sample_s}
+
+
+def timed(steps: int, fn) -> list[float]:
+    fn()   # warm-up: first-call allocations, the packed decode weights
+    out = []
+    for _ in range(steps):
+        t0 = time.perf_counter()
+        fn()
+        out.append(time.perf_counter() - t0)
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("model")
+    ap.add_argument("--batch", type=int, default=8)
+    ap.add_argument("--length", type=int, default=128)
+    ap.add_argument("--steps", type=int, default=3)
+    ap.add_argument("--samples", type=int, default=8)
+    ap.add_argument("--tokens", type=int, default=32)
+    args = ap.parse_args()
+    from transformers import AutoConfig
+
+    seqs = datums(args.batch, args.length, AutoConfig.from_pretrained(args.model).vocab_size)
+    report = {"args": vars(args)}
+    for name, fn in (("in_process", in_process), ("server", through_server)):
+        r = fn(args.model, seqs, args)
+        train_tokens, sample_tokens = args.batch * args.length, args.samples * args.tokens
+        report[name] = {"train_tokens_per_s": round(train_tokens / float(np.median(r["train_s"])), 1),
+                        "sample_tokens_per_s": round(sample_tokens / float(np.median(r["sample_s"])), 1),
+                        "train_s": [round(x, 3) for x in r["train_s"]], "sample_s": [round(x, 3) for x in r["sample_s"]]}
+    print(json.dumps(report))
+
+
+if __name__ == "__main__":
+    main()
