@@ -23,6 +23,19 @@ def run(engine, **kw) -> dict:
     return {k: v.tolist() for k, v in out.items()}
 
 
+BOOL_SPEC = json.dumps({"type": "json_schema", "schema": {"type": "object", "properties": {"b": {"type": "boolean"}},
+                                                         "required": ["b"]}})
+
+
+def under_grammar(engine) -> dict:
+    """Prompts 0 and 2 under a JSON-schema grammar (vLLM's structured outputs), prompt 1 free: each
+    row's tokens, and its log-probs beside the free model's (the trainer's) of the same tokens."""
+    out = engine.generate(PROMPTS, n=1, max_new_tokens=24, temperature=1.0, generator=torch.Generator().manual_seed(5),
+                          grammars=[BOOL_SPEC, None, BOOL_SPEC])
+    return {"grammar_rows": [r[:n].tolist() for r, n in zip(out["responses"], out["response_length"])],
+            "grammar_log_probs": [lp[:n].tolist() for lp, n in zip(out["rollout_log_prob"], out["response_length"])]}
+
+
 def sampled(engine, seed: int, prompts=PROMPTS) -> list:
     g = torch.Generator().manual_seed(seed)
     return engine.generate(prompts, n=3, max_new_tokens=12, temperature=1.0, generator=g)["responses"].tolist()
@@ -99,6 +112,10 @@ def main(model_a: str, model_b: str) -> dict:
     report["limits"] = engine.generate(PROMPTS, n=1, max_new_tokens=12, greedy=True,
                                        limits=[3, 12, 5])["response_length"].tolist()
     report.update(next_turn_cache(engine))
+    report.update(under_grammar(engine))
+    report["trainer_log_probs_grammar"] = trainer_log_probs(
+        AutoModelForCausalLM.from_pretrained(model_a, dtype=torch.float32),
+        {"responses": report["grammar_rows"], "response_length": [len(r) for r in report["grammar_rows"]]})
     big = [[3 + (i * 7 + j) % 240 for j in range(40)] for i in range(64)]   # 20 k prefill tokens: over a step's budget
     report["big_batch_rows"] = len(engine.generate(big, n=8, max_new_tokens=4, temperature=1.0,
                                                    generator=torch.Generator().manual_seed(1))["responses"])

@@ -31,8 +31,8 @@ mode, the device, the CPU's head sizes), nowhere else.
     loader would take it as the first experts and keep the rest stale.
   - Sampling: `top_k = 0` is off (as in rlctl); per-request seeds from the caller's generator;
     `logprobs=0` returns the sampled token's log-prob (after temperature: processed_logprobs),
-    which the trainer compares with its own (`rollout.max_logprob_diff`). The tokenizer is not
-    loaded, so the EOS ids are passed as stop ids.
+    which the trainer compares with its own (`rollout.max_logprob_diff`). The EOS ids are passed as
+    stop ids; nothing is detokenized.
 """
 
 from __future__ import annotations
@@ -60,8 +60,9 @@ def vllm_engine_args(spec: GPUEngineSpec) -> dict[str, Any]:
             "tensor_parallel_size": spec.tensor_parallel_size, "max_model_len": spec.max_model_len,
             "seed": spec.seed, "trust_remote_code": spec.trust_remote_code, "enforce_eager": spec.enforce_eager,
             "distributed_executor_backend": "external_launcher",
-            # a vision-language model needs vLLM's processor (it expands the image placeholders)
-            "skip_tokenizer_init": not spec.vision, "disable_log_stats": True,
+            # the tokenizer is loaded: a VLM's processor expands the image placeholders, and structured
+            # outputs (grammar-constrained agent calls) compile their grammar against its vocabulary
+            "skip_tokenizer_init": False, "disable_log_stats": True,
             # log-probs after temperature, like the trainer's (the default is the raw logits')
             "logprobs_mode": "processed_logprobs",
             "disable_custom_all_reduce": spec.tensor_parallel_size > 1,
@@ -107,6 +108,28 @@ def vllm_sampling_args(*, n: int, max_new_tokens: int, temperature: float, top_p
             "top_p": 1.0 if greedy else float(top_p), "top_k": 0 if greedy else int(top_k), "seed": int(seed),
             "stop_token_ids": list(eos_token_ids), "logprobs": 0, "detokenize": False,
             **({"logit_bias": {int(t): -100.0 for t in banned}} if banned else {})}
+
+
+def structured_outputs(spec: str | None) -> dict:
+    """`vllm.SamplingParams` keywords that decode under a grammar spec: its grammar as EBNF, which vLLM
+    compiles with the same library (xgrammar), so both engines accept the same answers."""
+    if not spec:
+        return {}
+    from vllm.sampling_params import StructuredOutputsParams
+
+    from rlctl.workers.rollout.grammar import build_grammar
+
+    return {"structured_outputs": StructuredOutputsParams(grammar=str(build_grammar(spec)))}
+
+
+def share_objects(values: list, group) -> list:
+    """`values` of every rank of a tensor-parallel group, in rank order (as share_requests, for any
+    picklable per-prompt values)."""
+    import torch.distributed as dist
+
+    parts: list = [None] * dist.get_world_size(group)
+    dist.all_gather_object(parts, list(values), group=group)
+    return [v for part in parts for v in part]
 
 
 def request_completions(outputs, n: int) -> list:
@@ -204,11 +227,15 @@ class VLLMRolloutEngine(RolloutEngine):
 
     def generate(self, prompt_ids: list[list[int]], *, n: int, max_new_tokens: int, temperature: float = 1.0,
                  top_p: float = 1.0, top_k: int = 0, generator=None, greedy: bool = False,
-                 limits: list[int] | None = None, images: dict | None = None, **_kept_kv) -> dict[str, np.ndarray]:
+                 limits: list[int] | None = None, images: dict | None = None,
+                 grammars: list[str | None] | None = None, **_kept_kv) -> dict[str, np.ndarray]:
         """RolloutEngine.generate; `limits` caps each prompt's responses at its own token count.
         The hf engine's kept-KV keys are ignored: vLLM's prefix cache reuses a conversation's KV.
         images (vision-language models): its "images" entry, each prompt's PIL images, goes to vLLM
-        as multi_modal_data (vision_requests)."""
+        as multi_modal_data (vision_requests). grammars (one spec or None per prompt,
+        rlctl.workers.rollout.grammar): vLLM decodes those prompts under the grammar itself (its
+        structured outputs, xgrammar); their log-probs are of the masked distribution they were drawn
+        from, as the hf engine's."""
         from vllm import SamplingParams
 
         check_sampling_args(prompt_ids, n, max_new_tokens, temperature, top_p, top_k)
@@ -222,11 +249,13 @@ class VLLMRolloutEngine(RolloutEngine):
 
             group = get_tp_group().cpu_group
             _, caps, _ = share_requests(prompt_ids, caps, group)
+            grammars = share_objects(grammars or [None] * len(prompt_ids), group)
             prompt_ids, seeds, mine = share_requests(prompt_ids, seeds, group)
         params = [SamplingParams(**vllm_sampling_args(n=n, max_new_tokens=cap, temperature=temperature,
                                                       top_p=top_p, top_k=top_k, greedy=greedy, seed=s,
-                                                      eos_token_ids=self.eos_token_ids, banned=self.banned))
-                  for s, cap in zip(seeds, caps)]
+                                                      eos_token_ids=self.eos_token_ids, banned=self.banned),
+                                 **structured_outputs(g))
+                  for s, cap, g in zip(seeds, caps, grammars or [None] * len(seeds))]
         requests = vision_requests(prompt_ids, images, self._image_token_id()) if images else \
             [{"prompt_token_ids": list(p)} for p in prompt_ids]
         outputs = self.llm.generate(requests, params, use_tqdm=False, lora_request=self.adapter)

@@ -94,3 +94,22 @@ def test_validation_knows_vllm_s_cpu_head_sizes(report):
     from rlctl.workers.rollout.vllm_platform import CPU_HEAD_SIZES
 
     assert tuple(report["cpu_head_sizes"]) == CPU_HEAD_SIZES
+
+
+def test_prompts_with_a_grammar_are_decoded_under_it_by_vllm(report, vllm_tiny_model_dir):
+    """rollout.engine = "vllm" behind the agent endpoint: a forced call's or JSON answer's grammar goes to
+    vLLM's structured outputs. vLLM masks the logits before its sampler, so its log-probs are of the masked
+    distribution (as the hf engine's): above the trainer's wherever the grammar steered, equal elsewhere."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(vllm_tiny_model_dir)
+    rows = report["grammar_rows"]
+    for row in (rows[0], rows[2]):   # each ends on a stop id: the model's EOS or the engine's own ([1] here)
+        assert row[-1] in (1, *tok.convert_tokens_to_ids(["<|endoftext|>", "<|im_end|>"])), tok.decode(row)
+        assert isinstance(json.loads(tok.decode(row[:-1]))["b"], bool), tok.decode(row)
+    with pytest.raises(json.JSONDecodeError):   # the free prompt's random bytes are no JSON
+        json.loads(tok.decode(rows[1], skip_special_tokens=True))
+    gaps = [np.array(got[:len(trainer)]) - np.array(trainer)
+            for got, trainer in zip(report["grammar_log_probs"], report["trainer_log_probs_grammar"])]
+    assert np.abs(gaps[1]).max() < 1e-4   # the free prompt: the trainer's own
+    assert all(g.min() > -1e-4 and g.max() > 0.1 for g in (gaps[0], gaps[2]))
