@@ -21,6 +21,7 @@ from typing import Any, Iterable, Iterator, Mapping
 
 import numpy as np
 
+from rlctl.errors import UsageError
 from rlctl.workers.rollout.base import RolloutEngine, check_sampling_args
 from rlctl.workers.rollout.gpu import GPUEngineSpec, check_tensor_parallel, pack_responses, request_seeds, require
 
@@ -79,8 +80,12 @@ class SGLangRolloutEngine(RolloutEngine):
         self.asleep = False
 
     def generate(self, prompt_ids: list[list[int]], *, n: int, max_new_tokens: int, temperature: float = 1.0,
-                 top_p: float = 1.0, top_k: int = 0, generator=None, greedy: bool = False) -> dict[str, np.ndarray]:
+                 top_p: float = 1.0, top_k: int = 0, generator=None, greedy: bool = False,
+                 grammars: list[str | None] | None = None) -> dict[str, np.ndarray]:
         check_sampling_args(prompt_ids, n, max_new_tokens, temperature, top_p, top_k)
+        if grammars and any(grammars):   # never decode a forced call or JSON answer unconstrained
+            raise UsageError("rollout.engine = \"sglang\" cannot decode under a grammar (a forced tool_choice or a "
+                             "JSON response_format reached it)", hint='use rollout.engine = "vllm" or "hf"')
         self.wake()
         seeds = request_seeds(generator, len(prompt_ids) * n)
         rows = [list(p) for p in prompt_ids for _ in range(n)]               # prompt-major

@@ -374,3 +374,14 @@ def test_sglang_accepts_the_engine_and_sampling_arguments(tiny_model_dir):
                                                      greedy=False, seed=3, eos_token_ids=EOS))
     params.verify(260)
     assert params.sampling_seed == 3 and params.stop_token_ids == set(EOS)
+
+
+def test_sglang_refuses_a_grammar_instead_of_decoding_unconstrained():
+    """A forced tool call or JSON answer on the sglang engine is a one-line error, never a free decode
+    (the engine has no grammar path; SGLang itself is a GPU-only package, so no engine is started)."""
+    from rlctl.errors import UsageError
+    from rlctl.workers.rollout.sglang import SGLangRolloutEngine
+
+    engine = object.__new__(SGLangRolloutEngine)   # generate refuses before it touches SGLang
+    with pytest.raises(UsageError, match="cannot decode under a grammar"):
+        engine.generate([[1, 2]], n=1, max_new_tokens=4, grammars=['{"type": "json_object"}'])
