@@ -30,6 +30,7 @@ MODEL_NAME = "policy"   # what GET /v1/models lists; chat requests may name any 
 class AgentServer(OpenAIServer):
     any_model = True
     quiet = True
+    body_limit_source = "the agent endpoint's fixed limit: send less in one call"
 
     def __init__(self, engine: AgentEngine):
         self._secret = secrets.token_bytes(32)

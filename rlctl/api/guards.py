@@ -56,6 +56,7 @@ def _too_deep() -> APIError:
                     code="invalid_json")
 
 
-def too_large(length: int, limit: int) -> APIError:
-    return APIError(413, f"request body of {length} bytes exceeds the limit of {limit} bytes "
-                         "(rlctl serve --max-body-bytes)", code="request_too_large")
+def too_large(length: int, limit: int, where: str = "rlctl serve --max-body-bytes") -> APIError:
+    """`where`: what sets the limit, for the message (the agent endpoint's is fixed)."""
+    return APIError(413, f"request body of {length} bytes exceeds the limit of {limit} bytes ({where})",
+                    code="request_too_large")

@@ -47,6 +47,7 @@ class OpenAIServer(ThreadingHTTPServer):
     prompt_logprobs = 0       # most prompt_logprobs a request may ask for (`rlctl serve --prompt-logprobs`)
     quiet = False             # True: no line per request (the agent endpoint's thousands of calls a step)
     any_model = False         # True: a request may name any model (the agent endpoint's one policy)
+    body_limit_source = "rlctl serve --max-body-bytes"   # what sets max_body_bytes, named in a 413
 
     def __init__(self, address, engine: ServingEngine, *, model_name: str, api_key: str | None = None,
                  max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, read_timeout_s: float = DEFAULT_READ_TIMEOUT_S):
@@ -141,7 +142,7 @@ class _Handler(BaseHTTPRequestHandler):
         """`Expect: 100-continue` with a body over the limit: the 413 goes out before any body."""
         length = self.headers.get("Content-Length", "").strip()
         if length.isdigit() and int(length) > self.server.max_body_bytes:
-            self._send_json(413, too_large(int(length), self.server.max_body_bytes).body(), close=True)
+            self._send_json(413, too_large(int(length), self.server.max_body_bytes, self.server.body_limit_source).body(), close=True)
             return False
         return super().handle_expect_100()
 
@@ -243,7 +244,7 @@ class _Handler(BaseHTTPRequestHandler):
         if length < 0:
             raise APIError(400, "Content-Length must be a non-negative integer", code="bad_content_length")
         if length > self.server.max_body_bytes:
-            raise too_large(length, self.server.max_body_bytes)
+            raise too_large(length, self.server.max_body_bytes, self.server.body_limit_source)
         raw = self.rfile.read(length)
         if len(raw) < length:
             raise _ClientGone()

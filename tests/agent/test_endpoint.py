@@ -256,3 +256,14 @@ def test_token_endpoint_merges_exactly_and_stream_and_stop_work(endpoint, policy
         cut = client.chat.completions.create(model="m", messages=ROW["prompt"], max_tokens=8, stop=[stop])
         assert cut.choices[0].message.content == streamed[:streamed.index(stop)]
         assert cut.choices[0].finish_reason == "stop"
+
+
+def test_a_too_large_body_names_what_sets_the_limit():
+    """The 413 says where its limit comes from: `rlctl serve --max-body-bytes` on the server, a fixed
+    limit on the agent endpoint (which has no such flag: naming it there sent users looking for one)."""
+    from rlctl.api.guards import too_large
+    from rlctl.api.http import OpenAIServer
+
+    assert "--max-body-bytes" in too_large(10, 5, OpenAIServer.body_limit_source).message
+    agent = too_large(10, 5, AgentServer.body_limit_source).message
+    assert "agent endpoint" in agent and "--max-body-bytes" not in agent
