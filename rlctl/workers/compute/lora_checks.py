@@ -34,23 +34,31 @@ def check_lora_targets(c: Config, ctx: CheckContext) -> list[Problem]:
     """Every name in model.lora.target_modules must match a layer of the model: read from its
     config.json on the meta device (no weights). A model not on disk (a hub id not yet
     downloaded) is checked by the workers at train start instead; "all-linear" matches any model."""
-    from rlctl.errors import DataError
-    from rlctl.models.hub import resolve_model
-    from rlctl.workers.compute.lora import is_all_linear, meta_model, mismatch_message
+    from rlctl.workers.compute.lora import is_all_linear, mismatch_message
 
     lora = c.model.lora
     if lora.rank == 0 or not lora.target_modules or is_all_linear(lora.target_modules):
         return []
+    model = meta_policy(c, ctx)
+    message = mismatch_message(model, lora.target_modules) if model is not None else None
+    return [Problem("model.lora.target_modules", message)] if message else []
+
+
+def meta_policy(c: Config, ctx: CheckContext):
+    """model.path built on the meta device (its layers, no weights), or None where it cannot be read
+    here: a hub id not yet downloaded is checked by the workers at train start, a broken folder is
+    reported by check_model, an architecture transformers cannot build fails at load with its reason."""
+    from rlctl.errors import DataError
+    from rlctl.models.hub import resolve_model
+    from rlctl.workers.compute.lora import meta_model
+
     try:   # a local folder or the cached snapshot of a hub id (the probe is cached: check_model made it)
         path = resolve_model(c.model.path, ctx.base_dir).folder
     except DataError:
-        return []   # reported by check_model
+        return None   # reported by check_model
     if path is None or not (path / "config.json").is_file():
-        return []
-
+        return None
     try:
-        model = meta_model(str(path), c.model.trust_remote_code)
+        return meta_model(str(path), c.model.trust_remote_code)
     except Exception:  # noqa: BLE001 - an architecture transformers cannot build fails at load, with its reason
-        return []
-    message = mismatch_message(model, lora.target_modules)
-    return [Problem("model.lora.target_modules", message)] if message else []
+        return None

@@ -24,19 +24,9 @@ def check_adapter_sync(c: Config, ctx: CheckContext) -> list[Problem]:
 
 
 def _model_refusal(c: Config, ctx: CheckContext) -> str | None:
-    from rlctl.errors import DataError
-    from rlctl.models.hub import resolve_model
-    from rlctl.workers.compute.lora import adapted_modules, meta_model
+    from rlctl.workers.compute.lora import adapted_modules
+    from rlctl.workers.compute.lora_checks import meta_policy
     from rlctl.workers.rollout.adapter_sync import model_refusal
 
-    try:
-        path = resolve_model(c.model.path, ctx.base_dir).folder
-    except DataError:
-        return None   # reported by check_model
-    if path is None or not (path / "config.json").is_file():
-        return None
-    try:
-        model = meta_model(str(path), c.model.trust_remote_code)
-    except Exception:  # noqa: BLE001 - an architecture transformers cannot build fails at load, with its reason
-        return None
-    return model_refusal(model, adapted_modules(model, c.model.lora.target_modules))
+    model = meta_policy(c, ctx)
+    return None if model is None else model_refusal(model, adapted_modules(model, c.model.lora.target_modules))
