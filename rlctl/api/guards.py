@@ -32,10 +32,15 @@ def check_bearer(header: str, expected: bytes | None) -> None:
     are compared, not keys: equal length whatever was sent, so the time says nothing."""
     if expected is None:
         return
-    digest = hashlib.sha256(header.removeprefix("Bearer ").encode("latin-1", "replace")).digest()
-    if not (hmac.compare_digest(digest, expected) and header.startswith("Bearer ")):  # latin-1: as http.client decoded it
+    if not (key_matches(header.removeprefix("Bearer "), expected) and header.startswith("Bearer ")):
         raise APIError(401, "Incorrect or missing API key: send 'Authorization: Bearer <key>'",
                        type="authentication_error", code="invalid_api_key")
+
+
+def key_matches(sent: str, expected: bytes) -> bool:
+    """Whether `sent`'s sha256 is `expected`, compared in constant time (latin-1: as http.client decoded
+    the header)."""
+    return hmac.compare_digest(hashlib.sha256(sent.encode("latin-1", "replace")).digest(), expected)
 
 
 def _nests_deeper(value, limit: int) -> bool:

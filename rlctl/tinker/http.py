@@ -9,12 +9,12 @@ at once) or, for work that fails later, as the future's result (the SDK's Reques
 from __future__ import annotations
 
 import hashlib
-import hmac
 import json
 import logging
 import socket
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
+from rlctl.api.guards import key_matches
 from rlctl.tinker.futures import Reply
 from rlctl.tinker.service import Service
 from rlctl.tinker.wire import PROTO, TinkerError, decode_forward_backward
@@ -118,8 +118,7 @@ class _Handler(BaseHTTPRequestHandler):
         digest = self.server.key_digest
         if digest is None:
             return
-        sent = hashlib.sha256(self.headers.get("X-API-Key", "").encode()).digest()
-        if not hmac.compare_digest(sent, digest):
+        if not key_matches(self.headers.get("X-API-Key", ""), digest):
             raise TinkerError("missing or wrong API key: set TINKER_API_KEY to the key rlctl tinker printed", status=401)
 
     def _read_body(self) -> bytes:
