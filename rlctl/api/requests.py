@@ -23,6 +23,7 @@ class SamplingParams:
     seed: int | None = None
     ignore_eos: bool = False  # vLLM extension: keep going past EOS (benchmarks, fixed-length tests)
     grammar: str | None = None  # decode under this grammar spec (rlctl.workers.rollout.grammar)
+    stop_token_ids: tuple[int, ...] = ()  # vLLM's: these ids end a choice too (with ignore_eos: only these)
 
 
 @dataclass
@@ -35,6 +36,10 @@ class Event:
     finish_reason: str | None = None  # "stop" | "length" | "error"
     error: str | None = None
     status: int = 500  # HTTP status for an error: 500 engine failure, 503 shutting down
+    # with Request.token_ids, a choice's last event: its token ids and each one's log-prob under the
+    # distribution it was drawn from (log softmax(logits / T), T = 1 when greedy; before top-k/top-p)
+    token_ids: list[int] | None = None
+    logprobs: list[float] | None = None
 
 
 @dataclass
@@ -46,6 +51,7 @@ class Request:
     vision: dict | None = None  # a VLM prompt's image arrays (rlctl.models.vision.encode_prompt)
     tag: str = ""  # the caller its path named (OpenAIServer.scope): the agent endpoint's episode
     adapter: str = ""  # the LoRA adapter the request's `model` named ("" = the base model)
+    token_ids: bool = False  # the last event of each choice carries its tokens and log-probs (Event)
     cancelled: threading.Event = field(default_factory=threading.Event)
 
     def cancel(self) -> None:

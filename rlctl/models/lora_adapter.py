@@ -82,9 +82,15 @@ def read_adapter(name: str, path: str | Path, dtype=None) -> LoraAdapter:
     if not file.is_file():
         raise DataError(f"adapter {name!r}: {path} has no {WEIGHTS_FILE}",
                         hint="save the adapter with safetensors (peft's save_pretrained does by default)")
+    return adapter_from_tensors(name, path, cfg, load_file(str(file)), dtype)
+
+
+def adapter_from_tensors(name: str, path: Path, cfg: dict, tensors: dict, dtype=None) -> LoraAdapter:
+    """The adapter of `cfg` (adapter_config.json's keys) and its PEFT-named tensors, as {module: (A, s * B)}:
+    read from a folder, or taken from a live peft model (get_peft_model_state_dict)."""
+    file = Path(path) / WEIGHTS_FILE
     rank, alpha = cfg["r"], float(cfg.get("lora_alpha", cfg["r"]))
     scale = alpha / math.sqrt(rank) if cfg.get("use_rslora") else alpha / rank
-    tensors = load_file(str(file))
     pairs: dict[str, dict] = {}
     for key, t in tensors.items():
         module, _, kind = key.removeprefix(_PREFIX).rpartition(".lora_")

@@ -10,6 +10,8 @@ decode step, are read once per step whatever the mix. The padding adds exact zer
 rows all carry one adapter takes a plain matmul at that adapter's own rank.
 
 Rows are set per thread (`rows(...)`), so a forward on a thread that set none sees the base model.
+The stacks grow as adapters arrive (to the highest slot and the largest rank put so far, up to
+`slots` and `max_rank`): a server sized for many adapters pays only for the ones it holds.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ class LoraSlots:
         self._a: dict[str, torch.Tensor] = {}
         self._b: dict[str, torch.Tensor] = {}
         self._rank = [0] * (slots + 1)      # each slot's own rank (0: empty)
+        self._held = (1, 0)                 # (slots + 1, rank) the stacks are allocated for now
         self._hooks: list = []
         self._local = threading.local()
 
@@ -41,6 +44,7 @@ class LoraSlots:
         rank = max(a.shape[0] for a, _ in weights.values())
         if rank > self.max_rank:
             raise ValueError(f"rank {rank} exceeds max_rank {self.max_rank}")
+        self._grow(max(self._held[0], slot + 1), max(self._held[1], rank))
         self.clear(slot)
         with torch.no_grad():
             for module, (a, b) in weights.items():
@@ -83,10 +87,24 @@ class LoraSlots:
         layer = self._linears.get(module)
         if layer is None:
             raise KeyError(f"{module} is not a linear layer of the model")
-        n = self.slots + 1
-        self._a[module] = torch.zeros(n, self.max_rank, layer.in_features, dtype=self._dtype, device=self._device)
-        self._b[module] = torch.zeros(n, layer.out_features, self.max_rank, dtype=self._dtype, device=self._device)
+        n, r = self._held
+        self._a[module] = torch.zeros(n, r, layer.in_features, dtype=self._dtype, device=self._device)
+        self._b[module] = torch.zeros(n, layer.out_features, r, dtype=self._dtype, device=self._device)
         self._hooks.append(layer.register_forward_hook(self._hook(module)))
+
+    def _grow(self, n: int, r: int) -> None:
+        """Reallocate every stack to n slots (0 included) and rank r, keeping what they hold."""
+        if (n, r) == self._held:
+            return
+        old_n, old_r = self._held
+        with torch.no_grad():
+            for module in self._a:
+                a, b = self._a[module], self._b[module]
+                self._a[module] = a.new_zeros(n, r, a.shape[2])
+                self._a[module][:old_n, :old_r] = a
+                self._b[module] = b.new_zeros(n, b.shape[1], r)
+                self._b[module][:old_n, :, :old_r] = b
+        self._held = (n, r)
 
     def _hook(self, module: str):
         def add_delta(_layer, args, out):

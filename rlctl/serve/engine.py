@@ -7,7 +7,7 @@ row. Finished or cancelled rows leave at once, so a long request never holds a s
 
 With LoRA adapters (rlctl.serve.adapters), each row carries its adapter's slot and one step
 decodes rows of every adapter together (rlctl.models.lora_slots: one gathered LoRA matmul per
-layer); loading and unloading run on the scheduler thread between steps (`_call`).
+layer); loading and unloading run on the scheduler thread between steps (`call`).
 """
 
 from __future__ import annotations
@@ -35,6 +35,8 @@ class _Row:
     generator: object  # torch.Generator | None
     matcher: object = None  # xgrammar.GrammarMatcher of a request decoded under a grammar, else None
     slot: int = 0  # LoRA adapter slot (0 = the base model)
+    ids: list | None = None  # the sampled ids and their log-probs, kept when the request asks (token_ids)
+    logprobs: list | None = None
     tokens: int = 0
     last_token: int = -1
     done: bool = False
@@ -71,6 +73,7 @@ class Engine:
         self._rows: list[_Row] = []
         self._batch = None
         self.peak_rows = 0  # most rows ever decoded in one step: evidence that batching happens
+        self.mixed_steps = 0  # decode forwards over rows of more than one adapter (the base counts as one)
         self.cancelled_rows = 0  # rows dropped because their client went away
         self._default_generator = torch.Generator(device=model.device)
         self._default_generator.seed()
@@ -118,13 +121,18 @@ class Engine:
         except DataError as e:
             missing = not Path(folder).is_dir()   # vLLM's LoRAAdapterNotFoundError is a 404 too
             raise APIError(404 if missing else 400, e.message, code="adapter_not_found" if missing else None) from None
-        self._call(lambda: self.adapters.add(adapter, self._busy_slots(), replace))
+        self.put_adapter(adapter, replace)
+
+    def put_adapter(self, adapter, replace: bool = False) -> int:
+        """Put a read adapter (rlctl.models.lora_adapter.LoraAdapter) in a slot between two steps."""
+        return self.call(lambda: self.adapters.add(adapter, self._busy_slots(), replace))
 
     def unload_adapter(self, name: str) -> None:
-        self._call(lambda: self.adapters.remove(name))
+        self.call(lambda: self.adapters.remove(name))
 
-    def _call(self, fn):
-        """Run fn on the scheduler thread between two steps; its result, or its exception re-raised."""
+    def call(self, fn):
+        """Run fn on the scheduler thread between two steps (so it may use the model and its adapter
+        slots); its result, or its exception re-raised."""
         future: concurrent.futures.Future = concurrent.futures.Future()
         with self._cond:
             if self._stopping:
@@ -145,7 +153,7 @@ class Engine:
     def load(self) -> dict:
         with self._cond:
             return {"running": len(self._rows), "waiting": len(self._waiting), "peak_running": self.peak_rows,
-                    "cancelled": self.cancelled_rows}
+                    "mixed_steps": self.mixed_steps, "cancelled": self.cancelled_rows}
 
     def shutdown(self, timeout: float = 10.0) -> None:
         """Stop admitting, let running rows finish for up to `timeout` seconds, then cancel the rest."""
@@ -215,7 +223,9 @@ class Engine:
         logits = None
         if self._rows:
             last = torch.tensor([r.last_token for r in self._rows], dtype=torch.long)
-            with self._lora_rows([r.slot for r in self._rows]):
+            slots = [r.slot for r in self._rows]
+            self.mixed_steps += len(set(slots)) > 1
+            with self._lora_rows(slots):
                 logits = self._batch.decode(self.model, last)
         if admitted:
             # Prefill each prompt once, then copy its KV rows for the request's n choices.
@@ -249,8 +259,9 @@ class Engine:
             generator = torch.Generator(device=self.model.device)
             generator.manual_seed(_row_seed(p.seed, choice))
         matcher = self._matcher(p.grammar) if p.grammar else None
+        kept = ([], []) if request.token_ids else (None, None)
         return _Row(request, request.index_base + choice, TextStream(self._decode, p.stop), generator, matcher,
-                    slot)
+                    slot, *kept)
 
     def _matcher(self, spec: str):
         from rlctl.workers.rollout.grammar import GrammarCompiler, vocab_size_of
@@ -284,8 +295,9 @@ class Engine:
             [r.generator for r in rows], self._default_generator,
         ).tolist()
         grammar.accept(matchers, tokens)
-        for row, token in zip(rows, tokens):
-            self._advance(row, token)
+        logprobs = _token_logprobs(logits, params, tokens) if any(r.ids is not None for r in rows) else None
+        for b, (row, token) in enumerate(zip(rows, tokens)):
+            self._advance(row, token, None if logprobs is None else logprobs[b])
         keep = [i for i, r in enumerate(rows) if not r.done]
         if len(keep) < len(rows):
             self._rows = [rows[i] for i in keep]
@@ -294,7 +306,7 @@ class Engine:
             else:
                 self._batch = None
 
-    def _advance(self, row: _Row, token: int) -> None:
+    def _advance(self, row: _Row, token: int, logprob: float | None) -> None:
         """Append one sampled token to a row and tell its request what changed."""
         request = row.request
         if request.cancelled.is_set():
@@ -303,8 +315,12 @@ class Engine:
             return
         row.tokens += 1
         row.last_token = token
+        if row.ids is not None:
+            row.ids.append(token)
+            row.logprobs.append(logprob)
         finish, text = None, ""
-        if token in self.eos_ids and not request.params.ignore_eos:
+        p = request.params
+        if (token in self.eos_ids and not p.ignore_eos) or token in p.stop_token_ids:
             finish, text = "stop", row.stream.flush()
         else:
             text, stopped = row.stream.push(token)
@@ -315,7 +331,8 @@ class Engine:
                 finish, text = "length", text + row.stream.flush()
         row.done = finish is not None
         if text or finish:
-            request.events.put(Event(row.index, text, row.tokens, finish))
+            kept = (row.ids, row.logprobs) if finish else (None, None)
+            request.events.put(Event(row.index, text, row.tokens, finish, None, 500, *kept))
 
     def _fail_all(self, admitted: list[Request], message: str) -> None:
         failed = {id(r.request): r.request for r in self._rows}
@@ -330,6 +347,16 @@ def _abort(request: Request, message: str, status: int) -> None:
     request.cancel()
     for i in range(request.params.n):
         request.events.put(Event(request.index_base + i, "", 0, "error", message, status))
+
+
+def _token_logprobs(logits, params: list, tokens: list[int]) -> list[float]:
+    """log softmax(logits / T) of each row's sampled token (T = 1 for a greedy row), as the rollout
+    engine's rollout_log_prob: the distribution before top-k / top-p, after grammar masks."""
+    import torch
+
+    t = torch.tensor([p.temperature if p.temperature > 0 else 1.0 for p in params], device=logits.device)
+    lp = torch.log_softmax(logits.float() / t[:, None], dim=-1)
+    return lp.gather(1, torch.tensor(tokens, device=logits.device)[:, None]).squeeze(1).tolist()
 
 
 def _eos_ids(model, tokenizer) -> tuple[int, ...]:

@@ -40,7 +40,7 @@ def serve(models: dict[str, Path], *, host: str, port: int, api_key: str | None,
     bases = {}
     for name, path in models.items():
         log.info("loading %s (%s)", name, path)
-        bases[name] = BaseModel(name, path)
+        bases[name] = BaseModel(name, path, sampler_slots=2 * max_samplers)   # room while evicted rows finish
     service = Service(bases, state_dir, max_samplers)
     try:
         server = TinkerServer((host, port), service, api_key)
@@ -64,6 +64,8 @@ def serve(models: dict[str, Path], *, host: str, port: int, api_key: str | None,
         server.serve_forever(poll_interval=0.5)
     finally:
         service.futures.stop()
+        for base in bases.values():
+            base.engine.shutdown()
         server.server_close()
         for s, handler in previous.items():
             signal.signal(s, handler)

@@ -1,7 +1,8 @@
-"""One base model the server may train on: its weights loaded once, every training client's and
-sampler's LoRA adapter living beside them as a named peft adapter.
+"""One base model the server may train on: its weights loaded once, every training client's LoRA
+adapter living beside them as a named peft adapter, and a sampling engine over the same weights
+(rlctl.tinker.sampling) whose adapter slots hold the samplers' snapshots.
 
-All model work runs on the server's one worker thread (rlctl.tinker.futures), so switching the
+All training runs on the server's one worker thread (rlctl.tinker.futures), so switching the
 active adapter is never raced. Gradients land only on the active adapter's tensors, so two
 training clients' accumulated gradients and optimizer states never mix; base weights stay frozen.
 """
@@ -35,9 +36,10 @@ class LoraSpec:
 class BaseModel:
     """`name` is what clients send as base_model; `path` the local Hugging Face folder."""
 
-    def __init__(self, name: str, path: Path):
+    def __init__(self, name: str, path: Path, sampler_slots: int = 8):
         from rlctl.models.loading import load_tokenizer
         from rlctl.serve.source import load_model
+        from rlctl.tinker.sampling import start_engine
         from rlctl.workers.compute.models import eos_token_ids
 
         self.name, self.path = name, Path(path)
@@ -51,6 +53,7 @@ class BaseModel:
         for p in model.parameters():
             p.requires_grad_(False)
         self._linear_kinds = linear_kinds(model)   # read before peft wraps the layers
+        self.engine = start_engine(model, self.tokenizer, name, sampler_slots)
         self.model = model          # becomes a peft model with the first adapter
         self._serial = 0
 
@@ -105,14 +108,15 @@ class BaseModel:
     def adapter_config(self, name: str):
         return self.model.peft_config[name]
 
+    def snapshot(self, name: str, sampler_id: str):
+        """A copy of training adapter `name` for the sampling engine (rlctl.models.lora_adapter.LoraAdapter)."""
+        from rlctl.models.lora_adapter import adapter_from_tensors
+
+        return adapter_from_tensors(sampler_id, self.path, self.adapter_config(name).to_dict(), self.adapter_state(name))
+
     @contextlib.contextmanager
-    def active(self, adapter: str | None):
-        """Run the model with `adapter` on (None: the plain base model)."""
-        if adapter is None:
-            ctx = self.model.disable_adapter() if hasattr(self.model, "disable_adapter") else contextlib.nullcontext()
-            with ctx:
-                yield self.model
-            return
+    def active(self, adapter: str):
+        """Run the training model with `adapter` on."""
         self.model.set_adapter(adapter)
         yield self.model
 

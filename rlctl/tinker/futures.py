@@ -1,10 +1,11 @@
-"""Futures and the one worker thread that runs all model work.
+"""Futures, and the one worker thread that runs all training work.
 
 Every model-touching route returns a request id at once; the SDK polls /retrieve_future until the
 result is there. The worker runs jobs one at a time (one model on one machine: running two at
 once would only split the same cores), in arrival order, except that a training client's jobs
 carry its seq_id (1, 2, 3, ... per client, in the order its calls were made) and each waits until
-that client's previous one has run, whatever order the HTTP requests landed in.
+that client's previous one has run, whatever order the HTTP requests landed in. Sampling requests
+get a future too (`open`), resolved by the sampling engine's thread when their rows end.
 """
 
 from __future__ import annotations
@@ -52,14 +53,30 @@ class Futures:
         with self._cond:
             if gate is not None and gate in self._seen:
                 return self._seen[gate]
-            request_id = f"req-{next(self._counter)}-{uuid.uuid4().hex[:8]}"
+            request_id = self._open()
             if gate is not None:
                 self._seen[gate] = request_id
                 self._next_seq.setdefault(gate[0], 1)
-            self._results[request_id] = None
             self._jobs.append(_Job(request_id, fn, gate))
             self._cond.notify_all()
             return request_id
+
+    def open(self) -> str:
+        """A pending request id whose result comes from elsewhere (`resolve`): sampling, which the
+        sampling engine's own thread finishes."""
+        with self._cond:
+            return self._open()
+
+    def resolve(self, request_id: str, result: Reply | TinkerError) -> None:
+        with self._cond:
+            self._results[request_id] = result
+            self._trim()
+            self._cond.notify_all()
+
+    def _open(self) -> str:
+        request_id = f"req-{next(self._counter)}-{uuid.uuid4().hex[:8]}"
+        self._results[request_id] = None
+        return request_id
 
     def wait(self, request_id: str, timeout: float) -> Reply | TinkerError | None:
         """The finished result, or None if still pending after `timeout` seconds."""
@@ -97,9 +114,12 @@ class Futures:
                 self._results[job.request_id] = result
                 if job.gate is not None:
                     self._next_seq[job.gate[0]] = max(self._next_seq.get(job.gate[0], 1), job.gate[1] + 1)
-                while len(self._results) > KEEP_RESULTS and next(iter(self._results.values())) is not None:
-                    self._results.popitem(last=False)
+                self._trim()
                 self._cond.notify_all()
+
+    def _trim(self) -> None:
+        while len(self._results) > KEEP_RESULTS and next(iter(self._results.values())) is not None:
+            self._results.popitem(last=False)
 
     def _runnable_exists(self) -> bool:
         return any(j.gate is None or j.gate[1] <= self._next_seq.get(j.gate[0], 1) for j in self._jobs)

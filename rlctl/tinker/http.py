@@ -87,8 +87,8 @@ class _Handler(BaseHTTPRequestHandler):
     def _route(self, method: str, path: str, body: bytes) -> Reply:
         s = self.server.service
         if method == "GET":
-            if path == "/api/v1/healthz":
-                return Reply({"status": "ok"})
+            if path == "/api/v1/healthz":    # the sampling engines' load: the SDK reads only "status"
+                return Reply({"status": "ok", "sampling": s.load()})
             if path == "/api/v1/get_server_capabilities":
                 return Reply(s.capabilities())
             if path.startswith("/api/v1/samplers/"):

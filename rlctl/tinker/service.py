@@ -17,7 +17,7 @@ from pathlib import Path
 from rlctl.tinker import state as saved
 from rlctl.tinker.base import BaseModel, LoraSpec
 from rlctl.tinker.futures import Futures, Reply
-from rlctl.tinker.sampling import Sampler, parse_params, prompt_logprobs, sample
+from rlctl.tinker.sampling import Sampler, parse_params, prompt_logprobs, sequences_of, submit
 from rlctl.tinker.training import TrainingRun
 from rlctl.tinker.wire import PROTO, ForwardBackward, TinkerError, encode_forward_backward, encode_sample
 
@@ -154,7 +154,7 @@ class Service:
             if name:
                 path = self._save(run, "sampler_weights", saved.check_name(name), with_optimizer=False)
                 return Reply({"type": "save_weights_for_sampler", "path": path})
-            self._add_sampler(sampler_id, run.base, run.base.adapter_state(run.adapter), run.base.adapter_config(run.adapter))
+            self._add_sampler(Sampler(sampler_id, run.base, sampler_id), run.base.snapshot(run.adapter, sampler_id))
             return Reply({"type": "save_weights_for_sampler", "sampling_session_id": sampler_id})
         return self._future(job, model_id=run.model_id, gate=_gate(run.model_id, body))
 
@@ -162,74 +162,96 @@ class Service:
         sampler_id = f"{body['session_id']}:sample:{body['sampling_session_seq_id']}"
         path = body.get("model_path")
         if not path:
-            self._keep_sampler(Sampler(sampler_id, self.base(body.get("base_model")), None))
+            self._add_sampler(Sampler(sampler_id, self.base(body.get("base_model")), ""), None)
             return {"type": "create_sampling_session", "sampling_session_id": sampler_id}
-        folder = saved.folder_of(self.state_dir, path)
-        meta, state, _ = saved.load(folder, optimizer=False)
-        base = self.base(meta["base_model"])
-        from peft import LoraConfig
+        from rlctl.errors import DataError
+        from rlctl.models.lora_adapter import read_adapter
 
-        config = LoraConfig.from_pretrained(str(folder))
-        done = self.futures.wait(self.futures.submit(lambda: Reply(self._add_sampler(sampler_id, base, state, config, path))),
-                                 600)
-        if isinstance(done, TinkerError):
-            raise done
+        folder = saved.folder_of(self.state_dir, path)
+        meta, _, _ = saved.load(folder, optimizer=False)
+        try:
+            adapter = read_adapter(sampler_id, folder)
+        except DataError as e:
+            raise TinkerError(f"{path}: {e.message}") from None
+        self._add_sampler(Sampler(sampler_id, self.base(meta["base_model"]), sampler_id, path), adapter)
         return {"type": "create_sampling_session", "sampling_session_id": sampler_id}
 
-    def _add_sampler(self, sampler_id: str, base: BaseModel, state: dict, config, path: str | None = None) -> dict:
-        adapter = base.new_adapter_name("s")
-        base.attach(adapter, config)
-        base.load_adapter_state(adapter, state)
-        self._keep_sampler(Sampler(sampler_id, base, adapter, path))
-        return {}
+    def _add_sampler(self, sampler: Sampler, adapter) -> None:
+        """Keep `sampler` (its adapter put in a slot of its base's engine); the oldest beyond
+        --max-samplers is dropped (its slot is reused once no queued or running row holds it)."""
+        from rlctl.api.api_error import APIError
 
-    def _keep_sampler(self, sampler: Sampler) -> None:
+        if adapter is not None:
+            try:
+                sampler.base.engine.put_adapter(adapter)
+            except APIError as e:
+                raise TinkerError(e.message, status=e.status) from None
         with self._lock:
             self.samplers[sampler.sampler_id] = sampler
+            dropped = []
             while len(self.samplers) > self.max_samplers:
                 old_id, old = self.samplers.popitem(last=False)
                 self.evicted.add(old_id)
-                if old.adapter is not None:
-                    self.futures.submit(lambda o=old: Reply(o.base.delete_adapter(o.adapter)))
+                dropped.append(old)
+        for old in dropped:     # outside the lock: the engine's thread takes it to answer samples
+            if old.adapter:
+                old.base.engine.unload_adapter(old.adapter)
 
     def sampler(self, sampler_id: str | None) -> Sampler:
         with self._lock:
             found = self.samplers.get(sampler_id or "")
+            evicted = sampler_id in self.evicted
         if found is None:
-            why = (f"was evicted: this server keeps the {self.max_samplers} newest sampling clients' weights "
-                   "(--max-samplers); create a new sampling client" if sampler_id in self.evicted
-                   else "is unknown to this server")
-            raise TinkerError(f"sampling session {sampler_id!r} {why}", status=404)
+            raise TinkerError(f"sampling session {sampler_id!r} {self._gone(evicted)}", status=404)
         return found
+
+    def _gone(self, evicted: bool) -> str:
+        return (f"was evicted: this server keeps the {self.max_samplers} newest sampling clients' weights "
+                "(--max-samplers); create a new sampling client" if evicted else "is unknown to this server")
 
     def get_sampler(self, sampler_id: str) -> dict:
         s = self.sampler(sampler_id)
         return {"sampler_id": s.sampler_id, "base_model": s.base.name, "model_path": s.model_path}
 
     def asample(self, body: dict) -> dict:
+        """Queue the request on the base's sampling engine, where it decodes in one batch with
+        every other sampler's rows; the engine's thread resolves the future when all n ended."""
         if body.get("model_path") or not body.get("sampling_session_id"):
             raise TinkerError("sample requests name a sampling_session_id (create the SamplingClient through the SDK)")
         s = self.sampler(body["sampling_session_id"])
         prompt = _prompt_tokens(body.get("prompt") or {})
-        n = int(body.get("num_samples", 1))
-        if n < 1 or not prompt:
-            raise TinkerError("sample needs a non-empty prompt and num_samples >= 1")
+        if not prompt:
+            raise TinkerError("sample needs a non-empty prompt")
         if max(prompt) >= s.base.vocab_size or min(prompt) < 0:
             raise TinkerError(f"the prompt holds token ids outside the vocabulary [0, {s.base.vocab_size})")
         for key in ("topk_prompt_logprobs", "topk_sample_logprobs", "prompt_alt_tokens_k"):
             if body.get(key):
                 raise TinkerError(f"{key} is not served by rlctl tinker (plain prompt and sample log-probs are)")
-        params = parse_params(body.get("sampling_params") or {}, s.base, len(prompt))
-        want_prompt_lp = bool(body.get("prompt_logprobs"))
+        n = int(body.get("num_samples", 1))
+        params = parse_params(body.get("sampling_params") or {}, s.base, len(prompt), n)
+        prompt_lp = prompt_logprobs(s, prompt) if body.get("prompt_logprobs") else None
+        request_id = self.futures.open()
 
-        def job() -> Reply:
-            self.sampler(s.sampler_id)      # still there: evicted while queued fails in one line too
-            sequences = sample(s, prompt, n, params)
-            return Reply(encode_sample(sequences, prompt_logprobs(s, prompt) if want_prompt_lp else None), PROTO)
-        out = self._future(job)
+        def done(events) -> None:
+            failed = next((e for e in events if e.finish_reason == "error"), None)
+            if failed is None:
+                reply = Reply(encode_sample(sequences_of(events), prompt_lp), PROTO)
+            elif s.sampler_id in self.evicted:
+                reply = TinkerError(f"sampling session {s.sampler_id!r} {self._gone(True)}", status=404)
+            else:
+                reply = TinkerError(failed.error or "sampling failed", status=failed.status, category="server")
+            self.futures.resolve(request_id, reply)
+        try:
+            submit(s, prompt, params, done)
+        except TinkerError as e:
+            self.futures.resolve(request_id, e)
         # the SDK names each returned sequence by these (StableReinforce's references; nothing here uses them)
-        out["sample_sequence_ids"] = [f"{out['request_id']}:{i}" for i in range(n)]
-        return out
+        return {"request_id": request_id, "sample_sequence_ids": [f"{request_id}:{i}" for i in range(n)]}
+
+    def load(self) -> dict:
+        """Each base's sampling engine: rows running and waiting, and the most rows and distinct
+        adapters it ever decoded in one step (what shows that samplers batch together)."""
+        return {name: base.engine.load() for name, base in self.bases.items()}
 
     # -- futures ------------------------------------------------------------------------------
     def _future(self, job, *, model_id: str | None = None, gate: tuple[str, int] | None = None) -> dict:

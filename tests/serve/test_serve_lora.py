@@ -79,6 +79,7 @@ def test_engine_decodes_requests_for_different_adapters_together(tiny_model_dir,
         engine.peak_rows = 0
         assert run(["", "qv", "all"]) == alone
         assert engine.peak_rows == 3, "rows of the base and two adapters decode in one batch"
+        assert engine.load()["mixed_steps"] > 0
     finally:
         engine.shutdown(timeout=5)
 

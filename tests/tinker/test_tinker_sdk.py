@@ -160,6 +160,33 @@ def test_sampling_logprobs_match_the_trainer(service, base):
     assert [s.tokens for s in same_seed.sequences] == [s.tokens for s in res.sequences]
 
 
+def _mixed_steps(server, base) -> int:
+    import httpx
+
+    return httpx.get(f"{server.base_url}/api/v1/healthz").json()["sampling"][base]["mixed_steps"]
+
+
+def test_two_clients_samples_decode_in_one_batch_as_they_would_alone(server, service, base):
+    """Samplers of two training clients: their concurrent requests decode in the same forwards
+    (one gathered LoRA matmul per layer), and each gets the tokens it gets alone (seeded)."""
+    samplers, prompts = [], []
+    for seed, text in ((10, "Q: 1+8? A: 9"), (11, "zz yy")):
+        tc = service.create_lora_training_client(base_model=base, rank=4 + 4 * (seed - 10), seed=seed).result()
+        _step(tc, [sl_datum(tc.get_tokenizer(), text)])
+        samplers.append(tc.save_weights_and_get_sampling_client().result())
+        prompts.append(types.ModelInput.from_ints(tc.get_tokenizer().encode(text)))   # two lengths: padding
+    params = types.SamplingParams(max_tokens=48, temperature=1.0, seed=5, stop=[])
+    alone = [s.sample(p, 2, params).result() for s, p in zip(samplers, prompts)]
+    before = _mixed_steps(server, base)
+    together = [f.result() for f in [s.sample(p, 2, params) for s, p in zip(samplers, prompts)]]
+    assert _mixed_steps(server, base) > before, "the two samplers' requests were decoded apart"
+    for one, both in zip(alone, together):
+        for a, b in zip(one.sequences, both.sequences):
+            assert a.tokens == b.tokens and len(a.tokens) == 48
+            np.testing.assert_allclose(a.logprobs, b.logprobs, atol=1e-4)
+    assert alone[0].sequences[0].tokens != alone[1].sequences[0].tokens
+
+
 def _step(tc, data):
     tc.forward_backward(data, "cross_entropy").result()
     tc.optim_step(types.AdamParams(learning_rate=1e-2, weight_decay=0.01, grad_clip_norm=1.0)).result()
