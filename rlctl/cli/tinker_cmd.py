@@ -20,6 +20,8 @@ def tinker(
     address: Optional[str] = typer.Option(None, help="Join a Ray cluster (not built yet: refused)."),
     state_dir: Path = typer.Option(Path("tinker-state"), help="Where save_state / save_weights_for_sampler write."),
     max_samplers: int = typer.Option(32, min=1, help="Sampling clients' weight snapshots kept; older ones are evicted."),
+    max_clients: Optional[int] = typer.Option(None, min=1, help="Training clients kept (adapter + optimizer state); "
+                                              "one more evicts the least recently used. Default: no limit."),
     insecure: bool = flag("--insecure", help="Allow a non-loopback --host without an API key."),
 ) -> None:
     """Serve the Tinker API (the `tinker` SDK's routes) with LoRA training clients and samplers.
@@ -40,7 +42,7 @@ def tinker(
         raise UsageError("--api-key must start with 'tml-': the tinker SDK refuses any other key")
     check_bind(host, api_key, insecure)
     raise typer.Exit(serve(parse_models(model), host=host, port=port, api_key=api_key, state_dir=state_dir,
-                           max_samplers=max_samplers))
+                           max_samplers=max_samplers, max_clients=max_clients))
 
 
 def register(app: typer.Typer) -> None:

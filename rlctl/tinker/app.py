@@ -30,7 +30,7 @@ def parse_models(models: list[str]) -> dict[str, Path]:
 
 
 def serve(models: dict[str, Path], *, host: str, port: int, api_key: str | None, state_dir: Path,
-          max_samplers: int, ready=None) -> int:
+          max_samplers: int, max_clients: int | None = None, ready=None) -> int:
     from rlctl.tinker.base import BaseModel
     from rlctl.tinker.http import TinkerServer
     from rlctl.tinker.service import Service
@@ -41,7 +41,7 @@ def serve(models: dict[str, Path], *, host: str, port: int, api_key: str | None,
     for name, path in models.items():
         log.info("loading %s (%s)", name, path)
         bases[name] = BaseModel(name, path, sampler_slots=2 * max_samplers)   # room while evicted rows finish
-    service = Service(bases, state_dir, max_samplers)
+    service = Service(bases, state_dir, max_samplers, max_clients)
     try:
         server = TinkerServer((host, port), service, api_key)
     except OSError as e:

@@ -92,6 +92,10 @@ class BaseModel:
     def delete_adapter(self, name: str) -> None:
         self.model.delete_adapter(name)
 
+    def adapter_count(self) -> int:
+        """Training adapters the model holds now."""
+        return len(getattr(self.model, "peft_config", {}))
+
     def adapter_state(self, name: str) -> dict[str, torch.Tensor]:
         from peft import get_peft_model_state_dict
 

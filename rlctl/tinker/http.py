@@ -88,7 +88,7 @@ class _Handler(BaseHTTPRequestHandler):
         s = self.server.service
         if method == "GET":
             if path == "/api/v1/healthz":    # the sampling engines' load: the SDK reads only "status"
-                return Reply({"status": "ok", "sampling": s.load()})
+                return Reply({"status": "ok", **s.load()})
             if path == "/api/v1/get_server_capabilities":
                 return Reply(s.capabilities())
             if path.startswith("/api/v1/samplers/"):
@@ -99,8 +99,8 @@ class _Handler(BaseHTTPRequestHandler):
             return self._retrieve(_json(body))
         elif path in STATIC:
             return Reply(STATIC[path])
-        elif path.startswith("/api/v1/sessions/") and path.endswith("/finish"):
-            return Reply({})
+        elif path.startswith("/api/v1/sessions/") and path.endswith("/finish"):   # ServiceClient.close
+            return Reply(s.finish_session(path.split("/")[-2]))
         elif path in self.server.post_routes():
             return Reply(self.server.post_routes()[path](_json(body)))
         raise TinkerError(f"rlctl tinker does not serve {method} {path} (docs/tinker.md lists what it serves)", status=404)

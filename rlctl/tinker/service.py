@@ -9,13 +9,12 @@ request id; the rest answer at once.
 from __future__ import annotations
 
 import logging
-import threading
 import uuid
-from collections import OrderedDict
 from pathlib import Path
 
 from rlctl.tinker import state as saved
 from rlctl.tinker.base import BaseModel, LoraSpec
+from rlctl.tinker.clients import Clients
 from rlctl.tinker.futures import Futures, Reply
 from rlctl.tinker.sampling import Sampler, parse_params, prompt_logprobs, sequences_of, submit
 from rlctl.tinker.training import TrainingRun
@@ -26,13 +25,12 @@ MAX_SAMPLERS = 32       # adapter snapshots kept for sampling clients; the oldes
 
 
 class Service:
-    def __init__(self, bases: dict[str, BaseModel], state_dir: Path, max_samplers: int = MAX_SAMPLERS):
-        self.bases, self.state_dir, self.max_samplers = bases, Path(state_dir), max_samplers
+    def __init__(self, bases: dict[str, BaseModel], state_dir: Path, max_samplers: int = MAX_SAMPLERS,
+                 max_clients: int | None = None):
+        self.bases, self.state_dir = bases, Path(state_dir)
         self.futures = Futures()
-        self.runs: dict[str, TrainingRun] = {}
-        self.samplers: OrderedDict[str, Sampler] = OrderedDict()
-        self.evicted: set[str] = set()
-        self._lock = threading.Lock()
+        self.clients = Clients(self.futures, max_samplers=max_samplers, max_clients=max_clients)
+        self.run, self.sampler = self.clients.run, self.clients.sampler
 
     # -- sessions and discovery (answered at once) --------------------------------------------
     def create_session(self, body: dict) -> dict:
@@ -47,12 +45,6 @@ class Service:
         if found is None:
             raise TinkerError(f"unknown base_model {name!r}; this server has {', '.join(self.bases)} "
                               "(start rlctl tinker with --model for others)", status=404)
-        return found
-
-    def run(self, model_id: str | None) -> TrainingRun:
-        found = self.runs.get(model_id or "")
-        if found is None:
-            raise TinkerError(f"unknown model_id {model_id!r}: no training client of that id on this server", status=404)
         return found
 
     def get_info(self, body: dict) -> dict:
@@ -78,11 +70,18 @@ class Service:
         return self._future(job, model_id=model_id)
 
     def _new_run(self, model_id: str, base: BaseModel, spec: LoraSpec) -> TrainingRun:
-        if model_id in self.runs:
-            raise TinkerError(f"model_id {model_id!r} exists already", status=409)
-        run = self.runs[model_id] = TrainingRun(model_id, base, spec)
+        run = TrainingRun(model_id, base, spec)
+        try:
+            self.clients.add_run(run)
+        except TinkerError:
+            run.close()
+            raise
         log.info("training client %s: LoRA rank %d on %s", model_id, spec.rank, base.name)
         return run
+
+    def finish_session(self, session_id: str) -> dict:
+        self.clients.finish_session(session_id)
+        return {}
 
     def forward_backward(self, req: ForwardBackward) -> dict:
         run = self.run(req.model_id)
@@ -90,13 +89,12 @@ class Service:
         def job() -> Reply:
             outputs, metrics = run.forward_backward(req)
             return Reply(encode_forward_backward(outputs, metrics), PROTO)
-        return self._future(job, model_id=run.model_id, gate=(run.model_id, req.seq_id))
+        return self._on(run, job, req.seq_id)
 
     def optim_step(self, body: dict) -> dict:
         run = self.run(body.get("model_id"))
         params = body.get("adam_params") or body.get("optimizer_params") or body.get("optim_params") or {}
-        return self._future(lambda: Reply({"metrics": run.optim_step(params)}), model_id=run.model_id,
-                            gate=_gate(run.model_id, body))
+        return self._on(run, lambda: Reply({"metrics": run.optim_step(params)}), body.get("seq_id"))
 
     # -- saved states -------------------------------------------------------------------------
     def save_weights(self, body: dict) -> dict:
@@ -106,7 +104,7 @@ class Service:
         def job() -> Reply:
             path = self._save(run, "weights", name, with_optimizer=True)
             return Reply({"type": "save_weights", "path": path})
-        return self._future(job, model_id=run.model_id, gate=_gate(run.model_id, body))
+        return self._on(run, job, body.get("seq_id"))
 
     def _save(self, run: TrainingRun, kind: str, name: str, *, with_optimizer: bool) -> str:
         meta = {"base_model": run.base.name, "base_path": str(run.base.path), "model_id": run.model_id,
@@ -120,8 +118,7 @@ class Service:
         with_optimizer = bool(body.get("optimizer"))
         if body.get("model_id"):     # load_state into an existing training client
             run = self.run(body["model_id"])
-            return self._future(lambda: self._load_into(run, folder, with_optimizer), model_id=run.model_id,
-                                gate=_gate(run.model_id, body))
+            return self._on(run, lambda: self._load_into(run, folder, with_optimizer), body.get("seq_id"))
         model_id = f"{body['session_id']}:train:{body['model_seq_id']}"
 
         def create() -> Reply:
@@ -154,15 +151,15 @@ class Service:
             if name:
                 path = self._save(run, "sampler_weights", saved.check_name(name), with_optimizer=False)
                 return Reply({"type": "save_weights_for_sampler", "path": path})
-            self._add_sampler(Sampler(sampler_id, run.base, sampler_id), run.base.snapshot(run.adapter, sampler_id))
+            self.clients.add_sampler(Sampler(sampler_id, run.base, sampler_id), run.base.snapshot(run.adapter, sampler_id))
             return Reply({"type": "save_weights_for_sampler", "sampling_session_id": sampler_id})
-        return self._future(job, model_id=run.model_id, gate=_gate(run.model_id, body))
+        return self._on(run, job, body.get("seq_id"))
 
     def create_sampling_session(self, body: dict) -> dict:
         sampler_id = f"{body['session_id']}:sample:{body['sampling_session_seq_id']}"
         path = body.get("model_path")
         if not path:
-            self._add_sampler(Sampler(sampler_id, self.base(body.get("base_model")), ""), None)
+            self.clients.add_sampler(Sampler(sampler_id, self.base(body.get("base_model")), ""), None)
             return {"type": "create_sampling_session", "sampling_session_id": sampler_id}
         from rlctl.errors import DataError
         from rlctl.models.lora_adapter import read_adapter
@@ -173,41 +170,8 @@ class Service:
             adapter = read_adapter(sampler_id, folder)
         except DataError as e:
             raise TinkerError(f"{path}: {e.message}") from None
-        self._add_sampler(Sampler(sampler_id, self.base(meta["base_model"]), sampler_id, path), adapter)
+        self.clients.add_sampler(Sampler(sampler_id, self.base(meta["base_model"]), sampler_id, path), adapter)
         return {"type": "create_sampling_session", "sampling_session_id": sampler_id}
-
-    def _add_sampler(self, sampler: Sampler, adapter) -> None:
-        """Keep `sampler` (its adapter put in a slot of its base's engine); the oldest beyond
-        --max-samplers is dropped (its slot is reused once no queued or running row holds it)."""
-        from rlctl.api.api_error import APIError
-
-        if adapter is not None:
-            try:
-                sampler.base.engine.put_adapter(adapter)
-            except APIError as e:
-                raise TinkerError(e.message, status=e.status) from None
-        with self._lock:
-            self.samplers[sampler.sampler_id] = sampler
-            dropped = []
-            while len(self.samplers) > self.max_samplers:
-                old_id, old = self.samplers.popitem(last=False)
-                self.evicted.add(old_id)
-                dropped.append(old)
-        for old in dropped:     # outside the lock: the engine's thread takes it to answer samples
-            if old.adapter:
-                old.base.engine.unload_adapter(old.adapter)
-
-    def sampler(self, sampler_id: str | None) -> Sampler:
-        with self._lock:
-            found = self.samplers.get(sampler_id or "")
-            evicted = sampler_id in self.evicted
-        if found is None:
-            raise TinkerError(f"sampling session {sampler_id!r} {self._gone(evicted)}", status=404)
-        return found
-
-    def _gone(self, evicted: bool) -> str:
-        return (f"was evicted: this server keeps the {self.max_samplers} newest sampling clients' weights "
-                "(--max-samplers); create a new sampling client" if evicted else "is unknown to this server")
 
     def get_sampler(self, sampler_id: str) -> dict:
         s = self.sampler(sampler_id)
@@ -236,8 +200,8 @@ class Service:
             failed = next((e for e in events if e.finish_reason == "error"), None)
             if failed is None:
                 reply = Reply(encode_sample(sequences_of(events), prompt_lp), PROTO)
-            elif s.sampler_id in self.evicted:
-                reply = TinkerError(f"sampling session {s.sampler_id!r} {self._gone(True)}", status=404)
+            elif s.sampler_id in self.clients.gone:
+                reply = TinkerError(f"sampling session {s.sampler_id!r} {self.clients.gone[s.sampler_id]}", status=404)
             else:
                 reply = TinkerError(failed.error or "sampling failed", status=failed.status, category="server")
             self.futures.resolve(request_id, reply)
@@ -249,9 +213,10 @@ class Service:
         return {"request_id": request_id, "sample_sequence_ids": [f"{request_id}:{i}" for i in range(n)]}
 
     def load(self) -> dict:
-        """Each base's sampling engine: rows running and waiting, and the most rows and distinct
-        adapters it ever decoded in one step (what shows that samplers batch together)."""
-        return {name: base.engine.load() for name, base in self.bases.items()}
+        """The live clients, and each base's sampling engine: rows running and waiting, the most
+        rows it decoded in one step and its decode steps over several adapters (samplers batched)."""
+        return {**self.clients.counts(), "sampling": {name: base.engine.load() for name, base in self.bases.items()},
+                "training_adapters": {name: base.adapter_count() for name, base in self.bases.items()}}
 
     # -- futures ------------------------------------------------------------------------------
     def _future(self, job, *, model_id: str | None = None, gate: tuple[str, int] | None = None) -> dict:
@@ -261,9 +226,14 @@ class Service:
         return out
 
 
-def _gate(model_id: str, body: dict) -> tuple[str, int] | None:
-    seq = body.get("seq_id")
-    return None if seq is None else (model_id, int(seq))
+
+    def _on(self, run: TrainingRun, fn, seq_id) -> dict:
+        """A job of training client `run`, in its seq_id order; fails in one line if the client was
+        freed while the job waited."""
+        def job() -> Reply:
+            self.clients.check_live(run)
+            return fn()
+        return self._future(job, model_id=run.model_id, gate=None if seq_id is None else (run.model_id, int(seq_id)))
 
 
 def _check_optimizer(config: dict | None) -> None:

@@ -22,6 +22,7 @@ class TrainingRun:
         # lr / betas / eps / decay are overwritten from each optim_step request before stepping
         self.optimizer = torch.optim.AdamW(self.params, lr=0.0)
         self.steps = 0
+        self.closed = False
 
     def forward_backward(self, req: ForwardBackward) -> tuple[list[dict[str, np.ndarray]], dict[str, float]]:
         """Per datum: `logprobs` [N] (the targets' log-probs under the current weights) and
@@ -86,4 +87,8 @@ class TrainingRun:
         return {"grad_norm:mean": norm, "learning_rate:mean": p["learning_rate"], "step:max": float(self.steps)}
 
     def close(self) -> None:
-        self.base.delete_adapter(self.adapter)
+        """Free the adapter, its gradients and the optimizer state (on the worker thread)."""
+        if not self.closed:
+            self.closed = True
+            self.base.delete_adapter(self.adapter)
+            self.params, self.optimizer = [], None

@@ -19,13 +19,14 @@ pytestmark = pytest.mark.slow
 URL = re.compile(r"Tinker API for .* on (http://[^ ;]+)")
 KEY = "tml-rlctl-tests"
 MAX_SAMPLERS = 6
+MAX_CLIENTS = 5       # no test holds more than 3 training clients at once
 
 
 @pytest.fixture(scope="module")
 def server(tiny_model_dir, tmp_path_factory):
     state = tmp_path_factory.mktemp("tinker_state")
     proc = ServerProcess(["--model", str(tiny_model_dir), "--port", "0", "--api-key", KEY, "--state-dir", str(state),
-                          "--max-samplers", str(MAX_SAMPLERS)], timeout_s=120, command="tinker", url_line=URL)
+                          "--max-samplers", str(MAX_SAMPLERS), "--max-clients", str(MAX_CLIENTS)], timeout_s=120, command="tinker", url_line=URL)
     proc.state_dir = state
     yield proc
     proc.stop()
@@ -160,10 +161,14 @@ def test_sampling_logprobs_match_the_trainer(service, base):
     assert [s.tokens for s in same_seed.sequences] == [s.tokens for s in res.sequences]
 
 
-def _mixed_steps(server, base) -> int:
+def _health(server) -> dict:
     import httpx
 
-    return httpx.get(f"{server.base_url}/api/v1/healthz").json()["sampling"][base]["mixed_steps"]
+    return httpx.get(f"{server.base_url}/api/v1/healthz").json()
+
+
+def _mixed_steps(server, base) -> int:
+    return _health(server)["sampling"][base]["mixed_steps"]
 
 
 def test_two_clients_samples_decode_in_one_batch_as_they_would_alone(server, service, base):
@@ -299,6 +304,45 @@ def test_unknown_and_evicted_samplers(service, base):
     with pytest.raises(Exception) as e:
         first.sample(prompt, 1, types.SamplingParams(max_tokens=2)).result()
     assert "was evicted" in _one_line(e.value)
+
+
+def test_closing_a_session_frees_its_clients(server, base):
+    import time
+
+    import httpx
+
+    other = tinker.ServiceClient(base_url=server.base_url, api_key=KEY)
+    tc = other.create_lora_training_client(base_model=base, rank=4).result()
+    sampler = tc.save_weights_and_get_sampling_client().result()
+    before = _health(server)
+    other.close("success").result()
+    deadline = time.monotonic() + 30
+    while _health(server)["training_adapters"][base] >= before["training_adapters"][base] and time.monotonic() < deadline:
+        time.sleep(0.1)
+    after = _health(server)
+    assert after["training_adapters"][base] == before["training_adapters"][base] - 1   # adapter + optimizer freed
+    assert (after["training_clients"], after["sampling_clients"]) == (before["training_clients"] - 1,
+                                                                       before["sampling_clients"] - 1)
+    headers = {"X-API-Key": KEY}
+    for route, body in (("get_info", {"model_id": tc.model_id}),
+                        ("asample", {"sampling_session_id": sampler._sampling_session_id, "num_samples": 1,
+                                     "prompt": {"chunks": [{"tokens": [1, 2]}]}, "sampling_params": {}})):
+        r = httpx.post(f"{server.base_url}/api/v1/{route}", json=body, headers=headers)
+        assert r.status_code == 404 and r.json()["category"] == "user", r.text
+        assert "was released: its session finished (ServiceClient.close)" in r.json()["error"]
+
+
+def test_least_recently_used_training_client_is_evicted_beyond_max_clients(server, service, base):
+    clients = [service.create_lora_training_client(base_model=base, rank=4).result() for _ in range(MAX_CLIENTS)]
+    datum = sl_datum(clients[0].get_tokenizer(), "Q: 1+2? A: 3")
+    clients[0].forward([datum], "cross_entropy").result()      # now clients[1] is the least recently used
+    newest = service.create_lora_training_client(base_model=base, rank=4).result()
+    assert _health(server)["training_clients"] == MAX_CLIENTS
+    with pytest.raises(Exception) as e:
+        clients[1].forward([datum], "cross_entropy").result()
+    assert "was evicted" in _one_line(e.value) and "--max-clients" in str(e.value)
+    for alive in (clients[0], clients[2], newest):
+        assert alive.forward([datum], "cross_entropy").result().loss_fn_outputs
 
 
 def test_a_body_that_does_not_decode_is_a_400_and_the_server_goes_on(server, service, base):
