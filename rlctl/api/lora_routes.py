@@ -48,10 +48,15 @@ def adapter_of(body: dict, server) -> str:
     adapters = _adapters(server.engine)
     if adapters is not None and adapters.slot_of(model) is not None:
         return model
-    loaded = ", ".join(repr(n) for n in adapters.names) if adapters is not None and adapters.names else ""
-    also = f" and the LoRA adapters {loaded}" if loaded else ""
-    raise APIError(404, f"The model '{model}' does not exist; this server serves '{server.model_name}'{also}",
+    raise APIError(404, not_served(model, [server.model_name], adapters.names if adapters is not None else []),
                    param="model", code="model_not_found")
+
+
+def not_served(model: str, bases: list[str], adapters: list[str]) -> str:
+    """The 404 message for a `model` this server does not serve, naming what it does (both engines')."""
+    served = ", ".join(repr(n) for n in bases)
+    also = f" and the LoRA adapters {', '.join(repr(n) for n in adapters)}" if adapters else ""
+    return f"The model '{model}' does not exist; this server serves {served}{also}"
 
 
 def handle(engine, path: str, body: dict) -> str:

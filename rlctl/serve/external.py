@@ -157,8 +157,10 @@ def run_external(engine: str, spec: LaunchSpec, folder, extra: tuple[str, ...], 
     env = engine_env(engine, folder)
     if lora:   # vLLM's /v1/load_lora_adapter and /v1/unload_lora_adapter exist only with this set
         from rlctl.serve.adapters import vllm_lora_args
+        from rlctl.serve.vllm_front import MIDDLEWARE
 
-        extra = tuple(vllm_lora_args(lora)) + extra
+        # the middleware: an unknown model's 404 names the adapters too (vLLM's names the base only)
+        extra = tuple(vllm_lora_args(lora)) + ("--middleware", MIDDLEWARE) + extra
         env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = "True"
     return run_child(build_command(engine, spec, extra), env=env)
 

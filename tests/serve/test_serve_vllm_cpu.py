@@ -85,15 +85,20 @@ def test_vllm_serves_chat_and_completions_to_the_openai_client(vllm_tiny_model_d
 
 def _check_adapters(client, openai, adapter, expected: str) -> None:
     """A request's model picks the adapter (peft's own answer, greedy), vLLM's load/unload routes
-    work on rlctl's child, and a name nobody loaded is a 404, never the base's answer."""
+    work on rlctl's child, and a name nobody loaded is a 404 naming what is loaded, never the base's answer."""
     base = client.completions.create(model="tiny", prompt="Once upon", max_tokens=8, temperature=0)
     answer = client.completions.create(model="ad", prompt="Once upon", max_tokens=8, temperature=0)
     assert answer.choices[0].text == expected != base.choices[0].text
-    with pytest.raises(openai.NotFoundError):
+    with pytest.raises(openai.NotFoundError) as missing:
         client.completions.create(model="ad2", prompt="Once upon", max_tokens=2)
+    assert missing.value.body["message"] == \
+        "The model 'ad2' does not exist; this server serves 'tiny' and the LoRA adapters 'ad'"
     assert "added successfully" in client.post("/load_lora_adapter", cast_to=str,
                                                body={"lora_name": "ad2", "lora_path": str(adapter)})
     again = client.completions.create(model="ad2", prompt="Once upon", max_tokens=8, temperature=0)
     assert again.choices[0].text == expected
+    with pytest.raises(openai.NotFoundError) as missing:   # a runtime-loaded adapter is named too
+        client.chat.completions.create(model="ad3", messages=[{"role": "user", "content": "hi"}], max_tokens=2)
+    assert missing.value.body["message"].endswith("serves 'tiny' and the LoRA adapters 'ad', 'ad2'")
     assert "removed successfully" in client.post("/unload_lora_adapter", body={"lora_name": "ad2"}, cast_to=str)
     assert [m.id for m in client.models.list()] == ["tiny", "ad"]
