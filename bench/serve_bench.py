@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Built-in server throughput: continuous batching against one-request-at-a-time serving.
 
-  .venv/bin/python bench/serve_bench.py [--sizes tiny,small] [--threads 1] [--requests 32]
+  .venv/bin/python bench/serve_bench.py [--sizes tiny,small | --model models/smollm2] [--threads 1] [--requests 32]
 
 For each model size a real `rlctl serve --engine hf` process is started twice: with
 --max-concurrency 32 (batched) and --max-concurrency 1 (sequential serving: requests queue and
@@ -103,7 +103,8 @@ def burst(base_url: str, n: int, pid: int) -> dict:
 
 
 def run(size: str, concurrency: int, threads: int, requests: int) -> dict:
-    proc, url = start_server(ensure_model(size), concurrency, threads)
+    """`size`: a tiny_model size, or a model folder (a path with a slash: --model)."""
+    proc, url = start_server(Path(size) if "/" in size else ensure_model(size), concurrency, threads)
     try:
         chat(url, W.make_rows()[0]["prompt"], 0)  # warm-up: first-call allocations, lazy imports
         return burst(url, requests, proc.pid)
@@ -115,17 +116,19 @@ def run(size: str, concurrency: int, threads: int, requests: int) -> dict:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--sizes", default="tiny,small")
+    ap.add_argument("--model", action="append", default=[],
+                    help="a model folder to bench instead of the tiny sizes (e.g. models/smollm2); repeatable")
     ap.add_argument("--threads", type=int, default=1, help="torch threads of the server")
     ap.add_argument("--requests", type=int, default=32)
     ap.add_argument("--json", help="also write the results here")
     args = ap.parse_args(argv)
     print(f"load average before: {os.getloadavg()[0]:.2f} (1 min) on {os.cpu_count()} cores", flush=True)
     results = []
-    for size in args.sizes.split(","):
+    for size in [str(Path(m).resolve()) for m in args.model] or args.sizes.split(","):
         for mode, concurrency in (("batched", args.requests), ("sequential", 1)):
             r = run(size, concurrency, args.threads, args.requests)
-            results.append({"size": size, "mode": mode, "threads": args.threads, **r})
-            print(f"  {size:5s} {mode:10s} {r['wall_s']:7.2f} s", flush=True)
+            results.append({"size": Path(size).name, "mode": mode, "threads": args.threads, **r})
+            print(f"  {size:5s} {mode:10s} {r['wall_s']:7.2f} s  p50 {r['p50_latency_s']:.2f} s", flush=True)
     print(f"\n{args.requests} concurrent chat requests x {NEW_TOKENS} new tokens, server threads {args.threads}\n")
     print("| size | mode | wall s | req/s | gen tok/s | p50 latency s | speedup | foreign cores |")
     print("|---|---|---|---|---|---|---|---|")

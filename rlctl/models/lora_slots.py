@@ -118,8 +118,9 @@ class LoraSlots:
                 if r == 0:
                     return None
                 return out + (x @ self._a[module][uniform, :r].T) @ self._b[module][uniform, :, :r].T
-            if x.dim() != 3 or x.shape[0] != index.shape[0]:
+            if x.dim() < 2 or x.shape[0] != index.shape[0]:
                 raise RuntimeError(f"{module}: rows were set for {index.shape[0]} rows, input is {tuple(x.shape)}")
             a, b = self._a[module].index_select(0, index), self._b[module].index_select(0, index)
-            return out + torch.bmm(torch.bmm(x, a.transpose(1, 2)), b.transpose(1, 2))
+            tokens = x.reshape(x.shape[0], -1, x.shape[-1])   # [rows, tokens, in]: a decode step's [rows, in] too
+            return out + torch.bmm(torch.bmm(tokens, a.transpose(1, 2)), b.transpose(1, 2)).view(out.shape)
         return add_delta

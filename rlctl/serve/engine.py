@@ -71,7 +71,7 @@ class Engine:
         self._cond = threading.Condition()
         self._stopping = False
         self._rows: list[_Row] = []
-        self._batch = None
+        self._batch = self._new_batch()   # rlctl.serve.batch.LiveBatch
         self.peak_rows = 0  # most rows ever decoded in one step: evidence that batching happens
         self.mixed_steps = 0  # decode forwards over rows of more than one adapter (the base counts as one)
         self.cancelled_rows = 0  # rows dropped because their client went away
@@ -218,34 +218,33 @@ class Engine:
     def _step(self, admitted: list[Request]) -> None:
         import torch
 
-        from rlctl.serve.batch import DecodeBatch
-
         logits = None
         if self._rows:
             last = torch.tensor([r.last_token for r in self._rows], dtype=torch.long)
             slots = [r.slot for r in self._rows]
             self.mixed_steps += len(set(slots)) > 1
             with self._lora_rows(slots):
-                logits = self._batch.decode(self.model, last)
+                logits = self._batch.decode(last)
         if admitted:
-            # Prefill each prompt once, then copy its KV rows for the request's n choices.
+            # Prefill each prompt once; the request's n choices are copies of its row.
             slots = [self.adapters.slot_of(r.adapter) if r.adapter else 0 for r in admitted]
-            with self._lora_rows(slots):
-                new_batch, new_logits = DecodeBatch.prefill(self.model, [r.prompt_ids for r in admitted],
-                                                            self.pad_id, [r.vision for r in admitted])
             copies = [k for k, req in enumerate(admitted) for _ in range(req.params.n)]
-            if len(copies) > len(admitted):
-                new_batch.keep(copies)
-                new_logits = new_logits[copies]
-            new_rows = [self._new_row(req, i, slot) for req, slot in zip(admitted, slots) for i in range(req.params.n)]
-            if self._rows:
-                self._batch.extend(new_batch)
-                logits = torch.cat([logits, new_logits], dim=0)
-            else:
-                self._batch, logits = new_batch, new_logits
-            self._rows.extend(new_rows)
+            with self._lora_rows(slots):
+                new_logits = self._batch.admit([r.prompt_ids for r in admitted], copies,
+                                               [r.vision for r in admitted])
+            self._rows.extend(self._new_row(req, i, slot) for req, slot in zip(admitted, slots)
+                              for i in range(req.params.n))
+            logits = new_logits if logits is None else torch.cat([logits, new_logits], dim=0)
             self.peak_rows = max(self.peak_rows, len(self._rows))
         self._sample_and_emit(logits)
+
+    def _new_batch(self):
+        """An empty running batch on the rollout's runner: unpacked linears under LoRA slots (their
+        hooks add each row's adapter), packed for max_rows rows otherwise."""
+        from rlctl.serve.batch import LiveBatch
+
+        return LiveBatch(self.model, pad_id=self.pad_id, context_length=self.context_length, rows_hint=self.max_rows,
+                         pack=self.adapters is None, vision=self.processor is not None)
 
     def _lora_rows(self, slots: list[int]):
         return self.adapters.lora.rows(slots) if self.adapters is not None else contextlib.nullcontext()
@@ -304,7 +303,7 @@ class Engine:
             if keep:
                 self._batch.keep(keep)
             else:
-                self._batch = None
+                self._batch.clear()
 
     def _advance(self, row: _Row, token: int, logprob: float | None) -> None:
         """Append one sampled token to a row and tell its request what changed."""
@@ -339,7 +338,8 @@ class Engine:
         failed.update({id(r): r for r in admitted})
         for request in failed.values():
             _abort(request, message, 500)
-        self._rows, self._batch = [], None
+        self._rows = []
+        self._batch.clear()
 
 
 def _abort(request: Request, message: str, status: int) -> None:

@@ -8,7 +8,7 @@ import time
 import pytest
 import torch
 
-from rlctl.serve.batch import DecodeBatch
+from rlctl.serve.batch import LiveBatch
 from rlctl.api.requests import Request, SamplingParams
 from rlctl.serve.engine import Engine
 
@@ -40,45 +40,52 @@ def _collect(req: Request, timeout: float = 60) -> list[tuple[str, str, int]]:
     return [(texts.get(i, ""), finish[i], tokens[i]) for i in range(req.params.n)]
 
 
-def test_padded_batch_gives_the_same_logits_as_one_row(engine):
-    """Left padding, joins and leaves must not move any row's logits (up to float rounding)."""
+@pytest.mark.parametrize("fast", [True, False], ids=["DecoderRunner", "HFCacheRunner"])
+def test_rows_joining_and_leaving_get_the_logits_of_one_whole_forward(engine, fast):
+    """Left padding, joins (a request's n choices as copies of its row), leaves and regroups (a
+    DecoderRunner with room for 3 tokens folds its rows' KV into prompts every 3 steps) must not
+    move any row's logits: each equals the model's own forward over that row's tokens so far."""
+    from rlctl.workers.rollout.decoder import DecoderRunner
+
     model = engine.model
     prompts = [[5, 6, 7, 8, 9], list(range(30, 42)), [100, 101, 102]]
-    feeds = torch.randint(0, 256, (3, 8), generator=torch.Generator().manual_seed(0))
+    feeds = torch.randint(0, 256, (4, 9), generator=torch.Generator().manual_seed(0))
+    batch = LiveBatch(model, pad_id=engine.pad_id, context_length=engine.context_length, rows_hint=4,
+                      fast=fast, room=3)
+    assert isinstance(batch.runner, DecoderRunner) == fast
+    logits = batch.admit(prompts[:2], [0, 1])
+    rows = {0: 0, 1: 1}                                # live row -> its prompt
+    seen = {0: [], 1: [], 2: [], 3: []}                # live row id -> [(tokens so far, logits)]
+    ids = {0: 0, 1: 1}                                 # live row -> row id
+    fed = {0: 0, 1: 0, 2: 0, 3: 0}
 
-    def alone(i, steps):
-        batch, logits = DecodeBatch.prefill(model, [prompts[i]], engine.pad_id)
-        out = [logits[0]]
-        for s in range(steps):
-            out.append(batch.decode(model, feeds[i, s:s + 1])[0])
-        return out
-
-    batch, logits = DecodeBatch.prefill(model, prompts[:2], engine.pad_id)
-    got = {0: [logits[0]], 1: [logits[1]], 2: []}
-    rows, pos = [0, 1], {0: 0, 1: 0, 2: 0}
+    def record(out):
+        for j, rid in enumerate(ids.values()):
+            seen[rid].append((prompts[rows[j]] + feeds[rid, :fed[rid]].tolist(), out[j]))
 
     def step():
-        tokens = torch.stack([feeds[r, pos[r]] for r in rows])
-        for r in rows:
-            pos[r] += 1
-        out = batch.decode(model, tokens)
-        for j, r in enumerate(rows):
-            got[r].append(out[j])
+        tokens = torch.stack([feeds[rid, fed[rid]] for rid in ids.values()])
+        for rid in ids.values():
+            fed[rid] += 1
+        record(batch.decode(tokens))
 
+    record(logits)
     step(); step()
-    late, late_logits = DecodeBatch.prefill(model, [prompts[2]], engine.pad_id)
-    batch.extend(late)
-    rows.append(2)
-    got[2].append(late_logits[0])
+    late = batch.admit([prompts[2]], [0, 0])           # one request, two choices, joins running rows
+    rows.update({2: 2, 3: 2})
+    ids.update({2: 2, 3: 3})
+    for j, rid in ((2, 2), (3, 3)):
+        seen[rid].append((prompts[2], late[j - 2]))
     step(); step(); step()
-    batch.keep([1, 2])  # row 0 leaves; its padding columns are trimmed
-    rows = [1, 2]
-    step()
-    assert batch.attention_mask.shape[0] == 2
-    for r in range(3):
-        reference = alone(r, len(got[r]) - 1)
-        for a, b in zip(reference, got[r]):
-            torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
+    batch.keep([1, 2, 3])                              # row 0 leaves
+    rows, ids = {0: 1, 1: 2, 2: 2}, {0: 1, 1: 2, 2: 3}
+    step(); step(); step(); step()
+    assert batch.size == 3 and batch.positions.tolist() == [12 + 9, 3 + 7, 3 + 7]
+    with torch.no_grad():
+        for rid, entries in seen.items():
+            for tokens, got in entries:
+                want = model(torch.tensor([tokens])).logits[0, -1]
+                torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
 
 
 def test_seeded_answer_is_the_same_alone_and_inside_a_changing_batch(engine):

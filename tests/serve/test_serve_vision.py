@@ -32,7 +32,7 @@ def test_engine_decodes_images_as_generate_does(tiny_vlm_dir):
     from transformers import AutoModelForImageTextToText
 
     from rlctl.models.vision import load_processor
-    from rlctl.serve.batch import DecodeBatch
+    from rlctl.serve.batch import LiveBatch
     from rlctl.serve.engine import Engine
 
     processor = load_processor(tiny_vlm_dir)
@@ -55,16 +55,17 @@ def test_engine_decodes_images_as_generate_does(tiny_vlm_dir):
         return torch.stack([step[0] for step in out.logits])   # [6, V]
 
     # the same prompts prefilled together (left padded, mixed) and decoded step by step, greedily
-    batch, logits = DecodeBatch.prefill(model, [ids for ids, _ in prompts], engine.pad_id, [v for _, v in prompts])
+    batch = LiveBatch(model, pad_id=engine.pad_id, context_length=engine.context_length, rows_hint=3, vision=True)
+    logits = batch.admit([ids for ids, _ in prompts], [0, 1, 2], [v for _, v in prompts])
     steps = []
     for _ in range(6):
         steps.append(logits)
-        logits = batch.decode(model, logits.index_fill(-1, torch.tensor(engine.banned), float("-inf")).argmax(-1))
+        logits = batch.decode(logits.index_fill(-1, torch.tensor(engine.banned), float("-inf")).argmax(-1))
     got = torch.stack(steps, dim=1)   # [B, 6, V]
     for row, (ids, vision) in enumerate(prompts):
         want = reference(ids, vision)
         assert torch.allclose(got[row], want, atol=2e-5), (row, (got[row] - want).abs().max())
-    assert batch.offsets.view(-1).tolist()[2] == 0 and batch.offsets.view(-1).tolist()[0] < 0
+    assert batch.runner.deltas.tolist()[2] == 0 and batch.runner.deltas.tolist()[0] < 0
 
 
 @pytest.fixture(scope="module")

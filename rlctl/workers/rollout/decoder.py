@@ -5,10 +5,13 @@ submodules (norms, projections, MLP), so LoRA layers and the trained weights are
 are, but owns the parts that cost time in HF's forward: one preallocated KV buffer written in
 place, RoPE tables computed once, GQA decode attention without repeating K/V, no mask building,
 and on CPU the plain linear layers packed once per generate (rlctl.workers.rollout.packed).
-`HFCacheRunner` is the fallback for any other architecture: HF forward with a DynamicCache.
+`HFCacheRunner` (rlctl.workers.rollout.hf_cache) is the fallback for any other architecture: HF
+forward with a DynamicCache. `make_runner` picks one.
 
 Both share one protocol: prefill(prompt batch) -> last logits; decode(tokens) -> logits;
-select(rows) keeps only those rows (finished sequences stop costing compute).
+select(rows) keeps only those rows (finished sequences stop costing compute). Continuous batching
+(rlctl serve, rlctl eval: rows join and leave between steps) adds rows_state(rows) -> those rows'
+KV so far, load_rows(states) -> those rows are the live ones, and wants_regroup().
 """
 
 from __future__ import annotations
@@ -18,7 +21,8 @@ import math
 import torch
 import torch.nn.functional as F
 
-from rlctl.models.loading import cache_of, with_cache
+from rlctl.models.anatomy import causal_lm_parts, llama_layout
+from rlctl.workers.rollout.hf_cache import HFCacheRunner, join_left
 from rlctl.workers.rollout.packed import FusedLinear, linear_or_module
 
 
@@ -52,7 +56,7 @@ class DecoderRunner:
     scatter into the prompts' layout.
     """
 
-    def __init__(self, lm: torch.nn.Module, max_new_tokens: int):
+    def __init__(self, lm: torch.nn.Module, max_new_tokens: int, *, rows_hint: int | None = None, pack: bool = True):
         self.lm, self.core = lm, lm.model
         self.layers = list(self.core.layers)
         cfg, attn = lm.config, self.layers[0].self_attn
@@ -65,11 +69,26 @@ class DecoderRunner:
         self.dtype, self.device = kv_dtype(weight), weight.device
         # the linears' dtype as autocast would run them: it casts float32 weights only
         self.linear_dtype = self.dtype if weight.dtype == torch.float32 else weight.dtype
+        # the linears are packed once per runner (the first prefill), for rows_hint rows (else
+        # that prefill's rows); pack=False keeps every module's own forward (and its hooks: LoRA slots)
+        self.rows_hint, self.pack, self.proj = rows_hint, pack, None
 
     def _allocate(self, batch: int, n: int, plen: int) -> None:
         layers, kv, dim = len(self.layers), self.kv_heads, self.head_dim
         new = dict(dtype=self.dtype, device=self.device)
         self.kp, self.vp = (torch.empty(layers, batch, kv, plen, dim, **new) for _ in range(2))
+        self._allocate_generated(batch, n, plen)
+        if self.proj is None:
+            rows = self.rows_hint or batch * n
+            # q_norm would undo a scale folded into q's weights
+            self.proj = [_Projections(layer, self.linear_dtype, rows, fold_q_scale=not self.has_qk_norm,
+                                      pack=self.pack) for layer in self.layers]
+            self.head = linear_or_module([self.lm.lm_head], self.linear_dtype, rows, self.pack)
+
+    def _allocate_generated(self, batch: int, n: int, plen: int) -> None:
+        """Room for max_new generated tokens of batch * n rows after prompts of width plen."""
+        layers, kv, dim = len(self.layers), self.kv_heads, self.head_dim
+        new = dict(dtype=self.dtype, device=self.device)
         self.kg = torch.empty(layers, batch * n, kv, dim, self.max_new, **new)
         self.vg = torch.empty(layers, batch * n, kv, self.max_new, dim, **new)
         positions = torch.arange(plen + self.max_new, device=self.device).unsqueeze(0)
@@ -77,10 +96,12 @@ class DecoderRunner:
         self.cos, self.sin = cos[0], sin[0]  # [P + T, D]
         self.batch, self.n, self.generated = batch, n, 0
         self.slot, self.in_order = torch.arange(batch * n, device=self.device), True
-        # q_norm would undo a scale folded into q's weights
-        self.proj = [_Projections(layer, self.linear_dtype, batch * n, fold_q_scale=not self.has_qk_norm)
-                     for layer in self.layers]
-        self.head = linear_or_module([self.lm.lm_head], self.linear_dtype, batch * n)
+
+    def _set_prompt(self, valid: torch.Tensor) -> None:
+        """The prompts' real columns [B, C] and the attention bias that hides the others."""
+        self.prompt_valid = valid
+        zero = torch.zeros((), dtype=self.dtype, device=self.device)
+        self.prompt_bias = torch.where(valid, zero, float("-inf")).view(valid.shape[0], 1, 1, valid.shape[1])
 
     def prefill(self, input_ids: torch.Tensor, valid: torch.Tensor, n: int,
                 past: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
@@ -95,10 +116,7 @@ class DecoderRunner:
         cached = 0 if past is None else past[2].shape[1]
         before = 0 if past is None else past[2].sum(-1, keepdim=True)   # [B, 1] real past tokens
         self._allocate(batch, n, cached + plen)
-        everything = valid if past is None else torch.cat([past[2], valid], dim=-1)
-        self.prompt_valid = everything
-        zero = torch.zeros((), dtype=self.dtype, device=self.device)
-        self.prompt_bias = torch.where(everything, zero, float("-inf")).view(batch, 1, 1, cached + plen)
+        self._set_prompt(valid if past is None else torch.cat([past[2], valid], dim=-1))
         positions = (valid.long().cumsum(-1) - 1).clamp(min=0) + before
         cos, sin = self.cos[positions].unsqueeze(1), self.sin[positions].unsqueeze(1)  # [B,1,P,D]
         idx = torch.arange(plen, device=self.device)
@@ -210,6 +228,30 @@ class DecoderRunner:
         self.slot = self.slot[keep]
         self.in_order = False
 
+    # ---- continuous batching (rlctl serve): rows join and leave between steps -------------------
+    def rows_state(self, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Live rows `rows` (indices into the live rows; repeats copy a row) as prompts: each row's
+        prompt ++ its generated tokens, left-padded: keys, values [layers, R, kv, W, D], valid [R, W]."""
+        prompts, g = self.slot[rows] // self.n, self.generated
+        keys = torch.cat([self.kp[:, prompts], self.kg[:, rows, :, :, :g].transpose(-1, -2)], dim=3)
+        values = torch.cat([self.vp[:, prompts], self.vg[:, rows, :, :g]], dim=3)
+        valid = torch.cat([self.prompt_valid[prompts], self.prompt_valid.new_ones(len(rows), g)], dim=1)
+        return keys, values, valid
+
+    def load_rows(self, states: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]) -> None:
+        """The live rows become those of `states` (rows_state's), in order, their tokens so far
+        held as prompts (n = 1): room for max_new more tokens each, prompt padding trimmed."""
+        valid, start = join_left([s[2] for s in states], 1)
+        self.kp = join_left([s[0] for s in states], 3, start, rows=1)[0]
+        self.vp = join_left([s[1] for s in states], 3, start, rows=1)[0]
+        self._set_prompt(valid)
+        self._allocate_generated(valid.shape[0], 1, valid.shape[1])
+
+    def wants_regroup(self) -> bool:
+        """A regroup (load_rows of the live rows) is due: no room for another token, or most
+        prompts in the cache belong to rows that left (attention still reads them)."""
+        return self.generated >= self.max_new or 2 * len(self.slot) <= self.batch * self.n
+
 
 class _Projections:
     """One decoder layer's linear layers as the runner calls them: qkv(x) -> (q, k, v),
@@ -221,18 +263,19 @@ class _Projections:
     power of two, as 1/8 for head_dim 64: the scores are then bitwise the unscaled ones times it);
     q_scale is what attention must still apply (1.0 when folded, else the attention scale)."""
 
-    def __init__(self, layer: torch.nn.Module, dtype: torch.dtype, rows: int, fold_q_scale: bool = False):
+    def __init__(self, layer: torch.nn.Module, dtype: torch.dtype, rows: int, fold_q_scale: bool = False,
+                 pack: bool = True):
         attn, mlp = layer.self_attn, layer.mlp
         modules, scale = [attn.q_proj, attn.k_proj, attn.v_proj], float(attn.scaling)
         folded = (FusedLinear.of(modules, dtype, rows, row_scale=(scale, 1.0, 1.0))
-                  if fold_q_scale and _power_of_two(scale) else None)
-        self.qkv = folded if folded is not None else linear_or_module(modules, dtype, rows)
+                  if pack and fold_q_scale and _power_of_two(scale) else None)
+        self.qkv = folded if folded is not None else linear_or_module(modules, dtype, rows, pack)
         self.q_scale = 1.0 if folded is not None else scale
-        self.o = linear_or_module([attn.o_proj], dtype, rows)
+        self.o = linear_or_module([attn.o_proj], dtype, rows, pack)
         self.mlp = mlp
         if all(hasattr(mlp, a) for a in ("gate_proj", "up_proj", "down_proj", "act_fn")):
-            gate_up = linear_or_module([mlp.gate_proj, mlp.up_proj], dtype, rows)
-            down, act = linear_or_module([mlp.down_proj], dtype, rows), mlp.act_fn
+            gate_up = linear_or_module([mlp.gate_proj, mlp.up_proj], dtype, rows, pack)
+            down, act = linear_or_module([mlp.down_proj], dtype, rows, pack), mlp.act_fn
 
             def gated(x: torch.Tensor) -> torch.Tensor:
                 gate, up = gate_up(x)
@@ -252,49 +295,23 @@ def _power_of_two(factor: float) -> bool:
     return factor > 0 and math.frexp(factor)[0] == 0.5
 
 
-class HFCacheRunner:
-    """Any HF causal LM: its own forward with a DynamicCache (slower, but always right).
+def make_runner(model: torch.nn.Module, max_new_tokens: int, max_len: int, *, fast: bool = True,
+                vision: bool = False, **options) -> "DecoderRunner | HFCacheRunner":
+    """The runner for `model`: DecoderRunner for a Llama-style text model (options: its rows_hint,
+    pack), HF forward otherwise (or when not `fast`)."""
+    lm = causal_lm_parts(model)
+    if fast and not vision and llama_layout(lm, max_len):
+        return DecoderRunner(lm, max_new_tokens, **options)
+    return HFCacheRunner(model)
 
-    A vision-language model gets `vision` at prefill (rlctl.workers.compute.vision.engine_vision: the
-    prompts' pixel_values, image_grid_thw, M-RoPE positions [3, B, P] and deltas [B]); decode then
-    places token t of a row at prompt_len + t + delta on all three M-RoPE axes, as the model does."""
 
-    def __init__(self, model: torch.nn.Module):
-        self.model = model
-        self.cache = None
-        self.mask = None
-        self.deltas = None   # [rows] M-RoPE offset of each live row (vision models), else None
-
-    def prefill(self, input_ids: torch.Tensor, valid: torch.Tensor, n: int, vision: dict | None = None) -> torch.Tensor:
-        from transformers import DynamicCache
-
-        self.cache = DynamicCache()
-        mask = valid.long()
-        positions = (mask.cumsum(-1) - 1).clamp(min=0)
-        extra = {}
-        if vision is not None:
-            positions = vision["position_ids"]
-            extra = {k: vision[k] for k in ("pixel_values", "image_grid_thw") if k in vision}
-            self.deltas = vision["deltas"].repeat_interleave(n)
-        out = self.model(input_ids=input_ids, attention_mask=mask, position_ids=positions,
-                         **with_cache(self.model, self.cache), use_cache=True, logits_to_keep=1, **extra)
-        self.cache = cache_of(out)
-        self.cache.batch_repeat_interleave(n)
-        self.mask = mask.repeat_interleave(n, dim=0)
-        return out.logits[:, -1]
-
-    def decode(self, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        self.mask = torch.cat([self.mask, self.mask.new_ones(self.mask.shape[0], 1)], dim=-1)
-        positions = positions.unsqueeze(-1)
-        if self.deltas is not None:
-            positions = (positions + self.deltas.unsqueeze(-1)).unsqueeze(0).expand(3, -1, -1)
-        out = self.model(input_ids=tokens.unsqueeze(-1), attention_mask=self.mask,
-                         position_ids=positions, **with_cache(self.model, self.cache), use_cache=True)
-        self.cache = cache_of(out)
-        return out.logits[:, -1]
-
-    def select(self, keep: torch.Tensor) -> None:
-        self.cache.batch_select_indices(keep)
-        self.mask = self.mask[keep]
-        if self.deltas is not None:
-            self.deltas = self.deltas[keep]
+def left_pad(prompt_ids: list[list[int]], pad_id: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Prompts -> input_ids [B, P] left-padded with pad_id and valid [B, P] (True = real token).
+    Left padding lines every prompt's last token up in column P-1, where decoding continues."""
+    plen = max(len(p) for p in prompt_ids)
+    input_ids = torch.full((len(prompt_ids), plen), pad_id, dtype=torch.long)
+    valid = torch.zeros((len(prompt_ids), plen), dtype=torch.bool)
+    for row, ids in enumerate(prompt_ids):
+        input_ids[row, plen - len(ids):] = torch.as_tensor(ids, dtype=torch.long)
+        valid[row, plen - len(ids):] = True
+    return input_ids.to(device), valid.to(device)

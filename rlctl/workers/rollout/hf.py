@@ -36,14 +36,13 @@ import numpy as np
 import torch
 
 from rlctl.errors import UsageError
-from rlctl.models.anatomy import causal_lm_parts, llama_layout
 from rlctl.workers.compute.vision import (POSITION_IDS, ban_placeholders, engine_vision, placeholder_ids,
                                           rollout_positions)
 from rlctl.workers.parallel.fsdp import whole_weights
 from rlctl.workers.rollout.base import (RESPONSE_LENGTH, RESPONSE_MASK, RESPONSES,
                                         TRUNCATED, RolloutEngine, check_sampling_args)
 from rlctl.workers.rollout import grammar
-from rlctl.workers.rollout.decoder import DecoderRunner, HFCacheRunner
+from rlctl.workers.rollout.decoder import DecoderRunner, left_pad, make_runner
 from rlctl.workers.rollout.token_sampling import sample_tokens
 
 
@@ -125,7 +124,7 @@ class HFRolloutEngine(RolloutEngine):
         runner = self._runner(max_new_tokens, plen_max + max_new_tokens, vision=images is not None)
         keep_kv = self.reuse_kv and isinstance(runner, DecoderRunner) and kv_store is not None
         past, new_ids = self._take_past(prompt_ids, kv_lookup if keep_kv else None, device)
-        input_ids, valid = _left_pad(new_ids, self.pad_token_id, device)
+        input_ids, valid = left_pad(new_ids, self.pad_token_id, device)
         rows = len(prompt_ids) * n
         self._positions = None
         if images is not None:   # M-RoPE positions computed once, here, and returned with the rows
@@ -250,10 +249,7 @@ class HFRolloutEngine(RolloutEngine):
                                               values=torch.cat([pv, gv[:, :, :length - 1]], dim=2))
 
     def _runner(self, max_new_tokens: int, max_len: int, vision: bool = False):
-        lm = causal_lm_parts(self.model)
-        if self.fast and not vision and llama_layout(lm, max_len):
-            return DecoderRunner(lm, max_new_tokens)
-        return HFCacheRunner(self.model)
+        return make_runner(self.model, max_new_tokens, max_len, fast=self.fast, vision=vision)
 
     def update_weights(self, weights: Mapping[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]] | None = None) -> None:
         """Shared module: a no-op (the engine runs the trainer's module, always the live weights).
@@ -328,18 +324,6 @@ class KVEntry:
 
     def __init__(self, ids: tuple, keys: torch.Tensor, values: torch.Tensor):
         self.ids, self.keys, self.values = ids, keys, values
-
-
-def _left_pad(prompt_ids: list[list[int]], pad_id: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """Prompts -> input_ids [B, P] left-padded with pad_id and valid [B, P] (True = real token).
-    Left padding lines every prompt's last token up in column P-1, where decoding continues."""
-    plen = max(len(p) for p in prompt_ids)
-    input_ids = torch.full((len(prompt_ids), plen), pad_id, dtype=torch.long)
-    valid = torch.zeros((len(prompt_ids), plen), dtype=torch.bool)
-    for row, ids in enumerate(prompt_ids):
-        input_ids[row, plen - len(ids):] = torch.as_tensor(ids, dtype=torch.long)
-        valid[row, plen - len(ids):] = True
-    return input_ids.to(device), valid.to(device)
 
 
 def _to_numpy(responses: torch.Tensor, lengths: torch.Tensor, eos_token_ids: list[int]) -> dict[str, np.ndarray]:

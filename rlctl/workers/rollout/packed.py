@@ -72,10 +72,10 @@ def _scaled(t: torch.Tensor, factor: float) -> torch.Tensor:
     return t if factor == 1.0 else t * factor
 
 
-def linear_or_module(modules: Sequence[torch.nn.Module], dtype: torch.dtype, rows_hint: int):
+def linear_or_module(modules: Sequence[torch.nn.Module], dtype: torch.dtype, rows_hint: int, pack: bool = True):
     """A callable x -> the modules' outputs (a tuple for several): packed where FusedLinear.of
-    allows, else the modules' own forwards."""
-    packed = FusedLinear.of(modules, dtype, rows_hint)
+    allows (and `pack`), else the modules' own forwards."""
+    packed = FusedLinear.of(modules, dtype, rows_hint) if pack else None
     if packed is not None:
         return packed
     if len(modules) == 1:
