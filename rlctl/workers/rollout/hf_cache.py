@@ -84,17 +84,24 @@ class HFCacheRunner:
 
 
 def join_left(parts: list[torch.Tensor], dim: int, start: int | None = None, rows: int = 0) -> tuple[torch.Tensor, int]:
-    """Row blocks joined along dim `rows`, each left-padded with zeros along `dim` to the widest,
-    then cut from column `start`; for masks [R, W] (dim 1) start None finds it: the first column
-    that is real in any row. Returns the joined tensor and that start."""
+    """Row blocks joined along dim `rows`, each right-aligned along `dim` in the widest's width (zeros
+    to its left), from column `start` of that width on; for masks [R, W] (dim 1) start None finds
+    it: the first column that is real in any row. Returns the joined tensor and that start. One
+    copy of each part into the result (this runs on every admission of a server's requests)."""
     width = max(p.shape[dim] for p in parts)
-    padded = []
-    for p in parts:
-        shape = list(p.shape)
-        shape[dim] = width - p.shape[dim]
-        padded.append(torch.cat([p.new_zeros(shape), p], dim=dim) if shape[dim] else p)
-    joined = torch.cat(padded, dim=rows)
     if start is None:
-        used = joined.bool().any(0).nonzero()
-        start = int(used[0]) if len(used) else width
-    return joined.narrow(dim, start, width - start).contiguous(), start
+        firsts = [width - p.shape[dim] + int(used[0]) for p in parts
+                  if len(used := p.bool().any(0).nonzero())]
+        start = min(firsts, default=width)
+    shape = list(parts[0].shape)
+    shape[dim], shape[rows] = width - start, sum(p.shape[rows] for p in parts)
+    out = parts[0].new_zeros(shape)
+    row = 0
+    for p in parts:
+        offset = width - p.shape[dim]                  # where the part's column 0 lands
+        skip = max(0, start - offset)                  # its columns left of `start`
+        cols = p.shape[dim] - skip
+        target = out.narrow(rows, row, p.shape[rows]).narrow(dim, shape[dim] - cols, cols)
+        target.copy_(p.narrow(dim, skip, cols))
+        row += p.shape[rows]
+    return out, start
