@@ -155,8 +155,10 @@ class AsyncRollout:
         timing: dict = {}
         if self.plan.push_due(step):
             with phase(timing, "sync_weights"):
-                self.push = self.group.submit("update_weights", self.setup.actor.export_weights(), version=step)
+                weights = self.setup.actor.export_weights()
+                self.push = self.group.submit("update_weights", weights, version=step)
                 self.plan.pushed = step
+            timing.update(rollout.push_metrics(timing, weights))
             self.fill()
             for _ in range(self.extra_rounds if self.pool_rows else 0):
                 self.generate(None, 0)   # partial: continue the long samples while the trainer trains

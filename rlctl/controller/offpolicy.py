@@ -73,21 +73,25 @@ class OneStepOff:
         if saved is not None and saved["step"] == first_step:
             self.pending = (first_step, Batch(saved["tensors"], saved["meta"]))
 
-    def push_weights(self, version: int) -> None:
+    def push_weights(self, version: int) -> dict:
         """The actor's trained weights (after `version` updates) to every rollout rank, no disk:
         rank 0 of the actor returns numpy arrays, put once in the object store for all ranks
         (the worker group puts a dict argument of an ALL call there). next() waits for it (a
         failed push surfaces there) before the next push. A multi-turn batch in flight finishes its
-        turns first: the group runs each call in order, and new weights must not land between turns."""
+        turns first: the group runs each call in order, and new weights must not land between turns.
+        Returns what was pushed (the adapter alone with model.lora.sync = "adapter")."""
         if self.turns is not None and self.pending is not None:
             self._wait()
-        self.push = self.group.submit("update_weights", self.setup.actor.export_weights(), version=version)
+        weights = self.setup.actor.export_weights()
+        self.push = self.group.submit("update_weights", weights, version=version)
+        return weights
 
     def after_update(self, step: int) -> dict:
         timing: dict = {}
         if step < self.setup.total_steps:   # the last update has no next batch to generate
             with phase(timing, "sync_weights"):
-                self.push_weights(step)
+                weights = self.push_weights(step)
+            timing.update(rollout.push_metrics(timing, weights))
         return timing
 
     def next(self, step: int) -> tuple[Batch, dict]:

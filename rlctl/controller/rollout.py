@@ -164,6 +164,15 @@ def weight_sync_metrics(so_far: dict, meta: dict) -> dict:
     return out
 
 
+def push_metrics(timing: dict, weights: dict) -> dict:
+    """perf/weight_sync_s and perf/weight_sync_mb of a push to the separate rollout group: the export
+    (gathers, LoRA merged or the adapter alone) and the object-store put, as timed under
+    timing/sync_weights_s; the rollout ranks load it while the trainer goes on."""
+    from rlctl.workers.rollout.adapter_sync import push_mb
+
+    return {"perf/weight_sync_s": timing["timing/sync_weights_s"], "perf/weight_sync_mb": push_mb(weights)}
+
+
 def training_batch(setup, rounds: list[Batch], groups: int) -> Batch:
     """Dynamic sampling's kept rounds as the step's batch: its first `groups` groups, as many as every
     worker can train the same number of rows of; agent episodes in whole groups of however many rows,

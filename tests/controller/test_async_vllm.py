@@ -9,7 +9,9 @@ What the runs prove:
     from the trainer's by the staleness (rollout/logprob_diff_*) by far more: an engine that missed
     a push would sample from weights a version or more old and show that gap instead;
   - partial rollouts continue samples across pushes (tokens of two versions in one row), and resume
-    from a checkpoint whose pool holds unfinished samples reproduces the run, metrics and weights.
+    from a checkpoint whose pool holds unfinished samples reproduces the run, metrics and weights;
+  - the whole-batch run trains LoRA with model.lora.sync = "adapter": only the adapter travels
+    (perf/weight_sync_mb), vLLM loads it as policy-v<N>, and the engine check above holds the same.
 
 The model is 2 x 64 with 2 heads (head size 32, which vLLM's CPU attention runs). Skipped without
 vllm; a failure under CI=true.
@@ -70,14 +72,18 @@ def check_bound_and_pushes(run: Path) -> list[dict]:
     return got
 
 
-def test_whole_batch_async_with_vllm_keeps_the_bound_and_the_engine_follows_every_push(
+def test_whole_batch_async_lora_with_vllm_keeps_the_bound_and_the_engine_follows_every_adapter_push(
         tmp_path, vllm_small_model_dir, arith_data, ray_cluster):
     run = train(tmp_path / "whole", vllm_small_model_dir, arith_data, [
-        "rollout.sync_every=2", "run.total_steps=5", "run.save_every=0"])
+        "rollout.sync_every=2", "run.total_steps=5", "run.save_every=0",
+        "model.lora.rank=8", "model.lora.alpha=16", "model.lora.sync=adapter"])
     got = check_bound_and_pushes(run)
     assert [r["step"] for r in got] == [1, 2, 3, 4, 5]
-    assert ["timing/sync_weights_s" in json.loads(line) for line in (run / "metrics.jsonl").open()] == \
-        [False, True, False, True, False]   # every rollout.sync_every = 2 updates
+    logged = [json.loads(line) for line in (run / "metrics.jsonl").open()]
+    assert ["timing/sync_weights_s" in r for r in logged] == [False, True, False, True, False]   # every 2 updates
+    params_mb = sum(p.stat().st_size for p in vllm_small_model_dir.glob("*.safetensors")) / 1e6
+    sent = [r["perf/weight_sync_mb"] for r in logged if "perf/weight_sync_mb" in r]
+    assert len(sent) == 2 and all(0 < mb < 0.2 * params_mb for mb in sent), (sent, params_mb)   # the adapter alone
 
 
 def test_partial_rollouts_with_vllm_continue_across_pushes_and_resume_exactly(

@@ -178,16 +178,14 @@ class ActorRolloutRefWorker:
 
     @register(Dispatch.RANK0)
     def export_weights(self) -> dict | None:
-        """The trained weights as a separate rollout group loads them (one_step_off): HF names,
-        LoRA merged, tied embeddings once (the stream vLLM/SGLang get), as numpy arrays for the
-        object store. Every rank joins the gathers; rank 0 returns them (the others None)."""
-        from rlctl.workers.rollout.weights import engine_weights
+        """The trained weights as a separate rollout group loads them (one_step_off, async): HF names,
+        LoRA merged, tied embeddings once (the stream vLLM/SGLang get), or with model.lora.sync =
+        "adapter" the adapter alone, as numpy arrays for the object store (rlctl.workers.rollout.
+        adapter_sync.export_push). Every rank joins the gathers; rank 0 returns them (the others None)."""
+        from rlctl.workers.rollout.adapter_sync import adapter_sync_on, export_push
 
-        out = {}
-        for name, tensor in engine_weights(self.actor.module):
-            if self.rank == 0:
-                out[name] = tensor.detach().to("cpu", torch.float32).numpy()
-        return out if self.rank == 0 else None
+        module = self.actor.module
+        return export_push(module, self.cfg, rank=self.rank, adapter=adapter_sync_on(self.cfg, module))
 
     def _pad_id(self) -> int:
         return pad_token_id(self.tokenizer, self.eos_ids)

@@ -5,7 +5,8 @@ full copy of the policy and the `hf` engine generating with it, or with rollout.
 vLLM engine of its own beside that copy (which then only gives the log-probs). The actor pushes its trained
 weights after each update (`ActorRolloutRefWorker.export_weights` -> object store ->
 `update_weights`: HF names, LoRA merged, numpy arrays, no disk), the same stream the vLLM and
-SGLang engines load. Every batch it returns is tagged with the version of the weights that
+SGLang engines load; with model.lora.sync = "adapter" only the adapter travels, into a copy that
+is the base plus a peft adapter and into the vLLM engine's LoRA slot. Every batch it returns is tagged with the version of the weights that
 generated it, and carries those weights' log-probs of the sampled tokens (`rollout_log_prob`),
 which rollout correction and the drift metrics compare with the trainer's. With an engine of its
 own, each generation also says how far that engine's log-probs of its samples are from the
@@ -37,6 +38,7 @@ import time
 import numpy as np
 import torch
 
+from rlctl.errors import CheckpointError
 from rlctl.models.loading import policy_tokenizer
 from rlctl.runtime import Batch, Dispatch, register
 from rlctl.runtime.policy import rollout_batch
@@ -60,6 +62,20 @@ def engine_copy_drift_rows(engine_log_prob: np.ndarray | None, copy_log_prob: np
     return {"engine_diff_sum": diff.sum(axis=1), "engine_diff_max": diff.max(axis=1, initial=0.0)}
 
 
+def _policy_copy(config) -> tuple[torch.nn.Module, bool]:
+    """This rank's float32 copy of the policy, and whether the actor pushes it adapters
+    (model.lora.sync = "adapter": the base with a peft adapter of the run's shape, which the pushes
+    fill) rather than merged weights (a plain model)."""
+    from rlctl.workers.compute.lora import adapted_modules
+    from rlctl.workers.compute.models import apply_lora
+    from rlctl.workers.rollout.adapter_sync import adapter_sync_on
+
+    model, lora = load_causal_lm(config.model), config.model.lora
+    if lora.rank == 0 or not adapter_sync_on(config, model, adapted_modules(model, lora.target_modules)):
+        return model, False
+    return apply_lora(model, lora), True
+
+
 class RolloutWorker:
     """The policy's generator on one rollout rank. `config`: rlctl.config.schema.Config, paths resolved."""
 
@@ -71,7 +87,8 @@ class RolloutWorker:
         self.rank, _ = fsdp.rank_and_world()
         self.device = fsdp.device()
         # float32 master copy, like the actor's; model.dtype applies as autocast, as on one actor rank
-        self.model = load_causal_lm(config.model).to(self.device)
+        self.model, self.adapter_sync = _policy_copy(config)
+        self.model = self.model.to(self.device)
         self.model.requires_grad_(False)
         self.model.eval()
         self.dtype = fsdp.resolve_dtype(config.model.dtype)
@@ -94,7 +111,8 @@ class RolloutWorker:
         from rlctl.workers.rollout.gpu import GPUEngineSpec
         from rlctl.workers.rollout.registry import make_rollout_engine
 
-        spec = GPUEngineSpec.from_config(config, str(self.dtype).removeprefix("torch."))
+        spec = GPUEngineSpec.from_config(config, str(self.dtype).removeprefix("torch."),
+                                         lora_rank=config.model.lora.rank if self.adapter_sync else 0)
         return make_rollout_engine(config.rollout.engine, None, spec=spec, pad_token_id=self.pad,
                                    eos_token_ids=self.eos_ids)
 
@@ -107,21 +125,38 @@ class RolloutWorker:
 
     @register(Dispatch.ALL)
     def update_weights(self, weights: dict, *, version: int) -> int:
-        """Load the actor's weights (HF name -> numpy array) pushed after update `version`."""
-        self.copy.update_weights(weights)
-        if self.engine is not self.copy:
-            self.engine.update_weights((name, torch.from_numpy(value)) for name, value in weights.items())
+        """Load the actor's weights (HF name -> numpy array), or with adapter sync its adapter
+        (rlctl.workers.rollout.adapter_sync.export_push), pushed after update `version`."""
+        from rlctl.workers.rollout.adapter_sync import is_adapter_push, load_adapter
+
+        if is_adapter_push(weights) != self.adapter_sync:   # an async checkpoint of the other sync mode
+            kinds = ("merged weights", "an adapter")
+            raise CheckpointError(f"the rollout group holds {kinds[self.adapter_sync]} but was sent "
+                                  f"{kinds[not self.adapter_sync]}",
+                                  hint="resume with the model.lora.sync the run was saved with")
+        if self.adapter_sync:
+            load_adapter(self.model, weights["adapter"])
+            if self.engine is not self.copy:
+                tensors = {name: torch.from_numpy(value) for name, value in weights["adapter"].items()}
+                self.engine.update_adapter(tensors, weights["adapter_config"], int(version))
+        else:
+            self.copy.update_weights(weights)
+            if self.engine is not self.copy:
+                self.engine.update_weights((name, torch.from_numpy(value)) for name, value in weights.items())
         self.version = int(version)
         self.last_end = time.perf_counter()
         return self.version
 
     @register(Dispatch.RANK0)
     def export_weights(self) -> dict:
-        """The weights this rank generates with (HF name -> numpy), as `update_weights` takes them
-        (every rank holds the same copy)."""
-        from rlctl.workers.rollout.weights import engine_weights
+        """The weights this rank generates with (HF name -> numpy, or its adapter), as `update_weights`
+        takes them (every rank holds the same copy). Copies: the arrays outlive the next push."""
+        from rlctl.workers.rollout.adapter_sync import export_push
 
-        return {name: t.detach().to("cpu", torch.float32).numpy().copy() for name, t in engine_weights(self.model)}
+        out = export_push(self.model, self.cfg, rank=0, adapter=self.adapter_sync)
+        arrays = out["adapter"] if self.adapter_sync else out
+        arrays.update({name: value.copy() for name, value in arrays.items()})
+        return out
 
     @register(Dispatch.DP)
     def generate(self, batch: Batch, *, seed: int) -> Batch:

@@ -7,11 +7,16 @@ reads folders; in-memory loading needs a patch of its worker), written to tmpfs 
 temporary name and renamed into place, under a new adapter name per policy version: vLLM keys its
 prefix cache by adapter, so reusing one name would reuse KV computed with the old adapter.
 
+The separate rollout group of rollout.mode = "one_step_off" / "async" gets the same push through the
+object store (`export_push`: {"adapter": {PEFT name: numpy}, "adapter_config": {...}}): its float32
+copy is the base with a peft adapter of the run's shape (`load_adapter` copies the pushed tensors in),
+and its vLLM engine, if any, loads the adapter as above. One adapter at a time suffices there too:
+a rollout rank runs its calls one after another, so no generation is in flight when a push lands.
+
 Where the adapter cannot carry the update, the run pushes merged weights, and `rlctl config validate`
 (and the start of `rlctl train`) says so in one warning line (`refusal`): LoRA on embeddings or the
-output head, on MoE expert banks, on a vision-language model, a tensor-parallel vLLM engine, the
-SGLang engine, and the separate rollout group of rollout.mode = "one_step_off" / "async", whose
-copy and engine are loaded with merged weights.
+output head, on MoE expert banks, on a vision-language model, a tensor-parallel vLLM engine, and the
+SGLang engine.
 """
 
 from __future__ import annotations
@@ -37,8 +42,6 @@ def config_refusal(config) -> str | None:
     rc = config.rollout
     if config.model.lora.rank == 0 or config.model.lora.sync != "adapter":
         return None
-    if rc.mode != "sync":
-        return f"rollout.mode = {rc.mode!r}: the separate rollout group loads merged weights"
     if rc.engine == "sglang":
         return "the sglang engine takes merged weights here"
     if rc.engine == "vllm" and rc.tensor_parallel_size > 1:
@@ -73,13 +76,63 @@ def adapter_tensors(model: torch.nn.Module, dtype: torch.dtype | None = None) ->
     """(PEFT file name, whole tensor) of every lora_A / lora_B weight: `base_model.model.<module>.lora_A.weight`,
     as peft's save_pretrained names them. FSDP2 shards are gathered: call on every rank, same order."""
     for name, param in model.named_parameters():
-        if ".lora_A." not in name and ".lora_B." not in name:
+        if (out := _peft_file_name(name)) is None:
             continue
-        stem, _, rest = name.rpartition(".lora_")
-        out = "base_model.model." + hf_name(stem) + ".lora_" + rest.split(".")[0] + ".weight"
         tensor = param.detach()
         tensor = tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor
         yield out, tensor.to(dtype) if dtype is not None else tensor
+
+
+def _peft_file_name(name: str) -> str | None:
+    """A trained module's lora_A / lora_B parameter name -> its PEFT file name (None: not one)."""
+    if ".lora_A." not in name and ".lora_B." not in name:
+        return None
+    stem, _, rest = name.rpartition(".lora_")
+    return "base_model.model." + hf_name(stem) + ".lora_" + rest.split(".")[0] + ".weight"
+
+
+def load_adapter(model: torch.nn.Module, tensors: dict) -> None:
+    """Copy a pushed adapter ({PEFT file name: tensor or numpy}, as `adapter_tensors` names them) into
+    the peft `model`'s own lora_A / lora_B; a name it lacks, or one of its adapter weights left
+    unset, is an error (the actor and the rollout group built different adapters)."""
+    from rlctl.errors import UsageError
+
+    params = {out: p for name, p in model.named_parameters() if (out := _peft_file_name(name)) is not None}
+    if set(params) != set(tensors):
+        odd = sorted(set(params) ^ set(tensors))[0]
+        raise UsageError(f"the pushed adapter and the rollout group's differ ({odd})",
+                         hint="the actor and the rollout group must build the adapter from the same model.lora")
+    with torch.no_grad():
+        for name, value in tensors.items():
+            params[name].copy_(torch.as_tensor(value))
+
+
+def is_adapter_push(weights) -> bool:
+    """Whether a push to the separate rollout group is `export_push`'s adapter form (else: HF name -> array)."""
+    return isinstance(weights, dict) and "adapter_config" in weights
+
+
+def export_push(model: torch.nn.Module, config, *, rank: int, adapter: bool) -> dict | None:
+    """What the separate rollout group loads after an update, as numpy for the object store: the
+    adapter ({"adapter": {PEFT name: array}, "adapter_config": {...}}) or every weight merged (HF name
+    -> array, rlctl.workers.rollout.weights.engine_weights). Every rank joins the gathers; rank 0
+    returns the push (the others None)."""
+    from rlctl.workers.rollout.weights import engine_weights
+
+    out = {}
+    for name, tensor in adapter_tensors(model) if adapter else engine_weights(model):   # every rank: the gathers
+        if rank == 0:
+            out[name] = tensor.detach().to("cpu", torch.float32).numpy()
+    if rank != 0:
+        return None
+    return {"adapter": out, "adapter_config": adapter_config(model, config.model.lora, config.model.path)} \
+        if adapter else out
+
+
+def push_mb(weights: dict) -> float:
+    """10^6 bytes of arrays in a push to the separate rollout group (either form)."""
+    arrays = weights["adapter"] if is_adapter_push(weights) else weights
+    return sum(a.nbytes for a in arrays.values()) / 1e6
 
 
 def adapter_config(model: torch.nn.Module, lora_cfg, base_path: str) -> dict:
@@ -110,12 +163,13 @@ def write_adapter(root: Path, name: str, tensors: dict[str, torch.Tensor], confi
     return final
 
 
-def adapter_sync_on(config, model: torch.nn.Module) -> bool:
+def adapter_sync_on(config, model: torch.nn.Module, targets: list[str] | None = None) -> bool:
     """Whether this run pushes the adapter alone to an engine with its own weights (the trainer's
-    `model`: the same refusals validate reported, so the run does what validate said)."""
+    peft `model`, or a plain one with `targets`, as `model_refusal` takes them: the same refusals
+    validate reported, so the run does what validate said)."""
     lora = config.model.lora
     return (lora.rank > 0 and lora.sync == "adapter" and config_refusal(config) is None
-            and model_refusal(model) is None)
+            and model_refusal(model, targets) is None)
 
 
 def push_weights(engine, model: torch.nn.Module, config, *, adapter: bool, version: int,

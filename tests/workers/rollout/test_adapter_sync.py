@@ -92,7 +92,6 @@ def test_the_adapter_cannot_carry_lora_on_the_head_or_expert_banks(tiny_model_di
 
 @pytest.mark.parametrize("overrides, why", [
     (["rollout.engine=sglang"], "sglang engine takes merged weights"),
-    (["rollout.engine=vllm", "rollout.mode=one_step_off"], "separate rollout group loads merged weights"),
     (["rollout.engine=vllm", 'model.lora.target_modules=["q_proj", "lm_head"]'], "output head (lm_head)"),
     (["rollout.engine=vllm", "rollout.tensor_parallel_size=2"], "tensor-parallel vLLM engine"),
 ])
@@ -107,9 +106,9 @@ def test_validate_says_in_one_warning_that_the_run_pushes_merged(tmp_path, tiny_
 def test_a_plain_lora_run_on_vllm_or_hf_gets_no_warning(tmp_path, tiny_model_dir):
     pq.write_table(pa.table({"data_source": ["x"] * 8}), tmp_path / "train.parquet")
     (tmp_path / "rlctl.toml").write_text(TOML.format(model=tiny_model_dir))
-    for engine in ("hf", "vllm"):
-        report = json.loads(rlctl_here("config", "validate", f"rollout.engine={engine}", "--format", "json",
-                                       cwd=tmp_path).stdout)
+    for engine, mode in (("hf", "sync"), ("vllm", "sync"), ("vllm", "one_step_off"), ("hf", "async")):
+        report = json.loads(rlctl_here("config", "validate", f"rollout.engine={engine}", f"rollout.mode={mode}",
+                                       "--format", "json", cwd=tmp_path).stdout)
         assert not [w for w in report.get("warnings", []) if "model.lora.sync" in w], report
 
 
@@ -182,3 +181,41 @@ def test_the_actor_pushes_only_the_adapter_and_the_engine_follows_every_update(t
         drift = rollout_drift(first.union(worker.compute_log_prob(first)))
         assert drift["rollout/logprob_diff_max"] < 1e-4, drift
     assert engine.events == ["generate", "adapter v1", "generate", "adapter v2", "generate"]
+
+
+def test_the_rollout_group_gets_only_the_adapter_and_follows_every_update(tiny_untied_model_dir):
+    """rollout.mode = "one_step_off" / "async": the actor exports the adapter alone, the rollout rank's
+    copy (the base with a peft adapter) takes it, and its log-probs of what it samples equal the
+    actor's after real updates; what it exports for an async checkpoint is the same push."""
+    import dataclasses
+
+    import numpy as np
+    from test_weight_sync import config, prompts
+
+    from rlctl.runtime import Batch
+    from rlctl.workers.roles.actor import ActorRolloutRefWorker
+    from rlctl.workers.roles.rollout_worker import RolloutWorker
+    from rlctl.workers.rollout.adapter_sync import is_adapter_push, push_mb
+
+    cfg = config(tiny_untied_model_dir, lora=True)
+    cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, lora=dataclasses.replace(
+        cfg.model.lora, sync="adapter")), rollout=dataclasses.replace(cfg.rollout, engine="hf", mode="one_step_off"))
+    actor, rollout = ActorRolloutRefWorker(cfg, total_steps=4), RolloutWorker(cfg)
+    assert rollout.adapter_sync
+    params_mb = sum(p.numel() * 4 for p in actor.actor.module.parameters()) / 1e6
+    for version in range(3):
+        push = actor.export_weights()
+        assert is_adapter_push(push) and 0 < push_mb(push) < 0.1 * params_mb
+        assert rollout.update_weights(push, version=version) == version
+        last = {k: v.copy() for k, v in push["adapter"].items()}   # the arrays are the actor's own tensors
+        rows = rollout.generate(prompts(), seed=version)
+        mask = rows["response_mask"] > 0
+        mine = actor.compute_log_prob(rows)["old_log_prob"]
+        assert np.abs(mine - rows["rollout_log_prob"])[mask].max() < 1e-5   # the copy holds this version
+        advantages = np.where(mask, np.linspace(-1, 1, len(rows))[:, None], 0).astype(np.float32)
+        actor.update_actor(Batch({**rows.tensors, "old_log_prob": mine, "advantages": advantages}))
+        moved = actor.compute_log_prob(rows)["old_log_prob"]
+        assert np.abs(moved - rows["rollout_log_prob"])[mask].max() > 1e-3   # a real update, not yet pushed
+    saved = rollout.export_weights()
+    assert saved["adapter_config"] == push["adapter_config"] and all(
+        np.array_equal(saved["adapter"][k], last[k]) for k in last)
