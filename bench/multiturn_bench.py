@@ -75,7 +75,8 @@ def main() -> None:
     from rlctl.controller.prompts import render_prompts
     from rlctl.controller.rollout import prompt_batch
     from rlctl.models.tiny import build_tiny_model
-    from rlctl.multiturn.rollout import MultiTurnActor
+    from rlctl.multiturn.rollout import ToolLoop
+    from rlctl.rollouts.base import RolloutContext
     from rlctl.workers.roles.actor import ActorRolloutRefWorker
 
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
@@ -104,7 +105,7 @@ def main() -> None:
         world_size = 1
         generate_turn = staticmethod(worker.generate_turn)
 
-    actor = MultiTurnActor(OneRank(), config, worker.tokenizer, work, worker.eos_ids)
+    actor = ToolLoop(OneRank(), RolloutContext(config, worker.tokenizer, work, worker.eos_ids))
     rows = [{"prompt": [{"role": "user", "content": q}], "data_source": "b", "reward_model": {"ground_truth": ""},
              "extra_info": {}} for q in QUESTIONS]
     batch = prompt_batch(render_prompts(rows, worker.tokenizer, 128, "error").rows, "b", actor.pad)

@@ -32,7 +32,7 @@ MAX_FILE_LINES, MAX_FUNCTION_LINES = 400, 60
 LAYERS = {
     "__init__": 0, "errors": 0, "utils": 0,
     "config": 1, "algorithms": 1, "sandbox": 1, "plugins": 1, "recipes": 1,
-    "models": 2, "runtime": 2, "data": 2,
+    "models": 2, "runtime": 2, "data": 2, "rollouts": 2,
     "multiturn": 3,
     "tasks": 4,
     "rewards": 5,

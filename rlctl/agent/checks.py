@@ -1,5 +1,6 @@
-"""Config checks of [rollout.agent]: one kind of agent, what agent rollouts are not built with yet, and
-in the machine pass the function imported (async, two parameters) or the command's program found.
+"""Config checks of [rollout.agent]: one kind of agent, and in the machine pass the function imported
+(async, two parameters) or the command's program found. What agent programs are built with (modes,
+algorithms) is their row of the rollout table, checked by rlctl.rollouts.checks.
 
 Checks keep the contract of rlctl.config.checks: `check(config, ctx) -> list[Problem]`.
 """
@@ -26,33 +27,9 @@ def check_agent(c: Config, ctx: CheckContext) -> list[Problem]:
         return problems
     if ag.function and ag.command:
         problems.append(Problem(f"{KEY}.command", "set rollout.agent.function or rollout.agent.command, not both"))
-    problems += [Problem(key, f"{what} is not built with agent programs yet; {fix}")
-                 for key, what, fix in _not_built(c)]
     if problems or not ctx.machine:
         return problems
     return _load_problems(c, ctx.base_dir)
-
-
-def _not_built(c: Config) -> list[tuple[str, str, str]]:
-    from rlctl import algorithms
-
-    out = []
-    if c.rollout.multi_turn.enable:
-        out.append(("rollout.multi_turn.enable", "rlctl's own turn loop",
-                    "the agent runs its own loop: set rollout.multi_turn.enable = false"))
-    if c.rollout.mode != "sync":
-        out.append(("rollout.mode", f"rollout.mode = {c.rollout.mode!r}", "use rollout.mode = \"sync\""))
-    if c.algorithm.use_pf_ppo:
-        out.append(("algorithm.use_pf_ppo", "PF-PPO (it resamples a group's rows, and an episode may be several)",
-                    "set algorithm.use_pf_ppo = false"))
-    try:
-        needs = algorithms.run_needs(c)
-    except Exception:   # an unknown name is check_registered's to report
-        return out
-    if needs.greedy_baseline or needs.real_response:
-        out.append(("algorithm.name", f"{c.algorithm.name!r} (its baseline or reference rows pair one to one with "
-                    "the prompts)", "use grpo, rloo, reinforce_plus_plus or gae"))
-    return out
 
 
 def _load_problems(c: Config, base: Path) -> list[Problem]:

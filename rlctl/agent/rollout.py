@@ -1,5 +1,5 @@
-"""Agent programs as the rollout: `AgentActor.generate` plays rollout.n episodes per prompt through the
-agent endpoint and returns their sequences as training rows (rlctl.runtime.policy.PolicyActor).
+"""Agent programs as the rollout: `AgentPrograms`, the "agent" kind of the rollout table (rlctl.rollouts),
+plays rollout.n episodes per prompt through the agent endpoint and returns their sequences as training rows.
 
 Rows: one per sequence of an episode (rlctl.agent.episodes: one when every call continued the last,
 more when the agent rewrote its history), each with its episode's reward and the `uid` of the prompt
@@ -16,7 +16,7 @@ nothing to a loss and are no sample of any group or mean.
 from __future__ import annotations
 
 import copy
-from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -26,29 +26,36 @@ from rlctl.agent.failures import failure_text
 from rlctl.agent.endpoint import AgentServer
 from rlctl.agent.runner import AgentRunner
 from rlctl.runtime.batch import Batch, object_array
-from rlctl.runtime.policy import PolicyActor, PolicyHandle
+
+if TYPE_CHECKING:
+    from rlctl.rollouts.base import RolloutContext
+    from rlctl.runtime.policy import TurnGenerator
 
 CARRIED = ("uid", "data_source", "ground_truth", "extra_info", "messages")
 
 
-class AgentActor(PolicyHandle):
-    """The policy with an agent-program `generate`; every other call goes to `group`.
-    `engine_log_probs`: the engine reports its own log-probs (vLLM), which the rows then carry."""
+class AgentPrograms:
+    """rlctl.rollouts.base.Rollout: the agent endpoint over `group`'s generate_turn, the agents playing
+    against it. With an engine that reports its own log-probs (vLLM) the rows carry them."""
 
-    def __init__(self, group: PolicyActor, config, tokenizer, base: Path, eos_ids: list[int], *,
-                 engine_log_probs: bool = False, minibatches: int = 1):
-        super().__init__(group)
-        self.config, self.engine_log_probs, self.minibatches = config, engine_log_probs, minibatches
-        self.pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else int(eos_ids[0])
+    def __init__(self, group: TurnGenerator, ctx: RolloutContext):
+        config = ctx.config
+        self.group, self.config = group, config
+        self.engine_log_probs, self.minibatches, self.pad = ctx.engine_log_probs, ctx.minibatches, ctx.pad_id
         ac, data = config.rollout.agent, config.data
-        self.engine = AgentEngine(group, tokenizer, eos_ids=eos_ids, pad_id=self.pad, limits=EngineLimits(
+        self.engine = AgentEngine(group, ctx.tokenizer, eos_ids=ctx.eos_ids, pad_id=self.pad, limits=EngineLimits(
             data.max_prompt_length, data.max_response_length, ac.max_calls, ac.max_wait_s))
         self.server = AgentServer(self.engine)
-        self.runner = AgentRunner(ac, base, self.server, self.engine)
-        self.prompt_ids: dict[int, list[int]] = {}
+        self.runner = AgentRunner(ac, ctx.base, self.server, self.engine)
 
     def close(self) -> None:
         self.server.close()
+
+    def score(self, batch: Batch, reward, tokenizer, components: tuple = ()) -> dict:
+        return score_episodes(batch, reward)
+
+    def sample_rows(self, batch: Batch) -> np.ndarray:
+        return first_rows(batch)
 
     def generate(self, batch: Batch, *, seed: int, mode: str = "train") -> Batch:
         rc = self.config.rollout
@@ -72,11 +79,11 @@ class AgentActor(PolicyHandle):
 
     def whole(self, batch: Batch) -> Batch:
         """The batch padded to whole mini-batches on every rank (pad_rows), which sets their count."""
-        out = pad_rows(batch, self.role.world_size * self.minibatches)
+        out = pad_rows(batch, self.group.world_size * self.minibatches)
         out.meta["mini_batches"] = self.minibatches
         return out
 
-    def join_groups(self, rounds: list[Batch], groups: int) -> Batch:
+    def join_groups(self, rounds: list[Batch], groups: int, world_size: int) -> Batch:
         """Dynamic sampling's kept rounds as one training batch: the first `groups` groups (first_groups),
         padded to whole mini-batches."""
         return self.whole(first_groups(rounds, groups))

@@ -113,30 +113,3 @@ async def run(client, row: dict, *, tokenizer: str | None = None):
     if not str(row.get("data_source", "")).startswith(PREFIX):
         return await single_turn(client, row)
     return episode_result(await play(client, row, tokenizer=tokenizer))
-
-
-def check_verifiers_rows(c, ctx) -> list:
-    """Machine pass: verifiers/ID rows in the data need this agent to play them (rlctl's scorers cannot)."""
-    from rlctl.config.checks import resolve_path
-    from rlctl.config.loader import Problem
-
-    ag = c.rollout.agent
-    if ag.function == "verifiers" and (ag.reward == "agent" or c.reward.function not in ("", "verifiers")):
-        return []   # the rubric's reward, or the user's own function scores beside it
-    try:
-        import pyarrow.parquet as pq
-
-        sources = {ds for p in (*c.data.train_files, *c.data.val_files)
-                   for ds in pq.read_table(resolve_path(ctx.base_dir, p), columns=["data_source"])
-                   .column("data_source").to_pylist()}
-    except Exception:   # a missing or broken file is check_data_files' to report
-        return []
-    ours = sorted(s for s in sources if str(s).startswith(PREFIX))
-    if not ours:
-        return []
-    if ag.function == "verifiers":
-        return [Problem("rollout.agent.reward", f"rollout.agent.reward = {ag.reward!r} scores {ours[0]} rows with "
-                        "rlctl's built-in scorer, which has none for them: use \"agent\" (the rubric's reward)")]
-    return [Problem("rollout.agent.function", f"the data holds {', '.join(ours[:3])} rows, which their verifiers "
-                    "environment plays and rewards: set rollout.agent.function = \"verifiers\" "
-                    "(docs/environments.md)")]

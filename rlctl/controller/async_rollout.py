@@ -44,6 +44,7 @@ import numpy as np
 from rlctl.controller import rollout
 from rlctl.controller.async_schedule import AsyncSchedule
 from rlctl.controller.timing import phase
+from rlctl.rollouts.table import kind_of
 from rlctl.runtime.batch import Batch
 
 if TYPE_CHECKING:
@@ -61,8 +62,8 @@ class AsyncRollout:
     def __init__(self, setup: TrainSetup, workers: Workers):
         ro = setup.config.rollout
         self.setup, self.group, self.n = setup, workers.rollout, ro.n
-        self.multi_turn = ro.multi_turn.enable
-        if self.multi_turn:   # a batch is many calls: they queue on one thread (rlctl.controller.async_turns)
+        self.multi_turn = not kind_of(setup.config).one_call   # the tool loop: a batch is many calls
+        if self.multi_turn:   # they queue on one thread (rlctl.controller.async_turns)
             from rlctl.controller.async_turns import TurnQueue
 
             self.group = TurnQueue(setup, workers.rollout)
@@ -85,7 +86,7 @@ class AsyncRollout:
         # partial: rounds after each push beyond fill's, so that a sample of data.max_response_length
         # tokens needs at most K versions: ceil(ceil(T / chunk) / K) rounds a push in all
         rounds = -(-setup.config.data.max_response_length // ro.partial_chunk)
-        if self.multi_turn:   # a round is one turn of each conversation (rlctl.controller.async_turns)
+        if kind_of(setup.config).round_of == "turn":   # a round is one turn of each conversation
             rounds = ro.multi_turn.max_turns
         self.extra_rounds = -(-rounds // ro.max_staleness) - 1 if self.partial else 0
 
@@ -192,7 +193,7 @@ class AsyncRollout:
 
     def score_batch(self, batch: Batch) -> dict:
         setup = self.setup
-        return rollout.score(batch, setup.reward, setup.tokenizer, rollout.reward_component_keys(setup.config))
+        return rollout.score(setup, batch, rollout.reward_component_keys(setup.config))
 
     def take(self, step: int) -> tuple[Batch, int, list[Batch]]:
         """G groups for `step` from the buffer, in order, dropping those too stale for it (and

@@ -52,9 +52,9 @@ class TurnQueue:
     `.result()`, `export_weights()`), with `generate` running the multi-turn loop."""
 
     def __init__(self, setup: TrainSetup, group: RoleHandle):
-        from rlctl.controller.offpolicy import _turn_loop
+        from rlctl.controller.offpolicy import rollout_over
 
-        self.group, self.turns = group, _turn_loop(setup, group)
+        self.group, self.turns = group, rollout_over(setup, group)
         self.pool = TurnPool(setup.config, self.turns) if setup.config.rollout.partial_rollout else None
         self.version = 0   # the version the group holds once the jobs queued so far have run
         self.jobs: queue.SimpleQueue = queue.SimpleQueue()
@@ -128,7 +128,7 @@ class TurnQueue:
 
 class TurnPool:
     """Live conversations of partial multi-turn rollouts, in admission order; a group (a prompt and
-    its rollout.n conversations) leaves when all of them have ended. `turns`: the MultiTurnActor
+    its rollout.n conversations) leaves when all of them have ended. `turns`: the ToolLoop
     whose tools, interaction, renderer and turn call it uses."""
 
     def __init__(self, config, turns):

@@ -18,7 +18,7 @@ from rlctl.controller.setup import TrainSetup
 
 if TYPE_CHECKING:  # heavy (torch, ray): the annotations only name them
     from rlctl.algorithms.registry import Needs
-    from rlctl.runtime.policy import PolicyActor
+    from rlctl.rollouts.base import RolloutPolicy
     from rlctl.workers.roles.groups import Workers
 
 
@@ -63,6 +63,7 @@ def build_setup(loaded: LoadedConfig, run_dir: Path, stack: ExitStack, *, addres
     from rlctl.multiturn.tools import load_tools
     from rlctl.plugins import import_plugins
     from rlctl.rewards.sources import build_reward
+    from rlctl.rollouts.table import kind_of
 
     config = resolve_paths(loaded.config, loaded.base_dir)
     import_plugins(config.algorithm.plugins)   # the user's estimators / losses, before anything asks for them
@@ -77,7 +78,7 @@ def build_setup(loaded: LoadedConfig, run_dir: Path, stack: ExitStack, *, addres
                                             horizon=algo.kl_horizon)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     reward = stack.enter_context(build_reward(config.reward, loaded.base_dir))
-    if not (agent_rollout(config) and config.rollout.agent.reward == "agent"):   # else no reward function runs
+    if not kind_of(config).own_reward(config):   # else no reward function runs
         reward.check_data_sources(sorted(train.data_sources))
     logger = stack.enter_context(MetricsLogger(run_dir, config.run.loggers, config.run.name, config_to_dict(config),
                                                start_step=start_step))
@@ -98,42 +99,14 @@ def build_setup(loaded: LoadedConfig, run_dir: Path, stack: ExitStack, *, addres
     return setup
 
 
-def policy(config: Config, workers: Workers, tokenizer, base: Path, tools: list, stack: ExitStack) -> PolicyActor:
-    """The actor group as the trainer calls it; with multi-turn rollouts, the turn loop (tools and
-    interactions) generates and the group does the rest."""
-    from rlctl.runtime.policy import PolicyHandle
+def policy(config: Config, workers: Workers, tokenizer, base: Path, tools: list, stack: ExitStack) -> RolloutPolicy:
+    """The actor group as the trainer calls it, holding the run's kind of rollout (rlctl.rollouts) over it."""
+    from rlctl.controller.setup import rollout_context
+    from rlctl.rollouts.base import RolloutPolicy, build_rollout
 
-    actor = PolicyHandle(workers.actor)
-    if agent_rollout(config):
-        return agent_policy(actor, config, tokenizer, base, stack)
-    if not config.rollout.multi_turn.enable:
-        return actor
-    from rlctl.multiturn.rollout import MultiTurnActor
-    from rlctl.workers.compute.models import eos_token_ids
-    from rlctl.workers.rollout.registry import rollout_engine_info
-
-    multi = MultiTurnActor(actor, config, tokenizer, base, eos_token_ids(config.model.path, tokenizer), tools=tools,
-                           engine_log_probs=rollout_engine_info(config.rollout.engine).reports_log_probs)
-    stack.callback(multi.close)
-    return multi
-
-
-def agent_rollout(config: Config) -> bool:
-    return bool(config.rollout.agent.function or config.rollout.agent.command)
-
-
-def agent_policy(actor: PolicyActor, config: Config, tokenizer, base: Path, stack: ExitStack) -> PolicyActor:
-    """Agent programs as the rollout (rlctl.agent): the endpoint serves the group's policy to the agents."""
-    from rlctl.agent.rollout import AgentActor
-    from rlctl.config.plan import batch_plan
-    from rlctl.workers.compute.models import eos_token_ids
-    from rlctl.workers.rollout.registry import rollout_engine_info
-
-    agent = AgentActor(actor, config, tokenizer, base, eos_token_ids(config.model.path, tokenizer),
-                       engine_log_probs=rollout_engine_info(config.rollout.engine).reports_log_probs,
-                       minibatches=batch_plan(config, "actor").mini_batches_per_step)
-    stack.callback(agent.close)
-    return agent
+    rollout = build_rollout(workers.actor, rollout_context(config, tokenizer, base, tools=tools))
+    stack.callback(rollout.close)
+    return RolloutPolicy(workers.actor, rollout)
 
 
 def start_workers(config: Config, total_steps: int, needs: Needs, stack: ExitStack, address: str) -> Workers:

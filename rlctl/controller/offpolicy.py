@@ -18,11 +18,11 @@ Resume is exact: a checkpoint after step k also holds batch k+1, already generat
 (the save waits for it), in `pending_rollout.pkl`; resume trains on it instead of regenerating
 it with v_k, and pushes v_k to the fresh rollout group before generating batch k+2.
 
-Multi-turn rollouts (rollout.multi_turn.enable): the turn loop (rlctl.multiturn.rollout), with its
-own tools and interaction, drives the rollout group from a thread of this process, one
-`generate_turn` call per turn, then tags the batch (`tag_rollout`). A weight push waits for the
-batch in flight to finish its turns, so every turn of a sample comes from the same weights and the
-staleness is the single-turn one.
+A rollout kind that drives the group turn by turn (its row's `one_call` is False: rlctl.rollouts.table;
+the tool loop) runs over the rollout group from a thread of this process, built as the actor's is
+(`rollout_over`) with its own tools and interaction, one `generate_turn` call per turn, then tags
+the batch (`tag_rollout`). A weight push waits for the batch in flight to finish its turns, so every
+turn of a sample comes from the same weights and the staleness is the single-turn one.
 """
 
 from __future__ import annotations
@@ -38,6 +38,7 @@ import numpy as np
 
 from rlctl.controller import rollout
 from rlctl.controller.timing import phase
+from rlctl.rollouts.table import kind_of
 from rlctl.runtime.batch import Batch
 
 if TYPE_CHECKING:
@@ -61,13 +62,13 @@ class OneStepOff:
         self.pending: tuple[int, object] | None = None   # (step, PendingCall, Future or Batch) being generated
         self.push = None                                  # the last weight push (PendingCall)
         self.restored: dict | None = None                 # the batch a checkpoint saved in flight
-        self.turns = None                                 # the multi-turn loop over the rollout group
+        self.turns = None                                 # a turn-by-turn rollout over the rollout group
 
     def start(self, first_step: int) -> None:
         """Give the rollout group the actor's current weights (update first_step - 1) and take back
         a batch a checkpoint saved in flight."""
-        if self.setup.config.rollout.multi_turn.enable:
-            self.turns = _turn_loop(self.setup, self.group)
+        if not kind_of(self.setup.config).one_call:
+            self.turns = rollout_over(self.setup, self.group)
         self.push_weights(first_step - 1)
         saved, self.restored = self.restored, None
         if saved is not None and saved["step"] == first_step:
@@ -77,7 +78,7 @@ class OneStepOff:
         """The actor's trained weights (after `version` updates) to every rollout rank, no disk:
         rank 0 of the actor returns numpy arrays, put once in the object store for all ranks
         (the worker group puts a dict argument of an ALL call there). next() waits for it (a
-        failed push surfaces there) before the next push. A multi-turn batch in flight finishes its
+        failed push surfaces there) before the next push. A turn-by-turn batch in flight finishes its
         turns first: the group runs each call in order, and new weights must not land between turns.
         Returns what was pushed (the adapter alone with model.lora.sync = "adapter")."""
         if self.turns is not None and self.pending is not None:
@@ -108,7 +109,7 @@ class OneStepOff:
         if step < setup.total_steps:
             self._submit(step + 1)
         start = time.perf_counter()
-        metrics = rollout.score(batch, setup.reward, setup.tokenizer, rollout.reward_component_keys(setup.config))
+        metrics = rollout.score(setup, batch, rollout.reward_component_keys(setup.config))
         versions = batch["policy_version"]
         metrics.update({"timing/reward_s": time.perf_counter() - start, "timing/gen_wait_s": waited,
                         "rollout/policy_version": float(versions.min()),
@@ -124,7 +125,7 @@ class OneStepOff:
             self.pending = (step, self.group.submit("generate", prompts, seed=setup.seed_for(step, 1)))
 
     def _generate_turns(self, prompts: Batch, seed: int) -> Batch:
-        """A multi-turn batch from the rollout group, tagged with its weights' version and log-probs."""
+        """A turn-by-turn batch from the rollout group, tagged with its weights' version and log-probs."""
         batch = self.turns.generate(prompts, seed=seed, mode="train")
         model = Batch({key: batch[key] for key in ("input_ids", "attention_mask", "response_mask")})
         return batch.union(self.group.tag_rollout(model))
@@ -154,17 +155,14 @@ class OneStepOff:
         self.restored = load_pending(folder)
 
 
-def _turn_loop(setup: TrainSetup, group: RoleHandle):
-    """The multi-turn loop over the rollout group, with its own tool runner and interaction (the
-    actor's own loop may validate meanwhile; classes are created again, a file's instances shared)."""
-    from rlctl.multiturn.rollout import MultiTurnActor
-    from rlctl.workers.compute.models import eos_token_ids
-    from rlctl.workers.rollout.registry import rollout_engine_info
+def rollout_over(setup: TrainSetup, group: RoleHandle):
+    """The run's rollout over the rollout group, built as the actor's is (rlctl.controller.build.policy), with its
+    own tool runner and interaction (the actor's own may validate meanwhile; classes are created
+    again, a file's instances shared)."""
+    from rlctl.controller.setup import rollout_context
+    from rlctl.rollouts.base import build_rollout
 
-    config = setup.config
-    return MultiTurnActor(group, config, setup.tokenizer, setup.session.config_dir,
-                          eos_token_ids(config.model.path, setup.tokenizer),
-                          engine_log_probs=rollout_engine_info(config.rollout.engine).reports_log_probs)
+    return build_rollout(group, rollout_context(setup.config, setup.tokenizer, setup.session.config_dir))
 
 
 def _in_thread(fn, *args) -> Future:

@@ -49,7 +49,7 @@ def greedy_baseline(setup, batch, step: int, metrics: dict, timing: dict):
     with phase(timing, "greedy_baseline"):
         greedy = rollout.generate(setup.actor, setup.rows_of(batch, n), seed=setup.seed_for(step, 0),
                                   tag=f"{step}.greedy", pad_token_id=setup.pad_token_id, mode="greedy")
-        rollout.score(greedy, setup.reward, setup.tokenizer)
+        rollout.score(setup, greedy)
         batch["reward_baselines"] = np.repeat(greedy["scores"], n)
     return batch
 

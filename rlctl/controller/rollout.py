@@ -43,58 +43,10 @@ def generate(actor, rows: list[PromptRow], *, seed: int, tag: str, pad_token_id:
     return actor.generate(prompt_batch(rows, tag, pad_token_id), seed=seed, mode=mode)
 
 
-def score(batch: Batch, reward_runner, tokenizer, components: tuple = ()) -> dict:
-    """Decode responses, score them, store `scores` (+ `acc` and extras); return reward metrics.
-
-    components: names of numeric extras of the reward's dict that the estimator reads (gdpo); each
-    is stored as `reward_component/<name>` [B] and must be present for every sample."""
-    if "agent_reward" in batch:   # agent programs: the episodes' own rewards (rlctl.agent.rollout)
-        from rlctl.agent.rollout import score_episodes
-
-        return score_episodes(batch, reward_runner)
-    texts = decode_responses(batch, tokenizer)
-    prompts = decode_prompts(batch, tokenizer)
-    messages = batch["messages"] if "messages" in batch else [None] * len(texts)
-    items = [{"data_source": ds, "solution_str": t, "ground_truth": gt, "extra_info": ei, "prompt_str": p,
-              "messages": m}
-             for ds, t, gt, ei, p, m in zip(batch["data_source"], texts, batch["ground_truth"], batch["extra_info"],
-                                            prompts, messages)]
-    if "multi_turn" in batch:   # the whole conversation reaches the reward, in verl's extra_info keys
-        from rlctl.multiturn.rollout import reward_extra_info
-
-        for item, conversation, info in zip(items, batch["conversation"], batch["multi_turn"]):
-            item["extra_info"] = reward_extra_info(item["extra_info"], conversation, info)
-    result = reward_runner.score(items)
-    batch["scores"] = result.scores.astype(np.float32)
-    acc = result.extras.get("acc")
-    batch["acc"] = (np.nan_to_num(acc, nan=0.0) if acc is not None else (result.scores > 0)).astype(np.float32)
-    batch["response_text"] = object_array(texts)
-    for name in components:
-        values = result.extras.get(name)
-        missing = len(texts) if values is None else int(np.isnan(values).sum())
-        if missing:
-            from rlctl.errors import RewardError
-
-            raise RewardError(f"the reward function returned no numeric {name!r} for {missing} of {len(texts)} "
-                              "samples, and algorithm.params.reward_keys lists it",
-                              hint=f"return a dict with {name!r} for every sample, or remove it from the keys")
-        batch[f"reward_component/{name}"] = values.astype(np.float32)
-    if "multi_turn" in batch:
-        from rlctl.multiturn.rollout import multi_turn_metrics
-
-        return {**result.metrics, **multi_turn_metrics(batch)}
-    return dict(result.metrics)
-
-
-def episode_rows(batch: Batch) -> np.ndarray:
-    """The rows that stand for a rollout's samples, one each: every row, or with agent programs each
-    episode's first row (an episode may span several rows, all with its reward; padding rows are none).
-    Means over samples (reward/mean, acc, validation) take these rows."""
-    if "agent_episode" not in batch:
-        return np.arange(len(batch))
-    from rlctl.agent.rollout import first_rows
-
-    return first_rows(batch)
+def score(setup, batch: Batch, components: tuple = ()) -> dict:
+    """Score a generated batch the way the run's rollout kind does (rlctl.rollouts: its reward function, its
+    own rewards, or both); stores `scores`, `acc`, `response_text`; returns the reward metrics."""
+    return setup.actor.rollout.score(batch, setup.reward, setup.tokenizer, components)
 
 
 def reward_component_keys(config) -> tuple[str, ...]:
@@ -103,19 +55,6 @@ def reward_component_keys(config) -> tuple[str, ...]:
     if "reward_components" not in algorithms.get_estimator(config.algorithm.name).reads:
         return ()
     return algorithms.estimator_params(config.algorithm.name, config.algorithm.params).reward_keys
-
-
-def decode_responses(batch: Batch, tokenizer) -> list[str]:
-    responses, lengths = batch["responses"], batch["response_length"]
-    return tokenizer.batch_decode([row[:n].tolist() for row, n in zip(responses, lengths)],
-                                  skip_special_tokens=True)
-
-
-def decode_prompts(batch: Batch, tokenizer) -> list[str]:
-    """The chat-templated prompts as the policy saw them (special tokens kept, padding dropped)."""
-    width = batch["prompts"].shape[1]
-    return tokenizer.batch_decode([row[m != 0].tolist() for row, m in
-                                   zip(batch["prompts"], batch["attention_mask"][:, :width])])
 
 
 def rollout(setup, step: int) -> tuple[Batch, dict]:
@@ -135,8 +74,7 @@ def rollout(setup, step: int) -> tuple[Batch, dict]:
                          tag=f"{step}.{rounds}", pad_token_id=setup.pad_token_id)
         pushes = weight_sync_metrics(pushes, batch.meta)
         start = time.perf_counter()
-        metrics = merge_round(metrics, score(batch, setup.reward, setup.tokenizer, reward_component_keys(config)),
-                               rounds)
+        metrics = merge_round(metrics, score(setup, batch, reward_component_keys(config)), rounds)
         reward_s += time.perf_counter() - start
         metrics["timing/reward_s"] = reward_s  # part of timing/gen_s (the rollout phase)
         if not ds.enable:
@@ -174,15 +112,9 @@ def push_metrics(timing: dict, weights: dict) -> dict:
 
 
 def training_batch(setup, rounds: list[Batch], groups: int) -> Batch:
-    """Dynamic sampling's kept rounds as the step's batch: its first `groups` groups, as many as every
-    worker can train the same number of rows of; agent episodes in whole groups of however many rows,
-    padded to whole mini-batches (rlctl.agent.rollout.AgentActor.join_groups)."""
-    if "agent_episode" in rounds[0]:
-        return setup.actor.join_groups(rounds, groups)
-    n = setup.config.rollout.n
-    while groups > 1 and (groups * n) % setup.actor.world_size:
-        groups -= 1  # every worker trains on the same number of rows
-    return Batch.concat(rounds).slice(0, groups * n)
+    """Dynamic sampling's kept rounds as the step's batch: its first `groups` groups, joined the way the
+    run's rollout kind makes groups (rlctl.rollouts.base.Rollout.join_groups)."""
+    return setup.actor.rollout.join_groups(rounds, groups, setup.actor.world_size)
 
 
 def sampling_filter(batch: Batch, ds) -> algorithms.GroupFilter:

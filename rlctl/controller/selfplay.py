@@ -60,7 +60,7 @@ def add_real_responses(batch: Batch, setup) -> tuple[Batch, dict]:
                    "input_ids": np.concatenate([batch["prompts"], responses], axis=1),
                    "attention_mask": np.concatenate([prompt_mask, mask.astype(prompt_mask.dtype)], axis=1)},
                   batch.meta)
-    score(twins, setup.reward, setup.tokenizer)
+    score(setup, twins)
     generated = Batch({k: v for k, v in batch.tensors.items() if k != "rollout_log_prob"}, batch.meta)
     generated["uid"] = pair
     generated["real_response"] = np.zeros(len(batch), dtype=bool)

@@ -1,7 +1,8 @@
 """Everything a training run holds, built once: data, tokenizer, workers, reward, logging.
 
 `TrainSetup` is what the trainer reads; `RolloutSource` is the contract of its supply of batches
-(rlctl.controller.rollout_source holds the sources, one per rollout.mode).
+(rlctl.controller.rollout_source holds the sources, one per rollout.mode); `rollout_context` is what
+every source builds the run's kind of rollout from (rlctl.rollouts).
 rlctl.controller.build.build_setup makes a `TrainSetup` from a validated config. This module
 imports none of them at run time, so every source can name `TrainSetup` without an import circle.
 """
@@ -26,8 +27,8 @@ if TYPE_CHECKING:  # heavy (torch, transformers, ray): the annotations only name
     from rlctl.controller.display import LiveDisplay
     from rlctl.controller.distill import Teachers
     from rlctl.rewards.sources import RewardSources
+    from rlctl.rollouts.base import RolloutContext, RolloutPolicy
     from rlctl.runtime.batch import Batch
-    from rlctl.runtime.policy import PolicyActor
     from rlctl.runtime.worker_group import RoleHandle
 
 
@@ -91,7 +92,7 @@ class TrainSetup:
     total_steps: int
     needs: Needs
     kl_ctrl: FixedKLController | AdaptiveKLController
-    actor: PolicyActor
+    actor: RolloutPolicy                  # the actor group, holding the run's rollout (rlctl.rollouts)
     roles: dict[str, RoleHandle]          # every started role by name (rlctl.workers.roles.table)
     reward: RewardSources
     teachers: Teachers | None = None      # distill: the teachers that score the student's tokens
@@ -160,3 +161,15 @@ class TrainSetup:
 
             write_rollouts(self.session.run_dir, step, batch)
         self.session.log_progress(step, metrics)
+
+
+def rollout_context(config: Config, tokenizer, base: Path, *, tools: list | None = None) -> RolloutContext:
+    """What every caller builds the run's rollout from (the actor's, a separate rollout group's)."""
+    from rlctl.config.plan import batch_plan
+    from rlctl.rollouts.base import RolloutContext
+    from rlctl.workers.compute.models import eos_token_ids
+    from rlctl.workers.rollout.registry import rollout_engine_info
+
+    return RolloutContext(config, tokenizer, base, eos_token_ids(config.model.path, tokenizer),
+                          engine_log_probs=rollout_engine_info(config.rollout.engine).reports_log_probs, tools=tools,
+                          minibatches=batch_plan(config, "actor").mini_batches_per_step)

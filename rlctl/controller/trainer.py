@@ -110,7 +110,7 @@ class Trainer:
             from rlctl.agent.failures import FailureWatch
 
             self.agent_failures = self.agent_failures or FailureWatch(display.print)
-            self.agent_failures.step(step, batch["agent_failure"][rollout.episode_rows(batch)])
+            self.agent_failures.step(step, batch["agent_failure"][self.setup.actor.rollout.sample_rows(batch)])
 
     def track_best(self, step: int, metrics: dict) -> bool:
         """run.best_metric: a validation that beats the best so far makes this step the best one
@@ -134,9 +134,9 @@ class Trainer:
             rows = setup.val_rows[i:i + config.data.val_batch_size]
             part = rollout.generate(setup.actor, rows, seed=setup.seed_for(step, -1 - i), tag=f"val{step}.{i}",
                                     pad_token_id=setup.pad_token_id, mode="val")
-            rollout.score(part, setup.reward, setup.tokenizer)
+            rollout.score(setup, part)
             lengths.append(part["response_length"])
-            part = part.select(rollout.episode_rows(part))   # one row per sample (agent episode)
+            part = part.select(setup.actor.rollout.sample_rows(part))   # one row per sample (an agent's episode)
             parts.append(part.select_keys([k for k in ("data_source", "scores", "acc", "response_length", "uid")
                                            if k in part]))
         out = validation_metrics(parts)
@@ -151,7 +151,7 @@ class Trainer:
         generated = float(mask.sum())
         prompt_tokens = float(batch["attention_mask"][:, :batch["prompts"].shape[1]].sum())
         return {
-            **reward_metrics(batch),
+            **reward_metrics(batch, self.setup.actor.rollout.sample_rows(batch)),
             "response_length/mean": float(lengths.mean()), "response_length/max": float(lengths.max()),
             "response_length/clip_ratio": float((lengths >= self.config.data.max_response_length).mean()),
             "prompt_length/mean": prompt_tokens / len(batch),
@@ -171,10 +171,9 @@ class Trainer:
                                  hint="lower actor.lr, set actor.grad_clip, or use model.dtype = \"float32\".")
 
 
-def reward_metrics(batch) -> dict:
-    """reward/mean, reward/std and reward/acc over the rollout's samples: an agent episode counts once,
-    however many rows it became (rlctl.controller.rollout.episode_rows)."""
-    samples = rollout.episode_rows(batch)
+def reward_metrics(batch, samples) -> dict:
+    """reward/mean, reward/std and reward/acc over the rollout's samples (`samples`: their rows, one each,
+    rlctl.rollouts.base.Rollout.sample_rows: an agent episode counts once, however many rows it became)."""
     scores = batch["scores"][samples]
     return {"reward/mean": float(scores.mean()), "reward/std": float(scores.std()),
             "reward/acc": float(batch["acc"][samples].mean())}

@@ -82,9 +82,9 @@ def inspect_file(path: str | os.PathLike, *, model: str | None = None, max_promp
         "data_sources": _counts(r["data_source"] for r in rows),
         "abilities": _counts(r.get("ability") for r in rows) if "ability" in table.column_names else {},
         "splits": _counts(s for s in splits if s is not None),
-        # verifiers/ID rows have none by design: their environment's rubric holds the answer
+        # an environment library's rows may have none by design (its environment holds the answer)
         "empty_ground_truth": sum(not str(r["reward_model"]["ground_truth"]).strip() for r in rows
-                                  if not str(r["data_source"]).startswith("verifiers/")),
+                                  if _has_ground_truth(r["data_source"])),
         "samples": [_sample(r) for r in rows[:samples]],
     }
     processor = vision_processor(model) if model is not None else None
@@ -100,6 +100,13 @@ def inspect_file(path: str | os.PathLike, *, model: str | None = None, max_promp
         lengths = prompt_token_lengths([r["prompt"] for r in rows], tokenizer)
         report["prompt_tokens"] = {"model": str(model), **length_report(lengths, tokenizer, max_prompt_length)}
     return report
+
+
+def _has_ground_truth(data_source) -> bool:
+    from rlctl.rollouts.table import environment_of
+
+    env = environment_of(data_source)
+    return env is None or env.ground_truth
 
 
 def vision_processor(model: str):

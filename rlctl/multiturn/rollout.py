@@ -1,8 +1,8 @@
 """The multi-turn rollout loop: batched turns on the policy workers, tools and interactions here.
 
-`MultiTurnActor` stands in for the actor group wherever the controller generates (training
-batches, validation, ReMax's greedy baseline): its `generate(prompt_batch, seed, mode)` returns a
-rollout Batch of the same shape as the single-turn one, and every other call goes to the group.
+`ToolLoop` is the "tools" kind of the rollout table (rlctl.rollouts): wherever the controller generates
+(training batches, validation, ReMax's greedy baseline, the separate rollout group, `rlctl eval`) its
+`generate(prompt_batch, seed, mode)` returns a rollout Batch of the same shape as the single-turn one.
 Each turn, all live conversations of the step generate together in one `generate_turn` call (the
 first turn samples rollout.n continuations per prompt; later turns continue each sample once);
 conversations that ended drop out. Between turns the controller runs the turn's tool calls
@@ -24,51 +24,58 @@ from __future__ import annotations
 
 import asyncio
 import copy
-from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from rlctl.multiturn.conversation import ChatRenderer, Conversation
 from rlctl.multiturn.tools import EventLoop, SampleTools, ToolResult, ToolRunner, clean_text, load_tools
 from rlctl.multiturn.vision_turns import TurnImages, batch_positions, row_positions, stacked, tool_message
+from rlctl.rollouts.single import join_rounds, score_samples
 from rlctl.runtime.batch import Batch, chunk_bounds, object_array
-from rlctl.runtime.policy import PolicyActor, PolicyHandle, rollout_batch
+from rlctl.runtime.policy import rollout_batch
+
+if TYPE_CHECKING:
+    from rlctl.rollouts.base import RolloutContext
+    from rlctl.runtime.policy import TurnGenerator
 
 
-class MultiTurnActor(PolicyHandle):
-    """The policy with a multi-turn `generate` (rlctl.runtime.policy.PolicyActor); its other calls
-    go to `group` (PolicyHandle's forwarding). The turn loop itself calls only `group.generate_turn`
-    and `world_size`, so a turn generator (the one-step-off rollout group, a local model) is
-    enough where only `generate` is asked for. `tools`: the configured tools when the caller loaded
-    them already (else loaded here). `engine_log_probs`: the rollout engine reports rollout_log_prob
-    (its registry entry)."""
+class ToolLoop:
+    """rlctl.rollouts.base.Rollout: the turn loop over `group`, of which it calls only `generate_turn`
+    and `world_size` (the actor group, the one-step-off rollout group, a local model)."""
 
-    def __init__(self, group: PolicyActor, config, tokenizer, base: Path, eos_ids: list[int], *,
-                 tools: list | None = None, engine_log_probs: bool = False):
+    def __init__(self, group: TurnGenerator, ctx: RolloutContext):
+        from rlctl.models.vision import is_vision_model
         from rlctl.multiturn.interactions import load_interaction
 
+        config = ctx.config
         mt = config.rollout.multi_turn
-        super().__init__(group)
-        self.config, self.mt = config, mt
-        tools = load_tools(mt.tools, base) if tools is None else tools
+        self.group, self.config, self.mt = group, config, mt
+        tools = load_tools(mt.tools, ctx.base) if ctx.tools is None else ctx.tools
         self.runner = ToolRunner(tools, timeout_s=mt.tool_timeout_s)
-        self.interaction = load_interaction(mt.interaction, base) if mt.interaction else None
-        self.renderer = ChatRenderer(tokenizer, self.runner.schemas)
-        self.eos_ids = set(int(e) for e in eos_ids)
-        self.pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else int(eos_ids[0])
-        self.engine_log_probs = engine_log_probs
-        from rlctl.models.vision import is_vision_model
-
+        self.interaction = load_interaction(mt.interaction, ctx.base) if mt.interaction else None
+        self.renderer = ChatRenderer(ctx.tokenizer, self.runner.schemas)
+        self.eos_ids = set(int(e) for e in ctx.eos_ids)
+        self.pad = ctx.pad_id
+        self.engine_log_probs = ctx.engine_log_probs
         self.vision = TurnImages(config.model.path) if is_vision_model(config.model.path) else None
         self.events = EventLoop()
 
     def close(self) -> None:
         self.events.close()
 
-    @property
-    def group(self) -> PolicyActor:
-        """The policy (or turn generator) every call but `generate` goes to."""
-        return self.role
+    def score(self, batch: Batch, reward, tokenizer, components: tuple = ()) -> dict:
+        """The single-turn scoring, the whole conversation reaching the reward in verl's extra_info keys."""
+        infos = [reward_extra_info(ei, conversation, info)
+                 for ei, conversation, info in zip(batch["extra_info"], batch["conversation"], batch["multi_turn"])]
+        metrics = score_samples(batch, reward, tokenizer, components, extra_info=infos)
+        return {**metrics, **multi_turn_metrics(batch)}
+
+    def sample_rows(self, batch: Batch) -> np.ndarray:
+        return np.arange(len(batch))
+
+    def join_groups(self, rounds: list[Batch], groups: int, world_size: int) -> Batch:
+        return join_rounds(rounds, groups, self.config.rollout.n, world_size)
 
     # --- the loop ------------------------------------------------------------------------------
     def generate(self, batch: Batch, *, seed: int, mode: str = "train") -> Batch:

@@ -1,12 +1,12 @@
 """What the controller asks of the policy: the actor's RPCs as a Protocol, and the rollout rows.
 
 `PolicyActor` lists every call the RL controller makes on the policy (trainer, perf, checkpointing,
-one-step-off weight pushes). Two things implement it: `PolicyHandle`, the actor role of a worker
-group (rlctl.workers.roles.actor.ActorRolloutRefWorker on every rank), and the multi-turn driver
-(rlctl.multiturn.rollout.MultiTurnActor), whose `generate` runs the turn loop. `TurnGenerator` is
-the part the turn loop itself drives: one `generate_turn` per turn over `world_size` ranks.
-`rollout_batch` builds the rows every generator returns (the actor's, the one-step-off rollout
-group's and the multi-turn driver's), so they concatenate and train alike.
+one-step-off weight pushes). `PolicyHandle` implements it over the actor role of a worker group
+(rlctl.workers.roles.actor.ActorRolloutRefWorker on every rank); rlctl.rollouts.base.RolloutPolicy is
+one that holds the run's kind of rollout for `generate`. `TurnGenerator` is the part a turn loop
+drives: one `generate_turn` per turn over `world_size` ranks. `rollout_batch` builds the rows every
+generator returns (the actor's, the one-step-off rollout group's and the tool loop's), so they
+concatenate and train alike.
 """
 
 from __future__ import annotations
@@ -57,8 +57,7 @@ class PolicyActor(TurnGenerator, Protocol):
 
 class PolicyHandle:
     """`PolicyActor` over the actor role of a worker group: each call runs on every rank with the
-    dispatch its worker method registered (rlctl.runtime.worker_group.RoleHandle). A wrapper that
-    changes one call (the multi-turn driver's `generate`) subclasses it over another PolicyActor."""
+    dispatch its worker method registered (rlctl.runtime.worker_group.RoleHandle)."""
 
     def __init__(self, role: RoleHandle | PolicyActor | TurnGenerator):
         self.role = role

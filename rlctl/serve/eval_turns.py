@@ -1,9 +1,9 @@
 """`rlctl eval` of a multi-turn run: the training loop's tools, interaction and reward on held-out rows.
 
-The model is loaded in this process and driven by the same `MultiTurnActor` as training (the hf
-engine behind `LocalTurns`, below): prompts rendered with the tools' schemas, all conversations of
-a chunk batched per turn, tools and the interaction between turns, the reward called with the whole
-conversation in `extra_info`. Each record carries the conversation, its turns and tool calls.
+The model is loaded in this process (the hf engine behind `LocalTurns`, below) and driven by the
+same tool loop as training, built the same way (rlctl.rollouts.base.build_rollout): prompts rendered
+with the tools' schemas, all conversations of a chunk batched per turn, tools and the interaction
+between turns, the reward called with the whole conversation in `extra_info`. Each record carries the conversation, its turns and tool calls.
 """
 
 from __future__ import annotations
@@ -21,8 +21,10 @@ def evaluate_multi_turn(folder: Path, rows: list[dict], opts, temperature: float
     """[prompt][sample] (reward item, record fields), for eval._score: the reward reads the prompt as
     training decodes it and the whole conversation in `extra_info`; the record keeps the conversation."""
     from rlctl.controller.prompts import render_prompts
-    from rlctl.controller.rollout import decode_prompts, decode_responses, prompt_batch
-    from rlctl.multiturn.rollout import MultiTurnActor, reward_extra_info
+    from rlctl.controller.rollout import prompt_batch
+    from rlctl.multiturn.rollout import reward_extra_info
+    from rlctl.rollouts.base import RolloutContext, build_rollout
+    from rlctl.rollouts.single import decode_prompts, decode_responses
     from rlctl.serve.source import context_room, load_model
     from rlctl.errors import UsageError
     from rlctl.models.vision import is_vision_model
@@ -39,7 +41,7 @@ def evaluate_multi_turn(folder: Path, rows: list[dict], opts, temperature: float
     config = dataclasses.replace(config, rollout=dataclasses.replace(config.rollout, n=opts.n),
                                  data=dataclasses.replace(config.data, max_response_length=max_new))
     turns = LocalTurns(model, pad_token_id=pad, eos_token_ids=eos, temperature=temperature, top_p=opts.top_p)
-    actor = MultiTurnActor(turns, config, tokenizer, run_dir, eos)
+    actor = build_rollout(turns, RolloutContext(config, tokenizer, run_dir, eos))
     try:
         prompts = render_prompts(rows, tokenizer, 1 << 30, "error", tools=actor.runner.schemas).rows
         context_room(folder, [p.prompt_ids for p in prompts])   # as single-turn eval checks them

@@ -20,9 +20,11 @@ import json
 
 from rlctl.data.sources import Generated, PrepSource, rule_row, seeded_splits
 from rlctl.errors import DataError, UsageError
+from rlctl.rollouts.table import ENVIRONMENTS
 
-NAME = "verifiers"
-PREFIX = "verifiers/"
+ENVIRONMENT = next(env for env in ENVIRONMENTS if env.name == "verifiers")   # its row: rows without ground truth
+NAME = ENVIRONMENT.name
+PREFIX = ENVIRONMENT.source_prefix
 DATA_SOURCES = ()
 DATA_SOURCE_PREFIXES = (PREFIX,)   # claimed so that a run scoring them with rlctl's scorer is told why not
 DEFAULT_SIZE = 1000         # tasks taken from an unbounded taskset

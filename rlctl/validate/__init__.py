@@ -13,7 +13,6 @@ import dataclasses
 
 from rlctl.config.checks import CheckContext
 from rlctl.agent.checks import check_agent
-from rlctl.agent.verifiers_agent import check_verifiers_rows
 from rlctl.config.loader import LoadedConfig, Problem
 from rlctl.config.plan import BatchPlan, SFTPlan, sft_plan
 from rlctl.data.checks import check_data_files, plan_with_rows, val_data_sources
@@ -23,6 +22,7 @@ from rlctl.models.chat_template import check_chat_template
 from rlctl.models.checks import check_model
 from rlctl.multiturn.checks import check_multi_turn
 from rlctl.rewards.checks import check_overlong, check_reward, check_reward_function, check_reward_model
+from rlctl.rollouts.checks import check_environment_rows, check_rollout_images, check_rollout_kind
 from rlctl.runtime.checks import (check_cpu_split, check_cuda, check_gpu_workers, resolve_auto,
                                   resolve_auto_problems)
 from rlctl.validate.selfplay import check_selfplay
@@ -45,12 +45,12 @@ __all__ = ["RL_CHECKS", "RL_MACHINE_CHECKS", "SFT_CHECKS", "SFT_MACHINE_CHECKS",
 # second pass; the data files, which also fill the plan's rows, run just before them).
 RL_CHECKS = (check_algorithm, check_dynamic_sampling, check_overlong, check_kl, check_policy_loss,
              check_staleness_loss, check_rollout_engine, check_one_step_off, check_lora, check_reward,
-             check_multi_turn, check_agent, check_distill, check_selfplay, check_expert_parallel, check_ulysses, check_pf_ppo,
+             check_multi_turn, check_agent, check_rollout_kind, check_distill, check_selfplay, check_expert_parallel, check_ulysses, check_pf_ppo,
              check_critic_pretrain, check_prime)
 RL_MACHINE_CHECKS = (check_model, check_lora_targets, check_adapter_sync, check_engine_installed, check_loggers,
-                     check_cuda, check_gpu_workers, check_cpu_split, check_distill_teachers, check_vision,
+                     check_cuda, check_gpu_workers, check_cpu_split, check_distill_teachers, check_vision, check_rollout_images,
                      check_image_data, check_expert_model, check_ulysses_model, check_prime_model,
-                     check_router_replay_model, check_verifiers_rows, check_chat_template)
+                     check_router_replay_model, check_environment_rows, check_chat_template)
 SFT_CHECKS = (check_sft_keys, check_sft_batch, check_lora, check_sft_best_metric, check_distill, check_expert_parallel,
               check_ulysses)
 SFT_MACHINE_CHECKS = (check_model, check_lora_targets, check_loggers, check_cuda, check_gpu_workers,

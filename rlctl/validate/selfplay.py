@@ -32,10 +32,6 @@ def check_selfplay(c: Config, ctx: CheckContext) -> list[Problem]:
             problems.append(Problem("actor.policy_loss", f"algorithm {algo.name!r} turns its pairwise loss into "
                                     "per-sequence advantages whose gradient is the loss's only with "
                                     "policy_loss = \"vanilla\" and loss_agg_mode = \"seq-mean-token-sum\"; set both"))
-        if c.rollout.multi_turn.enable:
-            problems.append(Problem("rollout.multi_turn.enable", f"algorithm {algo.name!r} pairs one generated "
-                                    "answer with the data's reference answer; multi-turn rollouts have no such "
-                                    "pair: turn one of them off"))
     if (algo.name == "sppo") != (actor.policy_loss == "sppo"):
         problems.append(Problem("actor.policy_loss", "SPPO is the sppo estimator (win rates) with the sppo loss "
                                 "(the squared regression onto them); one without the other is neither: set "

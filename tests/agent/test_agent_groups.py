@@ -10,7 +10,7 @@ import math
 import numpy as np
 
 from rlctl.agent.episodes import Call, Episode
-from rlctl.agent.rollout import agent_metrics, episode_batch, first_groups, pad_rows, score_episodes
+from rlctl.agent.rollout import agent_metrics, episode_batch, first_groups, first_rows, pad_rows, score_episodes
 from rlctl.controller.rollout import sampling_filter
 from rlctl.config.schema import Config
 from rlctl.controller.advantage import compute_advantages
@@ -54,7 +54,7 @@ def test_an_episode_split_into_three_rows_counts_once():
     for r in (1, 2, 3):
         assert np.allclose(adv[r][mask[r]], -1 / math.sqrt(2), atol=1e-5)
     assert not adv[4:].any()
-    assert reward_metrics(batch) == {"reward/mean": 0.5, "reward/std": 0.5, "reward/acc": 0.5}
+    assert reward_metrics(batch, first_rows(batch)) == {"reward/mean": 0.5, "reward/std": 0.5, "reward/acc": 0.5}
 
 
 def test_episodes_that_made_no_call_count_in_their_group():
@@ -66,7 +66,7 @@ def test_episodes_that_made_no_call_count_in_their_group():
     compute_advantages(batch, grpo(), None)
     adv, mask = batch["advantages"], batch["response_mask"] > 0
     assert np.allclose(adv[mask], -0.5 / math.sqrt(1 / 3), atol=1e-5)     # -0.866 on every calling token
-    assert reward_metrics(batch)["reward/mean"] == 0.5
+    assert reward_metrics(batch, first_rows(batch))["reward/mean"] == 0.5
 
 
 def test_dynamic_sampling_keeps_whole_groups_of_episodes_from_several_rounds():

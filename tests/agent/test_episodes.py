@@ -15,6 +15,7 @@ from rlctl.agent.rollout import agent_metrics, episode_batch, pad_rows, score_ep
 from rlctl.agent.runner import _take_result, plain
 from rlctl.config.checks import CheckContext
 from rlctl.config.schema import Config
+from rlctl.rollouts.checks import check_rollout_kind
 from rlctl.runtime.batch import Batch, object_array
 
 
@@ -117,11 +118,12 @@ def test_what_agent_rollouts_are_not_built_with_is_refused_in_one_line_each(tmp_
     c = agent_config(agent={"function": "a.py:run"}, mode="one_step_off")
     c = dataclasses.replace(c, rollout=dataclasses.replace(c.rollout, multi_turn=dataclasses.replace(
         c.rollout.multi_turn, enable=True)), algorithm=dataclasses.replace(c.algorithm, name="remax"))
-    keys = [p.key for p in check_agent(c, ctx)]
-    assert keys == ["rollout.multi_turn.enable", "rollout.mode", "algorithm.name"]
+    assert check_agent(c, ctx) == []   # what agent programs are built with is their row of the rollout table
+    keys = [p.key for p in check_rollout_kind(c, ctx)]
+    assert keys == ["rollout.multi_turn.enable", "rollout.mode", "rollout.agent.function"]
     pf = agent_config(agent={"function": "a.py:run"})
     pf = dataclasses.replace(pf, algorithm=dataclasses.replace(pf.algorithm, use_pf_ppo=True))
-    assert [p.key for p in check_agent(pf, ctx)] == ["algorithm.use_pf_ppo"]
+    assert [p.key for p in check_rollout_kind(pf, ctx)] == ["algorithm.use_pf_ppo"]
 
 
 def test_the_machine_pass_loads_the_agent(tmp_path):

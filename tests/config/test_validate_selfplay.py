@@ -13,6 +13,7 @@ from rlctl.config.schema import (ActorConfig, AlgorithmConfig, Config, LoraConfi
                                  RolloutConfig, RunConfig)
 from rlctl.controller.selfplay import check_resume_step, refresh_due
 from rlctl.errors import CheckpointError
+from rlctl.rollouts.checks import check_rollout_kind
 from rlctl.validate.selfplay import check_selfplay
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -39,8 +40,10 @@ def test_spin_rules_all_reported():
                rollout=RolloutConfig(multi_turn=MultiTurnConfig(enable=True)))
     assert sorted(problems(c)) == sorted([("algorithm.ref_update_every", "error"),   # LoRA: no frozen copy
                                           ("run.save_every", "error"),               # not a multiple of 4
-                                          ("actor.policy_loss", "error"),            # its gradient needs seq sums
-                                          ("rollout.multi_turn.enable", "error")])
+                                          ("actor.policy_loss", "error")])           # its gradient needs seq sums
+    # multi-turn rows have no reference answer to pair: the rollout table's check says so
+    kind = check_rollout_kind(c, CheckContext(base_dir=Path("."), raw={}, machine=False))
+    assert [(p.key, p.severity) for p in kind] == [("rollout.multi_turn.enable", "error")]
 
 
 def test_refresh_needs_a_reference_and_sppo_needs_both_halves():

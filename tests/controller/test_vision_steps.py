@@ -45,7 +45,7 @@ def _step(worker, prompts, step: int, critic=None):
     """One GRPO step (the trainer's calls, in-process), or a PPO step with GAE when a `critic`
     worker is given; the rollout rows with their scores (and values)."""
     from rlctl.algorithms import compute_advantages
-    from rlctl.controller.rollout import decode_responses
+    from rlctl.rollouts.single import decode_responses
     from rlctl.tasks.shapes import compute_score
 
     batch = worker.generate(prompts, seed=step)

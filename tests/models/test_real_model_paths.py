@@ -14,7 +14,8 @@ import torch
 
 from rlctl.config.schema import Config, DataConfig, ModelConfig, MultiTurnConfig, RolloutConfig
 from rlctl.multiturn.conversation import ChatRenderer, check_transcript
-from rlctl.multiturn.rollout import MultiTurnActor
+from rlctl.multiturn.rollout import ToolLoop
+from rlctl.rollouts.base import RolloutContext
 
 pytestmark = pytest.mark.slow
 QUESTIONS = [f"What is {a}+{b}? Reply with digits only." for a, b in ((7, 10), (3, 4), (12, 9), (15, 18))]
@@ -50,7 +51,7 @@ def test_multi_turn_token_bookkeeping_holds_with_smollm2_s_template(tmp_path, to
     config = Config(model=ModelConfig(path="unused"), data=DataConfig(train_files=("x",), max_response_length=512),
                     rollout=RolloutConfig(multi_turn=mt))
     eos = [tok.convert_tokens_to_ids("<|im_end|>")]
-    actor = MultiTurnActor(group=None, config=config, tokenizer=tok, base=tmp_path, eos_ids=eos)
+    actor = ToolLoop(None, RolloutContext(config, tok, tmp_path, eos))
     assert ChatRenderer(tok).closing == "<|im_end|>\n"
     messages = [{"role": "user", "content": QUESTIONS[0]}]
     prompt_ids = actor.renderer.encode(actor.renderer.render(messages, generation_prompt=True))

@@ -36,7 +36,8 @@ class Asker:
 def _setup(model_dir, tmp_path, ranks: int = 1):
     from rlctl.controller.prompts import render_prompts
     from rlctl.controller.rollout import prompt_batch
-    from rlctl.multiturn.rollout import MultiTurnActor
+    from rlctl.multiturn.rollout import ToolLoop
+    from rlctl.rollouts.base import RolloutContext
     from rlctl.runtime.dispatch import collect_results, dispatch_mode, split_arguments
     from rlctl.workers.roles.rollout_worker import RolloutWorker
 
@@ -59,7 +60,7 @@ def _setup(model_dir, tmp_path, ranks: int = 1):
             return call
 
     def turns():
-        return MultiTurnActor(Ranks(), config, worker.tokenizer, tmp_path, worker.eos_ids)
+        return ToolLoop(Ranks(), RolloutContext(config, worker.tokenizer, tmp_path, worker.eos_ids))
 
     rows = [{"prompt": [{"role": "user", "content": q}], "data_source": "calc", "reward_model": {"ground_truth": ""},
              "extra_info": {}} for q in ("What is 2 + 2?", "What is 2 + 2?")]

@@ -15,7 +15,8 @@ from rlctl.config.schema import Config, DataConfig, ModelConfig, MultiTurnConfig
 from rlctl.errors import ConfigError
 from rlctl.models.tiny import build_tokenizer
 from rlctl.multiturn.conversation import ChatRenderer, check_transcript
-from rlctl.multiturn.rollout import MultiTurnActor
+from rlctl.multiturn.rollout import ToolLoop
+from rlctl.rollouts.base import RolloutContext
 from rlctl.multiturn.tools import ToolRunner, load_tools
 from support.cli import rlctl_here
 
@@ -23,7 +24,7 @@ CALL = '<tool_call>\n{"name": "calculator", "arguments": {"expression": "17 * 3"
 
 
 def make_actor(tmp_path: Path, tokenizer, *, tools=("calculator",), interaction="", budget=2048, max_turns=4,
-               max_tool_response_length=256, files: dict | None = None) -> MultiTurnActor:
+               max_tool_response_length=256, files: dict | None = None) -> ToolLoop:
     for name, text in (files or {}).items():
         (tmp_path / name).write_text(text)
     mt = MultiTurnConfig(enable=True, tools=tuple(tools), interaction=interaction, max_turns=max_turns,
@@ -31,7 +32,7 @@ def make_actor(tmp_path: Path, tokenizer, *, tools=("calculator",), interaction=
     config = Config(model=ModelConfig(path="unused"), data=DataConfig(train_files=("x",), max_response_length=budget),
                     rollout=RolloutConfig(multi_turn=mt))
     eos = [tokenizer.convert_tokens_to_ids("<|im_end|>"), tokenizer.convert_tokens_to_ids("<|endoftext|>")]
-    return MultiTurnActor(group=None, config=config, tokenizer=tokenizer, base=tmp_path, eos_ids=eos)
+    return ToolLoop(None, RolloutContext(config, tokenizer, tmp_path, eos))
 
 
 def start(actor, question="What is 17 * 3?", extra_info=None):

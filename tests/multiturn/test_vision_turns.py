@@ -1,6 +1,6 @@
 """A tool that answers with an image, in a multi-turn rollout of a tiny Qwen2.5-VL (rlctl.multiturn.vision_turns).
 
-The real turn loop (MultiTurnActor) on the actor worker's hf engine in this process: turn 1 is the model writing a
+The real turn loop (ToolLoop) on the actor worker's hf engine in this process: turn 1 is the model writing a
 zoom call (its tokens chosen, its log-probs the engine's own), the shipped example tool
 (examples/vision-zoom/zoom.py) answers with a crop of the prompt's picture, turn 2 is sampled.
 The proofs: the trainer's log-probs (the worker's compute_log_prob) of the finished batch equal the ones the engine sampled with,
@@ -71,9 +71,10 @@ def zoom_rollout(tiny_vlm_dir):
 
 
 def _rollout(worker, c, first_turn: str, base: Path):
-    """MultiTurnActor.generate over two shapes prompts (a picture each), n = 2, turn 1 scripted."""
+    """ToolLoop.generate over two shapes prompts (a picture each), n = 2, turn 1 scripted."""
     from rlctl.models.vision import encode_prompt, load_processor
-    from rlctl.multiturn.rollout import MultiTurnActor
+    from rlctl.multiturn.rollout import ToolLoop
+    from rlctl.rollouts.base import RolloutContext
     from rlctl.tasks.shapes import _draw
     from rlctl.workers.compute.models import eos_token_ids
 
@@ -81,7 +82,7 @@ def _rollout(worker, c, first_turn: str, base: Path):
     tokenizer = processor.tokenizer
     script = tokenizer(first_turn, add_special_tokens=False)["input_ids"]
     gen = ScriptedFirstTurn(worker, script)
-    actor = MultiTurnActor(gen, c, tokenizer, base, eos_token_ids(c.model.path, tokenizer), engine_log_probs=True)
+    actor = ToolLoop(gen, RolloutContext(c, tokenizer, base, eos_token_ids(c.model.path, tokenizer), engine_log_probs=True))
     messages = [[{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "Colour?"}]}]] * 2
     pictures = [[_draw(random.Random(i), colour, 2)[0]] for i, colour in enumerate(("red", "blue"))]
     ids = [encode_prompt(processor, m, p, actor.runner.schemas)["input_ids"].tolist()

@@ -78,7 +78,7 @@ def test_validate_refuses_verifiers_rows_without_the_built_in_agent(tmp_path):
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from rlctl.agent.verifiers_agent import check_verifiers_rows
+    from rlctl.rollouts.checks import check_environment_rows
     from rlctl.config.checks import CheckContext
     from rlctl.config.loader import load_config
     from rlctl.project import write_project
@@ -88,13 +88,13 @@ def test_validate_refuses_verifiers_rows_without_the_built_in_agent(tmp_path):
     ctx = CheckContext(base_dir=tmp_path / "p", raw={})
     files = ['data.train_files=["rows.parquet"]', "data.val_files=[]"]
     without = load_config(tmp_path / "p" / "rlctl.toml", files + ['rollout.agent.function="agent.py:run"'])
-    (problem,) = check_verifiers_rows(without.config, ctx)
+    (problem,) = check_environment_rows(without.config, ctx)
     assert problem.key == "rollout.agent.function" and "verifiers/vf-calc" in problem.message
     with_agent = load_config(tmp_path / "p" / "rlctl.toml", files + ['rollout.agent.function="verifiers"'])
-    assert check_verifiers_rows(with_agent.config, ctx) == []
+    assert check_environment_rows(with_agent.config, ctx) == []
     scorer = load_config(tmp_path / "p" / "rlctl.toml", files + ['rollout.agent.function="verifiers"',
                                                                  'rollout.agent.reward="sum"'])
-    (problem,) = check_verifiers_rows(scorer.config, ctx)
+    (problem,) = check_environment_rows(scorer.config, ctx)
     assert problem.key == "rollout.agent.reward"
 
 
@@ -102,7 +102,7 @@ def test_the_feedback_recipe_validates_and_reads_what_its_headers_prep_writes(tm
     import shlex
     from pathlib import Path
 
-    from rlctl.agent.verifiers_agent import check_verifiers_rows
+    from rlctl.rollouts.checks import check_environment_rows
     from rlctl.config.checks import CheckContext
     from rlctl.config.loader import load_config
     from rlctl.project import write_project
@@ -124,7 +124,7 @@ def test_the_feedback_recipe_validates_and_reads_what_its_headers_prep_writes(tm
     loaded = load_config(tmp_path / "p" / "rlctl.toml")
     problems, _ = validate(loaded, machine=False)
     assert [f"{p.key}: {p.message}" for p in problems if p.severity == "error"] == []
-    assert check_verifiers_rows(loaded.config, CheckContext(base_dir=tmp_path / "p", raw={})) == []
+    assert check_environment_rows(loaded.config, CheckContext(base_dir=tmp_path / "p", raw={})) == []
     for files in (loaded.config.data.train_files, loaded.config.data.val_files):
         (path,) = files
         assert (tmp_path / "p" / path).is_file()

@@ -7,6 +7,7 @@ import dataclasses
 
 from rlctl.config.checks import CheckContext
 from rlctl.config.schema import Config, ModelConfig
+from rlctl.rollouts.checks import check_rollout_images
 from rlctl.workers.compute.vision_checks import check_vision
 from rlctl.workers.rollout.vllm import collapse_runs, vision_requests, vllm_sampling_args
 from rlctl.workers.rollout.vllm_platform import cpu_refusal
@@ -34,10 +35,11 @@ def test_what_is_not_built_for_a_vlm_is_refused_a_text_critic_too_and_freeze_nee
     assert "\"hf\" only" in off[0].message and "not built" in off[1].message
     assert check_vision(_config(tiny_vlm_dir, rollout={"engine": "vllm"}), ctx) == []   # sync vLLM: the GPU path
     turns = {"multi_turn": dataclasses.replace(Config().rollout.multi_turn, enable=True)}
-    assert check_vision(_config(tiny_vlm_dir, rollout=turns), ctx) == []   # sync + hf: tool images are built
+    assert check_rollout_images(_config(tiny_vlm_dir, rollout=turns), ctx) == []   # sync + hf: tool images are built
     for other in ({"mode": "one_step_off"}, {"mode": "async"}, {"engine": "vllm"}):
-        refused = check_vision(_config(tiny_vlm_dir, rollout={**turns, **other}), ctx)
+        refused = check_rollout_images(_config(tiny_vlm_dir, rollout={**turns, **other}), ctx)
         assert [p.key for p in refused] == ["rollout.multi_turn.enable"] and "\"sync\"" in refused[0].message
+        assert check_rollout_images(_config(tiny_model_dir, rollout={**turns, **other}), ctx) == []   # text: any
     text = check_vision(_config(tiny_model_dir, model={"freeze_vision_tower": True}), ctx)
     assert [p.key for p in text] == ["model.freeze_vision_tower"] and "no vision tower" in text[0].message
 

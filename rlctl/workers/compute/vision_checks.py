@@ -1,6 +1,6 @@
 """Config checks of training a vision-language model (rlctl.workers.compute.vision): what is built for one
-so far (rollout.mode one_step_off / async: the hf engine, whole batches; multi-turn: sync and the
-hf engine), model.freeze_vision_tower
+so far (rollout.mode one_step_off / async: the hf engine, whole batches; what each rollout kind carries
+images in: rlctl.rollouts.checks), model.freeze_vision_tower
 on a model that has no vision tower, and a text-only critic beside a vision-language policy.
 
 Machine pass only: whether model.path is a vision-language model is read from its config.json
@@ -39,11 +39,6 @@ def check_vision(c: Config, ctx: CheckContext) -> list[Problem]:
     if c.rollout.mode == "async" and c.rollout.partial_rollout:
         problems.append(Problem("rollout.partial_rollout", "partial rollouts of a vision-language model are not built "
                                 "yet (the unfinished samples do not keep their images); set it to false"))
-    if c.rollout.multi_turn.enable and (c.rollout.mode != "sync" or c.rollout.engine != "hf"):
-        problems.append(Problem("rollout.multi_turn.enable", "multi-turn rollouts of a vision-language model are "
-                                "built for rollout.mode = \"sync\" with rollout.engine = \"hf\" only, not "
-                                f"{c.rollout.mode!r} / {c.rollout.engine!r} (the other paths do not carry a "
-                                "conversation's images between turns yet); set those, or multi_turn.enable = false"))
     if run_needs(c).critic and c.critic.model_path:
         critic = model_config(dataclasses.replace(c, model=dataclasses.replace(c.model, path=c.critic.model_path)), ctx)
         if critic is not None and critic.get("vision_config") is None:

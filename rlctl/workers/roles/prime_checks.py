@@ -23,9 +23,6 @@ def check_prime(c: Config, ctx: CheckContext) -> list[Problem]:
         problems.append(Problem("rollout.mode", f"algorithm {name!r} trains its implicit PRM on each step's batch "
                                 f"in the synchronous loop; rollout.mode = {c.rollout.mode!r} is not built with it: "
                                 "set rollout.mode = \"sync\""))
-    if c.rollout.multi_turn.enable:
-        problems.append(Problem("rollout.multi_turn.enable", f"algorithm {name!r}'s implicit PRM is not built for "
-                                "multi-turn rollouts (tool tokens inside responses): set it to false"))
     return problems
 
 

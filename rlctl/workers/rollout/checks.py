@@ -13,6 +13,7 @@ from rlctl.config.checks import CheckContext
 from rlctl.config.loader import Problem
 from rlctl.config.schema import SEPARATE_ROLLOUT_MODES, Config
 from rlctl.models.checks import model_config
+from rlctl.rollouts.table import kind_of
 from rlctl.workers.rollout.registry import rollout_engine_info, sharding_engines
 from rlctl.workers.rollout.vllm_platform import cpu_refusal
 
@@ -113,7 +114,7 @@ def _async_problems(c: Config, ctx: CheckContext) -> list[Problem]:
 def _partial_problems(c: Config) -> list[Problem]:
     """rollout.partial_rollout: what generation in rounds supports so far."""
     ro, problems = c.rollout, []
-    if ro.partial_chunk >= c.data.max_response_length and not ro.multi_turn.enable:   # multi-turn: a round is a turn
+    if ro.partial_chunk >= c.data.max_response_length and kind_of(c).round_of == "tokens":   # else a round is a turn
         problems.append(Problem("rollout.partial_chunk", f"{ro.partial_chunk} >= data.max_response_length = "
                                 f"{c.data.max_response_length}: every sample finishes in its first round, so none "
                                 "is ever continued on newer weights; lower it to make partial rollouts matter",

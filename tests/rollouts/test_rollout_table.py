@@ -1,0 +1,56 @@
+"""The rollout table (rlctl.rollouts.table): the config selects one row, and the checks that refuse a
+combination read the row's declarations (rlctl.rollouts.checks), for every kind alike."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+from rlctl.config.checks import CheckContext
+from rlctl.config.schema import Config
+from rlctl.rollouts.checks import check_rollout_kind
+from rlctl.rollouts.table import KINDS, environment_of, kind_of
+
+CTX = CheckContext(base_dir=Path("."), raw={}, machine=False)
+
+
+def config(algorithm: str = "grpo", **rollout) -> Config:
+    c = Config()
+    turns = rollout.pop("tools", False)
+    agent = rollout.pop("agent", "")
+    ro = dataclasses.replace(c.rollout, multi_turn=dataclasses.replace(c.rollout.multi_turn, enable=turns),
+                             agent=dataclasses.replace(c.rollout.agent, function=agent), **rollout)
+    return dataclasses.replace(c, rollout=ro, algorithm=dataclasses.replace(c.algorithm, name=algorithm))
+
+
+def test_the_config_selects_one_row_and_every_row_names_a_class_that_exists():
+    assert kind_of(config()).name == "single"
+    assert kind_of(config(tools=True)).name == "tools"
+    assert kind_of(config(agent="a.py:run")).name == "agent"
+    assert kind_of(config(tools=True, agent="a.py:run")).name == "agent"   # and the check refuses the pair
+    for kind in KINDS:
+        cls = kind.rollout_class()
+        assert all(callable(getattr(cls, m, None)) for m in ("generate", "score", "sample_rows", "join_groups",
+                                                              "close")), kind.name
+
+
+def test_the_checks_read_each_kinds_declarations():
+    keys = lambda c: [p.key for p in check_rollout_kind(c, CTX)]   # noqa: E731
+    assert keys(config()) == [] and keys(config(tools=True)) == [] and keys(config(agent="a.py:run")) == []
+    for mode in ("one_step_off", "async"):
+        assert keys(config(mode=mode)) == [] and keys(config(tools=True, mode=mode)) == []
+        assert keys(config(agent="a.py:run", mode=mode)) == ["rollout.mode"]
+    assert keys(config(tools=True, mode="async", partial_rollout=True)) == []   # a round is a turn
+    assert keys(config("remax", tools=True)) == []                     # the tool loop has a greedy mode
+    assert keys(config("remax", agent="a.py:run")) == ["rollout.agent.function"]
+    assert keys(config("spin", tools=True)) == ["rollout.multi_turn.enable"]   # no reference pair
+    assert keys(config("prime", tools=True)) == ["rollout.multi_turn.enable"]  # tool tokens in responses
+    assert keys(config("prime")) == []
+    both = check_rollout_kind(config(tools=True, agent="a.py:run"), CTX)
+    assert [p.key for p in both] == ["rollout.multi_turn.enable"] and "agent programs" in both[0].message
+
+
+def test_an_environment_library_declares_that_its_rows_carry_no_ground_truth():
+    env = environment_of("verifiers/vf-calc")
+    assert env is not None and env.agent == "verifiers" and not env.ground_truth
+    assert environment_of("arith") is None and environment_of("reasoning_gym/leg_counting") is None
