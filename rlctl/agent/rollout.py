@@ -8,7 +8,7 @@ rollout.n episodes once (rlctl.algorithms.episodes). An episode that made no cal
 its prompt with an empty (masked) response, so its reward still counts in its group. Columns besides
 the single-turn ones: agent_reward [R] (NaN: none), agent_answer [R] (the episode's last completion
 text, what reward.function reads), agent_episode [R] (-1 on padding rows), agent_failure [R] (why it
-failed: rlctl.agent.failures). When rows outnumber rollout.n x prompts, copies of real rows with
+failed: rlctl.agent.failures), agent_info [R] (what the agent returned beside its reward), agent_calls [R]. When rows outnumber rollout.n x prompts, copies of real rows with
 response_mask 0 and a uid of their own pad the batch to whole mini-batches on every rank; they add
 nothing to a loss and are no sample of any group or mean.
 """
@@ -56,6 +56,20 @@ class AgentPrograms:
 
     def sample_rows(self, batch: Batch) -> np.ndarray:
         return first_rows(batch)
+
+    @property
+    def prompt_tools(self) -> list[dict]:
+        return []   # an agent offers its own tools in its requests
+
+    def eval_samples(self, batch: Batch, tokenizer) -> list[tuple[dict, dict]]:
+        """Each episode's (reward item: its last answer; record fields: why it failed, its calls, its metrics)."""
+        return [({"data_source": batch["data_source"][r], "solution_str": str(batch["agent_answer"][r]),
+                  "ground_truth": batch["ground_truth"][r], "extra_info": batch["extra_info"][r], "prompt_str": "",
+                  "messages": batch["messages"][r]},
+                 {"failure": str(batch["agent_failure"][r]), "calls": int(batch["agent_calls"][r]),
+                  "metrics": {**batch["agent_info"][r], "failed": float(bool(batch["agent_failure"][r])),
+                              "calls": float(batch["agent_calls"][r])}})
+                for r in first_rows(batch)]
 
     def generate(self, batch: Batch, *, seed: int, mode: str = "train") -> Batch:
         rc = self.config.rollout
@@ -147,6 +161,7 @@ def episode_batch(prompts: Batch, episodes: list[Episode], n: int, *, width: int
         "agent_episode": np.array([ep.index for ep, _ in placed], np.int64),
         "agent_failure": object_array([failure_text(ep.failure, ep.refused) for ep, _ in placed]),
         "agent_info": object_array([dict(ep.metrics) for ep, _ in placed]),
+        "agent_calls": np.array([len(ep.calls) for ep, _ in placed], np.int64),
     })
     if log_probs:
         columns["rollout_log_prob"] = out["rollout_log_prob"]

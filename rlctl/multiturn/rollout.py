@@ -74,6 +74,24 @@ class ToolLoop:
     def sample_rows(self, batch: Batch) -> np.ndarray:
         return np.arange(len(batch))
 
+    @property
+    def prompt_tools(self) -> list[dict]:
+        return self.runner.schemas
+
+    def eval_samples(self, batch: Batch, tokenizer) -> list[tuple[dict, dict]]:
+        """Each sample's (reward item, with the conversation in extra_info; record fields: the conversation,
+        its turns and tool calls)."""
+        from rlctl.rollouts.single import decode_prompts, decode_responses
+
+        return [({"data_source": ds, "solution_str": text, "ground_truth": gt, "prompt_str": prompt_str,
+                  "extra_info": reward_extra_info(ei, conv, info), "messages": prompt},
+                 {"finish_reason": info["finish"], "messages": conv, "num_turns": info["num_turns"],
+                  "tool_calls": info["tool_calls"], "turn_scores": info["turn_scores"]})
+                for text, ds, gt, ei, conv, info, prompt, prompt_str in zip(
+                    decode_responses(batch, tokenizer), batch["data_source"], batch["ground_truth"],
+                    batch["extra_info"], batch["conversation"], batch["multi_turn"], batch["messages"],
+                    decode_prompts(batch, tokenizer))]
+
     def join_groups(self, rounds: list[Batch], groups: int, world_size: int) -> Batch:
         return join_rounds(rounds, groups, self.config.rollout.n, world_size)
 

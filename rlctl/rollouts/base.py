@@ -62,7 +62,19 @@ class Rollout(Protocol):
     def join_groups(self, rounds: list[Batch], groups: int, world_size: int) -> Batch:
         """Dynamic sampling's kept rounds as one training batch of their first `groups` groups."""
 
+    @property
+    def prompt_tools(self) -> list[dict]:
+        """The tool schemas its prompts show (rendered into the chat template)."""
+
     def close(self) -> None: ...
+
+
+class TurnRollout(Rollout, Protocol):
+    """A kind that drives its turn generator from this process (its row's `one_call` is False): `rlctl
+    eval` runs it over a model in this process (rlctl.serve.eval_turns) and asks it what each sample is."""
+
+    def eval_samples(self, batch: Batch, tokenizer: Any) -> list[tuple[dict, dict]]:
+        """Per sample (sample_rows, prompt-major): (the reward's item, the eval record's own fields)."""
 
 
 def build_rollout(turns: TurnGenerator | PolicyActor | RoleHandle, ctx: RolloutContext) -> Rollout:

@@ -33,6 +33,10 @@ class SingleTurn:
     def join_groups(self, rounds: list[Batch], groups: int, world_size: int) -> Batch:
         return join_rounds(rounds, groups, self.n, world_size)
 
+    @property
+    def prompt_tools(self) -> list[dict]:
+        return []
+
     def close(self) -> None:
         """Nothing of its own: the group belongs to the run."""
 

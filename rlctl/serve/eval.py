@@ -34,7 +34,7 @@ class EvalOptions:
     max_concurrency: int = 32
     step: int | None = None
     config: str | None = None  # an rlctl.toml whose reward and multi-turn settings replace the model's run's
-    agent: str | None = None  # "file.py:name": play this agent program (rlctl.serve.eval_agent)
+    agent: str | None = None  # "file.py:name": play this agent program (its own reward: rlctl.serve.eval_turns)
     chat_template: str = ""  # the template file chats are rendered with ("": the model folder's own)
 
 
@@ -170,36 +170,32 @@ def run_eval(model_path: str | Path, data_file: str | Path, opts: EvalOptions, o
         raise UsageError("--n > 1 with --temperature 0 gives n identical answers",
                          hint="set --temperature (e.g. 1.0) to sample.")
     reward = _resolve_reward_model(reward, config_dir)
-    multi_turn = config is not None and config.rollout.multi_turn.enable
+    kind, config, base = rollout_of(config, run_dir, opts)
     # The reward sources check themselves as they start (the function, the built-ins for these data
     # sources, the services' URLs): a bad reward stops here, before minutes of generation.
     with build_reward(reward, config_dir) as sources:
-        if not opts.agent:   # an agent's own reward scores it: no reward function runs
+        if not kind.own_reward(config):   # e.g. an agent's own reward scores it: no reward function runs
             sources.check_data_sources({row["data_source"] for row in rows})
+        played = None
         with model_folder(model_path, opts.step) as folder:
-            if opts.agent:   # the agent's own rewards: no reward function runs
-                from rlctl.serve.eval_agent import agent_config, evaluate_agent
+            if not kind.one_call:   # the training rollout (tool loop, agent programs) over the model here
+                from rlctl.serve.eval_turns import evaluate_rollout
 
-                prompt_len = config.data.max_prompt_length if config is not None else 1024
-                played = evaluate_agent(folder, rows, opts, temperature, (prompt_len, opts.max_new_tokens or default_max),
-                                        agent_config(opts.agent, config), Path.cwd())
-            elif multi_turn:   # the training loop's tools, interaction and reward, conversation by conversation
-                from rlctl.serve.eval_turns import evaluate_multi_turn
-
-                samples = evaluate_multi_turn(folder, rows, opts, temperature, opts.max_new_tokens or default_max,
-                                              config, run_dir)
+                samples, played = evaluate_rollout(folder, rows, opts, temperature,
+                                                   opts.max_new_tokens or default_max, config, base)
             else:
                 tokenizer, prompt_ids, visions = _prompts(folder, rows, image_key, opts.chat_template)
                 samples = _single_turn_samples(rows, tokenizer.batch_decode(prompt_ids), _generate(
                     folder, prompt_ids, opts, temperature, opts.max_new_tokens or default_max, visions))
         if reward.model:   # loaded once the policy is done with
             sources.attach_model(_LocalRewardModel(reward))
-        scores, correct, metrics, records = played if opts.agent else _score(rows, samples, sources)
+        scores, correct, metrics, records = played if played is not None else _score(rows, samples, sources)
     _write_jsonl(out_path, records)
     by_source = defaultdict(list)
     for i, row in enumerate(rows):
         by_source[row["data_source"]].append(i)
-    used = [[bool(fields["tool_calls"]) for _, fields in prompt] for prompt in samples] if multi_turn else None
+    calls = all("tool_calls" in fields for prompt in samples for _, fields in prompt)   # the tool loop's records
+    used = [[bool(fields["tool_calls"]) for _, fields in prompt] for prompt in samples] if calls else None
     summary = {"model": str(model_path), "data": str(data_file), "n": opts.n, "temperature": temperature,
                "reward": _reward_label(reward), "out": str(out_path),
                "sources": {src: summarize([scores[i] for i in idx], [correct[i] for i in idx], opts.n,
@@ -209,6 +205,24 @@ def run_eval(model_path: str | Path, data_file: str | Path, opts: EvalOptions, o
     if opts.config:
         summary["config"] = opts.config
     return summary
+
+
+def rollout_of(config, run_dir: Path, opts: EvalOptions):
+    """(the rollout kind eval runs, the config it is built from, the folder its files are relative to): the
+    run's (or --config's) kind; --agent FILE.py:NAME plays that agent program with the run's other
+    [rollout.agent] limits (or the defaults) and its own reward."""
+    from rlctl.config.schema import Config
+    from rlctl.rollouts.table import kind_of
+
+    if opts.agent:
+        if config is None:   # a bare model folder: the defaults, with room for an agent's longer prompts
+            config = Config()
+            config = replace(config, data=replace(config.data, max_prompt_length=1024))
+        agent = replace(config.rollout.agent, function=opts.agent, command=(), reward="agent")
+        config = replace(config, rollout=replace(config.rollout, agent=agent,
+                                                 multi_turn=replace(config.rollout.multi_turn, enable=False)))
+        run_dir = Path.cwd()
+    return kind_of(config if config is not None else Config()), config, run_dir
 
 
 def _resolve_reward_model(reward, config_dir: Path):

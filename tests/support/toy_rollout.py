@@ -45,6 +45,16 @@ class EvenTokens:
     def join_groups(self, rounds: list[Batch], groups: int, world_size: int) -> Batch:
         return join_rounds(rounds, groups, self.config.rollout.n, world_size)
 
+    @property
+    def prompt_tools(self) -> list[dict]:
+        return []
+
+    def eval_samples(self, batch: Batch, tokenizer) -> list[tuple[dict, dict]]:
+        return [({"data_source": ds, "solution_str": text, "ground_truth": gt, "extra_info": ei, "prompt_str": "",
+                  "messages": m}, {})
+                for ds, text, gt, ei, m in zip(batch["data_source"], decode_responses(batch, tokenizer),
+                                               batch["ground_truth"], batch["extra_info"], batch["messages"])]
+
     def close(self) -> None:
         """Nothing of its own."""
 
