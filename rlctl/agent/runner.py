@@ -35,6 +35,7 @@ import numpy as np
 
 from rlctl.agent.episodes import Episode
 from rlctl.errors import ConfigError, Interrupted
+from rlctl.rollouts.table import builtin_agent
 
 STDERR_TAIL = 400         # characters of a failed command's stderr kept for the log
 LINE_LIMIT = 1 << 16      # bytes of a command's stdout line kept: a reward line is a number or a small object
@@ -42,23 +43,19 @@ CHUNK = 1 << 16           # bytes read from a pipe at a time
 PIPE_GRACE_S = 2.0        # after the group is killed: how long its pipes may take to close
 
 
-BUILTIN_AGENTS = ("verifiers",)   # rollout.agent.function names rlctl ships (rlctl.agent.verifiers_agent)
-
-
 def load_agent(agent_cfg, base: Path, tokenizer: str | None = None):
     """The configured function (checked to be async with two parameters), or None for a command.
     `tokenizer`: the policy's tokenizer path, which a built-in agent renders prompts with."""
     if not agent_cfg.function:
         return None
-    if agent_cfg.function == "verifiers":
+    env = builtin_agent(agent_cfg.function)   # an environment library's own agent (rlctl.rollouts.table)
+    if env is not None:
         import functools
 
-        from rlctl.agent.verifiers_agent import run
         from rlctl.errors import UsageError
-        from rlctl.tasks.verifiers_env import require_verifiers
 
         try:
-            require_verifiers()
+            run = env.agent_function()
         except UsageError as e:
             raise ConfigError(f"rollout.agent.function: {e.message}", hint=e.hint) from None
         return functools.partial(run, tokenizer=tokenizer)

@@ -109,6 +109,14 @@ async def single_turn(client, row: dict) -> dict:
     return {"reward": float(score["score"] if isinstance(score, dict) else score)}
 
 
+def player():
+    """This agent's function (its row of rlctl.rollouts.table.ENVIRONMENTS), once verifiers is importable."""
+    from rlctl.tasks.verifiers_env import require_verifiers
+
+    require_verifiers()
+    return run
+
+
 async def run(client, row: dict, *, tokenizer: str | None = None):
     if not str(row.get("data_source", "")).startswith(PREFIX):
         return await single_turn(client, row)

@@ -95,10 +95,6 @@ def check_chat_template(c: Config, ctx: CheckContext) -> list[Problem]:
         return []
     from rlctl.models.checks import model_config
 
-    if c.rollout.agent.function == "verifiers":   # rlctl.agent.verifiers_agent renders with the renderers package
-        return [Problem("model.chat_template", "does not reach the built-in verifiers agent, which renders its "
-                                               "prompts with the renderers package's template for the model; "
-                                               "leave it out")]
     if (model_config(c, ctx) or {}).get("vision_config") is not None:   # its processor renders the prompts
         return [Problem("model.chat_template", "is not applied to a vision-language model's processor yet; "
                                                "leave it out (the processor's own template renders the chats)")]

@@ -1,8 +1,8 @@
 """Config checks of the run's rollout kind, from what its row in the rollout table declares
 (rlctl.rollouts.table): one kind at a time, the rollout modes and partial rollouts it is built for,
 the algorithms whose extra rows or token-level model it cannot give, and in the machine pass the
-modes and engines it carries a vision-language policy's images in, and the rows an environment
-library's task wrote played by that environment's agent. No rule names a kind or an environment.
+modes and engines it carries a vision-language policy's images in, the rows an environment
+library's task wrote played by that environment's agent, and a built-in agent's own prompt template. No rule names a kind or an environment.
 
 Checks keep the contract of rlctl.config.checks: `check(config, ctx) -> list[Problem]`.
 """
@@ -12,7 +12,7 @@ from __future__ import annotations
 from rlctl.config.checks import CheckContext
 from rlctl.config.loader import Problem
 from rlctl.config.schema import Config
-from rlctl.rollouts.table import ENVIRONMENTS, RolloutKind, environment_of, selected_kinds
+from rlctl.rollouts.table import ENVIRONMENTS, RolloutKind, builtin_agent, environment_of, selected_kinds
 
 # (the RolloutKind capability, the algorithm's Needs field that asks for it, what the algorithm does)
 NEEDS = (("greedy_baseline", "greedy_baseline", "takes a greedy rollout of each prompt as its baseline"),
@@ -88,6 +88,16 @@ def check_environment_rows(c: Config, ctx: CheckContext) -> list[Problem]:
                                     "rows with rlctl's built-in scorer, which has none for them: use \"agent\" "
                                     "(the environment's reward)"))
     return problems
+
+
+def check_agent_template(c: Config, ctx: CheckContext) -> list[Problem]:
+    """model.chat_template does not reach a built-in agent that renders its prompts itself."""
+    env = builtin_agent(c.rollout.agent.function)
+    if not c.model.chat_template or env is None or not env.own_template:
+        return []
+    return [Problem("model.chat_template", f"does not reach the built-in {env.name} agent, which renders its "
+                                           "prompts with its environment library's own template for the model; "
+                                           "leave it out")]
 
 
 def _data_sources(c: Config, ctx: CheckContext) -> set:

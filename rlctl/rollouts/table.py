@@ -95,17 +95,30 @@ def kind_of(config: Config) -> RolloutKind:
 class Environment:
     """An environment library: a task writes its rows, a built-in agent plays them."""
 
-    name: str
+    name: str             # `rlctl data prep NAME:ID` (its task in rlctl.tasks)
     source_prefix: str    # the data_source of every row its task writes starts with this
-    agent: str            # the rollout.agent.function built-in that plays (and rewards) the rows
+    agent: str            # the rollout.agent.function name of the built-in agent that plays (and rewards) the rows
+    player: str           # "module:function" returning that agent's async (client, row, *, tokenizer) function
+    #                       (UsageError when the library is not installed)
     ground_truth: bool    # the rows carry a ground truth (else the environment holds the answer)
+    own_template: bool    # the agent renders its prompts itself (model.chat_template does not reach it)
+
+    def agent_function(self):
+        module, _, name = self.player.partition(":")
+        return getattr(importlib.import_module(module), name)()
 
 
 ENVIRONMENTS: tuple[Environment, ...] = (
-    Environment("verifiers", "verifiers/", agent="verifiers", ground_truth=False),
+    Environment("verifiers", "verifiers/", agent="verifiers", player="rlctl.agent.verifiers_agent:player",
+                ground_truth=False, own_template=True),
 )
 
 
 def environment_of(data_source: str) -> Environment | None:
     """The environment library whose task wrote a row of this data_source (None: a plain task's)."""
     return next((env for env in ENVIRONMENTS if str(data_source).startswith(env.source_prefix)), None)
+
+
+def builtin_agent(function: str) -> Environment | None:
+    """The environment library whose built-in agent rollout.agent.function names (None: a user's agent)."""
+    return next((env for env in ENVIRONMENTS if function and env.agent == function), None)

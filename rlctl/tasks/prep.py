@@ -34,6 +34,7 @@ from rlctl.data.readers import read_records, row_problem
 from rlctl.data.sources import (FILE_FORMATS, SPLIT_NAMES, FileSource, Generated, PrepSource, RowError,
                                 convert, file_source, locate)
 from rlctl.errors import DataError, UsageError
+from rlctl.rollouts.table import ENVIRONMENTS
 from rlctl.tasks import TASKS
 
 PREP_SOURCES = {p.name: p for task in TASKS for p in task.PREP}   # the built-in tasks' choices, in order
@@ -123,7 +124,7 @@ def _task_rows(name: str, opts: PrepOptions) -> FileSource | Generated | None:
 def _check_options(name: str, opts: PrepOptions) -> None:
     if name in FAMILIES:
         word, example = FAMILY_WORD.get(name, "TASK"), FAMILY_EXAMPLE.get(name, "leg_counting")
-        what = "an environment" if name == "verifiers" else "a task"
+        what = "an environment" if any(env.name == name for env in ENVIRONMENTS) else "a task"
         raise UsageError(f"{name} needs {what}: {name}:{word}", hint=f"e.g. rlctl data prep {name}:{example}.")
     if _family(name) is None and (opts.size is not None or opts.args is not None):
         raise UsageError(f"--size and --args are for {' / '.join(f'{f}:TASK' for f in FAMILIES)}, not {name}",

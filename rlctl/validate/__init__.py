@@ -22,7 +22,8 @@ from rlctl.models.chat_template import check_chat_template
 from rlctl.models.checks import check_model
 from rlctl.multiturn.checks import check_multi_turn
 from rlctl.rewards.checks import check_overlong, check_reward, check_reward_function, check_reward_model
-from rlctl.rollouts.checks import check_environment_rows, check_rollout_images, check_rollout_kind
+from rlctl.rollouts.checks import (check_agent_template, check_environment_rows, check_rollout_images,
+                                   check_rollout_kind)
 from rlctl.runtime.checks import (check_cpu_split, check_cuda, check_gpu_workers, resolve_auto,
                                   resolve_auto_problems)
 from rlctl.validate.selfplay import check_selfplay
@@ -50,7 +51,8 @@ RL_CHECKS = (check_algorithm, check_dynamic_sampling, check_overlong, check_kl, 
 RL_MACHINE_CHECKS = (check_model, check_lora_targets, check_adapter_sync, check_engine_installed, check_loggers,
                      check_cuda, check_gpu_workers, check_cpu_split, check_distill_teachers, check_vision, check_rollout_images,
                      check_image_data, check_expert_model, check_ulysses_model, check_prime_model,
-                     check_router_replay_model, check_environment_rows, check_chat_template)
+                     check_router_replay_model, check_environment_rows, check_agent_template,
+                     check_chat_template)
 SFT_CHECKS = (check_sft_keys, check_sft_batch, check_lora, check_sft_best_metric, check_distill, check_expert_parallel,
               check_ulysses)
 SFT_MACHINE_CHECKS = (check_model, check_lora_targets, check_loggers, check_cuda, check_gpu_workers,

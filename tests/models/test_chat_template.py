@@ -155,9 +155,10 @@ def test_the_verifiers_agent_s_own_rendering_is_not_silently_left_with_another_t
     from rlctl.config.checks import CheckContext
     from rlctl.config.rollout_tables import AgentConfig
     from rlctl.config.schema import RolloutConfig
+    from rlctl.rollouts.checks import check_agent_template
 
     (tmp_path / "mine.jinja").write_text(TEMPLATE)
     config = Config(model=ModelConfig(path=str(tiny_model_dir), chat_template="mine.jinja"),
                     rollout=RolloutConfig(agent=AgentConfig(function="verifiers")))
-    [problem] = ct.check_chat_template(config, CheckContext(base_dir=tmp_path, raw={}))
-    assert "verifiers agent" in problem.message
+    [problem] = check_agent_template(config, CheckContext(base_dir=tmp_path, raw={}))
+    assert problem.key == "model.chat_template" and "verifiers agent" in problem.message
