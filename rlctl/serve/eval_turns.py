@@ -77,7 +77,7 @@ def _self_scored(rows: list[dict], grouped: list, scored: list, rollout):
 
 class LocalTurns:
     """`generate_turn` on a model in this process (rlctl eval): the hf engine, one rank; a
-    rlctl.runtime.policy.TurnGenerator for the multi-turn driver.
+    rlctl.runtime.policy.TurnGenerator for a turn-by-turn rollout.
 
     Sampling settings are fixed here (the eval's temperature and top_p), whatever the mode."""
 
