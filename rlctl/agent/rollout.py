@@ -57,6 +57,10 @@ class AgentPrograms:
     def sample_rows(self, batch: Batch) -> np.ndarray:
         return first_rows(batch)
 
+    @staticmethod
+    def record_fields(batch: Batch, r: int) -> dict:
+        return episode_record(batch, r)
+
     @property
     def prompt_tools(self) -> list[dict]:
         return []   # an agent offers its own tools in its requests
@@ -226,6 +230,14 @@ def score_episodes(batch: Batch, reward_runner) -> dict:
     batch["acc"] = (np.nan_to_num(acc, nan=0.0) if acc is not None else (scores > 0)).astype(np.float32)
     batch["response_text"] = object_array(answers)
     return metrics
+
+
+def episode_record(batch: Batch, r: int) -> dict:
+    """A row's fields in the rollouts dump: the episode it belongs to, and why that failed."""
+    out = {"agent_episode": int(batch["agent_episode"][r])}
+    if batch["agent_failure"][r]:
+        out["agent_failure"] = str(batch["agent_failure"][r])
+    return out
 
 
 def first_rows(batch: Batch) -> np.ndarray:

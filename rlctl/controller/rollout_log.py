@@ -21,7 +21,9 @@ from rlctl.controller.metrics_log import _jsonable
 from rlctl.utils.atomic_files import atomic_write_text
 
 
-def rollout_records(batch) -> list[dict]:
+def rollout_records(batch, fields=None) -> list[dict]:
+    """One record per row; `fields(batch, row)`: the rollout kind's own fields of a row
+    (rlctl.rollouts.base.Rollout.record_fields, e.g. the whole conversation as its `messages`)."""
     width = batch["prompts"].shape[1]
     # the log-probs the update used: recomputed old_log_prob, else the engine's own
     log_probs = "old_log_prob" if "old_log_prob" in batch else "rollout_log_prob"
@@ -29,24 +31,13 @@ def rollout_records(batch) -> list[dict]:
     records = []
     for r in range(len(batch)):
         length = int(batch["response_length"][r])
-        if "conversation" in batch:
-            messages = batch["conversation"][r]
-        else:
-            prompt = batch["messages"][r] if "messages" in batch else None
-            messages = list(prompt or []) + [{"role": "assistant", "content": str(batch["response_text"][r])}]
+        own = fields(batch, r) if fields is not None else {}
         record = {"uid": str(batch["uid"][r]), "data_source": str(batch["data_source"][r]),
                   "prompt_ids": batch["prompts"][r][prompt_valid[r]].tolist(),
                   "response_ids": batch["responses"][r, :length].tolist(),
                   "response_mask": batch["response_mask"][r, :length].astype(np.int64).tolist(),
-                  "messages": messages, "score": float(batch["scores"][r]), "acc": float(batch["acc"][r])}
-        if "agent_episode" in batch:   # agent programs: the episode a row belongs to, and why it failed
-            record["agent_episode"] = int(batch["agent_episode"][r])
-            if batch["agent_failure"][r]:
-                record["agent_failure"] = str(batch["agent_failure"][r])
-        if "multi_turn" in batch:
-            info = batch["multi_turn"][r]
-            record.update(num_turns=info["num_turns"], turn_scores=info["turn_scores"],
-                          tool_rewards=info["tool_rewards"], finish=info["finish"], tool_calls=info["tool_calls"])
+                  "messages": own.pop("messages", None) or _prompt_and_answer(batch, r),
+                  "score": float(batch["scores"][r]), "acc": float(batch["acc"][r]), **own}
         for key, column in (("log_probs", log_probs), ("advantages", "advantages")):
             if column in batch:   # per response token, for `rlctl view`'s shading (4 decimals keep the lines short)
                 record[key] = np.round(batch[column][r, :length].astype(np.float64), 4).tolist()
@@ -54,12 +45,18 @@ def rollout_records(batch) -> list[dict]:
     return records
 
 
-def write_rollouts(run_dir: Path, step: int, batch) -> Path:
-    """Write rollouts/step_<step>.jsonl atomically; NaN (a failed turn score) is written as null."""
+def _prompt_and_answer(batch, r: int) -> list[dict]:
+    prompt = batch["messages"][r] if "messages" in batch else None
+    return list(prompt or []) + [{"role": "assistant", "content": str(batch["response_text"][r])}]
+
+
+def write_rollouts(run_dir: Path, step: int, batch, fields=None) -> Path:
+    """Write rollouts/step_<step>.jsonl atomically (`fields`: as rollout_records takes it); NaN (a failed
+    turn score) is written as null."""
     from rlctl.checkpoint.run_lock import check_run_folder
 
     check_run_folder(run_dir)   # never into a folder that replaced the locked one
     path = Path(run_dir) / "rollouts" / f"step_{step}.jsonl"
     atomic_write_text(path, "".join(json.dumps(_jsonable(record), ensure_ascii=False) + "\n"
-                                    for record in rollout_records(batch)))
+                                    for record in rollout_records(batch, fields)))
     return path

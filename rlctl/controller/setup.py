@@ -159,7 +159,7 @@ class TrainSetup:
         if self.config.run.log_rollouts:
             from rlctl.controller.rollout_log import write_rollouts
 
-            write_rollouts(self.session.run_dir, step, batch)
+            write_rollouts(self.session.run_dir, step, batch, self.actor.rollout.record_fields)
         self.session.log_progress(step, metrics)
 
 

@@ -74,6 +74,14 @@ class ToolLoop:
     def sample_rows(self, batch: Batch) -> np.ndarray:
         return np.arange(len(batch))
 
+    @staticmethod
+    def record_fields(batch: Batch, r: int) -> dict:
+        """A row's fields in the rollouts dump: the whole conversation, its turns and tool calls."""
+        info = batch["multi_turn"][r]
+        return {"messages": batch["conversation"][r], "num_turns": info["num_turns"],
+                "turn_scores": info["turn_scores"], "tool_rewards": info["tool_rewards"], "finish": info["finish"],
+                "tool_calls": info["tool_calls"]}
+
     @property
     def prompt_tools(self) -> list[dict]:
         return self.runner.schemas

@@ -59,6 +59,9 @@ class Rollout(Protocol):
     def sample_rows(self, batch: Batch) -> np.ndarray:
         """The rows that stand for the batch's samples, one each (means over samples take these)."""
 
+    def record_fields(self, batch: Batch, r: int) -> dict:
+        """Row r's own fields in the rollouts dump (rlctl.controller.rollout_log), beside the common ones."""
+
     def join_groups(self, rounds: list[Batch], groups: int, world_size: int) -> Batch:
         """Dynamic sampling's kept rounds as one training batch of their first `groups` groups."""
 

@@ -30,6 +30,10 @@ class SingleTurn:
     def sample_rows(self, batch: Batch) -> np.ndarray:
         return np.arange(len(batch))
 
+    @staticmethod
+    def record_fields(batch: Batch, r: int) -> dict:
+        return {}   # the dump's own: the prompt and the decoded response as `messages`
+
     def join_groups(self, rounds: list[Batch], groups: int, world_size: int) -> Batch:
         return join_rounds(rounds, groups, self.n, world_size)
 

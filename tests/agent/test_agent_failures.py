@@ -11,7 +11,7 @@ import pytest
 
 from rlctl.agent.episodes import CONTEXT_LENGTH, Call, Episode
 from rlctl.agent.failures import CONTEXT_REASON, FailureWatch
-from rlctl.agent.rollout import agent_metrics, episode_batch, first_rows, pad_rows, score_episodes
+from rlctl.agent.rollout import agent_metrics, episode_batch, episode_record, first_rows, pad_rows, score_episodes
 from rlctl.controller.rollout_log import rollout_records
 from rlctl.errors import RewardError
 from rlctl.runtime.batch import Batch, object_array
@@ -80,7 +80,7 @@ def test_the_rollouts_dump_and_rlctl_view_show_a_failed_episodes_reason(tmp_path
     from rlctl.view.screens import conversation_text
 
     batch = rollout([episode(0), episode(1, REFUSED, CONTEXT_LENGTH)])
-    records = rollout_records(batch.select(np.flatnonzero(batch["agent_episode"] >= 0)))
+    records = rollout_records(batch.select(np.flatnonzero(batch["agent_episode"] >= 0)), episode_record)
     assert [r["agent_episode"] for r in records] == [0, 0, 1]
     assert "agent_failure" not in records[0] and records[2]["agent_failure"].startswith(CONTEXT_REASON)
     assert REFUSED in records[2]["agent_failure"]                           # what the agent reported, after it

@@ -7,6 +7,7 @@ import json
 import numpy as np
 
 from rlctl.controller.rollout_log import write_rollouts
+from rlctl.multiturn.rollout import ToolLoop
 from rlctl.runtime.batch import Batch, object_array
 
 
@@ -48,7 +49,7 @@ def test_a_nan_turn_score_is_written_as_null_valid_json(tmp_path):
                                                                        "error": True}]}]),
         "scores": np.array([np.nan]), "acc": np.array([0.0]),
     })
-    text = write_rollouts(tmp_path, 1, batch).read_text()
+    text = write_rollouts(tmp_path, 1, batch, ToolLoop.record_fields).read_text()   # the tool loop's fields
 
     def no_bare_constants(name):
         raise AssertionError(f"invalid JSON: bare {name}")

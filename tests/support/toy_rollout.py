@@ -42,6 +42,9 @@ class EvenTokens:
     def sample_rows(self, batch: Batch) -> np.ndarray:
         return np.arange(len(batch))
 
+    def record_fields(self, batch: Batch, r: int) -> dict:
+        return {}
+
     def join_groups(self, rounds: list[Batch], groups: int, world_size: int) -> Batch:
         return join_rounds(rounds, groups, self.config.rollout.n, world_size)
 
