@@ -22,7 +22,7 @@ import numpy as np
 
 from rlctl.agent.engine import AgentEngine, EngineLimits
 from rlctl.agent.episodes import Episode, Sequence, layout
-from rlctl.agent.failures import failure_text
+from rlctl.agent.failures import FailureWatch, failure_text
 from rlctl.agent.endpoint import AgentServer
 from rlctl.agent.runner import AgentRunner
 from rlctl.runtime.batch import Batch, object_array
@@ -47,6 +47,7 @@ class AgentPrograms:
             data.max_prompt_length, data.max_response_length, ac.max_calls, ac.max_wait_s))
         self.server = AgentServer(self.engine)
         self.runner = AgentRunner(ac, ctx.base, self.server, self.engine)
+        self.failures: FailureWatch | None = None   # the console's failed-episode lines, once a batch is trained
 
     def close(self) -> None:
         self.server.close()
@@ -60,6 +61,12 @@ class AgentPrograms:
     @staticmethod
     def record_fields(batch: Batch, r: int) -> dict:
         return episode_record(batch, r)
+
+    def watch(self, step: int, batch: Batch, say) -> None:
+        """Each training step's failed episodes with each reason's count; every episode failing in several
+        steps in a row stops the run (rlctl.agent.failures.FailureWatch)."""
+        self.failures = self.failures or FailureWatch(say)
+        self.failures.step(step, batch["agent_failure"][first_rows(batch)])
 
     @property
     def prompt_tools(self) -> list[dict]:

@@ -37,7 +37,6 @@ class Trainer:
         self.config = setup.config
         self.bad_steps = 0
         self.flops = None   # rlctl.controller.perf.StepFlops, measured when fit starts
-        self.agent_failures = None   # rlctl.agent.failures.FailureWatch, with agent programs
 
     def fit(self, stop: StopFlag) -> None:
         from rlctl.controller.perf import StepFlops
@@ -98,19 +97,15 @@ class Trainer:
             stop.check()
 
     def tell_rollout(self, step: int, batch, metrics: dict) -> None:
-        """The console's lines about a rollout: dynamic sampling short of informative groups; failed agent
-        episodes with each reason's count (every episode failing in several steps in a row stops the run)."""
+        """The console's lines about a rollout: dynamic sampling short of informative groups; the rollout
+        kind's own (rlctl.rollouts.base.Rollout.watch: e.g. failed agent episodes, which may stop the run)."""
         display = self.setup.display
         if metrics.get("dynamic_sampling/short"):
             groups, rounds = int(metrics["dynamic_sampling/groups"]), int(metrics["dynamic_sampling/rounds"])
             display.print(f"step {step}: dynamic sampling found {groups} of {self.config.data.batch_size} "
                           f"informative groups in {rounds} rounds (algorithm.dynamic_sampling.max_gen_batches); "
                           "training on those")
-        if "agent_failure" in batch:
-            from rlctl.agent.failures import FailureWatch
-
-            self.agent_failures = self.agent_failures or FailureWatch(display.print)
-            self.agent_failures.step(step, batch["agent_failure"][self.setup.actor.rollout.sample_rows(batch)])
+        self.setup.actor.rollout.watch(step, batch, display.print)
 
     def track_best(self, step: int, metrics: dict) -> bool:
         """run.best_metric: a validation that beats the best so far makes this step the best one

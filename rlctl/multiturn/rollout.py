@@ -74,6 +74,9 @@ class ToolLoop:
     def sample_rows(self, batch: Batch) -> np.ndarray:
         return np.arange(len(batch))
 
+    def watch(self, step: int, batch: Batch, say) -> None:
+        """Nothing of its own to tell about a training batch."""
+
     @staticmethod
     def record_fields(batch: Batch, r: int) -> dict:
         """A row's fields in the rollouts dump: the whole conversation, its turns and tool calls."""

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Callable, Protocol
 
 from rlctl.rollouts.table import kind_of
 from rlctl.runtime.policy import PolicyActor, PolicyHandle
@@ -62,6 +62,9 @@ class Rollout(Protocol):
     def record_fields(self, batch: Batch, r: int) -> dict:
         """Row r's own fields in the rollouts dump (rlctl.controller.rollout_log), beside the common ones."""
 
+    def watch(self, step: int, batch: Batch, say: Callable[[str], None]) -> None:
+        """After a scored training batch: the kind's own console lines about it (`say`), or a stop (an error)."""
+
     def join_groups(self, rounds: list[Batch], groups: int, world_size: int) -> Batch:
         """Dynamic sampling's kept rounds as one training batch of their first `groups` groups."""
 
@@ -95,6 +98,3 @@ class RolloutPolicy(PolicyHandle):
 
     def generate(self, batch: Batch, *, seed: int, mode: str = "train") -> Batch:
         return self.rollout.generate(batch, seed=seed, mode=mode)
-
-    def close(self) -> None:
-        self.rollout.close()

@@ -30,6 +30,9 @@ class SingleTurn:
     def sample_rows(self, batch: Batch) -> np.ndarray:
         return np.arange(len(batch))
 
+    def watch(self, step: int, batch: Batch, say) -> None:
+        """Nothing of its own to tell about a training batch."""
+
     @staticmethod
     def record_fields(batch: Batch, r: int) -> dict:
         return {}   # the dump's own: the prompt and the decoded response as `messages`

@@ -59,6 +59,23 @@ def test_each_step_says_its_failures_in_one_line_with_each_reason_and_count():
     assert "data.max_prompt_length" in said[0] and "data.max_response_length" in said[0]
 
 
+def test_the_agent_kind_watches_each_trained_batch_once_per_episode():
+    """AgentPrograms.watch (what the trainer calls after each scored batch) hands FailureWatch one reason per
+    episode: the padding rows and an episode's second row are not counted."""
+    from types import SimpleNamespace
+
+    from rlctl.agent.rollout import AgentPrograms
+
+    said, kind = [], SimpleNamespace(failures=None)
+    batch = rollout([episode(0), episode(1, "timeout")])   # 3 rows + 5 padding rows
+    AgentPrograms.watch(kind, 7, batch, said.append)
+    assert said == ["step 7: 1 of 2 agent episodes failed: timeout (x1)"]
+    for step in (8, 9):
+        AgentPrograms.watch(kind, step, rollout([episode(0, "timeout")]), said.append)
+    with pytest.raises(RewardError):   # the same watch across steps: three all-failed steps in a row
+        AgentPrograms.watch(kind, 10, rollout([episode(0, "timeout")]), said.append)
+
+
 def test_three_steps_in_a_row_of_only_failed_episodes_stop_the_run_with_exit_5():
     said = []
     watch = FailureWatch(said.append)

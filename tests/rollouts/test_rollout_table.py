@@ -31,7 +31,7 @@ def test_the_config_selects_one_row_and_every_row_names_a_class_that_exists():
     for kind in KINDS:
         cls = kind.rollout_class()
         assert all(callable(getattr(cls, m, None)) for m in ("generate", "score", "sample_rows", "join_groups",
-                                                              "close")), kind.name
+                                                              "record_fields", "watch", "close")), kind.name
 
 
 def test_the_checks_read_each_kinds_declarations():

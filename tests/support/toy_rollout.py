@@ -42,6 +42,9 @@ class EvenTokens:
     def sample_rows(self, batch: Batch) -> np.ndarray:
         return np.arange(len(batch))
 
+    def watch(self, step: int, batch: Batch, say) -> None:
+        """Nothing to tell."""
+
     def record_fields(self, batch: Batch, r: int) -> dict:
         return {}
 
