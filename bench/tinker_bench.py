@@ -54,7 +54,7 @@ def through_server(model_dir: str, seqs, args) -> dict:
 
 def in_process(model_dir: str, seqs, args) -> dict:
     from rlctl.tinker.base import BaseModel, LoraSpec
-    from rlctl.tinker.sampling import Sampler, parse_params, sample
+    from rlctl.tinker.sampling import Sampler, parse_params
     from rlctl.tinker.training import TrainingRun
     from rlctl.tinker.wire import Datum, ForwardBackward
 
@@ -64,10 +64,24 @@ def in_process(model_dir: str, seqs, args) -> dict:
                           [Datum(s[:-1].astype(np.int64), {"target_tokens": s[1:].astype(np.int64),
                                                            "weights": np.ones(len(s) - 1, np.float32)}) for s in seqs])
     train_s = timed(args.steps, lambda: (run.forward_backward(req), run.optim_step({"learning_rate": 1e-5})))
-    sampler = Sampler("bench", base, run.adapter)
-    params = parse_params({"max_tokens": args.tokens, "temperature": 1.0, "stop": [], "seed": 1}, base, 32)
-    sample_s = timed(args.steps, lambda: sample(sampler, seqs[0][:32].tolist(), args.samples, params))
+    base.engine.put_adapter(base.snapshot(run.adapter, "bench"))
+    sampler = Sampler("bench", base, "bench")
+    params = parse_params({"max_tokens": args.tokens, "temperature": 1.0, "stop": [], "seed": 1}, base, 32, args.samples)
+    sample_s = timed(args.steps, lambda: sample_now(sampler, seqs[0][:32].tolist(), params))
+    base.engine.shutdown()
     return {"train_s": train_s, "sample_s": sample_s}
+
+
+def sample_now(sampler, prompt: list[int], params) -> list:
+    """One request on the sampling engine, waited for: what the server's asample runs."""
+    import threading
+
+    from rlctl.tinker.sampling import submit
+
+    done, out = threading.Event(), []
+    submit(sampler, prompt, params, lambda events: (out.append(events), done.set()))
+    done.wait()
+    return out[0]
 
 
 def timed(steps: int, fn) -> list[float]:
