@@ -54,3 +54,16 @@ def test_an_environment_library_declares_that_its_rows_carry_no_ground_truth():
     env = environment_of("verifiers/vf-calc")
     assert env is not None and env.agent == "verifiers" and not env.ground_truth
     assert environment_of("arith") is None and environment_of("reasoning_gym/leg_counting") is None
+
+
+def test_rlctl_eval_runs_the_kind_the_run_trained_with_or_the_agent_it_is_given():
+    from rlctl.serve.eval import EvalOptions, rollout_of
+
+    kind, c, _ = rollout_of(None, Path("."), EvalOptions())
+    assert kind.name == "single" and c is None                      # a bare model folder: single-turn
+    assert rollout_of(config(tools=True), Path("."), EvalOptions())[0].name == "tools"
+    kind, c, base = rollout_of(config(tools=True), Path("run"), EvalOptions(agent="a.py:run"))
+    assert kind.name == "agent" and c.rollout.agent.function == "a.py:run" and not c.rollout.multi_turn.enable
+    assert kind.own_reward(c) and base == Path.cwd()                # the agent's own reward, its file from here
+    kind, c, _ = rollout_of(None, Path("."), EvalOptions(agent="a.py:run"))
+    assert kind.name == "agent" and c.data.max_prompt_length == 1024
