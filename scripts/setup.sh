@@ -38,4 +38,18 @@ if ! .venv-agents/bin/python -m pip --disable-pip-version-check -q install \
     $(printf -- '-r %s ' examples/agents/frameworks/*/requirements.txt) >/tmp/rlctl-setup-agents.log 2>&1; then
   echo "agent frameworks not installed in .venv-agents (pip failed: $(grep -m1 -i error /tmp/rlctl-setup-agents.log))"
 fi
+# tinker-cookbook (examples/tinker/cookbook_local.py runs its recipes against `rlctl tinker`) in .venv-tinker,
+# client-side like the agent frameworks: 0.5.8, the newest whose requirements PyPI satisfies (0.6.1 needs
+# tml-renderers>=0.4.1, PyPI has 0.2.1), with its math-rl extra (rl_loop's grader); it pins
+# transformers<=5.5.4, below rlctl's. torch 2.13.0 CPU first.
+if [ ! -x .venv-tinker/bin/python ]; then
+  "$PYTHON" -m venv .venv-tinker
+fi
+if ! .venv-tinker/bin/python -c \
+    "import importlib.metadata as m, sys, tinker_cookbook.recipes.rl_loop; sys.exit(m.version('tinker-cookbook') != '0.5.8')" 2>/dev/null \
+    && ! { .venv-tinker/bin/python -m pip --disable-pip-version-check -q install "torch==2.13.0" \
+           && .venv-tinker/bin/python -m pip --disable-pip-version-check -q install "tinker-cookbook[math-rl]==0.5.8"; \
+         } >/tmp/rlctl-setup-tinker.log 2>&1; then
+  echo "tinker-cookbook not installed in .venv-tinker (pip failed: $(grep -m1 -i error /tmp/rlctl-setup-tinker.log))"
+fi
 .venv/bin/python -c "import torch, rlctl; print(f'rlctl {rlctl.__version__} ready in .venv (torch {torch.__version__})')"
