@@ -2,18 +2,20 @@
 """The hf engine's generate on a real model, with and without packed linears, in one process.
 
   .venv/bin/python bench/decode_bench.py --model-dir models/smollm2 --data data/gsm8k/train.parquet
-        [--prompts 4 --n 8 --max-new 160] [--rounds 3] [--profile]
+        [--prompts 4 --n 8 --max-new 160] [--rounds 3] [--compile] [--profile]
 
 The first --prompts prompts of a parquet (rendered as training renders them) x --n samples, <= --max-new
 tokens, T = 1, bf16 autocast over float32 weights (as the actor's rank runs it; --dtype float32 for
 none), --threads threads. Rounds alternate unpacked and packed (rlctl.workers.rollout.packed) on the
 same generator seed, so a slow spell hits both and the tokens must be equal; each prints the whole
-generate, the decode steps' sum and median (ms at the median live rows) and the rest (prefill,
+generate (wall and CPU seconds), the decode steps' sum and median (ms at the median live rows) and the rest (prefill,
 sampling, row drops), then the generation floor (rlctl.utils.roofline) of the packed round's rows.
 Then `sample_tokens` alone on [rows, vocab] logits, and each of the model's decode matmuls at the
 live-row count (rows x in x out: q/k/v fused, o, gate/up fused, down, lm_head) plain (F.linear) and
-packed (FusedLinear), in float32 and bfloat16. --profile: torch.profiler's top operations of one
-packed generate instead.
+packed (FusedLinear), in float32 and bfloat16. --compile: each round also runs the packed engine with
+its decode layers compiled (rlctl.workers.rollout.compiled; the compile paid in a warm-up generate and
+printed), and says whether it drew the same tokens. --profile: torch.profiler's top operations of one
+packed (or, with --compile, compiled) generate instead.
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ def main(argv=None) -> int:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float32"))
+    ap.add_argument("--compile", action="store_true")
     ap.add_argument("--profile", action="store_true")
     a = ap.parse_args(argv)
 
@@ -75,37 +78,47 @@ def main(argv=None) -> int:
     decoder.DecoderRunner.decode = timed_decode
     real_of = packed.FusedLinear.of.__func__
 
-    def generate(seed: int, packing: bool):
+    cpu_s = [0.0]   # the last generate's CPU seconds (all threads): steadier than wall on a shared machine
+
+    def generate(seed: int, packing: bool, compiled: bool = False):
         packed.FusedLinear.of = classmethod(real_of if packing else (lambda cls, *x, **k: None))
+        engine.compile = "on" if compiled else "off"
         steps.clear()
         with autocast:
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.process_time()
             out = engine.generate(prompts, n=a.n, max_new_tokens=a.max_new, temperature=1.0,
                                   generator=torch.Generator().manual_seed(seed))
+        cpu_s[0] = time.process_time() - c0
         return time.perf_counter() - t0, out
 
     generate(0, True)   # warm-up: allocator, oneDNN kernels
+    if a.compile:
+        wall, _ = generate(0, True, compiled=True)
+        print(f"compile warm-up: generate {wall:.2f} s, of which decode steps that compiled "
+              f"{engine.last_stats['compile_s']:.2f} s", flush=True)
     if a.profile:
         from torch.profiler import ProfilerActivity, profile
 
         with profile(activities=[ProfilerActivity.CPU]) as prof:
-            generate(1, True)
+            generate(1, True, compiled=a.compile)
         print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=25))
         return 0
     lengths = None
     for r in range(a.rounds):
         tokens = {}
-        for name, packing in (("unpacked", False), ("packed", True)):
-            wall, out = generate(r + 1, packing)
+        modes = [("unpacked", False, False), ("packed", True, False)] + [("compiled", True, True)] * a.compile
+        for name, packing, compiled in modes:
+            wall, out = generate(r + 1, packing, compiled)
             tokens[name] = out["responses"]
             dec = [s for _, s in steps]
             live = statistics.median(n for n, _ in steps) if steps else 0
-            print(f"round {r} {name:8s}: generate {wall:.2f} s, {int(out['response_length'].sum())} tokens, "
+            print(f"round {r} {name:8s}: generate {wall:.2f} s ({cpu_s[0]:.2f} s CPU), {int(out['response_length'].sum())} tokens, "
                   f"{len(dec)} decode steps {sum(dec):.2f} s (median {statistics.median(dec) * 1e3:.1f} ms at "
                   f"{live:.0f} live rows), rest {wall - sum(dec):.2f} s", flush=True)
             lengths = out["response_length"].tolist()
         same = bool((tokens["packed"] == tokens["unpacked"]).all())
-        print(f"round {r}: the same tokens packed and unpacked: {same}")
+        print(f"round {r}: the same tokens packed and unpacked: {same}"
+              + (f", compiled and packed: {bool((tokens['compiled'] == tokens['packed']).all())}" if a.compile else ""))
     cfg = json.loads((Path(a.model_dir) / "config.json").read_text())
     peak, bandwidth = matmul_peak("cpu", a.dtype), read_bandwidth("cpu")
     floor = generation_floor(MemoryShape.from_hf_config(cfg, dtype_bytes=2 if a.dtype == "bfloat16" else 4),

@@ -214,6 +214,11 @@ class RolloutConfig:
     gpu_memory_utilization: float = opt(0.5, "vLLM/SGLang: share of GPU memory for the engine.", gt=0, le=1)
     tensor_parallel_size: int = opt(1, "GPUs per vLLM engine in training (consecutive ranks of a node); SGLang: 1.",
                                     ge=1)
+    compile: str = opt("off", "hf engine on CPU: decode steps with their per-layer work compiled by torch.compile "
+                               "(inductor; seconds to compile once per run, perf/compile_s). \"auto\": for "
+                               "generations of at least 128 new tokens on a model of hidden size 512 or more; "
+                               "\"on\": always; \"off\": never. Runs eagerly where it cannot run: a GPU, LoRA "
+                               "or quantized layers, no C++ compiler.", choices=("auto", "on", "off"))
     enforce_eager: bool = opt(False, "vLLM: no torch.compile / CUDA graphs (starts in seconds instead of ~20 s, "
                                      "generates slower); verl's rollout.enforce_eager.")
     max_logprob_diff: float = opt(0.0, "vLLM/SGLang: stop the run (exit 5) when the engine's log-probs of its own "

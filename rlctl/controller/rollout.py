@@ -94,9 +94,10 @@ def rollout(setup, step: int) -> tuple[Batch, dict]:
 
 def weight_sync_metrics(so_far: dict, meta: dict) -> dict:
     """perf/weight_sync_s and perf/weight_sync_mb: what the weight pushes before this step's
-    generations took (the actor's generate reports its push in the batch's meta)."""
+    generations took (the actor's generate reports its push in the batch's meta); perf/compile_s: the
+    seconds its hf engine spent compiling decode steps (rollout.compile, once per run)."""
     out = dict(so_far)
-    for key in ("weight_sync_s", "weight_sync_mb"):
+    for key in ("weight_sync_s", "weight_sync_mb", "compile_s"):
         if key in meta:
             out[f"perf/{key}"] = out.get(f"perf/{key}", 0.0) + float(meta[key])
     return out

@@ -97,7 +97,7 @@ class ActorRolloutRefWorker:
                                                  lora_rank=self.cfg.model.lora.rank if self._adapter_sync else 0)
             self._rollout = make_rollout_engine(self.cfg.rollout.engine, self.actor.module, spec=spec,
                                                 pad_token_id=self._pad_id(), eos_token_ids=self.eos_ids,
-                                                tokenizer=self.tokenizer)
+                                                tokenizer=self.tokenizer, compile=self.cfg.rollout.compile)
         return self._rollout
 
     def _ready_engine(self):
@@ -136,6 +136,8 @@ class ActorRolloutRefWorker:
             out[POSITION_IDS] = batch_positions(self.actor.module, batch, n, self.cfg.data.max_response_length)
         rows = rollout_batch(without_images(batch), out, n, width=self.cfg.data.max_prompt_length, pad=self._pad_id())
         rows.meta.update(self._sync_stats)   # perf/weight_sync_* of the push this generation waited for
+        if "compile_s" in getattr(self._rollout, "last_stats", {}):   # the hf engine's compiling: perf/compile_s
+            rows.meta["compile_s"] = self._rollout.last_stats["compile_s"]
         self._sync_stats = {}
         return rows
 

@@ -97,7 +97,7 @@ class RolloutWorker:
         self.pad = pad_token_id(self.tokenizer, self.eos_ids)
         # the copy's loader (HF names, numpy); it generates too unless rollout.engine keeps its own weights
         self.copy = HFRolloutEngine(self.model, pad_token_id=self.pad, eos_token_ids=self.eos_ids, own_weights=True,
-                                    tokenizer=self.tokenizer)
+                                    tokenizer=self.tokenizer, compile=config.rollout.compile)
         own = rollout_engine_info(config.rollout.engine).owns_weights
         self.engine = self._own_engine(config) if own else self.copy
         self.temperature = config.rollout.temperature or 1.0   # log-probs of the sampling distribution

@@ -22,6 +22,7 @@ import torch
 import torch.nn.functional as F
 
 from rlctl.models.anatomy import causal_lm_parts, llama_layout
+from rlctl.workers.rollout.attention import decode_attention, rope
 from rlctl.workers.rollout.hf_cache import HFCacheRunner, join_left
 from rlctl.workers.rollout.packed import FusedLinear, linear_or_module
 
@@ -34,13 +35,6 @@ def kv_dtype(weight: torch.Tensor) -> torch.dtype:
     if weight.is_floating_point() and torch.is_autocast_enabled(device):
         return torch.get_autocast_dtype(device)
     return weight.dtype
-
-
-def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x * cos + rotate_half(x) * sin (the HF convention: halves, not interleaved pairs)."""
-    half = x.shape[-1] // 2
-    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-    return x * cos + rotated * sin
 
 
 class DecoderRunner:
@@ -56,7 +50,8 @@ class DecoderRunner:
     scatter into the prompts' layout.
     """
 
-    def __init__(self, lm: torch.nn.Module, max_new_tokens: int, *, rows_hint: int | None = None, pack: bool = True):
+    def __init__(self, lm: torch.nn.Module, max_new_tokens: int, *, rows_hint: int | None = None, pack: bool = True,
+                 compile: bool = False):
         self.lm, self.core = lm, lm.model
         self.layers = list(self.core.layers)
         cfg, attn = lm.config, self.layers[0].self_attn
@@ -72,6 +67,8 @@ class DecoderRunner:
         # the linears are packed once per runner (the first prefill), for rows_hint rows (else
         # that prefill's rows); pack=False keeps every module's own forward (and its hooks: LoRA slots)
         self.rows_hint, self.pack, self.proj = rows_hint, pack, None
+        # compile: decode's layers through rlctl.workers.rollout.compiled where it can run (else eager)
+        self.compile, self.compiled = compile, None
 
     def _allocate(self, batch: int, n: int, plen: int) -> None:
         layers, kv, dim = len(self.layers), self.kv_heads, self.head_dim
@@ -84,6 +81,10 @@ class DecoderRunner:
             self.proj = [_Projections(layer, self.linear_dtype, rows, fold_q_scale=not self.has_qk_norm,
                                       pack=self.pack) for layer in self.layers]
             self.head = linear_or_module([self.lm.lm_head], self.linear_dtype, rows, self.pack)
+            if self.compile:
+                from rlctl.workers.rollout.compiled import CompiledLayers
+
+                self.compiled = CompiledLayers.of(self)
 
     def _allocate_generated(self, batch: int, n: int, plen: int) -> None:
         """Room for max_new generated tokens of batch * n rows after prompts of width plen."""
@@ -136,7 +137,7 @@ class DecoderRunner:
             if self.has_qk_norm:
                 q, k = attn.q_norm(q), attn.k_norm(k)
             q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
-            q, k = _rope(q, cos, sin), _rope(k, cos, sin)
+            q, k = rope(q, cos, sin), rope(k, cos, sin)
             self.kp[i, :, :, cached:], self.vp[i, :, :, cached:] = k, v
             if past is not None:
                 self.kp[i, :, :, :cached], self.vp[i, :, :, :cached] = past[0][i], past[1][i]
@@ -152,55 +153,26 @@ class DecoderRunner:
         self.generated += 1
         cos, sin = self.cos[positions].unsqueeze(1), self.sin[positions].unsqueeze(1)  # [A,1,D]
         h = self.core.embed_tokens(tokens)
+        if self.compiled is not None and col > 0:   # column 0 would be a graph of its own (compiled.py)
+            return self.head(self.core.norm(self.compiled(h, cos, sin, col)))
         heads, kv, dim = self.heads, self.kv_heads, self.head_dim
         for i, layer in enumerate(self.layers):
             attn, proj = layer.self_attn, self.proj[i]
             qkv = proj.qkv_joined(layer.input_layernorm(h)).view(rows, heads + 2 * kv, dim)
             if self.has_qk_norm:
-                q = _rope(attn.q_norm(qkv[:, :heads]), cos, sin)
-                k = _rope(attn.k_norm(qkv[:, heads:heads + kv]), cos, sin)
+                q = rope(attn.q_norm(qkv[:, :heads]), cos, sin)
+                k = rope(attn.k_norm(qkv[:, heads:heads + kv]), cos, sin)
             else:   # q and k side by side in the projection's output: one RoPE for both
-                qk = _rope(qkv[:, :heads + kv], cos, sin)
+                qk = rope(qkv[:, :heads + kv], cos, sin)
                 q, k = qk[:, :heads], qk[:, heads:]
             self.kg[i, :rows, :, :, col] = k
             self.vg[i, :rows, :, col] = qkv[:, heads + kv:]
-            out = self._attention(i, q.reshape(rows, kv, self.group, dim), rows, proj.q_scale)
+            out = decode_attention(q.reshape(rows, kv, self.group, dim), self.kp[i], self.vp[i],
+                                   self.kg[i, :rows, :, :, :self.generated], self.vg[i, :rows, :, :self.generated],
+                                   self.prompt_bias, None if self.in_order else self.slot, self.n, proj.q_scale)
             h = h + proj.o(out.reshape(rows, -1))
             h = h + proj.mlp(layer.post_attention_layernorm(h))
         return self.head(self.core.norm(h))
-
-    def _attention(self, i: int, q: torch.Tensor, rows: int, scale: float) -> torch.Tensor:
-        """softmax over [prompt keys ++ own generated keys] for q [A, kv, G, D] -> [A, kv, G, D]
-        (scores times `scale`: what the projection did not already put into q).
-
-        Prompt part, per prompt: the queries of all its n samples, [B, kv, n*G, D], against its
-        keys [B, kv, P, D] in one matmul, so the prompt cache is read once per prompt, not once
-        per sample. Generated part, per row: [A, kv, G, D] against its keys [A, kv, D, t].
-        """
-        b, n, kv, g, d = self.batch, self.n, self.kv_heads, self.group, self.head_dim
-        kg, vg = self.kg[i, :rows, :, :, : self.generated], self.vg[i, :rows, :, : self.generated]
-        grouped = q if self.in_order else q.new_zeros(b * n, kv, g, d).index_copy_(0, self.slot, q)
-        grouped = grouped.view(b, n, kv, g, d).transpose(1, 2).reshape(b, kv, n * g, d)
-        prompt_scores = torch.matmul(grouped, self.kp[i].transpose(-1, -2))
-        own_scores = torch.matmul(q, kg)
-        if scale != 1.0:
-            prompt_scores.mul_(scale)
-            own_scores.mul_(scale)
-        prompt_scores.add_(self.prompt_bias)
-        plen = prompt_scores.shape[-1]
-        prompt_scores = prompt_scores.view(b, kv, n, g, plen).transpose(1, 2).reshape(b * n, kv, g, plen)
-        if not self.in_order:
-            prompt_scores = prompt_scores[self.slot]
-        probs = torch.softmax(torch.cat([prompt_scores, own_scores], dim=-1), dim=-1)
-        prompt_probs = probs[..., :plen]
-        if not self.in_order:
-            prompt_probs = probs.new_zeros(b * n, kv, g, plen).index_copy_(0, self.slot, prompt_probs)
-        prompt_probs = prompt_probs.reshape(b, n, kv, g, plen).transpose(1, 2).reshape(b, kv, n * g, plen)
-        prompt_out = torch.matmul(prompt_probs, self.vp[i]).view(b, kv, n, g, d).transpose(1, 2)
-        prompt_out = prompt_out.reshape(b * n, kv, g, d)
-        if not self.in_order:
-            prompt_out = prompt_out[self.slot]
-        return prompt_out + torch.matmul(probs[..., plen:], vg)
 
     def prompt_kv(self, prompt: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Prompt `prompt`'s real keys and values, [layers, kv, tokens, D] each."""
@@ -272,10 +244,11 @@ class _Projections:
         self.qkv = folded if folded is not None else linear_or_module(modules, dtype, rows, pack)
         self.q_scale = 1.0 if folded is not None else scale
         self.o = linear_or_module([attn.o_proj], dtype, rows, pack)
-        self.mlp = mlp
+        self.mlp, self.gate_up, self.down, self.act = mlp, None, None, None
         if all(hasattr(mlp, a) for a in ("gate_proj", "up_proj", "down_proj", "act_fn")):
             gate_up = linear_or_module([mlp.gate_proj, mlp.up_proj], dtype, rows, pack)
             down, act = linear_or_module([mlp.down_proj], dtype, rows, pack), mlp.act_fn
+            self.gate_up, self.down, self.act = gate_up, down, act
 
             def gated(x: torch.Tensor) -> torch.Tensor:
                 gate, up = gate_up(x)

@@ -42,8 +42,14 @@ from rlctl.workers.parallel.fsdp import whole_weights
 from rlctl.workers.rollout.base import (RESPONSE_LENGTH, RESPONSE_MASK, RESPONSES,
                                         TRUNCATED, RolloutEngine, check_sampling_args)
 from rlctl.workers.rollout import grammar
+from rlctl.models.anatomy import causal_lm_parts
+from rlctl.workers.rollout.compiled import compile_seconds
 from rlctl.workers.rollout.decoder import DecoderRunner, left_pad, make_runner
 from rlctl.workers.rollout.token_sampling import sample_tokens
+
+# rollout.compile = "auto" compiles calls of at least this many new tokens (GSM8K-length and longer)
+# on models at least this wide (SmolLM2-135M: 576)
+AUTO_COMPILE_TOKENS, AUTO_COMPILE_HIDDEN = 128, 512
 
 
 class HFRolloutEngine(RolloutEngine):
@@ -54,7 +60,8 @@ class HFRolloutEngine(RolloutEngine):
     """
 
     def __init__(self, model: torch.nn.Module, *, pad_token_id: int, eos_token_ids: list[int],
-                 fast: bool = True, own_weights: bool = False, reuse_kv: bool = True, tokenizer=None):
+                 fast: bool = True, own_weights: bool = False, reuse_kv: bool = True, tokenizer=None,
+                 compile: str = "off"):
         if not eos_token_ids:
             raise UsageError("the hf rollout engine needs at least one EOS token id",
                              hint="set eos_token_id in the model's generation_config.json")
@@ -62,6 +69,7 @@ class HFRolloutEngine(RolloutEngine):
         self.pad_token_id = int(pad_token_id)
         self.eos_token_ids = [int(e) for e in eos_token_ids]
         self.fast = fast
+        self.compile = compile   # rollout.compile: "auto", "on" or "off" (_compiles)
         self.owns_weights = own_weights
         self.reuse_kv = reuse_kv
         self.kept_kv: dict[int, KVEntry] = {}
@@ -94,7 +102,7 @@ class HFRolloutEngine(RolloutEngine):
         params = dict(temperature=0.0 if greedy else float(temperature), top_p=float(top_p),
                       top_k=int(top_k), generator=generator)
         self._log_prob_temperature = (float(temperature) or 1.0) if log_probs else None
-        t0 = time.perf_counter()
+        t0, compiled_before = time.perf_counter(), compile_seconds()
         was_training = self.model.training
         self.model.eval()  # no dropout while sampling; restored for the trainer afterwards
         try:
@@ -110,7 +118,7 @@ class HFRolloutEngine(RolloutEngine):
         if self._positions is not None:
             out[POSITION_IDS] = self._positions
         self.last_stats = {"seconds": time.perf_counter() - t0, "tokens": int(lengths.sum()),
-                           "rows": len(lengths), "decode_steps": steps, **self._kv_stats}
+                           "rows": len(lengths), "decode_steps": steps, "compile_s": compile_seconds() - compiled_before, **self._kv_stats}
         return out
 
     def _sample(self, prompt_ids: list[list[int]], n: int, max_new_tokens: int,
@@ -249,7 +257,19 @@ class HFRolloutEngine(RolloutEngine):
                                               values=torch.cat([pv, gv[:, :, :length - 1]], dim=2))
 
     def _runner(self, max_new_tokens: int, max_len: int, vision: bool = False):
-        return make_runner(self.model, max_new_tokens, max_len, fast=self.fast, vision=vision)
+        runner = make_runner(self.model, max_new_tokens, max_len, fast=self.fast, vision=vision,
+                             **({"compile": True} if self._compiles(max_new_tokens) else {}))
+        return runner
+
+    def _compiles(self, max_new_tokens: int) -> bool:
+        """Decode through the compiled layers (rlctl.workers.rollout.compiled, where the runner can):
+        "auto" when the call decodes at least AUTO_COMPILE_TOKENS tokens with a model of at least
+        AUTO_COMPILE_HIDDEN hidden units: there the per-step saving repays the compile (seconds, once per
+        process) within a run's first steps; a test-sized model's step has too little to fuse."""
+        if self.compile != "auto":
+            return self.compile == "on"
+        hidden = getattr(causal_lm_parts(self.model).config, "hidden_size", 0)
+        return max_new_tokens >= AUTO_COMPILE_TOKENS and hidden >= AUTO_COMPILE_HIDDEN
 
     def update_weights(self, weights: Mapping[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]] | None = None) -> None:
         """Shared module: a no-op (the engine runs the trainer's module, always the live weights).
