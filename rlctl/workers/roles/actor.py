@@ -136,8 +136,9 @@ class ActorRolloutRefWorker:
             out[POSITION_IDS] = batch_positions(self.actor.module, batch, n, self.cfg.data.max_response_length)
         rows = rollout_batch(without_images(batch), out, n, width=self.cfg.data.max_prompt_length, pad=self._pad_id())
         rows.meta.update(self._sync_stats)   # perf/weight_sync_* of the push this generation waited for
-        if "compile_s" in getattr(self._rollout, "last_stats", {}):   # the hf engine's compiling: perf/compile_s
-            rows.meta["compile_s"] = self._rollout.last_stats["compile_s"]
+        compiled_s = getattr(self._rollout, "last_stats", {}).get("compile_s", 0.0)   # the hf engine's compiling
+        if compiled_s:   # perf/compile_s, on the steps that paid it
+            rows.meta["compile_s"] = compiled_s
         self._sync_stats = {}
         return rows
 
