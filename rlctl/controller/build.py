@@ -53,7 +53,9 @@ def vision_data(config: Config, files) -> VisionData | None:
 
 
 def build_setup(loaded: LoadedConfig, run_dir: Path, stack: ExitStack, *, address: str = "",
-                start_step: int = 0) -> TrainSetup:
+                start_step: int = 0, workers: Workers | None = None, label: str | None = None) -> TrainSetup:
+    """`workers`: this run's share of workers already started (several runs on one base,
+    rlctl.controller.group, whose `label` prefixes the run's console lines); None: start them."""
     from rlctl import algorithms
     from rlctl.checkpoint.manager import CheckpointManager
     from rlctl.controller.display import LiveDisplay
@@ -82,11 +84,12 @@ def build_setup(loaded: LoadedConfig, run_dir: Path, stack: ExitStack, *, addres
         reward.check_data_sources(sorted(train.data_sources))
     logger = stack.enter_context(MetricsLogger(run_dir, config.run.loggers, config.run.name, config_to_dict(config),
                                                start_step=start_step))
-    workers = start_workers(config, total, needs, stack, address)
+    if workers is None:
+        workers = start_workers(config, total, needs, stack, address)
     if workers.reward_model is not None:
         reward.attach_model(workers.reward_model)
     actor = policy(config, workers, tokenizer, loaded.base_dir, tools, stack)
-    display = stack.enter_context(LiveDisplay(total, start_step=start_step, title=config.run.name))
+    display = stack.enter_context(LiveDisplay(total, start_step=start_step, title=config.run.name, label=label))
     roles = {**workers.trained(), "actor": actor}   # each trained role's <step>/<name>/ (the role table)
     session = RunSession(config=config, config_dir=loaded.base_dir, run_dir=run_dir, logger=logger, display=display,
                          checkpoints=CheckpointManager.for_run(run_dir, config.run.keep_last), roles=roles,

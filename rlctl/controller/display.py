@@ -42,15 +42,17 @@ SFT_KEY_METRICS = (
 
 class LiveDisplay:
     """Progress of a run over `total_steps`; `start_step` > 0 when resuming. A context manager:
-    leaving it (also by an exception or Ctrl-C) stops the bar and gives the cursor back."""
+    leaving it (also by an exception or Ctrl-C) stops the bar and gives the cursor back.
+    `label`: one of several runs sharing the terminal (rlctl.controller.group): plain lines, each
+    starting with the label, and no bar (a terminal holds one live bar)."""
 
     def __init__(self, total_steps: int, *, start_step: int = 0, console: Console | None = None,
-                 title: str = "train"):
+                 title: str = "train", label: str | None = None):
         self.console = console or Console()
         self.total_steps = int(total_steps)
         self.start_step = self.step = int(start_step)
-        self.title = title
-        self.live = self.console.is_terminal
+        self.title, self.label = title, label
+        self.live = self.console.is_terminal and label is None
         self._progress = self._task = None
         self._started_at = time.monotonic()
 
@@ -93,6 +95,8 @@ class LiveDisplay:
         if self._progress is not None:
             self._progress.console.print(message, soft_wrap=True)
             return
+        if self.label is not None:
+            message = Text(f"[{self.label}] ", style="bold").append(message if isinstance(message, Text) else Text(message))
         self.console.print(message, soft_wrap=True, highlight=False, markup=False)
         self.console.file.flush()  # a pipe is block-buffered: CI logs should show each step now
 

@@ -1,5 +1,5 @@
 """The passes of a training step, one row per `made_by` of rlctl.algorithms.COLUMNS: the controller
-call that fills the columns of that name, and whether this run runs it. `Trainer.steps` runs the rows
+call that fills the columns of that name, and whether this run runs it. `Trainer.step` runs the rows
 a run has, in this order, between the rollout and the advantages:
 
     batch = rollouts.next(step)

@@ -55,13 +55,19 @@ def _check(loaded: LoadedConfig) -> None:
                           [p.placed(source, loaded.lines) for p in errors])
 
 
+def checked_config(loaded: LoadedConfig, address: str | None) -> LoadedConfig:
+    """The config a new run starts with: "auto" values resolved, a run folder as model.path made a
+    model, every check passed (else the one-line refusal: nothing was started)."""
+    loaded = _model_from_run(_resolve_auto(loaded, address))
+    _check(loaded)
+    return loaded
+
+
 def start_training(loaded: LoadedConfig, *, address: str | None, force: bool) -> None:
     from rlctl.controller.run_dir import claim_new_run_dir, run_dir_of, write_resolved_config
     from rlctl.controller.paths import resolve_paths
 
-    loaded = _resolve_auto(loaded, address)
-    loaded = _model_from_run(loaded)
-    _check(loaded)
+    loaded = checked_config(loaded, address)
     run_dir = run_dir_of(loaded.config, loaded.base_dir)
     lock, notices = claim_new_run_dir(run_dir, force=force)
     with lock:   # held by this process to its end: restarts (run.max_restarts) happen inside _run

@@ -66,7 +66,7 @@ def recompute_old_log_prob(config: Config, needs: Needs | None = None, *, on_pol
     old_log_prob. An engine that keeps its own weights (vLLM, SGLang) needs no pass of its own
     either: its kernels differ from the trainer's, but with one optimizer step the PPO ratio
     starts at the update's own log-probs all the same, and the update reports the drift between
-    the engine's log-probs and those (actor/drift_*, checked before the step is saved: Trainer.steps).
+    the engine's log-probs and those (actor/drift_*, checked before the step is saved: Trainer.step).
     actor.router_replay always runs it: the pass records the routes the update replays."""
     from rlctl.config.plan import batch_plan
 

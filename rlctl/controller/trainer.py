@@ -37,8 +37,20 @@ class Trainer:
         self.config = setup.config
         self.bad_steps = 0
         self.flops = None   # rlctl.controller.perf.StepFlops, measured when fit starts
+        self.passes = []   # the run's passes (rlctl.controller.passes), from begin()
 
     def fit(self, stop: StopFlag) -> None:
+        self.begin()
+        try:
+            for step in range(self.setup.session.state.step + 1, self.setup.total_steps + 1):
+                self.step(step)
+                stop.check()
+        finally:
+            self.setup.rollouts.close()
+
+    def begin(self) -> None:
+        """Before the first step of this session: FLOPs, validation at step 0, the rollout source started
+        (fit's; several runs on one base call it, `step` and `rollouts.close` for each run in turn)."""
         from rlctl.controller.perf import StepFlops
 
         setup, config = self.setup, self.config
@@ -47,54 +59,49 @@ class Trainer:
             setup.session.logger.log(0, self.validate(0))
         selfplay.check_resume_step(setup.session.state.step, config.algorithm.ref_update_every)
         setup.rollouts.start(setup.session.state.step + 1)
-        try:
-            self.steps(stop)
-        finally:
-            setup.rollouts.close()
+        self.passes = run_passes(setup)
 
-    def steps(self, stop: StopFlag) -> None:
-        setup, config = self.setup, self.config
-        passes = run_passes(setup)
-        for step in range(setup.session.state.step + 1, setup.total_steps + 1):
-            timing, start = {}, time.perf_counter()
-            with phase(timing, "gen"):
-                batch, metrics = setup.rollouts.next(step)
-            self.tell_rollout(step, batch, metrics)
-            if "rollout/engine_diff_mean" in metrics:   # an off-policy source's engine against its rank's copy
-                check_drift(config, step, metrics, "rollout/engine_diff_mean")
-            for p in passes:   # the passes that fill the columns the run needs, in order
-                batch = p.fill(setup, batch, step, metrics, timing)
-            with phase(timing, "adv"):
-                metrics.update(compute_advantages(batch, config, setup.kl_ctrl))
-            if config.algorithm.use_pf_ppo:   # PF-PPO: train on each prompt's samples resampled by score
-                batch, more = policy_filtration(batch, config, setup.seed_for(step, -1))
-                metrics.update(more)
-            for p in passes:   # a pass whose role learns from the advantages (the critic)
-                if p.train is not None:
-                    p.train(setup, batch, metrics, timing)
-            if step > config.critic.pretrain_steps:   # value pretraining: the first steps train the critic only
-                with phase(timing, "update_actor"):
-                    metrics.update(setup.actor.update_actor(with_mini_batches(batch, "actor", config, setup.actor)))
-            if "actor/drift_tokens" in metrics:   # no old_log_prob pass: the update measured the engine's drift
-                metrics.update(update_drift(metrics))
-                if setup.rollouts.on_policy:   # before anything of this step is saved
-                    check_drift(config, step, metrics)
-            timing.update(setup.rollouts.after_update(step))
-            setup.session.state.step = step
-            metrics.update(self.step_metrics(batch, time.perf_counter() - start))
-            metrics.setdefault("actor/kl", kl_metric(metrics))
-            new_best = False
-            val_due = config.run.val_every and step % config.run.val_every == 0
-            if setup.val_rows and (step == setup.total_steps or val_due):
-                with phase(timing, "val"):
-                    metrics.update(self.validate(step))
-                new_best = self.track_best(step, metrics)
-            metrics.update(timing)
-            self.check_numerics(metrics, step)
-            setup.log_step(step, metrics, batch)
-            if step == setup.total_steps or (config.run.save_every and step % config.run.save_every == 0) or new_best:
-                checkpointing.save(setup.session, step)
-            stop.check()
+    def step(self, step: int) -> None:
+        """One training step: rollout, the passes, advantages, updates, log, validate, save."""
+        setup, config, passes = self.setup, self.config, self.passes
+        timing, start = {}, time.perf_counter()
+        with phase(timing, "gen"):
+            batch, metrics = setup.rollouts.next(step)
+        self.tell_rollout(step, batch, metrics)
+        if "rollout/engine_diff_mean" in metrics:   # an off-policy source's engine against its rank's copy
+            check_drift(config, step, metrics, "rollout/engine_diff_mean")
+        for p in passes:   # the passes that fill the columns the run needs, in order
+            batch = p.fill(setup, batch, step, metrics, timing)
+        with phase(timing, "adv"):
+            metrics.update(compute_advantages(batch, config, setup.kl_ctrl))
+        if config.algorithm.use_pf_ppo:   # PF-PPO: train on each prompt's samples resampled by score
+            batch, more = policy_filtration(batch, config, setup.seed_for(step, -1))
+            metrics.update(more)
+        for p in passes:   # a pass whose role learns from the advantages (the critic)
+            if p.train is not None:
+                p.train(setup, batch, metrics, timing)
+        if step > config.critic.pretrain_steps:   # value pretraining: the first steps train the critic only
+            with phase(timing, "update_actor"):
+                metrics.update(setup.actor.update_actor(with_mini_batches(batch, "actor", config, setup.actor)))
+        if "actor/drift_tokens" in metrics:   # no old_log_prob pass: the update measured the engine's drift
+            metrics.update(update_drift(metrics))
+            if setup.rollouts.on_policy:   # before anything of this step is saved
+                check_drift(config, step, metrics)
+        timing.update(setup.rollouts.after_update(step))
+        setup.session.state.step = step
+        metrics.update(self.step_metrics(batch, time.perf_counter() - start))
+        metrics.setdefault("actor/kl", kl_metric(metrics))
+        new_best = False
+        val_due = config.run.val_every and step % config.run.val_every == 0
+        if setup.val_rows and (step == setup.total_steps or val_due):
+            with phase(timing, "val"):
+                metrics.update(self.validate(step))
+            new_best = self.track_best(step, metrics)
+        metrics.update(timing)
+        self.check_numerics(metrics, step)
+        setup.log_step(step, metrics, batch)
+        if step == setup.total_steps or (config.run.save_every and step % config.run.save_every == 0) or new_best:
+            checkpointing.save(setup.session, step)
 
     def tell_rollout(self, step: int, batch, metrics: dict) -> None:
         """The console's lines about a rollout: dynamic sampling short of informative groups; the rollout

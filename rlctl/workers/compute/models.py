@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import weakref
+
 import torch
 
 from rlctl.errors import DataError
@@ -90,17 +92,44 @@ def apply_lora(model: torch.nn.Module, lora_cfg) -> torch.nn.Module:
         return get_peft_model(model, lora_config(lora_cfg, model))
 
 
-def policy_engine(config, total_steps: int):
+# Several LoRA runs on one base (rlctl.controller.group): the base each process loaded, by
+# (model.path, trust_remote_code), alive while a run's worker holds it (ActorRolloutRefWorker.base).
+_SHARED_BASES: "weakref.WeakValueDictionary[tuple, torch.nn.Module]" = weakref.WeakValueDictionary()
+
+
+def shared_base(model_cfg) -> torch.nn.Module:
+    """The frozen float32 base at model.path, loaded once per process for every run that shares it."""
+    key = (model_cfg.path, model_cfg.trust_remote_code)
+    base = _SHARED_BASES.get(key)
+    if base is None:
+        base = _SHARED_BASES[key] = load_causal_lm(model_cfg)
+        base.requires_grad_(False)
+    return base
+
+
+def on_shared_weights(base: torch.nn.Module) -> torch.nn.Module:
+    """A new module tree over the same parameter and buffer tensors as `base` (tied weights stay
+    tied): peft wraps this tree's layers with one run's adapters, so each run's model is
+    the one it would train alone, while the base's memory is held once. A fresh memo per copy:
+    deepcopy fills it with every module it copied."""
+    import copy
+    import itertools
+
+    return copy.deepcopy(base, {id(t): t for t in itertools.chain(base.parameters(), base.buffers())})
+
+
+def policy_engine(config, total_steps: int, base: torch.nn.Module | None = None):
     """The policy's TrainEngine, the one built for RL's actor and for SFT (an SFT checkpoint is resumed,
     merged and trained on as an actor checkpoint): model.path, LoRA adapters (seeded by run.seed: the
     same init on every rank), AdamW and the schedule over total_steps, split over the ranks by
-    actor.expert_parallel_size and actor.ulysses_sequence_parallel_size."""
+    actor.expert_parallel_size and actor.ulysses_sequence_parallel_size. `base`: a LoRA run's
+    adapters go on a tree sharing that model's weights (shared_base) instead of a copy of its own."""
     from rlctl.workers.compute.engine import OptimSpec, TrainEngine
     from rlctl.workers.compute.lora import check_targets
     from rlctl.workers.parallel import fsdp
 
-    torch.manual_seed(config.run.seed)
-    model = load_causal_lm(config.model)
+    torch.manual_seed(config.run.seed)   # loading draws nothing from it: the adapters' init is the same either way
+    model = load_causal_lm(config.model) if base is None else on_shared_weights(base)
     if config.model.freeze_vision_tower:
         from rlctl.workers.compute.vision import freeze_vision_tower
 

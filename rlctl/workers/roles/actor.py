@@ -31,6 +31,7 @@ from rlctl.runtime.policy import rollout_batch
 from rlctl.workers.compute.engine import TrainEngine, trained_role_methods
 from rlctl.workers.compute.logprob import batched_response_outputs, response_log_probs
 from rlctl.workers.compute.models import eos_token_ids, load_causal_lm, policy_engine
+from rlctl.workers.compute.models import shared_base as shared_base_model
 from rlctl.workers.compute.training import mini_batch_count, run_updates, trainer_engine_drift_sums
 from rlctl.workers.compute.vision import (IMAGES, PIXEL_VALUES, POSITION_IDS, VISION_KEYS, batch_positions,
                                   has_vision_tower, pad_turn_positions, tower_always_runs, with_pixels,
@@ -49,9 +50,10 @@ class ActorRolloutRefWorker:
     needs: the run's rlctl.algorithms.Needs, computed once by the controller (`reference`: keep the
     reference's log-probs; `sum_pi_squared`: compute_log_prob returns it); None: this config's
     (rlctl.algorithms.run_needs), for a worker built outside a run.
+    shared_base: a LoRA run of a group sharing one base in this process (rlctl.controller.group).
     """
 
-    def __init__(self, config, *, total_steps: int = 0, needs=None):
+    def __init__(self, config, *, total_steps: int = 0, needs=None, shared_base: bool = False):
         from rlctl.algorithms import run_needs
         from rlctl.plugins import import_plugins
 
@@ -61,7 +63,8 @@ class ActorRolloutRefWorker:
         self.rank, self.world = fsdp.rank_and_world()
         self.lora = config.model.lora.rank > 0
         dtype = fsdp.resolve_dtype(config.model.dtype)
-        self.actor = policy_engine(config, total_steps)
+        self.base = shared_base_model(config.model) if shared_base else None   # held: the group's runs share it
+        self.actor = policy_engine(config, total_steps, base=self.base)
         self.ref = None
         if self.with_ref and not self.lora:
             self.ref = self.actor.frozen_twin(load_causal_lm(config.model, dtype))   # on the actor's sp group

@@ -89,3 +89,15 @@ def start_workers(config, *, total_steps: int, needs) -> Workers:
         raise
     return Workers(roles={name: group.role(name) for group in groups for name in group.role_classes},
                    groups=groups, trained_names=tuple(trained))
+
+
+def start_shared_base(runs: list[RunRoles]) -> tuple[WorkerGroup, list[Workers]]:
+    """Several LoRA runs on one base (rlctl.controller.group): one actor group whose every rank holds
+    one actor role per run, "actor@<k>", all on the one copy of the base that rank loaded
+    (ActorRolloutRefWorker's shared_base). Each run sees its own role as its "actor" and nothing
+    else (rlctl.controller.group refuses runs with other roles); the group is the caller's to shut down."""
+    row = next(role for role in table.ROLES if role.placement == ACTOR)
+    specs = {f"actor@{k}": (row.worker_class(), {**row.instances(run)["actor"], "shared_base": True})
+             for k, run in enumerate(runs)}
+    group = WorkerGroup(ResourcePool(row.resources(runs[0].config), name="actor"), specs, name="actor")
+    return group, [Workers(roles={"actor": group.role(name)}, trained_names=("actor",)) for name in specs]
