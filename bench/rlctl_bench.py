@@ -206,7 +206,7 @@ def run_rlctl(size: str, a) -> dict:
         t0 = time.perf_counter()
         try:
             with TreeSampler(os.getpid()) as sampler:
-                start_training(load_config(config), address=None, force=True)
+                start_training(load_config(config, a.set), address=None, force=True)
         finally:
             S.TrainSetup.log_step = log_step
         wall = time.perf_counter() - t0
@@ -501,6 +501,9 @@ def main(argv=None) -> int:
                     help="new tokens per completion of the shared workload, on both sides (TRL's "
                          "--max-completion-length); 0 = the workload's 64. 160 is GSM8K-length")
     ap.add_argument("--trl-bf16", action="store_true", help="TRL with bf16 autocast (compare with --dtype bfloat16)")
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                    help="an rlctl config override on top of the workload's (repeatable), e.g. "
+                         "actor.optimizer_state_dtype=bfloat16")
     ap.add_argument("--json", default="", help="write every figure here")
     a = ap.parse_args(argv)
     a.warmup = max(1, a.warmup)

@@ -131,6 +131,10 @@ class ActorConfig:
     min_lr_ratio: float = opt(0.0, "Cosine floor as a fraction of lr.", ge=0, le=1)
     weight_decay: float = opt(0.01, "AdamW weight decay.", ge=0)
     grad_clip: float = opt(1.0, "Clip the global gradient norm (0 = off).", ge=0)
+    optimizer_state_dtype: str = opt("float32", "AdamW's two moments: float32, or bfloat16 (half their memory; "
+                                                "float32 masters and updates, the second moment rounded "
+                                                "stochastically; docs/performance.md#optimizer-state-in-bfloat16).",
+                                     choices=("float32", "bfloat16"))
     ppo_epochs: int = opt(1, "Passes over each rollout batch.", ge=1)
     mini_batch_size: int = opt(0, "Prompts per optimizer step (0 = data.batch_size, one step per rollout).", ge=0)
     micro_batch_size: int = opt(4, "Sequences per worker per forward/backward (gradient accumulation).", ge=1)

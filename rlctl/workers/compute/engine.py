@@ -37,12 +37,13 @@ class OptimSpec:
     total_steps: int
     schedule: str = "constant"      # "constant" | "cosine" after warm-up
     min_lr_ratio: float = 0.0       # cosine floor as a fraction of lr
+    state_dtype: str = "float32"    # AdamW's moments: "float32" (torch's fused AdamW) | "bfloat16" (BF16StateAdamW)
 
     @classmethod
     def for_actor(cls, actor, total_steps: int) -> "OptimSpec":
         return cls(lr=actor.lr, weight_decay=actor.weight_decay, grad_clip=actor.grad_clip,
                    warmup_steps=actor.warmup_steps, total_steps=total_steps, schedule=actor.lr_schedule,
-                   min_lr_ratio=actor.min_lr_ratio)
+                   min_lr_ratio=actor.min_lr_ratio, state_dtype=actor.optimizer_state_dtype)
 
     @classmethod
     def for_critic(cls, critic, total_steps: int) -> "OptimSpec":
@@ -80,6 +81,21 @@ def sequence_group(size: int, model: torch.nn.Module, key: str) -> ulysses.SPGro
     return ulysses.build_group(size, model, fsdp.rank_and_world()[1], key)
 
 
+def hold_frozen(model: torch.nn.Module, dtype: torch.dtype, *, one_rank: bool) -> None:
+    """A frozen model (a reference) held in `dtype`: half a float32 copy's bytes in bf16. On one rank its
+    passes then run as the trained policy's do under autocast, so the two agree at equal weights (a step-0
+    KL of ~0, not bf16's rounding of a whole pure-bf16 pass): the matrices in `dtype` are what autocast
+    casts the policy's masters to; the vectors (norm weights, biases) stay float32, and the embeddings'
+    output is upcast, so the residual stream stays float32 as the policy's does. With > 1 rank FSDP's
+    mixed precision runs the policy in pure `dtype` and needs one dtype per shard: all of it in `dtype`."""
+    if dtype == torch.float32 or not one_rank:
+        model.to(dtype)
+        return
+    for param in model.parameters():
+        param.data = param.data.to(dtype if param.dim() >= 2 else torch.float32)
+    model.get_input_embeddings().register_forward_hook(lambda _module, _args, out: out.float())
+
+
 # A loss function gets one micro-batch (tensors on the device) and returns the micro-batch's share
 # of the mini-batch loss (already normalised by mini-batch counts) and float metrics.
 LossFn = Callable[[dict], "tuple[torch.Tensor, dict[str, float]]"]
@@ -103,7 +119,7 @@ class TrainEngine:
         self.device = fsdp.device()
         if optim is None:
             model.requires_grad_(False)
-            model.to(compute_dtype)
+            hold_frozen(model, compute_dtype, one_rank=self.world_size == 1)
         elif gradient_checkpointing:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=checkpointing_kwargs(model))
         # expert parallelism (MoE): this rank's share of the expert banks, left out of FSDP
@@ -130,7 +146,12 @@ class TrainEngine:
             # step on CPU, the same update up to float rounding, the same state_dict. It runs per
             # parameter group and cannot mix DTensors with the plain expert banks: those get their own.
             groups = [{"params": self.dense_params}] + ([{"params": self.expert_params}] if self.expert_params else [])
-            self.optimizer = torch.optim.AdamW(groups, lr=optim.lr, weight_decay=optim.weight_decay, fused=True)
+            if optim.state_dtype == "bfloat16":   # half the moments' memory (rlctl.workers.compute.bf16_adamw)
+                from rlctl.workers.compute.bf16_adamw import BF16StateAdamW
+
+                self.optimizer = BF16StateAdamW(groups, lr=optim.lr, weight_decay=optim.weight_decay)
+            else:
+                self.optimizer = torch.optim.AdamW(groups, lr=optim.lr, weight_decay=optim.weight_decay, fused=True)
             self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda s: lr_factor(s, optim))
         model.train(optim is not None)
         # sequence parallelism (Ulysses): this rank's group of ranks that split each packed micro-batch
@@ -155,8 +176,9 @@ class TrainEngine:
 
     # --- contexts ----------------------------------------------------------------------------
     def autocast(self):
-        """One rank in bf16/fp16: autocast (FSDP applies its own mixed precision with > 1 rank)."""
-        if self.world_size > 1 or self.compute_dtype == torch.float32 or self.optimizer is None:
+        """One rank in bf16/fp16: autocast (FSDP applies its own mixed precision with > 1 rank), for a
+        frozen engine too (hold_frozen)."""
+        if self.world_size > 1 or self.compute_dtype == torch.float32:
             return contextlib.nullcontext()
         return torch.autocast(self.device.type, dtype=self.compute_dtype)
 

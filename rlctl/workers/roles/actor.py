@@ -62,12 +62,11 @@ class ActorRolloutRefWorker:
         self.cfg, self.with_ref, self.sum_pi_squared = config, needs.reference, needs.sum_pi_squared
         self.rank, self.world = fsdp.rank_and_world()
         self.lora = config.model.lora.rank > 0
-        dtype = fsdp.resolve_dtype(config.model.dtype)
         self.base = shared_base_model(config.model) if shared_base else None   # held: the group's runs share it
         self.actor = policy_engine(config, total_steps, base=self.base)
         self.ref = None
         if self.with_ref and not self.lora:
-            self.ref = self.actor.frozen_twin(load_causal_lm(config.model, dtype))   # on the actor's sp group
+            self.ref = self.actor.frozen_twin(load_causal_lm(config.model))   # on the actor's sp group
         self.tokenizer = policy_tokenizer(config.model)
         self.eos_ids = eos_token_ids(config.model.path, self.tokenizer)
         self.temperature = config.rollout.temperature or 1.0  # log-probs of the sampling distribution

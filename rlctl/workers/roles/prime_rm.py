@@ -40,7 +40,7 @@ class ImplicitPRMWorker:
                          warmup_steps=0, total_steps=total_steps)
         self.prm = TrainEngine(load_causal_lm(config.model), spec, compute_dtype=dtype,
                                gradient_checkpointing=config.model.gradient_checkpointing)
-        self.ref = self.prm.frozen_twin(load_causal_lm(config.model, dtype))
+        self.ref = self.prm.frozen_twin(load_causal_lm(config.model))
 
     def _log_probs(self, engine: TrainEngine, batch: Batch):
         with engine.inference() as module:
