@@ -82,18 +82,20 @@ def sequence_group(size: int, model: torch.nn.Module, key: str) -> ulysses.SPGro
 
 
 def hold_frozen(model: torch.nn.Module, dtype: torch.dtype, *, one_rank: bool) -> None:
-    """A frozen model (a reference) held in `dtype`: half a float32 copy's bytes in bf16. On one rank its
-    passes then run as the trained policy's do under autocast, so the two agree at equal weights (a step-0
-    KL of ~0, not bf16's rounding of a whole pure-bf16 pass): the matrices in `dtype` are what autocast
-    casts the policy's masters to; the vectors (norm weights, biases) stay float32, and the embeddings'
-    output is upcast, so the residual stream stays float32 as the policy's does. With > 1 rank FSDP's
-    mixed precision runs the policy in pure `dtype` and needs one dtype per shard: all of it in `dtype`."""
+    """A frozen model (a reference) held in `dtype` where the run computes in it. On one rank its passes then
+    run under autocast as the trained policy's do, on the same numbers: its matrices in `dtype` are what
+    autocast casts the policy's float32 masters to, and the input embeddings and the vectors (norm
+    weights, biases) stay float32, so the residual stream is float32 as the policy's is. At equal weights
+    the two give the same log-probs (a step-0 KL of 0, where a pure-bf16 pass is off by its rounding); the
+    copy takes half a float32 one's bytes but for the embeddings. With > 1 rank FSDP's mixed
+    precision runs the policy in pure `dtype` and needs one dtype per shard: all of it in `dtype`."""
     if dtype == torch.float32 or not one_rank:
         model.to(dtype)
         return
+    embeddings = {id(p) for p in model.get_input_embeddings().parameters()}
     for param in model.parameters():
-        param.data = param.data.to(dtype if param.dim() >= 2 else torch.float32)
-    model.get_input_embeddings().register_forward_hook(lambda _module, _args, out: out.float())
+        if param.dim() >= 2 and id(param) not in embeddings:
+            param.data = param.data.to(dtype)
 
 
 # A loss function gets one micro-batch (tensors on the device) and returns the micro-batch's share
