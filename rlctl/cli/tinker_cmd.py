@@ -17,7 +17,10 @@ def tinker(
     port: int = typer.Option(8765, min=0, max=65535, help="Port to listen on (0 = any free port)."),
     api_key: Optional[str] = typer.Option(None, envvar="RLCTL_API_KEY",
                                           help="Require this X-API-Key (clients: TINKER_API_KEY; must start with tml-)."),
-    address: Optional[str] = typer.Option(None, help="Join a Ray cluster (not built yet: refused)."),
+    address: Optional[str] = typer.Option(None, help="Join a Ray cluster ('auto', 'host:port', 'ray://host:port') and "
+                                          "run the models there; this process serves HTTP."),
+    cpus: Optional[int] = typer.Option(None, min=1, help="With --address: CPUs the model host takes on one node "
+                                       "(default: the largest node's)."),
     state_dir: Path = typer.Option(Path("tinker-state"), help="Where save_state / save_weights_for_sampler write."),
     max_samplers: int = typer.Option(32, min=1, help="Sampling clients' weight snapshots kept; older ones are evicted."),
     max_clients: Optional[int] = typer.Option(None, min=1, help="Training clients kept (adapter + optimizer state); "
@@ -35,14 +38,13 @@ def tinker(
     from rlctl.serve.server import check_bind
     from rlctl.tinker.app import parse_models, serve
 
-    if address:
-        raise UsageError("rlctl tinker --address (running the server's training on a Ray cluster) is not built yet",
-                         hint="run rlctl tinker on the machine that trains, without --address")
+    if cpus is not None and not address:
+        raise UsageError("--cpus applies only with --address (the model host's share of a Ray node)")
     if api_key is not None and not api_key.startswith("tml-"):
         raise UsageError("--api-key must start with 'tml-': the tinker SDK refuses any other key")
     check_bind(host, api_key, insecure)
     raise typer.Exit(serve(parse_models(model), host=host, port=port, api_key=api_key, state_dir=state_dir,
-                           max_samplers=max_samplers, max_clients=max_clients))
+                           max_samplers=max_samplers, max_clients=max_clients, address=address, cpus=cpus))
 
 
 def register(app: typer.Typer) -> None:

@@ -36,6 +36,14 @@ _FORWARDED_ENV = ("RLCTL_DEBUG", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_H
                   "HF_HUB_DISABLE_PROGRESS_BARS", "TOKENIZERS_PARALLELISM")
 
 
+def rank_env(threads: int) -> dict[str, str]:
+    """The environment a worker process starts with, using `threads` cores (runtime_env env_vars)."""
+    env = {k: os.environ[k] for k in _FORWARDED_ENV if k in os.environ}
+    env.update(OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads), TOKENIZERS_PARALLELISM="false",
+               **QUIET_ENV)
+    return env
+
+
 def shutdown_all(*, park: bool = True) -> None:
     for group in list(_LIVE):
         group.shutdown(park=park)
@@ -58,9 +66,7 @@ class WorkerGroup:
         self.timing: dict[str, dict[str, float]] = {}
         self._logs = _session_logs()
         self._unfinished_calls = 0   # submitted, result not collected: such a group is never parked
-        env = {k: os.environ[k] for k in _FORWARDED_ENV if k in os.environ}
-        threads = str(pool.cpus_per_worker)
-        env.update(OMP_NUM_THREADS=threads, MKL_NUM_THREADS=threads, TOKENIZERS_PARALLELISM="false", **QUIET_ENV)
+        env = rank_env(pool.cpus_per_worker)
         self._env = env
         self._actors = warm_ranks.take(pool, env)
         if self._actors is None:

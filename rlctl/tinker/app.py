@@ -30,18 +30,29 @@ def parse_models(models: list[str]) -> dict[str, Path]:
 
 
 def serve(models: dict[str, Path], *, host: str, port: int, api_key: str | None, state_dir: Path,
-          max_samplers: int, max_clients: int | None = None, ready=None) -> int:
-    from rlctl.tinker.base import BaseModel
-    from rlctl.tinker.http import TinkerServer
-    from rlctl.tinker.service import Service
-    from rlctl.tinker.wire import proto_module
+          max_samplers: int, max_clients: int | None = None, address: str | None = None,
+          cpus: int | None = None) -> int:
+    """Serve until SIGINT/SIGTERM. With `address`, the model side runs on that Ray cluster
+    (rlctl.tinker.remote) and this process is the HTTP front."""
+    from rlctl.tinker.service import build_service
 
-    proto_module()   # the schema is there before anything heavy starts
-    bases = {}
-    for name, path in models.items():
-        log.info("loading %s (%s)", name, path)
-        bases[name] = BaseModel(name, path, sampler_slots=2 * max_samplers)   # room while evicted rows finish
-    service = Service(bases, state_dir, max_samplers, max_clients)
+    if not address:
+        service = build_service(models, state_dir, max_samplers, max_clients)
+        try:
+            return _serve_http(service, models, host, port, api_key, state_dir)
+        finally:
+            service.close()
+    from rlctl.runtime.ray_env import ray_session
+    from rlctl.tinker.remote import remote_service
+
+    with ray_session(address) as session, remote_service(session, models, state_dir, max_samplers, max_clients,
+                                                         cpus) as service:
+        return _serve_http(service, models, host, port, api_key, state_dir)
+
+
+def _serve_http(service, models: dict[str, Path], host: str, port: int, api_key: str | None, state_dir: Path) -> int:
+    from rlctl.tinker.http import TinkerServer
+
     try:
         server = TinkerServer((host, port), service, api_key)
     except OSError as e:
@@ -56,16 +67,13 @@ def serve(models: dict[str, Path], *, host: str, port: int, api_key: str | None,
     previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
     bound = server.server_address
     url = f"http://{'[' + bound[0] + ']' if ':' in bound[0] else bound[0]}:{bound[1]}"
-    log.info("serving the Tinker API for %s on %s; saved states under %s", ", ".join(bases), url, state_dir)
+    log.info("serving the Tinker API for %s on %s; saved states under %s", ", ".join(models), url, state_dir)
     print(f"TINKER_BASE_URL={url}", flush=True)
     if api_key:
         print(f"TINKER_API_KEY={api_key}", flush=True)
     try:
         server.serve_forever(poll_interval=0.5)
     finally:
-        service.futures.stop()
-        for base in bases.values():
-            base.engine.shutdown()
         server.server_close()
         for s, handler in previous.items():
             signal.signal(s, handler)

@@ -16,7 +16,6 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from rlctl.api.guards import key_matches
 from rlctl.tinker.futures import Reply
-from rlctl.tinker.service import Service
 from rlctl.tinker.wire import PROTO, TinkerError, decode_forward_backward
 
 log = logging.getLogger("rlctl.tinker")
@@ -42,7 +41,9 @@ class TinkerServer(ThreadingHTTPServer):
     allow_reuse_address = True
     request_queue_size = 256
 
-    def __init__(self, address, service: Service, api_key: str | None):
+    def __init__(self, address, service, api_key: str | None):
+        """`service`: rlctl.tinker.service.Service, or its stand-in for one on a Ray cluster
+        (rlctl.tinker.remote.RemoteService): the same methods."""
         if ":" in address[0]:
             self.address_family = socket.AF_INET6
         super().__init__(address, _Handler)
@@ -107,7 +108,7 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _retrieve(self, body: dict) -> Reply:
         request_id = str(body.get("request_id", ""))
-        result = self.server.service.futures.wait(request_id, POLL_S)
+        result = self.server.service.wait(request_id, POLL_S)
         if result is None:
             return Reply({"type": "try_again", "request_id": request_id, "queue_state": "active"})
         if isinstance(result, TinkerError):

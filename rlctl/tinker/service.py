@@ -9,6 +9,7 @@ request id; the rest answer at once.
 from __future__ import annotations
 
 import logging
+import os
 import uuid
 from pathlib import Path
 
@@ -213,10 +214,20 @@ class Service:
         return {"request_id": request_id, "sample_sequence_ids": [f"{request_id}:{i}" for i in range(n)]}
 
     def load(self) -> dict:
-        """The live clients, and each base's sampling engine: rows running and waiting, the most
+        """The process that holds the models, the live clients, and each base's sampling engine: rows running and waiting, the most
         rows it decoded in one step and its decode steps over several adapters (samplers batched)."""
-        return {**self.clients.counts(), "sampling": {name: base.engine.load() for name, base in self.bases.items()},
+        return {"pid": os.getpid(), **self.clients.counts(), "sampling": {name: base.engine.load() for name, base in self.bases.items()},
                 "training_adapters": {name: base.adapter_count() for name, base in self.bases.items()}}
+
+    def wait(self, request_id: str, timeout: float):
+        """A future's result, or None while it is pending after `timeout` seconds (retrieve_future)."""
+        return self.futures.wait(request_id, timeout)
+
+    def close(self) -> None:
+        """Stop the training worker and the sampling engines (the server is stopping)."""
+        self.futures.stop()
+        for base in self.bases.values():
+            base.engine.shutdown()
 
     # -- futures ------------------------------------------------------------------------------
     def _future(self, job, *, model_id: str | None = None, gate: tuple[str, int] | None = None) -> dict:
@@ -234,6 +245,18 @@ class Service:
             self.clients.check_live(run)
             return fn()
         return self._future(job, model_id=run.model_id, gate=None if seq_id is None else (run.model_id, int(seq_id)))
+
+
+def build_service(models: dict[str, Path], state_dir: Path, max_samplers: int, max_clients: int | None):
+    """The server's model side: every base model loaded, the training worker and sampling engines."""
+    from rlctl.tinker.wire import proto_module
+
+    proto_module()   # the schema is there before anything heavy starts
+    bases = {}
+    for name, path in models.items():
+        log.info("loading %s (%s)", name, path)
+        bases[name] = BaseModel(name, path, sampler_slots=2 * max_samplers)   # room while evicted rows finish
+    return Service(bases, state_dir, max_samplers, max_clients)
 
 
 def _check_optimizer(config: dict | None) -> None:

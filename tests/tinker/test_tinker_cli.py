@@ -5,10 +5,9 @@ from __future__ import annotations
 from support.cli import rlctl_here
 
 
-def test_address_is_refused_as_not_built_yet(tiny_model_dir):
-    r = rlctl_here("tinker", "--model", str(tiny_model_dir), "--address", "auto")
-    assert r.returncode == 2
-    assert "--address (running the server's training on a Ray cluster) is not built yet" in r.stderr
+def test_cpus_without_address_is_refused(tiny_model_dir):
+    r = rlctl_here("tinker", "--model", str(tiny_model_dir), "--cpus", "2")
+    assert r.returncode == 2 and "--cpus applies only with --address" in r.stderr
     assert len(r.stderr.strip().splitlines()) == 1
 
 
