@@ -13,10 +13,9 @@ CI=true. The endpoint and policy are test_endpoint.py's (the tiny tool model beh
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 
 import pytest
+from support.venvs import venv_python
 from test_endpoint import ROW, endpoint, policy  # noqa: F401  (fixtures)
 from test_frameworks import VENV_PYTHON
 
@@ -65,14 +64,7 @@ print(json.dumps({"reward": float(answer == row["reward_model"]["ground_truth"])
 
 def sdk_python() -> str:
     """.venv-agents' interpreter once the SDK imports there; else a skip (a failure under CI=true)."""
-    if VENV_PYTHON.is_file() and subprocess.run([str(VENV_PYTHON), "-c", "import agents"],
-                                                capture_output=True).returncode == 0:
-        return str(VENV_PYTHON)
-    why = (f"the OpenAI Agents SDK is not installed in {VENV_PYTHON.parent.parent} (bash scripts/setup.sh "
-           "installs it from PyPI; it could not reach a package index)")
-    if os.environ.get("CI", "").lower() == "true":
-        pytest.fail(f"CI=true but {why}")
-    pytest.skip(why)
+    return str(venv_python(VENV_PYTHON, "agents", "the OpenAI Agents SDK"))
 
 
 @pytest.mark.parametrize("mode", ["run", "stream"])

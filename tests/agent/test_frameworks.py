@@ -13,14 +13,13 @@ SmolLM2 run that learns).
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 from pathlib import Path
 
 import pytest
 
 from rlctl.config.loader import load_config
 from rlctl.controller.run import start_training
+from support.venvs import venv_python
 
 pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[2]
@@ -37,15 +36,7 @@ TINY = ["model.dtype=float32", "model.chat_template=", "data.max_prompt_length=7
 
 def framework_python(folder: str) -> Path:
     """.venv-agents' interpreter once `folder`'s framework imports in it; else a skip (a failure under CI=true)."""
-    found = VENV_PYTHON.is_file() and subprocess.run(
-        [str(VENV_PYTHON), "-c", f"import {FRAMEWORKS[folder]}"], capture_output=True).returncode == 0
-    if not found:
-        why = (f"{folder} is not installed in {VENV_PYTHON.parent.parent} (bash scripts/setup.sh installs it from "
-               f"PyPI; it could not reach a package index)")
-        if os.environ.get("CI", "").lower() == "true":
-            pytest.fail(f"CI=true but {why}")
-        pytest.skip(why)
-    return VENV_PYTHON
+    return venv_python(VENV_PYTHON, FRAMEWORKS[folder], folder)
 
 
 @pytest.fixture(scope="module")

@@ -1,11 +1,16 @@
 """`rlctl tinker` driven by the official tinker SDK on the tiny model: one server for the module.
 
 Training, the RL losses against their written formulas, sampling log-probs against the trainer's,
-exact resume, two clients on one base, and bad input (each fails alone; the server goes on)."""
+exact resume, two clients on one base, bad input (each fails alone; the server goes on), and
+tinker-cookbook's sl_loop run against it from its own venv."""
 
 from __future__ import annotations
 
+import json
+import os
 import re
+import subprocess
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -14,11 +19,13 @@ tinker = pytest.importorskip("tinker")
 from tinker import types  # noqa: E402
 
 from support.servers import ServerProcess  # noqa: E402
+from support.venvs import venv_python  # noqa: E402
 
 pytestmark = pytest.mark.slow
 URL = re.compile(r"Tinker API for .* on (http://[^ ;]+)")
 KEY = "tml-rlctl-tests"
 MAX_SAMPLERS = 6
+REPO = Path(__file__).resolve().parents[2]
 MAX_CLIENTS = 5       # no test holds more than 3 training clients at once
 
 
@@ -401,3 +408,25 @@ def test_a_saved_state_merges_and_serves(server, service, base, tmp_path):
         finally:
             served.stop()
         _assert_same_greedy(sampler, prompt, want, tok.encode(text.split("\ufffd")[0]))   # bytes that decode whole
+
+
+def test_cookbook_sl_loop_trains_through_the_server(server, base, tiny_model_dir, tmp_path):
+    """tinker-cookbook's own sl_loop, unmodified, in .venv-tinker, run by examples/tinker/cookbook_local.py
+    (its data from a local file, the tokenizer from the model folder): every batch is the same
+    conversation, so its loss falls over the 3 steps, and its final state is saved on this server."""
+    python = venv_python(REPO / ".venv-tinker" / "bin" / "python", "tinker_cookbook.recipes.sl_loop", "tinker-cookbook")
+    rows = tmp_path / "data" / "HuggingFaceH4" / "no_robots"
+    rows.mkdir(parents=True)
+    row = {"messages": [{"role": "user", "content": "What is 2 + 3?"}, {"role": "assistant", "content": "It is 5."}]}
+    (rows / "train.jsonl").write_text((json.dumps(row) + "\n") * 6)
+    log = tmp_path / "log"
+    cmd = [str(python), str(REPO / "examples" / "tinker" / "cookbook_local.py"), "--data-dir", str(tmp_path / "data"),
+           "--tokenizer", str(tiny_model_dir), "tinker_cookbook.recipes.sl_loop", f"base_url={server.base_url}",
+           f"model_name={base}", f"log_path={log}", "batch_size=2", "learning_rate=0.01", "lora_rank=4", "save_every=0"]
+    r = subprocess.run(cmd, env={**os.environ, "TINKER_API_KEY": KEY, "TINKER_TELEMETRY": "0"},
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    nll = [json.loads(line)["train_mean_nll"] for line in (log / "metrics.jsonl").read_text().splitlines()]
+    assert len(nll) == 3 and nll[-1] < nll[0], nll
+    final = json.loads((log / "checkpoints.jsonl").read_text().splitlines()[-1])
+    assert (_state_folder(server, final["state_path"]) / "adapter_model.safetensors").is_file()
