@@ -85,23 +85,10 @@ def _export(folder: Path, base_path: str, tmp: Path, *, dtype: str, adapter: boo
         _untie_output_head(base)
     model = PeftModel.from_pretrained(base, str(folder))
     tokenizer = load_tokenizer(base_path)
-    prompts = V.prompt_ids(tokenizer)
-    trained = V.logits_of(model, prompts)
-    tolerance = V.TOLERANCE * V.scale_of(trained)
-    if not adapter:
-        model = model.merge_and_unload()   # W + (alpha / r) B A, in float32
-    merge_diff = V.max_abs_diff(V.logits_of(model, prompts), trained)
-    V.check("the merged model vs the adapter on its base", merge_diff, tolerance)
-    torch_dtype = M._export_dtype(dtype, SimpleNamespace(path=base_path, trust_remote_code=False))
-    tmp.mkdir(parents=True)
-    M._save_rounded(model, tmp, torch_dtype, adapter=adapter, max_shard_size=max_shard_size)
-    tokenizer.save_pretrained(tmp)
-    expected = V.logits_of(model, prompts)
-    written = V.logits_of(V.load_written(tmp, adapter=adapter, base_path=base_path, trust_remote_code=False), prompts)
-    result = V.Verification(merge_diff=merge_diff, written_diff=V.max_abs_diff(written, expected),
-                            trained_diff=V.max_abs_diff(written, trained), tolerance=tolerance)
-    V.check("the written folder vs the weights it should hold", result.written_diff, tolerance)
-    return result, str(torch_dtype).removeprefix("torch.")
+    return M.verified_export(model, V.prompt_ids(tokenizer), tmp, merge=not adapter, adapter=adapter,
+                             what="the merged model vs the adapter on its base",
+                             dtype_of=lambda: M._export_dtype(dtype, SimpleNamespace(path=base_path, trust_remote_code=False)),
+                             saver=tokenizer, base_path=base_path, trust_remote_code=False, max_shard_size=max_shard_size)
 
 
 def _untie_output_head(model) -> None:

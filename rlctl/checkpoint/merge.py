@@ -201,21 +201,35 @@ def _export_quiet(step_dir: Path, config, tmp: Path, *, dtype: str, lora: str, m
     tokenizer = policy_tokenizer(config.model)
     processor = load_processor(config.model.path) if is_vision_model(config.model.path) else None
     prompts = V.prompt_ids(tokenizer) + (V.vision_prompts(processor) if processor is not None else [])
+    adapter = config.model.lora.rank > 0 and lora == "adapter"
+    return verified_export(model, prompts, tmp, merge=config.model.lora.rank > 0 and not adapter, adapter=adapter,
+                           what="the merged model vs the trained weights",
+                           dtype_of=lambda: _export_dtype(dtype, config.model), saver=processor or tokenizer,
+                           base_path=config.model.path, trust_remote_code=config.model.trust_remote_code,
+                           max_shard_size=max_shard_size)
+
+
+def verified_export(model, prompts, tmp: Path, *, merge: bool, adapter: bool, what: str, dtype_of, saver,
+                    base_path: str, trust_remote_code: bool, max_shard_size) -> tuple:
+    """Merge the adapter of `model` (if `merge`), check the merged logits against the model's own ("what"),
+    save it rounded to dtype_of() at `tmp` with `saver` (tokenizer or processor), load what was written and
+    check it against the weights it should hold; returns (Verification, the dtype's name). Shared by a run's
+    checkpoint and an adapter folder (rlctl.checkpoint.adapter_merge)."""
+    from rlctl.checkpoint import verify_export as V
+
     trained = V.logits_of(model, prompts)
     tolerance = V.TOLERANCE * V.scale_of(trained)
-    adapter = config.model.lora.rank > 0 and lora == "adapter"
-    if config.model.lora.rank > 0 and not adapter:
+    if merge:
         model = model.merge_and_unload()   # W + (alpha / r) B A, in float32
     merged = V.logits_of(model, prompts)
     merge_diff = V.max_abs_diff(merged, trained)
-    V.check("the merged model vs the trained weights", merge_diff, tolerance)
-    torch_dtype = _export_dtype(dtype, config.model)
+    V.check(what, merge_diff, tolerance)
+    torch_dtype = dtype_of()
     tmp.mkdir(parents=True)
     _save_rounded(model, tmp, torch_dtype, adapter=adapter, max_shard_size=max_shard_size)
-    (processor or tokenizer).save_pretrained(tmp)   # a VLM's processor: image processor, tokenizer, template
+    saver.save_pretrained(tmp)   # a VLM's processor: image processor, tokenizer, template
     expected = V.logits_of(model, prompts)  # the weights exactly as written, computed in float32
-    written_model = V.load_written(tmp, adapter=adapter, base_path=config.model.path,
-                                   trust_remote_code=config.model.trust_remote_code)
+    written_model = V.load_written(tmp, adapter=adapter, base_path=base_path, trust_remote_code=trust_remote_code)
     written = V.logits_of(written_model, prompts)
     del written_model
     result = V.Verification(merge_diff=merge_diff, written_diff=V.max_abs_diff(written, expected),
