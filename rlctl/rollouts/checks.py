@@ -63,6 +63,10 @@ def check_rollout_images(c: Config, ctx: CheckContext) -> list[Problem]:
     hf = model_config(c, ctx)
     if hf is None or hf.get("vision_config") is None:   # unreadable (check_model says so) or a text model
         return []
+    if not kind.image_modes:
+        return [Problem(kind.key, f"{kind.title} do not carry a vision-language model's images ({c.model.path} has a "
+                        "vision tower): the rows they get and the endpoint's calls are text only; use a text model, "
+                        "or rlctl's tool loop (rollout.multi_turn), which carries them")]
     engines = f" with rollout.engine = {_choices(kind.image_engines)}" if kind.image_engines else ""
     return [Problem(kind.key, f"{kind.title} of a vision-language model are built for rollout.mode = "
                     f"{_choices(kind.image_modes)}{engines} only, not {c.rollout.mode!r} / {c.rollout.engine!r} "

@@ -45,7 +45,7 @@ class RolloutKind:
     #                                         from the controller's process (one_step_off / async run it in a thread)
     partial: bool = True                    # rollout.partial_rollout: generation in rounds
     round_of: str = "tokens"                # what one partial round is: rollout.partial_chunk "tokens" or a "turn"
-    image_modes: tuple[str, ...] = ALL_MODES   # a vision-language policy: the modes it carries images in
+    image_modes: tuple[str, ...] = ALL_MODES   # a vision-language policy: the modes it carries images in (none: ())
     image_engines: tuple[str, ...] = ()     # ... and the engines (() any that the engine checks allow)
     greedy_baseline: bool = True            # a greedy rollout per prompt (ReMax's baseline)
     reference_pairs: bool = True            # each row one generated answer, paired with the data's reference (SPIN)
@@ -76,7 +76,7 @@ KINDS: tuple[RolloutKind, ...] = (
                 _tools_on, one_call=False, round_of="turn", image_modes=("sync",), image_engines=("hf",),
                 reference_pairs=False, implicit_prm=False),
     RolloutKind("agent", "rlctl.agent.rollout:AgentPrograms", "agent programs", "rollout.agent.function",
-                _agent_on, modes=("sync",), one_call=False, partial=False, greedy_baseline=False,
+                _agent_on, modes=("sync",), one_call=False, partial=False, image_modes=(), greedy_baseline=False,
                 reference_pairs=False, resampled_groups=False, own_reward=_agent_reward),
 )
 

@@ -67,3 +67,27 @@ def test_rlctl_eval_runs_the_kind_the_run_trained_with_or_the_agent_it_is_given(
     assert kind.own_reward(c) and base == Path.cwd()                # the agent's own reward, its file from here
     kind, c, _ = rollout_of(None, Path("."), EvalOptions(agent="a.py:run"))
     assert kind.name == "agent" and c.data.max_prompt_length == 1024
+
+
+def _agent_project(tmp_path, model) -> Path:
+    from rlctl.project import write_project
+    from rlctl.tasks.prep import PrepOptions, prepare
+
+    proj = tmp_path / "agent"
+    write_project(proj, "grpo-agent-smollm2-cpu", str(model))
+    prepare("arith", PrepOptions(out=proj / "data" / "arith", val_fraction=0.25))
+    return proj
+
+
+def test_agent_programs_refuse_a_vision_language_model_whose_images_they_cannot_carry(tmp_path, tiny_vlm_dir):
+    """The agent endpoint takes text messages only (an image_url part is a 400: its engine has no
+    processor) and the rows the agents get carry no images, so a VLM policy would never see them."""
+    import json
+
+    from support.cli import rlctl_here
+
+    done = rlctl_here("config", "validate", "--format", "json", cwd=_agent_project(tmp_path, tiny_vlm_dir))
+    errors = json.loads(done.stdout)["errors"]
+    assert done.returncode == 2 and len(errors) == 1, done.stdout
+    assert "rollout.agent.function: agent programs do not carry a vision-language model's images" in errors[0]
+    assert "\n" not in errors[0]
