@@ -1,10 +1,18 @@
 """What the Tinker protocol costs: forward_backward + optim_step and sample tokens/s through
 `rlctl tinker` (the official SDK over HTTP, protobuf bodies, futures) against the same work done
-in-process by the same engine objects the server uses (rlctl.tinker.training / sampling).
+in-process by the same engine objects the server uses (rlctl.tinker.training / sampling), and,
+with --train-step, against an `rlctl train` step of the same shape on the same model.
 
     python bench/tinker_bench.py MODEL_DIR [--batch 8] [--length 128] [--steps 3] [--samples 8] [--tokens 32]
+                                 [--train-step]
 
-Starts `rlctl tinker` on a free port itself and stops it at the end. Prints one JSON line.
+Starts `rlctl tinker` on a free port itself and stops it at the end. --train-step also runs
+`rlctl train` in this process (embedded Ray, one rank, one CPU): GRPO with the same LoRA (rank 16,
+alpha 32), one arith prompt x --samples samples of <= --tokens new tokens a step (the prompt asks
+for the working, so answers run to the limit as the other sides' `stop=[]` samples do), one update
+of those rows per step; its figures are the step's own phase timings (timing/gen_s for sampling,
+timing/update_actor_s for forward + backward + optimizer step) over the tokens that step sampled
+and trained on (prompt + response). Prints one JSON line.
 """
 
 from __future__ import annotations
@@ -84,6 +92,89 @@ def sample_now(sampler, prompt: list[int], params) -> list:
     return out[0]
 
 
+TRAIN_TOML = """
+[run]
+name = "tinker-side"
+output_dir = "runs"
+seed = 0
+total_steps = {total}
+loggers = ["jsonl"]
+log_samples = 0
+
+[model]
+path = "{model}"
+dtype = "float32"
+gradient_checkpointing = false
+lora.rank = 16
+lora.alpha = 32
+
+[data]
+train_files = ["data/train.parquet"]
+max_prompt_length = 128
+max_response_length = {tokens}
+batch_size = 1
+
+[algorithm]
+name = "grpo"
+dynamic_sampling.enable = false
+
+[actor]
+lr = 1e-5
+ppo_epochs = 1
+micro_batch_size = {samples}
+
+[rollout]
+engine = "hf"
+n = {samples}
+temperature = 1.0
+
+[reward]
+function = "arith_answer"
+workers = 1
+
+[resources]
+workers = 1
+cpus_per_worker = 1
+"""
+
+
+def train_step(model_dir: str, args) -> dict:
+    """`rlctl train` steps of the same shape; the first (warm-up) step is dropped like timed()'s."""
+    import tempfile
+    from pathlib import Path
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from rlctl.config.loader import load_config
+    from rlctl.controller.run import start_training
+    from rlctl.tasks import arith
+
+    with tempfile.TemporaryDirectory(prefix="tinker-bench-train-") as tmp:
+        root = Path(tmp)
+        (root / "data").mkdir()
+        rows = arith.generate(seed=0)["train"]
+        for row in rows:   # "Reply with digits only" gets 2-token answers: sampling would be all prompt
+            row["prompt"][0]["content"] = row["prompt"][0]["content"].replace("Reply with digits only.",
+                                                                              "Explain each step in words.")
+        pq.write_table(pa.Table.from_pylist(rows), root / "data" / "train.parquet")
+        (root / "rlctl.toml").write_text(TRAIN_TOML.format(total=args.steps + 1, model=os.path.abspath(model_dir),
+                                                           tokens=args.tokens, samples=args.samples))
+        start_training(load_config(root / "rlctl.toml"), address=None, force=True)
+        rows = [json.loads(line) for line in (root / "runs" / "tinker-side" / "metrics.jsonl").read_text().splitlines()]
+    steps = rows[1:]
+    sampled = [m["response_length/mean"] * m["data/sequences"] for m in steps]
+    trained = [(m["response_length/mean"] + m["prompt_length/mean"]) * m["data/sequences"] for m in steps]
+    gen = [m["timing/gen_s"] - m.get("timing/reward_s", 0.0) for m in steps]
+    update = [m["timing/update_actor_s"] for m in steps]
+    return {"train_tokens_per_s": round(float(np.median([t / u for t, u in zip(trained, update)])), 1),
+            "sample_tokens_per_s": round(float(np.median([t / g for t, g in zip(sampled, gen)])), 1),
+            "train_tokens": [round(t) for t in trained], "sample_tokens": [round(t) for t in sampled],
+            "update_s": [round(x, 3) for x in update], "gen_s": [round(x, 3) for x in gen],
+            "old_log_prob_s": [round(m.get("timing/old_log_prob_s", 0.0), 3) for m in steps],
+            "step_s": [round(m["timing/step_s"], 3) for m in steps]}
+
+
 def timed(steps: int, fn) -> list[float]:
     fn()   # warm-up: first-call allocations, the packed decode weights
     out = []
@@ -102,17 +193,22 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--samples", type=int, default=8)
     ap.add_argument("--tokens", type=int, default=32)
+    ap.add_argument("--train-step", action="store_true", help="also an `rlctl train` step of the same shape")
     args = ap.parse_args()
     from transformers import AutoConfig
 
     seqs = datums(args.batch, args.length, AutoConfig.from_pretrained(args.model).vocab_size)
     report = {"args": vars(args)}
+    if args.train_step:   # first: the side a killed run would otherwise lose
+        report["rlctl_train"] = train_step(args.model, args)
+        print(json.dumps({"rlctl_train": report["rlctl_train"]}), flush=True)
     for name, fn in (("in_process", in_process), ("server", through_server)):
         r = fn(args.model, seqs, args)
         train_tokens, sample_tokens = args.batch * args.length, args.samples * args.tokens
         report[name] = {"train_tokens_per_s": round(train_tokens / float(np.median(r["train_s"])), 1),
                         "sample_tokens_per_s": round(sample_tokens / float(np.median(r["sample_s"])), 1),
                         "train_s": [round(x, 3) for x in r["train_s"]], "sample_s": [round(x, 3) for x in r["sample_s"]]}
+        print(json.dumps({name: report[name]}), flush=True)
     print(json.dumps(report))
 
 
