@@ -6,8 +6,8 @@ agent endpoint on loopback, parquet from `rlctl data prep arith`. The tiny model
 not re-tokenise to what it sampled, so its episodes also exercise split rows and the padding of a batch
 to whole mini-batches. The run trains, resumes from a middle checkpoint to the same metrics and weights
 bit for bit (the endpoint batches the same calls the same way every time), and merges; the same agent
-as a `command` (examples/agents/revise_cmd.py, a process per episode) trains a step too, and so does a run
-with dynamic sampling (whole groups of episodes, padded after the join). An agent whose
+as a `command` (examples/agents/revise_cmd.py, a process per episode) trains a step too, and so do a run
+with dynamic sampling (whole groups of episodes, padded after the join) and a PRIME run (its implicit PRM). An agent whose
 every call is too long for a row fails every episode: each step says so in one line naming the keys to raise,
 samples.jsonl and the rollouts dump carry the reason, and the third such step stops the run (exit 5).
 """
@@ -193,3 +193,22 @@ def test_a_forced_tool_call_agent_trains_a_step(project, ray_cluster, tmp_path):
         "rollout.agent.function=forced.py:forced"]), address=None, force=False)
     got = rows(proj / "runs" / "grpo-agent-smollm2-cpu")[0]
     assert got["agent/calls"] == 1.0 and got["agent/failed"] == 0.0 and "actor/pg_loss" in got
+
+
+def test_prime_trains_through_agent_programs(project, ray_cluster, tmp_path):
+    """PRIME's implicit PRM on agent rows (rlctl.rollouts.table declares the pair built): it reads the
+    response tokens the mask marks the policy's own (the agent's feedback turn is masked out), padding
+    rows count in no loss, and the tiny model's split episodes each count once in PRIME's RLOO. The PRM
+    starts equal to its reference (step 1's BCE is ln 2) and learns."""
+    import math
+
+    proj = tmp_path / "prime"
+    shutil.copytree(project, proj, ignore=shutil.ignore_patterns("runs"))
+    start_training(load_config(proj / "rlctl.toml", SMALL + [
+        "run.total_steps=2", "run.save_every=0", "algorithm.name=prime", "algorithm.params.prm_lr=0.01"]),
+        address=None, force=False)
+    got = rows(proj / "runs" / "grpo-agent-smollm2-cpu")
+    assert [r["step"] for r in got] == [1, 2] and got[0]["agent/sequences"] > 1.0   # split episodes trained
+    assert got[0]["prm/loss"] == pytest.approx(math.log(2.0), abs=1e-5) and got[1]["prm/loss"] != got[0]["prm/loss"]
+    assert all(r["agent/calls"] == 2.0 and math.isfinite(r["actor/pg_loss"]) and r["prm/process_reward_mean"] != 0
+               for r in got)

@@ -91,3 +91,17 @@ def test_agent_programs_refuse_a_vision_language_model_whose_images_they_cannot_
     assert done.returncode == 2 and len(errors) == 1, done.stdout
     assert "rollout.agent.function: agent programs do not carry a vision-language model's images" in errors[0]
     assert "\n" not in errors[0]
+
+
+def test_prime_with_agent_programs_is_not_refused(tmp_path, tiny_model_dir):
+    """Its implicit PRM reads the response tokens the mask marks the policy's own (an agent's feedback turns
+    are masked out) and the advantages count each episode once: tests/agent/test_agent_train.py trains it."""
+    from support.cli import rlctl_here
+
+    done = rlctl_here("config", "validate", "algorithm.name=prime", cwd=_agent_project(tmp_path, tiny_model_dir))
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert keys_of(config("prime", agent="a.py:run")) == []
+
+
+def keys_of(c: Config) -> list[str]:
+    return [p.key for p in check_rollout_kind(c, CTX)]
