@@ -413,20 +413,30 @@ def test_a_saved_state_merges_and_serves(server, service, base, tmp_path):
 def test_cookbook_sl_loop_trains_through_the_server(server, base, tiny_model_dir, tmp_path):
     """tinker-cookbook's own sl_loop, unmodified, in .venv-tinker, run by examples/tinker/cookbook_local.py
     (its data from a local file, the tokenizer from the model folder): every batch is the same
-    conversation, so its loss falls over the 3 steps, and its final state is saved on this server."""
+    conversation, so its loss falls over the 3 steps, and its final state is saved on this server.
+    A second run with --start-from that run's log folder begins, through the recipe's own resume,
+    from the trained state: its first loss is below the first run's first."""
     python = venv_python(REPO / ".venv-tinker" / "bin" / "python", "tinker_cookbook.recipes.sl_loop", "tinker-cookbook")
     rows = tmp_path / "data" / "HuggingFaceH4" / "no_robots"
     rows.mkdir(parents=True)
     row = {"messages": [{"role": "user", "content": "What is 2 + 3?"}, {"role": "assistant", "content": "It is 5."}]}
     (rows / "train.jsonl").write_text((json.dumps(row) + "\n") * 6)
+
+    def sl_loop(log: Path, *wrapper_args: str, steps: int) -> list[float]:
+        cmd = [str(python), str(REPO / "examples" / "tinker" / "cookbook_local.py"), "--data-dir",
+               str(tmp_path / "data"), "--tokenizer", str(tiny_model_dir), *wrapper_args,
+               "tinker_cookbook.recipes.sl_loop", f"base_url={server.base_url}", f"model_name={base}",
+               f"log_path={log}", "batch_size=2", "learning_rate=0.01", "lora_rank=4", "save_every=0",
+               f"max_steps={steps}"]
+        r = subprocess.run(cmd, env={**os.environ, "TINKER_API_KEY": KEY, "TINKER_TELEMETRY": "0"},
+                           capture_output=True, text=True, timeout=300)
+        assert r.returncode == 0, r.stderr[-3000:]
+        return [json.loads(line)["train_mean_nll"] for line in (log / "metrics.jsonl").read_text().splitlines()]
+
     log = tmp_path / "log"
-    cmd = [str(python), str(REPO / "examples" / "tinker" / "cookbook_local.py"), "--data-dir", str(tmp_path / "data"),
-           "--tokenizer", str(tiny_model_dir), "tinker_cookbook.recipes.sl_loop", f"base_url={server.base_url}",
-           f"model_name={base}", f"log_path={log}", "batch_size=2", "learning_rate=0.01", "lora_rank=4", "save_every=0"]
-    r = subprocess.run(cmd, env={**os.environ, "TINKER_API_KEY": KEY, "TINKER_TELEMETRY": "0"},
-                       capture_output=True, text=True, timeout=300)
-    assert r.returncode == 0, r.stderr[-3000:]
-    nll = [json.loads(line)["train_mean_nll"] for line in (log / "metrics.jsonl").read_text().splitlines()]
+    nll = sl_loop(log, steps=3)
     assert len(nll) == 3 and nll[-1] < nll[0], nll
     final = json.loads((log / "checkpoints.jsonl").read_text().splitlines()[-1])
     assert (_state_folder(server, final["state_path"]) / "adapter_model.safetensors").is_file()
+    again = sl_loop(tmp_path / "again", "--start-from", str(log), steps=1)
+    assert len(again) == 1 and again[0] < nll[0], (nll, again)
