@@ -14,6 +14,7 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 from rlctl.errors import UsageError
 
@@ -24,6 +25,11 @@ EXTERNAL = ("vllm", "sglang")
 # picks another one (argparse keeps the last).
 TOOL_FLAGS = {"vllm": ("--enable-auto-tool-choice", "--tool-call-parser", "hermes"),
               "sglang": ("--tool-call-parser", "qwen")}
+# vLLM's default strictness ("auto") forces a call's markup and name but leaves its arguments free unless
+# the request marks the tool `strict`, which agent frameworks do not: a forced call of `add(a: int)` came
+# back as `add(-Infinity)`. "parameter" decodes every call's arguments under the tool's schema, as the hf
+# engine decodes forced calls. The flag came with vLLM 0.32; an older one is started without it.
+VLLM_STRICT_TOOLS = ("--tool-strict-level", "parameter")
 
 
 @dataclass(frozen=True)
@@ -69,7 +75,15 @@ def build_command(engine: str, spec: LaunchSpec, extra: tuple[str, ...] = (),
         from rlctl.workers.rollout.vllm_platform import SERVER_ARGS
 
         argv += SERVER_ARGS
-    return argv + list(TOOL_FLAGS[engine]) + list(extra)
+    strict = VLLM_STRICT_TOOLS if engine == "vllm" and _vllm_has_strict_tools() else ()
+    return argv + list(TOOL_FLAGS[engine]) + list(strict) + list(extra)
+
+
+def _vllm_has_strict_tools() -> bool:
+    """Whether the installed vLLM takes --tool-strict-level (its module's file, found without importing vLLM)."""
+    spec = importlib.util.find_spec("vllm")
+    folders = list(spec.submodule_search_locations or []) if spec else []
+    return any((Path(folder) / "tool_parsers" / "tool_strict_level.py").is_file() for folder in folders)
 
 
 def installed(engine: str) -> bool:

@@ -16,6 +16,7 @@ import urllib.request
 
 import pytest
 
+from rlctl.serve import external
 from rlctl.serve.external import LaunchSpec, build_command, pick_engine, unavailable_reason
 
 RLCTL = [sys.executable, "-c", "import sys; from rlctl.cli.main import main; sys.exit(main())"]
@@ -91,17 +92,20 @@ def test_extra_words_need_an_external_engine(tiny_model_dir):
     _one_error_line(_rlctl("serve", str(tiny_model_dir), "--engine", "hf", "--", "--enforce-eager"), 2, "vllm")
 
 
-def test_vllm_and_sglang_command_lines():
+def test_vllm_and_sglang_command_lines(monkeypatch):
+    monkeypatch.setattr(external, "_vllm_has_strict_tools", lambda: True)
     spec = LaunchSpec("/m", "0.0.0.0", 9000, "mine", "k", tensor_parallel_size=2, dtype="bfloat16",
                       max_concurrency=64)
     assert build_command("vllm", spec, ("--enforce-eager",), python="py") == [
         "py", "-m", "vllm.entrypoints.openai.api_server", "--model", "/m", "--tensor-parallel-size", "2",
         "--host", "0.0.0.0", "--port", "9000", "--served-model-name", "mine", "--dtype", "bfloat16",
         "--api-key", "k", "--max-num-seqs", "64", "--enable-auto-tool-choice", "--tool-call-parser", "hermes",
-        "--enforce-eager"]
+        "--tool-strict-level", "parameter", "--enforce-eager"]
     assert build_command("sglang", LaunchSpec("/m", "127.0.0.1", 30000, "mine"), python="py") == [
         "py", "-m", "sglang.launch_server", "--model-path", "/m", "--tp-size", "1", "--host", "127.0.0.1",
         "--port", "30000", "--served-model-name", "mine", "--dtype", "auto", "--tool-call-parser", "qwen"]
+    monkeypatch.setattr(external, "_vllm_has_strict_tools", lambda: False)   # a vLLM without the flag
+    assert "--tool-strict-level" not in build_command("vllm", spec, python="py")
 
 
 def test_vllm_on_cpu_gets_float32_for_auto_and_no_chunked_prefill():
