@@ -10,6 +10,7 @@ import json
 import os
 import re
 import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -440,3 +441,16 @@ def test_cookbook_sl_loop_trains_through_the_server(server, base, tiny_model_dir
     assert (_state_folder(server, final["state_path"]) / "adapter_model.safetensors").is_file()
     again = sl_loop(tmp_path / "again", "--start-from", str(log), steps=1)
     assert len(again) == 1 and again[0] < nll[0], (nll, again)
+
+
+def test_first_loop_example_learns_its_answer(server):
+    """examples/tinker/first_loop.py, the README's second command, as a user runs it: the SDK's
+    environment variables, plain Tinker code. Its per-token loss falls over its steps."""
+    r = subprocess.run([sys.executable, str(REPO / "examples" / "tinker" / "first_loop.py"),
+                        "--steps", "4", "--lr", "0.01", "--rank", "4"],
+                       env={**os.environ, "TINKER_BASE_URL": server.base_url, "TINKER_API_KEY": KEY,
+                            "TINKER_TELEMETRY": "0"}, capture_output=True, text=True, timeout=180)
+    assert r.returncode == 0, r.stderr[-3000:]
+    losses = [float(line.split()[-1]) for line in r.stdout.splitlines() if line.startswith("step ")]
+    assert len(losses) == 4 and losses[-1] < losses[0], r.stdout
+    assert r.stdout.splitlines()[-1].startswith("sample "), r.stdout
