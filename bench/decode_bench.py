@@ -12,7 +12,9 @@ generate (wall and CPU seconds), the decode steps' sum and median (ms at the med
 sampling, row drops), then the generation floor (rlctl.utils.roofline) of the packed round's rows.
 Then `sample_tokens` alone on [rows, vocab] logits, and each of the model's decode matmuls at the
 live-row count (rows x in x out: q/k/v fused, o, gate/up fused, down, lm_head) plain (F.linear) and
-packed (FusedLinear), in float32 and bfloat16. --compile: each round also runs the packed engine with
+packed (FusedLinear), in float32 and bfloat16. Last, a decode step's budget at --dtype: the packed matmuls
+of every layer and the head, and decode attention alone, each against its own floor (what the step costs
+before any of its other operations). --compile: each round also runs the packed engine with
 its decode layers compiled (rlctl.workers.rollout.compiled; the compile paid in a warm-up generate and
 printed), and says whether it drew the same tokens. --profile: torch.profiler's top operations of one
 packed (or, with --compile, compiled) generate instead.
@@ -135,13 +137,57 @@ def main(argv=None) -> int:
         sample_tokens(logits, generator=g)
     print(f"sample_tokens on [{logits.shape[0]} x {logits.shape[1]}] logits: "
           f"{(time.perf_counter() - t0) / 20 * 1e3:.2f} ms a call")
-    matmuls(model, a.prompts * a.n)
+    per_call = matmuls(model, a.prompts * a.n)
+    step_budget(model, cfg, a, per_call[a.dtype], peak, bandwidth, prompts, lengths)
     return 0
 
 
-def matmuls(model, rows: int) -> None:
+def step_budget(model, cfg: dict, a, per_call: dict, peak: float, bandwidth: float, prompts, lengths) -> None:
+    """What the two kinds of work every decode step must do cost at --prompts x --n live rows, against
+    their own floors (FLOPs at `peak`, bytes at `bandwidth`): the packed matmuls of all layers and the
+    head (per_call: microseconds a call, from matmuls()), and decode attention (rlctl.workers.rollout.
+    attention) over the prompts' width and half the last round's longest response, each layer's."""
+    import torch
+
+    from rlctl.workers.rollout.attention import decode_attention
+
+    rows, layers, elem = a.prompts * a.n, cfg["num_hidden_layers"], 2 if a.dtype == "bfloat16" else 4
+    dtype = torch.bfloat16 if a.dtype == "bfloat16" else torch.float32
+    mm_s = (layers * sum(per_call[k] for k in ("qkv", "o", "gate_up", "down")) + per_call["lm_head"]) / 1e6
+    weights = sum(p.numel() for n, p in model.named_parameters() if "norm" not in n and "embed" not in n)
+    weights += 0 if any("lm_head" in n for n, _ in model.named_parameters()) else model.lm_head.weight.numel()
+    mm_floor = max(2 * rows * weights / peak, weights * elem / bandwidth)
+    heads, kv = cfg["num_attention_heads"], cfg["num_key_value_heads"]
+    dim = cfg.get("head_dim") or cfg["hidden_size"] // heads
+    plen, t, cap = max(map(len, prompts)), max(1, max(lengths) // 2), max(lengths)
+    q = torch.randn(rows, kv, heads // kv, dim, dtype=dtype)
+    kp, vp = (torch.randn(a.prompts, kv, plen, dim, dtype=dtype) for _ in range(2))
+    kg, vg = torch.randn(rows, kv, dim, cap, dtype=dtype), torch.randn(rows, kv, cap, dim, dtype=dtype)
+    bias = torch.zeros(a.prompts, 1, 1, plen, dtype=dtype)
+    call = lambda: decode_attention(q, kp, vp, kg[..., :t], vg[:, :, :t], bias, None, a.n, 1.0)   # noqa: E731
+    call()
+    runs = []
+    for _ in range(5):
+        t0 = time.perf_counter()
+        for _ in range(20):
+            call()
+        runs.append((time.perf_counter() - t0) / 20)
+    att_s = layers * statistics.median(runs)
+    att_flops = layers * 4 * rows * heads * dim * (plen + t)
+    att_bytes = layers * elem * 2 * kv * dim * (a.prompts * plen + rows * t)
+    att_floor = max(att_flops / peak, att_bytes / bandwidth)
+    print(f"a decode step's matmuls at {rows} rows ({layers} layers' packed q/k/v, o, gate/up, down and the head): "
+          f"{mm_s * 1e3:.1f} ms against their floor {mm_floor * 1e3:.1f} ms ({mm_s / mm_floor:.1f}x)")
+    print(f"a decode step's attention at {rows} rows, {plen} prompt + {t} generated keys ({layers} layers, "
+          f"decode_attention): {att_s * 1e3:.1f} ms against its floor {att_floor * 1e3:.2f} ms ({att_s / att_floor:.1f}x)")
+    print(f"the two together: {(mm_s + att_s) * 1e3:.1f} ms a step against {(mm_floor + att_floor) * 1e3:.1f} ms "
+          f"({(mm_s + att_s) / (mm_floor + att_floor):.2f}x of the step's floor before any other operation)")
+
+
+def matmuls(model, rows: int) -> dict[str, dict[str, float]]:
     """Each decode matmul of the model's first layer and head at `rows` rows: F.linear against
-    FusedLinear, float32 and bfloat16, microseconds a call (median of 5 timings of 20 calls)."""
+    FusedLinear, float32 and bfloat16, microseconds a call (median of 5 timings of 20 calls), printed;
+    returns the packed ones' microseconds by dtype name and matmul."""
     import torch
 
     from rlctl.workers.rollout import packed
@@ -161,6 +207,7 @@ def matmuls(model, rows: int) -> None:
             runs.append((time.perf_counter() - t0) / 20)
         return statistics.median(runs) * 1e6
 
+    packed_us_by: dict[str, dict[str, float]] = {}
     for dtype in (torch.float32, torch.bfloat16):
         for name, mods in groups.items():
             weight = torch.cat([m.weight.detach() for m in mods]).to(dtype)
@@ -170,6 +217,9 @@ def matmuls(model, rows: int) -> None:
             packed_us = timed(lambda: fused(x)) if fused is not None else float("nan")
             print(f"{str(dtype).removeprefix('torch.'):8s} {name:8s} [{rows} x {weight.shape[1]}] x "
                   f"[{weight.shape[1]} x {weight.shape[0]}]: F.linear {plain_us:.0f} us, packed {packed_us:.0f} us")
+            packed_us_by.setdefault(str(dtype).removeprefix("torch."), {})[name] = (
+                packed_us if fused is not None else plain_us)
+    return packed_us_by
 
 
 if __name__ == "__main__":

@@ -25,8 +25,9 @@ matmul peak (measured here), each phase's floor (rlctl.utils.roofline: the large
 the matmul peak and its bytes -- weights and KV cache per decode step -- at a streaming-read
 bandwidth measured in the same run; generation step by step), peak memory of the process tree
 (RSS and PSS, sampled from /proc), controller overhead (WorkerGroup.timing: controller wall minus
-slowest rank per call), foreign CPU load, generation time per generated token in the first and
-last quarter of the measured steps (a run that slows down shows it), `rlctl --help` wall time and
+slowest rank per call), foreign CPU load, the slowest measured step against the median, generation
+time per generated token of each measured step and in the first and last quarter of them (a run
+that slows down shows it), `rlctl --help` wall time and
 GSM8K data prep wall time. `--workload gsm8k --steps 40` runs the GSM8K recipe's shape.
 """
 
@@ -255,6 +256,8 @@ def summarize(rows: list[dict]) -> dict:
             "prompt_tokens", "dispatch_s", "controller_s")
     out = {k: statistics.median(r.get(k, 0.0) for r in rows) for k in keys}
     out["steps"] = [round(r["step_s"], 3) for r in rows]
+    out["slowest_over_median"] = max(r["step_s"] for r in rows) / out["step_s"]
+    out["gen_ms_per_token_steps"] = [round(1e3 * r["gen_s"] / max(1.0, r["gen_tokens"]), 3) for r in rows]
     quarter = max(1, len(rows) // 4)   # generation time per generated token, early and late in the run
     for name, part in (("early", rows[:quarter]), ("late", rows[-quarter:])):
         tokens = max(1.0, sum(r["gen_tokens"] for r in part))
@@ -267,7 +270,9 @@ def run_trl(size: str, a) -> dict:
     """../shared/bench/trl_grpo_bench.py in --trl-venv, with the process tree sampled from here."""
     with tempfile.TemporaryDirectory(prefix="trl-bench-") as tmp:
         out = Path(tmp) / "trl.json"
-        cmd = [str(Path(a.trl_venv) / "bin" / "python"), str(SHARED_BENCH / "trl_grpo_bench.py"),
+        script = ([str(REPO / "bench" / "trl_prompts.py"), "--prompts", str(a.prompts)] if a.prompts
+                  else [str(SHARED_BENCH / "trl_grpo_bench.py")])
+        cmd = [str(Path(a.trl_venv) / "bin" / "python"), *script,
                "--size", "small" if size == "real" else size, "--model-dir", str(model_dir(size)),
                *(["--bf16"] if a.trl_bf16 else []), "--threads", str(a.trl_threads), "--steps", str(a.steps),
                "--warmup", str(a.warmup), "--max-completion-length", str(workload("shared", a.max_new)["max_new"]),
@@ -286,6 +291,7 @@ def run_trl(size: str, a) -> dict:
             "old_s": 0.0, "train_s": s["train_s"], "gen_tokens": s["gen_tokens"],
             "prompt_tokens": result["workload"]["prompt_tokens_min_mean_max"][1] * W.BATCH,
             "steps": [round(r["step_s"], 3) for r in result["per_step"] if not r["warmup"]],
+            "slowest_over_median": max(r["step_s"] for r in result["per_step"] if not r["warmup"]) / s["step_s"],
             "peak_rss": sampler.peak_rss, "peak_pss": sampler.peak_pss, "wall_s": time.perf_counter() - t0,
             "startup_s": time.perf_counter() - t0 - s["train_wall_s"],   # imports, models, trainer (+ exit)
             "foreign_cores": s["foreign_cores"], "measured": True}
@@ -409,6 +415,7 @@ def fmt_table(results: dict, peaks: dict, bandwidth: float, threads: int, wl: di
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
 
     row("**step s (median)**", "step_s")
+    row("&nbsp;&nbsp;slowest step / median", "slowest_over_median", fmt="{:.2f}x", ratio=False)
     row("generate s", "gen_s")
     row("reward s", "reward_s", fmt="{:.3f}")
     for name, key in (("ref log-prob s", "ref_s"), ("old log-prob s", "old_s"), ("train s", "train_s")):
@@ -500,6 +507,9 @@ def main(argv=None) -> int:
     ap.add_argument("--max-new", type=int, default=0,
                     help="new tokens per completion of the shared workload, on both sides (TRL's "
                          "--max-completion-length); 0 = the workload's 64. 160 is GSM8K-length")
+    ap.add_argument("--prompts", type=int, default=0,
+                    help="prompts a step of the shared workload, on both sides (x 8 completions each; TRL through "
+                         "bench/trl_prompts.py); 0 = the workload's 4")
     ap.add_argument("--trl-bf16", action="store_true", help="TRL with bf16 autocast (compare with --dtype bfloat16)")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                     help="an rlctl config override on top of the workload's (repeatable), e.g. "
@@ -507,6 +517,10 @@ def main(argv=None) -> int:
     ap.add_argument("--json", default="", help="write every figure here")
     a = ap.parse_args(argv)
     a.warmup = max(1, a.warmup)
+    if a.prompts:   # the shared workload's prompts a step; workload() and TRL's script read them from W
+        if a.prompts < 1 or a.workload != "shared":
+            raise SystemExit("--prompts N: N >= 1, and only with --workload shared (the others fix their own)")
+        W.PROMPTS_PER_STEP, W.BATCH = a.prompts, a.prompts * W.NUM_GENERATIONS
     if a.model_dir:
         REAL_MODEL.append(Path(a.model_dir).resolve())
     splits = [tuple(int(x) for x in split.split("x")) for split in a.splits.split(",") if split]
@@ -524,7 +538,8 @@ def main(argv=None) -> int:
                 rl = {**run_rlctl(size, a), "dtype": a.dtype}
                 label = f"rlctl {workers}x{cpus}" + ("" if (a.engine, a.dtype) == ("hf", "float32")
                                                      else f" {a.engine} {a.dtype}")
-                print(f"{label} {size} (round {r + 1}): step_s={rl['step_s']:.3f} steps={rl['steps']}", flush=True)
+                print(f"{label} {size} (round {r + 1}): step_s={rl['step_s']:.3f} steps={rl['steps']} "
+                      f"generate ms per generated token={rl['gen_ms_per_token_steps']}", flush=True)
                 rounds.setdefault(label, []).append(rl)
             if a.workload != "shared" or (size == "real" and not a.trl_venv):
                 continue   # TRL's script runs the shared workload; BASELINE.md has no real-model figures
