@@ -270,7 +270,8 @@ def run_trl(size: str, a) -> dict:
     """../shared/bench/trl_grpo_bench.py in --trl-venv, with the process tree sampled from here."""
     with tempfile.TemporaryDirectory(prefix="trl-bench-") as tmp:
         out = Path(tmp) / "trl.json"
-        script = ([str(REPO / "bench" / "trl_prompts.py"), "--prompts", str(a.prompts)] if a.prompts
+        script = ([str(REPO / "bench" / "trl_prompts.py"), "--prompts", str(a.prompts or W.PROMPTS_PER_STEP),
+                   *(["--micro", str(a.trl_micro)] if a.trl_micro else [])] if a.prompts or a.trl_micro
                   else [str(SHARED_BENCH / "trl_grpo_bench.py")])
         cmd = [str(Path(a.trl_venv) / "bin" / "python"), *script,
                "--size", "small" if size == "real" else size, "--model-dir", str(model_dir(size)),
@@ -283,7 +284,9 @@ def run_trl(size: str, a) -> dict:
         with TreeSampler(proc.pid) as sampler:
             log, _ = proc.communicate()
         if proc.returncode:
-            raise SystemExit(f"TRL bench failed (exit {proc.returncode}):\n{log[-3000:]}")
+            killed = " (killed: out of memory?)" if proc.returncode == -9 else ""
+            raise SystemExit(f"TRL bench failed (exit {proc.returncode}{killed}, peak RSS of its process tree "
+                             f"{sampler.peak_rss / 2**20:,.0f} MiB):\n{log[-3000:]}")
         result = json.loads(out.read_text())
     s = result["summary"]
     return {"dtype": "bfloat16" if a.trl_bf16 else "float32",
@@ -510,6 +513,9 @@ def main(argv=None) -> int:
     ap.add_argument("--prompts", type=int, default=0,
                     help="prompts a step of the shared workload, on both sides (x 8 completions each; TRL through "
                          "bench/trl_prompts.py); 0 = the workload's 4")
+    ap.add_argument("--trl-micro", type=int, default=0,
+                    help="TRL's completions a forward, with gradient accumulation for the rest of the batch "
+                         "(bench/trl_prompts.py); 0 = all 32 at once, or 32 at a time past that with --prompts")
     ap.add_argument("--trl-bf16", action="store_true", help="TRL with bf16 autocast (compare with --dtype bfloat16)")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                     help="an rlctl config override on top of the workload's (repeatable), e.g. "
@@ -543,7 +549,11 @@ def main(argv=None) -> int:
                 rounds.setdefault(label, []).append(rl)
             if a.workload != "shared" or (size == "real" and not a.trl_venv):
                 continue   # TRL's script runs the shared workload; BASELINE.md has no real-model figures
-            trl = run_trl(size, a) if a.trl_venv else baseline_trl(size, a.trl_threads)
+            try:
+                trl = run_trl(size, a) if a.trl_venv else baseline_trl(size, a.trl_threads)
+            except SystemExit as failed:   # e.g. killed for memory: rlctl's figures are still worth printing
+                print(f"{failed}\nTRL {size} (round {r + 1}): no figures (above)", flush=True)
+                continue
             if trl["measured"]:
                 print(f"TRL {size} (round {r + 1}): step_s={trl['step_s']:.3f} steps={trl['steps']}", flush=True)
             rounds.setdefault("TRL", []).append(trl)
