@@ -165,14 +165,7 @@ def step_budget(model, cfg: dict, a, per_call: dict, peak: float, bandwidth: flo
     kg, vg = torch.randn(rows, kv, dim, cap, dtype=dtype), torch.randn(rows, kv, cap, dim, dtype=dtype)
     bias = torch.zeros(a.prompts, 1, 1, plen, dtype=dtype)
     call = lambda: decode_attention(q, kp, vp, kg[..., :t], vg[:, :, :t], bias, None, a.n, 1.0)   # noqa: E731
-    call()
-    runs = []
-    for _ in range(5):
-        t0 = time.perf_counter()
-        for _ in range(20):
-            call()
-        runs.append((time.perf_counter() - t0) / 20)
-    att_s = layers * statistics.median(runs)
+    att_s = layers * call_seconds(call)
     att_flops = layers * 4 * rows * heads * dim * (plen + t)
     att_bytes = layers * elem * 2 * kv * dim * (a.prompts * plen + rows * t)
     att_floor = max(att_flops / peak, att_bytes / bandwidth)
@@ -182,6 +175,18 @@ def step_budget(model, cfg: dict, a, per_call: dict, peak: float, bandwidth: flo
           f"decode_attention): {att_s * 1e3:.1f} ms against its floor {att_floor * 1e3:.2f} ms ({att_s / att_floor:.1f}x)")
     print(f"the two together: {(mm_s + att_s) * 1e3:.1f} ms a step against {(mm_floor + att_floor) * 1e3:.1f} ms "
           f"({(mm_s + att_s) / (mm_floor + att_floor):.2f}x of the step's floor before any other operation)")
+
+
+def call_seconds(fn) -> float:
+    """Seconds a call of fn takes: one call to warm up, then the median of 5 timings of 20 calls."""
+    fn()
+    runs = []
+    for _ in range(5):
+        t0 = time.perf_counter()
+        for _ in range(20):
+            fn()
+        runs.append((time.perf_counter() - t0) / 20)
+    return statistics.median(runs)
 
 
 def matmuls(model, rows: int) -> dict[str, dict[str, float]]:
@@ -198,14 +203,7 @@ def matmuls(model, rows: int) -> dict[str, dict[str, float]]:
               "gate_up": [mlp.gate_proj, mlp.up_proj], "down": [mlp.down_proj], "lm_head": [model.lm_head]}
 
     def timed(fn) -> float:
-        fn()
-        runs = []
-        for _ in range(5):
-            t0 = time.perf_counter()
-            for _ in range(20):
-                fn()
-            runs.append((time.perf_counter() - t0) / 20)
-        return statistics.median(runs) * 1e6
+        return call_seconds(fn) * 1e6
 
     packed_us_by: dict[str, dict[str, float]] = {}
     for dtype in (torch.float32, torch.bfloat16):
