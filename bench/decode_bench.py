@@ -123,8 +123,9 @@ def main(argv=None) -> int:
               + (f", compiled and packed: {bool((tokens['compiled'] == tokens['packed']).all())}" if a.compile else ""))
     cfg = json.loads((Path(a.model_dir) / "config.json").read_text())
     peak, bandwidth = matmul_peak("cpu", a.dtype), read_bandwidth("cpu")
-    floor = generation_floor(MemoryShape.from_hf_config(cfg, dtype_bytes=2 if a.dtype == "bfloat16" else 4),
-                             ModelShape.from_hf_config(cfg), [len(p) for p in prompts for _ in range(a.n)],
+    memory = MemoryShape.from_hf_config(cfg, dtype_bytes=2 if a.dtype == "bfloat16" else 4)
+    shape = ModelShape.from_hf_config(cfg)
+    floor = generation_floor(memory, shape, [len(p) for p in prompts for _ in range(a.n)],
                              lengths, group_size=a.n, ranks=1, peak_flops=peak, bandwidth=bandwidth)
     print(f"floor of the last round's rows: {floor['floor_s']:.2f} s (FLOPs {floor['flops_s']:.2f} s at "
           f"{peak / 1e9:.0f} GFLOP/s, bytes {floor['bytes_s']:.2f} s at {bandwidth / 1e9:.1f} GB/s)")
@@ -138,27 +139,27 @@ def main(argv=None) -> int:
     print(f"sample_tokens on [{logits.shape[0]} x {logits.shape[1]}] logits: "
           f"{(time.perf_counter() - t0) / 20 * 1e3:.2f} ms a call")
     per_call = matmuls(model, a.prompts * a.n)
-    step_budget(model, cfg, a, per_call[a.dtype], peak, bandwidth, prompts, lengths)
+    step_budget(cfg, shape, memory, a, per_call[a.dtype], peak, bandwidth, prompts, lengths)
     return 0
 
 
-def step_budget(model, cfg: dict, a, per_call: dict, peak: float, bandwidth: float, prompts, lengths) -> None:
+def step_budget(cfg: dict, shape, memory, a, per_call: dict, peak: float, bandwidth: float, prompts,
+                lengths) -> None:
     """What the two kinds of work every decode step must do cost at --prompts x --n live rows, against
-    their own floors (FLOPs at `peak`, bytes at `bandwidth`): the packed matmuls of all layers and the
-    head (per_call: microseconds a call, from matmuls()), and decode attention (rlctl.workers.rollout.
-    attention) over the prompts' width and half the last round's longest response, each layer's."""
+    their own floors (FLOPs at `peak`, bytes at `bandwidth`, from the model's ModelShape and MemoryShape,
+    as rlctl.utils.roofline counts them): the packed matmuls of all layers and the head (per_call:
+    microseconds a call, from matmuls()), and decode attention (rlctl.workers.rollout.attention) over the
+    prompts' width and half the last round's longest response, each layer's."""
     import torch
 
     from rlctl.workers.rollout.attention import decode_attention
 
-    rows, layers, elem = a.prompts * a.n, cfg["num_hidden_layers"], 2 if a.dtype == "bfloat16" else 4
+    rows, layers = a.prompts * a.n, shape.layers
     dtype = torch.bfloat16 if a.dtype == "bfloat16" else torch.float32
     mm_s = (layers * sum(per_call[k] for k in ("qkv", "o", "gate_up", "down")) + per_call["lm_head"]) / 1e6
-    weights = sum(p.numel() for n, p in model.named_parameters() if "norm" not in n and "embed" not in n)
-    weights += 0 if any("lm_head" in n for n, _ in model.named_parameters()) else model.lm_head.weight.numel()
-    mm_floor = max(2 * rows * weights / peak, weights * elem / bandwidth)
+    mm_floor = max(2 * rows * shape.matmul_params / peak, memory.weight_bytes / bandwidth)
     heads, kv = cfg["num_attention_heads"], cfg["num_key_value_heads"]
-    dim = cfg.get("head_dim") or cfg["hidden_size"] // heads
+    dim = shape.attention_dim // heads
     plen, t, cap = max(map(len, prompts)), max(1, max(lengths) // 2), max(lengths)
     q = torch.randn(rows, kv, heads // kv, dim, dtype=dtype)
     kp, vp = (torch.randn(a.prompts, kv, plen, dim, dtype=dtype) for _ in range(2))
@@ -166,8 +167,8 @@ def step_budget(model, cfg: dict, a, per_call: dict, peak: float, bandwidth: flo
     bias = torch.zeros(a.prompts, 1, 1, plen, dtype=dtype)
     call = lambda: decode_attention(q, kp, vp, kg[..., :t], vg[:, :, :t], bias, None, a.n, 1.0)   # noqa: E731
     att_s = layers * call_seconds(call)
-    att_flops = layers * 4 * rows * heads * dim * (plen + t)
-    att_bytes = layers * elem * 2 * kv * dim * (a.prompts * plen + rows * t)
+    att_flops = 4 * layers * shape.attention_dim * rows * (plen + t)   # every row attends to its prompt
+    att_bytes = memory.kv_bytes_per_token * (a.prompts * plen + rows * t)   # a prompt's KV is read once
     att_floor = max(att_flops / peak, att_bytes / bandwidth)
     print(f"a decode step's matmuls at {rows} rows ({layers} layers' packed q/k/v, o, gate/up, down and the head): "
           f"{mm_s * 1e3:.1f} ms against their floor {mm_floor * 1e3:.1f} ms ({mm_s / mm_floor:.1f}x)")

@@ -256,7 +256,6 @@ def summarize(rows: list[dict]) -> dict:
             "prompt_tokens", "dispatch_s", "controller_s")
     out = {k: statistics.median(r.get(k, 0.0) for r in rows) for k in keys}
     out["steps"] = [round(r["step_s"], 3) for r in rows]
-    out["slowest_over_median"] = max(r["step_s"] for r in rows) / out["step_s"]
     out["gen_ms_per_token_steps"] = [round(1e3 * r["gen_s"] / max(1.0, r["gen_tokens"]), 3) for r in rows]
     quarter = max(1, len(rows) // 4)   # generation time per generated token, early and late in the run
     for name, part in (("early", rows[:quarter]), ("late", rows[-quarter:])):
@@ -294,7 +293,6 @@ def run_trl(size: str, a) -> dict:
             "old_s": 0.0, "train_s": s["train_s"], "gen_tokens": s["gen_tokens"],
             "prompt_tokens": result["workload"]["prompt_tokens_min_mean_max"][1] * W.BATCH,
             "steps": [round(r["step_s"], 3) for r in result["per_step"] if not r["warmup"]],
-            "slowest_over_median": max(r["step_s"] for r in result["per_step"] if not r["warmup"]) / s["step_s"],
             "peak_rss": sampler.peak_rss, "peak_pss": sampler.peak_pss, "wall_s": time.perf_counter() - t0,
             "startup_s": time.perf_counter() - t0 - s["train_wall_s"],   # imports, models, trainer (+ exit)
             "foreign_cores": s["foreign_cores"], "measured": True}
@@ -558,6 +556,9 @@ def main(argv=None) -> int:
                 print(f"TRL {size} (round {r + 1}): step_s={trl['step_s']:.3f} steps={trl['steps']}", flush=True)
             rounds.setdefault("TRL", []).append(trl)
         results[size] = {name: merge_rounds(runs) for name, runs in rounds.items()}
+        for column in results[size].values():   # over every measured step of every round
+            if column["steps"]:
+                column["slowest_over_median"] = max(column["steps"]) / column["step_s"]
     peaks = {d: matmul_peak(threads, d) for d in ("float32", "bfloat16")}
     bandwidth = read_bandwidth(threads)
     print(f"\nrlctl WORKERSxTHREADS as in the column names; TRL {a.trl_threads} thread(s); median of {a.steps} steps "
