@@ -76,7 +76,9 @@ def _barrier() -> None:
 def save_engine(engine, path: str | Path) -> None:
     """Write the engine's trained params, optimizer and RNG under `path` (call on every rank)."""
     from rlctl.utils.atomic_files import write_failure
+    from rlctl.utils.heap import release_free_heap
 
+    release_free_heap()   # the state is gathered on top of what the heap retains: start from the live data
     with quiet_single_process():
         try:
             _save_engine(engine, Path(path))
