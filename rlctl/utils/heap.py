@@ -3,15 +3,15 @@
 A training step's activations are mostly tensors of a few MB, below glibc's mmap threshold, so
 they are carved out of the heap, and when they are freed glibc keeps their pages for the next
 allocation. The next step reuses most of them, so a rank's resident memory settles a little above
-its update's working set; but that retained memory is resident between the phases too, and a
-one-off allocation (a checkpoint's state) lands on top of it. Measured on SmolLM2-135M at 160
-tokens (docs/benchmarks.md, "The heap between steps"): a rank held 1.85 GB of live tensors and
-6.7 GB of resident memory after its tenth update, and the final checkpoint save took it to 8.8 GB;
-trimmed first, the save started from 3.4 GB.
+its update's working set; but that retained memory stays resident between the phases too, and a
+one-off allocation (a checkpoint's gathered state) lands on top of it. Measured on SmolLM2-135M
+at 160 tokens, bf16 (docs/benchmarks.md, "The heap between steps"): after ten updates a rank held
+1,850 MiB of live tensors in 6,735 MiB of resident memory, and the final checkpoint save took it to
+8,793 MiB, the run's peak; trimmed first, the save starts from 3,439 MiB and stays below the update's peak.
 
-Trimming after every phase would also keep the resting memory low, but each phase then faults its
-pages back in: 1-2 s more a step there (10%), for a lower peak of the update of 0.3-0.7 GB. So
-rlctl trims only before one-off allocations (the checkpoint save), where nothing is reused.
+Trimming after every phase would keep the resting memory low as well, but each phase then faults
+its pages back in: 2.5-3.1 s more a step there (8-10%), for an update peak ~0.4 GB lower. So rlctl
+trims before one-off allocations (the checkpoint save), where nothing freed would have been reused.
 """
 
 from __future__ import annotations
