@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ctypes
+import os
 
 import pytest
 
@@ -13,7 +14,7 @@ CHUNK, COUNT = 64 << 10, 2048   # 128 MiB freed in 64 KiB blocks: below glibc's 
 
 def _rss_bytes() -> int:
     with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * 4096
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")   # 64 KiB on some arm64 kernels
 
 
 @pytest.mark.skipif(_malloc_trim() is None, reason="the C library is not glibc: release_free_heap is a no-op here")
