@@ -38,11 +38,13 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=6)
     ap.add_argument("--lr", type=float, default=1e-3)
     ap.add_argument("--rank", type=int, default=16)
+    ap.add_argument("--seed", type=int, default=0,
+                    help="seeds the adapter's initial weights, so a rerun prints the same losses")
     args = ap.parse_args()
 
     service = tinker.ServiceClient()    # TINKER_BASE_URL / TINKER_API_KEY from the environment
     base = tinker.RestClient().get_server_capabilities().result().supported_models[0].model_name
-    trainer = service.create_lora_training_client(base_model=base, rank=args.rank).result()
+    trainer = service.create_lora_training_client(base_model=base, rank=args.rank, seed=args.seed).result()
     tokenizer = trainer.get_tokenizer()
     datum = supervised_datum(tokenizer, PROMPT, ANSWER)
     answer_tokens = sum(1 for w in datum.loss_fn_inputs["weights"].tolist() if w)

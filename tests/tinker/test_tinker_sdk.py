@@ -445,12 +445,14 @@ def test_cookbook_sl_loop_trains_through_the_server(server, base, tiny_model_dir
 
 def test_first_loop_example_learns_its_answer(server):
     """examples/tinker/first_loop.py, the README's second command, as a user runs it: the SDK's
-    environment variables, plain Tinker code. Its per-token loss falls over its steps."""
+    environment variables, plain Tinker code. Its per-token loss falls at every step. At lr 0.005 it
+    fell at every step for seeds 0-4 on the tiny model (by 0.3-0.6 a step); lr 0.01 overshot on a
+    later step for 2 of those 5 seeds, so the example's seed is fixed here and the rate kept lower."""
     r = subprocess.run([sys.executable, str(REPO / "examples" / "tinker" / "first_loop.py"),
-                        "--steps", "4", "--lr", "0.01", "--rank", "4"],
+                        "--steps", "4", "--lr", "0.005", "--rank", "4", "--seed", "0"],
                        env={**os.environ, "TINKER_BASE_URL": server.base_url, "TINKER_API_KEY": KEY,
                             "TINKER_TELEMETRY": "0"}, capture_output=True, text=True, timeout=180)
     assert r.returncode == 0, r.stderr[-3000:]
     losses = [float(line.split()[-1]) for line in r.stdout.splitlines() if line.startswith("step ")]
-    assert len(losses) == 4 and losses[-1] < losses[0], r.stdout
+    assert len(losses) == 4 and all(b < a for a, b in zip(losses, losses[1:])), r.stdout
     assert r.stdout.splitlines()[-1].startswith("sample "), r.stdout
