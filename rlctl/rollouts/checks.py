@@ -17,8 +17,7 @@ from rlctl.rollouts.table import ENVIRONMENTS, RolloutKind, builtin_agent, envir
 # (the RolloutKind capability, the algorithm's Needs field that asks for it, what the algorithm does)
 NEEDS = (("greedy_baseline", "greedy_baseline", "takes a greedy rollout of each prompt as its baseline"),
          ("reference_pairs", "real_response", "pairs each generated answer with the data's reference answer"),
-         ("implicit_prm", "implicit_prm", "trains an implicit PRM that reads every response token as the "
-                                          "model's (tool or agent text inside responses is not)"))
+         ("implicit_prm", "implicit_prm", "trains an implicit PRM on the response tokens the policy sampled"))
 
 
 def check_rollout_kind(c: Config, ctx: CheckContext) -> list[Problem]:

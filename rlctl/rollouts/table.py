@@ -49,7 +49,7 @@ class RolloutKind:
     image_engines: tuple[str, ...] = ()     # ... and the engines (() any that the engine checks allow)
     greedy_baseline: bool = True            # a greedy rollout per prompt (ReMax's baseline)
     reference_pairs: bool = True            # each row one generated answer, paired with the data's reference (SPIN)
-    implicit_prm: bool = True               # PRIME's implicit PRM (it scores every response token as the model's)
+    implicit_prm: bool = True               # PRIME's implicit PRM (it reads the response tokens the mask marks the model's)
     resampled_groups: bool = True           # PF-PPO resamples a group's rows (one row a sample)
     own_reward: Callable[[Config], bool] = _never   # it brings its own reward: no reward function scores the rows
 
@@ -74,7 +74,7 @@ KINDS: tuple[RolloutKind, ...] = (
     RolloutKind("single", "rlctl.rollouts.single:SingleTurn", "single-turn generation", "", lambda c: True),
     RolloutKind("tools", "rlctl.multiturn.rollout:ToolLoop", "multi-turn rollouts", "rollout.multi_turn.enable",
                 _tools_on, one_call=False, round_of="turn", image_modes=("sync",), image_engines=("hf",),
-                reference_pairs=False, implicit_prm=False),
+                reference_pairs=False),
     RolloutKind("agent", "rlctl.agent.rollout:AgentPrograms", "agent programs", "rollout.agent.function",
                 _agent_on, modes=("sync",), one_call=False, partial=False, image_modes=(), greedy_baseline=False,
                 reference_pairs=False, resampled_groups=False, own_reward=_agent_reward),

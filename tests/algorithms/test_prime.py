@@ -10,7 +10,7 @@ import torch
 
 from rlctl.algorithms import (AlgorithmError, algorithm_needs, compute_advantages, get_estimator, masked_rloo,
                               prime_process_rewards, prime_prm_loss)
-from rlctl.algorithms.prime import PrimeParams, prime_terms, reverse_cumsum
+from rlctl.algorithms.prime import PrimeParams, prime_advantages, prime_terms, reverse_cumsum
 
 
 def test_a_prm_equal_to_its_reference_gives_zero_rewards_and_bce_ln2():
@@ -53,6 +53,36 @@ def test_process_rloo_and_reverse_cumsum_by_hand():
     rloo = masked_rloo(scores, mask, ["a", "a"])
     torch.testing.assert_close(rloo, torch.tensor([[-0.2, 0.2, 0.0], [-0.6, 0.0, 0.6]]))
     torch.testing.assert_close(reverse_cumsum(rloo, mask), torch.tensor([[0.0, 0.2, 0.0], [0.0, 0.6, 0.6]]))
+
+
+def test_a_tool_answer_inside_a_response_counts_nowhere():
+    """A multi-turn row: the model's turn, a tool's answer (mask 0 inside the response), the model's next
+    turn. Whatever the PRM and its reference say on the tool's tokens, the process rewards, the BCE, the
+    returns and the advantages are those of the model's tokens alone, and 0 on the tool's."""
+    mask = torch.tensor([[1.0, 1, 0, 0, 1], [1, 1, 1, 1, 1]])
+    gen = torch.Generator().manual_seed(0)
+    rm, ref = torch.randn(2, 5, generator=gen), torch.randn(2, 5, generator=gen)
+    other = rm.clone()
+    other[0, 2:4] += 7.0                                   # the tool's tokens only
+    rewards = torch.zeros(2, 5)
+    rewards[0, 4] = 1.0
+    outs = []
+    for log_prob in (rm, other):
+        q = prime_process_rewards(log_prob, ref, mask, beta=0.5)
+        assert torch.equal(q[0, 2:4], torch.zeros(2))
+        loss, _ = prime_prm_loss(log_prob, ref, mask, torch.tensor([1.0, 0.0]), beta=0.5)
+        adv, ret = prime_advantages(token_level_rewards=rewards, response_mask=mask, group_ids=["g", "g"],
+                                    rm_scores=q, reward_gt_coef=5.0, reward_dpo_coef=5.0)
+        assert torch.equal(adv[0, 2:4], torch.zeros(2)) and torch.equal(ret[0, 2:4], torch.zeros(2))
+        outs.append((q, loss, adv, ret))
+    for a, b in zip(*outs):
+        assert torch.equal(a, b)
+    # the model's first turn is credited with what its second turn earned, across the tool's answer
+    gt, dpo = prime_terms(token_level_rewards=rewards, response_mask=mask, group_ids=["g", "g"], rm_scores=outs[0][0],
+                          reward_gt_coef=5.0, reward_dpo_coef=5.0)
+    terms, ret = gt + dpo, outs[0][3]
+    torch.testing.assert_close(ret[0, 1], terms[0, 1] + terms[0, 4])
+    torch.testing.assert_close(ret[0, 0], terms[0, 0] + terms[0, 1] + terms[0, 4])
 
 
 def test_groups_need_not_be_adjacent_and_a_group_of_one_is_refused():

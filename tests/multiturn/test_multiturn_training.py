@@ -4,7 +4,8 @@ Checks what the trainer consumed, from run.log_rollouts: tools ran (their answer
 conversation), the response mask is 1 exactly on the model's turns, every sample decodes to its
 messages, the reward saw verl's multi-turn extra_info; and a resumed run reproduces the
 uninterrupted one (metrics and logged rollouts). The same holds on the separate rollout group of
-one_step_off and async (K = 2; K = 1 equals one_step_off). A PPO run shows the critic on the same samples.
+one_step_off and async (K = 2; K = 1 equals one_step_off). A PPO run shows the critic on the same samples,
+a PRIME run its implicit PRM.
 """
 
 from __future__ import annotations
@@ -199,6 +200,24 @@ def test_ppo_critic_trains_on_multi_turn_samples(tmp_path, tool_model_dir, ray_c
     for row in rows:
         assert row["multi_turn/tool_calls/mean"] > 0
         assert all(row[k] == row[k] for k in ("critic/vf_loss", "actor/pg_loss"))   # finite, not NaN
+
+
+@pytest.mark.slow
+def test_prime_trains_on_multi_turn_samples(tmp_path, tool_model_dir, ray_cluster):
+    """PRIME through the calculator (rlctl.rollouts.table declares the pair built): its implicit PRM reads
+    the model's turns only (the response mask; tests/algorithms/test_prime.py shows a tool's answer
+    counts nowhere), starts equal to its reference (step 1's BCE is ln 2) and learns."""
+    import math
+
+    proj = project(tmp_path / "p", tool_model_dir, "grpo-gsm8k")
+    start_training(load_config(proj / "rlctl.toml", COMMON + [
+        "run.total_steps=2", "run.log_rollouts=false", "algorithm.name=prime", "algorithm.params.prm_lr=0.01"]),
+        address=None, force=False)
+    rows = metric_rows(proj / "runs" / "grpo-gsm8k")
+    assert [r["step"] for r in rows] == [1, 2]
+    assert rows[0]["prm/loss"] == pytest.approx(math.log(2.0), abs=1e-5) and rows[1]["prm/loss"] != rows[0]["prm/loss"]
+    assert all(r["multi_turn/tool_calls/mean"] > 0 and math.isfinite(r["actor/pg_loss"])
+               and r["prm/process_reward_mean"] != 0 for r in rows)
 
 
 @pytest.mark.slow

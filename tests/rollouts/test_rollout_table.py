@@ -44,7 +44,7 @@ def test_the_checks_read_each_kinds_declarations():
     assert keys(config("remax", tools=True)) == []                     # the tool loop has a greedy mode
     assert keys(config("remax", agent="a.py:run")) == ["rollout.agent.function"]
     assert keys(config("spin", tools=True)) == ["rollout.multi_turn.enable"]   # no reference pair
-    assert keys(config("prime", tools=True)) == ["rollout.multi_turn.enable"]  # tool tokens in responses
+    assert keys(config("prime", tools=True)) == []   # the PRM reads the model's turns (the mask), not the tools'
     assert keys(config("prime")) == []
     both = check_rollout_kind(config(tools=True, agent="a.py:run"), CTX)
     assert [p.key for p in both] == ["rollout.multi_turn.enable"] and "agent programs" in both[0].message
