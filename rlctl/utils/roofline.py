@@ -50,13 +50,15 @@ class MemoryShape:
 
 
 def decode_steps(prompt_lengths: Sequence[int], response_lengths: Sequence[int], group_size: int,
-                 ranks: int = 1) -> list[tuple[int, float, float]]:
-    """(live rows, KV tokens read, rank-steps) of every decode step, all ranks together.
+                 ranks: int = 1) -> list[tuple[int, float, float, float]]:
+    """(live rows, KV tokens read, KV tokens attended, rank-steps) of every decode step, all ranks together.
 
     Rows are prompt-major (group_size samples per prompt, the prompts split over `ranks` as
     consecutive parts, earlier parts larger); a row of R tokens is live for decode steps 1..R-1
     (the first token comes from the prefill), reading at step j its own j tokens and, once per
-    prompt while any of its samples is live, the prompt's. rank-steps: ranks still decoding."""
+    prompt while any of its samples is live, the prompt's. Attended: every live row's query meets
+    its own j keys and all of its prompt's, so a prompt's keys count once per live sample there
+    (the FLOPs), once per prompt in the bytes. rank-steps: ranks still decoding."""
     prompts = len(response_lengths) // group_size
     if prompts * group_size != len(response_lengths) or len(prompt_lengths) != len(response_lengths):
         raise ValueError("prompt and response lengths must be one per row, group_size rows per prompt")
@@ -68,7 +70,8 @@ def decode_steps(prompt_lengths: Sequence[int], response_lengths: Sequence[int],
         live = sum(1 for r in response_lengths if r > j)
         groups = [g for g in range(prompts) if longest[g] > j]
         tokens = float(j * live + sum(prompt_lengths[g * group_size] for g in groups))
-        steps.append((live, tokens, float(len({rank_of[g] for g in groups}))))
+        attended = float(j * live + sum(p for p, r in zip(prompt_lengths, response_lengths) if r > j))
+        steps.append((live, tokens, attended, float(len({rank_of[g] for g in groups}))))
     return steps
 
 
@@ -83,9 +86,9 @@ def generation_floor(memory: MemoryShape, flops: ModelShape, prompt_lengths: Seq
                         for p in prompts)
     prefill_bytes = memory.weight_bytes * ranks + memory.kv_bytes_per_token * sum(prompts)
     parts = [(prefill_flops, prefill_bytes)]
-    for rows, kv_tokens, rank_steps in decode_steps(prompt_lengths, response_lengths, group_size, ranks):
-        # every live row: one token through the weights and attention over its context (kv_tokens, summed)
-        parts.append((2.0 * flops.matmul_params * rows + 4.0 * flops.layers * flops.attention_dim * kv_tokens,
+    for rows, kv_tokens, attended, rank_steps in decode_steps(prompt_lengths, response_lengths, group_size, ranks):
+        # every live row: one token through the weights and attention over its whole context (attended, summed)
+        parts.append((2.0 * flops.matmul_params * rows + 4.0 * flops.layers * flops.attention_dim * attended,
                       memory.weight_bytes * rank_steps + memory.kv_bytes_per_token * (kv_tokens + rows)))  # + new KV
     times = [(f / peak_flops, b / bandwidth) for f, b in parts]
     floor = sum(max(f, b) for f, b in times)

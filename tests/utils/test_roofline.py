@@ -21,23 +21,23 @@ def test_memory_shape_by_hand():
 
 
 def test_decode_steps_count_live_rows_and_the_kv_they_read():
-    # step 1: rows of 3, 2, 2 tokens live, reading 1 own token each + prompts 3 and 5 once; step 2: the
-    # 3-token row, its 2 tokens + its prompt's 3
-    assert decode_steps(PROMPTS, RESPONSES, 2) == [(3, 11.0, 1.0), (1, 5.0, 1.0)]
-    assert decode_steps(PROMPTS, RESPONSES, 2, ranks=2) == [(3, 11.0, 2.0), (1, 5.0, 1.0)]   # prompt 2 on rank 1
+    # step 1: rows of 3, 2, 2 tokens live, reading 1 own token each + prompts 3 and 5 once, attending to
+    # 1 own token each + their prompts 3, 5 and 5; step 2: the 3-token row, its 2 tokens + its prompt's 3
+    assert decode_steps(PROMPTS, RESPONSES, 2) == [(3, 11.0, 16.0, 1.0), (1, 5.0, 5.0, 1.0)]
+    assert decode_steps(PROMPTS, RESPONSES, 2, ranks=2) == [(3, 11.0, 16.0, 2.0), (1, 5.0, 5.0, 1.0)]   # prompt 2 on rank 1
     with pytest.raises(ValueError):
         decode_steps(PROMPTS, RESPONSES[:3], 2)
 
 
 def test_each_decode_step_is_bound_by_the_slower_of_flops_and_bytes():
     memory, flops = MemoryShape.from_hf_config(CFG, dtype_bytes=2), ModelShape.from_hf_config(CFG)
-    # FLOPs: prefill 2*1232*(3+5) + 2*2*8*(9+25) = 20800; step 1: 2*1232*3 + 4*2*8*11 = 8096; step 2: 2464 + 320 = 2784
+    # FLOPs: prefill 2*1232*(3+5) + 2*2*8*(9+25) = 20800; step 1: 2*1232*3 + 4*2*8*16 = 8416; step 2: 2464 + 320 = 2784
     # bytes: prefill 2464 + 32*8 = 2720; step 1: 2464 + 32*(11+3) = 2912; step 2: 2464 + 32*(5+1) = 2656
     slow = generation_floor(memory, flops, PROMPTS, RESPONSES, group_size=2, ranks=1, peak_flops=1e4, bandwidth=1e3)
-    assert slow == pytest.approx({"floor_s": 2.72 + 2.912 + 2.656, "flops_s": 2.08 + 0.8096 + 0.2784,
+    assert slow == pytest.approx({"floor_s": 2.72 + 2.912 + 2.656, "flops_s": 2.08 + 0.8416 + 0.2784,
                                   "bytes_s": 2.72 + 2.912 + 2.656, "bytes_bound": 1.0})
     mixed = generation_floor(memory, flops, PROMPTS, RESPONSES, group_size=2, ranks=1, peak_flops=1e4, bandwidth=3e3)
-    # prefill FLOP-bound (2.08 s > 0.907 s), both decode steps bandwidth-bound (0.971 > 0.810, 0.885 > 0.278)
+    # prefill FLOP-bound (2.08 s > 0.907 s), both decode steps bandwidth-bound (0.971 > 0.842, 0.885 > 0.278)
     assert mixed["floor_s"] == pytest.approx(2.08 + 2912 / 3e3 + 2656 / 3e3)
     assert mixed["bytes_bound"] == pytest.approx((2912 + 2656) / 3e3 / mixed["floor_s"])
     assert mixed["floor_s"] > max(mixed["flops_s"], mixed["bytes_s"])   # the per-step max beats a max of totals
