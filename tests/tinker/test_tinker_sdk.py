@@ -444,7 +444,7 @@ def test_cookbook_sl_loop_trains_through_the_server(server, base, tiny_model_dir
 
 
 def test_first_loop_example_learns_its_answer(server):
-    """examples/tinker/first_loop.py, the README's second command, as a user runs it: the SDK's
+    """examples/tinker/first_loop.py, the README's Tinker command, as a user runs it: the SDK's
     environment variables, plain Tinker code. Its per-token loss falls at every step. At lr 0.005 it
     fell at every step for seeds 0-4 on the tiny model (by 0.3-0.6 a step); lr 0.01 overshot on a
     later step for 2 of those 5 seeds, so the example's seed is fixed here and the rate kept lower."""
