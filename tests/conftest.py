@@ -145,12 +145,16 @@ def shapes_dir(tmp_path_factory) -> Path:
 
 
 class _SharedRay:
-    """One embedded Ray with 2 CPUs, kept across the consecutive modules of a pytest process that train in it.
+    """One embedded Ray with 6 CPUs, kept across the consecutive modules of a pytest process that train in it.
 
     Started the way `rlctl train` starts it (ray_session: no autoscaler monitor, log monitor, API
     server or prestarted idle workers). Kept from one `ray_cluster` module to the next, so the ranks a
     module's last run parked (warm ranks) serve the next module's first run, and Ray starts once per
-    stretch of such modules instead of once per module."""
+    stretch of such modules instead of once per module. 6 CPUs on a 2-core machine: Ray's CPUs are
+    only a count to reserve, and a run here takes at most 2 of them, so the ranks of the shapes the
+    suite alternates between (1 or 2 ranks, 1 or 2 CPUs each, actor and rollout groups) stay parked side
+    by side instead of a new shape freeing the last one's (rlctl.runtime.warm_ranks); the start-up check
+    against the machine's cores is unchanged."""
 
     def __init__(self):
         self._session = None
@@ -160,7 +164,7 @@ class _SharedRay:
             from rlctl.runtime.ray_env import ray_session
 
             session = contextlib.ExitStack()
-            session.enter_context(ray_session(num_cpus=2, log_to_driver=False))
+            session.enter_context(ray_session(num_cpus=6, log_to_driver=False))
             self._session = session
 
     def stop(self) -> None:
@@ -190,9 +194,9 @@ def _own_ray_for_modules_that_start_processes(request, _shared_ray):
 
 @pytest.fixture(scope="module")
 def ray_cluster(_shared_ray):
-    """Embedded Ray with 2 CPUs for the training runs of a test module. The module's groups end with it
-    (parked for the next module's runs, RLCTL_WARM_RANKS=1); Ray itself stays up for the next module
-    that asks for it (`_SharedRay`)."""
+    """Embedded Ray (6 CPUs to reserve) for the training runs of a test module. The module's groups end
+    with it (parked for the next module's runs, RLCTL_WARM_RANKS=1); Ray itself stays up for the next
+    module that asks for it (`_SharedRay`)."""
     from rlctl.runtime import worker_group
 
     _shared_ray.start()

@@ -14,6 +14,7 @@ from __future__ import annotations
 import time
 
 from rlctl.errors import ConfigError, UsageError
+from rlctl.runtime import warm_ranks
 from rlctl.utils.interrupts import safe_point
 
 
@@ -103,6 +104,8 @@ class ResourcePool:
         start = time.monotonic()
         while not self._wait(0.5):
             safe_point()   # a stop signal while the workers wait for their resources
+            if warm_ranks.parked():   # parked ranks hold what this group waits for: they go first
+                warm_ranks.drop()
             if time.monotonic() - start > timeout_s:
                 self.remove()
                 raise UsageError(self._shortfall(ray.cluster_resources(), len(ray.nodes())),

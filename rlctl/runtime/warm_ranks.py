@@ -11,9 +11,13 @@ session takes them, then joins a new process group and builds its roles as a fre
 A rank is parked only when nothing of its run can outlive it: a rank that imported code from
 outside the installed packages (a project's reward.py, a plugin — cached in `sys.modules` and in
 registries) or an inference engine with process-wide state (vLLM, SGLang) ends as before. A parked
-group keeps its placement group, so its CPUs and GPUs stay reserved: a group of another shape, or
-any group started with the switch off, frees every parked group before it reserves its own. Ending
-the Ray session drops them all.
+group keeps its placement group, so its CPUs and GPUs stay reserved. Groups of several shapes stay
+parked side by side while the session has room: a group of a shape nobody parked frees the
+longest-parked groups until its own CPUs and GPUs are free beside the rest (all of them on a cluster
+of several nodes, whose per-node room the session's totals do not tell), and a group whose resources
+do not come (the session's view of its free resources lags, or another run took them) frees the rest
+while it waits (rlctl.runtime.resource_pool). Any group started with the switch off frees every
+parked group before it reserves its own. Ending the Ray session drops them all.
 Off by default: a run of `rlctl train` is one Ray session with one run, where nothing is reused.
 """
 
@@ -31,6 +35,8 @@ class Parked:
     key: tuple
     placement_group: object
     actors: list
+    cpus: float = 0.0   # what its placement group holds
+    gpus: float = 0.0
 
 
 _PARKED: list[Parked] = []
@@ -64,9 +70,32 @@ def take(pool, env: dict[str, str]) -> list | None:
                 del _PARKED[i]
                 pool.placement_group = parked.placement_group
                 return parked.actors
-            break   # a rank died while parked (OOM killer, a signal): drop them all and start anew
-    drop()
+            drop()   # a rank died while parked (OOM killer, a signal): drop them all and start anew
+            return None
+    make_room(pool)
     return None
+
+
+def _needs(pool) -> tuple[float, float]:
+    bundles = pool.bundles()
+    return sum(b.get("CPU", 0.0) for b in bundles), sum(b.get("GPU", 0.0) for b in bundles)
+
+
+def make_room(pool) -> None:
+    """Free parked groups, the longest parked first, until the session's free CPUs and GPUs hold
+    `pool`'s group; on several nodes free them all (the totals do not say which node has room)."""
+    import ray
+
+    if pool.nodes > 1:
+        drop()
+        return
+    free = ray.available_resources()
+    cpus, gpus = free.get("CPU", 0.0), free.get("GPU", 0.0)
+    need_cpus, need_gpus = _needs(pool)
+    while _PARKED and (cpus < need_cpus or gpus < need_gpus):
+        parked = _PARKED.pop(0)
+        _free(parked)
+        cpus, gpus = cpus + parked.cpus, gpus + parked.gpus
 
 
 def _answer(actors: list) -> bool:
@@ -90,20 +119,28 @@ def park(pool, env: dict[str, str], actors: list) -> bool:
         return False
     if not all(clean):
         return False
-    _PARKED.append(Parked(shape_key(pool, env), pool.placement_group, actors))
+    _PARKED.append(Parked(shape_key(pool, env), pool.placement_group, actors, *_needs(pool)))
     pool.placement_group = None   # owned by the parked entry now
     return True
 
 
 def drop() -> None:
     """Kill every parked rank and free its placement group (a new shape needs the resources)."""
+    while _PARKED:
+        _free(_PARKED.pop())
+
+
+def parked() -> int:
+    """How many groups are parked."""
+    return len(_PARKED)
+
+
+def _free(parked: Parked) -> None:
     from rlctl.runtime.host import kill_hosts
     from rlctl.runtime.resource_pool import free_placement_group
 
-    while _PARKED:
-        parked = _PARKED.pop()
-        kill_hosts(parked.actors)
-        free_placement_group(parked.placement_group)
+    kill_hosts(parked.actors)
+    free_placement_group(parked.placement_group)
 
 
 def forget() -> None:

@@ -47,19 +47,6 @@ def test_async_with_staleness_1_equals_one_step_off(tmp_path, make_project, ray_
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
-@pytest.fixture(scope="module")
-def ray_cluster(_shared_ray):
-    """This module's embedded Ray: 3 CPUs declared (on the 2-core machine) for one actor rank and
-    two rollout ranks, as `rlctl train` declares its cores (tests/conftest.py's is 2). The shared 2-CPU
-    Ray an earlier module of this pytest worker left running is stopped first: ray_session would
-    otherwise join it, with its 2 CPUs."""
-    from rlctl.runtime.ray_env import ray_session
-
-    _shared_ray.stop()
-    with ray_session(num_cpus=3, log_to_driver=False):
-        yield
-
-
 @pytest.mark.slow
 def test_partial_rollouts_on_two_rollout_ranks_train_and_resume_exactly(tmp_path, make_project, ray_cluster,
                                                                        monkeypatch):
@@ -67,7 +54,7 @@ def test_partial_rollouts_on_two_rollout_ranks_train_and_resume_exactly(tmp_path
     tokens for 8-token responses: samples continue across pushes, every trained token is at most 1
     update stale, and resuming from a checkpoint holding unfinished samples on both ranks gives the
     uninterrupted run's metrics and weights bit for bit."""
-    monkeypatch.setattr("rlctl.runtime.ray_env.machine_cpus", lambda: 3)   # the CPUs this module's Ray declares
+    monkeypatch.setattr("rlctl.runtime.ray_env.machine_cpus", lambda: 3)   # 1 actor + 2 rollout ranks, one core each
     proj = make_project(tmp_path / "partial", "grpo-gsm8k")
     run = train(proj, ["rollout.mode=async", "rollout.max_staleness=2", "rollout.sync_every=2",
                        "actor.policy_loss=decoupled_ppo", "rollout.partial_rollout=true", "rollout.partial_chunk=3",

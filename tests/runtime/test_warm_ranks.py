@@ -1,6 +1,7 @@
 """Warm ranks (RLCTL_WARM_RANKS=1, rlctl.runtime.warm_ranks): the runs of one Ray session reuse the rank
 processes of the last group of their shape. A run on reused ranks must equal the same run on new ones; a
-group of another shape, or one started with the switch off, must get the resources the parked ranks held;
+group of another shape parks beside them while the Ray session has room and frees the longest-parked ones
+when it has not, and one started with the switch off frees them all;
 a rank that ran a project's own code must end with its run; a rank that died while parked must not be
 handed out. The suite runs with the switch on (tests/conftest.py), so every resume test also checks a
 resumed run on warm ranks against its uninterrupted run."""
@@ -85,8 +86,11 @@ def weights(run: Path, out: Path) -> dict:
 
 
 @pytest.mark.slow
-def test_a_run_on_warm_ranks_equals_one_on_new_ranks_and_another_shape_or_the_switch_off_frees_them(
+def test_a_run_on_warm_ranks_equals_one_on_new_ranks_and_shapes_park_side_by_side_until_room_runs_out(
         tmp_path, make_project, ray_cluster, monkeypatch):
+    import ray
+    from ray.util.placement_group import placement_group, remove_placement_group
+
     proj = make_project(tmp_path / "p", "grpo-gsm8k")
     drop()                                          # ranks an earlier module parked in the shared Ray
     assert ranks_after_kills() == []
@@ -97,12 +101,27 @@ def test_a_run_on_warm_ranks_equals_one_on_new_ranks_and_another_shape_or_the_sw
     second = train(proj, "second")
     assert rank_processes() == parked               # ... which ran on them
 
-    # One rank with both CPUs of this 2-CPU Ray fits only once the parked pair has let go of them.
+    # One rank with two CPUs: another shape, with room beside the parked pair in this 6-CPU Ray, which
+    # stays parked; the single rank parks beside it.
     train(proj, "one", "resources.workers=1", "resources.cpus_per_worker=2")
-    single = ranks_after_kills(gone=parked)
-    assert len(single) == 1 and not set(single) & set(parked)
+    single = sorted(set(rank_processes()) - set(parked))
+    assert len(single) == 1 and set(parked) <= set(rank_processes())
 
-    # With the switch off, the parked rank lets go of both CPUs, and a finished run leaves no rank behind.
+    # No room left (another placement group holds the last 2 CPUs): a third shape frees the longest-parked
+    # group, the pair, and no more; the single rank stays parked.
+    blocker = placement_group([{"CPU": 2.0}])
+    ray.get(blocker.ready(), timeout=60)
+    try:
+        deadline = time.monotonic() + 20
+        while ray.available_resources().get("CPU", 0.0) > 0 and time.monotonic() < deadline:
+            time.sleep(0.2)                         # the session's view of its free CPUs catches up
+        train(proj, "lone", "resources.workers=1")
+        live = ranks_after_kills(gone=parked)
+        assert not set(live) & set(parked) and set(single) <= set(live) and len(live) == 2, (live, parked, single)
+    finally:
+        remove_placement_group(blocker)
+
+    # With the switch off, the parked ranks let go of their CPUs, and a finished run leaves no rank behind.
     monkeypatch.delenv(ENV)
     fresh = train(proj, "fresh")
     assert ranks_after_kills() == []
