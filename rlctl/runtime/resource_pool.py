@@ -14,7 +14,6 @@ from __future__ import annotations
 import time
 
 from rlctl.errors import ConfigError, UsageError
-from rlctl.runtime import warm_ranks
 from rlctl.utils.interrupts import safe_point
 
 
@@ -92,8 +91,9 @@ class ResourcePool:
         return {"num_cpus": self.cpus_per_worker, "num_gpus": 1 if self.use_gpu else 0,
                 "scheduling_strategy": strategy}
 
-    def ready(self, timeout_s: float = 60.0) -> None:
-        """Reserve the placement group; a clear UsageError when the cluster cannot hold it."""
+    def ready(self, timeout_s: float = 60.0, on_wait=None) -> None:
+        """Reserve the placement group; a clear UsageError when the cluster cannot hold it. on_wait:
+        called once if it is not ready within half a second (WorkerGroup frees parked warm ranks)."""
         import ray
         from ray.util.placement_group import placement_group
 
@@ -104,8 +104,9 @@ class ResourcePool:
         start = time.monotonic()
         while not self._wait(0.5):
             safe_point()   # a stop signal while the workers wait for their resources
-            if warm_ranks.parked():   # parked ranks hold what this group waits for: they go first
-                warm_ranks.drop()
+            if on_wait is not None:
+                on_wait()
+                on_wait = None
             if time.monotonic() - start > timeout_s:
                 self.remove()
                 raise UsageError(self._shortfall(ray.cluster_resources(), len(ray.nodes())),

@@ -16,7 +16,7 @@ parked side by side while the session has room: a group of a shape nobody parked
 longest-parked groups until its own CPUs and GPUs are free beside the rest (all of them on a cluster
 of several nodes, whose per-node room the session's totals do not tell), and a group whose resources
 do not come (the session's view of its free resources lags, or another run took them) frees the rest
-while it waits (rlctl.runtime.resource_pool). Any group started with the switch off frees every
+while it waits (rlctl.runtime.worker_group). Any group started with the switch off frees every
 parked group before it reserves its own. Ending the Ray session drops them all.
 Off by default: a run of `rlctl train` is one Ray session with one run, where nothing is reused.
 """
@@ -128,11 +128,6 @@ def drop() -> None:
     """Kill every parked rank and free its placement group (a new shape needs the resources)."""
     while _PARKED:
         _free(_PARKED.pop())
-
-
-def parked() -> int:
-    """How many groups are parked."""
-    return len(_PARKED)
 
 
 def _free(parked: Parked) -> None:

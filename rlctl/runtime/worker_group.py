@@ -70,7 +70,7 @@ class WorkerGroup:
         self._env = env
         self._actors = warm_ranks.take(pool, env)
         if self._actors is None:
-            pool.ready()
+            pool.ready(on_wait=warm_ranks.drop)   # parked ranks may hold what this group waits for
             host = ray.remote(WorkerHost)
             self._actors = [
                 host.options(**pool.actor_options(rank), runtime_env={"env_vars": env}).remote(
