@@ -29,6 +29,7 @@ class WorkerHost:
         self.threads = max(1, cpus)
         torch.set_num_threads(self.threads)
         self.env = dict(os.environ)   # what reset() restores (roles may set variables)
+        self.limits = _resource_limits()   # and these (lowered by a fault drill or an in-process limit)
         if use_gpu:
             torch.cuda.set_device(0)  # Ray narrows CUDA_VISIBLE_DEVICES to this actor's GPU
 
@@ -75,7 +76,7 @@ class WorkerHost:
         os.environ.clear()
         os.environ.update(self.env)
         torch.set_num_threads(self.threads)
-        return not unforgettable_modules()
+        return _restore_resource_limits(self.limits) and not unforgettable_modules()
 
     def shutdown(self) -> None:
         """Leave the process group cleanly (best effort: the group may already be broken)."""
@@ -84,6 +85,28 @@ class WorkerHost:
         self.roles.clear()
         if dist.is_initialized():
             dist.destroy_process_group()
+
+
+def _resource_limits() -> dict[int, tuple[int, int]]:
+    """This process's resource limits (file size, open files, memory, ...), by resource."""
+    import resource
+
+    return {getattr(resource, name): resource.getrlimit(getattr(resource, name))
+            for name in dir(resource) if name.startswith("RLIMIT_")}
+
+
+def _restore_resource_limits(limits: dict[int, tuple[int, int]]) -> bool:
+    """Put back the limits the process started with; False when one cannot be raised again (a lowered
+    hard limit without the privilege): such a rank would fail the next run's writes, so it ends."""
+    import resource
+
+    for which, start in limits.items():
+        try:
+            if resource.getrlimit(which) != start:
+                resource.setrlimit(which, start)
+        except (ValueError, OSError):
+            return False
+    return True
 
 
 # Packages whose import leaves process-wide state behind (engine processes, distributed state, patches).

@@ -91,9 +91,9 @@ class ResourcePool:
         return {"num_cpus": self.cpus_per_worker, "num_gpus": 1 if self.use_gpu else 0,
                 "scheduling_strategy": strategy}
 
-    def ready(self, timeout_s: float = 60.0, on_wait=None) -> None:
+    def ready(self, timeout_s: float = 60.0, on_wait=None, wait_s: float = 5.0) -> None:
         """Reserve the placement group; a clear UsageError when the cluster cannot hold it. on_wait:
-        called once if it is not ready within half a second (WorkerGroup frees parked warm ranks)."""
+        called once if it is not ready within wait_s (WorkerGroup frees parked warm ranks then)."""
         import ray
         from ray.util.placement_group import placement_group
 
@@ -104,7 +104,7 @@ class ResourcePool:
         start = time.monotonic()
         while not self._wait(0.5):
             safe_point()   # a stop signal while the workers wait for their resources
-            if on_wait is not None:
+            if on_wait is not None and time.monotonic() - start > wait_s:
                 on_wait()
                 on_wait = None
             if time.monotonic() - start > timeout_s:

@@ -46,6 +46,16 @@ def final_weights(run: Path, out: Path) -> dict:
     return load_file(str(Path(export_hf(run, out)) / "model.safetensors"))
 
 
+@pytest.fixture(autouse=True)
+def _only_this_runs_ranks():
+    """The faults act on every rank process of this process's Ray (support.chaos.worker_pids): ranks an
+    earlier run parked (warm ranks, possibly of another shape) would take a kill or a file-size limit
+    meant for the run, and hand it to a later run. None are left before each test."""
+    from rlctl.runtime.warm_ranks import drop
+
+    drop()
+
+
 @pytest.fixture(scope="module")
 def uninterrupted(tmp_path_factory, tiny_model_dir, arith_data, ray_cluster):
     from rlctl.project import write_project

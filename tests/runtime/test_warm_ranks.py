@@ -132,10 +132,28 @@ def test_a_run_on_warm_ranks_equals_one_on_new_ranks_and_shapes_park_side_by_sid
         assert torch.equal(tensor, warm[name]), name
 
 
+def test_a_parked_rank_gets_its_start_up_resource_limits_back():
+    """A run that lowered a rank's file-size limit (tests/chaos/test_faults.py does, to fail a save) must
+    not hand that limit to the next run on the parked rank: its saves would fail with EFBIG."""
+    import resource
+
+    from rlctl.runtime.host import _resource_limits, _restore_resource_limits
+
+    start = _resource_limits()
+    soft, hard = start[resource.RLIMIT_FSIZE]
+    try:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (1 << 20, hard))
+        assert _restore_resource_limits(start)
+        assert resource.getrlimit(resource.RLIMIT_FSIZE) == (soft, hard)
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+
+
 @pytest.mark.slow
 def test_a_rank_that_imported_a_project_file_or_died_while_parked_is_not_reused(tmp_path, make_project, ray_cluster, monkeypatch):
     """A plugin registers its loss in the rank's registry; a reused rank would still hold it (and refuse
     the same name from the next project's file), so such ranks are never parked."""
+    drop()                                          # ranks an earlier test or module parked in the shared Ray
     monkeypatch.setenv(ENV, "1")
     tag = uuid.uuid4().hex[:8]   # registries are per process: the controller (this process) keeps the name
     proj = make_project(tmp_path / "p", "grpo-gsm8k")
