@@ -151,10 +151,10 @@ class _SharedRay:
     server or prestarted idle workers). Kept from one `ray_cluster` module to the next, so the ranks a
     module's last run parked (warm ranks) serve the next module's first run, and Ray starts once per
     stretch of such modules instead of once per module. 6 CPUs on a 2-core machine: Ray's CPUs are
-    only a count to reserve, and a run here takes at most 2 of them, so the ranks of the shapes the
-    suite alternates between (1 or 2 ranks, 1 or 2 CPUs each, actor and rollout groups) stay parked side
-    by side instead of a new shape freeing the last one's (rlctl.runtime.warm_ranks); the start-up check
-    against the machine's cores is unchanged."""
+    only a count to reserve, and a run here takes at most 3 of them (test_async's actor rank and two
+    rollout ranks), so the ranks of the shapes the suite alternates between (1 or 2 ranks, 1 or 2 CPUs
+    each, actor and rollout groups) stay parked side by side instead of a new shape freeing the last
+    one's (rlctl.runtime.warm_ranks); the start-up check against the machine's cores is unchanged."""
 
     def __init__(self):
         self._session = None
