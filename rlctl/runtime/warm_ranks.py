@@ -35,8 +35,8 @@ class Parked:
     key: tuple
     placement_group: object
     actors: list
-    cpus: float = 0.0   # what its placement group holds
-    gpus: float = 0.0
+    cpus: float   # what its placement group holds
+    gpus: float
 
 
 _PARKED: list[Parked] = []
